@@ -1,0 +1,432 @@
+"""Accounting ledger: typed KV-page events from prefill and decode workers, and a pure checker.
+
+Every worker appends one JSON line per event to ``<run_dir>/ledger/<worker>.jsonl`` through a
+:class:`LedgerWriter` (one writer per file, flushed per line, so a killed worker leaves every event
+it wrote readable). :func:`read` and :func:`read_dir` load them back as :class:`Event` objects.
+
+:func:`check` is pure (no I/O): given the events of one run it returns the broken invariants as
+:class:`Violation` objects (empty list = the books balance). Invariants:
+
+``page-double-alloc`` / ``page-double-free`` / ``page-leak``
+    every page allocated is freed exactly once, per (worker, component, pool). Pages are tracked by
+    id when an event lists ids, by count when it gives a number.
+``transfer-unowned``
+    a transfer names only pages the request holds on that worker.
+``evicted-negative`` / ``evicted-unaligned`` / ``evicted-mismatch``
+    an SWA eviction floor is ≥ 0, a multiple of the page size, and on a prealloc equals
+    ``fill_len - swa_tail_len``.
+``swa-over-window``
+    the SWA pool never holds more than ``ceil((window + page) / page)`` pages of one request.
+``not-baseline``
+    whenever a worker holds no live request and no cached page, every pool's free size equals the
+    free size that worker started with.
+``free-mismatch``
+    on an event that lists page ids and both free sizes, the pool's free size moved by exactly the
+    pages taken or returned.
+``unknown-kind``
+    an event's kind is not one of :data:`KINDS`.
+
+Pages still held by a request when it is released (a radix cache keeping them) move to the
+worker's cache; a later ``evict`` under any rid frees them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+#: Event kinds. ``prealloc`` and ``decode_alloc`` take pages, ``evict`` and ``release`` return them,
+#: ``transfer`` moves content only, ``alloc_fail`` records a failed allocation (pages it names were
+#: taken anyway and must still be returned).
+KINDS = ("prealloc", "transfer", "decode_alloc", "evict", "release", "alloc_fail")
+TAKE_KINDS = ("prealloc", "decode_alloc", "alloc_fail")
+FREE_KINDS = ("evict", "release")
+COMPONENTS = ("prefill", "decode")
+#: The pool whose per-request size is bounded by the window.
+SWA_POOL = "swa"
+#: Owner prefix of pages a released request left behind in a prefix cache (``<cache>rid``).
+CACHE_OWNER = "<cache>"
+
+Pages = Mapping[str, "tuple[int, ...] | int"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One accounting event. ``pages`` maps a pool name to page ids (or a page count)."""
+
+    seq: int
+    ts: float
+    kind: str
+    rid: str
+    component: str
+    worker: str
+    page_size: int
+    window: int | None = None
+    fill_len: int | None = None
+    swa_tail_len: int | None = None
+    evicted_seqlen: int | None = None
+    pages: Pages = field(default_factory=dict)
+    free_before: Mapping[str, int] = field(default_factory=dict)
+    free_after: Mapping[str, int] = field(default_factory=dict)
+    note: str = ""
+
+    def to_json(self) -> str:
+        """One JSON line (no newline)."""
+        d = asdict(self)
+        d["pages"] = {k: (list(v) if not isinstance(v, int) else v) for k, v in self.pages.items()}
+        return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Event":
+        """Build an event from a parsed JSON object (page lists become tuples).
+
+        Raises:
+            TypeError: a required field is missing or an unknown one is present.
+        """
+        d = dict(d)
+        d["pages"] = {k: (v if isinstance(v, int) else tuple(int(x) for x in v)) for k, v in d.get("pages", {}).items()}
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: which rule, where, and a sentence saying what is wrong."""
+
+    rule: str
+    message: str
+    seq: int | None = None
+    worker: str = ""
+    rid: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.worker}#{self.seq}" if self.seq is not None else self.worker
+        return f"[{self.rule}] {where} rid={self.rid or '-'}: {self.message}"
+
+
+# --------------------------------------------------------------------------------------------
+# writing and reading
+# --------------------------------------------------------------------------------------------
+
+
+class LedgerWriter:
+    """Appends events of one worker to one JSONL file, one flushed line per event.
+
+    ``record`` assigns ``seq`` (per writer, from 0) and ``ts``; it is thread-safe, and the file is
+    opened in append mode so a restarted worker continues its own file.
+    """
+
+    def __init__(self, path: str | Path, worker: str, component: str) -> None:
+        self.path = Path(path)
+        self.worker = worker
+        self.component = component
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.events: list[Event] = []  # kept in memory too, so a worker can check itself
+
+    def record(self, kind: str, rid: str, page_size: int, **fields: Any) -> Event:
+        """Build, write and return one event of this worker.
+
+        Args:
+            kind: one of :data:`KINDS`.
+            rid: the request id.
+            page_size: tokens per page of the pools named in ``pages``.
+            **fields: any other :class:`Event` field (window, fill_len, pages, free_before, ...).
+
+        Returns:
+            The event as written.
+        """
+        with self._lock:
+            ev = Event(seq=self._seq, ts=time.time(), kind=kind, rid=rid, component=self.component,
+                       worker=self.worker, page_size=page_size, **fields)
+            self._seq += 1
+            self._fh.write(ev.to_json() + "\n")
+            self._fh.flush()
+            self.events.append(ev)
+            return ev
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+
+    def __enter__(self) -> "LedgerWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read(path: str | Path) -> list[Event]:
+    """Read one ledger file. A truncated last line (a worker killed mid-write) is skipped.
+
+    Raises:
+        ValueError: a line other than the last is not a valid event (naming file and line).
+    """
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    events = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            events.append(Event.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as e:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1}: not a ledger event ({e})") from None
+    return events
+
+
+def read_dir(directory: str | Path) -> list[Event]:
+    """Read every ``*.jsonl`` ledger in ``directory`` (sorted by file name, then seq)."""
+    events: list[Event] = []
+    for p in sorted(Path(directory).glob("*.jsonl")):
+        events.extend(read(p))
+    return events
+
+
+# --------------------------------------------------------------------------------------------
+# checking (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def swa_page_bound(window: int, page_size: int) -> int:
+    """Most SWA pages one request may hold: ``ceil((window + page) / page)``."""
+    return _ceil_div(window + page_size, page_size)
+
+
+class _Books:
+    """Live pages of one (worker, component): per pool, page id -> owner rid, and counted pages."""
+
+    def __init__(self) -> None:
+        self.owner: dict[str, dict[int, str]] = defaultdict(dict)
+        self.counted: dict[tuple[str, str], int] = defaultdict(int)  # (pool, rid) -> pages
+        self.live_rids: set[str] = set()
+        self.baseline: dict[str, int] = {}
+
+    def held(self, pool: str, rid: str) -> int:
+        return sum(1 for o in self.owner[pool].values() if o == rid) + self.counted[(pool, rid)]
+
+    def total_held(self) -> int:
+        return sum(len(m) for m in self.owner.values()) + sum(self.counted.values())
+
+
+def check(events: Iterable[Event]) -> list[Violation]:
+    """Check the accounting invariants (see the module docstring) over the events of one run.
+
+    Events are processed per worker in ``seq`` order; workers are independent books.
+
+    Args:
+        events: events of any number of workers, in any order.
+
+    Returns:
+        The violations found, in event order per worker (empty when everything balances).
+    """
+    out: list[Violation] = []
+    by_worker: dict[tuple[str, str], list[Event]] = defaultdict(list)
+    for ev in events:
+        by_worker[(ev.worker, ev.component)].append(ev)
+    for (worker, _component), evs in sorted(by_worker.items()):
+        out.extend(_check_worker(worker, sorted(evs, key=lambda e: e.seq)))
+    return out
+
+
+def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
+    out: list[Violation] = []
+    books = _Books()
+
+    def bad(rule: str, ev: Event | None, msg: str) -> None:
+        out.append(Violation(rule, msg, ev.seq if ev else None, worker, ev.rid if ev else ""))
+
+    for ev in evs:
+        if ev.kind not in KINDS:
+            bad("unknown-kind", ev, f"kind {ev.kind!r} is not one of {', '.join(KINDS)}")
+            continue
+        for pool, free in ev.free_before.items():
+            books.baseline.setdefault(pool, free)
+        _check_eviction_floor(ev, bad)
+        if ev.kind in TAKE_KINDS:
+            books.live_rids.add(ev.rid)
+            _take(books, ev, bad)
+        elif ev.kind in FREE_KINDS:
+            _free(books, ev, bad)
+            if ev.kind == "release":
+                books.live_rids.discard(ev.rid)
+                _hand_to_cache(books, ev.rid)
+        elif ev.kind == "transfer":
+            _check_transfer(books, ev, bad)
+        _check_free_delta(ev, bad)
+        _check_swa_bound(books, ev, bad)
+        if not books.live_rids and books.total_held() == 0 and ev.free_after:
+            for pool, base in books.baseline.items():
+                now = ev.free_after.get(pool)
+                if now is not None and now != base:
+                    bad("not-baseline", ev, f"worker idle but pool {pool!r} has {now} free, started with {base}")
+    for pool, owners in books.owner.items():
+        for owner, n in sorted(Counter(owners.values()).items()):
+            example = sorted(p for p, o in owners.items() if o == owner)[:4]
+            rid = owner.removeprefix(CACHE_OWNER)
+            where = " (still held after its release)" if owner != rid else ""
+            out.append(Violation("page-leak", f"pool {pool!r}: {n} page(s) never freed{where} (e.g. {example})",
+                                 None, worker, rid))
+    for (pool, rid), n in sorted(books.counted.items()):
+        if n:
+            out.append(Violation("page-leak", f"pool {pool!r}: {n} counted page(s) never freed", None, worker, rid))
+    return out
+
+
+def _check_eviction_floor(ev: Event, bad) -> None:
+    e = ev.evicted_seqlen
+    if e is None:
+        return
+    if e < 0:
+        bad("evicted-negative", ev, f"evicted_seqlen {e} < 0")
+    elif ev.page_size and e % ev.page_size:
+        bad("evicted-unaligned", ev, f"evicted_seqlen {e} is not a multiple of page {ev.page_size}")
+    if ev.kind == "prealloc" and ev.fill_len is not None and ev.swa_tail_len is not None:
+        if e != ev.fill_len - ev.swa_tail_len:
+            bad("evicted-mismatch", ev, f"evicted_seqlen {e} != fill_len {ev.fill_len} - swa_tail_len {ev.swa_tail_len}")
+
+
+def _take(books: _Books, ev: Event, bad) -> None:
+    for pool, pages in ev.pages.items():
+        if isinstance(pages, int):
+            books.counted[(pool, ev.rid)] += pages
+            continue
+        live = books.owner[pool]
+        for p in pages:
+            if p in live:
+                bad("page-double-alloc", ev, f"pool {pool!r} page {p} allocated while held by {live[p]}")
+            live[p] = ev.rid
+
+
+def _free(books: _Books, ev: Event, bad) -> None:
+    for pool, pages in ev.pages.items():
+        if isinstance(pages, int):
+            key = (pool, ev.rid)
+            if books.counted[key] < pages and books.counted[(pool, CACHE_OWNER)] + books.counted[key] < pages:
+                bad("page-double-free", ev, f"pool {pool!r}: frees {pages} counted page(s), {books.counted[key]} held")
+            take = min(pages, books.counted[key])
+            books.counted[key] -= take
+            books.counted[(pool, CACHE_OWNER)] -= min(pages - take, books.counted[(pool, CACHE_OWNER)])
+            continue
+        live = books.owner[pool]
+        for p in pages:
+            owner = live.get(p)
+            if owner is None:
+                bad("page-double-free", ev, f"pool {pool!r} page {p} freed but not allocated (double free?)")
+            elif owner != ev.rid and not owner.startswith(CACHE_OWNER):
+                bad("page-double-free", ev, f"pool {pool!r} page {p} freed by {ev.rid} but held by {owner}")
+            else:
+                del live[p]
+
+
+def _hand_to_cache(books: _Books, rid: str) -> None:
+    for live in books.owner.values():
+        for p, o in live.items():
+            if o == rid:
+                live[p] = CACHE_OWNER + rid
+    for (pool, r), n in list(books.counted.items()):
+        if r == rid and n:
+            books.counted[(pool, CACHE_OWNER)] += n
+            books.counted[(pool, r)] = 0
+
+
+def _check_transfer(books: _Books, ev: Event, bad) -> None:
+    for pool, pages in ev.pages.items():
+        if isinstance(pages, int):
+            continue
+        live = books.owner[pool]
+        stray = [p for p in pages if live.get(p) != ev.rid and not str(live.get(p)).startswith(CACHE_OWNER)]
+        if stray:
+            bad("transfer-unowned", ev, f"pool {pool!r}: transfer names page(s) {stray[:4]} the request does not hold")
+
+
+def _check_free_delta(ev: Event, bad) -> None:
+    sign = -1 if ev.kind in TAKE_KINDS else 1 if ev.kind in FREE_KINDS else 0
+    if not sign:
+        return
+    for pool, pages in ev.pages.items():
+        if pool not in ev.free_before or pool not in ev.free_after:
+            continue
+        n = pages if isinstance(pages, int) else len(pages)
+        delta = ev.free_after[pool] - ev.free_before[pool]
+        # Free sizes are in pages or tokens; accept either unit.
+        if delta not in (sign * n, sign * n * ev.page_size):
+            bad("free-mismatch", ev, f"pool {pool!r}: free moved by {delta} but the event names {n} page(s)")
+
+
+def _check_swa_bound(books: _Books, ev: Event, bad) -> None:
+    if ev.window is None or ev.kind not in TAKE_KINDS or not ev.page_size:
+        return
+    held = books.held(SWA_POOL, ev.rid)
+    bound = swa_page_bound(ev.window, ev.page_size)
+    if held > bound:
+        bad("swa-over-window", ev, f"request holds {held} SWA pages ({held * ev.page_size} tokens), "
+            f"bound ceil((window {ev.window} + page {ev.page_size}) / page) = {bound} pages")
+
+
+# --------------------------------------------------------------------------------------------
+# summary
+# --------------------------------------------------------------------------------------------
+
+
+def summarise(events: Iterable[Event]) -> dict[str, Any]:
+    """A JSON-able summary per worker: event counts, requests, pages taken per pool, violations.
+
+    Args:
+        events: the events of one run.
+
+    Returns:
+        ``{"workers": {name: {...}}, "events": n, "requests": n, "violations": [str, ...]}``.
+    """
+    evs = list(events)
+    workers: dict[str, dict[str, Any]] = {}
+    for ev in evs:
+        w = workers.setdefault(ev.worker, {"component": ev.component, "kinds": Counter(), "rids": set(),
+                                           "pages_taken": Counter(), "pages_freed": Counter()})
+        w["kinds"][ev.kind] += 1
+        w["rids"].add(ev.rid)
+        for pool, pages in ev.pages.items():
+            n = pages if isinstance(pages, int) else len(pages)
+            if ev.kind in TAKE_KINDS:
+                w["pages_taken"][pool] += n
+            elif ev.kind in FREE_KINDS:
+                w["pages_freed"][pool] += n
+    violations = [str(v) for v in check(evs)]
+    return {
+        "events": len(evs),
+        "requests": len({ev.rid for ev in evs if ev.kind in TAKE_KINDS and ev.rid != CACHE_OWNER}),
+        "violations": violations,
+        "workers": {
+            name: {"component": w["component"], "kinds": dict(w["kinds"]), "requests": len(w["rids"]),
+                   "pages_taken": dict(w["pages_taken"]), "pages_freed": dict(w["pages_freed"])}
+            for name, w in sorted(workers.items())
+        },
+    }
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """Render :func:`summarise` output as a few markdown lines for a test report."""
+    lines = [f"ledger: {summary['events']} events, {summary['requests']} requests, "
+             f"{len(summary['violations'])} violation(s)"]
+    for name, w in summary["workers"].items():
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(w["kinds"].items()))
+        taken = ", ".join(f"{p} {n}" for p, n in sorted(w["pages_taken"].items()))
+        freed = ", ".join(f"{p} {n}" for p, n in sorted(w["pages_freed"].items()))
+        lines.append(f"- {name} ({w['component']}): {kinds}; pages taken [{taken}] freed [{freed}]")
+    lines.extend(f"  ! {v}" for v in summary["violations"][:20])
+    return "\n".join(lines)
