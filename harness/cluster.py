@@ -1,0 +1,507 @@
+"""The Ray cluster a run uses, and the placement groups a topology needs on it.
+
+A :class:`Cluster` is either *started* by the harness (the embedded default: a local Ray with the
+dashboard off, quiet logs and a short temp dir) or *joined* (``--ray-address``: a real, possibly
+multi-node cluster). The harness only ever stops a cluster it started.
+
+Simulation (``simulate=True``) gives a CPU machine the topology's GPUs as Ray *logical* GPUs. A
+one-node topology becomes one local Ray node with ``gpus_per_node`` GPUs; a multi-node topology
+becomes a ``ray.cluster_utils.Cluster`` with one Ray node per topology node. Every node started by
+the harness carries the custom resource ``harness_node_<i>`` so a role with ``node = i`` is pinned
+there (a joined cluster may carry the same resources; otherwise pinning uses the i-th node's
+``node:<ip>`` resource).
+
+Placement: one placement group per role group (``RoleSpec.groups`` = count × dp), one bundle per TP
+rank, ``STRICT_PACK`` so a TP group sits on one node. :meth:`Cluster.check` tells within ``timeout``
+(5 s by default) whether a topology fits and, if not, which resource is missing, using the
+scheduling state Ray records in ``placement_group_table`` (``INFEASIBLE``: the cluster can never
+hold it; ``NO_RESOURCES``: it could, but the resources are in use now).
+
+API::
+
+    Cluster.start(topology=None, *, simulate=False, num_cpus=None, temp_dir=None) -> Cluster
+    Cluster.join(address) -> Cluster
+    cluster.check(topology, timeout=5.0) -> Fit           # never raises for "does not fit"
+    cluster.place(topology, timeout=30.0) -> Placement    # raises PlacementError (carries the Fit)
+    cluster.release(placement)                            # removes its placement groups
+    cluster.shutdown(timeout=15.0)                        # stops what we started; verifies no process is left
+    placement.of("prefill") -> tuple[GroupPlacement, ...] # one per group; .pg, .bundles, .node_ids()
+
+Example::
+
+    from harness import topology
+    from harness.cluster import Cluster
+
+    topo = topology.get("2-gpu-h100")
+    with Cluster.start(topo, simulate=True) as cluster:
+        fit = cluster.check(topo)            # Fit(ok=True, state='CREATED', ...)
+        placement = cluster.place(topo)
+        prefill = placement.of("prefill")[0] # GroupPlacement: .pg, .bundles, .strategy
+        ...                                  # start workers in it (harness.worker.start_worker)
+        cluster.release(placement)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import procs
+from harness.topology import RoleSpec, Topology
+
+log = logging.getLogger(__name__)
+
+NODE_RESOURCE = "harness_node_{}"
+#: Amount of ``harness_node_<i>`` each harness-started node has; bundles take a tiny slice of it.
+_NODE_RESOURCE_AMOUNT = 1000.0
+_NODE_RESOURCE_SLICE = 0.001
+#: Logical CPUs per harness-started node: actors take 0.1, so this holds many; kept small because
+#: Ray may prestart one Python worker per CPU on a 2-core machine.
+DEFAULT_NUM_CPUS = 4
+_POLL_S = 0.05
+
+# Ray's environment: set before ray is imported anywhere in a run started by the harness.
+_RAY_ENV = {
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_SCHEDULER_EVENTS": "0",  # no "(autoscaler) Error: no node types..." lines on the driver
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+class PlacementError(RuntimeError):
+    """A topology could not be placed within the timeout. ``fit`` says which resource is missing."""
+
+    def __init__(self, fit: "Fit"):
+        super().__init__(str(fit))
+        self.fit = fit
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether a topology fits the cluster.
+
+    ``state`` is ``CREATED`` when every group was placed, else the first failing group's scheduling
+    state from ``placement_group_table`` (``INFEASIBLE``, ``NO_RESOURCES``, or ``PENDING`` when Ray
+    had not decided by the deadline). ``missing`` names the resource, e.g. ``"GPU: needs 2 on one
+    node, the largest node has 0"``.
+    """
+
+    topology: str
+    ok: bool
+    state: str
+    group: str = ""
+    missing: str = ""
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"{self.topology}: fits ({self.seconds:.1f} s)"
+        return f"{self.topology}: {self.state}: group {self.group}: {self.missing}"
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """One placement group: a TP group of one role (one bundle per rank)."""
+
+    role: str
+    kind: str
+    index: int
+    pg: Any  # ray.util.placement_group.PlacementGroup
+    bundles: tuple[dict[str, float], ...]
+    strategy: str
+    node: int | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def node_ids(self) -> list[str]:
+        """Ray node id (hex) of each bundle, in bundle order (the group must be placed)."""
+        from ray.util.placement_group import placement_group_table
+
+        table = placement_group_table(self.pg)
+        return [table["bundles_to_node_id"][i] for i in range(len(self.bundles))]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """All placement groups of a topology on a cluster, in role order."""
+
+    topology: Topology
+    groups: tuple[GroupPlacement, ...]
+
+    def of(self, role: str) -> tuple[GroupPlacement, ...]:
+        """The groups of ``role`` (a role name such as ``prefill``).
+
+        Raises:
+            KeyError: the topology has no such role.
+        """
+        self.topology.role(role)
+        return tuple(g for g in self.groups if g.role == role)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One alive Ray node, with its harness index (``harness_node_<i>``) when it has one."""
+
+    node_id: str
+    ip: str
+    index: int | None
+    total: dict[str, float] = field(default_factory=dict)
+
+
+def _short_temp_dir() -> Path:
+    # Ray puts AF_UNIX sockets under it: the path must stay far below 107 bytes.
+    return Path(tempfile.mkdtemp(prefix="ph-", dir="/tmp" if Path("/tmp").is_dir() else None))
+
+
+class Cluster:
+    """A Ray cluster the harness started or joined. Build it with :meth:`start` or :meth:`join`."""
+
+    def __init__(self, *, address: str, owned: bool, simulate: bool, temp_dir: Path | None,
+                 sim_cluster: Any = None, topology: Topology | None = None):
+        self.address = address
+        self.owned = owned
+        self.simulate = simulate
+        self.topology = topology
+        self._temp_dir = temp_dir
+        self._sim_cluster = sim_cluster
+        self._placements: list[Placement] = []
+        self._pids: list[int] = []
+        self._closed = False
+        self._saved_tmpdir: str | None = os.environ.get("RAY_TMPDIR")
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def start(cls, topology: Topology | None = None, *, simulate: bool = False,
+              num_cpus: float | None = None, temp_dir: str | Path | None = None) -> "Cluster":
+        """Start a local Ray for ``topology`` and connect this process to it.
+
+        Args:
+            topology: what the cluster must hold; None starts one CPU-only node.
+            simulate: give the node(s) the topology's GPUs as logical GPUs; multi-node topologies
+                become one Ray node per topology node. Without it, Ray detects real GPUs.
+            num_cpus: logical CPUs per node (default :data:`DEFAULT_NUM_CPUS`).
+            temp_dir: Ray's temp dir (default: a fresh short dir under /tmp, removed at shutdown).
+
+        Returns:
+            The connected cluster; stop it with :meth:`shutdown` (or use it as a context manager).
+
+        Raises:
+            RuntimeError: this process is already connected to a Ray cluster.
+        """
+        for k, v in _RAY_ENV.items():
+            os.environ.setdefault(k, v)
+        import ray
+
+        if ray.is_initialized():
+            raise RuntimeError("this process is already connected to Ray; shut it down or use Cluster.join")
+        procs.reap_stale()
+        made_temp = temp_dir is None
+        tdir = Path(temp_dir) if temp_dir else _short_temp_dir()
+        tdir.mkdir(parents=True, exist_ok=True)
+        if made_temp:
+            procs.register(os.getpid(), kind="dir", label="ray temp dir", path=tdir)
+        cpus = num_cpus if num_cpus is not None else (topology.cpus_per_node if topology and topology.cpus_per_node else DEFAULT_NUM_CPUS)
+        nodes = topology.nodes if topology else 1
+        gpus = topology.gpus_per_node if (topology and simulate) else None
+        # Actors inherit the owner so a worker's own registrations outlive nothing of ours.
+        os.environ.update(procs.owner_env())
+        t0 = time.monotonic()
+        sim = None
+        saved_tmpdir = os.environ.get("RAY_TMPDIR")
+        try:
+            if nodes == 1:
+                kwargs: dict[str, Any] = dict(
+                    include_dashboard=False, logging_level="ERROR", _temp_dir=str(tdir), num_cpus=cpus,
+                    resources={NODE_RESOURCE.format(0): _NODE_RESOURCE_AMOUNT}, log_to_driver=True,
+                )
+                if gpus is not None:
+                    kwargs["num_gpus"] = gpus
+                ray.init(**kwargs)
+            else:
+                from ray.cluster_utils import Cluster as RayCluster
+
+                # cluster_utils writes the cluster address to <RAY_TMPDIR>/ray/ray_current_cluster:
+                # keep it inside our own temp dir so no other Ray user on the machine is redirected.
+                os.environ["RAY_TMPDIR"] = str(tdir)
+                (tdir / "ray").mkdir(exist_ok=True)
+                sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
+                for i in range(nodes):
+                    args: dict[str, Any] = dict(num_cpus=cpus, resources={NODE_RESOURCE.format(i): _NODE_RESOURCE_AMOUNT})
+                    if gpus is not None:
+                        args["num_gpus"] = gpus
+                    if i == 0:
+                        args.update(include_dashboard=False)
+                    sim.add_node(wait=False, **args)
+                sim.wait_for_nodes(timeout=60)
+                ray.init(address=sim.address, logging_level="ERROR", log_to_driver=True)
+        except BaseException:
+            if sim is not None:
+                sim.shutdown()
+            if ray.is_initialized():
+                ray.shutdown()
+            _restore_env("RAY_TMPDIR", saved_tmpdir)
+            if made_temp:
+                shutil.rmtree(tdir, ignore_errors=True)
+                procs.unregister(os.getpid(), kind="dir")
+            raise
+        address = ray.get_runtime_context().gcs_address
+        self = cls(address=address, owned=True, simulate=simulate, temp_dir=tdir if made_temp else None,
+                   sim_cluster=sim, topology=topology)
+        self._saved_tmpdir = saved_tmpdir
+        self._register_ray_processes()
+        log.info("started Ray at %s (%d node(s), simulate=%s) in %.1f s", address, nodes, simulate, time.monotonic() - t0)
+        return self
+
+    @classmethod
+    def join(cls, address: str) -> "Cluster":
+        """Connect to an existing cluster at ``address`` (``host:port``); it is never stopped by us.
+
+        Raises:
+            RuntimeError: this process is already connected to a Ray cluster.
+        """
+        for k, v in _RAY_ENV.items():
+            os.environ.setdefault(k, v)
+        import ray
+
+        if ray.is_initialized():
+            raise RuntimeError("this process is already connected to Ray; shut it down first")
+        os.environ.update(procs.owner_env())
+        ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+        return cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
+
+    def _register_ray_processes(self) -> None:
+        import ray
+
+        nodes = [ray._private.worker._global_node] if self._sim_cluster is None else self._sim_cluster.list_all_nodes()
+        for node in nodes:
+            for kind, infos in getattr(node, "all_processes", {}).items():
+                for info in infos:
+                    pid = info.process.pid
+                    self._pids.append(pid)
+                    procs.register(pid, label=f"ray {kind}")
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---------------------------------------------------------------- inspection
+
+    def nodes(self) -> list[NodeInfo]:
+        """The alive nodes, harness-indexed ones first in index order."""
+        import ray
+
+        out = []
+        for n in ray.nodes():
+            if not n.get("Alive"):
+                continue
+            res = dict(n.get("Resources", {}))
+            idx = next((int(k.rsplit("_", 1)[1]) for k in res if k.startswith("harness_node_")), None)
+            out.append(NodeInfo(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""), index=idx, total=res))
+        return sorted(out, key=lambda n: (n.index is None, n.index if n.index is not None else 0, n.node_id))
+
+    def node_index(self, node_id: str) -> int | None:
+        """The topology node index of a Ray node id (None if it has no harness index)."""
+        return next((n.index for n in self.nodes() if n.node_id == node_id), None)
+
+    def _pin_resource(self, node: int) -> str:
+        nodes = self.nodes()
+        if any(n.index == node for n in nodes):
+            return NODE_RESOURCE.format(node)
+        if node < len(nodes):
+            return f"node:{nodes[node].ip}"
+        raise PlacementError(Fit(self.topology.name if self.topology else "?", False, "INFEASIBLE",
+                                 missing=f"node {node}: the cluster has {len(nodes)} node(s)"))
+
+    # ---------------------------------------------------------------- placement
+
+    def _bundles(self, role: RoleSpec) -> list[dict[str, float]]:
+        bundles = role.bundles()
+        if role.node is not None:
+            pin = self._pin_resource(role.node)
+            for b in bundles:
+                b[pin] = _NODE_RESOURCE_SLICE
+        return bundles
+
+    def _create(self, topo: Topology, tag: str) -> list[GroupPlacement]:
+        from ray.util.placement_group import placement_group
+
+        groups = []
+        for role in topo.roles:
+            for i in range(role.groups):
+                bundles = self._bundles(role)
+                pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}")
+                groups.append(GroupPlacement(role=role.name, kind=role.kind, index=i, pg=pg,
+                                             bundles=tuple(bundles), strategy="STRICT_PACK", node=role.node))
+        return groups
+
+    def _wait(self, topo: Topology, groups: list[GroupPlacement], timeout: float, settle_on_no_resources: bool) -> Fit:
+        """Poll ``placement_group_table`` until all groups are created, one is infeasible, or the deadline."""
+        from ray.util.placement_group import placement_group_table
+
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        while True:
+            states = []
+            for g in groups:
+                t = placement_group_table(g.pg)
+                states.append((g, t["state"], t["stats"]["scheduling_state"]))
+            if all(s == "CREATED" for _, s, _ in states):
+                return Fit(topo.name, True, "CREATED", seconds=time.monotonic() - t0)
+            bad = [(g, sched) for g, s, sched in states if s != "CREATED"]
+            infeasible = [g for g, sched in bad if sched == "INFEASIBLE"]
+            decided = all(sched in ("INFEASIBLE", "NO_RESOURCES") for _, sched in bad)
+            now = time.monotonic()
+            if infeasible or (decided and settle_on_no_resources) or now >= deadline:
+                g, sched = next(((g, "INFEASIBLE") for g in infeasible), bad[0])
+                state = sched if sched in ("INFEASIBLE", "NO_RESOURCES") else "PENDING"
+                return Fit(topo.name, False, state, group=g.name, missing=self._missing(g, state),
+                           seconds=now - t0)
+            time.sleep(_POLL_S)
+
+    def _missing(self, g: GroupPlacement, state: str) -> str:
+        """Name the resource a group lacks: the first one no node can (or now does) provide."""
+        import ray
+
+        need: dict[str, float] = {}
+        for b in g.bundles:
+            for k, v in b.items():
+                need[k] = need.get(k, 0.0) + v
+        totals = ray._private.state.total_resources_per_node()
+        avail = ray._private.state.available_resources_per_node()
+        for key in sorted(need, key=lambda k: (k != "GPU", k)):
+            amount = need[key]
+            best_total = max((r.get(key, 0.0) for r in totals.values()), default=0.0)
+            best_free = max((r.get(key, 0.0) for r in avail.values()), default=0.0)
+            what = _resource_name(key)
+            if best_total + 1e-9 < amount:
+                return f"{what}: needs {_fmt(amount)} on one node, the largest node has {_fmt(best_total)}"
+            if best_free + 1e-9 < amount:
+                return f"{what}: needs {_fmt(amount)} on one node, at most {_fmt(best_free)} free now (in use by other placement groups or actors)"
+        if state == "INFEASIBLE":
+            return "no single node holds all of " + ", ".join(f"{_resource_name(k)} {_fmt(v)}" for k, v in need.items())
+        return "the resources exist but were not granted in time: " + ", ".join(f"{_resource_name(k)} {_fmt(v)}" for k, v in need.items())
+
+    def check(self, topology: Topology, timeout: float = 5.0) -> Fit:
+        """Say whether ``topology`` fits this cluster now; remove the trial placement groups again.
+
+        Args:
+            topology: what to fit.
+            timeout: seconds to wait for Ray's decision (a group still undecided is ``PENDING``).
+
+        Returns:
+            The :class:`Fit`; ``fit.ok`` is False with the state and missing resource otherwise.
+        """
+        try:
+            groups = self._create(topology, "harness-check:")
+        except PlacementError as e:
+            return e.fit
+        try:
+            return self._wait(topology, groups, timeout, settle_on_no_resources=True)
+        finally:
+            self._remove(groups)
+
+    def place(self, topology: Topology, timeout: float = 30.0) -> Placement:
+        """Create one STRICT_PACK placement group per role group and wait until all are placed.
+
+        Args:
+            topology: what to place.
+            timeout: seconds for all groups to be created.
+
+        Returns:
+            The :class:`Placement`; release it with :meth:`release` (shutdown releases the rest).
+
+        Raises:
+            PlacementError: a group is infeasible or not placed in time (partial groups removed).
+        """
+        groups = self._create(topology, "harness:")
+        fit = self._wait(topology, groups, timeout, settle_on_no_resources=False)
+        if not fit.ok:
+            self._remove(groups)
+            raise PlacementError(fit)
+        placement = Placement(topology=topology, groups=tuple(groups))
+        self._placements.append(placement)
+        return placement
+
+    def release(self, placement: Placement) -> None:
+        """Remove the placement groups of ``placement`` (actors in them are killed by Ray)."""
+        self._remove(list(placement.groups))
+        if placement in self._placements:
+            self._placements.remove(placement)
+
+    @staticmethod
+    def _remove(groups: list[GroupPlacement]) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for g in groups:
+            try:
+                remove_placement_group(g.pg)
+            except Exception as e:  # already removed, or Ray gone: nothing left to free
+                log.debug("remove %s: %s", g.name, e)
+
+    # ---------------------------------------------------------------- teardown
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """Release placements; if we started the cluster, stop it and verify its processes are gone.
+
+        A joined cluster is only disconnected from. Safe to call twice.
+
+        Raises:
+            RuntimeError: processes of the cluster were still running after ``timeout`` (they are
+                then killed, and named in the message).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+
+        for p in list(self._placements):
+            self.release(p)
+        if not self.owned:
+            ray.shutdown()
+            return
+        tree = [d for p in self._pids for d in procs.descendants(p)]
+        ray.shutdown()
+        if self._sim_cluster is not None:
+            self._sim_cluster.shutdown()
+            _restore_env("RAY_TMPDIR", self._saved_tmpdir)
+        left = procs.wait_gone(self._pids + tree, timeout)
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        for pid in self._pids:
+            procs.unregister(pid)
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            procs.unregister(os.getpid(), kind="dir")
+        if left:
+            raise RuntimeError(f"Ray processes still running {timeout:.0f} s after shutdown (killed): {left}")
+
+
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+def _resource_name(key: str) -> str:
+    if key.startswith("harness_node_"):
+        return f"node {key.rsplit('_', 1)[1]} (resource {key})"
+    return key
+
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"

@@ -1,0 +1,234 @@
+"""The harness's own processes: a registry on disk, so a run killed with SIGKILL is cleaned up by the next.
+
+Every process the harness starts that could outlive its owner (Ray's node processes, worker actors,
+server subprocesses and their process groups) is recorded as one small JSON file in
+:data:`REGISTRY_DIR` with its pid, its start time (so a recycled pid is never mistaken for ours) and
+the pid + start time of its *owner*: the process that ran the harness (pytest, ``harness``).
+:func:`reap_stale` kills the entries whose owner is gone; it touches nothing else on the machine.
+
+Linux only (it reads ``/proc``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: One directory per user on this machine; entries are ``<owner pid>-<kind>-<pid>.json``.
+REGISTRY_DIR = Path(tempfile.gettempdir()) / f"pd-harness-{os.getuid()}" / "procs"
+
+#: Environment variable that names the run's owner (``pid:start``) to processes started for it.
+OWNER_ENV = "HARNESS_OWNER"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered process (``kind`` "pid"), process group ("pgid") or directory ("dir")."""
+
+    kind: str
+    pid: int
+    start: int
+    owner: int
+    owner_start: int
+    label: str = ""
+    path: str = ""
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None when it does not exist (or is a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may contain spaces or parens: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def alive(pid: int, start: int | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, when given, was started at ``start``."""
+    st = start_time(pid)
+    return st is not None and (start is None or st == start)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d.name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Live pids below ``pid`` in the process tree (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(d.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def owner() -> tuple[int, int]:
+    """The owner of processes started from here: ``$HARNESS_OWNER`` if set, else this process."""
+    env = os.environ.get(OWNER_ENV)
+    if env:
+        pid, start = env.split(":")
+        return int(pid), int(start)
+    return os.getpid(), start_time(os.getpid()) or 0
+
+
+def owner_env() -> dict[str, str]:
+    """Environment that makes processes started elsewhere (Ray actors) register under our owner."""
+    pid, start = owner()
+    return {OWNER_ENV: f"{pid}:{start}"}
+
+
+def register(pid: int, *, kind: str = "pid", label: str = "", path: str | Path = "") -> Path | None:
+    """Record a process (``kind="pid"``), a process group (``"pgid"``) or a directory (``"dir"``).
+
+    Args:
+        pid: the process id, or the group id for ``"pgid"``; for ``"dir"`` the owner's pid.
+        kind: what to clean up if the owner dies.
+        label: a human name for logs.
+        path: the directory, for ``kind="dir"``.
+
+    Returns:
+        The registry file, or None when ``pid`` is already gone.
+    """
+    own, own_start = owner()
+    st = start_time(pid) if kind != "dir" else 0
+    if st is None:
+        return None
+    entry = Entry(kind=kind, pid=pid, start=st, owner=own, owner_start=own_start, label=label, path=str(path))
+    REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
+    f = REGISTRY_DIR / f"{own}-{kind}-{pid}.json"
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(entry)))
+    tmp.replace(f)
+    return f
+
+
+def unregister(pid: int, *, kind: str = "pid") -> None:
+    """Forget a registered process (it was stopped cleanly)."""
+    own, _ = owner()
+    (REGISTRY_DIR / f"{own}-{kind}-{pid}.json").unlink(missing_ok=True)
+
+
+def entries() -> list[Entry]:
+    """All registry entries (any owner)."""
+    out = []
+    for f in sorted(REGISTRY_DIR.glob("*.json")) if REGISTRY_DIR.exists() else []:
+        try:
+            out.append(Entry(**json.loads(f.read_text())))
+        except (OSError, ValueError, TypeError):
+            f.unlink(missing_ok=True)
+    return out
+
+
+def _file(e: Entry) -> Path:
+    return REGISTRY_DIR / f"{e.owner}-{e.kind}-{e.pid}.json"
+
+
+def kill_entry(e: Entry) -> bool:
+    """SIGKILL what ``e`` names if it is still the same process (or remove its directory).
+
+    Returns:
+        True if something was killed or removed.
+    """
+    if e.kind == "dir":
+        if e.path and Path(e.path).exists():
+            shutil.rmtree(e.path, ignore_errors=True)
+            return True
+        return False
+    if e.kind == "pgid":
+        # The leader may be gone while members live on; kill the group if any member is left.
+        if alive(e.pid, e.start) or group_members(e.pid):
+            try:
+                os.killpg(e.pid, signal.SIGKILL)
+                return True
+            except ProcessLookupError:
+                return False
+        return False
+    if alive(e.pid, e.start):
+        try:
+            os.kill(e.pid, signal.SIGKILL)
+            return True
+        except ProcessLookupError:
+            return False
+    return False
+
+
+def reap_stale() -> list[Entry]:
+    """Kill everything registered by owners that are no longer running; remove their entries.
+
+    Returns:
+        The entries that still had something to kill.
+    """
+    killed = []
+    for e in entries():
+        if alive(e.owner, e.owner_start):
+            continue
+        if kill_entry(e):
+            killed.append(e)
+            log.warning("reaped stale %s %d (%s) of dead owner %d", e.kind, e.pid, e.label, e.owner)
+        _file(e).unlink(missing_ok=True)
+    return killed
+
+
+def reap_owned(kinds: tuple[str, ...] = ("pgid", "pid", "dir")) -> list[Entry]:
+    """Kill everything this owner registered (last-resort teardown); remove the entries.
+
+    Returns:
+        The entries that still had something to kill.
+    """
+    own, _ = owner()
+    killed = []
+    for kind in kinds:
+        for e in entries():
+            if e.owner != own or e.kind != kind:
+                continue
+            if kill_entry(e):
+                killed.append(e)
+            _file(e).unlink(missing_ok=True)
+    return killed
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait until none of ``pids`` runs; return those still running at the deadline."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    return left
