@@ -1,0 +1,314 @@
+"""The decode side of a PD pair, on sglang's real objects: prealloc, release and pool snapshots.
+
+:class:`DecodeSide` holds one decode worker's memory graph (pools, allocator, request slots, tree
+cache, for hisparse the coordinator) and a ``DecodePreallocQueue`` whose methods are sglang's own.
+Its operations are named after the real paths they drive:
+
+* :meth:`DecodeSide.prealloc` -> ``DecodePreallocQueue._pre_alloc`` (after the decode radix-cache
+  prefix match, as ``pop_preallocated`` does when the cache is on), which reaches
+  ``alloc_for_decode_prealloc`` / ``alloc_for_decode_prealloc_hisparse``, the allocator's
+  ``alloc_extend_swa_tail`` and the page-alignment assertion;
+* :meth:`DecodeSide.release` -> ``HiSparseCoordinator.request_finished`` (hisparse) then
+  ``release_kv_cache(req, tree_cache, checkpoint=True)``, as the decode loop does on finish;
+* :meth:`DecodeSide.snapshot` -> free sizes of every pool and the KV state of chosen requests.
+
+Only *environment* is hand-provided: the queue shell is built with ``__new__`` (its ``__init__``
+wants a KV transfer manager and a TP gloo group) and the scheduler is a namespace carrying the
+fields ``_pre_alloc`` reads. Allocators, pools, ``_swa_tail_len``, prealloc and release are always
+sglang's own (or a fault from ``harness.faults`` when one is deliberately injected).
+
+Example::
+
+    side = DecodeSide(DecodeConfig(page_size=64, window=100))
+    req = make_req("r0", prompt_len=300)
+    result = side.prealloc(req)        # result.swa_tail_len == 108
+    side.release(req)
+    assert side.snapshot().free() == side.baseline.free()
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.targets.sglang import pools as pool_builders
+from harness.targets.sglang import runtime
+from harness.targets.sglang.requests import mark_finished
+from harness.targets.sglang.snapshot import PoolSnapshot, req_state
+
+logger = logging.getLogger(__name__)
+
+# sglang's message when the allocator returns None in _pre_alloc.
+_KV_FULL = "KV cache is full"
+
+
+class PreallocFailed(RuntimeError):
+    """The allocator could not hold the request (sglang's ``KV cache is full!`` assertion).
+
+    sglang's scheduler never reaches this (its admission check runs first); the harness does, to
+    test allocation failure. ``_pre_alloc`` takes the request slot before allocating KV, so the
+    slot is handed back before this is raised; any KV page still taken is a real leak and shows in
+    :meth:`DecodeSide.snapshot`.
+
+    Attributes:
+        rid: the request.
+        detail: sglang's assertion message.
+    """
+
+    def __init__(self, rid: str, detail: str):
+        super().__init__(f"prealloc of {rid} failed: {detail}")
+        self.rid = rid
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One decode worker's memory configuration.
+
+    Attributes:
+        hisparse: the DeepSeek-V4 hisparse path (``alloc_for_decode_prealloc_hisparse``) instead of
+            the SWAKVPool path (``alloc_for_decode_prealloc``).
+        page_size: tokens per page (SWA path: 1/16/64/256; hisparse: 256).
+        window: the model's sliding window (``scheduler.sliding_window_size``); None or 0 = none.
+        radix_cache: ``--disaggregation-decode-enable-radix-cache`` (not with hisparse, as in sglang).
+        sizes: pool capacities.
+        device: "cpu", or "cuda:N" on a GPU worker.
+        num_reserved_decode_tokens: the queue's per-request decode reserve (sglang's default 512
+            matters only to admission, which the harness does not drive; kept for completeness).
+        hisparse_top_k: coordinator top-k.
+        hisparse_device_buffer_size: coordinator device buffer tokens per request.
+    """
+
+    hisparse: bool = False
+    page_size: int = 64
+    window: int | None = 128
+    radix_cache: bool = False
+    sizes: pool_builders.PoolSizes = field(default_factory=pool_builders.PoolSizes)
+    device: str = "cpu"
+    num_reserved_decode_tokens: int = 512
+    hisparse_top_k: int = 64
+    hisparse_device_buffer_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.hisparse and self.radix_cache:
+            raise ValueError("hisparse is incompatible with the decode radix cache (as in sglang): "
+                             "set radix_cache=False")
+        allowed = pool_builders.HISPARSE_PAGE_SIZES if self.hisparse else pool_builders.SWA_PAGE_SIZES
+        if self.page_size not in allowed:
+            raise ValueError(f"page_size {self.page_size} not supported on this path; use one of {allowed}")
+        if self.window is not None and self.window < 0:
+            raise ValueError(f"window must be >= 0 or None, got {self.window}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device {self.device!r} not supported; use 'cpu' or 'cuda:N'")
+
+
+@dataclass(frozen=True)
+class PreallocResult:
+    """What one prealloc produced.
+
+    Attributes:
+        rid: the request.
+        fill_len: tokens preallocated (``_pre_alloc_fill_len``).
+        swa_tail_len: tokens given SWA slots (``_swa_tail_len(fill_len)``); equals ``fill_len``
+            when the SWA-tail path is not used (page size 1, or no window).
+        uses_swa_tail: whether ``_uses_swa_tail_prealloc()`` chose the SWA-tail path.
+        prefix_len: tokens reused from the decode radix cache (0 with the cache off).
+        destination: the transfer destination indices ``_pre_alloc`` returned (full-pool slots;
+            hisparse host slots on the hisparse path).
+    """
+
+    rid: str
+    fill_len: int
+    swa_tail_len: int
+    uses_swa_tail: bool
+    prefix_len: int
+    destination: Any
+
+
+class DecodeSide:
+    """One decode worker's real memory graph and prealloc queue.
+
+    Args:
+        config: what to build.
+
+    Attributes:
+        config: the configuration.
+        allocator: the token allocator ``_pre_alloc`` uses (the hisparse wrapper on that path).
+        kv_pool: the KV pool.
+        req_to_token_pool: request slots.
+        tree_cache: the ``UnifiedRadixCache``.
+        coordinator: the ``HiSparseCoordinator`` (None off the hisparse path).
+        queue: the ``DecodePreallocQueue`` shell.
+        baseline: the snapshot taken right after building.
+    """
+
+    def __init__(self, config: DecodeConfig):
+        self.config = config
+        self._settings = runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache)
+        runtime.publish(self._settings)
+        sizes, device = config.sizes, config.device
+        self.req_to_token_pool = pool_builders.build_req_to_token_pool(sizes, device)
+        self.coordinator = None
+        if config.hisparse:
+            built = pool_builders.build_hisparse_pools(config.page_size, config.window or 0, sizes, device)
+            self.kv_pool, self.allocator = built.kv_pool, built.allocator
+            self._full_allocator = built.logical_allocator
+            self.coordinator = pool_builders.build_hisparse_coordinator(
+                self.req_to_token_pool, self.allocator, device, top_k=config.hisparse_top_k,
+                device_buffer_size=config.hisparse_device_buffer_size)
+        else:
+            built = pool_builders.build_swa_pools(config.page_size, sizes, device)
+            self.kv_pool, self.allocator = built.kv_pool, built.allocator
+            self._full_allocator = built.allocator
+        self.tree_cache = pool_builders.build_tree_cache(
+            self.req_to_token_pool, self.allocator, config.page_size, config.window,
+            radix_cache=config.radix_cache)
+        self.queue = self._build_queue()
+        self.baseline = self.snapshot()
+
+    def _build_queue(self) -> Any:
+        from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+        # Environment only: the fields _pre_alloc, _swa_tail_len and the radix-cache prefix match
+        # read. tp_worker.is_hybrid_swa selects the SWA-aware size accessors in messages.
+        scheduler = types.SimpleNamespace(
+            sliding_window_size=self.config.window,
+            enable_hisparse=self.config.hisparse,
+            hisparse_coordinator=self.coordinator,
+            enable_decode_hicache=False,
+            tp_worker=types.SimpleNamespace(is_hybrid_swa=True),
+        )
+        queue = DecodePreallocQueue.__new__(DecodePreallocQueue)
+        queue.req_to_token_pool = self.req_to_token_pool
+        queue.token_to_kv_pool_allocator = self.allocator
+        queue.token_to_kv_pool = self.allocator.get_kvcache()
+        queue.tree_cache = self.tree_cache
+        queue.scheduler = scheduler
+        queue.num_reserved_decode_tokens = self.config.num_reserved_decode_tokens
+        queue.queue, queue.retracted_queue, queue.pending_reqs = [], [], []
+        return queue
+
+    # -- sglang's own computations, exposed for tests -------------------------------------------
+
+    def fill_len(self, req: Any) -> int:
+        """``DecodePreallocQueue._pre_alloc_fill_len(req)``: tokens prealloc gives the request."""
+        return self.queue._pre_alloc_fill_len(req)
+
+    def swa_tail_len(self, fill_len: int) -> int:
+        """``DecodePreallocQueue._swa_tail_len(fill_len)``: tokens of the fill that get SWA slots."""
+        runtime.publish(self._settings)
+        return self.queue._swa_tail_len(fill_len)
+
+    def uses_swa_tail(self) -> bool:
+        """``DecodePreallocQueue._uses_swa_tail_prealloc()``."""
+        return self.queue._uses_swa_tail_prealloc()
+
+    # -- operations -------------------------------------------------------------------------------
+
+    def prealloc(self, req: Any) -> PreallocResult:
+        """Preallocate a received request through the real ``DecodePreallocQueue._pre_alloc``.
+
+        With the decode radix cache on, first matches and locks the reusable full-attention prefix
+        (``_match_prefix_and_lock``) and releases its SWA lock, as ``pop_preallocated`` does.
+
+        Args:
+            req: a ``Req`` from :func:`make_req` holding no KV yet.
+
+        Returns:
+            The :class:`PreallocResult`.
+
+        Raises:
+            PreallocFailed: the allocator could not hold the request.
+            AssertionError: any other sglang assertion, e.g. the page-alignment check on
+                ``fill_len - swa_tail_len``; state is left exactly as sglang left it.
+        """
+        runtime.publish(self._settings)
+        queue = self.queue
+        prefix_indices, prefix_len, total_prefix_len = None, 0, 0
+        if self.config.radix_cache:
+            match = queue._match_prefix_and_lock(req)
+            prefix_indices, prefix_len = match.prefix_indices, match.l1_prefix_len
+            total_prefix_len = match.decode_prefix_len
+            if queue._uses_swa_tail_prealloc() and prefix_len > 0 and hasattr(self.tree_cache, "release_swa"):
+                self.tree_cache.release_swa(req.lock)
+        fill_len = queue._pre_alloc_fill_len(req)
+        uses_swa_tail = queue._uses_swa_tail_prealloc()
+        swa_tail_len = queue._swa_tail_len(fill_len)
+        try:
+            destination = queue._pre_alloc(req, prefix_indices, prefix_len, total_prefix_len)
+        except AssertionError as exc:
+            if _KV_FULL not in str(exc):
+                raise
+            self._undo_failed_prealloc(req)
+            raise PreallocFailed(req.rid, str(exc)) from exc
+        req.kv.cache_protected_len = total_prefix_len
+        logger.debug("prealloc %s fill=%d tail=%d prefix=%d", req.rid, fill_len, swa_tail_len, prefix_len)
+        return PreallocResult(rid=req.rid, fill_len=fill_len, swa_tail_len=swa_tail_len,
+                              uses_swa_tail=uses_swa_tail, prefix_len=prefix_len, destination=destination)
+
+    def _undo_failed_prealloc(self, req: Any) -> None:
+        # What the scheduler's abort does for a request that got a slot but no KV: give the row
+        # back and drop the prefix lock. KV pages are deliberately not touched.
+        if req.kv.holds_kv:
+            self.req_to_token_pool.free(req)
+        if getattr(req, "lock", None) is not None:
+            self.tree_cache.unlock(req.lock)
+            req.lock = None
+
+    def release(self, req: Any) -> None:
+        """Release a finished request through the real path: ``HiSparseCoordinator.request_finished``
+        (hisparse) then ``release_kv_cache(req, tree_cache, checkpoint=True)``.
+
+        Args:
+            req: a request that :meth:`prealloc` succeeded for; marked finished if not already.
+        """
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        runtime.publish(self._settings)
+        if not req.finished():
+            mark_finished(req)
+        if self.coordinator is not None:
+            self.coordinator.request_finished(req)
+        release_kv_cache(req, self.tree_cache, checkpoint=True)
+
+    def evict_cache(self) -> int:
+        """Evict everything evictable from the decode radix cache (``tree_cache.evict``).
+
+        Returns:
+            Full-pool tokens evicted (0 with the cache off).
+        """
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        if not self.config.radix_cache:
+            return 0
+        runtime.publish(self._settings)
+        total = self.allocator.size_full + self.allocator.size_swa
+        return self.tree_cache.evict(EvictParams(num_tokens=total, swa_num_tokens=total)).num_tokens_evicted
+
+    def snapshot(self, reqs: tuple[Any, ...] | list[Any] = ()) -> PoolSnapshot:
+        """Read every pool's free size and the KV state of ``reqs`` (changes nothing).
+
+        Args:
+            reqs: requests whose state to include.
+
+        Returns:
+            The :class:`PoolSnapshot`.
+        """
+        hisparse_free = host_free = None
+        if self.coordinator is not None:
+            hisparse_free = int(self.allocator.hisparse_attn_allocator.available_size())
+            host_free = int(self.coordinator.mem_pool_host.available_size())
+        tree = self.tree_cache
+        radix = self.config.radix_cache
+        return PoolSnapshot(
+            full=int(self._full_allocator.full_available_size()),
+            swa=int(self.allocator.swa_available_size()),
+            req_slots=int(self.req_to_token_pool.available_size()),
+            hisparse_device=hisparse_free,
+            host=host_free,
+            tree_full_evictable=int(tree.full_evictable_size()) if radix else 0,
+            tree_swa_evictable=int(tree.swa_evictable_size()) if radix else 0,
+            requests=tuple(req_state(r, self.req_to_token_pool, self.allocator, self.coordinator) for r in reqs),
+        )

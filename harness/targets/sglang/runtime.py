@@ -1,0 +1,116 @@
+"""Process-level environment the decode-side objects need: the published runtime context, a
+world-size-1 process group and host-pool allocation without CUDA pinning.
+
+These are *environment*, not code under test: sglang's scheduler normally provides them.
+
+* sglang reads server settings through a published runtime context (``get_disagg()`` and friends);
+  a PD decode worker publishes one with ``disaggregation_mode="decode"``. The radix-cache flag
+  (``disaggregation_decode_enable_radix_cache``) changes what ``_swa_tail_len`` and ``_pre_alloc``
+  do, so :func:`publish` re-publishes when a caller needs the other setting (about 2 ms).
+* ``HiSparseCoordinator`` needs ``torch.distributed`` initialised (gloo, world size 1).
+* The coordinator's host pool registers its memory with ``cudaHostRegister``; with no CUDA driver
+  that fails, so :func:`unpinned_host_pools` makes CPU host pools unpinned while one is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """The server settings a decode worker publishes that change decode prealloc behaviour."""
+
+    device: str = "cpu"
+    radix_cache: bool = False
+
+
+_published: dict[str, Any] = {"settings": None, "override": None}
+
+
+def publish(settings: RuntimeSettings) -> None:
+    """Publish sglang's runtime context for a PD decode worker, unless already published.
+
+    Args:
+        settings: device and whether the decode radix cache is on
+            (``--disaggregation-decode-enable-radix-cache``).
+    """
+    if _published["settings"] == settings:
+        return
+    from sglang.srt.runtime_context import get_context
+
+    previous = _published["override"]
+    if previous is not None:
+        previous.restore()
+    device_type = settings.device.split(":", 1)[0]
+    override = get_context().override_server_args(
+        device=device_type,
+        disaggregation_mode="decode",
+        disaggregation_decode_enable_radix_cache=settings.radix_cache,
+    )
+    override.install()
+    _published.update(settings=settings, override=override)
+    logger.debug("published sglang runtime context %s", settings)
+
+
+def published() -> RuntimeSettings | None:
+    """The settings currently published by :func:`publish`, or None."""
+    return _published["settings"]
+
+
+def ensure_process_group() -> None:
+    """Initialise a world-size-1 gloo process group if none exists (HiSparseCoordinator needs one).
+
+    The rendezvous port comes from the OS (bound then released), never from arithmetic.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    logger.debug("initialised gloo process group (world size 1) on port %d, pid %d", port, os.getpid())
+
+
+@contextlib.contextmanager
+def unpinned_host_pools(device: str) -> Iterator[None]:
+    """While active, sglang host pools on a CPU device are allocated without CUDA pinning.
+
+    sglang picks the host allocation function by device type from ``ALLOC_MEMORY_FUNCS``; the
+    default registers the buffer with ``cudaHostRegister``, which needs a CUDA driver. On a CUDA
+    device nothing changes.
+
+    Args:
+        device: the device the pools are built for ("cpu" or "cuda:N").
+    """
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        yield
+        return
+    from sglang.srt.mem_cache.pool_host import common
+
+    table = common.ALLOC_MEMORY_FUNCS
+    had_entry = "cpu" in table
+    saved = table["cpu"]  # defaultdict: reading inserts the default when absent
+
+    def unpinned(*args: Any, **kwargs: Any) -> Any:
+        return saved(*args, **{**kwargs, "pin_memory": False})
+
+    table["cpu"] = unpinned
+    try:
+        yield
+    finally:
+        if had_entry:
+            table["cpu"] = saved
+        else:
+            del table["cpu"]

@@ -1,0 +1,318 @@
+"""From a topology role to the exact command line of a real sglang server or router process.
+
+Pure functions: nothing here starts a process or imports sglang, so the argv of every topology role
+can be tested exactly and fast. The worker that runs the command owns the process; this module only
+says what to run and with which environment.
+
+* :func:`server_command` — ``python -m sglang.launch_server`` for a ``prefill`` or ``decode`` role:
+  ``--disaggregation-mode``, ``--tp``, DP / DP-attention from the role, the topology's transfer
+  backend, and the ports the harness got from the OS (``--port``, ``--nccl-port``, and on prefill
+  ``--disaggregation-bootstrap-port``). GPUs are never chosen here: the server sees exactly the
+  ``CUDA_VISIBLE_DEVICES`` Ray gave its worker, so there is no ``--base-gpu-id``.
+* :func:`plain_server_command` — the same engine without disaggregation: the parity baseline.
+* :func:`router_command` — ``python -m sglang_router.launch_router --pd-disaggregation`` (or
+  ``--mini-lb``) over the prefill and decode URLs.
+
+On a topology without GPUs (``cpu``) the servers get the measured CPU recipe (reference README, "A
+real prefill + decode + router stack on CPU"): :data:`CPU_SERVER_ARGS`, :data:`CPU_ENV`, the
+import-only ``sgl_kernel`` shim on ``PYTHONPATH``, and the CPU compat patches of
+:mod:`harness.targets.sglang.server.compat`. Role ``engine_args`` come last, and a flag they already
+set is not added again, so the topology file wins over these defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from harness.topology import RoleSpec, Topology
+
+#: Directory put on every server's PYTHONPATH: its ``sitecustomize`` installs the compat patches,
+#: the accounting probe and the fault catalog when their env vars ask for them.
+SITE_DIR = Path(__file__).resolve().parent / "pythonpath" / "site"
+#: Directory put on PYTHONPATH on CPU topologies only: the import-only ``sgl_kernel`` shim.
+CPU_SHIM_DIR = Path(__file__).resolve().parent / "pythonpath" / "cpu"
+
+#: Server flags of the CPU recipe (torch-native attention, no CUDA graphs, a small fixed KV pool).
+CPU_SERVER_ARGS: tuple[str, ...] = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-cuda-graph",
+    "--max-total-tokens", "8192",
+    "--page-size", "64",
+    "--random-seed", "0",
+)
+#: Prefill on CPU: overlap scheduling records a torch.cuda.Event on a cached-prefix send.
+CPU_PREFILL_ARGS: tuple[str, ...] = ("--disable-overlap-schedule",)
+#: Decode on CPU: the default retraction backup is a device tensor.
+CPU_DECODE_ARGS: tuple[str, ...] = ("--disaggregation-decode-retraction-backup", "cpu_tensor")
+#: Env of every server on CPU: sglang's CPU platform, no hub, mooncake over TCP on loopback.
+CPU_ENV: Mapping[str, str] = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "SGLANG_HOST_IP": "127.0.0.1",
+    "MOONCAKE_PROTOCOL": "tcp",
+    "MC_FORCE_TCP": "1",
+}
+#: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
+CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read")
+
+#: Env vars read by the sitecustomize in :data:`SITE_DIR`.
+COMPAT_ENV = "HARNESS_COMPAT_PATCHES"
+PROBE_LEDGER_ENV = "HARNESS_PROBE_LEDGER"
+PROBE_WORKER_ENV = "HARNESS_PROBE_WORKER"
+PROBE_COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
+
+SERVER_MODULE = "sglang.launch_server"
+ROUTER_MODULE = "sglang_router.launch_router"
+SERVER_KINDS = ("prefill", "decode")
+
+
+class LaunchError(ValueError):
+    """A command cannot be built from what was given (wrong role kind, missing port)."""
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    """Ports of one server, each obtained from the OS by the harness (never computed from a base)."""
+
+    http: int
+    nccl: int
+    bootstrap: int | None = None  # prefill only: where decode fetches the KV
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to run for one role: argv, env additions and the PYTHONPATH entries to prepend."""
+
+    role: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    pythonpath: tuple[str, ...] = ()
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The full environment for the process: ``base`` (default ``os.environ``) plus ours.
+
+        ``PYTHONPATH`` entries are prepended to the inherited ones, never replace them.
+        """
+        env = dict(os.environ if base is None else base)
+        env.update(self.env)
+        if self.pythonpath:
+            inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, *inherited])
+        return env
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _merge(defaults: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """Defaults (a flat flag/value list) minus the flags ``overrides`` sets, then ``overrides``."""
+    out: list[str] = []
+    i = 0
+    while i < len(defaults):
+        flag = defaults[i]
+        takes_value = i + 1 < len(defaults) and not defaults[i + 1].startswith("--")
+        if not _has_flag(overrides, flag):
+            out.extend(defaults[i : i + 1 + takes_value])
+        i += 1 + takes_value
+    return out + list(overrides)
+
+
+def _parallel_args(role: RoleSpec) -> list[str]:
+    args = ["--tp", str(role.tp)]
+    if role.dp > 1:
+        args += ["--dp-size", str(role.dp)]
+    if role.dp_attention:
+        args.append("--enable-dp-attention")
+    return args
+
+
+def _cpu_env(patches: Sequence[str] | None) -> dict[str, str]:
+    env = dict(CPU_ENV)
+    chosen = CPU_COMPAT_PATCHES if patches is None else tuple(patches)
+    if chosen:
+        env[COMPAT_ENV] = ",".join(chosen)
+    return env
+
+
+def _probe_env(run_dir: str | Path | None, worker: str, component: str) -> dict[str, str]:
+    if run_dir is None:
+        return {}
+    return {
+        PROBE_LEDGER_ENV: str(Path(run_dir) / "ledger" / f"{worker}.jsonl"),
+        PROBE_WORKER_ENV: worker,
+        PROBE_COMPONENT_ENV: component,
+    }
+
+
+def _engine_command(
+    topology: Topology,
+    role: RoleSpec,
+    mode_args: list[str],
+    *,
+    model: str | Path,
+    ports: ServerPorts,
+    host: str,
+    python: str,
+    compat_patches: Sequence[str] | None,
+    probe_run_dir: str | Path | None,
+    worker: str,
+    extra_args: Sequence[str],
+) -> Command:
+    base = [
+        "--model-path", str(model),
+        "--host", host,
+        "--port", str(ports.http),
+        "--nccl-port", str(ports.nccl),
+        *_parallel_args(role),
+        *mode_args,
+    ]
+    env: dict[str, str] = {}
+    pythonpath = [str(SITE_DIR)]
+    if not topology.needs_gpus:
+        base += CPU_SERVER_ARGS
+        if role.kind == "prefill":
+            base += CPU_PREFILL_ARGS
+        elif role.kind == "decode":
+            base += CPU_DECODE_ARGS
+        env.update(_cpu_env(compat_patches))
+        pythonpath.append(str(CPU_SHIM_DIR))
+    elif compat_patches:
+        env[COMPAT_ENV] = ",".join(compat_patches)
+    env.update(_probe_env(probe_run_dir, worker, role.kind))
+    argv = [python, "-m", SERVER_MODULE, *_merge(base, [*role.engine_args, *extra_args])]
+    return Command(role=worker, argv=tuple(argv), env=env, pythonpath=tuple(pythonpath))
+
+
+def server_command(
+    topology: Topology,
+    role_name: str,
+    *,
+    model: str | Path,
+    ports: ServerPorts,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    compat_patches: Sequence[str] | None = None,
+    probe_run_dir: str | Path | None = None,
+    worker: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> Command:
+    """Build the ``sglang.launch_server`` command of a prefill or decode role.
+
+    Args:
+        topology: the topology the role belongs to (its transfer backend; CPU or GPU recipe).
+        role_name: a role of ``topology`` whose kind is ``prefill`` or ``decode``.
+        model: model directory (or name the server can resolve offline).
+        ports: OS-assigned ports; ``bootstrap`` is required for prefill.
+        host: address the server binds and advertises.
+        python: interpreter to run (default: this one, i.e. the harness's venv).
+        compat_patches: compat patch names to enable; ``None`` means the topology's default
+            (:data:`CPU_COMPAT_PATCHES` on CPU, none on GPU); ``()`` means none.
+        probe_run_dir: when given, the accounting probe writes ``<run_dir>/ledger/<worker>.jsonl``.
+        worker: worker name used in the ledger and the command (default: the role name).
+        extra_args: more server flags, after the role's ``engine_args`` (they win over defaults).
+
+    Returns:
+        The :class:`Command`.
+
+    Raises:
+        LaunchError: the role is not a server role, or prefill has no bootstrap port.
+        KeyError: no such role in the topology.
+    """
+    role = topology.role(role_name)
+    if role.kind not in SERVER_KINDS:
+        raise LaunchError(f"role {role_name!r} is a {role.kind}, not a server; use router_command for routers")
+    mode = ["--disaggregation-mode", role.kind, "--disaggregation-transfer-backend", topology.transfer_backend]
+    if role.kind == "prefill":
+        if ports.bootstrap is None:
+            raise LaunchError(f"prefill role {role_name!r} needs a bootstrap port; pass ServerPorts(bootstrap=...)")
+        mode += ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
+    return _engine_command(
+        topology, role, mode, model=model, ports=ports, host=host, python=python,
+        compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker or role_name,
+        extra_args=extra_args,
+    )
+
+
+def plain_server_command(
+    topology: Topology,
+    *,
+    model: str | Path,
+    ports: ServerPorts,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    compat_patches: Sequence[str] | None = None,
+    worker: str = "plain",
+    extra_args: Sequence[str] = (),
+) -> Command:
+    """Build a non-disaggregated server on the topology's decode role shape: the parity baseline.
+
+    Args and Returns as :func:`server_command` (no bootstrap port, no probe).
+
+    Raises:
+        LaunchError: never for a valid topology (it always has a decode role).
+    """
+    decode = topology.roles_of("decode")[0]
+    plain = RoleSpec(name=worker, kind="plain", tp=decode.tp, dp=decode.dp, dp_attention=decode.dp_attention,
+                     gpus_per_rank=decode.gpus_per_rank, engine_args=decode.engine_args)
+    return _engine_command(
+        topology, plain, [], model=model, ports=ports, host=host, python=python,
+        compat_patches=compat_patches, probe_run_dir=None, worker=worker, extra_args=extra_args,
+    )
+
+
+def router_command(
+    topology: Topology,
+    *,
+    prefill: Sequence[tuple[str, int | None]],
+    decode: Sequence[str],
+    port: int,
+    prometheus_port: int,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    mini_lb: bool = False,
+    policy: str = "round_robin",
+    worker: str = "router",
+) -> Command:
+    """Build the ``sglang_router.launch_router`` command of the router role.
+
+    Args:
+        topology: the topology (must have a router role).
+        prefill: ``(url, bootstrap_port)`` of each prefill server.
+        decode: URL of each decode server.
+        port: OS-assigned HTTP port of the router.
+        prometheus_port: OS-assigned metrics port (the router's default, 29000, would collide).
+        host: bind address.
+        python: interpreter to run.
+        mini_lb: add ``--mini-lb`` (the Python load balancer instead of the Rust router).
+        policy: load-balancing policy (MiniLB supports only ``random``, which it is then given).
+        worker: worker name.
+
+    Returns:
+        The :class:`Command`.
+
+    Raises:
+        LaunchError: the topology has no router role, or no prefill / decode URL was given.
+    """
+    role = topology.roles_of("router")[0] if topology.roles_of("router") else None
+    if role is None:
+        raise LaunchError(f"topology {topology.name!r} has no router role; add [roles.router]")
+    if not prefill or not decode:
+        raise LaunchError("a PD router needs at least one prefill and one decode URL")
+    argv = [python, "-m", ROUTER_MODULE, "--host", host, "--port", str(port),
+            "--prometheus-host", host, "--prometheus-port", str(prometheus_port),
+            "--pd-disaggregation", "--policy", "random" if mini_lb else policy]
+    if mini_lb:
+        # MiniLB (the Python balancer) is PD-only and overrides any policy but random.
+        argv.append("--mini-lb")
+    for url, bootstrap in prefill:
+        argv += ["--prefill", url, str(bootstrap) if bootstrap is not None else "none"]
+    for url in decode:
+        argv += ["--decode", url]
+    argv += list(role.engine_args)
+    return Command(role=worker, argv=tuple(argv), env={})

@@ -1,0 +1,253 @@
+"""Accounting probe: records the KV pages a real sglang server takes and returns, without changing it.
+
+Enabled in a server process by env var (the launcher sets them when given a run directory)::
+
+    HARNESS_PROBE_LEDGER=<run_dir>/ledger/<worker>.jsonl
+    HARNESS_PROBE_WORKER=<worker>       HARNESS_PROBE_COMPONENT=prefill|decode
+
+The ``sitecustomize`` on the servers' PYTHONPATH calls :func:`install_from_env`, which wraps, at
+import time (:mod:`.hooks`):
+
+* ``decode.alloc_for_decode_prealloc`` and ``decode.alloc_for_decode_prealloc_hisparse`` — one
+  ``prealloc`` event: rid, fill_len, swa_tail_len, the SWA floor sglang recorded on the request
+  (``evicted_seqlen``), page size, window, the page ids taken per pool (read from the returned
+  ``kv_loc`` and the full→SWA mapping), and each pool's free size before and after;
+* ``ScheduleBatch._evict_swa`` (the SWA sliding-window free path) — one ``evict`` event with the SWA
+  pages the request stopped holding, and a ``decode_alloc`` event for pages it gained by decoding
+  since the last event;
+* ``mem_cache.common.release_kv_cache`` — one ``release`` event with every page the request still
+  held (and a ``decode_alloc`` for pages gained since the last event).
+
+"Held" is read from the real state before and after each call (the request's ``req_to_token`` row
+and the allocator's full→SWA mapping), never computed from a formula, so the ledger checker
+(:func:`harness.ledger.check`) can catch a real leak or an over-window SWA tail. Every wrapper calls
+the original with the same arguments and returns its result unchanged; an exception from the
+original propagates after an ``alloc_fail`` event is written. Events are appended with
+:class:`harness.ledger.LedgerWriter`, created on the first event so only the scheduler process
+(the one that allocates) writes the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from types import ModuleType
+from typing import Any, Callable
+
+from harness.targets.sglang.server.hooks import after_import
+
+log = logging.getLogger(__name__)
+
+LEDGER_ENV = "HARNESS_PROBE_LEDGER"
+WORKER_ENV = "HARNESS_PROBE_WORKER"
+COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
+
+FULL, SWA = "full", "swa"
+
+
+class Probe:
+    """Per-process probe state: the ledger writer and the pages each live request is known to hold."""
+
+    def __init__(self, ledger_path: str, worker: str, component: str) -> None:
+        self.ledger_path = ledger_path
+        self.worker = worker
+        self.component = component
+        self._writer = None
+        self._lock = threading.Lock()
+        self.known: dict[str, dict[str, set[int]]] = {}
+        self.window: int | None = None
+
+    def record(self, kind: str, rid: str, page_size: int, **fields: Any) -> None:
+        from harness.ledger import LedgerWriter
+
+        with self._lock:
+            if self._writer is None:
+                self._writer = LedgerWriter(self.ledger_path, self.worker, self.component)
+        self._writer.record(kind, str(rid), page_size, window=self.window, **fields)
+
+
+# --------------------------------------------------------------------------------------------
+# reading real state
+# --------------------------------------------------------------------------------------------
+
+
+def _free_sizes(allocator) -> dict[str, int]:
+    if hasattr(allocator, "full_available_size") and hasattr(allocator, "swa_available_size"):
+        return {FULL: int(allocator.full_available_size()), SWA: int(allocator.swa_available_size())}
+    return {FULL: int(allocator.available_size())}
+
+
+def _pages_of(allocator, full_slots) -> dict[str, set[int]]:
+    """Page ids per pool behind ``full_slots`` (slot 0 is sglang's padding slot, never a real page)."""
+    page = allocator.page_size
+    slots = full_slots.to("cpu").long()
+    out = {FULL: {int(p) for p in (slots[slots > 0] // page).unique().tolist()}}
+    mapping = getattr(allocator, "full_to_swa_index_mapping", None)
+    if mapping is not None:
+        swa = mapping[slots.to(mapping.device)].to("cpu").long()
+        out[SWA] = {int(p) for p in (swa[swa > 0] // page).unique().tolist()}
+    return out
+
+
+def _held(req, allocator, req_to_token_pool) -> dict[str, set[int]]:
+    """Pages the request holds now: its ``req_to_token`` row up to its allocated length."""
+    idx = getattr(req.kv, "req_pool_idx", None)
+    n = int(getattr(req.kv, "kv_allocated_len", 0) or 0)
+    if idx is None or n <= 0 or req_to_token_pool is None:
+        return {}
+    return _pages_of(allocator, req_to_token_pool.req_to_token[idx, :n])
+
+
+def _evicted_seqlen(req) -> int | None:
+    try:
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        return int(req.kv.get_evicted_seqlen(ComponentType.SWA))
+    except Exception:  # noqa: BLE001 - a request without SWA state has no floor to report
+        return None
+
+
+def _as_pages(sets: dict[str, set[int]]) -> dict[str, tuple[int, ...]]:
+    return {pool: tuple(sorted(p)) for pool, p in sets.items() if p}
+
+
+def _diff(a: dict[str, set[int]], b: dict[str, set[int]]) -> dict[str, set[int]]:
+    return {pool: a.get(pool, set()) - b.get(pool, set()) for pool in a}
+
+
+# --------------------------------------------------------------------------------------------
+# wrappers (each calls the original with the same arguments and returns its result)
+# --------------------------------------------------------------------------------------------
+
+
+def _wrap_prealloc(probe: Probe, orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def wrapper(allocator, *args, **kwargs):
+        req = kwargs.get("req")
+        before = _free_sizes(allocator)
+        try:
+            kv_loc = orig(allocator, *args, **kwargs)
+        except BaseException:
+            probe.record("alloc_fail", getattr(req, "rid", "?"), allocator.page_size,
+                         fill_len=kwargs.get("fill_len"), free_before=before, free_after=_free_sizes(allocator),
+                         note=orig.__name__)
+            raise
+        if req is None or kv_loc is None:
+            return kv_loc
+        uses_tail = bool(kwargs.get("uses_swa_tail"))
+        taken = _pages_of(allocator, kv_loc)
+        probe.known[str(req.rid)] = {pool: set(p) for pool, p in taken.items()}
+        probe.record(
+            "prealloc", req.rid, allocator.page_size,
+            fill_len=kwargs.get("fill_len"),
+            swa_tail_len=kwargs.get("swa_tail_len") if uses_tail else None,
+            evicted_seqlen=_evicted_seqlen(req) if uses_tail else None,
+            pages=_as_pages(taken), free_before=before, free_after=_free_sizes(allocator), note=orig.__name__,
+        )
+        return kv_loc
+
+    return wrapper
+
+
+def _note_growth(probe: Probe, rid: str, page_size: int, held: dict[str, set[int]]) -> None:
+    """Record as ``decode_alloc`` the pages ``rid`` holds that the probe has not seen it take."""
+    known = probe.known.setdefault(rid, {})
+    new = _diff(held, known)
+    if any(new.values()):
+        probe.record("decode_alloc", rid, page_size, pages=_as_pages(new))
+        for pool, p in new.items():
+            known.setdefault(pool, set()).update(p)
+
+
+def _wrap_evict_swa(probe: Probe, orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def wrapper(self, req, *args, **kwargs):
+        allocator, r2t = self.token_to_kv_pool_allocator, self.req_to_token_pool
+        before = _held(req, allocator, r2t)
+        result = orig(self, req, *args, **kwargs)
+        after = _held(req, allocator, r2t)
+        rid, page = str(req.rid), allocator.page_size
+        _note_growth(probe, rid, page, before)
+        freed = _diff(before, after)
+        if any(freed.values()):
+            probe.record("evict", rid, page, pages=_as_pages(freed), evicted_seqlen=_evicted_seqlen(req))
+            for pool, p in freed.items():
+                probe.known.get(rid, {}).get(pool, set()).difference_update(p)
+        return result
+
+    return wrapper
+
+
+def _wrap_release(probe: Probe, orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def wrapper(req, tree_cache, *args, **kwargs):
+        allocator = tree_cache.token_to_kv_pool_allocator
+        held = _held(req, allocator, tree_cache.req_to_token_pool) if req.kv.holds_kv else {}
+        result = orig(req, tree_cache, *args, **kwargs)
+        rid = str(req.rid)
+        if held or rid in probe.known:
+            _note_growth(probe, rid, allocator.page_size, held)
+            probe.record("release", rid, allocator.page_size, pages=_as_pages(held))
+            probe.known.pop(rid, None)
+        return result
+
+    return wrapper
+
+
+def _wrap_pre_alloc_method(probe: Probe, orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def wrapper(self, *args, **kwargs):
+        # The window lives on the scheduler, which the module-level prealloc functions never see.
+        probe.window = getattr(self.scheduler, "sliding_window_size", None) or None
+        return orig(self, *args, **kwargs)
+
+    return wrapper
+
+
+def install(ledger_path: str, worker: str, component: str) -> Probe:
+    """Wrap sglang's prealloc, SWA-evict and release paths to write events to ``ledger_path``.
+
+    Args:
+        ledger_path: the ledger file (``<run_dir>/ledger/<worker>.jsonl``).
+        worker: worker name written in every event.
+        component: ``prefill`` or ``decode``.
+
+    Returns:
+        The process's :class:`Probe`.
+    """
+    probe = Probe(ledger_path, worker, component)
+
+    def on_decode(mod: ModuleType) -> None:
+        mod.alloc_for_decode_prealloc = _wrap_prealloc(probe, mod.alloc_for_decode_prealloc)
+        mod.alloc_for_decode_prealloc_hisparse = _wrap_prealloc(probe, mod.alloc_for_decode_prealloc_hisparse)
+        queue = mod.DecodePreallocQueue
+        queue._pre_alloc = _wrap_pre_alloc_method(probe, queue._pre_alloc)
+
+    def on_schedule_batch(mod: ModuleType) -> None:
+        mod.ScheduleBatch._evict_swa = _wrap_evict_swa(probe, mod.ScheduleBatch._evict_swa)
+
+    def on_common(mod: ModuleType) -> None:
+        mod.release_kv_cache = _wrap_release(probe, mod.release_kv_cache)
+
+    after_import("sglang.srt.mem_cache.common", on_common)
+    after_import("sglang.srt.managers.schedule_batch", on_schedule_batch)
+    after_import("sglang.srt.disaggregation.decode", on_decode)
+    log.info("accounting probe installed in pid %d: worker %s (%s) -> %s", os.getpid(), worker, component, ledger_path)
+    return probe
+
+
+def install_from_env(environ: dict | None = None) -> Probe | None:
+    """Install the probe when ``HARNESS_PROBE_LEDGER`` is set; otherwise do nothing.
+
+    Returns:
+        The probe, or None when not enabled.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get(LEDGER_ENV)
+    if not path:
+        return None
+    return install(path, env.get(WORKER_ENV, "server"), env.get(COMPONENT_ENV, "decode"))

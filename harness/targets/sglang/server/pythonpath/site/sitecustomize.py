@@ -1,0 +1,39 @@
+"""Loaded by every sglang server process the harness starts (this directory is on its PYTHONPATH).
+
+It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat patches),
+``HARNESS_PROBE_LEDGER`` (the accounting probe) and ``HARNESS_FAULTS`` (the fault catalog, applied
+by importing the adapter). A failure here must stop the server rather than let it run without what
+the harness asked for, so errors are printed and the process exits.
+"""
+
+import os
+import sys
+
+if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LEDGER") or os.environ.get("HARNESS_FAULTS"):
+    try:
+        import logging
+
+        # Our own handler on our own logger: configuring the root logger would change sglang's logging.
+        _log = logging.getLogger("harness.targets.sglang.server")
+        if not _log.handlers:
+            _handler = logging.StreamHandler(sys.stderr)
+            _handler.setFormatter(logging.Formatter("%(asctime)s harness %(levelname)s %(message)s"))
+            _log.addHandler(_handler)
+            _log.setLevel(logging.INFO)
+            _log.propagate = False
+        if os.environ.get("HARNESS_COMPAT_PATCHES"):
+            from harness.targets.sglang.server import compat
+
+            compat.install_from_env()
+        if os.environ.get("HARNESS_PROBE_LEDGER"):
+            from harness.targets.sglang.server import probe
+
+            probe.install_from_env()
+        if os.environ.get("HARNESS_FAULTS"):
+            import harness.targets.sglang  # noqa: F401  (applies HARNESS_FAULTS on import)
+    except Exception as e:  # noqa: BLE001 - any failure must stop the server, loudly
+        import traceback
+
+        traceback.print_exc()
+        print(f"harness sitecustomize: {type(e).__name__}: {e}; refusing to start", file=sys.stderr, flush=True)
+        os._exit(3)
