@@ -1,0 +1,280 @@
+"""``rerun-test``: run tests by name (or a ``/rerun-test`` comment) on the topologies they declare.
+
+    rerun-test                                     # every registered suite (the embedded default)
+    rerun-test test_a.py suites/b/test_b.py::TestC::test_d
+    rerun-test --dry-run "/rerun-test test_a.py"   # the plan as a GitHub Actions matrix (JSON)
+    rerun-test --shards 4 --shard-index 1 ...      # one shard of every group, split by est_time
+    rerun-test --suites-dir ../sglang/test/registered test_x.py
+
+parse → resolve → plan → run → report, one module each. Bad input: one line on stderr, exit 2,
+nothing run. Exit 0 only when every group passed; 1 when any failed; 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from harness import report
+from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
+from harness.rerun.registry import RegistryError
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROG = "rerun-test"
+
+
+class UsageError(Exception):
+    """Bad input: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        raise UsageError(f"{message}; see {PROG} --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Run tests by name or from a /rerun-test PR comment on the topologies they declare.")
+    p.add_argument("specs", nargs="*", metavar="SPEC",
+                   help="test_x.py, path/test_x.py, file::Class::test, file::Class.test, or a whole '/rerun-test …' comment")
+    p.add_argument("--comment-file", type=Path, help="read a /rerun-test comment body from this file")
+    p.add_argument("--plan-entry", metavar="JSON", help="run exactly one entry of a --dry-run matrix (CI)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan as a GitHub Actions matrix (JSON) and exit")
+    p.add_argument("--github-output", type=Path, metavar="FILE", help="with --dry-run: append matrix=<json> to this file ($GITHUB_OUTPUT)")
+    p.add_argument("--list", action="store_true", help="list registered suite files and exit")
+    p.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR",
+                   help="an extra test tree (e.g. sglang's test/registered); repeatable")
+    p.add_argument("--repo-root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
+    p.add_argument("--durations", type=Path, action="append", default=[], metavar="FILE", help="measured durations JSON; repeatable")
+    p.add_argument("--shards", type=int, default=1, help="split each group into N shards by est_time")
+    p.add_argument("--shard-index", type=int, help="run only this shard (0-based)")
+    p.add_argument("--max-shard-time", type=float, metavar="S", help="with --dry-run: shard groups longer than S seconds")
+    p.add_argument("--run-dir", type=Path, help="where results go (default: runs/<timestamp>-<pid>)")
+    p.add_argument("--ray-address", help="join this Ray cluster instead of a local one per group")
+    p.add_argument("--gpus", type=int, help="real GPUs available (default: what nvidia-smi lists)")
+    p.add_argument("--jobs", type=int, help="most groups at once (default: min(4, CPUs))")
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds per group")
+    p.add_argument("--comment-out", type=Path, metavar="FILE", help="write/update the bot's status comment (markdown) here")
+    p.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="URL for the comment's logs links")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def detect_gpus() -> int:
+    """Real GPUs on this machine (``nvidia-smi -L``), 0 when there is none."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+
+
+def _specs(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
+    """Specs from the positional arguments, ``--comment-file`` and ``--plan-entry`` (all validated)."""
+    specs = spec.parse_specs(list(args.specs))
+    if args.comment_file:
+        try:
+            body = args.comment_file.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise UsageError(f"--comment-file: cannot read {args.comment_file} ({e.strerror}); pass an existing file") from None
+        specs += [s for s in spec.parse_comment(body) if s not in specs]
+    entry = None
+    if args.plan_entry:
+        try:
+            entry = json.loads(args.plan_entry)
+            if not isinstance(entry.get("topology"), str) or not all(isinstance(t, str) for t in entry["specs"]):
+                raise TypeError
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise UsageError("--plan-entry: not a matrix entry from --dry-run; pass one of its 'include' objects") from None
+        specs += [s for s in spec.parse_specs(list(entry["specs"])) if s not in specs]
+    return specs, entry
+
+
+def _plan(args: argparse.Namespace) -> tuple[collector.Registry, plan_mod.Plan, bool]:
+    specs, entry = _specs(args)
+    dirs = list(args.suites_dir)
+    if entry:
+        dirs += [Path(d) for d in entry.get("suites_dirs", []) if Path(d) not in dirs]
+    reg = collector.collect(args.repo_root.resolve(), dirs, args.durations)
+    default = not specs and not entry and not args.comment_file
+    sels = resolve.everything(reg) if default else resolve.resolve(specs, reg)
+    if entry:
+        p = plan_mod.make_plan(sels)
+        groups = [g for g in p.groups if g.topology == entry["topology"]]
+        shards = int(entry.get("shards", 1))
+        if shards > 1:
+            groups = [replace(g, shards=shards, shard_index=int(entry.get("shard_index", 0))) for g in groups]
+        return reg, plan_mod.Plan(tuple(groups)), default
+    p = plan_mod.make_plan(sels, shards=args.shards, shard_index=args.shard_index, max_shard_time=args.max_shard_time)
+    return reg, p, default
+
+
+def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path]) -> dict:
+    counts = {f.rel: len(f.tests) for f in reg.files}
+    m = plan_mod.to_matrix(p, [str(d) for d in suites_dirs])
+    for entry, g in zip(m["include"], p.groups):
+        entry["specs"] = compact_specs(g, counts)
+    return m
+
+
+def compact_specs(group: plan_mod.Group, file_tests: dict[str, int]) -> list[str]:
+    """Display specs of a group with whole files collapsed to their path (shorter matrices)."""
+    by_file: dict[str, list[plan_mod.Item]] = {}
+    for it in group.items:
+        by_file.setdefault(it.file_rel, []).append(it)
+    out = []
+    for rel, its in by_file.items():
+        whole = any(i.nodeid == rel for i in its) or (file_tests.get(rel, -1) == len(its) and all("[" not in i.nodeid for i in its))
+        out.extend([rel] if whole else [i.nodeid for i in its])
+    return out
+
+
+class _Printer:
+    """Live progress: one line per group when its state changes, else at most every ``every`` s."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self.last: dict[str, tuple[str, int, float]] = {}
+
+    def __call__(self, p: execute.Progress) -> None:
+        key = (p.state, len(p.cases))
+        prev = self.last.get(p.group.name)
+        now = time.monotonic()
+        if prev is None or prev[:2] != key or now - prev[2] >= self.every:
+            self.last[p.group.name] = (*key, now)
+            print(p.line(), flush=True)
+
+
+def _status(p: execute.Progress, link: str) -> comment.GroupStatus:
+    failures = tuple((c.nodeid, c.message or c.outcome) for c in p.cases if c.outcome in ("failed", "error"))
+    return comment.GroupStatus(name=p.group.name, runner=p.group.runner, state=p.state, passed=p.count("passed"),
+                               failed=p.count("failed") + p.count("error"), skipped=p.count("skipped"), link=link, failures=failures)
+
+
+def _write_comment(path: Path, statuses: list[comment.GroupStatus]) -> None:
+    body = path.read_text(encoding="utf-8") if path.exists() else ""
+    new = comment.apply(body, statuses)
+    if new != body:
+        path.write_text(new, encoding="utf-8")
+
+
+def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) -> int:
+    root = args.repo_root.resolve()
+    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    gpus = detect_gpus() if args.gpus is None else args.gpus
+    jobs = args.jobs or max(1, min(4, os.cpu_count() or 1))
+    opts = execute.ExecOptions(repo_root=root, run_dir=run_dir, ray_address=args.ray_address, gpus=gpus, jobs=jobs,
+                               timeout=args.timeout)
+    file_tests = {f.rel: len(f.tests) for f in reg.files}
+    rel_of = {str(f.path.resolve()): f.rel for f in reg.files}
+
+    def to_rel(path: str) -> str:
+        if path in rel_of:
+            return rel_of[path]
+        try:
+            return str(Path(path).relative_to(root))
+        except ValueError:
+            return path
+
+    printer = _Printer()
+
+    def on_update(prog: execute.Progress) -> None:
+        printer(prog)
+        if args.comment_out:
+            _write_comment(args.comment_out, [_status(prog, args.link)])
+
+    if args.comment_out:
+        _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
+    print(f"{PROG}: {len(p.groups)} group(s), est {p.est_time:.0f}s, {gpus} real GPU(s), up to {jobs} at once; run dir {run_dir}")
+    for g in p.groups:
+        mode = "real" if execute.simulation(g, gpus) is False else "simulated"
+        print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({mode})")
+    results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
+    write_reports(run_dir, results, args.link)
+    if args.comment_out:
+        _write_comment(args.comment_out, [comment.from_result(r, args.link) for r in results])
+    print()
+    print(report.table(results))
+    for r in results:
+        for c in r.failures:
+            print(f"FAILED {c.nodeid} ({r.name}): {c.message}")
+        if r.note:
+            print(f"GROUP {r.name}: {r.note}")
+    print(f"\njunit: {run_dir / 'report' / 'junit.xml'}  summary: {run_dir / 'report' / 'summary.md'}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def write_reports(run_dir: Path, results: list[report.GroupResult], link: str = "") -> None:
+    """Merged JUnit, markdown, JSON and measured durations under ``run_dir/report``."""
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for r in results:
+        xml = run_dir / "junit" / f"{r.name}.xml"
+        text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
+        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties)}))
+    (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
+    (out / "summary.md").write_text(report.markdown(results, link if link != comment.LINK_PLACEHOLDER else ""), encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(report.to_json(results), indent=2) + "\n", encoding="utf-8")
+    (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _list(reg: collector.Registry) -> int:
+    for f in reg.files:
+        where = ",".join(f.topologies) or "-"
+        state = f"ERROR {f.error}" if f.error else (f"disabled: {f.disabled}" if f.disabled else "")
+        print(f"{f.rel:60} {where:30} {len(f.tests):3} test(s) est {f.est_time:6.0f}s {state}".rstrip())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``rerun-test``.
+
+    Returns:
+        0 all passed (or a dry run / list), 1 a group failed, 2 bad input, 130 interrupted.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        if args.shard_index is not None and args.shards < 2:
+            raise UsageError("--shard-index needs --shards N with N ≥ 2")
+        if args.list:
+            return _list(collector.collect(args.repo_root.resolve(), args.suites_dir, args.durations))
+        reg, p, default = _plan(args)
+        if not p.groups:
+            msg = "no registered suites under suites/; nothing to run" if default else "the specs select no tests"
+            print(f"{PROG}: {msg}", file=sys.stderr)
+            return 0 if default else 2
+        if args.dry_run:
+            m = _matrix(p, reg, args.suites_dir)
+            print(json.dumps(m, indent=2))
+            if args.github_output:
+                with open(args.github_output, "a", encoding="utf-8") as f:
+                    f.write(f"matrix={json.dumps(m, separators=(',', ':'))}\n")
+            if args.comment_out:
+                _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
+            return 0
+        return _run(args, reg, p)
+    except (UsageError, spec.SpecError, resolve.ResolveError, plan_mod.PlanError, RegistryError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The bot's status comment: one markdown line per runner group, edited in place.
+
+Each group line ends with a hidden marker ``<!-- rerun-test:group=NAME -->``; an update replaces the
+line carrying its group's marker (or appends it), so applying the same update twice changes
+nothing and concurrent jobs each touch only their own line. The comment starts with a header line
+carrying ``<!-- rerun-test:status -->`` so the bot can find its own comment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from harness.report import GroupResult
+
+STATUS_MARKER = "<!-- rerun-test:status -->"
+LINK_PLACEHOLDER = "{run_url}"
+ICONS = {"queued": "⏳", "running": "🔄", "passed": "✅", "failed": "❌"}
+MAX_FAILURES_SHOWN = 10
+
+
+def group_marker(name: str) -> str:
+    """The hidden marker of one group's line."""
+    return f"<!-- rerun-test:group={name} -->"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """What one group's line shows.
+
+    Attributes:
+        name: group name (``cpu``, ``8-gpu-h200-1of2``).
+        runner: runner label.
+        state: ``queued`` | ``running`` | ``passed`` | ``failed``.
+        passed, failed, skipped: counts so far.
+        link: URL of the job's logs (``{run_url}`` placeholder until known).
+        failures: (node id, one-line reason) of failing tests.
+        note: one line about the group itself (crash, not runnable here).
+    """
+
+    name: str
+    runner: str
+    state: str = "queued"
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    link: str = LINK_PLACEHOLDER
+    failures: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.state not in ICONS:
+            raise ValueError(f"unknown state {self.state!r}; use one of {', '.join(ICONS)}")
+
+
+def from_result(result: GroupResult, link: str = LINK_PLACEHOLDER) -> GroupStatus:
+    """The final status line of a finished group."""
+    return GroupStatus(
+        name=result.name,
+        runner=result.runner,
+        state="passed" if result.ok else "failed",
+        passed=result.count("passed"),
+        failed=result.count("failed") + result.count("error"),
+        skipped=result.count("skipped"),
+        link=link,
+        failures=tuple((c.nodeid, c.message or c.outcome) for c in result.failures),
+        note=result.note,
+    )
+
+
+def _clean(text: str) -> str:
+    """One safe markdown line: no newlines, no HTML comments (they would fake a marker), no pipes."""
+    text = " ".join(text.split())
+    text = text.replace("<!--", "<!−−").replace("-->", "−−>").replace("`", "'")
+    return text[:200]
+
+
+def render_line(s: GroupStatus) -> str:
+    """One group's line, marker last.
+
+    Example: ``- ❌ **cpu** (`ubuntu-latest`): 3 passed, 1 failed, 0 skipped · [logs](URL) · failing:
+    `suites/a.py::test_x` — AssertionError: … <!-- rerun-test:group=cpu -->``
+    """
+    parts = [f"- {ICONS[s.state]} **{_clean(s.name)}** (`{_clean(s.runner)}`): {s.state}"]
+    if s.state != "queued":
+        parts[0] += f" — {s.passed} passed, {s.failed} failed, {s.skipped} skipped"
+    parts.append(f"[logs]({_clean(s.link)})")
+    if s.note:
+        parts.append(_clean(s.note))
+    if s.failures:
+        shown = [f"`{_clean(nid)}` — {_clean(why)}" for nid, why in s.failures[:MAX_FAILURES_SHOWN]]
+        more = len(s.failures) - MAX_FAILURES_SHOWN
+        parts.append("failing: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
+    return " · ".join(parts) + " " + group_marker(s.name)
+
+
+def header(title: str = "rerun-test") -> str:
+    return f"### {title} {STATUS_MARKER}"
+
+
+def apply(body: str, statuses: list[GroupStatus], title: str = "rerun-test") -> str:
+    """Apply status updates to a comment body.
+
+    Args:
+        body: the current comment (``""`` for a new one).
+        statuses: the groups to (re)write; other groups' lines are kept as they are.
+        title: header text for a new comment.
+
+    Returns:
+        The new body. ``apply(apply(b, s), s) == apply(b, s)``.
+    """
+    lines = body.splitlines() if body.strip() else []
+    if not any(STATUS_MARKER in ln for ln in lines):
+        lines = [header(title), ""] + lines
+    for s in statuses:
+        marker = group_marker(s.name)
+        new = render_line(s)
+        idx = [i for i, ln in enumerate(lines) if ln.endswith(marker)]
+        if idx:
+            lines[idx[0]] = new
+            for extra in reversed(idx[1:]):  # a duplicated line (a lost race) collapses into one
+                del lines[extra]
+        else:
+            last = max((i for i, ln in enumerate(lines) if re.search(r"<!-- rerun-test:group=.* -->$", ln)), default=None)
+            if last is None:
+                lines.append(new)
+            else:
+                lines.insert(last + 1, new)
+    return "\n".join(lines) + "\n"
+
+
+def parse(body: str) -> dict[str, str]:
+    """Group name → its current line, read back from a comment body."""
+    out = {}
+    for ln in body.splitlines():
+        m = re.search(r"<!-- rerun-test:group=(.*) -->$", ln)
+        if m:
+            out[m.group(1)] = ln
+    return out

@@ -1,0 +1,300 @@
+"""Execute a plan: one pytest subprocess per group, with its own JUnit XML and run directory.
+
+Each group gets ``pytest TARGETS --topology T [--simulate] --run-dir RUN/groups/NAME
+[--ray-address A] --junitxml RUN/junit/NAME.xml`` with the progress plugin
+(:mod:`harness.rerun.progress`) streaming results for the live line. Groups run at the same time
+when the machine can hold them (real GPUs free for a real group, fewer than ``jobs`` running);
+otherwise the longest waits first. A group whose topology needs more GPUs than the machine has runs
+simulated (Ray logical GPUs) if the topology allows it, else it is reported as not runnable here.
+
+Lifecycle per group (Dynamo's shape): spawn in its own session → poll → on timeout or interrupt
+SIGTERM the group, bounded wait, SIGKILL → reap. Nothing is left running when :func:`run_plan` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from harness.report import CaseResult, GroupResult, one_line
+from harness.rerun.plan import Group, Item, Plan
+from harness.rerun.progress import ENV as PROGRESS_ENV
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+KILL_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ExecOptions:
+    """How to run groups.
+
+    Attributes:
+        repo_root: pytest's rootdir and working directory.
+        run_dir: this run's directory (``junit/``, ``groups/NAME/``, ``report/``).
+        python: interpreter for pytest.
+        ray_address: join this Ray cluster instead of starting one per group.
+        gpus: real GPUs available to this run (0 on a CPU machine).
+        jobs: most groups running at once.
+        timeout: seconds per group (None: no limit).
+        pytest_args: extra pytest arguments (e.g. ``-x``).
+    """
+
+    repo_root: Path
+    run_dir: Path
+    python: str = sys.executable
+    ray_address: str | None = None
+    gpus: int = 0
+    jobs: int = 1
+    timeout: float | None = None
+    pytest_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Progress:
+    """Live state of a group (mutable: owned by the run loop)."""
+
+    group: Group
+    state: str = "queued"  # queued | running | passed | failed
+    collected: int | None = None
+    cases: list[CaseResult] = field(default_factory=list)
+    started: float | None = None
+    wall: float = 0.0
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for c in self.cases if c.outcome == outcome)
+
+    def line(self) -> str:
+        """The live progress line: ``[cpu] running 3/10 passed 3 failed 0 skipped 0 12.3s``."""
+        done = len(self.cases)
+        total = f"/{self.collected}" if self.collected is not None else ""
+        failed = self.count("failed") + self.count("error")
+        return (f"[{self.group.name}] {self.state:7} {done}{total} passed {self.count('passed')} failed {failed} "
+                f"skipped {self.count('skipped')} {self.wall:.1f}s")
+
+
+def simulation(group: Group, gpus: int) -> bool | None:
+    """Whether ``group`` runs simulated: False (real GPUs suffice), True, or None (cannot run here)."""
+    if group.gpus <= gpus:
+        return False
+    return True if group.allow_simulation else None
+
+
+def targets(items: tuple[Item, ...], file_tests: dict[str, int]) -> list[str]:
+    """pytest arguments for items; a file whose every test is present collapses into its path.
+
+    Args:
+        items: the group's items.
+        file_tests: file display path → number of tests the file declares (all topologies).
+    """
+    by_file: dict[str, list[Item]] = {}
+    for it in items:
+        by_file.setdefault(it.file_rel, []).append(it)
+    out = []
+    for rel, its in by_file.items():
+        path = its[0].target.split("::", 1)[0]
+        whole = any("::" not in i.target for i in its) or (
+            file_tests.get(rel, -1) == len(its) and all("[" not in i.target for i in its))
+        out.extend([path] if whole else [i.target for i in its])
+    return out
+
+
+def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: dict[str, int]) -> list[str]:
+    """The full pytest command of one group."""
+    cmd = [opts.python, "-m", "pytest", *targets(group.items, file_tests),
+           "-p", "harness.rerun.progress",
+           "--topology", group.topology,
+           "--run-dir", str(opts.run_dir / "groups" / group.name),
+           "--junitxml", str(opts.run_dir / "junit" / f"{group.name}.xml"),
+           "-o", "junit_family=xunit1", "-o", f"junit_suite_name={group.name}",
+           "--rootdir", str(opts.repo_root), "-q", "-rfE"]
+    if simulate:
+        cmd.append("--simulate")
+    if opts.ray_address:
+        cmd += ["--ray-address", opts.ray_address]
+    return cmd + list(opts.pytest_args)
+
+
+def pick(pending: list[Group], running: list[Group], free_gpus: int, jobs: int, simulated: dict[str, bool]) -> list[Group]:
+    """Which pending groups to start now (pure).
+
+    Longest first; a group starts when fewer than ``jobs`` run and its real GPUs are free
+    (a simulated group needs none). A group that cannot fit now waits; shorter ones that fit may
+    start meanwhile.
+
+    Returns:
+        Groups to start, in order.
+    """
+    start = []
+    slots = jobs - len(running)
+    for g in sorted(pending, key=lambda g: (-g.est_time, g.name)):
+        if slots <= 0:
+            break
+        need = 0 if simulated.get(g.name) else g.gpus
+        if need <= free_gpus:
+            start.append(g)
+            free_gpus -= need
+            slots -= 1
+    return start
+
+
+class _Running:
+    """One pytest subprocess, from spawn to reap."""
+
+    def __init__(self, group: Group, cmd: list[str], opts: ExecOptions, progress: Progress) -> None:
+        self.group = group
+        self.progress = progress
+        gdir = opts.run_dir / "groups" / group.name
+        gdir.mkdir(parents=True, exist_ok=True)
+        self.events_path = gdir / "progress.jsonl"
+        self.events_path.write_text("")
+        self.log_path = gdir / "pytest.log"
+        env = {**os.environ, PROGRESS_ENV: str(self.events_path), "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+        (gdir / "command.json").write_text(json.dumps(cmd))
+        self._log = open(self.log_path, "wb")
+        # Own session: a timeout or ^C can end pytest and everything it started, and nothing else.
+        self.proc = subprocess.Popen(cmd, cwd=opts.repo_root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started = time.monotonic()
+        self._offset = 0
+        progress.state, progress.started = "running", self.started
+        log.debug("started %s pid %d: %s", group.name, self.proc.pid, " ".join(cmd))
+
+    def read_events(self, to_rel: Callable[[str], str]) -> bool:
+        """Consume new progress lines; True when something changed."""
+        with open(self.events_path, encoding="utf-8") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]  # a half-written last line is read next time
+        self._offset += len(complete.encode("utf-8"))
+        changed = False
+        for line in complete.splitlines():
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if ev.get("event") == "collected":
+                self.progress.collected = int(ev["count"])
+            elif ev.get("event") == "result":
+                self.progress.cases.append(CaseResult(nodeid=to_rel(ev["path"]) + ev.get("suffix", ""), outcome=ev["outcome"],
+                                                      duration=float(ev.get("duration", 0.0)), message=ev.get("message", "")))
+            changed = True
+        return changed
+
+    def stop(self) -> None:
+        """SIGTERM the session, bounded wait, SIGKILL; always reaps."""
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self.close()
+
+    def close(self) -> None:
+        if not self._log.closed:
+            self._log.close()
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _note(returncode: int | None, cases: list[CaseResult], tail: str, timed_out: bool) -> str:
+    """One line about a group that failed as a whole (not through a test)."""
+    if timed_out:
+        return "timed out; see the group's pytest.log"
+    if returncode == 0 or (returncode == 1 and any(c.outcome in ("failed", "error") for c in cases)):
+        return ""
+    if returncode == 5:
+        return "pytest collected no tests"
+    last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+    return f"pytest exited {returncode}: {one_line(last)}"
+
+
+def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: Callable[[str], str],
+             on_update: Callable[[Progress], None] = lambda p: None, clock: Callable[[], float] = time.monotonic) -> list[GroupResult]:
+    """Run every group of ``plan``.
+
+    Args:
+        plan: the groups.
+        opts: how to run.
+        file_tests: file display path → number of tests (to pass whole files to pytest).
+        to_rel: absolute file path → display path (for node ids in results).
+        on_update: called with a group's :class:`Progress` whenever it changes (live line, comment).
+        clock: seconds (a seam for tests).
+
+    Returns:
+        One :class:`GroupResult` per group, in plan order. Never raises for a failing group.
+    """
+    (opts.run_dir / "junit").mkdir(parents=True, exist_ok=True)
+    progress = {g.name: Progress(g) for g in plan.groups}
+    sim = {g.name: simulation(g, opts.gpus) for g in plan.groups}
+    results: dict[str, GroupResult] = {}
+    for g in plan.groups:
+        if sim[g.name] is None:
+            note = f"needs {g.gpus} GPUs, this machine has {opts.gpus}, and {g.topology} forbids simulation; run it on runner {g.runner}"
+            progress[g.name].state = "failed"
+            results[g.name] = GroupResult(name=g.name, topology=g.topology, runner=g.runner, note=note)
+            on_update(progress[g.name])
+    pending = [g for g in plan.groups if g.name not in results]
+    running: dict[str, _Running] = {}
+    free = opts.gpus
+    try:
+        while pending or running:
+            for g in pick(pending, [r.group for r in running.values()], free, opts.jobs, sim):
+                pending.remove(g)
+                if not sim[g.name]:
+                    free -= g.gpus
+                cmd = pytest_command(g, opts, bool(sim[g.name]), file_tests)
+                running[g.name] = _Running(g, cmd, opts, progress[g.name])
+                on_update(progress[g.name])
+            for name, r in list(running.items()):
+                p = progress[name]
+                changed = r.read_events(to_rel)
+                p.wall = clock() - r.started
+                rc = r.proc.poll()
+                timed_out = rc is None and opts.timeout is not None and p.wall > opts.timeout
+                if timed_out:
+                    r.stop()
+                    rc = r.proc.returncode
+                if rc is None:
+                    if changed:
+                        on_update(p)
+                    continue
+                r.read_events(to_rel)
+                r.close()
+                del running[name]
+                if not sim[name]:
+                    free += r.group.gpus
+                note = _note(rc, p.cases, r.tail(), timed_out)
+                res = GroupResult(name=name, topology=r.group.topology, runner=r.group.runner, cases=tuple(p.cases),
+                                  wall_time=p.wall, returncode=rc, note=note,
+                                  properties=(("simulated", str(bool(sim[name])).lower()),
+                                              ("run_dir", str(opts.run_dir / "groups" / name))))
+                results[name] = res
+                p.state = "passed" if res.ok else "failed"
+                on_update(p)
+            if running:
+                time.sleep(POLL_S)
+    finally:
+        for r in running.values():  # interrupted: leave nothing behind
+            log.warning("stopping %s (pid %d)", r.group.name, r.proc.pid)
+            r.stop()
+    return [results[g.name] for g in plan.groups]

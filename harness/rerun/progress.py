@@ -1,0 +1,85 @@
+"""A tiny pytest plugin that streams per-test results as JSON lines for rerun-test's live progress.
+
+Loaded by the executor with ``-p harness.rerun.progress``; it writes to the file named in
+``HARNESS_RERUN_PROGRESS`` (and does nothing without it). One line per event::
+
+    {"event": "collected", "count": 12}
+    {"event": "result", "path": "/abs/test_a.py", "suffix": "::TestC::test_y[p]", "outcome": "failed",
+     "duration": 0.41, "message": "AssertionError: assert 3 == 4"}
+
+The node id's file part is an absolute path so the parent can map it back to its display path
+whatever pytest's rootdir was. Each line is written and flushed at once so a reader sees progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ENV = "HARNESS_RERUN_PROGRESS"
+_state: dict[str, dict] = {}  # nodeid -> outcome being accumulated over setup/call/teardown
+_paths: dict[str, str] = {}  # nodeid -> absolute file (nodeids are relative to a rootdir we do not control)
+
+
+def _write(event: dict) -> None:
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def _message(report: pytest.BaseReport) -> str:
+    lr = report.longrepr
+    if lr is None:
+        return ""
+    if isinstance(lr, tuple) and len(lr) == 3:  # skip: (file, line, reason)
+        text = str(lr[2])
+    else:
+        crash = getattr(lr, "reprcrash", None)
+        text = crash.message if crash is not None else str(lr)
+    for line in text.splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= 200 else line[:199] + "…"
+    return ""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _write({"event": "collected", "count": len(session.items)})
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        path = Path(str(report.fspath)).resolve() if report.fspath else Path(report.nodeid)
+        _write({"event": "result", "path": str(path), "suffix": "", "outcome": "error", "duration": 0.0,
+                "message": "collection error: " + _message(report)})
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    st = _state.setdefault(report.nodeid, {"outcome": "passed", "duration": 0.0, "message": ""})
+    st["duration"] += report.duration
+    if report.when == "call":
+        if report.failed:
+            st.update(outcome="failed", message=_message(report))
+        elif report.skipped:  # xfail / skip inside the test
+            st.update(outcome="skipped", message=_message(report))
+    elif report.failed and st["outcome"] != "failed":
+        st.update(outcome="error", message=f"{report.when}: {_message(report)}")
+    elif report.skipped and report.when == "setup":
+        st.update(outcome="skipped", message=_message(report))
+
+
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    _paths[item.nodeid] = str(Path(item.path).resolve())
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    st = _state.pop(nodeid, None)
+    if st is None:
+        return
+    _, sep, rest = nodeid.partition("::")
+    _write({"event": "result", "path": _paths.pop(nodeid, ""), "suffix": (sep + rest) if sep else "", **st})

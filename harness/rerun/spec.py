@@ -1,0 +1,169 @@
+"""Parse rerun specs: what a user or a PR comment asked to run.
+
+Accepted forms (several at once): a bare file name (``test_x.py``), a path (``suites/pd/test_x.py``,
+absolute inside the repository or a ``--suites-dir``), ``file::Class::test``, ``file::Class.test``,
+``file::test`` and a parametrize id (``file::test[case-1]``). A comment body whose first non-empty
+line is ``/rerun-test …`` yields the specs on that line; other lines are ignored.
+
+Anything else is refused with :class:`SpecError` before anything runs: shell metacharacters, ``..``,
+``~``, options (a token or path segment starting with ``-``), control characters, URLs, names that do
+not end in ``.py``. The spec never reaches a shell, but the same text is echoed into workflow logs,
+comments and pytest's command line, so the grammar is deliberately narrow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+COMMAND = "/rerun-test"
+
+# A path segment: starts with a letter, digit or underscore (so never an option or a dot file).
+_SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
+_PATH_RE = re.compile(rf"^/?(?:{_SEGMENT}/)*{_SEGMENT}\.py$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PARAM_RE = re.compile(r"^\[[A-Za-z0-9_.,=+\-]+\]$")
+_SHELL_CHARS = set(";|&$`<>(){}*?!~'\"\\#%^")
+
+
+class SpecError(ValueError):
+    """A spec or comment body is not a test spec. The message is one line: what and what to do."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One parsed spec.
+
+    Attributes:
+        path: the file part as written (bare name, relative or absolute path); never contains ``..``.
+        names: the test path inside the file, e.g. ``("TestX", "test_y")``; empty for the whole file.
+        param: a parametrize id including brackets (``"[a-1]"``) or ``""``.
+        text: the spec as given, for messages.
+    """
+
+    path: str
+    names: tuple[str, ...] = ()
+    param: str = ""
+    text: str = ""
+
+    @property
+    def is_bare(self) -> bool:
+        """True for a bare file name (no directory part)."""
+        return "/" not in self.path
+
+    def suffix(self) -> str:
+        """The ``::Class::test[param]`` part of a pytest node id (``""`` for the whole file)."""
+        return "".join(f"::{n}" for n in self.names) + (self.param if self.names else "")
+
+
+def _refuse(token: str, why: str) -> SpecError:
+    shown = token if len(token) <= 60 else token[:57] + "..."
+    return SpecError(f"refused {shown!r}: {why}; give test files like test_x.py or file.py::Class::test")
+
+
+def parse_spec(token: str) -> Spec:
+    """Parse one spec token.
+
+    Args:
+        token: e.g. ``test_x.py``, ``suites/a/test_x.py::TestC.test_y[p1]``.
+
+    Returns:
+        The :class:`Spec`.
+
+    Raises:
+        SpecError: the token is not a test spec (see the module docstring).
+    """
+    if not token:
+        raise _refuse(token, "empty spec")
+    if any(ord(c) < 32 or ord(c) == 127 for c in token) or not token.isascii():
+        raise _refuse(token, "control or non-ASCII characters")
+    if any(c.isspace() for c in token):
+        raise _refuse(token, "whitespace inside a spec")
+    if token.startswith("-"):
+        raise _refuse(token, "options are not accepted in a spec")
+    bad = sorted(set(token) & _SHELL_CHARS)
+    if bad:
+        raise _refuse(token, f"shell metacharacter {''.join(bad)!r}")
+    if "://" in token:
+        raise _refuse(token, "URLs are not test specs")
+    path, sep, rest = token.partition("::")
+    if ".." in path.split("/"):
+        raise _refuse(token, "'..' is not allowed in a path")
+    if "//" in path or path.endswith("/"):
+        raise _refuse(token, "malformed path")
+    if not _PATH_RE.match(path):
+        if any(seg.startswith("-") for seg in path.split("/")):
+            raise _refuse(token, "options are not accepted in a spec")
+        raise _refuse(token, "not a Python test file path (letters, digits, _ . - / and a .py ending)")
+    names: tuple[str, ...] = ()
+    param = ""
+    if sep:
+        if not rest:
+            raise _refuse(token, "nothing after '::'")
+        bracket = rest.find("[")
+        if bracket >= 0:
+            rest, param = rest[:bracket], rest[bracket:]
+            if not _PARAM_RE.match(param):
+                raise _refuse(token, "malformed parametrize id")
+        # file::Class.test is the unittest spelling of file::Class::test.
+        parts = [p for chunk in rest.split("::") for p in chunk.split(".")]
+        if len(parts) > 3 or not all(_NAME_RE.match(p) for p in parts):
+            raise _refuse(token, "test names are identifiers: file.py::Class::test or file.py::test")
+        names = tuple(parts)
+    return Spec(path=path, names=names, param=param, text=token)
+
+
+def parse_specs(tokens: list[str]) -> list[Spec]:
+    """Parse several spec tokens; a token that is a whole ``/rerun-test`` comment is expanded.
+
+    Args:
+        tokens: the positional arguments of ``rerun-test``.
+
+    Returns:
+        The specs in order, duplicates removed.
+
+    Raises:
+        SpecError: any token is refused (nothing is returned then).
+    """
+    out: list[Spec] = []
+    for token in tokens:
+        if token.lstrip().startswith(COMMAND):
+            specs = parse_comment(token)
+        else:
+            specs = [parse_spec(token)]
+        for s in specs:
+            if s not in out:
+                out.append(s)
+    return out
+
+
+def parse_comment(body: str) -> list[Spec]:
+    """Parse a PR comment body: the first non-empty line is ``/rerun-test SPEC…``, the rest ignored.
+
+    Args:
+        body: the whole comment text.
+
+    Returns:
+        The specs on the command line (at least one).
+
+    Raises:
+        SpecError: the first line is not a ``/rerun-test`` command, names no test, or a token is refused.
+    """
+    lines = [ln for ln in body.replace("\r\n", "\n").replace("\r", "\n").split("\n") if ln.strip()]
+    if not lines:
+        raise SpecError("empty comment; write /rerun-test followed by test files")
+    first = lines[0].strip()
+    command, *rest_list = first.split(None, 1)
+    rest = rest_list[0] if rest_list else ""
+    if command != COMMAND:
+        raise SpecError(f"the first line must start with '{COMMAND} ' (got {first[:40]!r}); write /rerun-test test_x.py")
+    # Tabs and other separators count as spaces; everything else goes through parse_spec.
+    tokens = rest.split()
+    if not tokens:
+        raise SpecError("the comment names no tests; write /rerun-test test_x.py [more …]")
+    specs: list[Spec] = []
+    for t in tokens:
+        s = parse_spec(t)
+        if s not in specs:
+            specs.append(s)
+    return specs
