@@ -14,6 +14,7 @@ import sys
 # Sub-command modules, in help order. Add a line here when a concern gains a command.
 COMMANDS = (
     "harness.commands.topology",
+    "harness.commands.doctor",
 )
 
 
