@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test_x.py, path/test_x.py, file::Class::test, file::Class.test, or a whole '/rerun-test …' comment")
     p.add_argument("--comment-file", type=Path, help="read a /rerun-test comment body from this file")
     p.add_argument("--plan-entry", metavar="JSON", help="run exactly one entry of a --dry-run matrix (CI)")
+    p.add_argument("--parse-only", action="store_true",
+                   help="only validate the specs (no repository lookup) and print them on one line; the bot's first check")
     p.add_argument("--dry-run", action="store_true", help="print the plan as a GitHub Actions matrix (JSON) and exit")
     p.add_argument("--github-output", type=Path, metavar="FILE", help="with --dry-run: append matrix=<json> to this file ($GITHUB_OUTPUT)")
     p.add_argument("--list", action="store_true", help="list registered suite files and exit")
@@ -251,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         if args.shard_index is not None and args.shards < 2:
             raise UsageError("--shard-index needs --shards N with N ≥ 2")
+        if args.parse_only:
+            specs, _ = _specs(args)
+            if not specs:
+                raise UsageError("no specs given; name test files like test_x.py")
+            print(" ".join(s.text for s in specs))
+            if args.comment_out:
+                _write_comment(args.comment_out, [])
+            return 0
         if args.list:
             return _list(collector.collect(args.repo_root.resolve(), args.suites_dir, args.durations))
         reg, p, default = _plan(args)

@@ -109,19 +109,29 @@ def apply(body: str, statuses: list[GroupStatus], title: str = "rerun-test") -> 
     Returns:
         The new body. ``apply(apply(b, s), s) == apply(b, s)``.
     """
+    return apply_lines(body, {s.name: render_line(s) for s in statuses}, title)
+
+
+def apply_lines(body: str, lines_by_group: dict[str, str], title: str = "rerun-test") -> str:
+    """Like :func:`apply` with already rendered lines (e.g. read back from a ``--comment-out`` file).
+
+    Raises:
+        ValueError: a line does not end with its group's marker.
+    """
     lines = body.splitlines() if body.strip() else []
     if not any(STATUS_MARKER in ln for ln in lines):
         lines = [header(title), ""] + lines
-    for s in statuses:
-        marker = group_marker(s.name)
-        new = render_line(s)
+    for name, new in lines_by_group.items():
+        marker = group_marker(name)
+        if not new.endswith(marker) or "\n" in new:
+            raise ValueError(f"line for group {name!r} must be one line ending with {marker}")
         idx = [i for i, ln in enumerate(lines) if ln.endswith(marker)]
         if idx:
             lines[idx[0]] = new
             for extra in reversed(idx[1:]):  # a duplicated line (a lost race) collapses into one
                 del lines[extra]
         else:
-            last = max((i for i, ln in enumerate(lines) if re.search(r"<!-- rerun-test:group=.* -->$", ln)), default=None)
+            last = max((i for i, ln in enumerate(lines) if _GROUP_RE.search(ln)), default=None)
             if last is None:
                 lines.append(new)
             else:
@@ -129,11 +139,14 @@ def apply(body: str, statuses: list[GroupStatus], title: str = "rerun-test") -> 
     return "\n".join(lines) + "\n"
 
 
+_GROUP_RE = re.compile(r"<!-- rerun-test:group=(.*?) -->$")
+
+
 def parse(body: str) -> dict[str, str]:
     """Group name → its current line, read back from a comment body."""
     out = {}
     for ln in body.splitlines():
-        m = re.search(r"<!-- rerun-test:group=(.*) -->$", ln)
+        m = _GROUP_RE.search(ln)
         if m:
             out[m.group(1)] = ln
     return out

@@ -1,0 +1,244 @@
+"""The GitHub side of the rerun bot, called by the workflows in ``ci/`` (stdlib only: no installs).
+
+    python -m harness.rerun.github check    --event EVENT.json [--body-out FILE]
+    python -m harness.rerun.github comment  --pr N --body-file FILE [--comment-id ID]
+    python -m harness.rerun.github update   --comment-id ID --status-file FILE [--link URL]
+    python -m harness.rerun.github running  --comment-id ID --entry JSON [--link URL]
+    python -m harness.rerun.github dispatch --workflow FILE.yml --ref REF --input KEY=VALUE ...
+
+Outputs (``allowed``, ``reason``, ``pr``, ``comment_id``) go to ``$GITHUB_OUTPUT`` when set.
+The token comes from ``GITHUB_TOKEN``, the repository from ``GITHUB_REPOSITORY``. All HTTP goes
+through one :class:`GitHub` object whose transport tests replace with an in-memory fake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.rerun import comment
+from harness.rerun.permission import Decision, may_rerun
+
+log = logging.getLogger(__name__)
+
+Transport = Callable[[str, str, dict | None], tuple[int, object]]
+UPDATE_ATTEMPTS = 5
+
+
+class GitHubError(RuntimeError):
+    """An API call failed. One line with the method, path and status."""
+
+
+def urllib_transport(api: str, token: str) -> Transport:
+    """The real transport: ``(method, path, json body) -> (status, parsed JSON or None)``."""
+
+    def call(method: str, path: str, body: dict | None) -> tuple[int, object]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(api.rstrip("/") + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": "2022-11-28", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                raw = resp.read()
+                return resp.status, (json.loads(raw) if raw else None)
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                return e.code, None
+
+    return call
+
+
+@dataclass(frozen=True)
+class GitHub:
+    """The few REST calls the bot needs, on one repository."""
+
+    repo: str
+    transport: Transport
+
+    def _call(self, method: str, path: str, body: dict | None = None, ok: tuple[int, ...] = (200,)) -> object:
+        status, data = self.transport(method, path, body)
+        if status not in ok:
+            msg = data.get("message", "") if isinstance(data, dict) else ""
+            raise GitHubError(f"{method} {path}: HTTP {status} {msg}".strip())
+        return data
+
+    def permission(self, user: str) -> str:
+        """The user's permission on the repository (``admin``/``maintain``/``write``/``triage``/``read``/``none``)."""
+        status, data = self.transport("GET", f"/repos/{self.repo}/collaborators/{user}/permission", None)
+        if status == 404:  # not a collaborator
+            return "none"
+        if status != 200 or not isinstance(data, dict):
+            raise GitHubError(f"GET permission of {user}: HTTP {status}")
+        # role_name distinguishes maintain from write; permission folds it into write.
+        return str(data.get("role_name") or data.get("permission") or "none")
+
+    def pull(self, number: int) -> dict:
+        return self._call("GET", f"/repos/{self.repo}/pulls/{number}")  # type: ignore[return-value]
+
+    def create_comment(self, number: int, body: str) -> int:
+        data = self._call("POST", f"/repos/{self.repo}/issues/{number}/comments", {"body": body}, ok=(201,))
+        return int(data["id"])  # type: ignore[index]
+
+    def get_comment(self, comment_id: int) -> str:
+        data = self._call("GET", f"/repos/{self.repo}/issues/comments/{comment_id}")
+        return str(data.get("body") or "")  # type: ignore[union-attr]
+
+    def edit_comment(self, comment_id: int, body: str) -> None:
+        self._call("PATCH", f"/repos/{self.repo}/issues/comments/{comment_id}", {"body": body})
+
+    def dispatch(self, workflow: str, ref: str, inputs: dict[str, str]) -> None:
+        self._call("POST", f"/repos/{self.repo}/actions/workflows/{workflow}/dispatches", {"ref": ref, "inputs": inputs}, ok=(204,))
+
+
+def decide(gh: GitHub, event: dict) -> tuple[Decision, int]:
+    """Apply the permission rule to an ``issue_comment`` event.
+
+    Returns:
+        (decision, PR number).
+
+    Raises:
+        GitHubError: the event is not a comment on a pull request, or an API call failed.
+    """
+    issue = event.get("issue") or {}
+    if "pull_request" not in issue:
+        raise GitHubError("the comment is not on a pull request")
+    number = int(issue["number"])
+    commenter = event["comment"]["user"]["login"]
+    pr = gh.pull(number)
+    head_repo = ((pr.get("head") or {}).get("repo") or {}).get("full_name")
+    is_fork = head_repo != gh.repo
+    return may_rerun(commenter, pr["user"]["login"], gh.permission(commenter), is_fork), number
+
+
+def update_lines(gh: GitHub, comment_id: int, lines: dict[str, str]) -> str:
+    """Read-modify-write the status comment until our group lines are in it (parallel jobs race).
+
+    Args:
+        gh: the API.
+        comment_id: the status comment.
+        lines: group name → rendered line (:func:`comment.render_line`).
+
+    Returns:
+        The body as written.
+
+    Raises:
+        GitHubError: still not in after :data:`UPDATE_ATTEMPTS` tries.
+    """
+    for attempt in range(UPDATE_ATTEMPTS):
+        body = gh.get_comment(comment_id)
+        new = comment.apply_lines(body, lines)
+        if new != body:
+            gh.edit_comment(comment_id, new)
+        # Another job may have written between our read and write; check our lines survived.
+        now = comment.parse(gh.get_comment(comment_id))
+        if all(now.get(name) == line for name, line in lines.items()):
+            return new
+        time.sleep(0.5 * (attempt + 1))
+    raise GitHubError(f"comment {comment_id}: lines for {', '.join(lines)} lost to concurrent edits")
+
+
+def _output(**values: object) -> None:
+    target = os.environ.get("GITHUB_OUTPUT")
+    for k, v in values.items():
+        print(f"{k}={v}")
+        if target:
+            with open(target, "a", encoding="utf-8") as f:
+                f.write(f"{k}={v}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.rerun.github", description="GitHub side of the rerun bot")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("check", help="permission check for an issue_comment event")
+    c.add_argument("--event", type=Path, required=True)
+    c.add_argument("--body-out", type=Path, help="write the comment body here (input to rerun-test --comment-file)")
+    c.add_argument("--refusal-out", type=Path, help="when refused, write the reply explaining why here")
+    c = sub.add_parser("comment", help="create or replace the status comment")
+    c.add_argument("--pr", type=int, required=True)
+    c.add_argument("--body-file", type=Path, required=True)
+    c.add_argument("--comment-id", type=int)
+    c = sub.add_parser("update", help="apply the group lines of a --comment-out file to the status comment")
+    c.add_argument("--comment-id", type=int, required=True)
+    c.add_argument("--status-file", type=Path, required=True)
+    c = sub.add_parser("running", help="mark one matrix entry as running")
+    c.add_argument("--comment-id", type=int, required=True)
+    c.add_argument("--entry", required=True, help="the matrix entry (JSON)")
+    c.add_argument("--link", default=comment.LINK_PLACEHOLDER)
+    c = sub.add_parser("dispatch", help="start a workflow_dispatch run")
+    c.add_argument("--workflow", required=True)
+    c.add_argument("--ref", required=True)
+    c.add_argument("--input", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--input-file", action="append", default=[], metavar="KEY=FILE", help="an input read from a file (first line)")
+    return p
+
+
+def run(args: argparse.Namespace, gh: GitHub) -> int:
+    """Execute one sub-command against ``gh``. Returns the exit code."""
+    if args.command == "check":
+        event = json.loads(args.event.read_text(encoding="utf-8"))
+        decision, number = decide(gh, event)
+        if args.body_out:
+            args.body_out.write_text(event["comment"]["body"], encoding="utf-8")
+        if args.refusal_out and not decision.allowed:
+            args.refusal_out.write_text(f"rerun-test: not run: {decision.reason}.\n", encoding="utf-8")
+        _output(allowed=str(decision.allowed).lower(), reason=decision.reason, pr=number)
+        return 0
+    if args.command == "comment":
+        body = args.body_file.read_text(encoding="utf-8")
+        if args.comment_id:
+            gh.edit_comment(args.comment_id, body)
+            _output(comment_id=args.comment_id)
+        else:
+            _output(comment_id=gh.create_comment(args.pr, body))
+        return 0
+    if args.command == "update":
+        update_lines(gh, args.comment_id, comment.parse(args.status_file.read_text(encoding="utf-8")))
+        return 0
+    if args.command == "running":
+        entry = json.loads(args.entry)
+        status = comment.GroupStatus(name=entry["name"], runner=entry["runner"], state="running", link=args.link)
+        update_lines(gh, args.comment_id, {status.name: comment.render_line(status)})
+        return 0
+    if args.command == "dispatch":
+        inputs = dict(kv.split("=", 1) for kv in args.input)
+        for kv in args.input_file:
+            key, _, path = kv.partition("=")
+            text = Path(path).read_text(encoding="utf-8").splitlines()
+            inputs[key] = text[0].strip() if text else ""
+        gh.dispatch(args.workflow, args.ref, inputs)
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None, transport: Transport | None = None) -> int:
+    """Entry point. Errors: one line on stderr, exit 1 (API) or 2 (usage)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    repo = os.environ.get("GITHUB_REPOSITORY", "")
+    if transport is None:
+        token = os.environ.get("GITHUB_TOKEN", "")
+        if not repo or not token:
+            print("github: GITHUB_REPOSITORY and GITHUB_TOKEN must be set (run inside a workflow)", file=sys.stderr)
+            return 2
+        transport = urllib_transport(os.environ.get("GITHUB_API_URL", "https://api.github.com"), token)
+    try:
+        return run(args, GitHub(repo=repo, transport=transport))
+    except GitHubError as e:
+        print(f"github: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
