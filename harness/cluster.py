@@ -12,14 +12,17 @@ there (a joined cluster may carry the same resources; otherwise pinning uses the
 ``node:<ip>`` resource).
 
 Placement: one placement group per role group (``RoleSpec.groups`` = count × dp), one bundle per TP
-rank, ``STRICT_PACK`` so a TP group sits on one node. :meth:`Cluster.check` tells within ``timeout``
+rank, ``STRICT_PACK`` so a TP group sits on one node. On a cluster the harness started, a one-node
+topology is kept on node 0 (so a simulated cluster shaped for the largest topology still places a
+small one the way its real runner would). :meth:`Cluster.check` tells within ``timeout``
 (5 s by default) whether a topology fits and, if not, which resource is missing, using the
 scheduling state Ray records in ``placement_group_table`` (``INFEASIBLE``: the cluster can never
 hold it; ``NO_RESOURCES``: it could, but the resources are in use now).
 
 API::
 
-    Cluster.start(topology=None, *, simulate=False, num_cpus=None, temp_dir=None) -> Cluster
+    Cluster.start(topology=None, *, simulate=False, nodes=None, gpus_per_node=None, num_cpus=None,
+                  temp_dir=None) -> Cluster
     Cluster.join(address) -> Cluster
     cluster.check(topology, timeout=5.0) -> Fit           # never raises for "does not fit"
     cluster.place(topology, timeout=30.0) -> Placement    # raises PlacementError (carries the Fit)
@@ -156,6 +159,12 @@ class NodeInfo:
     total: dict[str, float] = field(default_factory=dict)
 
 
+def local_gpus() -> int:
+    """NVIDIA GPUs on this machine, from the driver's ``/proc`` entries (no CUDA import)."""
+    d = Path("/proc/driver/nvidia/gpus")
+    return len(list(d.iterdir())) if d.is_dir() else 0
+
+
 def _short_temp_dir() -> Path:
     # Ray puts AF_UNIX sockets under it: the path must stay far below 107 bytes.
     return Path(tempfile.mkdtemp(prefix="ph-", dir="/tmp" if Path("/tmp").is_dir() else None))
@@ -180,14 +189,18 @@ class Cluster:
     # ---------------------------------------------------------------- construction
 
     @classmethod
-    def start(cls, topology: Topology | None = None, *, simulate: bool = False,
-              num_cpus: float | None = None, temp_dir: str | Path | None = None) -> "Cluster":
+    def start(cls, topology: Topology | None = None, *, simulate: bool = False, nodes: int | None = None,
+              gpus_per_node: int | None = None, num_cpus: float | None = None,
+              temp_dir: str | Path | None = None) -> "Cluster":
         """Start a local Ray for ``topology`` and connect this process to it.
 
         Args:
             topology: what the cluster must hold; None starts one CPU-only node.
             simulate: give the node(s) the topology's GPUs as logical GPUs; multi-node topologies
                 become one Ray node per topology node. Without it, Ray detects real GPUs.
+            nodes: number of Ray nodes (default: the topology's; 1 without one). More than one
+                starts a ``ray.cluster_utils.Cluster`` (one Ray node per topology node).
+            gpus_per_node: logical GPUs per node when simulating (default: the topology's).
             num_cpus: logical CPUs per node (default :data:`DEFAULT_NUM_CPUS`).
             temp_dir: Ray's temp dir (default: a fresh short dir under /tmp, removed at shutdown).
 
@@ -204,16 +217,19 @@ class Cluster:
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to Ray; shut it down or use Cluster.join")
         procs.reap_stale()
+        # The driver owns the cluster: if it is SIGKILLed, the next run reaps what is left.
+        procs.claim()
         made_temp = temp_dir is None
         tdir = Path(temp_dir) if temp_dir else _short_temp_dir()
         tdir.mkdir(parents=True, exist_ok=True)
         if made_temp:
             procs.register(os.getpid(), kind="dir", label="ray temp dir", path=tdir)
         cpus = num_cpus if num_cpus is not None else (topology.cpus_per_node if topology and topology.cpus_per_node else DEFAULT_NUM_CPUS)
-        nodes = topology.nodes if topology else 1
-        gpus = topology.gpus_per_node if (topology and simulate) else None
-        # Actors inherit the owner so a worker's own registrations outlive nothing of ours.
-        os.environ.update(procs.owner_env())
+        if nodes is None:
+            nodes = topology.nodes if topology else 1
+        if gpus_per_node is None:
+            gpus_per_node = topology.gpus_per_node if topology else 0
+        gpus = gpus_per_node if simulate else None
         t0 = time.monotonic()
         sim = None
         saved_tmpdir = os.environ.get("RAY_TMPDIR")
@@ -274,7 +290,7 @@ class Cluster:
 
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to Ray; shut it down first")
-        os.environ.update(procs.owner_env())
+        procs.claim()
         ray.init(address=address, logging_level="ERROR", log_to_driver=True)
         return cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
 
@@ -325,10 +341,17 @@ class Cluster:
 
     # ---------------------------------------------------------------- placement
 
-    def _bundles(self, role: RoleSpec) -> list[dict[str, float]]:
-        bundles = role.bundles()
+    def _node_of(self, topo: Topology, role: RoleSpec) -> int | None:
+        """The node a role is pinned to: its own ``node``; on a cluster we started, a one-node
+        topology keeps all its roles on node 0 (a simulated cluster may have more nodes than it)."""
         if role.node is not None:
-            pin = self._pin_resource(role.node)
+            return role.node
+        return 0 if self.owned and topo.nodes == 1 else None
+
+    def _bundles(self, role: RoleSpec, node: int | None) -> list[dict[str, float]]:
+        bundles = role.bundles()
+        if node is not None:
+            pin = self._pin_resource(node)
             for b in bundles:
                 b[pin] = _NODE_RESOURCE_SLICE
         return bundles
@@ -338,11 +361,12 @@ class Cluster:
 
         groups = []
         for role in topo.roles:
+            node = self._node_of(topo, role)
             for i in range(role.groups):
-                bundles = self._bundles(role)
+                bundles = self._bundles(role, node)
                 pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}")
                 groups.append(GroupPlacement(role=role.name, kind=role.kind, index=i, pg=pg,
-                                             bundles=tuple(bundles), strategy="STRICT_PACK", node=role.node))
+                                             bundles=tuple(bundles), strategy="STRICT_PACK", node=node))
         return groups
 
     def _wait(self, topo: Topology, groups: list[GroupPlacement], timeout: float, settle_on_no_resources: bool) -> Fit:

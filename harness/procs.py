@@ -108,6 +108,11 @@ def owner() -> tuple[int, int]:
     return os.getpid(), start_time(os.getpid()) or 0
 
 
+def claim() -> None:
+    """Make this process the owner of everything started from here on (the Ray driver, pytest)."""
+    os.environ[OWNER_ENV] = f"{os.getpid()}:{start_time(os.getpid()) or 0}"
+
+
 def owner_env() -> dict[str, str]:
     """Environment that makes processes started elsewhere (Ray actors) register under our owner."""
     pid, start = owner()
