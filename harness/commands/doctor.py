@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import time
 from pathlib import Path
 
-from harness import topology
+from harness import rundir, topology
 from harness.cli import UsageError
-
-_REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (host:port) instead of starting one")
     where.add_argument("--simulate", action="store_true", help="local Ray with the topology's GPUs as logical GPUs")
     p.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
-    p.add_argument("--run-dir", metavar="DIR", help="run directory (disk check, probe logs); default runs/doctor-<time>-<pid>")
+    p.add_argument("--run-dir", metavar="DIR", help="run directory (disk check, probe logs); default runs/<timestamp>-<pid>")
     p.add_argument("--port", type=int, action="append", default=[], metavar="N",
                    help="also check that fixed port N is free on every node (repeatable)")
     p.add_argument("--timeout", type=float, metavar="S", help="seconds each check may take before its probe is reported hung")
@@ -47,7 +43,7 @@ def _doctor(args: argparse.Namespace) -> int:
     limits = doctor.Limits()
     if args.timeout is not None:
         limits = dataclasses.replace(limits, check_timeout_s=args.timeout)
-    run_dir = Path(args.run_dir) if args.run_dir else _REPO / "runs" / f"doctor-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir = Path(args.run_dir) if args.run_dir else rundir.default_path()
     try:
         report = doctor.run(topo, simulate=args.simulate, ray_address=args.ray_address, run_dir=run_dir,
                             limits=limits, ports=tuple(args.port))

@@ -159,6 +159,16 @@ class TorchSource:
 
 
 @dataclass(frozen=True)
+class StaticSource:
+    """A fixed snapshot: one taken elsewhere, or hand-built in the harness's own tests."""
+
+    fixed: GpuSnapshot
+
+    def snapshot(self) -> GpuSnapshot:
+        return self.fixed
+
+
+@dataclass(frozen=True)
 class SimulatedSource:
     """``--simulate``: nothing to look at. Checks turn every GPU row into ``simulated``."""
 
