@@ -1,0 +1,179 @@
+"""Planning: groups per topology/runner, the --dry-run matrix, sharding balance, upstream trees."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from harness.rerun import cli, collector, plan
+from harness.rerun.resolve import resolve
+from harness.rerun.spec import parse_specs
+from rerun_tree import make_repo, make_upstream
+
+HEADLINE = "/rerun-test test_hisparse_allocator.py test_disaggregation_basic.py test_disaggregation_dsv4.py"
+
+
+def _dry(capsys, *argv):
+    assert cli.main(["--dry-run", *argv]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_headline_dry_run_three_runner_labels(tmp_path, capsys):
+    repo = make_repo(tmp_path)
+    m = _dry(capsys, "--repo-root", str(repo), HEADLINE)
+    by_runner = {e["runner"]: e for e in m["include"]}
+    assert set(by_runner) == {"ubuntu-latest", "2-gpu-h100", "8-gpu-h200"}
+    assert by_runner["ubuntu-latest"]["topology"] == "cpu"
+    assert by_runner["ubuntu-latest"]["specs"] == ["suites/test_hisparse_allocator.py"]
+    assert by_runner["2-gpu-h100"]["specs"] == ["suites/pd/test_disaggregation_basic.py"]
+    assert by_runner["2-gpu-h100"]["est_time"] == 140 and by_runner["2-gpu-h100"]["gpus"] == 2
+    assert by_runner["8-gpu-h200"]["shards"] == 1
+    # longest first
+    assert [e["est_time"] for e in m["include"]] == sorted((e["est_time"] for e in m["include"]), reverse=True)
+    assert not (repo / "runs").exists()  # a dry run runs nothing
+
+
+def test_dry_run_github_output_and_queued_comment(tmp_path, capsys):
+    repo = make_repo(tmp_path / "repo")
+    out, status = tmp_path / "gh_output", tmp_path / "status.md"
+    m = _dry(capsys, "--repo-root", str(repo), "--github-output", str(out), "--comment-out", str(status), HEADLINE)
+    line = out.read_text().strip()
+    assert line.startswith("matrix=") and json.loads(line[len("matrix="):]) == m
+    body = status.read_text()
+    assert body.count("⏳") == 3 and "rerun-test:group=8-gpu-h200" in body
+
+
+def test_test_in_several_topologies_is_in_each_group(tmp_path, capsys):
+    repo = make_repo(tmp_path, {"suites/test_both.py": '''
+        import pytest
+
+        @pytest.mark.topology("cpu", "2-gpu-h100")
+        def test_everywhere():
+            pass
+        '''})
+    m = _dry(capsys, "--repo-root", str(repo), "test_both.py")
+    assert {e["topology"] for e in m["include"]} == {"cpu", "2-gpu-h100"}
+
+
+def test_mixed_file_is_split_by_test(tmp_path, capsys):
+    repo = make_repo(tmp_path, {"suites/test_mixed.py": '''
+        import pytest
+
+        @pytest.mark.topology("cpu")
+        def test_c():
+            pass
+
+        @pytest.mark.topology("8-gpu-h200")
+        def test_g():
+            pass
+        '''})
+    m = {e["topology"]: e["specs"] for e in _dry(capsys, "--repo-root", str(repo), "test_mixed.py")["include"]}
+    assert m == {"cpu": ["suites/test_mixed.py::test_c"], "8-gpu-h200": ["suites/test_mixed.py::test_g"]}
+
+
+def test_unknown_topology_names_the_file(tmp_path, capsys):
+    repo = make_repo(tmp_path, {"suites/test_nowhere.py": '''
+        import pytest
+        pytestmark = pytest.mark.topology("3-gpu-tpu")
+
+        def test_x():
+            pass
+        '''})
+    assert cli.main(["--dry-run", "--repo-root", str(repo), "test_nowhere.py"]) == 2
+    err = capsys.readouterr().err
+    assert "suites/test_nowhere.py" in err and "unknown topology '3-gpu-tpu'" in err
+
+
+def test_upstream_tree_planned_on_mapped_runners(tmp_path, capsys):
+    repo = make_repo(tmp_path / "repo")
+    up = make_upstream(tmp_path / "sglang")
+    m = _dry(capsys, "--repo-root", str(repo), "--suites-dir", str(up), "test_cpu_utils.py", "test_pd_large.py",
+             "registered/pd/test_deepep.py::TestDeepEP.test_mmlu")
+    got = {e["runner"]: e["specs"] for e in m["include"]}
+    assert got == {
+        "ubuntu-latest": ["registered/cpu/test_cpu_utils.py"],
+        "2-gpu-h100": ["registered/pd/test_pd_large.py"],
+        "8-gpu-h200": ["registered/pd/test_deepep.py::TestDeepEP::test_mmlu"],
+    }
+    assert all(e["suites_dirs"] == [str(up)] for e in m["include"])
+
+
+def test_default_plan_is_every_suite(tmp_path, capsys):
+    repo = make_repo(tmp_path)
+    m = _dry(capsys, "--repo-root", str(repo))
+    specs = [s for e in m["include"] for s in e["specs"]]
+    assert "suites/pd/test_disaggregation_dsv4.py" in specs and "suites/a/test_dup.py" in specs
+
+
+def test_empty_repo_default_run_is_not_an_error(tmp_path, capsys):
+    (tmp_path / "suites").mkdir()
+    assert cli.main(["--repo-root", str(tmp_path)]) == 0
+    assert "nothing to run" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- sharding
+
+
+def _items(weights):
+    return tuple(plan.Item(nodeid=f"f.py::t{i}", target=f"/x/f.py::t{i}", est_time=w, file_rel="f.py") for i, w in enumerate(weights))
+
+
+@pytest.mark.parametrize("seed, n_items, shards", [(0, 40, 4), (1, 25, 3), (2, 60, 8), (3, 12, 2)])
+def test_sharding_balance_within_1_2_of_ideal(seed, n_items, shards):
+    rng = random.Random(seed)
+    weights = [round(rng.lognormvariate(3, 1), 1) for _ in range(n_items)]
+    items = _items(weights)
+    parts = [plan.shard(items, shards, i) for i in range(shards)]
+    assert sorted(i.nodeid for p in parts for i in p) == sorted(i.nodeid for i in items)  # each exactly once
+    loads = [sum(i.est_time for i in p) for p in parts]
+    ideal = max(sum(weights) / shards, max(weights))
+    assert max(loads) <= 1.2 * ideal, (loads, ideal)
+    for p in parts:  # longest first inside a shard
+        assert [i.est_time for i in p] == sorted((i.est_time for i in p), reverse=True)
+
+
+def test_shard_index_out_of_range():
+    with pytest.raises(plan.PlanError):
+        plan.shard(_items([1, 2]), 2, 2)
+
+
+def test_cli_shards_partition_a_group(tmp_path, capsys):
+    repo = make_repo(tmp_path, {f"suites/many/test_m{i}.py": f'''
+        import pytest
+        pytestmark = [pytest.mark.topology("cpu"), pytest.mark.est_time({10 * (i + 1)})]
+
+        def test_x():
+            pass
+        ''' for i in range(7)})
+    seen = []
+    for k in range(3):
+        m = _dry(capsys, "--repo-root", str(repo), "--shards", "3", "--shard-index", str(k),
+                 *[f"test_m{i}.py" for i in range(7)])
+        [entry] = m["include"]
+        assert entry["name"] == f"cpu-{k + 1}of3" and entry["shards"] == 3 and entry["shard_index"] == k
+        seen += entry["specs"]
+    assert sorted(seen) == sorted(f"suites/many/test_m{i}.py" for i in range(7))
+
+
+def test_max_shard_time_splits_long_groups(tmp_path):
+    reg = collector.collect(make_repo(tmp_path))
+    sels = resolve(parse_specs(["test_disaggregation_basic.py"]), reg)
+    p = plan.make_plan(sels, max_shard_time=100)
+    assert [g.name for g in p.groups] == ["2-gpu-h100-1of2", "2-gpu-h100-2of2"]
+
+
+def test_plan_entry_reruns_exactly_that_entry(tmp_path, capsys):
+    repo = make_repo(tmp_path)
+    m = _dry(capsys, "--repo-root", str(repo), HEADLINE)
+    entry = next(e for e in m["include"] if e["topology"] == "2-gpu-h100")
+    again = _dry(capsys, "--repo-root", str(repo), "--plan-entry", json.dumps(entry))
+    assert again["include"] == [entry]
+
+
+def test_plan_entry_spec_is_validated_again(tmp_path, capsys):
+    repo = make_repo(tmp_path)
+    entry = {"name": "cpu", "runner": "ubuntu-latest", "topology": "cpu", "specs": ["test_a.py;id"]}
+    assert cli.main(["--repo-root", str(repo), "--plan-entry", json.dumps(entry)]) == 2
+    assert "shell metacharacter" in capsys.readouterr().err
