@@ -77,11 +77,15 @@ class LaunchError(ValueError):
 
 @dataclass(frozen=True)
 class ServerPorts:
-    """Ports of one server, each obtained from the OS by the harness (never computed from a base)."""
+    """Ports of one server, each obtained from the OS by the harness (never computed from a base).
 
-    http: int
-    nccl: int
-    bootstrap: int | None = None  # prefill only: where decode fetches the KV
+    A port may also be a ``"{name}"`` placeholder that :mod:`harness.worker` fills with the port
+    the OS gave the worker.
+    """
+
+    http: int | str
+    nccl: int | str
+    bootstrap: int | str | None = None  # prefill only: where decode fetches the KV
 
 
 @dataclass(frozen=True)
@@ -269,10 +273,10 @@ def plain_server_command(
 def router_command(
     topology: Topology,
     *,
-    prefill: Sequence[tuple[str, int | None]],
+    prefill: Sequence[tuple[str, int | str | None]],
     decode: Sequence[str],
-    port: int,
-    prometheus_port: int,
+    port: int | str,
+    prometheus_port: int | str,
     host: str = "127.0.0.1",
     python: str = sys.executable,
     mini_lb: bool = False,

@@ -1,0 +1,253 @@
+"""A real prefill + decode + router stack, each server the subprocess payload of a Ray worker.
+
+:func:`start_pd_stack` starts prefill and decode (concurrently: each needs tens of seconds on a
+CPU) in the topology's placement groups, then the router over their URLs. Each worker's command
+comes from :mod:`.launcher`; its ports are chosen by the OS inside the worker actor and filled into
+the ``{http}``/``{nccl}``/``{bootstrap}`` placeholders (:mod:`harness.worker`).
+
+Readiness, with one deadline for the whole stack: every server answers ``/health`` while its
+process is alive (the worker checks liveness on each poll), and the router answers ``/health`` *and*
+lists both servers as registered and healthy (it registers them in the background after it is
+up). A death while starting raises :class:`harness.worker.WorkerDied` naming the worker (its name
+starts with the role) with its log tail; a timeout raises ``TimeoutError`` with the log tails. In both
+cases everything already started is stopped before the error propagates.
+
+:func:`start_plain_server` starts the same engine without disaggregation: the parity baseline.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from harness import procs
+from harness.targets.sglang.server.client import ServerClient
+from harness.targets.sglang.server.launcher import (
+    Command,
+    ServerPorts,
+    plain_server_command,
+    router_command,
+    server_command,
+)
+from harness.topology import Topology
+
+log = logging.getLogger(__name__)
+
+#: Placeholders the worker fills with the OS-assigned ports it reports back.
+SERVER_PORT_NAMES = ("http", "nccl")
+PREFILL_PORT_NAMES = ("http", "nccl", "bootstrap")
+ROUTER_PORT_NAMES = ("http", "prometheus")
+PLACEHOLDER_PORTS = ServerPorts(http="{http}", nccl="{nccl}", bootstrap="{bootstrap}")
+
+DEFAULT_READY_TIMEOUT_S = 420.0
+_POLL_S = 0.5
+
+#: Called with each worker right after it started (the pytest plugin watches it for fail-fast).
+OnStart = Callable[[Any], None]
+
+
+@dataclass
+class PdStack:
+    """A started PD stack: three :class:`harness.worker.Worker` handles and their clients."""
+
+    prefill: Any
+    decode: Any
+    router: Any
+    model: str
+    started_s: float = 0.0
+
+    @property
+    def workers(self) -> tuple[Any, ...]:
+        return (self.prefill, self.decode, self.router)
+
+    def client(self, which: str, timeout_s: float = 10.0) -> ServerClient:
+        """Client of ``prefill``, ``decode`` or ``router``."""
+        return ServerClient(getattr(self, which).url("http"), timeout_s)
+
+    def check(self) -> None:
+        """Raise :class:`harness.worker.WorkerDied` for the first dead worker."""
+        for w in self.workers:
+            w.check()
+
+    def payload_pids(self) -> list[int]:
+        """Process (group) ids of the three server processes."""
+        return [w.info.payload_pid for w in self.workers if w.info and w.info.payload_pid]
+
+    def stop(self) -> None:
+        """Stop router, decode, prefill (each: SIGTERM its process group, wait, SIGKILL)."""
+        for w in (self.router, self.decode, self.prefill):
+            w.stop()
+
+
+def _env(cmd: Command) -> dict[str, str]:
+    # The worker adds these to its own environment; PYTHONPATH must extend ours, not replace it.
+    env = cmd.environ(base={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    return {k: v for k, v in env.items() if v}
+
+
+def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_timeout: float, ready_path: str = "/health"):
+    from harness.worker import HttpCheck, Subprocess, WorkerSpec
+
+    return WorkerSpec(
+        name=name,
+        payload=Subprocess(tuple(cmd.argv), env=_env(cmd)),
+        run_dir=run_dir,
+        ports=tuple(ports),
+        ready=(HttpCheck("http://127.0.0.1:{http}" + ready_path),),
+        ready_timeout=ready_timeout,
+    )
+
+
+def _start(spec: Any, group: Any, on_start: OnStart | None) -> Any:
+    from harness.worker import start_worker
+
+    w = start_worker(spec, group, 0)
+    if on_start is not None:
+        on_start(w)
+    return w
+
+
+def _group(placement: Any, role: str) -> Any:
+    if placement is None:
+        return None
+    groups = placement.of(role)
+    return groups[0] if groups else None
+
+
+def wait_router_registered(router: Any, servers: Sequence[Any], deadline: float, expect: int = 2) -> list[dict]:
+    """Poll the router's ``/workers`` until ``expect`` workers are listed healthy.
+
+    Each poll first checks that the router and the servers are alive.
+
+    Raises:
+        WorkerDied: one of them died meanwhile.
+        TimeoutError: not registered by ``deadline`` (``time.monotonic()`` seconds).
+    """
+    client = ServerClient(router.url("http"), timeout_s=5.0)
+    seen: list[dict] = []
+    while True:
+        for w in (router, *servers):
+            w.check()
+        try:
+            seen = client.workers()
+        except Exception as e:  # noqa: BLE001 - not up yet; liveness is checked above
+            log.debug("router /workers: %r", e)
+        healthy = [w for w in seen if w.get("is_healthy", True)]
+        if len(healthy) >= expect:
+            return seen
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"router {router.name}: {len(healthy)}/{expect} workers registered healthy "
+                               f"(saw {seen}); router log:\n{router.tail()}")
+        time.sleep(_POLL_S)
+
+
+def start_pd_stack(
+    topology: Topology,
+    model: str | Path,
+    run_dir: str | Path,
+    *,
+    placement: Any = None,
+    names: tuple[str, str, str] = ("prefill", "decode", "router"),
+    probe: bool = True,
+    mini_lb: bool = False,
+    compat_patches: Sequence[str] | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
+    on_start: OnStart | None = None,
+) -> PdStack:
+    """Start prefill and decode servers and a PD router as three Ray workers, and wait until ready.
+
+    Args:
+        topology: gives the roles, transfer backend and CPU/GPU recipe.
+        model: model directory.
+        run_dir: the run directory (worker logs, ledger, ports).
+        placement: the topology's :class:`harness.cluster.Placement` (None: no placement groups).
+        names: worker names of prefill, decode and router (unique within the run).
+        probe: enable the accounting probe (``<run_dir>/ledger/<name>.jsonl``).
+        mini_lb: run the router as ``--mini-lb``.
+        compat_patches: see :func:`.launcher.server_command`.
+        ready_timeout: one deadline for the whole stack, in seconds.
+        on_start: called with each worker once it started.
+
+    Returns:
+        The ready :class:`PdStack`.
+
+    Raises:
+        WorkerDied: a worker died while starting (everything started is stopped).
+        TimeoutError: not ready within ``ready_timeout`` (everything started is stopped).
+    """
+    t0 = time.monotonic()
+    deadline = t0 + ready_timeout
+    run_dir = Path(run_dir)
+    p_name, d_name, r_name = names
+    common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches,
+                  probe_run_dir=run_dir if probe else None)
+    p_cmd = server_command(topology, "prefill", worker=p_name, **common)
+    d_cmd = server_command(topology, "decode", worker=d_name, **common)
+    started: list[Any] = []
+
+    def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Any:
+        w = _start(_spec(name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic())), _group(placement, role), on_start)
+        started.append(w)
+        return w
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pd-start") as pool:
+            fp = pool.submit(start, p_name, p_cmd, PREFILL_PORT_NAMES, "prefill")
+            fd = pool.submit(start, d_name, d_cmd, SERVER_PORT_NAMES, "decode")
+            concurrent.futures.wait([fp, fd])
+            prefill, decode = fp.result(), fd.result()
+        r_cmd = router_command(
+            topology,
+            prefill=[(prefill.url("http"), prefill.ports["bootstrap"])],
+            decode=[decode.url("http")],
+            port="{http}", prometheus_port="{prometheus}",
+            mini_lb=mini_lb, worker=r_name,
+        )
+        router = start(r_name, r_cmd, ROUTER_PORT_NAMES, "router")
+        wait_router_registered(router, (prefill, decode), deadline)
+    except BaseException:
+        for w in reversed(started):
+            w.stop(grace=2.0)
+        raise
+    stack = PdStack(prefill, decode, router, str(model), time.monotonic() - t0)
+    log.info("PD stack ready in %.1f s: prefill %s decode %s router %s", stack.started_s,
+             prefill.url("http"), decode.url("http"), router.url("http"))
+    return stack
+
+
+def start_plain_server(
+    topology: Topology,
+    model: str | Path,
+    run_dir: str | Path,
+    *,
+    name: str = "plain",
+    group: Any = None,
+    compat_patches: Sequence[str] | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
+    on_start: OnStart | None = None,
+) -> Any:
+    """Start a non-disaggregated server (the parity baseline) as a Ray worker and wait until ready.
+
+    Args:
+        topology, model, run_dir, compat_patches, ready_timeout, on_start: as :func:`start_pd_stack`.
+        name: worker name.
+        group: placement group to run in (None: none; fine without GPUs).
+
+    Returns:
+        The ready :class:`harness.worker.Worker`.
+
+    Raises:
+        WorkerDied: it died while starting. TimeoutError: not ready in time.
+    """
+    cmd = plain_server_command(topology, model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches, worker=name)
+    return _start(_spec(name, cmd, Path(run_dir), SERVER_PORT_NAMES, ready_timeout), group, on_start)
+
+
+def leftover_processes(pids: Sequence[int]) -> list[int]:
+    """Of the given server process (group) ids, the ones with any live process left."""
+    return [p for p in pids if procs.alive(p) or procs.group_members(p)]
