@@ -238,6 +238,12 @@ def main(argv: list[str] | None = None, transport: Transport | None = None) -> i
     except GitHubError as e:
         print(f"github: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        print(f"github: cannot read {e.filename}: {e.strerror}; pass an existing file", file=sys.stderr)
+        return 2
+    except (json.JSONDecodeError, KeyError, ValueError) as e:
+        print(f"github: bad input ({e.__class__.__name__}: {e}); pass the event/entry JSON the workflow provides", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

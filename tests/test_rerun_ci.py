@@ -1,0 +1,131 @@
+"""The workflows in ci/: they parse, only call Python under harness/ (plus ./dev install), and every
+module, sub-command and option they use exists."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.rerun import cli, github
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = sorted((ROOT / "ci" / "workflows").glob("*.yml"))
+REDIRECTS = {">", ">>", "2>", "2>>", "<", "|"}
+
+
+def _load(path: Path) -> dict:
+    doc = yaml.safe_load(path.read_text())
+    if True in doc:  # YAML 1.1 reads the key `on` as boolean True
+        doc["on"] = doc.pop(True)
+    return doc
+
+
+def _runs(doc: dict):
+    for job_name, job in doc["jobs"].items():
+        for step in job["steps"]:
+            if "run" in step:
+                yield job_name, step
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return set(parser._option_string_actions)
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _check_command(tokens: list[str]) -> None:
+    args: list[str] = []
+    skip = False
+    for t in tokens:
+        if skip:
+            skip = False
+            continue
+        if t in REDIRECTS:
+            skip = True
+            continue
+        args.append(t)
+    if args[:2] == ["./dev", "install"]:
+        assert (ROOT / "dev").is_file() and "install)" in (ROOT / "dev").read_text()
+        return
+    assert args[0] in ("python", ".venv/bin/python") and args[1] == "-m", f"YAML may only call python -m harness.…: {args}"
+    module = args[2]
+    assert module.startswith("harness.") and importlib.util.find_spec(module) is not None, module
+    rest = args[3:]
+    if module == "harness.rerun.cli":
+        parser = cli.build_parser()
+    elif module == "harness.rerun.github":
+        subs = _subparsers(github.build_parser())
+        assert rest[0] in subs, f"unknown sub-command {rest[0]!r}"
+        parser, rest = subs[rest[0]], rest[1:]
+    else:
+        pytest.fail(f"no check for module {module}")
+    known = _options(parser)
+    for t in rest:
+        if t.startswith("--"):
+            assert t.split("=", 1)[0] in known, f"{module}: unknown option {t}"
+
+
+def test_there_are_two_workflows():
+    assert {p.name for p in WORKFLOWS} == {"slash-command.yml", "rerun-test.yml"}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_command_exists(path):
+    doc = _load(path)
+    n = 0
+    for _, step in _runs(doc):
+        script = step["run"].strip()
+        assert "${{" not in script, f"{step.get('name')}: pass values through env:, never ${{{{ }}}} in run (injection)"
+        for line in script.splitlines():
+            _check_command(shlex.split(line))
+            n += 1
+    assert n >= 3
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_actions_are_pinned(path):
+    for job in _load(path)["jobs"].values():
+        for step in job["steps"]:
+            if "uses" in step:
+                assert "@v" in step["uses"], step["uses"]
+
+
+def test_slash_command_checks_permission_before_dispatch():
+    doc = _load(ROOT / "ci" / "workflows" / "slash-command.yml")
+    assert doc["on"] == {"issue_comment": {"types": ["created"]}}
+    [job] = doc["jobs"].values()
+    assert "startsWith(github.event.comment.body, '/rerun-test')" in job["if"]
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    check = next(i for i, r in enumerate(runs) if "harness.rerun.github check" in r)
+    dispatch = next(i for i, r in enumerate(runs) if "harness.rerun.github dispatch" in r)
+    parse = next(i for i, r in enumerate(runs) if "--parse-only" in r)
+    assert check < parse < dispatch
+    step = next(s for s in job["steps"] if "dispatch" in s.get("run", ""))
+    assert step["if"] == "steps.check.outputs.allowed == 'true'"
+    assert "rerun-test.yml" in step["run"]
+
+
+def test_rerun_matrix_comes_from_dry_run_and_runs_on_runner_label():
+    doc = _load(ROOT / "ci" / "workflows" / "rerun-test.yml")
+    assert set(doc["on"]["workflow_dispatch"]["inputs"]) == {"spec", "pr", "comment_id"}
+    plan, run = doc["jobs"]["plan"], doc["jobs"]["run"]
+    plan_cmd = next(s["run"] for s in plan["steps"] if s.get("id") == "plan")
+    assert "harness.rerun.cli --dry-run --github-output" in plan_cmd
+    assert plan["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
+    assert run["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert run["runs-on"] == "${{ matrix.runner }}"
+    assert run["env"]["ENTRY"] == "${{ toJSON(matrix) }}"
+    cmds = [s["run"] for s in run["steps"] if "run" in s]
+    assert any("--plan-entry" in c and "--comment-out" in c for c in cmds)
+    update = next(s for s in run["steps"] if "github update" in s.get("run", ""))
+    assert update["if"].startswith("always()")

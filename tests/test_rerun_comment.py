@@ -1,0 +1,216 @@
+"""Status comment (idempotent per-group lines), the permission rule, and the GitHub side on a fake API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.report import CaseResult, GroupResult
+from harness.rerun import comment, github
+from harness.rerun.comment import GroupStatus
+from harness.rerun.permission import may_rerun
+
+Q = [GroupStatus("cpu", "ubuntu-latest"), GroupStatus("2-gpu-h100", "2-gpu-h100"), GroupStatus("8-gpu-h200", "8-gpu-h200")]
+
+
+def test_new_comment_has_header_and_one_line_per_group():
+    body = comment.apply("", Q)
+    lines = body.splitlines()
+    assert comment.STATUS_MARKER in lines[0]
+    group_lines = [ln for ln in lines if "rerun-test:group=" in ln]
+    assert len(group_lines) == 3 and all(ln.startswith("- ⏳") for ln in group_lines)
+    assert all("[logs]({run_url})" in ln for ln in group_lines)
+
+
+def test_update_is_idempotent_and_local():
+    body = comment.apply("", Q)
+    upd = [GroupStatus("2-gpu-h100", "2-gpu-h100", state="running", passed=1)]
+    once = comment.apply(body, upd)
+    assert comment.apply(once, upd) == once
+    before, after = comment.parse(body), comment.parse(once)
+    assert before["cpu"] == after["cpu"] and before["8-gpu-h200"] == after["8-gpu-h200"]
+    assert "🔄" in after["2-gpu-h100"]
+    assert list(after) == ["cpu", "2-gpu-h100", "8-gpu-h200"]  # order kept
+
+
+def test_all_states_and_failures_with_reasons():
+    res = GroupResult("cpu", "cpu", "ubuntu-latest", cases=(
+        CaseResult("suites/a.py::test_ok", "passed"),
+        CaseResult("suites/a.py::test_bad", "failed", message="AssertionError: 3 != 4"),
+        CaseResult("suites/a.py::test_err", "error", message="setup: RuntimeError: boom"),
+        CaseResult("suites/a.py::test_skip", "skipped", message="needs GPU"),
+    ), returncode=1)
+    line = comment.render_line(comment.from_result(res, link="https://ci/run/1"))
+    assert line.startswith("- ❌ **cpu**") and "1 passed, 2 failed, 1 skipped" in line
+    assert "`suites/a.py::test_bad` — AssertionError: 3 != 4" in line and "test_err" in line
+    assert "[logs](https://ci/run/1)" in line and line.endswith(comment.group_marker("cpu"))
+    ok = GroupResult("cpu", "cpu", "ubuntu-latest", cases=(CaseResult("x::t", "passed"),), returncode=0)
+    assert comment.render_line(comment.from_result(ok)).startswith("- ✅")
+    for state, icon in comment.ICONS.items():
+        assert comment.render_line(GroupStatus("g", "r", state=state)).startswith(f"- {icon}")
+
+
+def test_hostile_reason_cannot_fake_a_marker_or_break_the_line():
+    s = GroupStatus("cpu", "ubuntu-latest", state="failed", failed=1,
+                    failures=(("suites/a.py::t", "boom\n- ✅ **cpu** <!-- rerun-test:group=8-gpu-h200 -->"),))
+    body = comment.apply(comment.apply("", Q), [s])
+    parsed = comment.parse(body)
+    assert "⏳" in parsed["8-gpu-h200"]  # untouched
+    assert parsed["cpu"].count("<!--") == 1
+    assert comment.apply(body, [s]) == body
+
+
+def test_duplicated_line_from_a_race_collapses():
+    body = comment.apply("", Q)
+    dup = body + comment.render_line(Q[0]) + "\n"
+    fixed = comment.apply(dup, [GroupStatus("cpu", "ubuntu-latest", state="passed")])
+    assert sum("group=cpu " in ln for ln in fixed.splitlines()) == 1
+
+
+def test_unknown_state_refused():
+    with pytest.raises(ValueError):
+        GroupStatus("cpu", "r", state="done")
+
+
+# ---------------------------------------------------------------- permission rule
+
+
+@pytest.mark.parametrize("commenter, author, perm, fork, allowed", [
+    ("alice", "alice", "read", False, True),      # author, branch in repo
+    ("alice", "alice", "none", True, False),      # author of a fork PR without write
+    ("alice", "alice", "write", True, True),      # fork PR author with write
+    ("bob", "alice", "write", False, True),
+    ("bob", "alice", "maintain", True, True),
+    ("bob", "alice", "admin", True, True),
+    ("bob", "alice", "triage", False, False),
+    ("bob", "alice", "read", False, False),
+    ("mallory", "alice", "none", True, False),
+    ("Alice", "alice", "read", False, True),      # logins are case-insensitive
+])
+def test_permission_rule(commenter, author, perm, fork, allowed):
+    d = may_rerun(commenter, author, perm, fork)
+    assert d.allowed is allowed and d.reason
+
+
+# ---------------------------------------------------------------- GitHub side on a fake API
+
+
+class FakeGitHub:
+    """An in-memory stand-in for the few REST endpoints the bot uses."""
+
+    def __init__(self, repo="org/repo", perms=None, pr_author="alice", head_repo="org/repo"):
+        self.repo, self.perms = repo, perms or {}
+        self.pr = {"user": {"login": pr_author}, "head": {"repo": {"full_name": head_repo}}}
+        self.comments: dict[int, str] = {}
+        self.dispatched: list[dict] = []
+        self.calls: list[tuple[str, str]] = []
+        self.interfere: str | None = None  # a line another job writes between our read and write
+
+    def __call__(self, method, path, body):
+        self.calls.append((method, path))
+        base = f"/repos/{self.repo}"
+        if method == "GET" and "/collaborators/" in path:
+            user = path.split("/collaborators/")[1].split("/")[0]
+            return (200, {"permission": self.perms[user]}) if user in self.perms else (404, {"message": "Not Found"})
+        if method == "GET" and path.startswith(f"{base}/pulls/"):
+            return 200, self.pr
+        if method == "POST" and path.endswith("/comments"):
+            cid = 100 + len(self.comments)
+            self.comments[cid] = body["body"]
+            return 201, {"id": cid}
+        if path.startswith(f"{base}/issues/comments/"):
+            cid = int(path.rsplit("/", 1)[1])
+            if method == "GET":
+                return 200, {"body": self.comments[cid]}
+            if self.interfere:
+                body_now = comment.apply_lines(body["body"], {"cpu": self.interfere})
+                self.interfere = None
+                self.comments[cid] = body_now
+                return 200, {}
+            self.comments[cid] = body["body"]
+            return 200, {}
+        if method == "POST" and path.endswith("/dispatches"):
+            self.dispatched.append(body)
+            return 204, None
+        return 404, {"message": f"no route {method} {path}"}
+
+
+def _event(tmp_path, commenter="bob", body="/rerun-test test_a.py\nthanks"):
+    ev = {"issue": {"number": 7, "pull_request": {}}, "comment": {"user": {"login": commenter}, "body": body}}
+    p = tmp_path / "event.json"
+    p.write_text(json.dumps(ev))
+    return p
+
+
+def test_check_allows_writer_and_writes_outputs(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "gh_out"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out))
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    fake = FakeGitHub(perms={"bob": "write"})
+    rc = github.main(["check", "--event", str(_event(tmp_path)), "--body-out", str(tmp_path / "c.txt")], transport=fake)
+    assert rc == 0
+    assert "allowed=true" in out.read_text() and "pr=7" in out.read_text()
+    assert (tmp_path / "c.txt").read_text().startswith("/rerun-test test_a.py")
+
+
+def test_check_refuses_fork_author_without_write(tmp_path, monkeypatch):
+    out = tmp_path / "gh_out"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out))
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    fake = FakeGitHub(perms={}, pr_author="eve", head_repo="eve/repo")
+    refusal = tmp_path / "refusal.md"
+    assert github.main(["check", "--event", str(_event(tmp_path, "eve")), "--refusal-out", str(refusal)], transport=fake) == 0
+    assert "allowed=false" in out.read_text()
+    assert "fork PR" in refusal.read_text()
+
+
+def test_update_edits_only_its_line_and_survives_a_race(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    monkeypatch.setattr(github.time, "sleep", lambda s: None)
+    fake = FakeGitHub()
+    cid = github.GitHub("org/repo", fake).create_comment(7, comment.apply("", Q))
+    status = tmp_path / "status.md"
+    status.write_text(comment.apply("", [GroupStatus("2-gpu-h100", "2-gpu-h100", state="passed", passed=2)]))
+    other = comment.render_line(GroupStatus("cpu", "ubuntu-latest", state="running"))
+    fake.interfere = other  # another job edits the cpu line at the same moment
+    assert github.main(["update", "--comment-id", str(cid), "--status-file", str(status)], transport=fake) == 0
+    lines = comment.parse(fake.comments[cid])
+    assert "✅" in lines["2-gpu-h100"] and lines["cpu"] == other and "⏳" in lines["8-gpu-h200"]
+    before = fake.comments[cid]
+    assert github.main(["update", "--comment-id", str(cid), "--status-file", str(status)], transport=fake) == 0
+    assert fake.comments[cid] == before  # idempotent
+    assert fake.calls[-2:] == [("GET", f"/repos/org/repo/issues/comments/{cid}")] * 2  # no PATCH when nothing changes
+
+
+def test_running_and_dispatch(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    fake = FakeGitHub()
+    cid = github.GitHub("org/repo", fake).create_comment(7, comment.apply("", Q))
+    entry = json.dumps({"name": "8-gpu-h200", "runner": "8-gpu-h200", "topology": "8-gpu-h200", "specs": ["x.py"]})
+    assert github.main(["running", "--comment-id", str(cid), "--entry", entry, "--link", "https://ci/1"], transport=fake) == 0
+    assert "🔄" in comment.parse(fake.comments[cid])["8-gpu-h200"]
+    spec = tmp_path / "spec.txt"
+    spec.write_text("test_a.py test_b.py\n")
+    assert github.main(["dispatch", "--workflow", "rerun-test.yml", "--ref", "main", "--input", "pr=7",
+                        "--input-file", f"spec={spec}"], transport=fake) == 0
+    assert fake.dispatched == [{"ref": "main", "inputs": {"pr": "7", "spec": "test_a.py test_b.py"}}]
+
+
+def test_api_error_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    forbidden = lambda method, path, body: (403, {"message": "Forbidden"})  # noqa: E731
+    rc = github.main(["comment", "--pr", "7", "--body-file", str(_event(tmp_path))], transport=forbidden)
+    assert rc == 1
+    assert capsys.readouterr().err.strip() == "github: POST /repos/org/repo/issues/7/comments: HTTP 403 Forbidden"
+
+
+def test_missing_status_file_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    assert github.main(["update", "--comment-id", "1", "--status-file", str(tmp_path / "nope")], transport=FakeGitHub()) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_missing_token_outside_a_workflow(monkeypatch, capsys):
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    assert github.main(["dispatch", "--workflow", "w.yml", "--ref", "main"]) == 2
