@@ -51,7 +51,7 @@ from harness import topology as topology_mod
 log = logging.getLogger(__name__)
 
 #: Concern plugins (``harness/plugins/<concern>.py``) loaded with this one: add one line each.
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["harness.plugins.engine"]
 
 _FAILFAST_SIGNAL = signal.SIGUSR2
 

@@ -1,7 +1,8 @@
 """HTTP client of one sglang server or router: every call has a timeout, every failure names the URL.
 
 Thin over ``requests``: :class:`ServerClient` methods map one-to-one to the endpoints the suites use
-(``/generate``, ``/health``, ``/server_info``, ``/metrics``, ``/flush_cache``, router ``/workers``).
+(``/generate``, ``/health``, ``/server_info``, ``/v1/loads``, ``/metrics`` (servers started with
+``--enable-metrics``), ``/flush_cache``, router ``/workers``).
 A non-2xx answer raises :class:`ServerHTTPError` carrying the status and the start of the body, so a
 failing test shows what the server said.
 """
@@ -124,6 +125,10 @@ class ServerClient:
             except ValueError:
                 continue
         return out
+
+    def loads(self) -> list[dict]:
+        """``/v1/loads``: per DP rank, running/waiting requests and used/total KV tokens."""
+        return list(self._request("GET", "/v1/loads").json().get("loads", []))
 
     def flush_cache(self) -> None:
         """``/flush_cache``: drop the radix cache (only succeeds when the server is idle)."""
