@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -278,11 +279,14 @@ class Cluster:
         return self
 
     @classmethod
-    def join(cls, address: str) -> "Cluster":
+    def join(cls, address: str, *, connect_timeout: float = 5.0) -> "Cluster":
         """Connect to an existing cluster at ``address`` (``host:port``); it is never stopped by us.
 
         Raises:
             RuntimeError: this process is already connected to a Ray cluster.
+            ConnectionError: nothing answers at ``address`` within ``connect_timeout`` (Ray itself
+                would retry for minutes).
+            ValueError: ``address`` is not ``host:port``.
         """
         for k, v in _RAY_ENV.items():
             os.environ.setdefault(k, v)
@@ -290,6 +294,13 @@ class Cluster:
 
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to Ray; shut it down first")
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"Ray address {address!r} is not host:port")
+        try:
+            socket.create_connection((host, int(port)), timeout=connect_timeout).close()
+        except OSError as e:
+            raise ConnectionError(f"nothing answers at {address} ({e.strerror or e})") from None
         procs.claim()
         ray.init(address=address, logging_level="ERROR", log_to_driver=True)
         return cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)

@@ -1,0 +1,117 @@
+"""Bad topology files: each gives exactly one clear line naming the file, the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import topology
+
+GOOD = """\
+name = "{name}"
+runner = "2-gpu-h100"
+
+[cluster]
+nodes = 1
+gpus_per_node = 2
+gpu_model = "H100"
+gpu_memory_gb = 80
+
+[roles.prefill]
+tp = 1
+gpus_per_rank = 1
+
+[roles.decode]
+tp = 1
+gpus_per_rank = 1
+"""
+
+# (file name, edit applied to GOOD, the exact error line)
+BAD = [
+    (
+        "unknown-key",
+        lambda t: t.replace("tp = 1\n", "tp = 1\ntensor_parallel = 2\n", 1),
+        "unknown-key.toml: roles.prefill.tensor_parallel: unknown key; remove it or use one of: "
+        "count, cpus_per_rank, dp, dp_attention, engine_args, gpus_per_rank, kind, node, tp",
+    ),
+    (
+        "gpus-do-not-add-up",
+        lambda t: t.replace("[roles.decode]\ntp = 1", "[roles.decode]\ntp = 1\ncount = 2"),
+        "gpus-do-not-add-up.toml: roles: GPUs do not add up: roles need 3 (prefill 1, decode 2) but the cluster has 2; "
+        "lower count/tp/dp/gpus_per_rank or raise cluster.gpus_per_node / cluster.nodes",
+    ),
+    (
+        "tp-does-not-divide",
+        lambda t: t.replace("gpus_per_node = 2", "gpus_per_node = 8").replace("[roles.prefill]\ntp = 1", "[roles.prefill]\ntp = 3"),
+        "tp-does-not-divide.toml: roles.prefill.tp: tp × gpus_per_rank = 3 does not divide gpus_per_node = 8; "
+        "choose tp so that 8 is a multiple of tp × gpus_per_rank",
+    ),
+    (
+        "node-out-of-range",
+        lambda t: t.replace("[roles.decode]\ntp = 1", "[roles.decode]\nnode = 1\ntp = 1"),
+        "node-out-of-range.toml: roles.decode.node: node 1 does not exist (cluster has 1); use a node index from 0 to 0",
+    ),
+    (
+        "wrong-type",
+        lambda t: t.replace("gpus_per_node = 2", 'gpus_per_node = "2"'),
+        "wrong-type.toml: cluster.gpus_per_node: expected int, got '2'; set cluster.gpus_per_node to a int",
+    ),
+    (
+        "missing-decode",
+        lambda t: t[: t.index("[roles.decode]")],
+        "missing-decode.toml: roles.decode: missing; add a [roles.decode] table (a PD topology needs both)",
+    ),
+    (
+        "missing-gpu-model",
+        lambda t: t.replace('gpu_model = "H100"\n', ""),
+        'missing-gpu-model.toml: cluster.gpu_model: missing for a GPU cluster; add gpu_model = "H100" (or the model you need)',
+    ),
+    (
+        "name-mismatch",
+        lambda t: t.replace('name = "name-mismatch"', 'name = "other"'),
+        "name-mismatch.toml: name: 'other' differs from the file name; set name = \"name-mismatch\" or rename the file",
+    ),
+    (
+        "unknown-role-kind",
+        lambda t: t + '\n[roles.cache]\nkind = "kv-cache"\n',
+        "unknown-role-kind.toml: roles.cache.kind: unknown role kind 'kv-cache'; use one of prefill, decode, router",
+    ),
+    (
+        "gpus-on-cpu-cluster",
+        lambda t: t.replace("gpus_per_node = 2", "gpus_per_node = 0"),
+        "gpus-on-cpu-cluster.toml: roles.prefill.gpus_per_rank: asks for 1 GPU(s) on a cluster without GPUs; "
+        "set gpus_per_rank = 0 or give [cluster] gpus_per_node",
+    ),
+]
+
+
+def test_the_template_is_valid(tmp_path):
+    p = tmp_path / "good.toml"
+    p.write_text(GOOD.format(name="good"))
+    assert topology.load(p).total_gpus == 2
+
+
+@pytest.mark.parametrize("name, edit, line", BAD, ids=[b[0] for b in BAD])
+def test_bad_topology_gives_one_exact_line(tmp_path, name, edit, line):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(edit(GOOD.format(name=name)))
+    with pytest.raises(topology.TopologyError) as e:
+        topology.load(p)
+    assert str(e.value) == line
+    assert "\n" not in str(e.value)
+
+
+def test_not_toml_names_the_file(tmp_path):
+    p = tmp_path / "broken.toml"
+    p.write_text("name = \n")
+    with pytest.raises(topology.TopologyError, match=r"^broken\.toml: not valid TOML \(.*\); fix the syntax$"):
+        topology.load(p)
+
+
+def test_bad_topology_in_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
+    from harness import cli
+
+    p = tmp_path / "node-out-of-range.toml"
+    p.write_text(BAD[3][1](GOOD.format(name="node-out-of-range")))
+    assert cli.main(["topology", "show", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"harness: {BAD[3][2]}\n"
