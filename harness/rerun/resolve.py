@@ -127,7 +127,10 @@ def resolve(specs: list[Spec], reg: Registry) -> list[Selection]:
 
 
 def everything(reg: Registry) -> list[Selection]:
-    """The default run: every registered file (upstream-disabled ones left out).
+    """The default run: every registered file with tests (upstream-disabled ones left out).
+
+    A file in which no test is visible statically (a helper named ``test_*.py``) is left out: run
+    by itself it would collect nothing and fail the run.
 
     Raises:
         ResolveError: a registered file's registration is unusable.
@@ -138,5 +141,7 @@ def everything(reg: Registry) -> list[Selection]:
             continue
         if f.error:
             raise ResolveError(f.error)
+        if not f.tests:
+            continue
         out.append(Selection(suite=f, tests=f.tests, whole=True))
     return out

@@ -1,0 +1,225 @@
+"""Execution end to end on a tiny sample tree (real pytest subprocesses), scheduling, and reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from harness import report
+from harness.report import CaseResult, GroupResult
+from harness.rerun import cli, execute
+from harness.rerun.plan import Group, Item
+from rerun_tree import make_repo, make_upstream
+
+HEADLINE = ["test_hisparse_allocator.py", "test_disaggregation_basic.py", "test_disaggregation_dsv4.py"]
+
+
+def _run(repo, tmp_path, *argv):
+    run_dir = tmp_path / "run"
+    rc = cli.main(["--repo-root", str(repo), "--run-dir", str(run_dir), "--gpus", "0", "--jobs", "3", *argv])
+    return rc, run_dir
+
+
+def test_headline_runs_three_groups_and_writes_reports(tmp_path, capsys, monkeypatch):
+    repo = make_repo(tmp_path / "repo")
+    ran = tmp_path / "ran.log"
+    monkeypatch.setenv("RERUN_SAMPLE_LOG", str(ran))
+    status = tmp_path / "status.md"
+    rc, run_dir = _run(repo, tmp_path, "--comment-out", str(status), *HEADLINE)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert sorted(ran.read_text().split()) == sorted(
+        ["alloc_extend", "release[1]", "release[2]", "basic.prealloc", "basic.transfer", "dsv4.swa_tail"])
+    # live progress lines and the final table
+    assert "[cpu] running" in out and "[8-gpu-h200] passed" in out
+    table = out[out.index("group  "):]
+    for g in ("cpu", "2-gpu-h100", "8-gpu-h200"):
+        assert g in table
+    # JUnit per group, merged with properties
+    assert sorted(p.name for p in (run_dir / "junit").iterdir()) == ["2-gpu-h100.xml", "8-gpu-h200.xml", "cpu.xml"]
+    merged = ET.parse(run_dir / "report" / "junit.xml").getroot()
+    assert merged.get("tests") == "6" and merged.get("failures") == "0"
+    props = {s.get("name"): {p.get("name"): p.get("value") for p in s.iter("property")} for s in merged.iter("testsuite")}
+    assert props["8-gpu-h200"]["topology"] == "8-gpu-h200" and props["8-gpu-h200"]["simulated"] == "true"
+    assert props["cpu"]["runner"] == "ubuntu-latest" and props["cpu"]["simulated"] == "false"
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["ok"] is True and {g["name"] for g in summary["groups"]} == {"cpu", "2-gpu-h100", "8-gpu-h200"}
+    durations = json.loads((run_dir / "report" / "durations.json").read_text())
+    assert "suites/pd/test_disaggregation_basic.py::TestDisaggregationBasic::test_transfer" in durations
+    # each group got the core plugin's options
+    cmd = json.loads((run_dir / "groups" / "2-gpu-h100" / "command.json").read_text())
+    assert cmd[cmd.index("--topology") + 1] == "2-gpu-h100" and "--simulate" in cmd
+    assert cmd[cmd.index("--run-dir") + 1] == str(run_dir / "groups" / "2-gpu-h100")
+    assert "--simulate" not in json.loads((run_dir / "groups" / "cpu" / "command.json").read_text())
+    assert status.read_text().count("✅") == 3
+
+
+def test_failure_gives_exit_1_reason_and_comment(tmp_path, capsys):
+    repo = make_repo(tmp_path / "repo", {"suites/test_broken.py": '''
+        import pytest
+        pytestmark = pytest.mark.topology("cpu")
+
+        def test_ok():
+            pass
+
+        def test_wrong_balance():
+            assert 3 == 4, "free pages 3 != 4 after release"
+
+        @pytest.fixture
+        def boom():
+            raise RuntimeError("fixture exploded")
+
+        def test_setup_error(boom):
+            pass
+        '''})
+    status = tmp_path / "status.md"
+    rc, run_dir = _run(repo, tmp_path, "--comment-out", str(status), "test_broken.py")
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAILED suites/test_broken.py::test_wrong_balance (cpu): AssertionError: free pages 3 != 4 after release" in out
+    line = status.read_text().splitlines()[-1]
+    assert line.startswith("- ❌ **cpu**") and "1 passed, 2 failed" in line
+    assert "test_setup_error` — setup: RuntimeError: fixture exploded" in line
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["ok"] is False
+
+
+def test_collection_error_is_a_failure_not_a_pass(tmp_path, capsys):
+    repo = make_repo(tmp_path / "repo", {"suites/test_syntax_ok_import_bad.py": '''
+        import module_that_does_not_exist_anywhere
+
+        def test_x():
+            pass
+        '''})
+    rc, _ = _run(repo, tmp_path, "test_syntax_ok_import_bad.py")
+    out = capsys.readouterr().out
+    assert rc == 1 and "collection error" in out
+
+
+def test_upstream_unittest_file_runs_under_pytest(tmp_path, capsys):
+    up = make_upstream(tmp_path / "sglang", {"registered/cpu/test_light.py": '''
+        import unittest
+
+
+        def register_cpu_ci(**kwargs):  # upstream imports this from sglang; a no-op either way
+            return None
+
+
+        register_cpu_ci(est_time=2, suite="stage-a-test-cpu")
+
+
+        class TestLight(unittest.TestCase):
+            def test_add(self):
+                self.assertEqual(1 + 1, 2)
+
+            def test_skip(self):
+                self.skipTest("no accelerator here")
+
+
+        if __name__ == "__main__":
+            unittest.main()
+        '''})
+    rc, run_dir = _run(make_repo(tmp_path / "repo"), tmp_path, "--suites-dir", str(up), "test_light.py")
+    assert rc == 0, capsys.readouterr().out
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    [group] = summary["groups"]
+    assert group["topology"] == "cpu" and group["counts"]["passed"] == 1 and group["counts"]["skipped"] == 1
+    assert {c["nodeid"] for c in group["cases"]} == {"registered/cpu/test_light.py::TestLight::test_add",
+                                                      "registered/cpu/test_light.py::TestLight::test_skip"}
+
+
+def test_timeout_stops_the_group_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    repo = make_repo(tmp_path / "repo", {"suites/test_slow.py": '''
+        import os, time
+        pytestmark = __import__("pytest").mark.topology("cpu")
+
+        def test_hangs():
+            open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
+            time.sleep(600)
+        '''})
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("PID_FILE", str(pid_file))
+    rc, _ = _run(repo, tmp_path, "--timeout", "12", "test_slow.py")
+    out = capsys.readouterr().out
+    assert rc == 1 and "timed out" in out
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def _g(name, gpus, est, allow=True):
+    return Group(topology=name, runner=name, items=(Item(f"{name}.py", f"/x/{name}.py", est, f"{name}.py"),), gpus=gpus,
+                 allow_simulation=allow)
+
+
+def test_simulation_decision():
+    assert execute.simulation(_g("cpu", 0, 1), 0) is False
+    assert execute.simulation(_g("2-gpu", 2, 1), 0) is True
+    assert execute.simulation(_g("2-gpu", 2, 1), 8) is False
+    assert execute.simulation(_g("8-gpu", 8, 1, allow=False), 2) is None
+
+
+def test_pick_longest_first_within_gpus_and_jobs():
+    a, b, c = _g("a", 8, 300), _g("b", 2, 140), _g("c", 0, 30)
+    real = {"a": False, "b": False, "c": False}
+    # 8 real GPUs: a takes them all; b must wait; c (no GPU) may start beside it
+    assert [g.name for g in execute.pick([b, c, a], [], 8, 4, real)] == ["a", "c"]
+    # jobs limit 1: only the longest
+    assert [g.name for g in execute.pick([b, c, a], [], 8, 1, real)] == ["a"]
+    # simulated groups need no real GPUs: all at once
+    sim = {"a": True, "b": True, "c": True}
+    assert [g.name for g in execute.pick([c, b, a], [], 0, 3, sim)] == ["a", "b", "c"]
+
+
+def test_targets_collapse_whole_files_only():
+    its = (Item("f.py::t1", "/x/f.py::t1", 1, "f.py"), Item("f.py::t2", "/x/f.py::t2", 1, "f.py"),
+           Item("g.py::t1", "/x/g.py::t1", 1, "g.py"))
+    assert execute.targets(its, {"f.py": 2, "g.py": 3}) == ["/x/f.py", "/x/g.py::t1"]
+
+
+def test_report_parse_merge_markdown_json():
+    xml = ('<testsuites><testsuite name="pytest" tests="3" failures="1" errors="0" skipped="1" time="1.5">'
+           '<testcase classname="suites.pd.test_a.TestC" name="test_ok" file="suites/pd/test_a.py" time="0.5"/>'
+           '<testcase classname="suites.pd.test_a" name="test_bad[p1]" file="suites/pd/test_a.py" time="1.0">'
+           '<failure message="AssertionError: x&#10;more">tb</failure></testcase>'
+           '<testcase classname="suites.pd.test_a" name="test_skip" file="suites/pd/test_a.py" time="0">'
+           '<skipped message="needs GPU"/></testcase></testsuite></testsuites>')
+    cases = report.parse_junit(xml)
+    assert [(c.nodeid, c.outcome, c.message) for c in cases] == [
+        ("suites/pd/test_a.py::TestC::test_ok", "passed", ""),
+        ("suites/pd/test_a.py::test_bad[p1]", "failed", "AssertionError: x"),
+        ("suites/pd/test_a.py::test_skip", "skipped", "needs GPU"),
+    ]
+    merged = report.merge_junit([(xml, {"group": "cpu", "topology": "cpu"}), ("not xml", {"group": "gpu", "topology": "8-gpu-h200"})])
+    root = ET.fromstring(merged.split("?>", 1)[1])
+    assert root.get("tests") == "3" and root.get("failures") == "1"
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert {p.get("name"): p.get("value") for p in suites["gpu"].iter("property")}["error"].startswith("unreadable JUnit")
+    # merging a merged file again does not duplicate properties
+    again = report.merge_junit([(merged, {"group": "cpu", "topology": "cpu"})])
+    cpu = next(s for s in ET.fromstring(again.split("?>", 1)[1]).iter("testsuite") if s.findall("testcase"))
+    assert [p.get("name") for p in cpu.iter("property")].count("topology") == 1
+
+    res = [GroupResult("cpu", "cpu", "ubuntu-latest", tuple(cases), wall_time=1.5, returncode=1),
+           GroupResult("8-gpu-h200", "8-gpu-h200", "8-gpu-h200", (CaseResult("x::t", "passed", 2.0),), 3.0, 0)]
+    md = report.markdown(res, link="https://ci/1")
+    assert "| ❌ cpu | ubuntu-latest | 3 | 1 | 1 | 1 | 1.5s |" in md and "`suites/pd/test_a.py::test_bad[p1]` (cpu): AssertionError: x" in md
+    js = report.to_json(res)
+    assert js["ok"] is False and js["groups"][1]["ok"] is True and js["groups"][0]["counts"]["skipped"] == 1
+    assert report.durations(res) == {"suites/pd/test_a.py::TestC::test_ok": 0.5, "suites/pd/test_a.py::test_bad[p1]": 1.0, "x::t": 2.0}
+    text = report.table(res)
+    assert text.splitlines()[0].split() == ["group", "runner", "tests", "passed", "failed", "skipped", "wall", "status"]
+    assert "FAILED" in text.splitlines()[2]
+
+
+def test_report_does_not_import_ray():
+    import subprocess
+    import sys
+    code = "import sys, harness.report, harness.rerun.cli; sys.exit('ray' in sys.modules or 'sglang' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
