@@ -138,6 +138,7 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
     rows: list[CheckResult] = []
     seats: list[_Seat] = []
     placed = None
+    before = _free()
     try:
         if simulate and not topology.allow_simulation:
             rows.append(placement.simulation_refused_row(topology))
@@ -163,6 +164,31 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
             cluster.release(placed)
         if owned:
             cluster.shutdown()
+        else:
+            _await_release(before)
+
+
+def _free() -> dict[str, float]:
+    import ray
+
+    free = ray.available_resources()
+    return {k: free.get(k, 0.0) for k in ("CPU", "GPU")}
+
+
+def _await_release(before: dict[str, float], timeout_s: float = 5.0) -> None:
+    """Wait until the CPUs and GPUs free when the run began are free again.
+
+    Ray returns a removed placement group's resources asynchronously (a few hundred ms here), for
+    the fit check's trial groups as for the probes' groups; a caller that checks or places right
+    after a doctor run on the same cluster would otherwise see NO_RESOURCES. On a shared cluster
+    someone else may take them meanwhile: then give up after ``timeout_s`` with a warning.
+    """
+    from harness.clock import wait_for
+
+    try:
+        wait_for(lambda: all(_free()[k] + 1e-6 >= v for k, v in before.items()), timeout_s, "doctor probes' resources released")
+    except TimeoutError as e:
+        log.warning("%s", e)
 
 
 def _report(topology: Topology, simulate: bool, rows: list[CheckResult], t0: float, desc: str) -> Report:
