@@ -223,3 +223,16 @@ def test_report_does_not_import_ray():
     import sys
     code = "import sys, harness.report, harness.rerun.cli; sys.exit('ray' in sys.modules or 'sglang' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_save_durations_feeds_the_next_plan(tmp_path, capsys):
+    repo = make_repo(tmp_path / "repo")
+    rc, _ = _run(repo, tmp_path, "--save-durations", "test_hisparse_allocator.py")
+    assert rc == 0
+    saved = json.loads((repo / "suites" / "durations.json").read_text())
+    assert set(saved) == {"suites/test_hisparse_allocator.py::test_alloc_extend",
+                          "suites/test_hisparse_allocator.py::TestRelease::test_release_returns_pages"}
+    capsys.readouterr()
+    assert cli.main(["--repo-root", str(repo), "--dry-run", "test_hisparse_allocator.py"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)["include"]
+    assert entry["est_time"] < 30  # measured (well under a second each) replaced the 30 s estimate

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness import report
 from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
+from harness.rerun import registry
 from harness.rerun.registry import RegistryError
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an extra test tree (e.g. sglang's test/registered); repeatable")
     p.add_argument("--repo-root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     p.add_argument("--durations", type=Path, action="append", default=[], metavar="FILE", help="measured durations JSON; repeatable")
+    p.add_argument("--save-durations", action="store_true",
+                   help="merge this run's measured durations into suites/durations.json (commit it to share them)")
     p.add_argument("--shards", type=int, default=1, help="split each group into N shards by est_time")
     p.add_argument("--shard-index", type=int, help="run only this shard (0-based)")
     p.add_argument("--max-shard-time", type=float, metavar="S", help="with --dry-run: shard groups longer than S seconds")
@@ -144,17 +147,18 @@ def compact_specs(group: plan_mod.Group, file_tests: dict[str, int]) -> list[str
 
 
 class _Printer:
-    """Live progress: one line per group when its state changes, else at most every ``every`` s."""
+    """Live progress: a group's line when its state or failure count changes, else at most every ``every`` s."""
 
     def __init__(self, every: float = 5.0) -> None:
         self.every = every
-        self.last: dict[str, tuple[str, int, float]] = {}
+        self.last: dict[str, tuple[str, int, int, float]] = {}
 
     def __call__(self, p: execute.Progress) -> None:
-        key = (p.state, len(p.cases))
+        key = (p.state, p.count("failed") + p.count("error"), len(p.cases))
         prev = self.last.get(p.group.name)
         now = time.monotonic()
-        if prev is None or prev[:2] != key or now - prev[2] >= self.every:
+        if prev is None or prev[:2] != key[:2] or (prev[2] != key[2] and now - prev[3] >= self.every) \
+                or now - prev[3] >= 6 * self.every:
             self.last[p.group.name] = (*key, now)
             print(p.line(), flush=True)
 
@@ -206,6 +210,8 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
         print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({mode})")
     results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
     write_reports(run_dir, results, args.link)
+    if args.save_durations:
+        save_durations(root / "suites" / registry.DURATIONS_FILE, report.durations(results))
     if args.comment_out:
         _write_comment(args.comment_out, [comment.from_result(r, args.link) for r in results])
     print()
@@ -232,6 +238,19 @@ def write_reports(run_dir: Path, results: list[report.GroupResult], link: str = 
     (out / "summary.md").write_text(report.markdown(results, link if link != comment.LINK_PLACEHOLDER else ""), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(report.to_json(results), indent=2) + "\n", encoding="utf-8")
     (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def save_durations(path: Path, measured: dict[str, float]) -> None:
+    """Merge ``measured`` into the repository's durations file (new values win; keys sorted)."""
+    merged = registry.load_durations([path]) if path.exists() else {}
+    # parametrized cases of one function are summed, as load_durations does
+    sums: dict[str, float] = {}
+    for k, v in measured.items():
+        base = k.split("[", 1)[0]
+        sums[base] = sums.get(base, 0.0) + v
+    merged.update({k: round(v, 3) for k, v in sums.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(sorted(merged.items())), indent=2) + "\n", encoding="utf-8")
 
 
 def _list(reg: collector.Registry) -> int:

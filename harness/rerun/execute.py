@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25
 KILL_GRACE_S = 10.0
+HEARTBEAT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,9 @@ def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: 
            "--junitxml", str(opts.run_dir / "junit" / f"{group.name}.xml"),
            "-o", "junit_family=xunit1", "-o", f"junit_suite_name={group.name}",
            "--rootdir", str(opts.repo_root), "-q", "-rfE"]
+    ini = opts.repo_root / "pyproject.toml"
+    if ini.is_file():  # the repository's pytest settings also for files outside it (--suites-dir)
+        cmd += ["-c", str(ini)]
     if simulate:
         cmd.append("--simulate")
     if opts.ray_address:
@@ -255,6 +259,7 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
             on_update(progress[g.name])
     pending = [g for g in plan.groups if g.name not in results]
     running: dict[str, _Running] = {}
+    heard: dict[str, float] = {}  # last on_update per running group (a heartbeat keeps quiet groups visible)
     free = opts.gpus
     try:
         while pending or running:
@@ -275,7 +280,8 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
                     r.stop()
                     rc = r.proc.returncode
                 if rc is None:
-                    if changed:
+                    if changed or clock() - heard.get(name, 0.0) >= HEARTBEAT_S:
+                        heard[name] = clock()
                         on_update(p)
                     continue
                 r.read_events(to_rel)
