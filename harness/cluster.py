@@ -69,6 +69,7 @@ _NODE_RESOURCE_SLICE = 0.001
 #: Ray may prestart one Python worker per CPU on a 2-core machine.
 DEFAULT_NUM_CPUS = 4
 _POLL_S = 0.05
+_SETTLE_S = 0.5  # a NO_RESOURCES shortage must last this long to be the verdict
 
 # Ray's environment: set before ray is imported anywhere in a run started by the harness.
 _RAY_ENV = {
@@ -374,18 +375,28 @@ class Cluster:
         for role in topo.roles:
             node = self._node_of(topo, role)
             for i in range(role.groups):
-                bundles = self._bundles(role, node)
+                try:
+                    bundles = self._bundles(role, node)
+                except PlacementError as e:
+                    self._remove(groups)
+                    raise PlacementError(Fit(topo.name, False, e.fit.state, group=f"{role.name}-{i}", missing=e.fit.missing)) from None
                 pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}")
                 groups.append(GroupPlacement(role=role.name, kind=role.kind, index=i, pg=pg,
                                              bundles=tuple(bundles), strategy="STRICT_PACK", node=node))
         return groups
 
     def _wait(self, topo: Topology, groups: list[GroupPlacement], timeout: float, settle_on_no_resources: bool) -> Fit:
-        """Poll ``placement_group_table`` until all groups are created, one is infeasible, or the deadline."""
+        """Poll ``placement_group_table`` until all groups are created, one is infeasible, or the deadline.
+
+        Ray also reports ``NO_RESOURCES`` for a moment while it commits a sibling group, so with
+        ``settle_on_no_resources`` a ``NO_RESOURCES`` verdict is returned early only when a resource
+        the group needs is really short on every node now.
+        """
         from ray.util.placement_group import placement_group_table
 
         t0 = time.monotonic()
         deadline = t0 + timeout
+        short_since: float | None = None
         while True:
             states = []
             for g in groups:
@@ -395,37 +406,70 @@ class Cluster:
                 return Fit(topo.name, True, "CREATED", seconds=time.monotonic() - t0)
             bad = [(g, sched) for g, s, sched in states if s != "CREATED"]
             infeasible = [g for g, sched in bad if sched == "INFEASIBLE"]
-            decided = all(sched in ("INFEASIBLE", "NO_RESOURCES") for _, sched in bad)
             now = time.monotonic()
-            if infeasible or (decided and settle_on_no_resources) or now >= deadline:
-                g, sched = next(((g, "INFEASIBLE") for g in infeasible), bad[0])
-                state = sched if sched in ("INFEASIBLE", "NO_RESOURCES") else "PENDING"
-                return Fit(topo.name, False, state, group=g.name, missing=self._missing(g, state),
-                           seconds=now - t0)
+            if infeasible:
+                g = infeasible[0]
+                return Fit(topo.name, False, "INFEASIBLE", group=g.name, missing=self._missing(g, "INFEASIBLE"), seconds=now - t0)
+            short = None
+            if settle_on_no_resources and all(sched == "NO_RESOURCES" for _, sched in bad):
+                short = next(((g, m) for g, _ in bad if (m := self._shortage(g))), None)
+            if short is None:
+                short_since = None
+            else:
+                # Resources of just-removed groups come back a moment later: the shortage must last.
+                short_since = short_since if short_since is not None else now
+                if now - short_since >= _SETTLE_S:
+                    return Fit(topo.name, False, "NO_RESOURCES", group=short[0].name, missing=short[1], seconds=now - t0)
+            if now >= deadline:
+                g, sched = bad[0]
+                state = sched if sched == "NO_RESOURCES" else "PENDING"
+                return Fit(topo.name, False, state, group=g.name, missing=self._missing(g, state), seconds=now - t0)
             time.sleep(_POLL_S)
+
+    @staticmethod
+    def _need(g: GroupPlacement) -> dict[str, float]:
+        need: dict[str, float] = {}
+        for b in g.bundles:
+            for k, v in b.items():
+                need[k] = need.get(k, 0.0) + v
+        return need
+
+    def _shortage(self, g: GroupPlacement) -> str | None:
+        """The resource ``g`` needs on one node that no eligible node has free now, or None.
+
+        Eligible: nodes that have the group's pin resource (all nodes when it is not pinned).
+        """
+        import ray
+
+        need = self._need(g)
+        totals = ray._private.state.total_resources_per_node()
+        pins = [k for k in need if k.startswith("harness_node_") or k.startswith("node:")]
+        eligible = {n for n, r in totals.items() if all(k in r for k in pins)}
+        avail = {n: r for n, r in ray._private.state.available_resources_per_node().items() if n in eligible}
+        for key in sorted(need, key=lambda k: (k != "GPU", k)):
+            best_free = max((r.get(key, 0.0) for r in avail.values()), default=0.0)
+            if best_free + 1e-9 < need[key]:
+                return (f"{_resource_name(key)}: needs {_fmt(need[key])} on one node, at most {_fmt(best_free)} free now "
+                        "(in use by other placement groups or actors)")
+        return None
 
     def _missing(self, g: GroupPlacement, state: str) -> str:
         """Name the resource a group lacks: the first one no node can (or now does) provide."""
         import ray
 
-        need: dict[str, float] = {}
-        for b in g.bundles:
-            for k, v in b.items():
-                need[k] = need.get(k, 0.0) + v
+        need = self._need(g)
         totals = ray._private.state.total_resources_per_node()
-        avail = ray._private.state.available_resources_per_node()
         for key in sorted(need, key=lambda k: (k != "GPU", k)):
-            amount = need[key]
             best_total = max((r.get(key, 0.0) for r in totals.values()), default=0.0)
-            best_free = max((r.get(key, 0.0) for r in avail.values()), default=0.0)
-            what = _resource_name(key)
-            if best_total + 1e-9 < amount:
-                return f"{what}: needs {_fmt(amount)} on one node, the largest node has {_fmt(best_total)}"
-            if best_free + 1e-9 < amount:
-                return f"{what}: needs {_fmt(amount)} on one node, at most {_fmt(best_free)} free now (in use by other placement groups or actors)"
+            if best_total + 1e-9 < need[key]:
+                return f"{_resource_name(key)}: needs {_fmt(need[key])} on one node, the largest node has {_fmt(best_total)}"
+        short = self._shortage(g)
+        if short:
+            return short
+        listing = ", ".join(f"{_resource_name(k)} {_fmt(v)}" for k, v in need.items())
         if state == "INFEASIBLE":
-            return "no single node holds all of " + ", ".join(f"{_resource_name(k)} {_fmt(v)}" for k, v in need.items())
-        return "the resources exist but were not granted in time: " + ", ".join(f"{_resource_name(k)} {_fmt(v)}" for k, v in need.items())
+            return "no single node holds all of " + listing
+        return "the resources exist but were not granted in time: " + listing
 
     def check(self, topology: Topology, timeout: float = 5.0) -> Fit:
         """Say whether ``topology`` fits this cluster now; remove the trial placement groups again.
@@ -475,14 +519,22 @@ class Cluster:
             self._placements.remove(placement)
 
     @staticmethod
-    def _remove(groups: list[GroupPlacement]) -> None:
-        from ray.util.placement_group import remove_placement_group
+    def _remove(groups: list[GroupPlacement], timeout: float = 5.0) -> None:
+        """Remove the groups and wait (bounded) until Ray reports them REMOVED."""
+        from ray.util.placement_group import placement_group_table, remove_placement_group
 
         for g in groups:
             try:
                 remove_placement_group(g.pg)
             except Exception as e:  # already removed, or Ray gone: nothing left to free
                 log.debug("remove %s: %s", g.name, e)
+        deadline = time.monotonic() + timeout
+        for g in groups:
+            try:
+                while placement_group_table(g.pg)["state"] != "REMOVED" and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
+            except Exception as e:  # Ray gone
+                log.debug("wait for removal of %s: %s", g.name, e)
 
     # ---------------------------------------------------------------- teardown
 

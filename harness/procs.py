@@ -23,8 +23,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-#: One directory per user on this machine; entries are ``<owner pid>-<kind>-<pid>.json``.
-REGISTRY_DIR = Path(tempfile.gettempdir()) / f"pd-harness-{os.getuid()}" / "procs"
+#: One directory per user on this machine (``$HARNESS_PROCS_DIR`` overrides it, for tests); entries
+#: are ``<owner pid>-<kind>-<pid>.json``.
+REGISTRY_DIR = Path(os.environ.get("HARNESS_PROCS_DIR") or Path(tempfile.gettempdir()) / f"pd-harness-{os.getuid()}" / "procs")
 
 #: Environment variable that names the run's owner (``pid:start``) to processes started for it.
 OWNER_ENV = "HARNESS_OWNER"

@@ -213,6 +213,29 @@ def current() -> WorkerContext:
     return _CURRENT
 
 
+class Probe:
+    """A payload that reports where it runs (smoke suites, the overhead benchmark, tests)."""
+
+    def context(self) -> WorkerContext:
+        return current()
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+    def say(self, text: str) -> None:
+        """Print ``text`` (it lands in the worker's log)."""
+        print(text, flush=True)
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+
 # ------------------------------------------------------------------ helpers used inside the actor
 
 
@@ -333,9 +356,9 @@ class _WorkerActor:
             argv = [_fill(a, self.ports) for a in p.argv]
             env = {**os.environ, **{k: _fill(str(v), self.ports) for k, v in p.env.items()},
                    "CUDA_VISIBLE_DEVICES": self.cuda}
-            print(f"[harness] exec {' '.join(argv)}", flush=True)
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log_fd, stderr=self._log_fd,
                                          env=env, cwd=p.cwd, start_new_session=True, preexec_fn=_pdeathsig)
+            print(f"[harness] exec (pid {self.proc.pid}) {' '.join(argv)}", flush=True)
             self.proc_start = procs.start_time(self.proc.pid)
             procs.register(self.proc.pid, kind="pgid", label=f"worker {self.spec.name} payload")
         return self.info()

@@ -1,0 +1,161 @@
+"""Cluster: fit checks (INFEASIBLE vs NO_RESOURCES, naming the resource) and placement of every topology.
+
+All tests share the session's simulated cluster (the plugin's ``ray_cluster``): the module's marker
+makes it two nodes of 8 logical GPUs, the shape of the largest shipped topology.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import topology
+from harness.cluster import PlacementError
+
+pytestmark = pytest.mark.topology("2-node-16-gpu-h200")
+
+SHIPPED = ["cpu", "2-gpu-h100", "8-gpu-h200", "2-node-16-gpu-h200"]
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    if not ray_cluster.simulate:
+        pytest.skip("needs the simulated session cluster (--simulate on a machine without GPUs)")
+    yield ray_cluster
+    from ray.util.placement_group import placement_group_table
+
+    left = [t["name"] for t in placement_group_table().values() if t["state"] != "REMOVED"]
+    assert left == [], "a test left placement groups behind"
+
+
+def _topo(tmp_path, name, text):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(f'name = "{name}"\nrunner = "test"\n' + text)
+    return topology.load(p)
+
+
+BIG_TP = """
+[cluster]
+nodes = 1
+gpus_per_node = 32
+gpu_model = "H200"
+gpu_memory_gb = 141
+
+[roles.prefill]
+tp = 16
+gpus_per_rank = 1
+
+[roles.decode]
+tp = 16
+gpus_per_rank = 1
+"""
+
+THREE_NODES = """
+[cluster]
+nodes = 3
+gpus_per_node = 8
+gpu_model = "H200"
+gpu_memory_gb = 141
+
+[roles.prefill]
+tp = 8
+node = 0
+
+[roles.decode]
+tp = 8
+node = 2
+"""
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_topology_fits_the_simulated_cluster(cluster, name):
+    fit = cluster.check(topology.get(name))
+    assert fit.ok, str(fit)
+    assert fit.state == "CREATED"
+    assert str(fit).startswith(f"{name}: fits")
+
+
+def test_infeasible_names_the_missing_gpus(cluster, tmp_path):
+    fit = cluster.check(_topo(tmp_path, "big-tp", BIG_TP), timeout=5)
+    assert not fit.ok
+    assert fit.state == "INFEASIBLE"
+    assert str(fit) == "big-tp: INFEASIBLE: group prefill-0: GPU: needs 16 on one node, the largest node has 8"
+
+
+def test_infeasible_names_the_missing_node(cluster, tmp_path):
+    fit = cluster.check(_topo(tmp_path, "three-nodes", THREE_NODES))
+    assert (fit.ok, fit.state, fit.group) == (False, "INFEASIBLE", "decode-0")
+    assert fit.missing == "node 2: the cluster has 2 node(s)"
+
+
+def test_no_resources_when_the_gpus_are_in_use(cluster):
+    full = cluster.place(topology.get("2-node-16-gpu-h200"))
+    try:
+        fit = cluster.check(topology.get("2-gpu-h100"), timeout=5)
+        assert (fit.ok, fit.state, fit.group) == (False, "NO_RESOURCES", "prefill-0")
+        assert fit.missing == "GPU: needs 1 on one node, at most 0 free now (in use by other placement groups or actors)"
+    finally:
+        cluster.release(full)
+    assert cluster.check(topology.get("2-gpu-h100")).ok
+
+
+def test_place_raises_with_the_fit_and_leaves_nothing(cluster, tmp_path):
+    with pytest.raises(PlacementError) as e:
+        cluster.place(_topo(tmp_path, "big-tp", BIG_TP), timeout=5)
+    assert e.value.fit.state == "INFEASIBLE"
+    assert "GPU: needs 16 on one node" in str(e.value)
+
+
+def _probe(group, index):
+    """Run a task in one bundle; return (node id, Ray GPU ids, CUDA_VISIBLE_DEVICES)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @ray.remote(num_cpus=0.01)
+    def where():
+        return ray.get_runtime_context().get_node_id(), [int(g) for g in ray.get_gpu_ids()], os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    opts = {"scheduling_strategy": PlacementGroupSchedulingStrategy(group.pg, placement_group_bundle_index=index)}
+    gpus = group.bundles[index].get("GPU", 0)
+    if gpus:
+        opts["num_gpus"] = gpus
+    return ray.get(where.options(**opts).remote(), timeout=60)
+
+
+# topology -> role -> (node index of every group, sorted GPU ids of the role on its node)
+EXPECTED = {
+    "cpu": {"prefill": (0, []), "decode": (0, []), "router": (0, [])},
+    "2-gpu-h100": {"prefill": (0, None), "decode": (0, None), "router": (0, [])},
+    "8-gpu-h200": {"prefill": (0, None), "decode": (0, None), "router": (0, [])},
+    "2-node-16-gpu-h200": {"prefill": (0, list(range(8))), "decode": (1, list(range(8))), "router": (0, [])},
+}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_gpu_ids_and_nodes(cluster, name):
+    topo = topology.get(name)
+    placement = cluster.place(topo)
+    try:
+        used: dict[int, list[int]] = {}
+        for role in topo.roles:
+            node_index, gpu_ids = EXPECTED[name][role.name]
+            role_ids = []
+            for g in placement.of(role.name):
+                assert g.strategy == "STRICT_PACK"
+                probes = [_probe(g, i) for i in range(role.tp)]
+                assert len({node for node, _, _ in probes}) == 1, "a TP group spans nodes"
+                assert cluster.node_index(probes[0][0]) == node_index
+                for _, ids, cuda in probes:
+                    assert len(ids) == role.gpus_per_rank
+                    assert cuda == ",".join(map(str, ids))
+                    role_ids += ids
+            if gpu_ids is not None:
+                assert sorted(role_ids) == gpu_ids
+            used.setdefault(node_index, []).extend(role_ids)
+        for node_index, ids in used.items():
+            assert len(ids) == len(set(ids)), f"a GPU handed out twice on node {node_index}"
+            # A one-node topology stays within its own GPUs (the lowest ids of node 0).
+            assert sorted(ids) == list(range(topo.gpus_per_node if topo.nodes == 1 else len(ids)))
+    finally:
+        cluster.release(placement)

@@ -1,0 +1,90 @@
+"""The process registry: a run killed with SIGKILL is reaped by the next, and nothing else is touched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import procs
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    monkeypatch.setattr(procs, "REGISTRY_DIR", tmp_path / "procs")
+    return tmp_path / "procs"
+
+
+def _spawn_owner_with_group() -> tuple[subprocess.Popen, int, int]:
+    """A stand-in 'pytest' (owner) that started a process group with two members, registered it, and
+    exits; returns (owner, group leader pid, child pid)."""
+    code = (
+        "import os, subprocess, sys; from harness import procs; procs.claim();"
+        "p = subprocess.Popen(['sh', '-c', 'sleep 300 & echo $!; wait'], stdout=subprocess.PIPE, start_new_session=True);"
+        "child = int(p.stdout.readline());"
+        "procs.register(p.pid, kind='pgid', label='test group');"
+        "print(p.pid, child, flush=True); sys.stdin.read()"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "HARNESS_OWNER": "", "HARNESS_PROCS_DIR": str(procs.REGISTRY_DIR)})
+    leader, child = map(int, owner.stdout.readline().split())
+    return owner, leader, child
+
+
+def test_reap_stale_kills_the_group_of_a_dead_owner(registry, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    owner, leader, child = _spawn_owner_with_group()
+    try:
+        assert procs.alive(leader) and procs.alive(child)
+        assert procs.reap_stale() == []  # owner alive: untouched
+        assert procs.alive(leader) and procs.alive(child)
+        owner.kill()
+        owner.wait()
+        reaped = procs.reap_stale()
+        assert [e.pid for e in reaped] == [leader]
+        assert procs.wait_gone([leader, child], 10) == []
+        assert procs.entries() == []
+    finally:
+        for p in (leader, child):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_recycled_pid_is_not_killed(registry):
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        entry = procs.Entry(kind="pid", pid=victim.pid, start=procs.start_time(victim.pid) + 1,
+                            owner=999999999, owner_start=1)
+        assert procs.kill_entry(entry) is False
+        assert procs.alive(victim.pid)
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_register_and_unregister(registry):
+    f = procs.register(os.getpid(), label="me")
+    assert f is not None and f.exists()
+    (e,) = procs.entries()
+    assert e.pid == os.getpid() and e.start == procs.start_time(os.getpid())
+    procs.unregister(os.getpid())
+    assert procs.entries() == []
+
+
+def test_descendants_and_group_members():
+    p = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(procs.descendants(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(procs.descendants(p.pid)) == 2
+        assert sorted(procs.group_members(p.pid)) == sorted([p.pid, *procs.descendants(p.pid)])
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
