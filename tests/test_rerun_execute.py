@@ -236,3 +236,8 @@ def test_save_durations_feeds_the_next_plan(tmp_path, capsys):
     assert cli.main(["--repo-root", str(repo), "--dry-run", "test_hisparse_allocator.py"]) == 0
     [entry] = json.loads(capsys.readouterr().out)["include"]
     assert entry["est_time"] < 30  # measured (well under a second each) replaced the 30 s estimate
+
+
+def test_joined_cluster_never_simulates():
+    assert execute.simulation(_g("8-gpu", 8, 1), 0, joined=True) is False
+    assert execute.simulation(_g("8-gpu", 8, 1, allow=False), 0, joined=True) is False

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-time", type=float, metavar="S", help="with --dry-run: shard groups longer than S seconds")
     p.add_argument("--run-dir", type=Path, help="where results go (default: runs/<timestamp>-<pid>)")
     p.add_argument("--ray-address", help="join this Ray cluster instead of a local one per group")
-    p.add_argument("--gpus", type=int, help="real GPUs available (default: what nvidia-smi lists)")
+    p.add_argument("--gpus", type=int, help="real GPUs available (default: what nvidia-smi lists; with --ray-address: "
+                   "unknown, so groups run one at a time unless given)")
     p.add_argument("--jobs", type=int, help="most groups at once (default: min(4, CPUs))")
     p.add_argument("--timeout", type=float, metavar="S", help="seconds per group")
     p.add_argument("--comment-out", type=Path, metavar="FILE", help="write/update the bot's status comment (markdown) here")
@@ -182,6 +183,9 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
     run_dir.mkdir(parents=True, exist_ok=True)
     gpus = detect_gpus() if args.gpus is None else args.gpus
     jobs = args.jobs or max(1, min(4, os.cpu_count() or 1))
+    if args.ray_address and args.gpus is None:
+        # A joined cluster's GPUs are unknown here: let each group have it alone, longest first.
+        gpus, jobs = max(g.gpus for g in p.groups), args.jobs or 1
     opts = execute.ExecOptions(repo_root=root, run_dir=run_dir, ray_address=args.ray_address, gpus=gpus, jobs=jobs,
                                timeout=args.timeout)
     file_tests = {f.rel: len(f.tests) for f in reg.files}
@@ -206,7 +210,7 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
         _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
     print(f"{PROG}: {len(p.groups)} group(s), est {p.est_time:.0f}s, {gpus} real GPU(s), up to {jobs} at once; run dir {run_dir}")
     for g in p.groups:
-        mode = "real" if execute.simulation(g, gpus) is False else "simulated"
+        mode = "real" if execute.simulation(g, gpus, joined=bool(args.ray_address)) is False else "simulated"
         print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({mode})")
     results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
     write_reports(run_dir, results, args.link)

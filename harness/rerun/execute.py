@@ -83,9 +83,12 @@ class Progress:
                 f"skipped {self.count('skipped')} {self.wall:.1f}s")
 
 
-def simulation(group: Group, gpus: int) -> bool | None:
-    """Whether ``group`` runs simulated: False (real GPUs suffice), True, or None (cannot run here)."""
-    if group.gpus <= gpus:
+def simulation(group: Group, gpus: int, joined: bool = False) -> bool | None:
+    """Whether ``group`` runs simulated: False (real GPUs suffice), True, or None (cannot run here).
+
+    On a joined cluster (``--ray-address``) nothing is simulated: the cluster has what it has.
+    """
+    if joined or group.gpus <= gpus:
         return False
     return True if group.allow_simulation else None
 
@@ -249,7 +252,7 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
     """
     (opts.run_dir / "junit").mkdir(parents=True, exist_ok=True)
     progress = {g.name: Progress(g) for g in plan.groups}
-    sim = {g.name: simulation(g, opts.gpus) for g in plan.groups}
+    sim = {g.name: simulation(g, opts.gpus, joined=bool(opts.ray_address)) for g in plan.groups}
     results: dict[str, GroupResult] = {}
     for g in plan.groups:
         if sim[g.name] is None:
