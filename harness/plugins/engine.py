@@ -125,11 +125,14 @@ class ServerStacks:
         self.workers: list[Any] = []
         self._pids: list[int] = []
 
-    def _watch(self, worker: Any) -> None:
+    def _own(self, worker: Any) -> None:
         self.workers.append(worker)
-        self._state.watch(worker)
         if worker.info and worker.info.payload_pid:
             self._pids.append(worker.info.payload_pid)
+
+    def _watch(self, worker: Any) -> None:
+        self._own(worker)
+        self._state.watch(worker)
 
     def _model(self, name: str) -> Path:
         from harness.targets.sglang.server.models import ensure_model
@@ -165,8 +168,11 @@ class ServerStacks:
         if stack is not None:
             self._stop(stack.workers)
 
-    def plain(self, model_name: str, compat_patches: Sequence[str] | None = None) -> Any:
-        """A ready plain (non-PD) server of ``model_name``; ``compat_patches=()`` runs it unpatched."""
+    def plain(self, model_name: str, compat_patches: Sequence[str] | None = None, *, watch: bool = True) -> Any:
+        """A ready plain (non-PD) server of ``model_name``; ``compat_patches=()`` runs it unpatched.
+
+        ``watch=False`` keeps it out of the fail-fast watchdog: for a test that expects it may crash.
+        """
         from harness.targets.sglang.server.stack import start_plain_server
 
         key = (model_name, None if compat_patches is None else tuple(compat_patches))
@@ -177,9 +183,15 @@ class ServerStacks:
         if w is None:
             name = self._state.unique_name("plain")
             w = start_plain_server(self.topology, self._model(model_name), self.run_dir.root, name=name,
-                                   compat_patches=compat_patches, on_start=self._watch)
+                                   compat_patches=compat_patches, on_start=self._watch if watch else self._own)
             self._plain[key] = w
         return w
+
+    def forget_plain(self, model_name: str, compat_patches: Sequence[str] | None = None) -> None:
+        """Stop the plain server started with these arguments now (frees its memory for the next ones)."""
+        w = self._plain.pop((model_name, None if compat_patches is None else tuple(compat_patches)), None)
+        if w is not None:
+            self._stop([w])
 
     def _stop(self, workers: Sequence[Any]) -> None:
         for w in workers:

@@ -1,0 +1,122 @@
+"""PD disaggregation of a hybrid-SWA model against REAL sglang servers, and the upstream SWA read bug.
+
+Model: ``tiny-mellum-swa`` (random weights, built locally): layers ``[full, sliding×3]``,
+``sliding_window=64``, served with ``--page-size 64``, so sglang runs its hybrid-SWA path (SWAKVPool,
+FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tail``).
+
+1. The upstream bug (sglang 0.5.23, torch-native attention backend): SWA layers are written at the
+   translated SWA slot but read with full-pool indices. :func:`test_upstream_torch_native_swa_read_bug`
+   shows it on an *unpatched plain* server: the same prompt gives different tokens once SWA pages
+   have been freed and reused (or a long prompt crashes the server). That test FAILS when upstream
+   fixes the bug — then drop the compat patch ``torch-native-swa-read``
+   (``harness/targets/sglang/server/compat.py``) and this test.
+2. With the patch (the ``cpu`` topology's default), a plain server is consistent, and PD via the
+   router equals it over prompt lengths around the page/window boundaries, repeats and concurrency;
+   the decode ledger holds the SWA invariants (eviction floor = fill_len - swa_tail_len, page-aligned;
+   per-request SWA pages bounded by the window; every page returned).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+
+import pytest
+import requests
+
+from harness import ledger
+from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
+
+pytestmark = [pytest.mark.engine("sglang-server"), pytest.mark.topology("cpu"), pytest.mark.est_time(300),
+              pytest.mark.timeout(900)]
+
+MODEL = "tiny-mellum-swa"
+PAGE = WINDOW = 64
+MAX_NEW = 16
+PROMPT_LENS = (20, 63, 64, 65, 129, 300, 1000, 3000)
+SWA_PATCH = "torch-native-swa-read"
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed * 100_003 + n)
+    return [rng.randrange(4, 512) for _ in range(n)]
+
+
+def repeat_after_churn(client: ServerClient) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Greedy tokens of prompt A on a fresh server, then again after other prompts freed SWA pages."""
+    a = prompt(300, seed=1)
+    first = client.generate(a, MAX_NEW).output_ids
+    for i, n in enumerate((500, 700)):
+        client.generate(prompt(n, seed=10 + i), MAX_NEW)
+    return first, client.generate(a, MAX_NEW).output_ids
+
+
+def test_upstream_torch_native_swa_read_bug(sglang_servers):
+    """Unpatched: the same prompt diverges on its second pass, or a long prompt crashes the server."""
+    server = sglang_servers.plain(MODEL, compat_patches=(), watch=False)
+    client = ServerClient(server.url("http"))
+    symptom = ""
+    try:
+        first, again = repeat_after_churn(client)
+        if first != again:
+            symptom = f"second pass diverged: {first} then {again}"
+        else:
+            client.generate(prompt(2000, seed=99), MAX_NEW)
+    except (ServerHTTPError, requests.RequestException) as e:
+        symptom = f"request failed: {e!r}"
+    if not symptom and server.poll():
+        symptom = f"server died: {server.poll()}"
+    sglang_servers.forget_plain(MODEL, compat_patches=())
+    assert symptom, (f"the torch-native SWA read bug no longer shows on an unpatched sglang: drop compat patch "
+                     f"{SWA_PATCH!r} (harness/targets/sglang/server/compat.py) and this test")
+
+
+@pytest.fixture
+def plain(sglang_servers):
+    return ServerClient(sglang_servers.plain(MODEL).url("http"))
+
+
+@pytest.fixture
+def stack(sglang_servers):
+    return sglang_servers.pd(MODEL)
+
+
+def test_patched_plain_server_is_consistent(plain):
+    first, again = repeat_after_churn(plain)
+    assert first == again
+
+
+@pytest.mark.parametrize("n", PROMPT_LENS)
+def test_pd_greedy_matches_plain(stack, plain, n):
+    ids = prompt(n, seed=2)
+    want = plain.generate(ids, MAX_NEW).output_ids
+    got = stack.client("router").generate(ids, MAX_NEW).output_ids
+    assert got == want, f"prompt of {n} tokens: PD {got} != plain {want}"
+
+
+def test_repeats_and_concurrency_match_plain(stack, plain):
+    router = stack.client("router")
+    base = prompt(4 * PAGE + 3, seed=3)
+    seq = [base, base, base[: 2 * PAGE] + prompt(70, seed=4)]
+    assert [router.generate(p, MAX_NEW).output_ids for p in seq] == [plain.generate(p, MAX_NEW).output_ids for p in seq]
+    prompts = [prompt(n, seed=20 + i) for i, n in enumerate((30, 64, 65, 128, 200, 333, 500, 90))]
+    want = [plain.generate(p, MAX_NEW).output_ids for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: router.generate(p, MAX_NEW).output_ids, prompts))
+    assert got == want
+
+
+def test_decode_ledger_holds_swa_invariants(stack, run_dir):
+    # 64 new tokens: decoding crosses a page boundary past the window, so SWA pages are evicted.
+    stack.client("router").generate(prompt(400, seed=30), 64)
+    events = ledger.read(run_dir.ledger / f"{stack.decode.name}.jsonl")
+    pre = [e for e in events if e.kind == "prealloc" and e.fill_len and e.fill_len > WINDOW + PAGE]
+    assert pre, "no prealloc longer than a window in the decode ledger"
+    for e in pre:
+        assert e.window == WINDOW and e.page_size == PAGE, e
+        assert e.swa_tail_len is not None and e.evicted_seqlen == e.fill_len - e.swa_tail_len, e
+        assert e.evicted_seqlen > 0 and e.evicted_seqlen % PAGE == 0, e
+        assert len(e.pages["swa"]) < len(e.pages["full"]), f"SWA tail not smaller than the full KV: {e}"
+    assert any(e.kind == "evict" for e in events), "decode never evicted SWA pages while decoding"
+    violations = ledger.check(events)
+    assert not violations, "\n".join(map(str, violations))

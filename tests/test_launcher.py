@@ -1,0 +1,212 @@
+"""The launcher's command line for every role of every shipped topology, exactly (pure and fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import topology
+from harness.targets.sglang.server import launcher
+from harness.targets.sglang.server.launcher import (
+    CPU_SHIM_DIR,
+    SITE_DIR,
+    LaunchError,
+    ServerPorts,
+    plain_server_command,
+    router_command,
+    server_command,
+)
+
+PY = "/venv/bin/python"
+MODEL = "/models/m"
+PREFILL_PORTS = ServerPorts(http=30001, nccl=30002, bootstrap=30003)
+DECODE_PORTS = ServerPorts(http=30011, nccl=30012)
+
+CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+             "--max-total-tokens", "8192", "--page-size", "64", "--random-seed", "0"]
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "SGLANG_HOST_IP": "127.0.0.1",
+    "MOONCAKE_PROTOCOL": "tcp",
+    "MC_FORCE_TCP": "1",
+    "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read",
+}
+
+
+def head(ports: ServerPorts) -> list[str]:
+    return [PY, "-m", "sglang.launch_server", "--model-path", MODEL, "--host", "127.0.0.1",
+            "--port", str(ports.http), "--nccl-port", str(ports.nccl)]
+
+
+def prefill_mode(backend: str = "mooncake") -> list[str]:
+    return ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", backend,
+            "--disaggregation-bootstrap-port", "30003"]
+
+
+def decode_mode(backend: str = "mooncake") -> list[str]:
+    return ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", backend]
+
+
+# ------------------------------------------------------------------ cpu
+
+
+def test_cpu_prefill_exact():
+    cmd = server_command(topology.get("cpu"), "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY)
+    assert list(cmd.argv) == [*head(PREFILL_PORTS), "--tp", "1", *prefill_mode(), *CPU_FLAGS, "--disable-overlap-schedule"]
+    assert dict(cmd.env) == CPU_ENV
+    assert cmd.pythonpath == (str(SITE_DIR), str(CPU_SHIM_DIR))
+    assert cmd.role == "prefill"
+
+
+def test_cpu_decode_exact():
+    cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
+    assert list(cmd.argv) == [*head(DECODE_PORTS), "--tp", "1", *decode_mode(), *CPU_FLAGS,
+                              "--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    assert dict(cmd.env) == CPU_ENV
+    assert cmd.pythonpath == (str(SITE_DIR), str(CPU_SHIM_DIR))
+
+
+def test_cpu_router_exact():
+    cmd = router_command(topology.get("cpu"), prefill=[("http://127.0.0.1:30001", 30003)],
+                         decode=["http://127.0.0.1:30011"], port=30021, prometheus_port=30022, python=PY)
+    assert list(cmd.argv) == [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", "30021",
+                              "--prometheus-host", "127.0.0.1", "--prometheus-port", "30022",
+                              "--pd-disaggregation", "--policy", "round_robin",
+                              "--prefill", "http://127.0.0.1:30001", "30003", "--decode", "http://127.0.0.1:30011"]
+    assert dict(cmd.env) == {} and cmd.pythonpath == ()
+
+
+def test_cpu_router_mini_lb_is_pd_with_random_policy():
+    cmd = router_command(topology.get("cpu"), prefill=[("http://a:1", None)], decode=["http://b:2"], port=3,
+                         prometheus_port=4, python=PY, mini_lb=True)
+    assert list(cmd.argv) == [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", "3",
+                              "--prometheus-host", "127.0.0.1", "--prometheus-port", "4",
+                              "--pd-disaggregation", "--policy", "random", "--mini-lb",
+                              "--prefill", "http://a:1", "none", "--decode", "http://b:2"]
+
+
+def test_cpu_plain_server_is_decode_shape_without_disaggregation():
+    ports = ServerPorts(http=1, nccl=2)
+    cmd = plain_server_command(topology.get("cpu"), model=MODEL, ports=ports, python=PY)
+    assert list(cmd.argv) == [*head(ports), "--tp", "1", *CPU_FLAGS]
+    assert dict(cmd.env) == CPU_ENV
+
+
+def test_cpu_compat_patches_and_probe_env():
+    cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY,
+                         compat_patches=(), probe_run_dir="/runs/r", worker="decode-2")
+    assert "HARNESS_COMPAT_PATCHES" not in cmd.env
+    assert cmd.env["HARNESS_PROBE_LEDGER"] == "/runs/r/ledger/decode-2.jsonl"
+    assert cmd.env["HARNESS_PROBE_WORKER"] == "decode-2"
+    assert cmd.env["HARNESS_PROBE_COMPONENT"] == "decode"
+    assert cmd.role == "decode-2"
+
+
+# ------------------------------------------------------------------ GPU topologies
+
+
+def test_2_gpu_h100_roles_exact():
+    topo = topology.get("2-gpu-h100")
+    p = server_command(topo, "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY)
+    d = server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
+    assert list(p.argv) == [*head(PREFILL_PORTS), "--tp", "1", *prefill_mode()]
+    assert list(d.argv) == [*head(DECODE_PORTS), "--tp", "1", *decode_mode()]
+    # GPU runs: no CPU env, no sgl_kernel shim, no compat patch, GPUs only via Ray's CUDA_VISIBLE_DEVICES.
+    for cmd in (p, d):
+        assert dict(cmd.env) == {} and cmd.pythonpath == (str(SITE_DIR),)
+        assert not any(a.startswith("--base-gpu-id") for a in cmd.argv)
+
+
+def test_8_gpu_h200_tp4_dp_attention_exact():
+    topo = topology.get("8-gpu-h200")
+    p = server_command(topo, "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY)
+    d = server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
+    dp_attn = ["--enable-dp-attention", "--dp-size", "4"]
+    assert list(p.argv) == [*head(PREFILL_PORTS), "--tp", "4", *prefill_mode(), *dp_attn]
+    assert list(d.argv) == [*head(DECODE_PORTS), "--tp", "4", *decode_mode(), *dp_attn]
+
+
+def test_2_node_16_gpu_h200_tp8_exact():
+    topo = topology.get("2-node-16-gpu-h200")
+    p = server_command(topo, "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY, host="10.0.0.1")
+    d = server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY, host="10.0.0.2")
+    assert list(p.argv) == [*head(PREFILL_PORTS)[:6], "10.0.0.1", *head(PREFILL_PORTS)[7:], "--tp", "8", *prefill_mode()]
+    assert list(d.argv) == [*head(DECODE_PORTS)[:6], "10.0.0.2", *head(DECODE_PORTS)[7:], "--tp", "8", *decode_mode()]
+    r = router_command(topo, prefill=[("http://10.0.0.1:30001", 30003)], decode=["http://10.0.0.2:30011"],
+                       port=30021, prometheus_port=30022, python=PY, host="10.0.0.1")
+    assert r.argv[3:6] == ("--host", "10.0.0.1", "--port")
+
+
+@pytest.mark.parametrize("name", topology.names())
+def test_every_shipped_topology_builds_every_role(name):
+    topo = topology.get(name)
+    for role in topo.roles:
+        if role.kind == "router":
+            cmd = router_command(topo, prefill=[("http://h:1", 2)], decode=["http://h:3"], port=4, prometheus_port=5)
+            assert "--pd-disaggregation" in cmd.argv
+        else:
+            ports = PREFILL_PORTS if role.kind == "prefill" else DECODE_PORTS
+            cmd = server_command(topo, role.name, model=MODEL, ports=ports)
+            argv = list(cmd.argv)
+            assert argv[argv.index("--disaggregation-mode") + 1] == role.kind
+            assert argv[argv.index("--tp") + 1] == str(role.tp)
+            assert argv[argv.index("--disaggregation-transfer-backend") + 1] == topo.transfer_backend
+
+
+# ------------------------------------------------------------------ overrides, placeholders, errors
+
+
+def _with_role(topo: topology.Topology, name: str, **changes) -> topology.Topology:
+    from dataclasses import replace
+
+    roles = tuple(replace(r, **changes) if r.name == name else r for r in topo.roles)
+    return replace(topo, roles=roles)
+
+
+def test_role_engine_args_override_cpu_defaults_once():
+    topo = _with_role(topology.get("cpu"), "decode", engine_args=("--page-size", "256", "--max-total-tokens=4096"))
+    argv = list(server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY).argv)
+    assert argv.count("--page-size") == 1 and argv[argv.index("--page-size") + 1] == "256"
+    assert "8192" not in argv and argv[-1] == "--max-total-tokens=4096"
+
+
+def test_dp_and_dp_attention_from_the_role():
+    topo = _with_role(topology.get("8-gpu-h200"), "decode", tp=2, dp=2, dp_attention=True, engine_args=())
+    argv = list(server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY).argv)
+    assert argv[argv.index("--tp"):argv.index("--tp") + 5] == ["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]
+
+
+def test_placeholder_ports_pass_through_for_the_worker_to_fill():
+    ports = ServerPorts(http="{http}", nccl="{nccl}", bootstrap="{bootstrap}")
+    argv = server_command(topology.get("cpu"), "prefill", model=MODEL, ports=ports).argv
+    assert {"{http}", "{nccl}", "{bootstrap}"} <= set(argv)
+
+
+def test_environ_prepends_pythonpath_and_keeps_the_rest():
+    cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS)
+    env = cmd.environ({"PYTHONPATH": "/x", "HOME": "/h"})
+    assert env["PYTHONPATH"].split(":") == [str(SITE_DIR), str(CPU_SHIM_DIR), "/x"]
+    assert env["HOME"] == "/h" and env["SGLANG_USE_CPU_ENGINE"] == "1"
+
+
+def test_errors_name_the_problem():
+    cpu = topology.get("cpu")
+    with pytest.raises(LaunchError, match="bootstrap"):
+        server_command(cpu, "prefill", model=MODEL, ports=DECODE_PORTS)
+    with pytest.raises(LaunchError, match="router_command"):
+        server_command(cpu, "router", model=MODEL, ports=DECODE_PORTS)
+    with pytest.raises(KeyError, match="no role"):
+        server_command(cpu, "nope", model=MODEL, ports=DECODE_PORTS)
+    with pytest.raises(LaunchError, match="at least one"):
+        router_command(cpu, prefill=[], decode=["http://h:1"], port=1, prometheus_port=2)
+
+
+def test_launcher_imports_nothing_of_sglang():
+    import subprocess
+    import sys
+
+    code = ("import sys; import harness.targets.sglang.server.launcher as l; "
+            "bad = [m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')]; "
+            "sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+    assert launcher.SERVER_MODULE == "sglang.launch_server"
