@@ -1,0 +1,380 @@
+"""The decode worker payload: one per decode TP rank, on the real sglang decode paths.
+
+* :meth:`DecodeWorker.admit` — the prealloc queue: a request waits (returns None) until the pools
+  can hold it and its decode growth, then goes through the real ``DecodePreallocQueue._pre_alloc``;
+  the reply names the page ids sglang allocated, where the prefill pages must land;
+* :meth:`DecodeWorker.write_chunk` / :meth:`DecodeWorker.commit` — received pages are written at
+  those pages; commit verifies every transferred token's bytes (request, buffer, position named
+  on a mismatch);
+* :meth:`DecodeWorker.step` — one batched decode step through the real ``alloc_for_decode`` (SWA
+  window eviction included), KV of the new token written, then the window's KV verified for every
+  running request; finished requests go through the real release path;
+* :meth:`DecodeWorker.abort` — release of a request aborted mid-transfer.
+
+Every prealloc, failed prealloc, transfer, decode allocation, eviction and release is a ledger
+event whose pages are the ids that left or joined the allocator's free lists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.ledger import LedgerWriter
+from harness.pd import kvfill
+from harness.pd.prefill import pick_device
+from harness.pd.spec import KVSpec
+from harness.pd.tokens import prompt_ids, seeds
+
+logger = logging.getLogger(__name__)
+
+#: The SWA eviction cadence the harness runs decode with (sglang's default is 128): with 1 a
+#: request never holds more than ceil((window + page) / page) SWA pages, the ledger's bound.
+EVICTION_INTERVAL_ENV = "SGLANG_SWA_EVICTION_INTERVAL"
+
+
+class KVCorruption(AssertionError):
+    """Received or kept KV differs from what prefill wrote: names the request, pool, page and position."""
+
+    def __init__(self, rid: str, pool: str, where: kvfill.Mismatch, when: str):
+        super().__init__(f"KV corruption in request {rid}: {pool} {where} ({when})")
+        self.rid, self.pool, self.where = rid, pool, where
+
+
+class WindowLost(AssertionError):
+    """A token inside the sliding window has no SWA slot (evicted too early)."""
+
+
+class PreallocError(AssertionError):
+    """sglang's prealloc raised for a request (e.g. the page-alignment assertion); pages it took stay."""
+
+
+@dataclass
+class _Live:
+    req: Any
+    group: str
+    prompt_len: int
+    steps_left: int
+    swa_start: int = 0  # first position whose SWA pages were shipped
+
+
+def _ceil(n: int, p: int) -> int:
+    return -(-n // p) * p
+
+
+class DecodeWorker:
+    """Decode payload of one TP rank.
+
+    Args:
+        name: worker name (ledger file ``<run_dir>/ledger/<name>.jsonl``).
+        shard: TP rank.
+        spec: the pool configuration.
+        run_dir: the run directory.
+    """
+
+    def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str):
+        self.name, self.shard = name, shard
+        self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component="decode")
+        self.side: Any = None
+        self.live: dict[str, _Live] = {}
+        self.configure(spec)
+
+    # ---------------------------------------------------------------- set-up
+
+    def configure(self, spec: KVSpec) -> str:
+        """(Re)build the decode side for ``spec``; returns the device."""
+        from harness.targets.sglang.decode import DecodeConfig, DecodeSide
+        from harness.targets.sglang.pd_decode import Dsv4DecodeSide
+        from harness.targets.sglang.pools import PoolSizes
+        from harness.targets.sglang.prefill import page_buffers
+
+        if self.live:
+            raise RuntimeError(f"{self.name}: configure() with {len(self.live)} request(s) live")
+        self.spec = spec
+        self.device = pick_device(spec.device)
+        sizes = PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
+                          max_context_len=spec.max_context_len)
+        config = DecodeConfig(hisparse=spec.hisparse, page_size=spec.page_size, window=spec.window,
+                              radix_cache=spec.radix_cache, sizes=sizes, device=self.device)
+        self.side = Dsv4DecodeSide(config) if spec.kind == "dsv4" and not spec.hisparse else DecodeSide(config)
+        self.buffers = page_buffers(self.side.kv_pool, spec.page_size, spec.full_tokens // spec.page_size)
+        self.interval = max(1, int(os.environ.get(EVICTION_INTERVAL_ENV, "128")))
+        # The window the SWA pool must keep per request: sglang evicts once `interval` tokens slid out.
+        self.retained = spec.window + self.interval - 1
+        self.reserved: dict[str, tuple[int, int]] = {}
+        self.steps = 0
+        self.ledger.worker = f"{self.name}/{spec.tag}"
+        return self.device
+
+    def layout(self) -> dict[str, list[int]]:
+        """Bytes per page of each buffer a transfer writes (must equal the prefill side's)."""
+        return {"full": [int(b.shape[1]) for b in self.buffers.full], "swa": [int(b.shape[1]) for b in self.buffers.swa]}
+
+    # ---------------------------------------------------------------- helpers
+
+    def _pages(self) -> dict[str, frozenset[int]]:
+        from harness.targets.sglang.prefill import free_pages
+
+        return free_pages(self.side.allocator)
+
+    def _free(self) -> dict[str, int]:
+        return {k: v for k, v in self.side.snapshot().free().items() if k in ("full", "swa", "host")}
+
+    def _locs(self, live: _Live, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from harness.targets.sglang.prefill import token_locs
+
+        return token_locs(self.side.req_to_token_pool, self.side.allocator, live.req, start, end)
+
+    def _evicted(self, req: Any) -> int:
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        return int(req.kv.get_evicted_seqlen(ComponentType.SWA))
+
+    def _owned(self, live: _Live) -> dict[str, set[int]]:
+        """Pages this request's row points at now: full for all tokens, SWA for the live tail."""
+        P = self.spec.page_size
+        n = int(live.req.kv.kv_allocated_len)
+        full, swa = self._locs(live, 0, n)
+        ev = self._evicted(live.req)
+        return {"full": set((full // P).tolist()), "swa": set((swa[ev:] // P).tolist()) - {0}}
+
+    def _fits(self, fill: int, tail: int, steps: int) -> bool:
+        P = self.spec.page_size
+        snap = self.side.snapshot()
+        res_full = sum(r[0] for r in self.reserved.values())
+        res_swa = sum(r[1] for r in self.reserved.values())
+        grow_full = _ceil(fill + steps, P) - _ceil(fill, P)
+        grow_swa = max(0, (-(-(self.retained + P) // P)) * P - _ceil(tail, P))
+        full_avail = snap.full + snap.tree_full_evictable - res_full
+        swa_avail = snap.swa + snap.tree_swa_evictable - res_swa
+        ok = (snap.req_slots > 0 and full_avail >= _ceil(fill, P) + grow_full
+              and swa_avail >= _ceil(tail, P) + grow_swa)
+        if ok and snap.host is not None:
+            ok = snap.host >= _ceil(fill + steps, P)
+        if ok:
+            self._grow = (grow_full, grow_swa)
+        return ok
+
+    # ---------------------------------------------------------------- operations
+
+    def admit(self, rid: str, prompt_len: int, steps: int, group: str | None = None) -> dict[str, Any] | None:
+        """Preallocate a request through ``DecodePreallocQueue._pre_alloc`` if the pools can hold it.
+
+        Args:
+            rid: request id.
+            prompt_len: prompt tokens (the first output token arrives with the KV).
+            steps: decode steps it will run.
+            group: prefix group (default the rid).
+
+        Returns:
+            None when it must wait in the queue; else ``{"full": {request page j: page id},
+            "swa": {request page j: SWA page id}}`` — the destination pages the transfer fills.
+
+        Raises:
+            PreallocError: sglang's prealloc raised (the event is in the ledger as ``alloc_fail``).
+        """
+        from harness.targets.sglang.requests import make_req
+
+        P = self.spec.page_size
+        group = group or rid
+        req = make_req(rid, prompt_len, output_len=1, max_new_tokens=steps + 1)
+        req.origin_input_ids = prompt_ids(group, prompt_len)
+        fill = self.side.fill_len(req)
+        tail = self.side.swa_tail_len(fill)
+        if not self._fits(fill, tail, steps):
+            return None
+        before, free_before = self._pages(), self._free()
+        try:
+            result = self.side.prealloc(req)
+        except AssertionError as exc:
+            after = self._pages()
+            self.ledger.record("alloc_fail", rid, P, window=self.retained, fill_len=fill, swa_tail_len=tail,
+                               pages={k: tuple(sorted(before[k] - after[k])) for k in before},
+                               free_before=free_before, free_after=self._free(), note=str(exc)[:200])
+            raise PreallocError(f"decode prealloc of {rid} (fill {fill}, swa tail {tail}) failed: {exc}") from None
+        after = self._pages()
+        live = _Live(req, group, prompt_len, steps)
+        self.ledger.record("prealloc", rid, P, window=self.retained, fill_len=result.fill_len,
+                           swa_tail_len=result.swa_tail_len, evicted_seqlen=self._evicted(req),
+                           pages={k: tuple(sorted(before[k] - after[k])) for k in before},
+                           free_before=free_before, free_after=self._free(), note=f"prefix {result.prefix_len}")
+        self.live[rid] = live
+        self.reserved[rid] = self._grow
+        # What the real transfer metadata names (DecodePreallocQueue's kv_indices / _swa_payload):
+        # full pages past the cached prefix, SWA pages of the window past it, page-floored.
+        prefix = result.prefix_len
+        live.swa_start = max(prefix, prompt_len - self.spec.window) // P * P
+        full, swa = self._locs(live, 0, prompt_len)
+        full_pages = {j: int(full[j * P]) // P for j in range(prefix // P, -(-prompt_len // P))}
+        swa_pages = {j: int(swa[j * P]) // P for j in range(live.swa_start // P, -(-prompt_len // P))}
+        return {"full": full_pages, "swa": swa_pages, "prefix_len": prefix}
+
+    def write_chunk(self, rid: str, pool: str, pages: list[int], data: Any) -> int:
+        """Write received pages (``data`` from the prefill's ``read_chunk``, or its Ray ObjectRef).
+
+        Returns:
+            Bytes written.
+        """
+        if not isinstance(data, np.ndarray):
+            import ray
+
+            data = ray.get(data, timeout=60)
+        kvfill.scatter_pages(list(getattr(self.buffers, pool)), list(pages), data)
+        return int(data.size)
+
+    def commit(self, rid: str, full_pages: list[int], swa_pages: list[int]) -> None:
+        """The transfer of ``rid`` is complete: record it and verify every byte of its prompt's KV.
+
+        Full buffers are checked for every prompt token, SWA buffers for the window.
+
+        Raises:
+            KVCorruption: a byte differs (request, pool, buffer, position, page named).
+            WindowLost: a window token has no SWA slot.
+        """
+        live = self.live[rid]
+        P = self.spec.page_size
+        self.ledger.record("transfer", rid, P, pages={"full": tuple(sorted(full_pages)), "swa": tuple(sorted(swa_pages))})
+        self._verify(live, 0, live.prompt_len, full=True, when="after transfer")
+        self._verify(live, max(0, live.prompt_len - self.spec.window), live.prompt_len, full=False, when="after transfer")
+
+    def _verify(self, live: _Live, start: int, end: int, *, full: bool, when: str) -> None:
+        if end <= start:
+            return
+        P = self.spec.page_size
+        full_locs, swa_locs = self._locs(live, start, end)
+        locs = full_locs if full else swa_locs
+        if not full and bool((swa_locs == 0).any()):
+            pos = start + int((swa_locs == 0).nonzero()[0, 0])
+            raise WindowLost(f"request {live.req.rid}: position {pos} inside the window [{start}, {end}) "
+                             f"has no SWA slot ({when}); evicted_seqlen={self._evicted(live.req)}")
+        views = list(self.buffers.full if full else self.buffers.swa)
+        b0 = 0 if full else len(self.buffers.full)
+        prompt_seed, out_seed = seeds(live.group, live.req.rid, self.shard)
+        split = min(max(live.prompt_len, start), end)
+        for lo, hi, seed in ((start, split, prompt_seed), (split, end, out_seed)):
+            if hi <= lo:
+                continue
+            sel = slice(lo - start, hi - start)
+            pos = torch.arange(lo, hi, dtype=torch.int64)
+            bad = kvfill.verify(views, P, b0, seed, pos, locs[sel] // P, locs[sel] % P)
+            if bad is not None:
+                raise KVCorruption(live.req.rid, "full" if full else "swa", bad, when)
+
+    def step(self) -> list[str]:
+        """One batched decode step for every running request; release the ones that are done.
+
+        Returns:
+            The request ids finished (and released) by this step.
+
+        Raises:
+            KVCorruption / WindowLost: the window's KV is not intact after the step.
+        """
+        from harness.targets.sglang.pd_decode import decode_step
+
+        if not self.live:
+            return []
+        P = self.spec.page_size
+        lives = list(self.live.values())
+        owned_before = {lv.req.rid: self._owned(lv) for lv in lives}
+        ev_before = {lv.req.rid: self._evicted(lv.req) for lv in lives}
+        before = self._pages()
+        out = decode_step(self.side, [lv.req for lv in lives], self.steps)
+        self.steps += 1
+        after = self._pages()
+        taken = {k: before[k] - after[k] for k in before}
+        freed = {k: after[k] - before[k] for k in before}
+        seen_taken = {k: set() for k in before}
+        seen_freed = {k: set() for k in before}
+        for lv, loc in zip(lives, out.tolist()):
+            rid = lv.req.rid
+            pos = int(lv.req.kv.kv_committed_len) - 1
+            seed = seeds(lv.group, rid, self.shard)[1]
+            _, swa_loc = self._locs(lv, pos, pos + 1)
+            p = torch.tensor([pos])
+            kvfill.write(list(self.buffers.full), P, 0, seed, p, torch.tensor([loc // P]), torch.tensor([loc % P]))
+            if int(swa_loc[0]):
+                kvfill.write(list(self.buffers.swa), P, len(self.buffers.full), seed, p, swa_loc // P, swa_loc % P)
+            lv.req.output_ids.append(100_001 + pos)  # the "sampled" token
+            lv.steps_left -= 1
+            now = self._owned(lv)
+            gone = {k: (owned_before[rid][k] - now[k]) & freed[k] for k in freed}
+            new = {k: (now[k] - owned_before[rid][k]) & taken[k] for k in taken}
+            for k in taken:
+                seen_taken[k] |= new[k]
+                seen_freed[k] |= gone[k]
+            ev = self._evicted(lv.req)
+            if ev != ev_before[rid] or any(gone.values()):
+                self.ledger.record("evict", rid, P, window=self.retained, evicted_seqlen=ev,
+                                   pages={k: tuple(sorted(v)) for k, v in gone.items()})
+            self.ledger.record("decode_alloc", rid, P, window=self.retained, fill_len=pos + 1,
+                               pages={k: tuple(sorted(v)) for k, v in new.items()})
+        stray_taken = {k: tuple(sorted(taken[k] - seen_taken[k])) for k in taken}
+        stray_freed = {k: tuple(sorted(freed[k] - seen_freed[k])) for k in freed}
+        if any(stray_taken.values()):  # taken by the step but in no request's row: a leak
+            self.ledger.record("decode_alloc", "<unattributed>", P, pages=stray_taken)
+        if any(stray_freed.values()):  # freed by the step but owned by no request: a double free
+            self.ledger.record("evict", "<unattributed>", P, pages=stray_freed)
+        for lv in lives:
+            n = int(lv.req.kv.kv_committed_len)
+            self._verify(lv, max(0, n - self.spec.window), n, full=False, when=f"decode step {self.steps}")
+        done = [lv.req.rid for lv in lives if lv.steps_left <= 0]
+        for rid in done:
+            live = self.live[rid]
+            self._verify(live, 0, int(live.req.kv.kv_committed_len), full=True, when="at finish")
+            self._release(rid, abort=False)
+        return done
+
+    def _release(self, rid: str, *, abort: bool) -> None:
+        from harness.targets.sglang.pd_decode import abort as abort_release
+
+        live = self.live.pop(rid)
+        self.reserved.pop(rid, None)
+        P = self.spec.page_size
+        before, free_before = self._pages(), self._free()
+        if abort:
+            abort_release(self.side, live.req)
+        else:
+            self.side.release(live.req)
+        after = self._pages()
+        self.ledger.record("release", rid, P, pages={k: tuple(sorted(after[k] - before[k])) for k in before},
+                           free_before=free_before, free_after=self._free(), note="abort" if abort else "")
+
+    def abort(self, rid: str) -> bool:
+        """Release a request aborted mid-transfer. Returns False if this rank does not hold it."""
+        if rid not in self.live:
+            return False
+        self._release(rid, abort=True)
+        return True
+
+    def drain_cache(self) -> None:
+        """Evict the decode radix cache (radix mode), recording the pages it gives back."""
+        before, free_before = self._pages(), self._free()
+        self.side.evict_cache()
+        after = self._pages()
+        freed = {k: tuple(sorted(after[k] - before[k])) for k in before}
+        if any(freed.values()):
+            self.ledger.record("evict", "<cache>", self.spec.page_size, pages=freed, free_before=free_before,
+                               free_after=self._free())
+
+    def idle(self) -> dict[str, Any]:
+        """Live requests and the free sizes versus the baseline the pools started with."""
+        return {"live": sorted(self.live), "free": self._free(),
+                "baseline": {k: v for k, v in self.side.baseline.free().items() if k in ("full", "swa", "host")}}
+
+    def ledger_mark(self) -> int:
+        """How many ledger events this worker has written."""
+        return len(self.ledger.events)
+
+    def ledger_events(self, since: int = 0) -> list[dict[str, Any]]:
+        """This worker's ledger events from index ``since`` on, as JSON objects."""
+        return [json.loads(e.to_json()) for e in self.ledger.events[since:]]
+
+    def close(self) -> None:
+        self.ledger.close()

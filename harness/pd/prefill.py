@@ -1,0 +1,158 @@
+"""The prefill worker payload: one per prefill TP rank, holding that rank's real sglang pools.
+
+For each request it allocates the prompt through the real allocator, writes deterministic KV for
+every prompt token into every page-indexed buffer (this rank's head shard: the content seed mixes
+in the shard, so a rank→rank mix-up is caught), hands out pages for the transfer and frees through
+the real release path. Every allocation, transfer and release is a ledger event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.ledger import LedgerWriter
+from harness.pd import kvfill
+from harness.pd.spec import KVSpec
+from harness.pd.tokens import prompt_ids, seeds
+
+logger = logging.getLogger(__name__)
+
+
+def pick_device(wanted: str) -> str:
+    """``cuda`` when asked for it or for ``auto`` and torch sees a GPU, else ``cpu``."""
+    if wanted in ("auto", "cuda") and torch.cuda.is_available():
+        return "cuda:0"  # CUDA_VISIBLE_DEVICES already narrows the worker to its GPU
+    return "cpu"
+
+
+class PrefillWorker:
+    """Prefill payload of one TP rank.
+
+    Args:
+        name: worker name (ledger file ``<run_dir>/ledger/<name>.jsonl``).
+        shard: TP rank (its head shard).
+        spec: the pool configuration.
+        run_dir: the run directory.
+    """
+
+    def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str):
+        self.name, self.shard = name, shard
+        self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component="prefill")
+        self.side: Any = None
+        self.configure(spec)
+
+    def configure(self, spec: KVSpec) -> str:
+        """(Re)build the pools for ``spec``; ledger events of this configuration get their own books.
+
+        Returns:
+            The device the pools are on.
+        """
+        from harness.targets.sglang.pools import PoolSizes
+        from harness.targets.sglang.prefill import PrefillSide
+
+        if self.side is not None and self.reqs:
+            raise RuntimeError(f"{self.name}: configure() with {len(self.reqs)} request(s) still held")
+        self.spec = spec
+        self.device = pick_device(spec.device)
+        sizes = PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
+                          max_context_len=spec.max_context_len)
+        self.side = PrefillSide(spec.kind, spec.page_size, spec.window, sizes, self.device)
+        self.buffers = self.side.buffers
+        if spec.hisparse:  # decode keeps C4 on the host: ship only what both sides hold per page
+            self.buffers = type(self.buffers)(tuple(b for b in self.buffers.full if b.shape[1] != _c4_bytes(self.side)),
+                                              self.buffers.swa)
+        self.reqs: dict[str, Any] = {}
+        self.groups: dict[str, str] = {}
+        self.shipped: dict[str, dict[str, set[int]]] = {}
+        self.ledger.worker = f"{self.name}/{spec.tag}"
+        return self.device
+
+    def layout(self) -> dict[str, list[int]]:
+        """Bytes per page of each transferred buffer (the decode side checks it has the same)."""
+        return {"full": [int(b.shape[1]) for b in self.buffers.full], "swa": [int(b.shape[1]) for b in self.buffers.swa]}
+
+    def prefill(self, rid: str, prompt_len: int, group: str | None = None) -> dict[str, Any]:
+        """Allocate the prompt, write its KV and return the page map.
+
+        Args:
+            rid: request id.
+            prompt_len: prompt tokens.
+            group: prefix group (same group = same prompt ids and KV); default the rid.
+
+        Returns:
+            ``{"full": [page id of request page j], "swa": [...]}`` (SWA page id 0 = no slot).
+
+        Raises:
+            MemoryError: the prefill pools cannot hold the prompt.
+        """
+        P = self.spec.page_size
+        group = group or rid
+        before, free_before = self.side.free_pages(), self.side.free_sizes()
+        req = self.side.alloc(rid, prompt_len)
+        req.origin_input_ids = prompt_ids(group, prompt_len)
+        after, free_after = self.side.free_pages(), self.side.free_sizes()
+        self.ledger.record("prealloc", rid, P, fill_len=prompt_len,
+                           pages={k: tuple(sorted(before[k] - after[k])) for k in before},
+                           free_before=free_before, free_after=free_after)
+        full, swa = self.side.locs(req, 0, prompt_len)
+        pos = torch.arange(prompt_len, dtype=torch.int64)
+        seed, _ = seeds(group, rid, self.shard)
+        kvfill.write(list(self.buffers.full), P, 0, seed, pos, full // P, full % P)
+        kvfill.write(list(self.buffers.swa), P, len(self.buffers.full), seed, pos, swa // P, swa % P)
+        self.reqs[rid], self.groups[rid] = req, group
+        self.shipped[rid] = {"full": set(), "swa": set()}
+        return {"full": (full[::P] // P).tolist(), "swa": (swa[::P] // P).tolist()}
+
+    def read_chunk(self, rid: str, pool: str, pages: list[int]) -> np.ndarray:
+        """Pack whole pages (page ids of this side) of every ``pool`` buffer for the transfer.
+
+        Args:
+            rid: the request the pages belong to.
+            pool: ``full`` or ``swa``.
+            pages: page ids.
+
+        Returns:
+            A flat uint8 array (see :func:`harness.pd.kvfill.gather_pages`).
+        """
+        self.shipped[rid][pool].update(pages)
+        return kvfill.gather_pages(list(getattr(self.buffers, pool)), list(pages))
+
+    def release(self, rid: str) -> None:
+        """Record what was shipped, then free the request through the real release path."""
+        req = self.reqs.pop(rid)
+        self.groups.pop(rid, None)
+        shipped = self.shipped.pop(rid)
+        P = self.spec.page_size
+        self.ledger.record("transfer", rid, P, pages={k: tuple(sorted(v)) for k, v in shipped.items()})
+        before, free_before = self.side.free_pages(), self.side.free_sizes()
+        self.side.release(req)
+        after, free_after = self.side.free_pages(), self.side.free_sizes()
+        self.ledger.record("release", rid, P, pages={k: tuple(sorted(after[k] - before[k])) for k in before},
+                           free_before=free_before, free_after=free_after)
+
+    def held(self) -> list[str]:
+        """Requests this rank still holds."""
+        return sorted(self.reqs)
+
+    def ledger_mark(self) -> int:
+        """How many ledger events this worker has written."""
+        return len(self.ledger.events)
+
+    def ledger_events(self, since: int = 0) -> list[dict[str, Any]]:
+        """This worker's ledger events from index ``since`` on, as JSON objects."""
+        return [json.loads(e.to_json()) for e in self.ledger.events[since:]]
+
+    def close(self) -> None:
+        self.ledger.close()
+
+
+def _c4_bytes(side: Any) -> int:
+    pools = getattr(side.kv_pool, "kv_pools", {})
+    c4 = pools.get(4)
+    return int(c4.kv_buffer[0][0].nbytes) if c4 is not None else -1

@@ -1,0 +1,201 @@
+"""The PD driver: a workload through prefill and decode ranks, with the ledger as the oracle.
+
+Loop: the head of the queue is offered to decode (every rank runs the real prealloc); if the pools
+cannot hold it yet it waits — nothing is dropped — while running requests take decode steps and
+free memory. Once admitted, prefill allocates and writes its prompt, the pages move (chunked,
+bounded in flight), prefill releases, and decode verifies and starts decoding. A request marked
+for abort stops mid-transfer and both sides release it. At the end the decode radix cache is
+drained, both sides must be back to their baseline, and the ledger events of this run are checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from harness import ledger
+from harness.pd.ranks import Ranks
+from harness.pd.spec import KVSpec, PDRequest
+from harness.pd.transfer import plan, transfer
+
+logger = logging.getLogger(__name__)
+
+
+class PDError(AssertionError):
+    """The PD run broke an end-to-end expectation (ranks disagree, a request can never fit, not idle)."""
+
+
+@dataclass
+class RunResult:
+    """What one :func:`run` did, and the ledger's verdict on it."""
+
+    completed: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    waited: set[str] = field(default_factory=set)
+    max_running: int = 0
+    steps: int = 0
+    chunks: int = 0
+    bytes: int = 0
+    transfer_s: float = 0.0
+    wall_s: float = 0.0
+    events: list[ledger.Event] = field(default_factory=list)
+    violations: list[ledger.Violation] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def assert_clean(self) -> None:
+        """Raise :class:`PDError` listing idle problems and ledger violations, if any."""
+        if self.problems or self.violations:
+            lines = self.problems + [str(v) for v in self.violations[:20]]
+            raise PDError(f"{len(self.problems)} idle problem(s), {len(self.violations)} ledger violation(s):\n"
+                          + "\n".join(lines))
+
+    @property
+    def gbps(self) -> float:
+        """P→D transfer rate (GB/s of KV bytes moved, transfer time only)."""
+        return self.bytes / self.transfer_s / 1e9 if self.transfer_s else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able summary with the ledger summary inside."""
+        return {
+            "completed": len(self.completed), "aborted": len(self.aborted), "waited": len(self.waited),
+            "max_running": self.max_running, "steps": self.steps, "chunks": self.chunks, "bytes": self.bytes,
+            "transfer_gbps": round(self.gbps, 4), "wall_s": round(self.wall_s, 3),
+            "requests_per_s": round((len(self.completed) + len(self.aborted)) / self.wall_s, 2) if self.wall_s else 0.0,
+            "problems": list(self.problems),
+            "ledger": ledger.summarise(self.events),
+        }
+
+
+class PDPair:
+    """The prefill and decode ranks of one PD pair (same TP size: rank r sends to rank r).
+
+    Args:
+        prefill: prefill ranks.
+        decode: decode ranks.
+    """
+
+    def __init__(self, prefill: Ranks, decode: Ranks):
+        if len(prefill) != len(decode):
+            raise ValueError(f"prefill has {len(prefill)} ranks, decode {len(decode)}: rank→rank needs equal TP")
+        self.prefill, self.decode = prefill, decode
+
+    def configure(self, spec: KVSpec) -> None:
+        """Rebuild every rank's pools for ``spec`` and check both sides move the same page layout.
+
+        Raises:
+            PDError: the prefill and decode page layouts differ.
+        """
+        handles_p = [self.prefill.submit(r, "configure", spec) for r in range(len(self.prefill))]
+        handles_d = [self.decode.submit(r, "configure", spec) for r in range(len(self.decode))]
+        self.prefill.get(handles_p)
+        self.decode.get(handles_d)
+        lp, ld = self.prefill.all("layout")[0], self.decode.all("layout")[0]
+        if lp != ld:
+            raise PDError(f"page layouts differ: prefill {lp}, decode {ld}")
+        self.page_bytes = {k: sum(v) for k, v in lp.items()}
+        self.spec = spec
+
+    def ledger_marks(self) -> dict[str, list[int]]:
+        """Per role and rank, how many ledger events each worker has written so far."""
+        return {"prefill": self.prefill.all("ledger_mark"), "decode": self.decode.all("ledger_mark")}
+
+    def events_since(self, marks: dict[str, list[int]]) -> list[ledger.Event]:
+        """The ledger events every rank wrote after ``marks`` (from :meth:`ledger_marks`)."""
+        events = []
+        for role, ranks in (("prefill", self.prefill), ("decode", self.decode)):
+            handles = [ranks.submit(r, "ledger_events", marks[role][r]) for r in range(len(ranks))]
+            for batch in ranks.get(handles):
+                events.extend(ledger.Event.from_dict(e) for e in batch)
+        return events
+
+
+def _agree(results: list[Any], what: str) -> Any:
+    first = results[0]
+    if any(r != first for r in results[1:]):
+        raise PDError(f"TP ranks disagree on {what}: {results}")
+    return first
+
+
+def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, max_inflight_bytes: int = 16 << 20,
+        groups: dict[str, str] | None = None) -> RunResult:
+    """Run ``requests`` through the pair and check the ledger of this run.
+
+    Args:
+        pair: a configured :class:`PDPair`.
+        requests: the workload, in arrival order.
+        chunk_pages: pages per transfer chunk.
+        max_inflight_bytes: transfer bound on unacknowledged bytes.
+        groups: rid -> prefix group (requests of a group share their prompt); default each its own.
+
+    Returns:
+        The :class:`RunResult` (``violations`` empty when the books balance).
+
+    Raises:
+        PDError: ranks disagree, a request can never be admitted, or a side is not idle at the end.
+        KVCorruption / WindowLost / PreallocError: from the decode ranks (the first one raised).
+        WorkerDied: a rank's worker died.
+    """
+    groups = groups or {}
+    res = RunResult()
+    t0 = time.perf_counter()
+    marks = pair.ledger_marks()
+    queue = deque(requests)
+    running: set[str] = set()
+    while queue or running:
+        while queue:
+            req = queue[0]
+            group = groups.get(req.rid, req.rid)
+            dst = pair.decode.all("admit", req.rid, req.prompt_len, req.decode_steps, group)
+            if all(d is None for d in dst):
+                res.waited.add(req.rid)
+                break
+            if any(d is None for d in dst):
+                raise PDError(f"TP ranks disagree on admitting {req.rid}: {[d is not None for d in dst]}")
+            queue.popleft()
+            src = pair.prefill.all("prefill", req.rid, req.prompt_len, group)
+            chunks = plan(src, dst, chunk_pages)
+            stats = transfer(pair.prefill, pair.decode, req.rid, chunks, pair.page_bytes,
+                             max_inflight_bytes=max_inflight_bytes, abort_after=req.abort_after_chunks)
+            res.chunks += stats.chunks
+            res.bytes += stats.bytes
+            res.transfer_s += stats.seconds
+            pair.prefill.all("release", req.rid)
+            if stats.aborted:
+                pair.decode.all("abort", req.rid)
+                res.aborted.append(req.rid)
+                continue
+            full = [sorted(d["full"].values()) for d in dst]
+            swa = [sorted(d["swa"].values()) for d in dst]
+            pair.decode.get([pair.decode.submit(r, "commit", req.rid, full[r], swa[r]) for r in range(len(pair.decode))])
+            running.add(req.rid)
+            res.max_running = max(res.max_running, len(running))
+        if running:
+            done = _agree([sorted(d) for d in pair.decode.all("step")], "finished requests")
+            res.steps += 1
+            running -= set(done)
+            res.completed.extend(done)
+        elif queue:
+            raise PDError(f"request {queue[0].rid} (prompt {queue[0].prompt_len}) can never be admitted: "
+                          "the decode pools are idle and still cannot hold it")
+    if pair.spec.radix_cache:
+        pair.decode.all("drain_cache")
+    res.problems = _idle_problems(pair)
+    res.wall_s = time.perf_counter() - t0
+    res.events = pair.events_since(marks)
+    res.violations = ledger.check(res.events)
+    return res
+
+
+def _idle_problems(pair: PDPair) -> list[str]:
+    out = []
+    held = pair.prefill.all("held")
+    if any(held):
+        out.append(f"prefill ranks still hold requests at the end: {held}")
+    for rank, state in enumerate(pair.decode.all("idle")):
+        if state["live"] or state["free"] != state["baseline"]:
+            out.append(f"decode rank {rank} not back to baseline when idle: live {state['live']}, "
+                       f"free {state['free']} vs baseline {state['baseline']}")
+    return out

@@ -1,0 +1,106 @@
+"""What a PD run does: the pool configuration of both sides, the requests, a seeded workload."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+KV_KINDS = ("swa", "dsv4")
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """Pool configuration shared by the prefill and decode workers of one PD pair.
+
+    Attributes:
+        kind: ``swa`` (SWAKVPool, hybrid SWA) or ``dsv4`` (DeepSeek-V4 pools).
+        page_size: tokens per page.
+        window: the sliding window.
+        hisparse: DeepSeek-V4 hisparse on the decode side (``dsv4`` only).
+        radix_cache: ``--disaggregation-decode-enable-radix-cache`` on the decode side.
+        full_tokens: decode full-pool tokens (prefill gets the same, SWA included).
+        swa_tokens: decode SWA-pool tokens.
+        req_slots: request slots on each side.
+        max_context_len: longest request.
+        device: torch device of the pools ("cpu" or "cuda"; a worker picks "cuda" when it has one).
+    """
+
+    kind: str = "swa"
+    page_size: int = 64
+    window: int = 100
+    hisparse: bool = False
+    radix_cache: bool = False
+    full_tokens: int = 48 * 64
+    swa_tokens: int = 16 * 64
+    req_slots: int = 8
+    max_context_len: int = 4096
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KV_KINDS:
+            raise ValueError(f"kind {self.kind!r} unknown; use one of {KV_KINDS}")
+        if self.hisparse and self.kind != "dsv4":
+            raise ValueError("hisparse needs kind='dsv4'")
+        for name in ("full_tokens", "swa_tokens"):
+            if getattr(self, name) % self.page_size:
+                raise ValueError(f"{name}={getattr(self, name)} is not a multiple of page_size {self.page_size}")
+
+    @property
+    def tag(self) -> str:
+        """Short name of the configuration, used in worker ledger names."""
+        bits = [self.kind, f"p{self.page_size}", f"w{self.window}"]
+        bits += ["hisparse"] if self.hisparse else []
+        bits += ["radix"] if self.radix_cache else []
+        return "-".join(bits)
+
+
+@dataclass(frozen=True)
+class PDRequest:
+    """One request through P→D: a prompt, decode steps after the handover, an optional abort.
+
+    Attributes:
+        rid: request id.
+        prompt_len: prompt tokens (prefill computes them, decode receives their KV).
+        decode_steps: decode steps after the first token.
+        abort_after_chunks: abort the request after this many transfer chunks (None: never).
+    """
+
+    rid: str
+    prompt_len: int
+    decode_steps: int = 4
+    abort_after_chunks: int | None = None
+
+
+def workload(seed: int, n: int, *, page_size: int, max_prompt: int, max_steps: int = 8,
+             abort_rate: float = 0.0, prefix: str = "r") -> list[PDRequest]:
+    """A seeded workload: prompt lengths mostly at page boundaries (±1) and some uniform, a few aborts.
+
+    Args:
+        seed: the random seed (same seed, same workload).
+        n: number of requests.
+        page_size: the page size the boundaries are placed at.
+        max_prompt: longest prompt.
+        max_steps: most decode steps per request.
+        abort_rate: fraction of requests aborted mid-transfer (after their first chunk).
+        prefix: request-id prefix.
+
+    Returns:
+        The requests, in arrival order.
+
+    Raises:
+        ValueError: ``max_prompt`` shorter than a page.
+    """
+    if max_prompt < page_size:
+        raise ValueError(f"max_prompt {max_prompt} must be at least one page ({page_size})")
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if rng.random() < 0.7:
+            pages = rng.randint(1, max_prompt // page_size)
+            length = pages * page_size + rng.choice((-1, 0, 1))
+        else:
+            length = rng.randint(1, max_prompt)
+        length = max(1, min(length, max_prompt))
+        abort = 1 if rng.random() < abort_rate else None
+        out.append(PDRequest(f"{prefix}{i}", length, rng.randint(1, max_steps), abort))
+    return out
