@@ -129,3 +129,21 @@ def test_rerun_matrix_comes_from_dry_run_and_runs_on_runner_label():
     assert any("--plan-entry" in c and "--comment-out" in c for c in cmds)
     update = next(s for s in run["steps"] if "github update" in s.get("run", ""))
     assert update["if"].startswith("always()")
+
+
+def test_bot_side_needs_only_the_standard_library(tmp_path):
+    """The workflows call these with a bare setup-python interpreter: no site-packages (-S)."""
+    import subprocess
+    import sys
+
+    from rerun_tree import make_repo
+
+    repo = make_repo(tmp_path / "repo")
+    plan = subprocess.run([sys.executable, "-S", "-m", "harness.rerun.cli", "--dry-run", "--repo-root", str(repo),
+                           "/rerun-test test_hisparse_allocator.py test_disaggregation_dsv4.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert {e["runner"] for e in __import__("json").loads(plan.stdout)["include"]} == {"ubuntu-latest", "8-gpu-h200"}
+    for argv in (["harness.rerun.github", "--help"], ["harness.rerun.cli", "--parse-only", "test_a.py"]):
+        r = subprocess.run([sys.executable, "-S", "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr

@@ -26,10 +26,12 @@ from typing import Callable
 
 from harness.report import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan
-from harness.rerun.progress import ENV as PROGRESS_ENV
 
 log = logging.getLogger(__name__)
 
+#: Env var naming the JSON-lines file the progress plugin (:mod:`harness.rerun.progress`) writes.
+#: Defined here, not there, so planning never imports pytest (CI plans on a bare Python).
+PROGRESS_ENV = "HARNESS_RERUN_PROGRESS"
 POLL_S = 0.25
 KILL_GRACE_S = 10.0
 HEARTBEAT_S = 5.0
