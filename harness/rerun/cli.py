@@ -131,20 +131,8 @@ def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path]) 
     counts = {f.rel: len(f.tests) for f in reg.files}
     m = plan_mod.to_matrix(p, [str(d) for d in suites_dirs])
     for entry, g in zip(m["include"], p.groups):
-        entry["specs"] = compact_specs(g, counts)
+        entry["specs"] = [spec_text for spec_text, _ in plan_mod.compact(g.items, counts)]
     return m
-
-
-def compact_specs(group: plan_mod.Group, file_tests: dict[str, int]) -> list[str]:
-    """Display specs of a group with whole files collapsed to their path (shorter matrices)."""
-    by_file: dict[str, list[plan_mod.Item]] = {}
-    for it in group.items:
-        by_file.setdefault(it.file_rel, []).append(it)
-    out = []
-    for rel, its in by_file.items():
-        whole = any(i.nodeid == rel for i in its) or (file_tests.get(rel, -1) == len(its) and all("[" not in i.nodeid for i in its))
-        out.extend([rel] if whole else [i.nodeid for i in its])
-    return out
 
 
 class _Printer:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.report import CaseResult, GroupResult, one_line
-from harness.rerun.plan import Group, Item, Plan
+from harness.rerun.plan import Group, Item, Plan, compact
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +96,8 @@ def simulation(group: Group, gpus: int, joined: bool = False) -> bool | None:
 
 
 def targets(items: tuple[Item, ...], file_tests: dict[str, int]) -> list[str]:
-    """pytest arguments for items; a file whose every test is present collapses into its path.
-
-    Args:
-        items: the group's items.
-        file_tests: file display path → number of tests the file declares (all topologies).
-    """
-    by_file: dict[str, list[Item]] = {}
-    for it in items:
-        by_file.setdefault(it.file_rel, []).append(it)
-    out = []
-    for rel, its in by_file.items():
-        path = its[0].target.split("::", 1)[0]
-        whole = any("::" not in i.target for i in its) or (
-            file_tests.get(rel, -1) == len(its) and all("[" not in i.target for i in its))
-        out.extend([path] if whole else [i.target for i in its])
-    return out
+    """pytest arguments for items (see :func:`harness.rerun.plan.compact`)."""
+    return [target for _, target in compact(items, file_tests)]
 
 
 def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: dict[str, int]) -> list[str]:

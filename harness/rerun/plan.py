@@ -89,6 +89,30 @@ def items_by_topology(selections: list[Selection]) -> dict[str, list[Item]]:
     return out
 
 
+def compact(items: tuple[Item, ...], file_tests: dict[str, int]) -> list[tuple[str, str]]:
+    """(display spec, pytest target) per item, a file whose every test is present collapsed to its path.
+
+    Collapsing keeps command lines and matrices short; it is only done when the file holds nothing
+    else (its other tests may belong to other topologies) and no parametrize id narrows an item.
+
+    Args:
+        items: a group's items.
+        file_tests: file display path → number of tests the file declares (all topologies).
+    """
+    by_file: dict[str, list[Item]] = {}
+    for it in items:
+        by_file.setdefault(it.file_rel, []).append(it)
+    out: list[tuple[str, str]] = []
+    for rel, its in by_file.items():
+        whole = any(i.nodeid == rel for i in its) or (
+            file_tests.get(rel, -1) == len(its) and all("[" not in i.nodeid for i in its))
+        if whole:
+            out.append((rel, its[0].target.split("::", 1)[0]))
+        else:
+            out.extend((i.nodeid, i.target) for i in its)
+    return out
+
+
 def lpt(weights: list[float], n: int) -> list[list[int]]:
     """Longest-processing-time assignment of indices to ``n`` bins.
 
