@@ -49,6 +49,8 @@ class Fault:
         target: ``"package.module:Attr"`` or ``"package.module:Class.attr"``, the attribute replaced.
         make: factory ``make(original) -> replacement``; the original is passed so a fault can
             wrap it (call through and then misbehave) rather than copy it.
+        requires: names of faults applied before this one (a bug spanning two functions, e.g. an
+            unaligned tail *and* its assert bypassed); they are undone with it only if named too.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Fault:
     upstream: str
     target: str
     make: Callable[[Any], Any]
+    requires: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,13 @@ def catalog() -> dict[str, Fault]:
     """
     from harness.faults.catalog import FAULTS
 
+    # Importing the submodule ``harness.faults.catalog`` binds it as this package's attribute
+    # ``catalog``, shadowing this function for every later call: bind the function back.
+    globals()["catalog"] = _catalog_function
     return {fault.name: fault for fault in FAULTS}
+
+
+_catalog_function = catalog
 
 
 def get(name: str) -> Fault:
@@ -149,7 +158,7 @@ def activate(names: list[str] | tuple[str, ...]) -> list[str]:
     Raises:
         FaultError: an unknown name or a missing target; nothing from this call stays applied.
     """
-    faults = [get(name) for name in names]
+    faults = [get(name) for name in _with_required(names)]
     done: list[str] = []
     try:
         for fault in faults:
@@ -166,6 +175,21 @@ def activate(names: list[str] | tuple[str, ...]) -> list[str]:
         deactivate(done)
         raise
     return active()
+
+
+def _with_required(names: list[str] | tuple[str, ...]) -> list[str]:
+    # Required faults first, depth first, each name once.
+    out: list[str] = []
+
+    def add(name: str) -> None:
+        if name not in out:
+            for dep in get(name).requires:
+                add(dep)
+            out.append(name)
+
+    for name in names:
+        add(name)
+    return out
 
 
 def deactivate(names: list[str] | tuple[str, ...] | None = None) -> None:

@@ -66,3 +66,7 @@ FAULTS: tuple[Fault, ...] = (
         make=_free_kv_row_full_side_only,
     ),
 )
+
+from harness.faults.upstream import FAULTS as _UPSTREAM_FAULTS  # noqa: E402  (needs Fault defined first)
+
+FAULTS = FAULTS + _UPSTREAM_FAULTS

@@ -40,27 +40,34 @@ from harness.targets.sglang.snapshot import PoolSnapshot, req_state
 
 logger = logging.getLogger(__name__)
 
-# sglang's message when the allocator returns None in _pre_alloc.
-_KV_FULL = "KV cache is full"
+# sglang's messages when _pre_alloc finds no request slot, the allocator returns None, or (hisparse,
+# allocated right after the KV and before the KV is checked) the host pool has no room.
+_ALLOC_FAILURES = ("req_pool_indices is full", "KV cache is full", "host mem pool alloc failed")
 
 
 class PreallocFailed(RuntimeError):
-    """The allocator could not hold the request (sglang's ``KV cache is full!`` assertion).
+    """No request slot, or the allocator could not hold the request (sglang's ``req_pool_indices is
+    full!`` / ``KV cache is full!`` assertions, or on the hisparse path the host pool's
+    ``HiSparse host mem pool alloc failed``).
 
-    sglang's scheduler never reaches this (its admission check runs first); the harness does, to
-    test allocation failure. ``_pre_alloc`` takes the request slot before allocating KV, so the
-    slot is handed back before this is raised; any KV page still taken is a real leak and shows in
-    :meth:`DecodeSide.snapshot`.
+    sglang's scheduler never reaches these (its admission check runs first; the assertion would
+    end the worker); the harness does, to test allocation failure. ``_pre_alloc`` takes the request
+    slot before allocating KV, and on the hisparse path also allocates host slots before it checks
+    the KV allocation, so the adapter aborts the request through the real paths
+    (``HiSparseCoordinator.request_finished``, ``ReqToTokenPool.free``) before raising. Any KV page
+    still taken after that is a real leak and shows in :meth:`DecodeSide.snapshot`.
 
     Attributes:
         rid: the request.
         detail: sglang's assertion message.
+        held: slots per pool the failed ``_pre_alloc`` held before the abort (``taken_since``).
     """
 
-    def __init__(self, rid: str, detail: str):
-        super().__init__(f"prealloc of {rid} failed: {detail}")
+    def __init__(self, rid: str, detail: str, held: dict[str, int]):
+        super().__init__(f"prealloc of {rid} failed (held {held} until aborted): {detail}")
         self.rid = rid
         self.detail = detail
+        self.held = held
 
 
 @dataclass(frozen=True)
@@ -173,12 +180,16 @@ class DecodeSide:
 
         # Environment only: the fields _pre_alloc, _swa_tail_len and the radix-cache prefix match
         # read. tp_worker.is_hybrid_swa selects the SWA-aware size accessors in messages.
+        # An idle scheduler (nothing running, waiting or just prebuilt) for the admission budgets.
         scheduler = types.SimpleNamespace(
             sliding_window_size=self.config.window,
             enable_hisparse=self.config.hisparse,
             hisparse_coordinator=self.coordinator,
             enable_decode_hicache=False,
             tp_worker=types.SimpleNamespace(is_hybrid_swa=True),
+            running_batch=types.SimpleNamespace(reqs=[]),
+            waiting_queue=[],
+            last_batch=None,
         )
         queue = DecodePreallocQueue.__new__(DecodePreallocQueue)
         queue.req_to_token_pool = self.req_to_token_pool
@@ -188,6 +199,7 @@ class DecodeSide:
         queue.scheduler = scheduler
         queue.num_reserved_decode_tokens = self.config.num_reserved_decode_tokens
         queue.queue, queue.retracted_queue, queue.pending_reqs = [], [], []
+        queue.transfer_queue = types.SimpleNamespace(queue=[])
         return queue
 
     # -- sglang's own computations, exposed for tests -------------------------------------------
@@ -205,7 +217,53 @@ class DecodeSide:
         """``DecodePreallocQueue._uses_swa_tail_prealloc()``."""
         return self.queue._uses_swa_tail_prealloc()
 
+    def admission_budget(self) -> tuple[int, int | None]:
+        """The token budgets an idle decode scheduler admits preallocations against.
+
+        ``DecodePreallocQueue._swa_aware_allocatable_token_budgets()`` on the SWA-tail path,
+        ``_allocatable_token_budgets()`` otherwise.
+
+        Returns:
+            ``(full_budget, swa_budget)``; ``swa_budget`` is None off the SWA-tail path.
+        """
+        runtime.publish(self._settings)
+        if self.queue._uses_swa_tail_prealloc():
+            full, swa = self.queue._swa_aware_allocatable_token_budgets()
+            return int(full), int(swa)
+        return int(self.queue._allocatable_token_budgets()), None
+
     # -- operations -------------------------------------------------------------------------------
+
+    def alloc_with_tail(self, req: Any, swa_tail_len: int) -> Any:
+        """Allocate a request with a caller-chosen SWA tail, bypassing ``_swa_tail_len``.
+
+        Takes the request slot (as ``_pre_alloc`` does) and calls sglang's own
+        ``alloc_for_decode_prealloc`` (or ``alloc_for_decode_prealloc_hisparse``) with
+        ``fill_len = _pre_alloc_fill_len(req)``. This is how a test feeds the real allocation path
+        an unaligned tail without replacing any sglang code.
+
+        Args:
+            req: a request holding no KV.
+            swa_tail_len: the tail to allocate SWA slots for.
+
+        Returns:
+            The full-pool indices sglang allocated.
+
+        Raises:
+            AssertionError: sglang's own checks (page alignment of ``fill_len - swa_tail_len``).
+        """
+        from sglang.srt.disaggregation import decode
+
+        runtime.publish(self._settings)
+        fill_len = self.queue._pre_alloc_fill_len(req)
+        assert self.req_to_token_pool.alloc([req]) is not None, "no free request slot"
+        if self.config.hisparse:
+            return decode.alloc_for_decode_prealloc_hisparse(
+                self.allocator, req=req, fill_len=fill_len, uses_swa_tail=True, swa_tail_len=swa_tail_len)
+        return decode.alloc_for_decode_prealloc(
+            self.allocator, req=req, fill_len=fill_len, delta_len=fill_len, prefix_len=0, total_prefix_len=0,
+            prefix_indices=None, uses_swa_tail=self.queue._uses_swa_tail_prealloc(), swa_tail_len=swa_tail_len,
+            req_to_token_pool=self.req_to_token_pool)
 
     def prealloc(self, req: Any) -> PreallocResult:
         """Preallocate a received request through the real ``DecodePreallocQueue._pre_alloc``.
@@ -236,23 +294,29 @@ class DecodeSide:
         fill_len = queue._pre_alloc_fill_len(req)
         uses_swa_tail = queue._uses_swa_tail_prealloc()
         swa_tail_len = queue._swa_tail_len(fill_len)
+        before = self.snapshot()
         try:
             destination = queue._pre_alloc(req, prefix_indices, prefix_len, total_prefix_len)
-        except AssertionError as exc:
-            if _KV_FULL not in str(exc):
+        except (AssertionError, RuntimeError) as exc:
+            if not any(message in str(exc) for message in _ALLOC_FAILURES):
                 raise
-            self._undo_failed_prealloc(req)
-            raise PreallocFailed(req.rid, str(exc)) from exc
+            held = self.snapshot().taken_since(before)
+            self._abort_failed_prealloc(req)
+            raise PreallocFailed(req.rid, str(exc), held) from exc
         req.kv.cache_protected_len = total_prefix_len
         logger.debug("prealloc %s fill=%d tail=%d prefix=%d", req.rid, fill_len, swa_tail_len, prefix_len)
         return PreallocResult(rid=req.rid, fill_len=fill_len, swa_tail_len=swa_tail_len,
                               uses_swa_tail=uses_swa_tail, prefix_len=prefix_len, destination=destination)
 
-    def _undo_failed_prealloc(self, req: Any) -> None:
-        # What the scheduler's abort does for a request that got a slot but no KV: give the row
-        # back and drop the prefix lock. KV pages are deliberately not touched.
+    def _abort_failed_prealloc(self, req: Any) -> None:
+        # Abort a request that got a slot (and, hisparse, host slots) but no KV, through sglang's
+        # own paths: the coordinator frees the slot's host rows, the pool frees the row, the tree
+        # drops the prefix lock. Full and SWA pages are deliberately not touched.
         if req.kv.holds_kv:
+            if self.coordinator is not None:
+                self.coordinator.request_finished(req)
             self.req_to_token_pool.free(req)
+        req.kv.mark_kv_released()
         if getattr(req, "lock", None) is not None:
             self.tree_cache.unlock(req.lock)
             req.lock = None

@@ -1,0 +1,40 @@
+"""Shared fixtures of the unit suites: real sglang decode-side objects from the adapter.
+
+The device comes from env ``HARNESS_DEVICE`` (a Ray worker sets it to its GPU, e.g. ``cuda:0``) and
+defaults to ``cpu``. Nothing here replaces sglang code: faults are injected only by the harness's
+own tests (``--inject-fault``), never by these suites.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import pytest
+
+from harness.targets.sglang import DecodeConfig, DecodeSide
+
+#: Env var naming the device the suites build their pools on.
+DEVICE_ENV = "HARNESS_DEVICE"
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """The device to build pools on: ``$HARNESS_DEVICE`` or ``cpu``."""
+    return os.environ.get(DEVICE_ENV, "cpu")
+
+
+@pytest.fixture
+def decode_side(device: str) -> Callable[..., DecodeSide]:
+    """Factory: ``decode_side(**DecodeConfig fields) -> DecodeSide`` on the session's device."""
+
+    def make(**fields: Any) -> DecodeSide:
+        return DecodeSide(DecodeConfig(device=device, **fields))
+
+    return make
+
+
+@pytest.fixture
+def hisparse_side(decode_side: Callable[..., DecodeSide]) -> DecodeSide:
+    """The seed's hisparse decode side: DeepSeek-V4 pools, page 256, ``sliding_window_size=200``."""
+    return decode_side(hisparse=True, page_size=256, window=200)
