@@ -125,3 +125,21 @@ def test_spec_is_frozen():
     s = Spec(path="test_a.py")
     with pytest.raises(AttributeError):
         s.path = "x"  # type: ignore[misc]
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab_-./:[]=;|&$`<>(){}*?!~'\"\\#%^ \t\n\x00é0.py")), max_size=40))
+def test_anything_accepted_is_inert(token):
+    """Whatever the input, an accepted spec has no shell syntax, no '..', no option and ends in a .py path."""
+    try:
+        s = parse_spec(token)
+    except SpecError as e:
+        assert "\n" not in str(e)
+        return
+    assert not set(token) & set(";|&$`<>(){}*?!~'\"\\#%^ \t\n\x00")
+    assert ".." not in s.path.split("/") and not token.startswith("-")
+    assert all(not seg.startswith("-") for seg in s.path.split("/"))
+    assert s.path.endswith(".py")
