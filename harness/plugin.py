@@ -51,7 +51,7 @@ from harness import topology as topology_mod
 log = logging.getLogger(__name__)
 
 #: Concern plugins (``harness/plugins/<concern>.py``) loaded with this one: add one line each.
-pytest_plugins: list[str] = ["harness.plugins.engine"]
+pytest_plugins: list[str] = ["harness.plugins.engine", "harness.plugins.pd", "harness.plugins.seeds", "harness.plugins.faults"]
 
 _FAILFAST_SIGNAL = signal.SIGUSR2
 
@@ -124,6 +124,7 @@ class HarnessState:
         self._lock = threading.Lock()
         self._armed = False
         self._pending: list[Any] = []
+        self._raised: list[Any] = []
         self.workers: list[Any] = []
         self._names: dict[str, int] = {}
 
@@ -221,24 +222,28 @@ class HarnessState:
     def arm(self) -> list[Any]:
         """Start a test body: deaths from now on interrupt it. Returns deaths already recorded."""
         with self._lock:
-            early, self._pending = self._pending, []
+            early, self._pending, self._raised = self._pending, [], []
             self._armed = True
         return early
 
     def disarm(self) -> list[Any]:
-        """End a test body; return deaths not yet raised into it."""
+        """End a test body; return every death during it (raised into it or not)."""
         with self._lock:
             self._armed = False
-            left, self._pending = self._pending, []
-        return left
+            seen = self._raised + self._pending
+            self._pending, self._raised = [], []
+        return seen
 
     def take_for_signal(self) -> Any:
-        """In the signal handler (main thread): the death to raise, or None. Disarms."""
+        """In the signal handler (main thread): the death to raise, or None. Disarms, so one
+        interrupt at most reaches the test (a second one could land inside pytest itself)."""
         with self._lock:
             if not self._armed or not self._pending:
                 return None
             self._armed = False
-            return self._pending.pop(0)
+            died = self._pending.pop(0)
+            self._raised.append(died)
+            return died
 
     def close(self) -> None:
         for w in self.workers:
@@ -259,6 +264,7 @@ def _state(config: pytest.Config) -> HarnessState:
 
 def _failfast_handler(config: pytest.Config) -> Callable[[int, Any], None]:
     def handler(signum: int, frame: Any) -> None:
+        __tracebackhide__ = True
         state = config.stash.get(state_key, None)
         died = state.take_for_signal() if state is not None else None
         if died is not None:
@@ -343,7 +349,7 @@ def _pick_topology(request: pytest.FixtureRequest) -> str:
         return str(param)
     m = request.node.get_closest_marker("topology")
     if m is not None and not names:
-        raise pytest.UsageError(f"{request.node.nodeid}: @pytest.mark.topology() needs a name; e.g. topology(\"cpu\")")
+        pytest.fail(f'{request.node.nodeid}: @pytest.mark.topology() needs a name, e.g. topology("cpu")', pytrace=False)
     if s.topology:
         if names and s.topology not in names and Path(s.topology).stem not in names:
             pytest.skip(f"runs on {', '.join(names)}; --topology is {s.topology}")
@@ -358,7 +364,7 @@ def topology(request: pytest.FixtureRequest) -> topology_mod.Topology:
     try:
         return topology_mod.get(name)
     except topology_mod.TopologyError as e:
-        raise pytest.UsageError(f"{request.node.nodeid}: {e}") from None
+        pytest.fail(f"{request.node.nodeid}: {e}", pytrace=False)
 
 
 # ------------------------------------------------------------------ cluster, run dir, workers
@@ -476,7 +482,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         state.disarm()
         raise
     late = [d for d in state.disarm() if _owns(item, d)]
-    if late:  # the test swallowed the interrupt or ended just before it: it still fails
+    if late:  # a worker died, yet the test passed: it swallowed the interrupt or ended just before it
         raise late[0]
     return result
 

@@ -63,6 +63,7 @@ class _Live:
     prompt_len: int
     steps_left: int
     swa_start: int = 0  # first position whose SWA pages were shipped
+    prefix: int = 0  # tokens reused from the decode radix cache (their pages are the cache's)
 
 
 def _ceil(n: int, p: int) -> int:
@@ -138,12 +139,20 @@ class DecodeWorker:
         return int(req.kv.get_evicted_seqlen(ComponentType.SWA))
 
     def _owned(self, live: _Live) -> dict[str, set[int]]:
-        """Pages this request's row points at now: full for all tokens, SWA for the live tail."""
+        """Pages this request owns now: full pages past its cached prefix, SWA pages of its live tail."""
         P = self.spec.page_size
         n = int(live.req.kv.kv_allocated_len)
-        full, swa = self._locs(live, 0, n)
-        ev = self._evicted(live.req)
+        full, swa = self._locs(live, live.prefix, n)
+        ev = max(0, self._evicted(live.req) - live.prefix)
         return {"full": set((full // P).tolist()), "swa": set((swa[ev:] // P).tolist()) - {0}}
+
+    def _record_cache_eviction(self, pages: dict[str, set[int]], free_before: dict[str, int] | None = None) -> None:
+        # Pages the radix cache gave back inside an allocation (sglang evicts the tree before it
+        # allocates): freed by the cache, possibly handed straight to the request.
+        if any(pages.values()):
+            self.ledger.record("evict", "<cache>", self.spec.page_size,
+                               pages={k: tuple(sorted(v)) for k, v in pages.items()},
+                               free_before=free_before or {}, note="radix cache eviction")
 
     def _fits(self, fill: int, tail: int, steps: int) -> bool:
         P = self.spec.page_size
@@ -200,11 +209,16 @@ class DecodeWorker:
                                free_before=free_before, free_after=self._free(), note=str(exc)[:200])
             raise PreallocError(f"decode prealloc of {rid} (fill {fill}, swa tail {tail}) failed: {exc}") from None
         after = self._pages()
-        live = _Live(req, group, prompt_len, steps)
+        live = _Live(req, group, prompt_len, steps, prefix=result.prefix_len)
+        owned = self._owned(live)
+        from_cache = {k: (owned[k] - before[k]) | (after[k] - before[k]) for k in before}
+        exact = not any(from_cache.values())
+        self._record_cache_eviction(from_cache)
         self.ledger.record("prealloc", rid, P, window=self.retained, fill_len=result.fill_len,
                            swa_tail_len=result.swa_tail_len, evicted_seqlen=self._evicted(req),
-                           pages={k: tuple(sorted(before[k] - after[k])) for k in before},
-                           free_before=free_before, free_after=self._free(), note=f"prefix {result.prefix_len}")
+                           pages={k: tuple(sorted(v)) for k, v in owned.items()},
+                           free_before=free_before if exact else {}, free_after=self._free(),
+                           note=f"prefix {result.prefix_len}")
         self.live[rid] = live
         self.reserved[rid] = self._grow
         # What the real transfer metadata names (DecodePreallocQueue's kv_indices / _swa_payload):
@@ -290,8 +304,12 @@ class DecodeWorker:
         after = self._pages()
         taken = {k: before[k] - after[k] for k in before}
         freed = {k: after[k] - before[k] for k in before}
-        seen_taken = {k: set() for k in before}
-        seen_freed = {k: set() for k in before}
+        owned_now = {lv.req.rid: self._owned(lv) for lv in lives}
+        new_all = {k: set().union(*(owned_now[r][k] - owned_before[r][k] for r in owned_now)) for k in before}
+        gone_all = {k: set().union(*(owned_before[r][k] - owned_now[r][k] for r in owned_now)) for k in before}
+        # Freed by nobody's row (the radix cache's pages), or handed to a request without passing
+        # through the free list (a cache page evicted and reused in the same allocation).
+        self._record_cache_eviction({k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k]) for k in before})
         for lv, loc in zip(lives, out.tolist()):
             rid = lv.req.rid
             pos = int(lv.req.kv.kv_committed_len) - 1
@@ -303,24 +321,18 @@ class DecodeWorker:
                 kvfill.write(list(self.buffers.swa), P, len(self.buffers.full), seed, p, swa_loc // P, swa_loc % P)
             lv.req.output_ids.append(100_001 + pos)  # the "sampled" token
             lv.steps_left -= 1
-            now = self._owned(lv)
-            gone = {k: (owned_before[rid][k] - now[k]) & freed[k] for k in freed}
-            new = {k: (now[k] - owned_before[rid][k]) & taken[k] for k in taken}
-            for k in taken:
-                seen_taken[k] |= new[k]
-                seen_freed[k] |= gone[k]
+            now = owned_now[rid]
+            gone = {k: owned_before[rid][k] - now[k] for k in freed}
+            new = {k: now[k] - owned_before[rid][k] for k in taken}
             ev = self._evicted(lv.req)
             if ev != ev_before[rid] or any(gone.values()):
                 self.ledger.record("evict", rid, P, window=self.retained, evicted_seqlen=ev,
                                    pages={k: tuple(sorted(v)) for k, v in gone.items()})
             self.ledger.record("decode_alloc", rid, P, window=self.retained, fill_len=pos + 1,
                                pages={k: tuple(sorted(v)) for k, v in new.items()})
-        stray_taken = {k: tuple(sorted(taken[k] - seen_taken[k])) for k in taken}
-        stray_freed = {k: tuple(sorted(freed[k] - seen_freed[k])) for k in freed}
+        stray_taken = {k: tuple(sorted(taken[k] - new_all[k])) for k in taken}
         if any(stray_taken.values()):  # taken by the step but in no request's row: a leak
             self.ledger.record("decode_alloc", "<unattributed>", P, pages=stray_taken)
-        if any(stray_freed.values()):  # freed by the step but owned by no request: a double free
-            self.ledger.record("evict", "<unattributed>", P, pages=stray_freed)
         for lv in lives:
             n = int(lv.req.kv.kv_committed_len)
             self._verify(lv, max(0, n - self.spec.window), n, full=False, when=f"decode step {self.steps}")

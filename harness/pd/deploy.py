@@ -1,0 +1,132 @@
+"""Put a PD pair of a topology on a Ray cluster: one worker (actor) per TP rank of the first prefill
+and the first decode group, started in parallel in the topology's placement groups.
+
+Each worker holds a :class:`~harness.pd.prefill.PrefillWorker` or
+:class:`~harness.pd.decode.DecodeWorker` payload built inside its actor (sglang is imported there,
+never in the driver). Workers get the decode eviction cadence the ledger bound assumes and any
+``HARNESS_FAULTS`` of the driver, so a fault injected for a test reaches the ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.pd.decode import EVICTION_INTERVAL_ENV
+from harness.pd.ranks import Ranks
+from harness.pd.run import PDPair
+from harness.pd.spec import KVSpec
+from harness.topology import Topology
+
+logger = logging.getLogger(__name__)
+
+FAULTS_ENV = "HARNESS_FAULTS"
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a PD rank worker: SWA eviction every token, the driver's faults, ``extra``."""
+    env = {EVICTION_INTERVAL_ENV: "1"}
+    if os.environ.get(FAULTS_ENV):
+        env[FAULTS_ENV] = os.environ[FAULTS_ENV]
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Deployment:
+    """A started PD pair on Ray: its workers, the :class:`PDPair` over them, and how to stop it."""
+
+    topology: Topology
+    pair: PDPair
+    workers: list[Any]
+    placement: Any
+    cluster: Any
+    on_stop: Callable[[Any], None] | None = None
+    stopped: bool = field(default=False)
+
+    def stop(self) -> None:
+        """Stop every worker (graceful, then kill) and release the placement. Idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
+        for w in reversed(self.workers):
+            if self.on_stop is not None:
+                self.on_stop(w)
+            try:
+                w.stop()
+            except Exception as e:  # keep stopping the others
+                logger.warning("stopping %s: %r", w.name, e)
+        if self.placement is not None:
+            self.cluster.release(self.placement)
+
+
+def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *, name_prefix: str = "",
+          env: dict[str, str] | None = None, on_start: Callable[[Any], None] | None = None,
+          on_stop: Callable[[Any], None] | None = None, ready_timeout: float = 300.0,
+          call_timeout: float = 120.0) -> Deployment:
+    """Place ``topology`` and start one prefill and one decode worker per TP rank.
+
+    Args:
+        cluster: a started or joined :class:`harness.cluster.Cluster`.
+        topology: the topology (its first prefill and decode groups are used).
+        run_dir: the run directory (worker logs and ledgers go under it).
+        spec: the initial pool configuration.
+        name_prefix: prefix of worker names (keeps ledgers of several deployments apart).
+        env: extra worker environment.
+        on_start / on_stop: called with each worker after start / before stop (fail-fast watch).
+        ready_timeout: seconds for a worker to build its payload (sglang import included).
+        call_timeout: seconds any one payload call may take.
+
+    Returns:
+        The :class:`Deployment`.
+
+    Raises:
+        PlacementError: the topology does not fit.
+        WorkerDied / TimeoutError: a worker did not start (the others are stopped).
+    """
+    from harness.worker import InProcess, WorkerSpec, start_worker
+
+    placement = cluster.place(topology)
+    prefill_role = topology.roles_of("prefill")[0]
+    decode_role = topology.roles_of("decode")[0]
+    jobs = []
+    for role, cls in ((prefill_role, "harness.pd.prefill:PrefillWorker"), (decode_role, "harness.pd.decode:DecodeWorker")):
+        group = placement.of(role.name)[0]
+        for rank in range(role.tp):
+            name = f"{name_prefix}{role.name}-0-r{rank}"
+            ws = WorkerSpec(name=name, run_dir=str(run_dir), num_cpus=role.cpus_per_rank, env=worker_env(env),
+                            ready_timeout=ready_timeout,
+                            payload=InProcess(cls, kwargs={"name": name, "shard": rank, "spec": spec,
+                                                           "run_dir": str(run_dir)}))
+            jobs.append((role.kind, ws, group, rank))
+    started: list[Any] = []
+    try:
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            futures = [(kind, pool.submit(start_worker, ws, group, rank)) for kind, ws, group, rank in jobs]
+            errors = []
+            for kind, fut in futures:
+                try:
+                    w = fut.result()
+                    started.append((kind, w))
+                    if on_start is not None:
+                        on_start(w)
+                except BaseException as e:  # collect; stop what started below
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+    except BaseException:
+        for _, w in started:
+            if on_stop is not None:
+                on_stop(w)
+            w.stop()
+        cluster.release(placement)
+        raise
+    prefill = [w for kind, w in started if kind == "prefill"]
+    decode = [w for kind, w in started if kind == "decode"]
+    pair = PDPair(Ranks(prefill, call_timeout), Ranks(decode, call_timeout))
+    pair.configure(spec)
+    return Deployment(topology, pair, [w for _, w in started], placement, cluster, on_stop)

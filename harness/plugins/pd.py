@@ -1,0 +1,108 @@
+"""pytest concern plugin: PD pairs of sglang-backed prefill/decode rank workers on Ray.
+
+Fixtures:
+    pd_pair      ``pd_pair(spec) -> PDPair`` for the test's topology: one worker per TP rank of the
+                 first prefill and decode groups (:mod:`harness.pd.deploy`), started on first use
+                 and kept for the module (sglang's import is paid once per rank), reconfigured for
+                 ``spec`` (a :class:`harness.pd.spec.KVSpec`) on every call. A test asking for
+                 another topology stops the previous pair first (a simulated node holds one).
+                 Every worker is watched by the fail-fast watchdog and owned by each test using it
+                 (log tails on failure). Skips when the topology cannot run here.
+    pd_report    ``pd_report(result)``: writes the run's summary and ledger verdict to
+                 ``<run_dir>/report/pd/<test>.json``, attaches the ledger summary to the test report
+                 (``record_property``) and logs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from harness import ledger
+from harness import topology as topology_mod
+
+log = logging.getLogger(__name__)
+
+
+class PdPairs:
+    """The module's PD deployment (at most one live at a time)."""
+
+    def __init__(self, config: pytest.Config, run_dir: Any) -> None:
+        from harness import plugin
+
+        self._state = plugin._state(config)
+        self.run_dir = run_dir
+        self.deployment: Any = None
+        self.workers: list[Any] = []
+
+    def get(self, cluster: Any, topology: topology_mod.Topology, spec: Any) -> Any:
+        from harness.pd import deploy
+
+        if self.deployment is not None and (self.deployment.topology.name != topology.name or self.deployment.stopped):
+            self.close()
+        if self.deployment is None:
+            prefix = self._state.unique_name(f"pd-{topology.name}") + "-"
+            self.deployment = deploy.start(cluster, topology, self.run_dir.root, spec, name_prefix=prefix,
+                                           on_start=self._watch, on_stop=self._state.unwatch)
+        else:
+            self.deployment.pair.configure(spec)
+        return self.deployment.pair
+
+    def _watch(self, worker: Any) -> None:
+        self.workers.append(worker)
+        self._state.watch(worker)
+
+    def close(self) -> None:
+        if self.deployment is not None:
+            self.deployment.stop()
+            self.deployment = None
+        self.workers.clear()
+
+
+@pytest.fixture(scope="module")
+def _pd_pairs_module(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[PdPairs]:
+    pairs = PdPairs(request.config, run_dir)
+    yield pairs
+    pairs.close()
+
+
+@pytest.fixture
+def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
+            _pd_pairs_module: PdPairs) -> Callable[[Any], Any]:
+    """``pd_pair(spec)``: the module's PD pair on the test's topology, configured for ``spec``."""
+    from harness import plugin
+
+    state = plugin._state(request.config)
+    reason = state.skip_reason(topology)
+    if reason:
+        pytest.skip(reason)
+    cluster = request.getfixturevalue("ray_cluster")
+    request.node.stash[plugin.item_workers_key] = _pd_pairs_module.workers
+
+    def get(spec: Any) -> Any:
+        return _pd_pairs_module.get(cluster, topology, spec)
+
+    return get
+
+
+@pytest.fixture
+def pd_report(request: pytest.FixtureRequest, run_dir: Any, record_property: Callable[[str, Any], None]) -> Callable[[Any], dict]:
+    """``pd_report(result)``: write and attach the summary of a :class:`harness.pd.run.RunResult`."""
+
+    def report(result: Any) -> dict:
+        summary = result.summary()
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
+        out = run_dir.root / "report" / "pd" / f"{name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=2, sort_keys=True))
+        text = ledger.format_summary(summary["ledger"])
+        record_property("pd_summary", json.dumps({k: v for k, v in summary.items() if k != "ledger"}, sort_keys=True))
+        record_property("ledger", text)
+        log.info("%s\n%s", request.node.nodeid, text)
+        return summary
+
+    return report

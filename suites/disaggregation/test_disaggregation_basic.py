@@ -1,0 +1,86 @@
+"""1P1D over Ray on the 2-GPU H100 topology: hybrid-SWA pools, real prealloc/decode/release paths.
+
+Each test runs a workload through a prefill worker and a decode worker (real sglang allocators on
+the worker's device: CUDA when it has one, else CPU), with every KV byte verified on arrival and
+through decode, and the accounting ledger of both sides as the oracle.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.pd.run import run
+from harness.pd.spec import KVSpec, PDRequest
+
+pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(90)]
+
+PAGE, WINDOW = 64, 100
+SPEC = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=40 * PAGE, swa_tokens=16 * PAGE, req_slots=8)
+
+
+def _ids(reqs):
+    return sorted(r.rid for r in reqs)
+
+
+def test_mixed_prompt_lengths_around_page_boundaries(pd_pair, pd_report):
+    pair = pd_pair(SPEC)
+    lengths = [1, PAGE - 1, PAGE, PAGE + 1, WINDOW, 2 * PAGE - 1, 2 * PAGE, 2 * PAGE + 1, 3 * PAGE, 3 * PAGE + 1,
+               300, 5 * PAGE - 1, 10 * PAGE]
+    reqs = [PDRequest(f"len{n}", n, decode_steps=3) for n in lengths]
+    res = run(pair, reqs)
+    pd_report(res)
+    res.assert_clean()
+    assert sorted(res.completed) == _ids(reqs)
+    tails = {e.rid: (e.fill_len, e.swa_tail_len, e.evicted_seqlen) for e in res.events
+             if e.component == "decode" and e.kind == "prealloc"}
+    # sglang's own numbers for page 64 / window 100 (reference measurements): fill 300 -> tail 108.
+    assert tails["len300"] == (300, 108, 192)
+    assert tails["len1"] == (1, 1, 0)
+
+
+def test_concurrent_requests_decode_together(pd_pair, pd_report):
+    pair = pd_pair(SPEC)
+    reqs = [PDRequest(f"c{i}", 90 + 37 * i, decode_steps=20 + 5 * i) for i in range(8)]
+    res = run(pair, reqs)
+    pd_report(res)
+    res.assert_clean()
+    assert sorted(res.completed) == _ids(reqs)
+    assert res.max_running >= 4, f"decode batch never held several requests: {res.summary()}"
+
+
+def test_pool_pressure_requests_wait_in_prealloc_queue_none_lost(pd_pair, pd_report):
+    small = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=14 * PAGE, swa_tokens=8 * PAGE, req_slots=4)
+    pair = pd_pair(small)
+    reqs = [PDRequest(f"p{i}", 250 + 13 * i, decode_steps=10) for i in range(16)]
+    res = run(pair, reqs)
+    pd_report(res)
+    res.assert_clean()
+    assert res.waited, "no request ever waited: the pools were not under pressure"
+    assert sorted(res.completed) == _ids(reqs), "a request was lost under pool pressure"
+
+
+def test_abort_mid_transfer_releases_both_sides(pd_pair, pd_report):
+    pair = pd_pair(SPEC)
+    reqs = [PDRequest(f"a{i}", 6 * PAGE + i, decode_steps=4, abort_after_chunks=1 if i % 2 else None) for i in range(6)]
+    res = run(pair, reqs, chunk_pages=1)
+    pd_report(res)
+    res.assert_clean()
+    assert sorted(res.aborted) == ["a1", "a3", "a5"]
+    assert sorted(res.completed) == ["a0", "a2", "a4"]
+    releases = {(e.component, e.rid) for e in res.events if e.kind == "release" and e.rid in res.aborted}
+    assert releases == {(side, rid) for side in ("prefill", "decode") for rid in res.aborted}
+
+
+@pytest.mark.parametrize("radix_cache", [False, True], ids=["radix-off", "radix-on"])
+def test_radix_cache(pd_pair, pd_report, radix_cache):
+    spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, radix_cache=radix_cache, full_tokens=32 * PAGE,
+                  swa_tokens=12 * PAGE, req_slots=8)
+    pair = pd_pair(spec)
+    reqs = [PDRequest(f"x{i}", 130 + 70 * (i % 4), decode_steps=5) for i in range(12)]
+    groups = {r.rid: "shared" if i % 2 == 0 else r.rid for i, r in enumerate(reqs)}
+    res = run(pair, reqs, groups=groups)
+    pd_report(res)
+    res.assert_clean()
+    assert sorted(res.completed) == _ids(reqs)
+    hits = [e.rid for e in res.events if e.component == "decode" and e.kind == "prealloc" and e.note != "prefix 0"]
+    assert bool(hits) == radix_cache, f"prefix hits {hits} with radix_cache={radix_cache}"
