@@ -239,7 +239,7 @@ class Cluster:
             if nodes == 1:
                 kwargs: dict[str, Any] = dict(
                     include_dashboard=False, logging_level="ERROR", _temp_dir=str(tdir), num_cpus=cpus,
-                    resources={NODE_RESOURCE.format(0): _NODE_RESOURCE_AMOUNT}, log_to_driver=True,
+                    resources={NODE_RESOURCE.format(0): _NODE_RESOURCE_AMOUNT}, log_to_driver=False,
                 )
                 if gpus is not None:
                     kwargs["num_gpus"] = gpus
@@ -260,7 +260,7 @@ class Cluster:
                         args.update(include_dashboard=False)
                     sim.add_node(wait=False, **args)
                 sim.wait_for_nodes(timeout=60)
-                ray.init(address=sim.address, logging_level="ERROR", log_to_driver=True)
+                ray.init(address=sim.address, logging_level="ERROR", log_to_driver=False)
         except BaseException:
             if sim is not None:
                 sim.shutdown()
@@ -303,7 +303,7 @@ class Cluster:
         except OSError as e:
             raise ConnectionError(f"nothing answers at {address} ({e.strerror or e})") from None
         procs.claim()
-        ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         return cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
 
     def _register_ray_processes(self) -> None:

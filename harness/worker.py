@@ -64,6 +64,7 @@ import fcntl
 import importlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -646,12 +647,16 @@ class Worker:
 
 
 def _actor_cause(e: Exception) -> str:
-    text = str(e)
-    for line in text.splitlines():
-        line = line.strip()
-        if "SIGKILL" in line or "exit" in line.lower() or "died" in line.lower():
-            return f"actor died: {line[:300]}"
-    return f"actor died: {text.splitlines()[0][:300] if text else e.__class__.__name__}"
+    """One line from Ray's actor-death error: its exit type and the first sentence of its detail."""
+    text = " ".join(str(e).split())
+    kind = re.search(r"Worker exit type: (\w+)", text)
+    detail = re.search(r"Worker exit detail: (.*?\.)(?: |$)", text)
+    pid = re.search(r"\bpid: (\d+)", text)
+    parts = [f"pid {pid.group(1)}" if pid else "", f"exit type {kind.group(1)}" if kind else "",
+             detail.group(1) if detail else ""]
+    summary = "; ".join(p for p in parts if p)
+    head = text.split(".")[0][:200] if text else e.__class__.__name__
+    return f"actor died: {summary}" if summary else f"actor died: {head}"
 
 
 def start_worker(spec: WorkerSpec, group: Any = None, bundle_index: int = 0, *, timeout: float | None = None,
