@@ -23,8 +23,10 @@ import threading
 import time
 
 import pytest
+import requests
 
 from harness import ledger
+from harness.targets.sglang.server.client import ServerHTTPError
 from harness.worker import WorkerDied
 
 pytestmark = [pytest.mark.engine("sglang-server"), pytest.mark.topology("cpu"), pytest.mark.est_time(240),
@@ -148,7 +150,9 @@ def _workload_until_death(stack, victim, kill_after_s: float = 1.0) -> tuple[Wor
             for i in range(10_000):
                 try:
                     router.generate(prompt(64 + i % 200, seed=40 + i), MAX_NEW, timeout_s=20)
-                except Exception:  # noqa: BLE001 - the router answering 503/500 is the loop the harness must cut
+                except (ServerHTTPError, requests.RequestException):
+                    # The router answering 503/500 is the loop the harness must cut. (Never catch
+                    # Exception here: WorkerDied is raised into this very loop.)
                     time.sleep(0.05)
     finally:
         timer.cancel()
@@ -161,7 +165,7 @@ def test_server_killed_mid_workload_fails_fast_naming_it(sglang_servers, role, r
     victim = getattr(stack, role)
     died, latency = _workload_until_death(stack, victim)
     assert died.name == victim.name and died.name.startswith(role), f"WorkerDied names {died.name}, killed {victim.name}"
-    assert "SIGKILL" in died.cause or "signal 9" in died.cause or "-9" in died.cause, died.cause
+    assert "killed by SIGKILL" in died.cause, died.cause
     assert died.tail.strip(), "WorkerDied carries no log tail"
     assert role in str(died)
     # Not a 503 loop: without the harness cutting it, the loop above would spin until the suite's
