@@ -1,0 +1,45 @@
+"""The PD decode admission reservation covers what the paged allocator really takes (sglang #35265).
+
+``DecodePreallocQueue._prealloc_required_tokens(req)`` is the decode-side reservation admission
+checks a request against (``_check_if_req_exceed_kv_capacity``, ``pop_preallocated``,
+``resume_retracted_reqs``): the full length and the SWA tail, each plus the decode reserve. The
+paged allocator hands out whole pages, so a reservation not rounded up to a page under-counts by
+up to ``page - 1`` tokens per pool and admission over-commits. Here the reservation is compared
+with the pool slots the real ``_pre_alloc`` then takes, on fills that end mid-page.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.targets.sglang import make_req
+
+# (page size, window, prompt length): each fill ends mid-page and each tail is unaligned.
+CASES = [
+    pytest.param(64, 100, 300, id="page64-fill300"),
+    pytest.param(64, 100, 1000, id="page64-fill1000"),
+    pytest.param(16, 100, 250, id="page16-fill250"),
+    pytest.param(256, 128, 385, id="page256-fill385"),
+]
+
+
+@pytest.mark.parametrize("page, window, prompt_len", CASES)
+def test_prealloc_reservation_covers_allocated_pages(decode_side, page: int, window: int, prompt_len: int):
+    side = decode_side(page_size=page, window=window)
+    req = make_req("reserve", prompt_len=prompt_len)
+    fill = side.fill_len(req)
+    assert fill % page, "the case must end mid-page, else rounding cannot matter"
+    # sglang's own reservation for this request (the queue is the real DecodePreallocQueue).
+    full_required, swa_required = side.queue._prealloc_required_tokens(req)
+    reserve = side.config.num_reserved_decode_tokens
+
+    before = side.snapshot()
+    side.prealloc(req)
+    taken = side.snapshot().taken_since(before)
+
+    assert full_required - reserve >= taken["full"], (
+        f"full reservation {full_required - reserve} (+{reserve} reserve) < {taken['full']} slots taken")
+    assert full_required - reserve == -(-fill // page) * page, "the full reservation is the fill in whole pages"
+    assert swa_required >= taken["swa"], f"SWA reservation {swa_required} < {taken['swa']} slots taken"
+    side.release(req)
+    assert side.snapshot().free() == side.baseline.free()
