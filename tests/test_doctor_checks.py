@@ -8,12 +8,14 @@ import json
 import os
 import socket
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
 from harness import topology
 from harness.doctor import gpu, host, network, placement, render, software
+from harness.doctor.probe import Probe, Sources, Target
 from harness.doctor.result import CheckResult, Limits, Report, Status
 
 H100 = topology.get("2-gpu-h100")
@@ -308,7 +310,8 @@ def test_pair_without_mooncake_fails_with_install_hint_and_labels_the_tcp_fallba
     assert "mooncake-transfer-engine" in row.fix and "plain TCP socket bulk transfer" in row.detail
 
 
-@pytest.mark.parametrize("kw", [dict(verified=False), dict(transfer_s=None, transfer_error="transfer_sync_write returned -1")])
+@pytest.mark.parametrize("kw", [dict(verified=False), dict(verified=None),
+                                dict(transfer_s=None, transfer_error="transfer_sync_write returned -1")])
 def test_pair_transfer_failure_or_corruption_fails(kw):
     row = _one(network.check_pair(_pair(**kw), "mooncake", 4 << 20), "network.transfer")
     assert row.status is Status.FAILED and row.fix
@@ -323,6 +326,24 @@ def test_pair_rtt_failure_fails():
 def test_pair_other_backend_uses_labelled_tcp_bulk():
     row = _one(network.check_pair(_pair(transfer_s=None), "nixl", 4 << 20), "network.transfer")
     assert row.status is Status.PASSED and "plain TCP socket bulk transfer" in row.detail and "no nixl self-test" in row.detail
+
+
+def test_probe_without_mooncake_fails_the_transfer_and_labels_the_tcp_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A probe built in-process (no Ray, no log redirection) on a node where mooncake is missing.
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # the next import raises ImportError
+    monkeypatch.setenv("MC_FORCE_TCP", "1")  # the endpoint sets it before importing; restored after
+    probe = Probe("prefill-0.r0", True, str(tmp_path), Sources())
+    assert probe.mooncake_target(["prefill-0.r0"], 1 << 20)["missing"].startswith("ImportError")
+    lis = network.Listener("127.0.0.1")
+    try:
+        (pair,) = probe.measure("n0", "0", [Target("decode-0.r0", "n0", "1", lis.host, lis.port)], 1 << 20, 2, mooncake=True)
+    finally:
+        lis.close()
+    assert pair.rtt is not None and pair.tcp_bulk_s is not None and pair.mooncake_missing
+    rtt, transfer = network.check_pair(pair, "mooncake", 1 << 20)
+    assert rtt.status is Status.PASSED and rtt.gpu == "0→1"
+    assert transfer.status is Status.FAILED and "plain TCP socket bulk transfer (not the transfer backend)" in transfer.detail
+    assert transfer.fix == network.MOONCAKE_INSTALL_HINT
 
 
 def test_mooncake_endpoints_transfer_and_verify(monkeypatch: pytest.MonkeyPatch):

@@ -13,18 +13,15 @@ GPU ids are the ones Ray assigned to the bundle (``ray.get_gpu_ids()``, the valu
 
 from __future__ import annotations
 
-import logging
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from harness.doctor.result import CheckResult, Limits, Status
 from harness.topology import Topology
-
-log = logging.getLogger(__name__)
 
 _SMI_TIMEOUT_S = 10.0  # nvidia-smi blocks for minutes on a GPU that fell off the bus
 _MIB = 1 << 20

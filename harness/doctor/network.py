@@ -30,7 +30,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.doctor.result import CheckResult, Status
 from harness.topology import Topology
@@ -338,7 +337,7 @@ def check_pair(pair: PairResult, backend: str, nbytes: int) -> list[CheckResult]
     """
     where = pair.src_node if pair.src_node == pair.dst_node else f"{pair.src_node}→{pair.dst_node}"
     who = f"{pair.src} → {pair.dst}"
-    gpus = f"{pair.src_gpu}→{pair.dst_gpu}"
+    gpus = "-" if pair.src_gpu == pair.dst_gpu == "-" else f"{pair.src_gpu}→{pair.dst_gpu}"
     rows = []
     if pair.rtt is not None:
         rows.append(CheckResult("network.tcp_rtt", Status.PASSED,
@@ -362,7 +361,8 @@ def check_pair(pair: PairResult, backend: str, nbytes: int) -> list[CheckResult]
                                     f"{who}: mooncake {pair.transfer_protocol}: {mib} at {_mbps(nbytes, pair.transfer_s)}, content verified",
                                     node=where, gpu=gpus))
         else:
-            problem = pair.transfer_error or "content differs at the receiver"
+            problem = pair.transfer_error or ("content differs at the receiver" if pair.verified is False else
+                                              "sent, but the receiver could not be asked for its buffer's digest")
             rows.append(CheckResult("network.transfer", Status.FAILED,
                                     f"{who}: mooncake {pair.transfer_protocol or '?'}: {problem}; {bulk}",
                                     "check mooncake can reach the peer: MC_FORCE_TCP=1 for TCP, or the RDMA device "

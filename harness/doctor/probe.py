@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,16 +69,18 @@ class Probe:
     Args:
         label: the bundle's name (``prefill-0.r1``).
         simulate: no real GPUs; mooncake over TCP.
-        run_dir: where the run writes (host check) and where the probe log goes (``workers/``).
+        run_dir: where the run writes (the host check measures its disk).
         sources: what to read the node from.
+        log_path: send this process's stdout and stderr there (the actor's own log file); None
+            leaves them alone (a probe built in-process by a test).
     """
 
-    def __init__(self, label: str, simulate: bool, run_dir: str, sources: Sources):
+    def __init__(self, label: str, simulate: bool, run_dir: str, sources: Sources, log_path: str | None = None):
         self.label = label
         self.simulate = simulate
         self.run_dir = run_dir
         self.sources = sources
-        self.log_path = self._redirect_output(Path(run_dir) / "workers" / f"doctor-{label}.log")
+        self.log_path = self._redirect_output(Path(log_path)) if log_path else ""
         self._listener: network.Listener | None = None
         self._mooncake: network.MooncakeEndpoint | None = None
         self._mooncake_error: str | None = None

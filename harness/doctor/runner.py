@@ -39,6 +39,10 @@ class Outcome:
     error: str | None = None
     hung: bool = False
 
+    @property
+    def ok(self) -> bool:
+        return not self.hung and self.error is None
+
 
 def gather(calls: dict[Hashable, Any], timeout_s: float) -> dict[Hashable, Outcome]:
     """Wait for all ``calls`` (key -> ObjectRef) together, at most ``timeout_s`` seconds.
@@ -107,7 +111,7 @@ def _bad_call(check: str, seat: _Seat, o: Outcome, what: str, timeout_s: float) 
 
 
 def run(topology: Topology, *, simulate: bool = False, ray_address: str | None = None,
-        run_dir: str | Path = "runs/doctor", limits: Limits = Limits(), ports: tuple[int, ...] = (),
+        run_dir: str | Path | None = None, limits: Limits = Limits(), ports: tuple[int, ...] = (),
         sources: Sources = Sources(), cluster: Any = None) -> Report:
     """Check a cluster against ``topology``.
 
@@ -115,7 +119,8 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
         topology: what the cluster must hold.
         simulate: logical GPUs on a CPU machine (GPU rows say ``simulated``).
         ray_address: join this cluster instead of starting a local one.
-        run_dir: the run directory (host disk check; probe logs go to ``<run_dir>/workers/``).
+        run_dir: the run directory (host disk check; probe logs go to ``<run_dir>/workers/``);
+            default ``runs/<timestamp>-<pid>`` (:func:`harness.rundir.default_path`).
         limits: thresholds and timeouts.
         ports: fixed ports to check on every node, besides those the engine args name.
         sources: what the probes read (tests inject fakes here).
@@ -127,9 +132,11 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
     Raises:
         RuntimeError: Ray could not be started or joined (the CLI turns it into one line).
     """
+    from harness import rundir
     from harness.cluster import Cluster, PlacementError
 
     t0 = time.monotonic()
+    run_dir = Path(run_dir) if run_dir is not None else rundir.default_path()
     owned = cluster is None
     if owned:
         cluster = Cluster.join(ray_address) if ray_address else Cluster.start(topology, simulate=simulate)
@@ -208,7 +215,7 @@ def _start_probes(placed: Any, simulate: bool, run_dir: str, sources: Sources) -
                 num_cpus=bundle.get("CPU", 0.1), num_gpus=bundle.get("GPU", 0), max_concurrency=MAX_CONCURRENCY,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(g.pg, placement_group_bundle_index=rank),
                 name=None,
-            ).remote(label, simulate, run_dir, sources)
+            ).remote(label, simulate, run_dir, sources, str(Path(run_dir) / "workers" / f"doctor-{label}.log"))
             seats.append(_Seat(label, g.role, g.kind, g.name, rank, handle))
     return seats
 
@@ -233,7 +240,7 @@ def _identify(cluster: Any, topology: Topology, seats: list[_Seat], limits: Limi
     rows, found = [], []
     for s in seats:
         o = answers[s.label]
-        if o.value is None:
+        if not o.ok:
             rows.append(_bad_call("placement.probe", s, o, "its first call (start-up)", limits.start_timeout_s))
             continue
         s.info = o.value
@@ -268,14 +275,13 @@ def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: 
     for s in gpu_seats:
         calls[("gpus", s.label)] = s.handle.gpus.remote()
     answers = gather(calls, limits.check_timeout_s)
-    by_label = {s.label: s for s in seats}
 
     rows: list[CheckResult] = []
     # software: one version set per node (probes on one node share the interpreter)
     per_node: dict[str, software.Versions] = {}
     for s in seats:
         o = answers[("versions", s.label)]
-        if o.value is None:
+        if not o.ok:
             rows.append(_bad_call("software.probe", s, o, "the installed versions", limits.check_timeout_s))
             continue
         key = s.node if per_node.get(s.node, o.value) == o.value else f"{s.node} ({s.label})"
@@ -284,23 +290,23 @@ def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: 
     # host
     for node, s in first_on_node.items():
         o = answers[("host", s.label)]
-        rows += host.check_host(node, o.value, limits) if o.value is not None else [
+        rows += host.check_host(node, o.value, limits) if o.ok else [
             _bad_call("host.probe", s, o, "the host facts", limits.check_timeout_s)]
     # fixed ports
     for node, s in first_on_node.items():
         if ("ports", s.label) not in answers:
             continue
         o = answers[("ports", s.label)]
-        if o.value is None:
+        if not o.ok:
             rows.append(_bad_call("network.port", s, o, "the port check", limits.check_timeout_s))
             continue
         rows += [network.check_port(node, role, port, holder) for role, port, holder in o.value]
-    rows += _gpu_rows(topology, seats, gpu_seats, answers, simulate, limits, by_label)
+    rows += _gpu_rows(topology, seats, gpu_seats, answers, simulate, limits)
     return rows
 
 
 def _gpu_rows(topology: Topology, seats: list[_Seat], gpu_seats: list[_Seat], answers: dict[Hashable, Outcome],
-              simulate: bool, limits: Limits, by_label: dict[str, _Seat]) -> list[CheckResult]:
+              simulate: bool, limits: Limits) -> list[CheckResult]:
     if not topology.needs_gpus:
         return [CheckResult("gpu.count", Status.PASSED, "the topology needs no GPUs", node="all")]
     if simulate:
@@ -318,7 +324,7 @@ def _gpu_rows(topology: Topology, seats: list[_Seat], gpu_seats: list[_Seat], an
     snaps: dict[str, gpu.GpuSnapshot] = {}
     for s in gpu_seats:
         o = answers[("gpus", s.label)]
-        if o.value is None:
+        if not o.ok:
             rows.append(_bad_call("gpu.probe", s, o, "the GPU snapshot", limits.check_timeout_s))
             continue
         if s.node not in snaps:
@@ -345,11 +351,11 @@ def _network(topology: Topology, seats: list[_Seat], simulate: bool, limits: Lim
     targets: dict[str, list[Target]] = {p.label: [] for p in prefills}
     for d in decodes:
         lo = answers[("listen", d.label)]
-        if lo.value is None:
+        if not lo.ok:
             rows.append(_bad_call("network.probe", d, lo, "opening a TCP listener on an OS-assigned port", limits.check_timeout_s))
             continue
         mo = answers.get(("mooncake", d.label), Outcome(value={}))
-        if mooncake and mo.value is None:
+        if mooncake and not mo.ok:
             rows.append(_bad_call("network.probe", d, mo, "registering mooncake receive buffers", limits.check_timeout_s))
         m = mo.value or {}
         for p in prefills:
@@ -364,7 +370,7 @@ def _network(topology: Topology, seats: list[_Seat], simulate: bool, limits: Lim
         if p.label not in measured:
             continue
         o = measured[p.label]
-        if o.value is None:
+        if not o.ok:
             rows.append(_bad_call("network.probe", p, o, "the round trips and transfers to the decode probes", limits.check_timeout_s))
             continue
         pairs += o.value
@@ -382,12 +388,12 @@ def _verify(decodes: list[_Seat], pairs: list[network.PairResult], keys: list[st
     answers = gather(asks, limits.check_timeout_s)
     by_label = {d.label: d for d in decodes}
     for label, o in answers.items():
-        if o.value is None:
+        if not o.ok:
             rows.append(_bad_call("network.probe", by_label[label], o, "the digests of its mooncake buffers", limits.check_timeout_s))
     out = []
     for p in pairs:
-        got = (answers.get(p.dst) or Outcome()).value or {}
-        if p.sent_digest is not None:
-            p = dataclasses.replace(p, verified=got.get(p.src) == p.sent_digest)
+        answer = answers.get(p.dst, Outcome(hung=True))
+        if p.sent_digest is not None and answer.ok:
+            p = dataclasses.replace(p, verified=answer.value.get(p.src) == p.sent_digest)
         out.append(p)
     return out
