@@ -145,8 +145,9 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
     rows: list[CheckResult] = []
     seats: list[_Seat] = []
     placed = None
-    before = _free()
+    before: dict[str, float] = {}
     try:
+        before = _free()
         if simulate and not topology.allow_simulation:
             rows.append(placement.simulation_refused_row(topology))
             return _report(topology, simulate, rows, t0, desc)
