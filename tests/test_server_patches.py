@@ -1,0 +1,105 @@
+"""The server-side modules put on sglang's PYTHONPATH: sgl_kernel shim, import hooks, compat patches, probe.
+
+Server processes are simulated by a plain ``python -c`` subprocess with the launcher's environment,
+so what is checked is exactly what a real server gets, without starting one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness import topology
+from harness.targets.sglang.server import compat, hooks
+from harness.targets.sglang.server.launcher import ServerPorts, server_command
+
+
+def run_like_server(code: str, **launcher_kwargs) -> subprocess.CompletedProcess:
+    cmd = server_command(topology.get("cpu"), "decode", model="/m", ports=ServerPorts(1, 2), **launcher_kwargs)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=cmd.environ(), capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_sgl_kernel_shim_imports_and_raises_when_called():
+    r = run_like_server("""
+        import sgl_kernel
+        from sgl_kernel.kvcacheio import transfer_kv_all_layer
+        from sgl_kernel import fused_add_rmsnorm
+        assert sgl_kernel.HARNESS_SHIM
+        try:
+            transfer_kv_all_layer(1, 2)
+        except RuntimeError as e:
+            print("raised:", e)
+        else:
+            raise SystemExit("the shim computed something")
+    """, compat_patches=())
+    assert r.returncode == 0, r.stderr
+    assert "raised: sgl_kernel.kvcacheio.transfer_kv_all_layer was called" in r.stdout
+
+
+def test_after_import_runs_on_first_import_and_at_once_when_already_imported(tmp_path, monkeypatch):
+    (tmp_path / "harness_hook_probe_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hooks.after_import("harness_hook_probe_mod", lambda m: seen.append(m.VALUE))
+    assert seen == []
+    import harness_hook_probe_mod  # noqa: F401
+
+    assert seen == [1]
+    hooks.after_import("harness_hook_probe_mod", lambda m: seen.append(m.VALUE + 1))
+    assert seen == [1, 2]
+
+
+def test_unknown_compat_patch_is_refused_naming_the_known_ones():
+    with pytest.raises(compat.CompatError, match="torch-native-swa-read"):
+        compat.install(["no-such-patch"])
+
+
+def test_cpu_server_gets_both_compat_patches_and_the_probe(tmp_path):
+    """The sitecustomize applies the named patches and the probe when the real sglang modules load."""
+    r = run_like_server("""
+        import sglang.srt.disaggregation.mooncake.conn as mc
+        import sglang.srt.layers.attention.torch_native_backend as tn
+        import sglang.srt.mem_cache.common as common
+        import sglang.srt.disaggregation.decode as dec
+        import sglang.srt.managers.schedule_batch as sb
+        assert mc.MooncakeKVSender.supports_host_tensor_indices is False
+        assert hasattr(tn.TorchNativeAttnBackend._run_sdpa_forward_decode, "__wrapped__")
+        for f in (common.release_kv_cache, dec.alloc_for_decode_prealloc, dec.alloc_for_decode_prealloc_hisparse,
+                  sb.ScheduleBatch._evict_swa):
+            assert hasattr(f, "__wrapped__"), f
+        # Modules that import release_kv_cache by name get the wrapped one too (the hook ran first).
+        import sglang.srt.managers.scheduler_components.batch_result_processor as brp
+        assert dec.release_kv_cache is common.release_kv_cache
+        assert brp.release_kv_cache is common.release_kv_cache
+        print("ok")
+    """, probe_run_dir=str(tmp_path), worker="decode-x")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ok" in r.stdout
+    assert "compat patch mooncake-host-tensor-indices applied" in r.stderr
+    assert "compat patch torch-native-swa-read applied" in r.stderr
+    assert "accounting probe installed" in r.stderr
+
+
+def test_unpatched_server_runs_upstream_code(tmp_path):
+    r = run_like_server("""
+        import sglang.srt.disaggregation.mooncake.conn as mc
+        import sglang.srt.layers.attention.torch_native_backend as tn
+        import sglang.srt.mem_cache.common as common
+        assert mc.MooncakeKVSender.supports_host_tensor_indices is True
+        assert not hasattr(tn.TorchNativeAttnBackend._run_sdpa_forward_decode, "__wrapped__")
+        assert not hasattr(common.release_kv_cache, "__wrapped__")
+        print("ok")
+    """, compat_patches=())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "compat patch" not in r.stderr
+
+
+def test_a_bad_patch_name_stops_the_server_loudly():
+    r = run_like_server("print('started')", compat_patches=("no-such-patch",))
+    assert r.returncode == 3
+    assert "started" not in r.stdout
+    assert "unknown compat patch 'no-such-patch'" in r.stderr
