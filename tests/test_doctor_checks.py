@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -193,6 +194,21 @@ def test_software_unsupported_sglang_fails_even_when_identical():
 def test_software_missing_required_package_fails():
     rows = software.check_versions({"a": {**GOOD, "ray": None}})
     assert _one(rows, "software.ray").status is Status.FAILED
+
+
+def test_supported_sglang_is_the_adapters_pin_read_without_importing_the_adapter(tmp_path: Path):
+    # Importing the adapter raises on a version mismatch; doctor must report that mismatch instead.
+    code = ("import sys, harness.doctor, harness.commands.doctor; "
+            "print(sorted(m for m in sys.modules if m.startswith(('harness.targets', 'sglang'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+    from harness.targets.sglang.version import SUPPORTED_VERSION
+
+    assert software.SUPPORTED_VERSION == SUPPORTED_VERSION
+    bad = tmp_path / "version.py"
+    bad.write_text("SUPPORTED = '1'\n")
+    with pytest.raises(RuntimeError, match="SUPPORTED_VERSION"):
+        software.adapter_supported_version(bad)
 
 
 def test_installed_versions_reads_metadata_through_the_seam():

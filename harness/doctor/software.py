@@ -7,12 +7,33 @@ probe never pays torch's or sglang's import time, and a broken install still rep
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import platform
+from pathlib import Path
 from typing import Callable
 
 from harness.doctor.result import CheckResult, Status
-from harness.targets.sglang.version import SUPPORTED_VERSION
+
+_ADAPTER_VERSION_FILE = Path(__file__).resolve().parent.parent / "targets" / "sglang" / "version.py"
+
+
+def adapter_supported_version(path: Path = _ADAPTER_VERSION_FILE) -> str:
+    """The sglang version the adapter supports (``SUPPORTED_VERSION`` in its ``version.py``).
+
+    Read from the source, not imported: importing anything under ``harness.targets.sglang`` runs the
+    adapter's import-time version check, which raises on exactly the mismatch doctor must report.
+
+    Raises:
+        RuntimeError: the file has no literal ``SUPPORTED_VERSION = "..."``.
+    """
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SUPPORTED_VERSION" for t in node.targets):
+            return str(ast.literal_eval(node.value))
+    raise RuntimeError(f"{path}: no SUPPORTED_VERSION = \"...\" found")
+
+
+SUPPORTED_VERSION = adapter_supported_version()
 
 #: What is compared across nodes, in table order: name -> the distributions that provide it (the
 #: first installed one counts; "python" is the interpreter itself).
