@@ -1,0 +1,109 @@
+"""The sglang adapter: version pin, fault activation at import, configuration validation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.faults import ENV_VAR
+from harness.targets.sglang.version import SUPPORTED_VERSION, SglangVersionError, check_version
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, env_extra: dict[str, str], *, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    env.update(env_extra)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), str(REPO)])
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_supported_version_passes():
+    assert check_version(SUPPORTED_VERSION) == SUPPORTED_VERSION
+
+
+@pytest.mark.parametrize("installed", ["0.5.22", "0.5.23.post1", "0.6.0"])
+def test_other_versions_fail_naming_both(installed):
+    with pytest.raises(SglangVersionError) as raised:
+        check_version(installed)
+    message = str(raised.value)
+    assert f"sglang {installed} is installed" in message and f"only sglang {SUPPORTED_VERSION}" in message
+    assert "\n" not in message
+
+
+def test_import_refuses_another_installed_sglang(tmp_path):
+    # A distribution earlier on sys.path wins importlib.metadata's lookup: a fake 0.5.22 shadows
+    # the real one for the version check, which runs before anything imports sglang.
+    dist = tmp_path / "sglang-0.5.22.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.22\n")
+    done = _python("import harness.targets.sglang", {}, pythonpath=tmp_path)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("harness.targets.sglang.version.SglangVersionError: sglang 0.5.22 is installed")
+    assert f"supports only sglang {SUPPORTED_VERSION}" in last
+
+
+def test_import_applies_faults_from_env():
+    code = ("import harness.targets.sglang as a, harness.faults as f; "
+            "from sglang.srt.disaggregation.decode import DecodePreallocQueue as Q; "
+            "print(a.ACTIVE_FAULTS, Q._swa_tail_len.__module__)")
+    done = _python(code, {ENV_VAR: "swa-tail-unaligned"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['swa-tail-unaligned'] harness.faults.catalog"
+
+
+def test_import_rejects_unknown_fault_in_env():
+    done = _python("import harness.targets.sglang", {ENV_VAR: "no-such-fault"})
+    assert done.returncode != 0
+    assert "unknown fault 'no-such-fault'" in done.stderr
+
+
+def test_no_fault_active_without_injection():
+    done = _python("import harness.targets.sglang as a; print(a.ACTIVE_FAULTS)", {})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"hisparse": True, "radix_cache": True}, "incompatible"),
+        ({"page_size": 32}, "page_size 32"),
+        ({"hisparse": True, "page_size": 64}, "page_size 64"),
+        ({"window": -1}, "window"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_decode_config_rejects_bad_fields(fields, match):
+    from harness.targets.sglang import DecodeConfig
+
+    with pytest.raises(ValueError, match=match):
+        DecodeConfig(**fields)
+
+
+def test_pool_sizes_must_be_page_multiples():
+    from harness.targets.sglang import DecodeConfig, DecodeSide, PoolSizes
+
+    with pytest.raises(ValueError, match="multiple of page_size 256"):
+        DecodeSide(DecodeConfig(page_size=256, sizes=PoolSizes(full_tokens=1000)))
+
+
+def test_decode_side_snapshot_reads_real_pools():
+    from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
+
+    side = DecodeSide(DecodeConfig(page_size=16, window=40))
+    assert side.baseline.free() == {"full": 48 * 256, "swa": 24 * 256, "req_slots": 8}
+    req = make_req("r", 100, output_len=3)  # fill = 100 + 2
+    result = side.prealloc(req)
+    state = side.snapshot([req]).request("r")
+    assert (result.fill_len, result.swa_tail_len, state.swa_evicted_seqlen) == (102, 54, 48)
+    assert len(state.full_indices) == 102 and state.swa_indices[:48] == (0,) * 48
+    side.release(req)
+    assert side.snapshot().free() == side.baseline.free()
