@@ -127,6 +127,7 @@ class HarnessState:
         self._raised: list[Any] = []
         self.workers: list[Any] = []
         self._names: dict[str, int] = {}
+        self._fits: dict[str, Any] = {}
 
     @property
     def run_dir_path(self) -> Path:
@@ -187,8 +188,11 @@ class HarnessState:
                 return reason
             if self.cluster is not None and self.cluster.simulate and not topo.allow_simulation:
                 return reason
-        fit = self.get_cluster().check(topo)
-        if not fit.ok and fit.state == "INFEASIBLE":
+        if topo.name not in self._fits:  # INFEASIBLE does not change during a session
+            fit = self.get_cluster().check(topo)
+            self._fits[topo.name] = fit if (not fit.ok and fit.state == "INFEASIBLE") else None
+        fit = self._fits[topo.name]
+        if fit is not None:
             return f"{reason} ({fit})" if self.settings.ray_address else reason
         return None
 

@@ -27,6 +27,7 @@ API::
     Subprocess(argv, env={}, cwd=None)                 # argv items may contain "{port_name}"
     HttpCheck(url, status=200) | PortCheck(port) | CallCheck(method)   # readiness checks
     start_worker(spec, group=None, bundle_index=0, timeout=None) -> Worker   # started and ready
+    Probe                            # a ready-made in-process payload: context(), env(name), pid(), echo(x)
     worker.call(method, *args, timeout=60.0, **kwargs) -> Any               # in-process payloads
     worker.info -> WorkerInfo(name, node_id, hostname, pid, gpu_ids, cuda_visible_devices,
                               ports, log_path, payload_pid)
@@ -595,6 +596,11 @@ class Worker:
             raise self._dead
         try:
             return ray.get(self.actor.call.remote(method, args, kwargs), timeout=timeout)
+        except SystemError as e:
+            # The plugin's fail-fast interrupt landed inside Ray's C code, which wraps it.
+            if isinstance(e.__cause__, WorkerDied) or isinstance(e.__context__, WorkerDied):
+                raise (e.__cause__ or e.__context__) from None
+            raise
         except RayActorError as e:
             raise self._died(_actor_cause(e)) from None
         except GetTimeoutError:

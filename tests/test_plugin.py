@@ -276,3 +276,32 @@ def test_sigkill_of_pytest_is_cleaned_up_by_the_next_run(pytester, tmp_path):
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_next.py").assert_outcomes(passed=1)
     assert procs.wait_gone(pids, 10) == []
     assert [e for e in procs.entries() if e.owner == held["pytest"]] == []
+
+
+def test_ctrl_c_runs_teardown(pytester, tmp_path):
+    """SIGINT (Ctrl-C) mid-test: pytest's teardown stops the worker and Ray; nothing needs reaping."""
+    pytester.makepyfile(test_hold=HOLD)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "HARNESS_TEST_OUT": str(out)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--simulate", "-q",
+                             "--run-dir", str(tmp_path / "run"), "test_hold.py"],
+                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "ready.json").exists():
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "the held test never got ready"
+            time.sleep(0.2)
+        held = json.loads((out / "ready.json").read_text())
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "KeyboardInterrupt" in output
+    assert proc.returncode == 2, output
+    pids = [held["child"], held["payload"], held["actor"], *held["registered"]]
+    assert procs.wait_gone(pids, 10) == [], output
+    assert [e for e in procs.entries() if e.owner == held["pytest"]] == []

@@ -1,0 +1,46 @@
+"""``harness topology check``: Ray's verdict and the missing resource, one line; bad input exits 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from harness import cli
+
+
+def _harness(*args):
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "topology", "check", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_check_on_this_machine_and_simulated():
+    # Both start their own local Ray: run them side by side.
+    real, sim = _harness("2-gpu-h100"), _harness("2-node-16-gpu-h200", "--simulate")
+    out_real, err_real = real.communicate(timeout=300)
+    out_sim, err_sim = sim.communicate(timeout=300)
+    if out_real.startswith("2-gpu-h100: fits"):
+        pytest.skip("this machine has the GPUs: the INFEASIBLE verdict cannot be shown here")
+    assert real.returncode == 1, err_real
+    assert out_real.splitlines() == [
+        "2-gpu-h100: INFEASIBLE: group prefill-0: GPU: needs 1 on one node, the largest node has 0 [a local Ray on this machine]",
+        "hint: 2-gpu-h100 needs 2×H100 (runner 2-gpu-h100); run on that runner, or check with --simulate",
+    ]
+    assert sim.returncode == 0, err_sim
+    assert out_sim.startswith("2-node-16-gpu-h200: fits (") and out_sim.rstrip().endswith("[a local Ray with simulated GPUs]")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["nope"], "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 8-gpu-h200, cpu (or a path to a .toml file)"),
+    (["cpu", "--simulate", "--ray-address", "127.0.0.1:1"],
+     "harness: --simulate starts a local cluster and --ray-address joins one: pass only one"),
+    (["cpu", "--ray-address", "127.0.0.1:1"],
+     "harness: cannot join Ray at 127.0.0.1:1 (nothing answers at 127.0.0.1:1 (Connection refused)); check the address (host:port of the GCS)"),
+    (["cpu", "--ray-address", "nohostport"],
+     "harness: cannot join Ray at nohostport (Ray address 'nohostport' is not host:port); check the address (host:port of the GCS)"),
+    (["cpu", "--timeout", "0"], "harness: --timeout must be > 0, got 0"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, args, line):
+    assert cli.main(["topology", "check", *args]) == 2
+    assert capsys.readouterr().err == line + "\n"
