@@ -293,8 +293,6 @@ class Cluster:
             os.environ.setdefault(k, v)
         import ray
 
-        if ray.is_initialized():
-            raise RuntimeError("this process is already connected to Ray; shut it down first")
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"Ray address {address!r} is not host:port")
@@ -302,6 +300,8 @@ class Cluster:
             socket.create_connection((host, int(port)), timeout=connect_timeout).close()
         except OSError as e:
             raise ConnectionError(f"nothing answers at {address} ({e.strerror or e})") from None
+        if ray.is_initialized():
+            raise RuntimeError("this process is already connected to Ray; shut it down first")
         procs.claim()
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         return cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
