@@ -15,6 +15,7 @@ import sys
 COMMANDS = (
     "harness.commands.topology",
     "harness.commands.doctor",
+    "harness.commands.faults",
 )
 
 

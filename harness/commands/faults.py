@@ -1,0 +1,83 @@
+"""``harness faults list`` and ``harness faults check [--fault NAME ...] [--suite PATH ...] [--json]``.
+
+``list`` prints the fault catalog: name, the upstream issue it mirrors, the suites it targets and a
+one-line description. ``check`` runs the kill matrix (``harness.faults.matrix``): the clean run of
+every targeted suite, then each fault in a fresh pytest subprocess; it exits 0 when the clean run
+passed and every fault was caught, 1 otherwise, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from harness import faults
+from harness.cli import UsageError
+from harness.faults import matrix
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("faults", help="list the fault catalog; check that the suites catch every fault")
+    fsub = p.add_subparsers(dest="action", metavar="ACTION")
+    fsub.required = True
+    fsub.add_parser("list", help="list the faults: name, upstream issue, targeted suites, description").set_defaults(
+        func=_list)
+    check = fsub.add_parser("check", help="run the clean suites, then each fault; print the kill matrix")
+    check.add_argument("--fault", action="append", metavar="NAME", dest="faults",
+                       help="check only this fault (repeatable; default: the whole catalog)")
+    check.add_argument("--suite", action="append", metavar="PATH", dest="suites",
+                       help="run every fault against this suite instead of its targets (repeatable; "
+                            "a path relative to the repository root)")
+    check.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    check.add_argument("--jobs", type=int, default=2, help="fault runs at a time (default 2)")
+    check.add_argument("--timeout", type=float, default=matrix.DEFAULT_TIMEOUT_S,
+                       help=f"seconds one pytest run may take (default {matrix.DEFAULT_TIMEOUT_S:.0f})")
+    check.add_argument("--run-dir", metavar="DIR",
+                       help="where JUnit XML and logs go (default runs/faults-<timestamp>-<pid>)")
+    check.set_defaults(func=_check)
+
+
+def _list(args: argparse.Namespace) -> int:
+    known = faults.catalog()
+    width = max(len(name) for name in known)
+    for name, fault in known.items():
+        print(f"{name:<{width}}  {fault.upstream}")
+        print(f"{'':<{width}}  {fault.description}")
+        print(f"{'':<{width}}  suites: {' '.join(matrix.targets_for(name))}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> None:
+    known = faults.catalog()
+    for name in args.faults or ():
+        if name not in known:
+            raise UsageError(f"unknown fault {name!r}; `harness faults list` shows the known ones")
+    for suite in args.suites or ():
+        if Path(suite).is_absolute() or not (matrix.REPO_ROOT / suite).exists():
+            raise UsageError(f"suite {suite!r} not found; pass a path relative to the repository root, "
+                             "e.g. suites/unit")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+
+
+def _check(args: argparse.Namespace) -> int:
+    _validate(args)
+    if args.run_dir:
+        out_dir = Path(args.run_dir)
+    else:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        out_dir = matrix.REPO_ROOT / "runs" / f"faults-{stamp}-{os.getpid()}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = matrix.check(args.faults, suites=tuple(args.suites) if args.suites else None, out_dir=out_dir,
+                          jobs=args.jobs, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(matrix.to_dict(result), indent=2))
+    else:
+        print(matrix.render(result))
+        print(f"evidence: {out_dir}")
+    return 0 if result.ok else 1

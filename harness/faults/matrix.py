@@ -1,0 +1,463 @@
+"""The kill matrix: which suites catch which catalog fault, measured by running them.
+
+:func:`check` first runs every targeted suite once with no fault (the clean run, which must pass),
+then once per fault, each in a fresh ``python -m pytest`` subprocess whose env names the fault in
+``HARNESS_FAULTS`` (so the adapter applies it at import, exactly as in a Ray worker or a server),
+at most ``jobs`` at a time. Results are read from each run's JUnit XML, never from its output.
+
+A fault is *caught* by a suite when a test of that suite passed in the clean run and fails or
+errors with the fault; *missed* when none does; *broken* when the fault run itself could not run
+(pytest's exit code is neither 0 nor 1: collection error, usage error, timeout), which counts as
+not caught. Some faults must be caught by one suite in particular (:data:`REQUIRED`), e.g. the
+unaligned tail with sglang's own assertion bypassed must be caught by the ledger checker.
+
+Each fault runs only the suites it targets (:data:`TARGETS`); a fault without an entry there runs
+:data:`DEFAULT_SUITES`. Paths are relative to the repository root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from harness import faults as fault_catalog
+
+logger = logging.getLogger(__name__)
+
+#: The repository root (parent of the ``harness`` package); subprocesses run here.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: Suites a fault without a :data:`TARGETS` entry runs.
+DEFAULT_SUITES: tuple[str, ...] = ("suites/unit",)
+
+_LEDGER = "suites/unit/disaggregation/test_decode_prealloc_ledger.py"
+_RESERVATION = "suites/unit/disaggregation/test_decode_reservation.py"
+_RECLAIM = "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py"
+_HISPARSE = "suites/unit/mem_cache/test_hisparse_allocator.py"
+
+#: Fault name -> the suites (files or directories) it is checked against. Kept to fast CPU suites
+#: so the check fits in CI; ``harness faults check --suite PATH`` runs every fault against others.
+TARGETS: dict[str, tuple[str, ...]] = {
+    "swa-tail-unaligned": (_LEDGER, _RESERVATION),
+    "swa-tail-unaligned-noassert": (_LEDGER,),
+    "release-leaks-swa": (_LEDGER,),
+    "prealloc-no-swa-evict": (_RECLAIM,),
+    "swa-full-length": (_LEDGER, _RESERVATION),
+    "decode-reserve-unaligned": (_RESERVATION,),
+    "hisparse-budget-swa": (_HISPARSE,),
+}
+
+#: Fault name -> the suite that must be among its catchers (a claim the check verifies).
+REQUIRED: dict[str, str] = {
+    "swa-tail-unaligned-noassert": _LEDGER,  # sglang's assert is gone: the ledger checker must see it
+}
+
+#: Seconds one pytest subprocess may run before it is killed (and its run counted as broken).
+DEFAULT_TIMEOUT_S = 900.0
+
+CLEAN = "clean"
+CAUGHT, MISSED, BROKEN = "caught", "missed", "broken"
+_FAILING = ("failed", "error")
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test case of a JUnit report.
+
+    Attributes:
+        test_id: ``path::name`` (``path::Class::name`` inside a class), like a pytest node id.
+        file: the test file, relative to the repository root ("" for a collection error).
+        outcome: ``passed``, ``failed``, ``error`` or ``skipped``.
+        message: the failure / error message (first line), "" when it passed.
+    """
+
+    test_id: str
+    file: str
+    outcome: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """One pytest subprocess: the suites it ran, with or without a fault, and its results.
+
+    Attributes:
+        label: the fault name, or ``"clean"``.
+        suites: the suite paths passed to pytest.
+        returncode: pytest's exit code (-9 when killed at the timeout).
+        outcomes: every test case of its JUnit report.
+        wall_s: seconds it ran.
+        junit: its JUnit XML file.
+        log: its stdout + stderr.
+    """
+
+    label: str
+    suites: tuple[str, ...]
+    returncode: int
+    outcomes: tuple[TestOutcome, ...]
+    wall_s: float
+    junit: Path
+    log: Path
+
+    @property
+    def ran(self) -> bool:
+        """pytest ran the tests to the end (exit 0: all passed, 1: some failed)."""
+        return self.returncode in (0, 1)
+
+    @property
+    def passed(self) -> bool:
+        """Every test passed (or was skipped) and at least one test ran."""
+        return self.returncode == 0 and bool(self.outcomes)
+
+    def failing(self) -> dict[str, TestOutcome]:
+        """Failed or errored tests by id."""
+        return {o.test_id: o for o in self.outcomes if o.outcome in _FAILING}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One fault x suite entry of the matrix.
+
+    Attributes:
+        fault: the fault name.
+        suite: the suite path (as targeted).
+        status: ``caught``, ``missed`` or ``broken``.
+        tests: the ids of the tests that caught it.
+    """
+
+    fault: str
+    suite: str
+    status: str
+    tests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One fault's overall result.
+
+    Attributes:
+        fault: the fault name.
+        status: ``caught`` (by at least one suite, and by the required one), ``missed`` or ``broken``.
+        reason: why it is not caught ("" when caught).
+    """
+
+    fault: str
+    status: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The whole check: the clean run, one run per fault, the cells and the verdicts.
+
+    Attributes:
+        clean: the clean run.
+        runs: fault name -> its run (empty when the clean run failed).
+        cells: fault x suite entries, in fault then suite order.
+        verdicts: one per fault, in catalog order.
+        wall_s: seconds the whole check took.
+    """
+
+    clean: SuiteRun
+    runs: Mapping[str, SuiteRun] = field(default_factory=dict)
+    cells: tuple[Cell, ...] = ()
+    verdicts: tuple[Verdict, ...] = ()
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """The clean run passed and every fault was caught."""
+        return self.clean.passed and all(v.status == CAUGHT for v in self.verdicts)
+
+
+def targets_for(name: str) -> tuple[str, ...]:
+    """The suites a fault is checked against.
+
+    Args:
+        name: a fault name.
+
+    Returns:
+        Its :data:`TARGETS` entry, or :data:`DEFAULT_SUITES`.
+    """
+    return TARGETS.get(name, DEFAULT_SUITES)
+
+
+# ------------------------------------------------------------------------------------- JUnit
+
+
+def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
+    """Read the test cases of a pytest JUnit XML report (``junit_family=xunit1``, which carries files).
+
+    Args:
+        path: the XML file.
+        root: the directory test files are relative to.
+
+    Returns:
+        One :class:`TestOutcome` per test case; empty when the file is missing or not XML (a run
+        killed before pytest wrote it).
+    """
+    try:
+        tree = ET.parse(path)
+    except (OSError, ET.ParseError):
+        return ()
+    out = []
+    for case in tree.iter("testcase"):
+        file = case.get("file", "")
+        name = case.get("name", "")
+        classname = case.get("classname", "")
+        test_id = _test_id(file, classname, name, root)
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                message = (child.get("message") or "").strip().splitlines()[0:1]
+                message = message[0] if message else ""
+                if outcome != "skipped":
+                    break
+        out.append(TestOutcome(test_id=test_id, file=_relative(file, root), outcome=outcome, message=message))
+    return tuple(out)
+
+
+def _relative(file: str, root: Path) -> str:
+    if not file:
+        return ""
+    path = Path(file)
+    if path.is_absolute():
+        try:
+            return path.relative_to(root).as_posix()
+        except ValueError:
+            return path.as_posix()
+    return path.as_posix()
+
+
+def _test_id(file: str, classname: str, name: str, root: Path) -> str:
+    rel = _relative(file, root)
+    if not rel:  # collection error: pytest names the module in classname/name
+        return name or classname
+    # classname is the dotted module path, plus the class when the test is a method.
+    last = classname.rsplit(".", 1)[-1]
+    parts = [rel]
+    if last and last != Path(rel).stem:
+        parts.append(last)
+    parts.append(name)
+    return "::".join(parts)
+
+
+# ------------------------------------------------------------------------------------- running
+
+
+def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT) -> SuiteRun:
+    """Run suites in a fresh pytest subprocess, with ``fault`` active (or none), and read its JUnit XML.
+
+    Args:
+        label: names the run's files (``<out_dir>/junit/<label>.xml``, ``<out_dir>/workers/<label>.log``).
+        suites: suite paths, relative to ``root``.
+        out_dir: the run directory.
+        fault: the fault to activate through ``HARNESS_FAULTS``; None runs clean (the variable is
+            removed, so a fault set in the caller's env cannot leak into the clean run).
+        timeout_s: the run is killed (its whole process group) after this many seconds.
+        root: where pytest runs.
+
+    Returns:
+        The :class:`SuiteRun`.
+    """
+    suites = tuple(suites)
+    junit = out_dir / "junit" / f"{label}.xml"
+    log = out_dir / "workers" / f"{label}.log"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.pop(fault_catalog.ENV_VAR, None)
+    if fault is not None:
+        env[fault_catalog.ENV_VAR] = fault
+    cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+           "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label)]
+    logger.info("run %s: %s", label, " ".join(cmd))
+    start = time.monotonic()
+    with open(log, "wb") as fh:
+        # Own session so a timeout kills pytest and everything it started, and nothing else.
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.error("run %s passed its %.0f s limit; killing its process group", label, timeout_s)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            returncode = -signal.SIGKILL
+    wall = time.monotonic() - start
+    return SuiteRun(label=label, suites=suites, returncode=returncode, outcomes=parse_junit(junit, root),
+                    wall_s=wall, junit=junit, log=log)
+
+
+# ------------------------------------------------------------------------------------- matrix
+
+
+def _in_suite(outcome: TestOutcome, suite: str) -> bool:
+    suite = suite.rstrip("/")
+    return outcome.file == suite or outcome.file.startswith(suite + "/")
+
+
+def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteRun) -> tuple[Cell, ...]:
+    """The matrix row of one fault (pure).
+
+    Args:
+        name: the fault.
+        suites: the suites it targeted.
+        clean: the clean run.
+        run: the fault's run.
+
+    Returns:
+        One :class:`Cell` per suite.
+    """
+    clean_passed = {o.test_id for o in clean.outcomes if o.outcome == "passed"}
+    failing = run.failing()
+    cells = []
+    for suite in suites:
+        if not run.ran:
+            cells.append(Cell(name, suite, BROKEN))
+            continue
+        caught = tuple(sorted(t for t, o in failing.items() if t in clean_passed and _in_suite(o, suite)))
+        cells.append(Cell(name, suite, CAUGHT if caught else MISSED, caught))
+    return tuple(cells)
+
+
+def verdict(name: str, cells: Iterable[Cell], run: SuiteRun) -> Verdict:
+    """One fault's overall result (pure).
+
+    Args:
+        name: the fault.
+        cells: its matrix row.
+        run: its run.
+
+    Returns:
+        The :class:`Verdict`.
+    """
+    cells = list(cells)
+    if not run.ran:
+        return Verdict(name, BROKEN, f"pytest exited {run.returncode} (see {run.log})")
+    catchers = {c.suite for c in cells if c.status == CAUGHT}
+    if not catchers:
+        return Verdict(name, MISSED, "no targeted suite failed")
+    required = REQUIRED.get(name)
+    if required and required not in catchers:
+        return Verdict(name, MISSED, f"not caught by {required}, which must catch it")
+    return Verdict(name, CAUGHT)
+
+
+def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None = None, out_dir: Path,
+          jobs: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT) -> Matrix:
+    """Run the clean run, then every fault against its suites, and build the kill matrix.
+
+    Args:
+        names: the faults to check (default: the whole catalog, in catalog order).
+        suites: run every fault against these suites instead of its :data:`TARGETS`.
+        out_dir: the run directory (``junit/`` and ``workers/`` logs go there).
+        jobs: fault runs at a time.
+        timeout_s: limit of each pytest subprocess.
+        root: the repository root.
+
+    Returns:
+        The :class:`Matrix`; its ``runs`` is empty when the clean run did not pass.
+
+    Raises:
+        FaultError: an unknown fault name.
+    """
+    start = time.monotonic()
+    names = list(fault_catalog.catalog()) if names is None else [fault_catalog.get(n).name for n in names]
+    plan = {name: (suites if suites is not None else targets_for(name)) for name in names}
+    union = tuple(dict.fromkeys(s for targeted in plan.values() for s in targeted))
+    clean = run_suites(CLEAN, union, out_dir, timeout_s=timeout_s, root=root)
+    if not clean.passed:
+        logger.error("clean run failed (exit %d); faults not run", clean.returncode)
+        return Matrix(clean=clean, wall_s=time.monotonic() - start)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {name: pool.submit(run_suites, name, plan[name], out_dir, fault=name, timeout_s=timeout_s, root=root)
+                   for name in names}
+        runs = {name: future.result() for name, future in futures.items()}
+    cells: list[Cell] = []
+    verdicts = []
+    for name in names:
+        row = build_cells(name, plan[name], clean, runs[name])
+        cells.extend(row)
+        verdicts.append(verdict(name, row, runs[name]))
+    return Matrix(clean=clean, runs=runs, cells=tuple(cells), verdicts=tuple(verdicts), wall_s=time.monotonic() - start)
+
+
+# ------------------------------------------------------------------------------------- output
+
+
+def to_dict(matrix: Matrix) -> dict[str, Any]:
+    """The matrix as JSON-able data.
+
+    Args:
+        matrix: the result of :func:`check`.
+
+    Returns:
+        ``{"ok", "wall_s", "clean": {...}, "faults": [{"name", "upstream", "status", "reason",
+        "wall_s", "suites": [{"suite", "status", "tests"}]}]}``.
+    """
+    known = fault_catalog.catalog()
+    cells_by_fault: dict[str, list[Cell]] = {}
+    for cell in matrix.cells:
+        cells_by_fault.setdefault(cell.fault, []).append(cell)
+
+    def run_dict(run: SuiteRun) -> dict[str, Any]:
+        return {"returncode": run.returncode, "wall_s": round(run.wall_s, 1), "tests": len(run.outcomes),
+                "failing": sorted(run.failing()), "junit": str(run.junit), "log": str(run.log)}
+
+    return {
+        "ok": matrix.ok,
+        "wall_s": round(matrix.wall_s, 1),
+        "clean": {"passed": matrix.clean.passed, "suites": list(matrix.clean.suites), **run_dict(matrix.clean)},
+        "faults": [
+            {"name": v.fault, "upstream": known[v.fault].upstream if v.fault in known else "",
+             "status": v.status, "reason": v.reason, "wall_s": round(matrix.runs[v.fault].wall_s, 1),
+             "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests)}
+                        for c in cells_by_fault.get(v.fault, [])]}
+            for v in matrix.verdicts
+        ],
+    }
+
+
+def render(matrix: Matrix) -> str:
+    """The matrix as text: one block per fault, one line per targeted suite with the catching tests.
+
+    Args:
+        matrix: the result of :func:`check`.
+
+    Returns:
+        Lines for a terminal (no trailing newline).
+    """
+    clean = matrix.clean
+    lines = [f"clean run: {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, "
+             f"exit {clean.returncode}, {clean.wall_s:.0f} s) {' '.join(clean.suites)}"]
+    if not clean.passed:
+        lines += [f"  {t}: {o.message}" for t, o in sorted(clean.failing().items())]
+        lines.append(f"  log: {clean.log}")
+        lines.append("faults not run: the clean run must pass first")
+        return "\n".join(lines)
+    cells_by_fault: dict[str, list[Cell]] = {}
+    for cell in matrix.cells:
+        cells_by_fault.setdefault(cell.fault, []).append(cell)
+    width = max(len(v.fault) for v in matrix.verdicts) if matrix.verdicts else 0
+    for v in matrix.verdicts:
+        run = matrix.runs[v.fault]
+        head = f"{v.fault:<{width}}  {v.status.upper():<6}  ({run.wall_s:.0f} s)"
+        lines.append(head + (f"  {v.reason}" if v.reason else ""))
+        for cell in cells_by_fault.get(v.fault, []):
+            lines.append(f"  {cell.status:<6} {cell.suite}")
+            lines.extend(f"           {t.split('::', 1)[-1]}" for t in cell.tests)
+    caught = sum(v.status == CAUGHT for v in matrix.verdicts)
+    lines.append(f"{caught}/{len(matrix.verdicts)} faults caught; wall time {matrix.wall_s:.0f} s")
+    return "\n".join(lines)
