@@ -16,6 +16,8 @@ COMMANDS = (
     "harness.commands.topology",
     "harness.commands.doctor",
     "harness.commands.faults",
+    "harness.commands.gate",
+    "harness.commands.flaky",
 )
 
 

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan as a GitHub Actions matrix (JSON) and exit")
     p.add_argument("--github-output", type=Path, metavar="FILE", help="with --dry-run: append matrix=<json> to this file ($GITHUB_OUTPUT)")
     p.add_argument("--list", action="store_true", help="list registered suite files and exit")
+    p.add_argument("--from", dest="from_repro", type=Path, metavar="REPRO", help="rerun the failing test of a repro.json "
+                   "(from `harness gate run`) with its seeds; exit 1 if it fails again (harness/gates/reproduce.py)")
     p.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR",
                    help="an extra test tree (e.g. sglang's test/registered); repeatable")
     p.add_argument("--repo-root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
@@ -272,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.comment_out:
                 _write_comment(args.comment_out, [])
             return 0
+        if args.from_repro:
+            from harness.gates import reproduce
+            return reproduce.main_from_args(args)
         if args.list:
             return _list(collector.collect(args.repo_root.resolve(), args.suites_dir, args.durations))
         reg, p, default = _plan(args)

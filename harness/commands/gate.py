@@ -1,0 +1,92 @@
+"""``harness gate list | show NAME | run NAME [--simulate] [--ray-address ADDR]``.
+
+``run`` prints a live line per running group, then ``PASS`` or ``FAIL`` with the reasons, and
+writes ``report/{junit.xml,summary.md,result.json}`` and ``report/failures/<test>/repro.json`` into
+the run directory. Exit 0 only on PASS, 1 on FAIL, 2 on bad input (an unknown or invalid gate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from harness import rundir
+from harness.cli import UsageError
+from harness.gates import model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gate", help="release qualification gates: list, show, run")
+    gsub = p.add_subparsers(dest="action", metavar="ACTION")
+    gsub.required = True
+    gsub.add_parser("list", help="list the gates in ci/gates/").set_defaults(func=_list)
+    show = gsub.add_parser("show", help="print one gate as JSON")
+    show.add_argument("name", help="a gate name or a path to a .toml file")
+    show.set_defaults(func=_show)
+    run = gsub.add_parser("run", help="run a gate and print PASS / FAIL with reasons")
+    run.add_argument("name", help="a gate name or a path to a .toml file")
+    run.add_argument("--simulate", action="store_true", help="run groups whose GPUs are missing on Ray logical GPUs")
+    run.add_argument("--ray-address", metavar="ADDR", help="join the Ray cluster at ADDR (host:port) instead of a local one")
+    run.add_argument("--run-dir", type=Path, help="where results go (default: runs/<timestamp>-<pid>)")
+    run.add_argument("--gpus", type=int, help="real GPUs available (default: what nvidia-smi lists)")
+    run.add_argument("--jobs", type=int, help="most groups at once (default: min(4, CPUs))")
+    run.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR", help="an extra test tree; repeatable")
+    run.add_argument("--hypothesis-seed", type=int, help="override the gate's Hypothesis seed")
+    run.add_argument("--workload-seed", type=int, help="override the gate's workload seed")
+    run.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
+    run.set_defaults(func=_run)
+
+
+def _load(name: str) -> model.Gate:
+    try:
+        return model.get(name)
+    except model.GateError as e:
+        raise UsageError(str(e)) from None
+
+
+def _list(args: argparse.Namespace) -> int:
+    for name in model.names():
+        g = _load(name)
+        required = sum(1 for s in g.suites if s.required)
+        print(f"{g.name:16} {len(g.suites)} suite(s), {required} required  {g.description}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    print(json.dumps(_load(args.name).summary(), indent=2))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from harness.gates import render, runner
+    from harness.rerun.cli import detect_gpus
+    from harness.rerun.registry import RegistryError
+
+    gate = _load(args.name)
+    if args.simulate and args.ray_address:
+        raise UsageError("--simulate starts local clusters and --ray-address joins one: pass only one")
+    for opt in ("gpus", "jobs"):
+        value = getattr(args, opt)
+        if value is not None and value < (0 if opt == "gpus" else 1):
+            raise UsageError(f"--{opt} {value}: must be ≥ {0 if opt == 'gpus' else 1}")
+    root = args.repo_root.resolve()
+    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    gpus = detect_gpus() if args.gpus is None else args.gpus
+    opts = runner.GateOptions(repo_root=root, run_dir=run_dir, simulate=args.simulate, ray_address=args.ray_address,
+                              gpus=gpus, jobs=args.jobs or max(1, min(4, os.cpu_count() or 1)),
+                              suites_dirs=tuple(args.suites_dir), hypothesis_seed=args.hypothesis_seed,
+                              workload_seed=args.workload_seed)
+    try:
+        result = runner.run_gate(gate, opts)
+    except RegistryError as e:
+        raise UsageError(str(e)) from None
+    print()
+    for line in render.verdict_lines(result.verdict):
+        print(line)
+    for key, path in result.repros.items():
+        print(f"  repro: {key.split('::', 1)[1]} → {run_dir / path}")
+    print(f"report: {run_dir / 'report' / 'summary.md'}  result: {run_dir / 'report' / 'result.json'}")
+    return result.exit_code

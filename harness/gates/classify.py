@@ -1,0 +1,115 @@
+"""Classify a test failure from its JUnit element, so the flaky policy reruns only what may be flaky.
+
+Classes, first match wins (order matters: an accounting assertion that mentions a timing word is
+still accounting, and a crash is a crash whatever else its message says):
+
+``crash``       a worker or process died (``WorkerDied``, a signal, a segfault, a core dump)
+``import``      ``ImportError`` / ``ModuleNotFoundError`` / a collection error
+``timeout``     the test hung past its limit (pytest-timeout, Ray ``GetTimeoutError``)
+``accounting``  a ledger / page-accounting invariant broke (``Violation``, leaks, free-page balances)
+``accuracy``    a quality metric fell short (``AccuracyError``, "accuracy", gsm8k/mmlu scores)
+``timing``      a latency or throughput bound was missed (``TimingError``, "latency", "too slow")
+``assertion``   any other ``AssertionError``
+``error``       anything else (setup errors, unexpected exceptions)
+
+Suites that want a failure treated as flaky raise an exception whose type name contains
+``Accuracy`` or ``Timing`` (or say "accuracy"/"latency" in the message). Only ``accuracy`` and
+``timing`` may ever be rerun (:data:`harness.gates.model.FLAKY_ELIGIBLE`).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+CLASSES = ("crash", "import", "timeout", "accounting", "accuracy", "timing", "assertion", "error")
+
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("crash", re.compile(r"WorkerDied|Segmentation fault|SIGSEGV|SIGKILL|SIGABRT|core dumped|Fatal Python error|"
+                         r"worker .* died|process .* (died|exited)|RayActorError|ActorDiedError|OutOfMemoryError", re.I)),
+    ("import", re.compile(r"\b(ImportError|ModuleNotFoundError)\b|collection error|error collecting", re.I)),
+    ("timeout", re.compile(r"Failed: Timeout|Timeout >|GetTimeoutError|\bTimeoutError\b|timed out", re.I)),
+    ("accounting", re.compile(r"ledger|Violation|accounting|page-(leak|double)|not-baseline|free[_ -]?(pages|slots|size)|"
+                              r"leak(ed)?\b|conservation|swa-over-window|evicted[-_]", re.I)),
+    ("accuracy", re.compile(r"Accuracy|\bgsm8k\b|\bmmlu\b|score .*(below|<)", re.I)),
+    ("timing", re.compile(r"Timing(Error)?\b|latency|throughput|too slow|\bTTFT\b|\bITL\b|tokens?/s", re.I)),
+    ("assertion", re.compile(r"AssertionError|\bassert\b", re.I)),
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failing case as JUnit recorded it.
+
+    Attributes:
+        nodeid: the test's node id (as :func:`harness.report.parse_junit` rebuilds it).
+        kind: ``failure`` (the test body) or ``error`` (setup/teardown/collection).
+        message: the element's ``message`` attribute.
+        text: the element's text (the traceback).
+        failure_class: one of :data:`CLASSES`.
+    """
+
+    nodeid: str
+    kind: str
+    message: str
+    text: str
+    failure_class: str
+
+
+def _error_lines(text: str) -> str:
+    """The exception lines of a pytest traceback (``E   …``), not the source lines around them.
+
+    Source shown in a traceback may mention anything (a docstring saying "WorkerDied"); only what
+    was raised says what happened. Without ``E`` lines (a plain traceback) the last lines are used.
+    """
+    lines = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+    if not lines:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()][-3:]
+    return "\n".join(lines)
+
+
+def classify(kind: str, message: str, text: str = "") -> str:
+    """The class of one failure.
+
+    Args:
+        kind: ``failure`` or ``error`` (JUnit tag).
+        message: one line.
+        text: the traceback (its exception lines are searched after the message).
+
+    Returns:
+        One of :data:`CLASSES`. A setup/teardown ``error`` is never ``accuracy``/``timing``/``assertion``.
+    """
+    for source in (message, _error_lines(text)):
+        for name, pattern in _RULES:
+            if pattern.search(source or ""):
+                if kind == "error" and name in ("accuracy", "timing", "assertion"):
+                    break  # an environment problem, not a measurement: never flaky
+                return name
+    return "error"
+
+
+def failures_from_junit(xml_text: str) -> list[Failure]:
+    """Every failed or errored case of a JUnit document, classified.
+
+    Node ids are rebuilt exactly as :func:`harness.report.parse_junit` does, so they match rerun's results.
+
+    Raises:
+        ValueError: not XML.
+    """
+    from harness.report import parse_junit
+
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as e:
+        raise ValueError(f"not JUnit XML: {e}") from None
+    ids = [c.nodeid for c in parse_junit(xml_text)]
+    out = []
+    for nodeid, case in zip(ids, root.iter("testcase")):
+        for tag in ("failure", "error"):
+            el = case.find(tag)
+            if el is not None:
+                message, text = el.get("message") or "", el.text or ""
+                out.append(Failure(nodeid, tag, message, text, classify(tag, message, text)))
+                break
+    return out

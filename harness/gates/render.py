@@ -1,0 +1,139 @@
+"""Reports of a gate run: the verdict block, ``summary.md``, ``result.json`` and the merged JUnit. Pure.
+
+``summary.md`` is what a release manager reads: the verdict and its reasons, one row per suite
+(required or informational, passed / failed / skipped / flaky, pass rate against the threshold),
+then each failing test with its class, reason and the ``repro.json`` to rerun it with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness import report
+from harness.gates.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What every report of one gate run is stamped with.
+
+    Attributes:
+        gate: the gate's name.
+        run_dir: the run directory (as a string).
+        git_sha: the commit tested (``unknown`` outside git); ``git_dirty``: uncommitted changes present.
+        sglang_version: installed (None: not installed); ``sglang_required``: what the gate requires.
+        hypothesis_seed, workload_seed: the seeds every suite ran with.
+        wall_time: seconds for the whole gate.
+    """
+
+    gate: str
+    run_dir: str
+    git_sha: str
+    git_dirty: bool
+    sglang_version: str | None
+    sglang_required: str
+    hypothesis_seed: int
+    workload_seed: int
+    wall_time: float = 0.0
+
+    def properties(self) -> dict[str, str]:
+        """JUnit properties stamped on every suite."""
+        return {"gate": self.gate, "git_sha": self.git_sha, "git_dirty": str(self.git_dirty).lower(),
+                "sglang_version": self.sglang_version or "not installed",
+                "hypothesis_seed": str(self.hypothesis_seed), "workload_seed": str(self.workload_seed)}
+
+
+def verdict_lines(v: Verdict) -> list[str]:
+    """The console verdict: ``PASS`` / ``FAIL``, then one line per reason and warning."""
+    lines = [f"{v.word}"]
+    lines += [f"  reason: {r}" for r in v.reasons]
+    lines += [f"  warning: {w}" for w in v.warnings]
+    return lines
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def summary_md(info: RunInfo, v: Verdict, repros: dict[str, str]) -> str:
+    """The human summary.
+
+    Args:
+        info: the run's stamp.
+        v: the verdict.
+        repros: ``"<suite>::<nodeid>"`` → repro.json path relative to the run directory.
+    """
+    icon = "✅" if v.passed else "❌"
+    lines = [f"# Gate `{info.gate}`: {icon} {v.word}", "",
+             f"git `{info.git_sha}`{' (dirty)' if info.git_dirty else ''} · sglang {info.sglang_version or 'not installed'}"
+             f"{f' (required {info.sglang_required})' if info.sglang_required else ''} · seeds hypothesis={info.hypothesis_seed} "
+             f"workload={info.workload_seed} · {info.wall_time:.1f}s", ""]
+    if v.reasons:
+        lines += ["**Why it failed**", ""] + [f"- {r}" for r in v.reasons] + [""]
+    if v.warnings:
+        lines += ["**Warnings**", ""] + [f"- {w}" for w in v.warnings] + [""]
+    lines += ["| suite | kind | passed | failed | skipped | flaky | pass rate | needed | status |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for sv in v.suites:
+        s = sv.outcome
+        status = "✅" if sv.ok else ("❌" if s.required else "⚠️")
+        lines.append(f"| {s.name} | {'required' if s.required else 'informational'} | {s.passed} | {s.failed} | {s.skipped} | "
+                     f"{s.flaky} | {_rate(s.pass_rate)} | {s.min_pass_rate:.0%} | {status} |")
+    failing = [(sv.outcome, t) for sv in v.suites for t in sv.outcome.tests if t.failed]
+    if failing:
+        lines += ["", "**Failing tests**", ""]
+        for s, t in failing:
+            repro = repros.get(f"{s.name}::{t.nodeid}")
+            tail = f" — repro: `{repro}`" if repro else ""
+            lines.append(f"- `{t.nodeid}` ({s.name}, {t.group}) **{t.failure_class or t.outcome}** after "
+                         f"{len(t.attempts)} run(s): {t.message or t.outcome}{tail}")
+    return "\n".join(lines) + "\n"
+
+
+def result_json(info: RunInfo, v: Verdict, repros: dict[str, str]) -> dict[str, Any]:
+    """The machine-readable result (``verdict``, ``reasons``, ``warnings``, the stamp, suites and tests)."""
+    return {
+        "gate": info.gate,
+        "verdict": v.word,
+        "passed": v.passed,
+        "reasons": list(v.reasons),
+        "warnings": list(v.warnings),
+        "git_sha": info.git_sha,
+        "git_dirty": info.git_dirty,
+        "sglang_version": info.sglang_version,
+        "sglang_required": info.sglang_required,
+        "seeds": {"hypothesis": info.hypothesis_seed, "workload": info.workload_seed},
+        "wall_time": round(info.wall_time, 3),
+        "suites": [
+            {
+                "name": sv.outcome.name,
+                "required": sv.outcome.required,
+                "ok": sv.ok,
+                "reasons": list(sv.reasons),
+                "pass_rate": sv.outcome.pass_rate,
+                "min_pass_rate": sv.outcome.min_pass_rate,
+                "counts": {"passed": sv.outcome.passed, "failed": sv.outcome.failed, "skipped": sv.outcome.skipped,
+                           "flaky": sv.outcome.flaky},
+                "notes": list(sv.outcome.notes),
+                "error": sv.outcome.error,
+                "tests": [
+                    {"nodeid": t.nodeid, "group": t.group, "outcome": t.outcome, "attempts": list(t.attempts),
+                     "failure_class": t.failure_class, "message": t.message,
+                     "repro": repros.get(f"{sv.outcome.name}::{t.nodeid}")}
+                    for t in sv.outcome.tests
+                ],
+            }
+            for sv in v.suites
+        ],
+    }
+
+
+def merged_junit(info: RunInfo, parts: list[tuple[str, dict[str, str]]]) -> str:
+    """One JUnit document of every group (and rerun) of the gate, each suite stamped with the run's properties.
+
+    Args:
+        info: the stamp (gate, git SHA, sglang version, seeds).
+        parts: (JUnit text, per-group properties such as suite, group, topology, simulated).
+    """
+    return report.merge_junit([(text, {**props, **info.properties()}) for text, props in parts])

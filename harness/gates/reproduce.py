@@ -1,0 +1,107 @@
+"""``rerun-test --from repro.json``: rerun one failing test with its seeds, and say whether it reproduces.
+
+The test runs alone in its recorded topology on whatever is at hand: the local machine (simulated
+GPUs when the topology needs missing ones and allows it) or the cluster at ``--ray-address``. It gets
+the bundle's ``--hypothesis-seed``, ``--workload-seed`` and ``--engine``. The answer is one line,
+``REPRODUCED`` (it failed again; the class is compared with the recorded one) or ``NOT REPRODUCED``
+(it passed), followed by the environment differences that might explain a difference.
+
+Exit status follows rerun-test's: 1 when the test failed (reproduced), 0 when it passed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from harness.gates import repro
+from harness.gates.runner import _item_for, run_one
+from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
+
+
+def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: str | None = None, gpus: int = 0,
+              suites_dirs: tuple[Path, ...] = (), out: Callable[[str], None] = print) -> int:
+    """Rerun the test of a repro bundle.
+
+    Args:
+        bundle_path: the ``repro.json``.
+        repo_root: the repository whose ``suites/`` hold the test.
+        run_dir: where this rerun's evidence goes.
+        ray_address: join this cluster instead of a local Ray.
+        gpus: real GPUs on this machine.
+        suites_dirs: extra test trees.
+        out: console lines.
+
+    Returns:
+        1 reproduced (the test failed), 0 not reproduced (it passed).
+
+    Raises:
+        repro.ReproError: an unusable bundle, or its test or topology is not found here.
+    """
+    data = repro.load(bundle_path)
+    reg = collector.collect(repo_root.resolve(), list(suites_dirs))
+    try:
+        sel = resolve.resolve_one(spec_mod.parse_spec(data["spec"]), reg)
+        p = plan_mod.make_plan([sel])
+    except (spec_mod.SpecError, resolve.ResolveError, plan_mod.PlanError) as e:
+        raise repro.ReproError(f"{bundle_path}: {e}") from None
+    group = next((g for g in p.groups if g.topology == data["topology"]), None)
+    if group is None:
+        have = ", ".join(g.topology for g in p.groups)
+        raise repro.ReproError(f"{bundle_path}: {data['spec']} no longer runs on {data['topology']} (it declares {have}); "
+                               "rerun it by name with rerun-test")
+    seeds = data["seeds"]
+    args = [f"--hypothesis-seed={seeds['hypothesis']}", f"--workload-seed={seeds['workload_base']}"]
+    if data.get("engine"):
+        args += ["--engine", data["engine"]]
+    opts = execute.ExecOptions(repo_root=repo_root.resolve(), run_dir=run_dir, ray_address=ray_address, gpus=gpus,
+                               pytest_args=tuple(args))
+    failure = data.get("failure") or {}
+    out(f"repro: {data['spec']} on {data['topology']} (seeds hypothesis={seeds['hypothesis']} workload={seeds.get('workload')}); "
+        f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}")
+    start = time.monotonic()
+    res, att = run_one(group, _item_for(group, data["spec"]), opts, reg)
+    from harness.rerun import cli as rerun_cli  # the same report files as any rerun
+
+    rerun_cli.write_reports(run_dir, [res])
+    took = time.monotonic() - start
+    if att.outcome in ("failed", "error"):
+        same = "same class" if att.failure_class == failure.get("class") else f"class {att.failure_class}, recorded {failure.get('class')}"
+        out(f"REPRODUCED: {data['spec']} {att.outcome} again ({same}) in {took:.1f}s: {att.message}")
+        code = 1
+    else:
+        out(f"NOT REPRODUCED: {data['spec']} {att.outcome} in {took:.1f}s")
+        code = 0
+    diffs = repro.env_differences(data.get("environment") or {}, repro.environment())
+    if data.get("git_sha") and data["git_sha"] != "unknown":
+        from harness.gates.runner import git_state
+
+        sha, _ = git_state(repo_root)
+        if sha != data["git_sha"]:
+            diffs.insert(0, f"git_sha: {data['git_sha']} → {sha}")
+    for d in diffs:
+        out(f"  differs: {d}")
+    out(f"evidence: {run_dir}")
+    return code
+
+
+def main_from_args(args) -> int:
+    """``rerun-test --from FILE`` (called by :mod:`harness.rerun.cli` with its parsed arguments).
+
+    Returns:
+        1 reproduced, 0 not reproduced, 2 an unusable bundle (one line on stderr).
+    """
+    import os
+    import sys
+
+    from harness.rerun.cli import PROG, detect_gpus
+
+    root = args.repo_root.resolve()
+    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-repro").resolve()
+    gpus = detect_gpus() if args.gpus is None else args.gpus
+    try:
+        return reproduce(args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir))
+    except repro.ReproError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2

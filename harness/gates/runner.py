@@ -1,0 +1,490 @@
+"""Run a gate through rerun-test's machinery and write its reports, repro bundles and flaky record.
+
+For each ``[[suites]]`` entry, in gate order: select (rerun-test specs, or every registered file
+under a directory) → :func:`harness.rerun.plan.make_plan` → keep the entry's topologies →
+:func:`harness.rerun.execute.run_plan` under ``<run_dir>/suites/<entry>/`` with the entry's timeout,
+``--engine``, and the run's ``--hypothesis-seed`` / ``--workload-seed``. Each failure is classified
+from its JUnit element; one the flaky policy allows is rerun alone (same seeds, same topology) up to
+``flaky.reruns`` times, each rerun under ``<entry>/reruns/``. A crash, an import error, a timeout or
+an accounting/assertion failure is never rerun.
+
+Then: the verdict (:mod:`harness.gates.verdict`), ``<run_dir>/report/{junit.xml,summary.md,result.json}``,
+per failing test ``<run_dir>/report/failures/<test>/`` (``repro.json``, the workers' logs and ledgers
+the test owned, the pytest log of its last failing run), and one line in ``<runs>/flaky-history.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from harness import ledger
+from harness import topology as topo_mod
+from harness.gates import classify, history, render, repro
+from harness.gates.model import Gate, GateSuite
+from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
+from harness.plugins import seeds as seeds_mod
+from harness.report import CaseResult, GroupResult
+from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
+from harness.rerun.registry import RegistryError
+
+log = logging.getLogger(__name__)
+
+LIVE_EVERY_S = 5.0
+LEDGER_TAIL = 20
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """How to run a gate.
+
+    Attributes:
+        repo_root: the repository (its ``suites/``; pytest's rootdir).
+        run_dir: this run's directory.
+        simulate: let groups whose GPUs are missing run on Ray logical GPUs (if their topology allows it).
+        ray_address: join this Ray cluster.
+        gpus: real GPUs on this machine.
+        jobs: most groups at once within a suite.
+        python: interpreter for pytest.
+        suites_dirs: extra test trees (rerun-test's ``--suites-dir``).
+        hypothesis_seed, workload_seed: override the gate's seeds (None: the gate's, else random).
+    """
+
+    repo_root: Path
+    run_dir: Path
+    simulate: bool = False
+    ray_address: str | None = None
+    gpus: int = 0
+    jobs: int = 1
+    python: str = sys.executable
+    suites_dirs: tuple[Path, ...] = ()
+    hypothesis_seed: int | None = None
+    workload_seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of one test: its outcome, failure class and where its evidence is."""
+
+    outcome: str
+    failure_class: str
+    message: str
+    run_dir: Path  # the group's --run-dir of this attempt
+    log: Path  # its pytest.log
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """A finished gate run."""
+
+    gate: Gate
+    info: render.RunInfo
+    verdict: Verdict
+    run_dir: Path
+    repros: dict[str, str]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict.passed else 1
+
+
+# --------------------------------------------------------------------------------------------
+# selection and plan (pure over the registry)
+# --------------------------------------------------------------------------------------------
+
+
+def select(entry: GateSuite, reg: collector.Registry) -> list[resolve.Selection]:
+    """The selections of one entry.
+
+    Raises:
+        resolve.ResolveError: a spec resolves to nothing, or a directory holds no suite file with tests.
+    """
+    out: list[resolve.Selection] = []
+    for v in entry.select:
+        if not v.endswith("/"):
+            out.append(resolve.resolve_one(spec_mod.parse_spec(v), reg))
+            continue
+        hits = [f for f in reg.files if f.rel.startswith(v) and not f.disabled and (f.tests or f.error)]
+        if not hits:
+            raise resolve.ResolveError(f"{v!r} holds no registered suite file with tests; fix the path or remove it")
+        for f in hits:
+            if f.error:
+                raise resolve.ResolveError(f.error)
+            out.append(resolve.Selection(suite=f, tests=f.tests, whole=True))
+    return out
+
+
+def entry_plan(entry: GateSuite, reg: collector.Registry, simulate: bool,
+               get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get) -> plan_mod.Plan:
+    """The plan of one entry: its selections grouped per topology, limited to ``entry.topologies``.
+
+    Without ``simulate`` no group may simulate GPUs (a group needing missing GPUs is then not runnable).
+
+    Raises:
+        resolve.ResolveError, plan_mod.PlanError: nothing to run, or an unknown topology.
+    """
+    p = plan_mod.make_plan(select(entry, reg), get_topology=get_topology)
+    groups = [g for g in p.groups if not entry.topologies or g.topology in entry.topologies]
+    if not groups:
+        raise plan_mod.PlanError(f"selects no test declared for {', '.join(entry.topologies)}; "
+                                 f"the selected tests run on {', '.join(g.topology for g in p.groups)}")
+    if not simulate:
+        groups = [replace(g, allow_simulation=False) for g in groups]
+    return plan_mod.Plan(tuple(groups))
+
+
+# --------------------------------------------------------------------------------------------
+# live progress
+# --------------------------------------------------------------------------------------------
+
+
+def live_line(prefix: str, p: execute.Progress) -> str:
+    """``[unit/cpu] running 3/10 failed 0 elapsed 12s ETA 20s`` (ETA from the group's est_time)."""
+    done = len(p.cases)
+    total = p.collected if p.collected is not None else len(p.group.items)
+    est = p.group.est_time
+    left = est * (1 - done / total) if total and done else max(est - p.wall, 0.0)
+    eta = "-" if p.state in ("passed", "failed") else f"{left:.0f}s"
+    failed = p.count("failed") + p.count("error")
+    return f"[{prefix}/{p.group.name}] {p.state:7} {done}/{total} failed {failed} elapsed {p.wall:.0f}s ETA {eta}"
+
+
+class _Live:
+    """A group's live line: at once when its state or failures change, when tests finish (at most
+    every ``every`` s), and as a heartbeat every ``6 * every`` s while nothing happens."""
+
+    def __init__(self, prefix: str, out: Callable[[str], None], every: float = LIVE_EVERY_S) -> None:
+        self.prefix, self.out, self.every = prefix, out, every
+        self.last: dict[str, tuple[str, int, int, float]] = {}
+
+    def __call__(self, p: execute.Progress) -> None:
+        key = (p.state, p.count("failed") + p.count("error"), len(p.cases))
+        prev = self.last.get(p.group.name)
+        now = time.monotonic()
+        if prev is None or prev[:2] != key[:2] or (prev[2] != key[2] and now - prev[3] >= self.every) \
+                or now - prev[3] >= 6 * self.every:
+            self.last[p.group.name] = (*key, now)
+            self.out(live_line(self.prefix, p))
+
+
+# --------------------------------------------------------------------------------------------
+# running
+# --------------------------------------------------------------------------------------------
+
+
+def _to_rel(reg: collector.Registry) -> Callable[[str], str]:
+    rel_of = {str(f.path.resolve()): f.rel for f in reg.files}
+
+    def to_rel(path: str) -> str:
+        if path in rel_of:
+            return rel_of[path]
+        try:
+            return str(Path(path).relative_to(reg.repo_root))
+        except ValueError:
+            return path
+
+    return to_rel
+
+
+def _safe(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:120]
+
+
+def _failures(junit: Path) -> dict[str, classify.Failure]:
+    if not junit.is_file():
+        return {}
+    try:
+        return {f.nodeid: f for f in classify.failures_from_junit(junit.read_text(encoding="utf-8"))}
+    except ValueError:
+        return {}
+
+
+def _attempt(case: CaseResult, junit_failures: dict[str, classify.Failure], group_dir: Path) -> Attempt:
+    f = junit_failures.get(case.nodeid)
+    if case.outcome not in ("failed", "error"):
+        cls, msg = "", case.message
+    elif f is not None:
+        cls, msg = f.failure_class, case.message or f.message
+    else:
+        cls, msg = classify.classify("error" if case.outcome == "error" else "failure", case.message), case.message
+    return Attempt(case.outcome, cls, msg, group_dir, group_dir / "pytest.log")
+
+
+def _item_for(group: plan_mod.Group, nodeid: str) -> plan_mod.Item:
+    """The plan item that runs exactly ``nodeid`` (a parametrized case of an item included)."""
+    for it in group.items:
+        if nodeid.startswith(it.file_rel):
+            path = it.target.split("::", 1)[0]
+            return plan_mod.Item(nodeid=nodeid, target=path + nodeid[len(it.file_rel):], est_time=it.est_time, file_rel=it.file_rel)
+    raise KeyError(nodeid)
+
+
+def run_one(group: plan_mod.Group, item: plan_mod.Item, exec_opts: execute.ExecOptions, reg: collector.Registry,
+            on_update: Callable[[execute.Progress], None] = lambda p: None) -> tuple[GroupResult, Attempt]:
+    """Run one test alone in ``group``'s topology (flaky reruns, ``rerun-test --from``).
+
+    Returns:
+        The group's result and the test's :class:`Attempt` (``error`` when the test did not report).
+    """
+    single = plan_mod.Plan((replace(group, items=(item,), shards=1, shard_index=None),))
+    [res] = execute.run_plan(single, exec_opts, {}, _to_rel(reg), on_update)
+    gdir = exec_opts.run_dir / "groups" / res.name
+    junit = _failures(exec_opts.run_dir / "junit" / f"{res.name}.xml")
+    case = next((c for c in res.cases if c.nodeid == item.nodeid), None)
+    if case is None:
+        msg = res.note or f"{item.nodeid} did not report a result"
+        return res, Attempt("error", classify.classify("error", msg), msg, gdir, gdir / "pytest.log")
+    return res, _attempt(case, junit, gdir)
+
+
+@dataclass(frozen=True)
+class _EntryRun:
+    entry: GateSuite
+    outcome: SuiteOutcome
+    dir: Path
+    results: tuple[GroupResult, ...]
+    plan: plan_mod.Plan | None
+    attempts: dict[str, tuple[Attempt, ...]]  # nodeid → attempts (failing tests only)
+    reruns: tuple[tuple[str, GroupResult, Path], ...]  # (nodeid, result, rerun dir)
+
+
+def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateOptions, info: render.RunInfo,
+              out: Callable[[str], None]) -> _EntryRun:
+    """Run one suite entry with its flaky reruns (never raises for failing tests)."""
+    edir = opts.run_dir / "suites" / entry.name
+    try:
+        p = entry_plan(entry, reg, opts.simulate)
+    except (resolve.ResolveError, plan_mod.PlanError, spec_mod.SpecError, RegistryError) as e:
+        out(f"[{entry.name}] cannot run: {e}")
+        return _EntryRun(entry, SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, error=str(e)), edir, (), None, {}, ())
+    seeds = (f"--hypothesis-seed={info.hypothesis_seed}", f"--workload-seed={info.workload_seed}")
+    exec_opts = execute.ExecOptions(repo_root=opts.repo_root, run_dir=edir, python=opts.python, ray_address=opts.ray_address,
+                                    gpus=opts.gpus, jobs=opts.jobs, timeout=entry.timeout,
+                                    pytest_args=(*seeds, *entry.pytest_args()))
+    mode = "required" if entry.required else "informational"
+    out(f"[{entry.name}] {mode}: {sum(len(g.items) for g in p.groups)} item(s) in {len(p.groups)} group(s), est {p.est_time:.0f}s")
+    file_tests = {f.rel: len(f.tests) for f in reg.files}
+    live = _Live(entry.name, out)
+    results = execute.run_plan(p, exec_opts, file_tests, _to_rel(reg), live)
+    tests: list[TestOutcome] = []
+    attempts: dict[str, tuple[Attempt, ...]] = {}
+    reruns: list[tuple[str, GroupResult, Path]] = []
+    for g, res in zip(p.groups, results):
+        junit = _failures(edir / "junit" / f"{res.name}.xml")
+        gdir = edir / "groups" / res.name
+        for case in res.cases:
+            first = _attempt(case, junit, gdir)
+            tries = [first]
+            while tries[-1].outcome in ("failed", "error") and gate.flaky.may_rerun(tries[-1].failure_class, len(tries)):
+                k = len(tries)
+                rdir = edir / "reruns" / f"{_safe(case.nodeid)}-{k}"
+                out(f"[{entry.name}/{res.name}] rerun {k}/{gate.flaky.reruns} of {case.nodeid} ({tries[-1].failure_class})")
+                rres, att = run_one(g, _item_for(g, case.nodeid), replace(exec_opts, run_dir=rdir), reg)
+                tries.append(att)
+                reruns.append((case.nodeid, rres, rdir))
+            last_fail = next((a for a in reversed(tries) if a.outcome in ("failed", "error")), None)
+            if last_fail is not None:
+                attempts[case.nodeid] = tuple(tries)
+            tests.append(TestOutcome(nodeid=case.nodeid, group=res.name, outcome=tries[-1].outcome,
+                                     attempts=tuple(a.outcome for a in tries),
+                                     failure_class=last_fail.failure_class if last_fail else "",
+                                     message=last_fail.message if last_fail else ""))
+    notes = tuple(f"[{r.name}] {r.note}" for r in results if r.note)
+    outcome = SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, tuple(tests), notes)
+    return _EntryRun(entry, outcome, edir, tuple(results), p, attempts, tuple(reruns))
+
+
+# --------------------------------------------------------------------------------------------
+# evidence: failing tests' logs, ledgers and repro bundles
+# --------------------------------------------------------------------------------------------
+
+
+def _records(group_dir: Path) -> dict[tuple[str, str], dict]:
+    path = group_dir / seeds_mod.RECORD_FILE
+    out: dict[tuple[str, str], dict] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+                out[(Path(rec["path"]).name, rec["suffix"])] = rec
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return out
+
+
+def _touched_workers(group_dir: Path, since: float) -> list[str]:
+    """Workers whose log or ledger was written after ``since`` (a test that recorded no owned workers).
+
+    A fixture may own workers without telling the harness; the files it wrote while the test ran
+    are the best evidence left. Workers idle during the test are left out.
+    """
+    names: set[str] = set()
+    for sub, ext in (("workers", ".log"), ("ledger", ".jsonl")):
+        for p in (group_dir / sub).glob(f"*{ext}"):
+            try:
+                if p.stat().st_mtime >= since:
+                    names.add(p.name[: -len(ext)])
+            except OSError:
+                continue
+    return sorted(names)
+
+
+def _ledger_excerpt(path: Path) -> dict:
+    try:
+        events = ledger.read(path)
+        violations = [str(v) for v in ledger.check(events)]
+    except (OSError, ValueError, TypeError) as e:
+        return {"error": f"unreadable ledger: {e}"}
+    tail = []
+    for line in path.read_text(encoding="utf-8").splitlines()[-LEDGER_TAIL:]:
+        try:
+            tail.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return {"events": len(events), "violations": violations[:LEDGER_TAIL], "tail": tail}
+
+
+def collect_evidence(gate: Gate, run: _EntryRun, nodeid: str, info: render.RunInfo, opts: GateOptions,
+                     env: dict) -> Path:
+    """Copy a failing test's worker logs, ledgers and pytest log, and write its ``repro.json``.
+
+    Returns:
+        The ``repro.json`` path.
+    """
+    tries = run.attempts[nodeid]
+    last = next(a for a in reversed(tries) if a.outcome in ("failed", "error"))
+    test = next(t for t in run.outcome.tests if t.nodeid == nodeid)
+    group = next(g for g in run.plan.groups if g.name == test.group) if run.plan else None
+    dest = opts.run_dir / "report" / "failures" / _safe(f"{run.entry.name}-{nodeid}")
+    dest.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    if last.log.is_file():
+        shutil.copy2(last.log, dest / "pytest.log")
+        files.append("pytest.log")
+    file_rel = group and next((i.file_rel for i in group.items if nodeid.startswith(i.file_rel)), "")
+    suffix = nodeid[len(file_rel):] if file_rel else ""
+    rec = _records(last.run_dir).get((Path(file_rel or nodeid.split("::", 1)[0]).name, suffix), {})
+    workers = list(rec.get("workers", []))
+    if not workers and rec.get("start"):
+        workers = _touched_workers(last.run_dir, float(rec["start"]))
+    excerpt = {}
+    for w in workers:
+        for sub, ext in (("workers", ".log"), ("ledger", ".jsonl")):
+            src = last.run_dir / sub / f"{w}{ext}"
+            if src.is_file():
+                (dest / sub).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / sub / src.name)
+                files.append(f"{sub}/{src.name}")
+        lp = last.run_dir / "ledger" / f"{w}.jsonl"
+        if lp.is_file():
+            excerpt[w] = _ledger_excerpt(lp)
+    topo = test.group if group is None else group.topology
+    try:
+        engine_args = {r.name: list(r.engine_args) for r in topo_mod.get(topo).roles}
+    except topo_mod.TopologyError:
+        engine_args = {}
+    simulated = bool(group and execute.simulation(group, opts.gpus, joined=bool(opts.ray_address)))
+    name = Path(file_rel or nodeid.split("::", 1)[0]).name
+    data = repro.bundle(
+        spec=nodeid, gate=gate.name, suite=run.entry.name, topology=topo, simulated=simulated, engine=run.entry.engine,
+        hypothesis_seed=info.hypothesis_seed, workload_base=info.workload_seed,
+        workload_seed=seeds_mod.derive(info.workload_seed, name, suffix), engine_args=engine_args, env=env,
+        sglang_version=info.sglang_version, git_sha=info.git_sha,
+        failure={"class": test.failure_class, "outcome": test.outcome, "message": test.message, "attempts": list(test.attempts)},
+        workers=workers, files=files, ledger_excerpt=excerpt)
+    return repro.write(dest / "repro.json", data)
+
+
+# --------------------------------------------------------------------------------------------
+# the gate
+# --------------------------------------------------------------------------------------------
+
+
+def git_state(repo_root: Path) -> tuple[str, bool]:
+    """(HEAD's SHA or ``unknown``, whether tracked files have uncommitted changes)."""
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", *args], cwd=repo_root, capture_output=True, text=True, timeout=20, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    if not sha:
+        return "unknown", False
+    return sha, bool(git("status", "--porcelain", "--untracked-files=no"))
+
+
+def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
+             clock: Callable[[], float] = time.monotonic) -> GateRun:
+    """Run every suite of ``gate``, judge, and write the reports (see the module docstring).
+
+    Args:
+        gate: the validated gate.
+        opts: how to run.
+        out: where console lines go (the live lines, the verdict).
+        clock: seconds (a seam for tests).
+
+    Returns:
+        The :class:`GateRun` (``exit_code`` 0 only on PASS).
+
+    Raises:
+        RegistryError: an extra suites tree is missing or a durations file is broken.
+    """
+    start = clock()
+    opts.run_dir.mkdir(parents=True, exist_ok=True)
+    sha, dirty = git_state(opts.repo_root)
+    rnd = random.SystemRandom()
+    hyp = next(s for s in (opts.hypothesis_seed, gate.hypothesis_seed, rnd.randrange(2**31)) if s is not None)
+    work = next(s for s in (opts.workload_seed, gate.workload_seed, rnd.randrange(2**31)) if s is not None)
+    info = render.RunInfo(gate=gate.name, run_dir=str(opts.run_dir), git_sha=sha, git_dirty=dirty,
+                          sglang_version=repro.package_version("sglang"), sglang_required=gate.sglang_version,
+                          hypothesis_seed=hyp, workload_seed=work)
+    out(f"gate {gate.name}: {len(gate.suites)} suite(s); git {sha[:12]}{' (dirty)' if dirty else ''}; "
+        f"sglang {info.sglang_version or 'not installed'}; seeds hypothesis={hyp} workload={work}; run dir {opts.run_dir}")
+    reg = collector.collect(opts.repo_root.resolve(), list(opts.suites_dirs))
+    runs = [run_entry(gate, e, reg, opts, info, out) for e in gate.suites]
+    v = judge([r.outcome for r in runs], gate.sglang_version, info.sglang_version)
+    info = replace(info, wall_time=clock() - start)
+    env = repro.environment()
+    repros: dict[str, str] = {}
+    for r in runs:
+        for t in r.outcome.tests:
+            if t.failed:
+                path = collect_evidence(gate, r, t.nodeid, info, opts, env)
+                repros[f"{r.entry.name}::{t.nodeid}"] = str(path.relative_to(opts.run_dir))
+    write_reports(runs, info, v, repros, opts.run_dir)
+    history.append(opts.run_dir.parent / history.FILE_NAME, opts.run_dir.name,
+                   {t.nodeid: list(t.attempts) for r in runs for t in r.outcome.tests}, gate=gate.name, git_sha=sha)
+    return GateRun(gate=gate, info=info, verdict=v, run_dir=opts.run_dir, repros=repros)
+
+
+def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repros: dict[str, str], run_dir: Path) -> None:
+    """``report/junit.xml`` (every group and rerun, stamped), ``report/summary.md``, ``report/result.json``."""
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    parts: list[tuple[str, dict[str, str]]] = []
+
+    def part(res: GroupResult, jdir: Path, name: str, **extra: str) -> None:
+        xml = jdir / f"{res.name}.xml"
+        text = xml.read_text(encoding="utf-8") if xml.is_file() else f'<testsuite name="{name}" tests="0"/>'
+        parts.append((text, {"group": name, "topology": res.topology, "runner": res.runner, **dict(res.properties), **extra}))
+
+    for r in runs:
+        for res in r.results:
+            part(res, r.dir / "junit", f"{r.entry.name}/{res.name}", suite=r.entry.name, required=str(r.entry.required).lower())
+        for k, (nodeid, res, rdir) in enumerate(r.reruns, 1):
+            part(res, rdir / "junit", f"{r.entry.name}/{res.name}/rerun-{k}", suite=r.entry.name,
+                 required=str(r.entry.required).lower(), rerun_of=nodeid)
+    (out / "junit.xml").write_text(render.merged_junit(info, parts), encoding="utf-8")
+    (out / "summary.md").write_text(render.summary_md(info, v, repros), encoding="utf-8")
+    (out / "result.json").write_text(json.dumps(render.result_json(info, v, repros), indent=2) + "\n", encoding="utf-8")

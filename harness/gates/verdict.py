@@ -1,0 +1,171 @@
+"""The verdict of a gate run: pure functions from per-suite outcomes to PASS / FAIL with reasons.
+
+A suite entry passes when it ran at least one test, no group failed as a whole (crash of pytest,
+timeout, nothing collected, not runnable here), its pass rate — passed / (passed + failed), skips
+excluded, a test that passed on a flaky rerun counts as passed — reaches its ``min_pass_rate``, and
+no test failed with a class that is never tolerated (:data:`NEVER_TOLERATED`: a crash, an import
+error or an accounting violation fails the gate whatever the rate).
+
+The gate passes when the installed sglang is the version it requires and every *required* suite
+passes. Informational suites are reported (as warnings) and never change the verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NEVER_TOLERATED = ("crash", "import", "accounting")
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test's result in a gate run.
+
+    Attributes:
+        nodeid: the test.
+        group: the rerun group (topology) it ran in.
+        outcome: final outcome (passed, failed, error, skipped).
+        attempts: outcomes of every run, first run first (``("failed", "passed")`` = passed on a rerun).
+        failure_class: the class of the last failure (``""`` when it never failed).
+        message: the last failure's one-line reason.
+    """
+
+    __test__ = False  # not a pytest class
+
+    nodeid: str
+    group: str
+    outcome: str
+    attempts: tuple[str, ...] = ()
+    failure_class: str = ""
+    message: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in ("failed", "error")
+
+    @property
+    def flaky(self) -> bool:
+        """Passed in the end after failing at least once."""
+        return self.outcome == "passed" and any(a in ("failed", "error") for a in self.attempts)
+
+
+@dataclass(frozen=True)
+class SuiteOutcome:
+    """One gate suite entry's results.
+
+    Attributes:
+        name: the entry.
+        required: False for informational entries.
+        min_pass_rate: its threshold.
+        tests: per-test outcomes.
+        notes: group-level failures (one line each).
+        error: why the entry could not run at all (selection or plan error), else ``""``.
+    """
+
+    name: str
+    required: bool
+    min_pass_rate: float
+    tests: tuple[TestOutcome, ...] = ()
+    notes: tuple[str, ...] = ()
+    error: str = ""
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for t in self.tests if t.outcome == outcome)
+
+    @property
+    def passed(self) -> int:
+        return self.count("passed")
+
+    @property
+    def failed(self) -> int:
+        return self.count("failed") + self.count("error")
+
+    @property
+    def skipped(self) -> int:
+        return self.count("skipped")
+
+    @property
+    def flaky(self) -> int:
+        return sum(1 for t in self.tests if t.flaky)
+
+    @property
+    def pass_rate(self) -> float | None:
+        """passed / (passed + failed); None when nothing ran."""
+        ran = self.passed + self.failed
+        return self.passed / ran if ran else None
+
+
+@dataclass(frozen=True)
+class SuiteVerdict:
+    """A suite's status and the reasons when it failed."""
+
+    outcome: SuiteOutcome
+    ok: bool
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's verdict.
+
+    Attributes:
+        passed: True = PASS.
+        reasons: why it failed (empty on PASS).
+        warnings: informational failures and flaky passes (never change the verdict).
+        suites: per-suite verdicts in gate order.
+    """
+
+    passed: bool
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...]
+    suites: tuple[SuiteVerdict, ...]
+
+    @property
+    def word(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+
+def judge_suite(s: SuiteOutcome) -> SuiteVerdict:
+    """Whether one suite entry passed, with reasons (pure; see the module docstring)."""
+    if s.error:
+        return SuiteVerdict(s, False, (f"{s.name}: {s.error}",))
+    reasons = [f"{s.name}: {n}" for n in s.notes]
+    rate = s.pass_rate
+    if rate is None:
+        reasons.append(f"{s.name}: no test ran ({s.skipped} skipped); a gate needs evidence")
+    elif rate < s.min_pass_rate:
+        reasons.append(f"{s.name}: pass rate {rate:.1%} ({s.passed}/{s.passed + s.failed}) is below {s.min_pass_rate:.1%}")
+    for t in s.tests:
+        if t.failed and (t.failure_class in NEVER_TOLERATED or s.min_pass_rate >= 1.0):
+            reasons.append(f"{s.name}: {t.nodeid} [{t.group}] {t.failure_class or t.outcome}: {t.message or t.outcome}")
+    return SuiteVerdict(s, not reasons, tuple(reasons))
+
+
+def judge(suites: list[SuiteOutcome], sglang_required: str = "", sglang_installed: str | None = None) -> Verdict:
+    """The gate's verdict (pure).
+
+    Args:
+        suites: every entry's outcome, in gate order.
+        sglang_required: the version the gate requires (``""``: not checked).
+        sglang_installed: the installed version (None: not installed).
+
+    Returns:
+        The :class:`Verdict`.
+    """
+    reasons: list[str] = []
+    warnings: list[str] = []
+    if sglang_required and sglang_installed != sglang_required:
+        have = sglang_installed or "not installed"
+        reasons.append(f"sglang {sglang_required} is required, found {have}; install the pinned version (./dev install)")
+    verdicts = tuple(judge_suite(s) for s in suites)
+    for v in verdicts:
+        if not v.ok:
+            if v.outcome.required:
+                reasons.extend(v.reasons)
+            else:
+                warnings.extend(f"(informational) {r}" for r in v.reasons)
+        for t in v.outcome.tests:
+            if t.flaky:
+                warnings.append(f"{v.outcome.name}: {t.nodeid} [{t.group}] passed after {len(t.attempts) - 1} flaky rerun(s) "
+                                f"({t.failure_class})")
+    return Verdict(passed=not reasons, reasons=tuple(reasons), warnings=tuple(warnings), suites=verdicts)

@@ -1,0 +1,132 @@
+"""pytest plugin concern: seeds a failing test can be rerun with, and a record of what a failure touched.
+
+Option (group ``pd-harness``; the command line wins, then env ``HARNESS_WORKLOAD_SEED``, then ini):
+    --workload-seed N   (ini ``harness_workload_seed``) base seed of the suites' workloads; absent:
+                        drawn at random per session and shown in the report header
+
+Fixtures:
+    workload_seed   this test's seed: derived from the base seed and the test's file name + node id
+                    suffix, so a test rerun alone (``rerun-test --from repro.json``) gets the same seed
+                    it had inside a whole gate run
+    workload_rng    ``random.Random(workload_seed)``
+
+Hypothesis has its own ``--hypothesis-seed`` (its pytest plugin); the gate passes both.
+
+Record: for every test that fails, one JSON line in ``<run_dir>/failed-tests.jsonl`` with the file,
+node id suffix, seeds, the workers it owned (``pd_workers`` / ``sglang_servers``) and when it ran
+(epoch seconds), so the gate can pick the right worker logs and ledgers for its repro bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ENV = "HARNESS_WORKLOAD_SEED"
+RECORD_FILE = "failed-tests.jsonl"
+
+base_seed_key = pytest.StashKey[int]()
+_failed_key = pytest.StashKey[bool]()
+_start_key = pytest.StashKey[float]()
+
+
+def derive(base: int, path_name: str, suffix: str) -> int:
+    """The per-test seed (pure, stable across machines and rootdirs).
+
+    Args:
+        base: the session's base seed.
+        path_name: the test file's name (``test_x.py``).
+        suffix: the node id after the file (``::TestC::test_y[p]``).
+    """
+    digest = hashlib.sha256(f"{base}:{path_name}{suffix}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pd-harness")
+    group.addoption("--workload-seed", type=int, default=None, metavar="N",
+                    help=f"base seed of workload generators (default: ${ENV}, ini harness_workload_seed, else random)")
+    parser.addini("harness_workload_seed", "default for --workload-seed", default="")
+
+
+def _base(config: pytest.Config) -> int:
+    value = config.getoption("workload_seed")
+    if value is not None:
+        return int(value)
+    for text, where in ((os.environ.get(ENV, ""), f"${ENV}"), (config.getini("harness_workload_seed"), "ini harness_workload_seed")):
+        if text:
+            try:
+                return int(text)
+            except ValueError:
+                raise pytest.UsageError(f"workload seed {text!r} from {where} is not an integer; set a number") from None
+    return random.SystemRandom().randrange(2**31)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[base_seed_key] = _base(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    hyp = config.getoption("hypothesis_seed", None)
+    return f"seeds: workload base={config.stash[base_seed_key]} hypothesis={hyp if hyp is not None else 'random'}"
+
+
+def _split(item: pytest.Item) -> tuple[str, str]:
+    _, sep, rest = item.nodeid.partition("::")
+    return Path(item.path).name, (sep + rest) if sep else ""
+
+
+@pytest.fixture
+def workload_seed(request: pytest.FixtureRequest) -> int:
+    """This test's workload seed (see the module docstring)."""
+    name, suffix = _split(request.node)
+    return derive(request.config.stash[base_seed_key], name, suffix)
+
+
+@pytest.fixture
+def workload_rng(workload_seed: int) -> random.Random:
+    """A private RNG seeded with :func:`workload_seed`."""
+    return random.Random(workload_seed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "setup":
+        item.stash[_start_key] = call.start
+    if report.failed:
+        item.stash[_failed_key] = True
+    if report.when == "teardown" and item.stash.get(_failed_key, False):
+        _record(item)
+    return report
+
+
+def _record(item: pytest.Item) -> None:
+    from harness.plugin import item_workers_key, state_key
+
+    state = item.config.stash.get(state_key, None)
+    if state is None:
+        return
+    name, suffix = _split(item)
+    base = item.config.stash[base_seed_key]
+    rec = {
+        "path": str(Path(item.path).resolve()),
+        "suffix": suffix,
+        "workload_seed_base": base,
+        "workload_seed": derive(base, name, suffix),
+        "hypothesis_seed": item.config.getoption("hypothesis_seed", None),
+        "workers": [w.name for w in item.stash.get(item_workers_key, [])],
+        "start": item.stash.get(_start_key, None),
+        "stop": time.time(),
+    }
+    out = Path(state.run_dir_path)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / RECORD_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
