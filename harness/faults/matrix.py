@@ -1,9 +1,9 @@
 """The kill matrix: which suites catch which catalog fault, measured by running them.
 
 :func:`check` first runs every targeted suite once with no fault (the clean run, which must pass),
-then once per fault, each in a fresh ``python -m pytest`` subprocess whose env names the fault in
-``HARNESS_FAULTS`` (so the adapter applies it at import, exactly as in a Ray worker or a server),
-at most ``jobs`` at a time. Results are read from each run's JUnit XML, never from its output.
+then once per fault, each in a fresh ``python -m pytest --inject-fault NAME`` subprocess (the
+plugin puts the name in ``HARNESS_FAULTS``, so the adapter applies it at import, exactly as in a Ray
+worker or a server), at most ``jobs`` at a time. Results are read from each run's JUnit XML, never from its output.
 
 A fault is *caught* by a suite when a test of that suite passed in the clean run and fails or
 errors with the fault; *missed* when none does; *broken* when the fault run itself could not run
@@ -263,8 +263,8 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
         label: names the run's files (``<out_dir>/junit/<label>.xml``, ``<out_dir>/workers/<label>.log``).
         suites: suite paths, relative to ``root``.
         out_dir: the run directory.
-        fault: the fault to activate through ``HARNESS_FAULTS``; None runs clean (the variable is
-            removed, so a fault set in the caller's env cannot leak into the clean run).
+        fault: the fault to inject (``--inject-fault``); None runs clean. ``HARNESS_FAULTS`` is
+            removed from the child's env either way, so the caller's cannot leak into a run.
         timeout_s: the run is killed (its whole process group) after this many seconds.
         root: where pytest runs.
 
@@ -277,12 +277,14 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     junit.parent.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     junit.unlink(missing_ok=True)
+    # The fault goes in through the plugin's --inject-fault (it sets HARNESS_FAULTS for the session and
+    # everything the tests start); a value inherited from the caller must not leak into any run.
     env = dict(os.environ)
     env.pop(fault_catalog.ENV_VAR, None)
-    if fault is not None:
-        env[fault_catalog.ENV_VAR] = fault
     cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label)]
+    if fault is not None:
+        cmd += ["--inject-fault", fault]
     logger.info("run %s: %s", label, " ".join(cmd))
     start = time.monotonic()
     with open(log, "wb") as fh:

@@ -1,0 +1,213 @@
+"""The kill matrix (``harness.faults.matrix``) and ``harness faults``.
+
+The matrix logic is tested on hand-written JUnit XML and on tiny pytest projects in ``tmp_path``
+whose tests fail when a given fault is injected, so these tests never import sglang. The real
+catalog over the real suites is what ``harness faults check`` runs in CI.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import faults
+from harness.faults import matrix
+
+#: The faults issue 8 asks for, each with the upstream issue it mirrors.
+REQUIRED_FAULTS = ("swa-tail-unaligned", "swa-tail-unaligned-noassert", "prealloc-no-swa-evict",
+                   "release-leaks-swa", "swa-full-length", "decode-reserve-unaligned", "hisparse-budget-swa")
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="1" tests="5">
+<testcase classname="suites.unit.test_a" name="test_ok" file="suites/unit/test_a.py" line="3" time="0.1"/>
+<testcase classname="suites.unit.test_a" name="test_bad[p1]" file="suites/unit/test_a.py" line="7" time="0.1">
+  <failure message="AssertionError: ledger after prealloc&#10;second line">trace</failure></testcase>
+<testcase classname="suites.unit.test_b.TestPools" name="test_leak" file="suites/unit/test_b.py" line="9" time="0.1">
+  <error message="fixture broke">trace</error></testcase>
+<testcase classname="suites.unit.test_b" name="test_gpu" file="suites/unit/test_b.py" line="20" time="0">
+  <skipped type="pytest.skip" message="no GPU">skip</skipped></testcase>
+<testcase classname="" name="suites.unit.test_c" time="0"><error message="collection failure">trace</error></testcase>
+</testsuite></testsuites>
+"""
+
+
+def _run(label: str, outcomes: dict[str, str], returncode: int = 1) -> matrix.SuiteRun:
+    cases = tuple(matrix.TestOutcome(test_id=t, file=t.split("::")[0], outcome=o) for t, o in outcomes.items())
+    return matrix.SuiteRun(label=label, suites=(), returncode=returncode, outcomes=cases, wall_s=1.0,
+                           junit=Path("j.xml"), log=Path("l.log"))
+
+
+# ---------------------------------------------------------------------------- JUnit and cells
+
+
+def test_parse_junit_reads_ids_files_and_outcomes(tmp_path: Path):
+    path = tmp_path / "r.xml"
+    path.write_text(JUNIT)
+
+    got = {o.test_id: o for o in matrix.parse_junit(path, root=tmp_path)}
+
+    assert {t: o.outcome for t, o in got.items()} == {
+        "suites/unit/test_a.py::test_ok": "passed",
+        "suites/unit/test_a.py::test_bad[p1]": "failed",
+        "suites/unit/test_b.py::TestPools::test_leak": "error",
+        "suites/unit/test_b.py::test_gpu": "skipped",
+        "suites.unit.test_c": "error",
+    }
+    assert got["suites/unit/test_a.py::test_bad[p1]"].message == "AssertionError: ledger after prealloc"
+    assert got["suites/unit/test_b.py::TestPools::test_leak"].file == "suites/unit/test_b.py"
+
+
+def test_parse_junit_of_a_killed_run_is_empty(tmp_path: Path):
+    assert matrix.parse_junit(tmp_path / "missing.xml") == ()
+    (tmp_path / "cut.xml").write_text("<testsuites><testsuite>")
+    assert matrix.parse_junit(tmp_path / "cut.xml") == ()
+
+
+def test_cells_count_only_tests_that_passed_clean():
+    clean = _run("clean", {"s/a.py::t1": "passed", "s/a.py::t2": "skipped", "s/b.py::t3": "passed"}, 0)
+    run = _run("f", {"s/a.py::t1": "failed", "s/a.py::t2": "error", "s/b.py::t3": "passed"})
+
+    cells = matrix.build_cells("f", ("s/a.py", "s/b.py"), clean, run)
+
+    assert cells == (matrix.Cell("f", "s/a.py", matrix.CAUGHT, ("s/a.py::t1",)),
+                     matrix.Cell("f", "s/b.py", matrix.MISSED))
+    assert matrix.verdict("f", cells, run).status == matrix.CAUGHT
+
+
+def test_a_directory_suite_owns_the_files_under_it():
+    clean = _run("clean", {"s/unit/x/a.py::t": "passed"}, 0)
+    run = _run("f", {"s/unit/x/a.py::t": "failed"})
+    assert matrix.build_cells("f", ("s/unit",), clean, run)[0].status == matrix.CAUGHT
+    assert matrix.build_cells("f", ("s/un",), clean, run)[0].status == matrix.MISSED
+
+
+def test_a_run_that_did_not_finish_is_broken_not_caught():
+    clean = _run("clean", {"s/a.py::t": "passed"}, 0)
+    run = _run("f", {"s/a.py::t": "error"}, returncode=2)  # e.g. a collection error
+
+    cells = matrix.build_cells("f", ("s/a.py",), clean, run)
+
+    assert cells[0].status == matrix.BROKEN
+    assert matrix.verdict("f", cells, run).status == matrix.BROKEN
+
+
+def test_required_catcher_must_be_among_the_catchers(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(matrix.REQUIRED, "f", "s/ledger.py")
+    clean = _run("clean", {"s/a.py::t": "passed", "s/ledger.py::t": "passed"}, 0)
+    only_other = _run("f", {"s/a.py::t": "failed", "s/ledger.py::t": "passed"})
+
+    got = matrix.verdict("f", matrix.build_cells("f", ("s/a.py", "s/ledger.py"), clean, only_other), only_other)
+
+    assert got.status == matrix.MISSED and "s/ledger.py" in got.reason
+
+
+# ---------------------------------------------------------------------------- catalog
+
+
+def test_catalog_has_every_required_fault_with_its_upstream_issue_and_targets():
+    known = faults.catalog()
+    for name in REQUIRED_FAULTS:
+        fault = known[name]
+        assert fault.description and "\n" not in fault.description
+        assert "sglang#" in fault.upstream
+        targets = matrix.targets_for(name)
+        assert name in matrix.TARGETS, f"{name} must declare the suites it targets"
+        assert all((matrix.REPO_ROOT / t).exists() for t in targets), targets
+    assert matrix.REQUIRED["swa-tail-unaligned-noassert"].endswith("test_decode_prealloc_ledger.py")
+
+
+def test_noassert_fault_brings_the_unaligned_tail_with_it():
+    assert faults.get("swa-tail-unaligned-noassert").requires == ("swa-tail-unaligned",)
+
+
+# ---------------------------------------------------------------------------- subprocess runs
+
+
+CATCHER = '''
+import os
+
+def test_prealloc():
+    assert os.environ.get("HARNESS_FAULTS", "") != "decode-reserve-unaligned"
+
+def test_unrelated():
+    pass
+'''
+
+
+def _project(tmp_path: Path, body: str = CATCHER) -> Path:
+    root = tmp_path / "proj"
+    (root / "suites").mkdir(parents=True)
+    (root / "suites" / "test_catcher.py").write_text(body)
+    return root
+
+
+def test_check_catches_a_fault_and_reports_a_miss(tmp_path: Path):
+    root = _project(tmp_path)
+
+    result = matrix.check(["decode-reserve-unaligned", "hisparse-budget-swa"], suites=("suites/test_catcher.py",),
+                          out_dir=tmp_path / "out", jobs=2, timeout_s=120, root=root)
+
+    assert result.clean.passed and len(result.clean.outcomes) == 2
+    assert [(v.fault, v.status) for v in result.verdicts] == [("decode-reserve-unaligned", matrix.CAUGHT),
+                                                              ("hisparse-budget-swa", matrix.MISSED)]
+    caught = result.cells[0]
+    assert caught.tests == ("suites/test_catcher.py::test_prealloc",)
+    assert not result.ok
+    assert (tmp_path / "out" / "junit" / "decode-reserve-unaligned.xml").is_file()
+    text = matrix.render(result)
+    assert "decode-reserve-unaligned" in text and "1/2 faults caught" in text
+    data = matrix.to_dict(result)
+    assert data["ok"] is False and data["faults"][0]["suites"][0]["tests"] == ["suites/test_catcher.py::test_prealloc"]
+
+
+def test_check_stops_when_the_clean_run_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A fault named in the caller's env must not reach the clean run either.
+    monkeypatch.setenv(faults.ENV_VAR, "decode-reserve-unaligned")
+    root = _project(tmp_path, CATCHER + "\ndef test_broken_anyway():\n    assert False\n")
+
+    result = matrix.check(["decode-reserve-unaligned"], suites=("suites",), out_dir=tmp_path / "out",
+                          timeout_s=120, root=root)
+
+    assert not result.clean.passed and result.runs == {} and not result.ok
+    assert set(result.clean.failing()) == {"suites/test_catcher.py::test_broken_anyway"}
+    assert "clean run must pass first" in matrix.render(result)
+
+
+def test_a_run_past_its_limit_is_killed_and_broken(tmp_path: Path):
+    root = _project(tmp_path, "import time\n\ndef test_slow():\n    time.sleep(60)\n")
+
+    run = matrix.run_suites("slow", ("suites",), tmp_path / "out", timeout_s=3, root=root)
+
+    assert not run.ran and run.wall_s < 30
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _harness(*args: str) -> subprocess.CompletedProcess:
+    # Through main() as the console script does (``-m harness.cli`` would make a second UsageError class).
+    code = "import sys; from harness.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          cwd=matrix.REPO_ROOT)
+
+
+def test_cli_list_names_every_fault_and_its_upstream_issue():
+    out = _harness("faults", "list")
+    assert out.returncode == 0, out.stderr
+    for name in REQUIRED_FAULTS:
+        assert name in out.stdout
+    assert "sglang#40309" in out.stdout and "sglang#35265" in out.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--fault", "no-such-fault"), "unknown fault 'no-such-fault'"),
+    (("--suite", "suites/nowhere"), "suite 'suites/nowhere' not found"),
+    (("--jobs", "0"), "--jobs must be >= 1"),
+])
+def test_cli_check_bad_input_is_one_line_and_exit_2(args, says):
+    out = _harness("faults", "check", *args)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and says in out.stderr
