@@ -211,3 +211,13 @@ def test_cli_check_bad_input_is_one_line_and_exit_2(args, says):
     out = _harness("faults", "check", *args)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and says in out.stderr
+
+
+def test_a_fault_module_may_declare_its_own_targets(monkeypatch: pytest.MonkeyPatch):
+    fault = faults.get("decode-reserve-unaligned")
+    module = sys.modules[fault.make.__module__]
+    monkeypatch.delitem(matrix.TARGETS, fault.name)
+    monkeypatch.setattr(module, "TARGETS", {fault.name: ("suites/elsewhere.py",)}, raising=False)
+    assert matrix.targets_for(fault.name) == ("suites/elsewhere.py",)
+    monkeypatch.setattr(module, "TARGETS", {}, raising=False)
+    assert matrix.targets_for(fault.name) == matrix.DEFAULT_SUITES

@@ -11,8 +11,9 @@ errors with the fault; *missed* when none does; *broken* when the fault run itse
 not caught. Some faults must be caught by one suite in particular (:data:`REQUIRED`), e.g. the
 unaligned tail with sglang's own assertion bypassed must be caught by the ledger checker.
 
-Each fault runs only the suites it targets (:data:`TARGETS`); a fault without an entry there runs
-:data:`DEFAULT_SUITES`. Paths are relative to the repository root.
+Each fault runs only the suites it targets (:data:`TARGETS`, or a ``TARGETS`` dict in the fault's own
+module, e.g. ``harness/faults/pd.py``); a fault declared nowhere runs :data:`DEFAULT_SUITES`. Paths
+are relative to the repository root.
 """
 
 from __future__ import annotations
@@ -182,13 +183,23 @@ class Matrix:
 def targets_for(name: str) -> tuple[str, ...]:
     """The suites a fault is checked against.
 
+    A fault module may declare its own faults' suites in a module-level ``TARGETS`` dict (name ->
+    suite paths), so a new module needs no edit here; an entry in :data:`TARGETS` wins.
+
     Args:
         name: a fault name.
 
     Returns:
-        Its :data:`TARGETS` entry, or :data:`DEFAULT_SUITES`.
+        Its :data:`TARGETS` entry, else its module's ``TARGETS`` entry, else :data:`DEFAULT_SUITES`.
+
+    Raises:
+        FaultError: an unknown fault name.
     """
-    return TARGETS.get(name, DEFAULT_SUITES)
+    if name in TARGETS:
+        return TARGETS[name]
+    module = sys.modules.get(getattr(fault_catalog.get(name).make, "__module__", ""))
+    declared = getattr(module, "TARGETS", None) or {}
+    return tuple(declared.get(name, DEFAULT_SUITES))
 
 
 # ------------------------------------------------------------------------------------- JUnit
