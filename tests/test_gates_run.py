@@ -170,6 +170,7 @@ def test_flaky_rerun_crash_never_rerun_informational_and_junit(repo, tmp_path):
     res = json.loads((run_dir / "report" / "result.json").read_text())
     assert res["verdict"] == "PASS" and res["suites"][0]["counts"] == {"passed": 4, "failed": 0, "skipped": 0, "flaky": 1}
     assert "✅ PASS" in (run_dir / "report" / "summary.md").read_text()
+    assert "suites/gate/test_ok.py::test_pages[2]" in json.loads((run_dir / "report" / "durations.json").read_text())
     # the flaky record
     records = history.read(tmp_path / "runs" / history.FILE_NAME)
     assert records[-1]["tests"]["suites/gate/test_flaky.py::test_latency"] == ["failed", "passed"]

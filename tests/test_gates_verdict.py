@@ -160,7 +160,7 @@ def test_merged_junit_stamps_every_suite():
 def test_summary_and_result():
     s = SuiteOutcome("unit", True, 1.0, (T("a", "passed"), T("b", "failed", cls="accounting", msg="[page-leak] d0")))
     v = judge([s], "0.5.23", "0.5.23")
-    repros = {"unit::b": "report/failures/unit-b/repro.json"}
+    repros = {"unit/cpu::b": "report/failures/unit-b/repro.json"}
     md = render.summary_md(INFO, v, repros)
     assert md.startswith("# Gate `g`: ❌ FAIL\n")
     assert "| unit | required | 1 | 1 | 0 | 0 | 50.0% | 100% | ❌ |" in md

@@ -87,6 +87,6 @@ def _run(args: argparse.Namespace) -> int:
     for line in render.verdict_lines(result.verdict):
         print(line)
     for key, path in result.repros.items():
-        print(f"  repro: {key.split('::', 1)[1]} → {run_dir / path}")
+        print(f"  repro: {key} → {run_dir / path}")
     print(f"report: {run_dir / 'report' / 'summary.md'}  result: {run_dir / 'report' / 'result.json'}")
     return result.exit_code

@@ -62,7 +62,7 @@ def summary_md(info: RunInfo, v: Verdict, repros: dict[str, str]) -> str:
     Args:
         info: the run's stamp.
         v: the verdict.
-        repros: ``"<suite>::<nodeid>"`` → repro.json path relative to the run directory.
+        repros: ``"<suite>/<group>::<nodeid>"`` → repro.json path relative to the run directory.
     """
     icon = "✅" if v.passed else "❌"
     lines = [f"# Gate `{info.gate}`: {icon} {v.word}", "",
@@ -84,7 +84,7 @@ def summary_md(info: RunInfo, v: Verdict, repros: dict[str, str]) -> str:
     if failing:
         lines += ["", "**Failing tests**", ""]
         for s, t in failing:
-            repro = repros.get(f"{s.name}::{t.nodeid}")
+            repro = repros.get(f"{s.name}/{t.group}::{t.nodeid}")
             tail = f" — repro: `{repro}`" if repro else ""
             lines.append(f"- `{t.nodeid}` ({s.name}, {t.group}) **{t.failure_class or t.outcome}** after "
                          f"{len(t.attempts)} run(s): {t.message or t.outcome}{tail}")
@@ -120,7 +120,7 @@ def result_json(info: RunInfo, v: Verdict, repros: dict[str, str]) -> dict[str, 
                 "tests": [
                     {"nodeid": t.nodeid, "group": t.group, "outcome": t.outcome, "attempts": list(t.attempts),
                      "failure_class": t.failure_class, "message": t.message,
-                     "repro": repros.get(f"{sv.outcome.name}::{t.nodeid}")}
+                     "repro": repros.get(f"{sv.outcome.name}/{t.group}::{t.nodeid}")}
                     for t in sv.outcome.tests
                 ],
             }

@@ -8,7 +8,7 @@ from its JUnit element; one the flaky policy allows is rerun alone (same seeds, 
 ``flaky.reruns`` times, each rerun under ``<entry>/reruns/``. A crash, an import error, a timeout or
 an accounting/assertion failure is never rerun.
 
-Then: the verdict (:mod:`harness.gates.verdict`), ``<run_dir>/report/{junit.xml,summary.md,result.json}``,
+Then: the verdict (:mod:`harness.gates.verdict`), ``<run_dir>/report/{junit.xml,summary.md,result.json,durations.json}``,
 per failing test ``<run_dir>/report/failures/<test>/`` (``repro.json``, the workers' logs and ledgers
 the test owned, the pytest log of its last failing run), and one line in ``<runs>/flaky-history.jsonl``.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from harness import ledger
+from harness import ledger, report
 from harness import topology as topo_mod
 from harness.gates import classify, history, render, repro
 from harness.gates.model import Gate, GateSuite
@@ -219,8 +219,12 @@ def _attempt(case: CaseResult, junit_failures: dict[str, classify.Failure], grou
     return Attempt(case.outcome, cls, msg, group_dir, group_dir / "pytest.log")
 
 
-def _item_for(group: plan_mod.Group, nodeid: str) -> plan_mod.Item:
-    """The plan item that runs exactly ``nodeid`` (a parametrized case of an item included)."""
+def item_for(group: plan_mod.Group, nodeid: str) -> plan_mod.Item:
+    """The plan item that runs exactly ``nodeid`` (a parametrized case of an item included).
+
+    Raises:
+        KeyError: no item of ``group`` is in ``nodeid``'s file.
+    """
     for it in group.items:
         if nodeid.startswith(it.file_rel):
             path = it.target.split("::", 1)[0]
@@ -253,7 +257,7 @@ class _EntryRun:
     dir: Path
     results: tuple[GroupResult, ...]
     plan: plan_mod.Plan | None
-    attempts: dict[str, tuple[Attempt, ...]]  # nodeid → attempts (failing tests only)
+    attempts: dict[tuple[str, str], tuple[Attempt, ...]]  # (group, nodeid) → attempts (tests that failed)
     reruns: tuple[tuple[str, GroupResult, Path], ...]  # (nodeid, result, rerun dir)
 
 
@@ -276,7 +280,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
     live = _Live(entry.name, out)
     results = execute.run_plan(p, exec_opts, file_tests, _to_rel(reg), live)
     tests: list[TestOutcome] = []
-    attempts: dict[str, tuple[Attempt, ...]] = {}
+    attempts: dict[tuple[str, str], tuple[Attempt, ...]] = {}
     reruns: list[tuple[str, GroupResult, Path]] = []
     for g, res in zip(p.groups, results):
         junit = _failures(edir / "junit" / f"{res.name}.xml")
@@ -288,12 +292,12 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
                 k = len(tries)
                 rdir = edir / "reruns" / f"{_safe(case.nodeid)}-{k}"
                 out(f"[{entry.name}/{res.name}] rerun {k}/{gate.flaky.reruns} of {case.nodeid} ({tries[-1].failure_class})")
-                rres, att = run_one(g, _item_for(g, case.nodeid), replace(exec_opts, run_dir=rdir), reg)
+                rres, att = run_one(g, item_for(g, case.nodeid), replace(exec_opts, run_dir=rdir), reg)
                 tries.append(att)
                 reruns.append((case.nodeid, rres, rdir))
             last_fail = next((a for a in reversed(tries) if a.outcome in ("failed", "error")), None)
             if last_fail is not None:
-                attempts[case.nodeid] = tuple(tries)
+                attempts[(res.name, case.nodeid)] = tuple(tries)
             tests.append(TestOutcome(nodeid=case.nodeid, group=res.name, outcome=tries[-1].outcome,
                                      attempts=tuple(a.outcome for a in tries),
                                      failure_class=last_fail.failure_class if last_fail else "",
@@ -353,18 +357,23 @@ def _ledger_excerpt(path: Path) -> dict:
     return {"events": len(events), "violations": violations[:LEDGER_TAIL], "tail": tail}
 
 
-def collect_evidence(gate: Gate, run: _EntryRun, nodeid: str, info: render.RunInfo, opts: GateOptions,
+def repro_key(suite: str, test: TestOutcome) -> str:
+    """How reports name a failing test's bundle: ``suite/group::nodeid`` (a test may run in several groups)."""
+    return f"{suite}/{test.group}::{test.nodeid}"
+
+
+def collect_evidence(gate: Gate, run: _EntryRun, test: TestOutcome, info: render.RunInfo, opts: GateOptions,
                      env: dict) -> Path:
     """Copy a failing test's worker logs, ledgers and pytest log, and write its ``repro.json``.
 
     Returns:
         The ``repro.json`` path.
     """
-    tries = run.attempts[nodeid]
+    nodeid = test.nodeid
+    tries = run.attempts[(test.group, nodeid)]
     last = next(a for a in reversed(tries) if a.outcome in ("failed", "error"))
-    test = next(t for t in run.outcome.tests if t.nodeid == nodeid)
     group = next(g for g in run.plan.groups if g.name == test.group) if run.plan else None
-    dest = opts.run_dir / "report" / "failures" / _safe(f"{run.entry.name}-{nodeid}")
+    dest = opts.run_dir / "report" / "failures" / _safe(f"{run.entry.name}-{test.group}-{nodeid}")
     dest.mkdir(parents=True, exist_ok=True)
     files: list[str] = []
     if last.log.is_file():
@@ -460,8 +469,8 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
     for r in runs:
         for t in r.outcome.tests:
             if t.failed:
-                path = collect_evidence(gate, r, t.nodeid, info, opts, env)
-                repros[f"{r.entry.name}::{t.nodeid}"] = str(path.relative_to(opts.run_dir))
+                path = collect_evidence(gate, r, t, info, opts, env)
+                repros[repro_key(r.entry.name, t)] = str(path.relative_to(opts.run_dir))
     write_reports(runs, info, v, repros, opts.run_dir)
     history.append(opts.run_dir.parent / history.FILE_NAME, opts.run_dir.name,
                    {t.nodeid: list(t.attempts) for r in runs for t in r.outcome.tests}, gate=gate.name, git_sha=sha)
@@ -469,7 +478,7 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
 
 
 def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repros: dict[str, str], run_dir: Path) -> None:
-    """``report/junit.xml`` (every group and rerun, stamped), ``report/summary.md``, ``report/result.json``."""
+    """``report/``: ``junit.xml`` (every group and rerun, stamped), ``summary.md``, ``result.json``, ``durations.json``."""
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     parts: list[tuple[str, dict[str, str]]] = []
@@ -488,3 +497,6 @@ def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repro
     (out / "junit.xml").write_text(render.merged_junit(info, parts), encoding="utf-8")
     (out / "summary.md").write_text(render.summary_md(info, v, repros), encoding="utf-8")
     (out / "result.json").write_text(json.dumps(render.result_json(info, v, repros), indent=2) + "\n", encoding="utf-8")
+    # measured durations: the next plan's est_time (and so the live ETA) comes from them
+    measured = report.durations([res for r in runs for res in r.results])
+    (out / "durations.json").write_text(json.dumps(measured, indent=2, sort_keys=True) + "\n", encoding="utf-8")
