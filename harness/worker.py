@@ -344,7 +344,11 @@ class _WorkerActor:
         self.stopped = False
         procs.register(os.getpid(), label=f"worker {spec.name}")
         _CURRENT = WorkerContext(spec.name, self.gpu_ids, dict(self.ports), str(self.log_path), str(spec.run_dir))
-        print(f"[harness] worker {spec.name} pid {os.getpid()} gpus [{self.cuda}] ports {self.ports}", flush=True)
+        self._note(f"worker {spec.name} pid {os.getpid()} gpus [{self.cuda}] ports {self.ports}")
+
+    def _note(self, text: str) -> None:
+        # The harness's own lines in the worker log, marked so they read apart from the payload's.
+        os.write(self._log_fd, f"[harness] {text}\n".encode())
 
     def start(self) -> WorkerInfo:
         p = self.spec.payload
@@ -360,7 +364,7 @@ class _WorkerActor:
                    "CUDA_VISIBLE_DEVICES": self.cuda}
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log_fd, stderr=self._log_fd,
                                          env=env, cwd=p.cwd, start_new_session=True, preexec_fn=_pdeathsig)
-            print(f"[harness] exec (pid {self.proc.pid}) {' '.join(argv)}", flush=True)
+            self._note(f"exec (pid {self.proc.pid}) {' '.join(argv)}")
             self.proc_start = procs.start_time(self.proc.pid)
             procs.register(self.proc.pid, kind="pgid", label=f"worker {self.spec.name} payload")
         return self.info()
