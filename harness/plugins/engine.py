@@ -163,7 +163,11 @@ class ServerStacks:
         return stack
 
     def forget(self, model_name: str) -> None:
-        """Stop the PD stack of ``model_name`` now (a test that broke it on purpose calls this)."""
+        """Stop the PD stack of ``model_name`` now; a test that broke it on purpose calls this.
+
+        Its workers stop being owned by the test, so the harness does not fail the test for the
+        death it provoked and caught (the plugin fails a test that swallows a worker's death).
+        """
         stack = self._pd.pop(model_name, None)
         if stack is not None:
             self._stop(stack.workers)
@@ -197,6 +201,9 @@ class ServerStacks:
         for w in workers:
             self._state.unwatch(w)
             w.stop()
+            # No longer owned by the tests: a death they expected (a fault test) is not "swallowed".
+            if w in self.workers:
+                self.workers.remove(w)
 
     def close(self) -> list[int]:
         """Stop everything; return the server process ids that are still alive afterwards."""
@@ -219,9 +226,17 @@ def _sglang_servers_module(request: pytest.FixtureRequest, run_dir: Any) -> Iter
 
 
 @pytest.fixture
-def sglang_servers(request: pytest.FixtureRequest, _sglang_servers_module: ServerStacks) -> ServerStacks:
-    """The module's :class:`ServerStacks`; the test owns its workers for fail-fast and log tails."""
+def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology,
+                   _sglang_servers_module: ServerStacks) -> ServerStacks:
+    """The module's :class:`ServerStacks`; the test owns its workers for fail-fast and log tails.
+
+    Through ``topology`` a test marked for other topologies than ``--topology`` is skipped. Real
+    servers run on the ``cpu`` topology only for now (GPU topologies need real models: not built).
+    """
     from harness import plugin
 
+    if topology.needs_gpus:
+        raise pytest.UsageError(f"{request.node.nodeid}: real-server suites run on the cpu topology only, "
+                                f"not {topology.name}")
     request.node.stash[plugin.item_workers_key] = _sglang_servers_module.workers
     return _sglang_servers_module

@@ -27,7 +27,8 @@ import requests
 from harness import ledger
 from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
 
-pytestmark = [pytest.mark.engine("sglang-server"), pytest.mark.topology("cpu"), pytest.mark.est_time(300),
+# est_time: a test on started servers; the first tests also pay server starts (60-240 s each).
+pytestmark = [pytest.mark.engine("sglang-server"), pytest.mark.topology("cpu"), pytest.mark.est_time(30),
               pytest.mark.timeout(900)]
 
 MODEL = "tiny-mellum-swa"
