@@ -70,3 +70,5 @@ FAULTS: tuple[Fault, ...] = (
 from harness.faults.upstream import FAULTS as _UPSTREAM_FAULTS  # noqa: E402  (needs Fault defined first)
 
 FAULTS = FAULTS + _UPSTREAM_FAULTS
+from harness.faults.pd import FAULTS as _PD_FAULTS  # noqa: E402
+FAULTS = FAULTS + _PD_FAULTS

@@ -165,8 +165,8 @@ class DecodeWorker:
         swa_avail = snap.swa + snap.tree_swa_evictable - res_swa
         ok = (snap.req_slots > 0 and full_avail >= _ceil(fill, P) + grow_full
               and swa_avail >= _ceil(tail, P) + grow_swa)
-        if ok and snap.host is not None:
-            ok = snap.host >= _ceil(fill + steps, P)
+        if ok and snap.host is not None:  # hisparse: the C4 KV lands in host slots
+            ok = snap.host >= int(self.side.coordinator.host_token_len(fill + steps))
         if ok:
             self._grow = (grow_full, grow_swa)
         return ok

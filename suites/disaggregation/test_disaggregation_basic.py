@@ -12,7 +12,7 @@ import pytest
 from harness.pd.run import run
 from harness.pd.spec import KVSpec, PDRequest
 
-pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(90)]
+pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(90), pytest.mark.timeout(900)]
 
 PAGE, WINDOW = 64, 100
 SPEC = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=40 * PAGE, swa_tokens=16 * PAGE, req_slots=8)

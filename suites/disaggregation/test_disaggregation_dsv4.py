@@ -11,7 +11,7 @@ import pytest
 from harness.pd.run import run
 from harness.pd.spec import KVSpec, PDRequest
 
-pytestmark = [pytest.mark.topology("8-gpu-h200"), pytest.mark.est_time(120)]
+pytestmark = [pytest.mark.topology("8-gpu-h200"), pytest.mark.est_time(240), pytest.mark.timeout(900)]
 
 PAGE, WINDOW = 256, 128
 
@@ -22,8 +22,8 @@ def test_dsv4_tp4_prefill_to_tp4_decode(pd_pair, pd_report, hisparse):
                   swa_tokens=8 * PAGE, req_slots=4, max_context_len=4096)
     pair = pd_pair(spec)
     assert len(pair.prefill) == len(pair.decode) == 4
-    lengths = [1, PAGE - 1, PAGE, PAGE + 1, 385, 700, 2 * PAGE + 1, 4 * PAGE]
-    reqs = [PDRequest(f"v{n}", n, decode_steps=6) for n in lengths]
+    lengths = [1, PAGE - 1, PAGE, PAGE + 1, 385, 700, 3 * PAGE + 1]
+    reqs = [PDRequest(f"v{n}", n, decode_steps=4) for n in lengths]
     res = run(pair, reqs, chunk_pages=2)
     pd_report(res)
     res.assert_clean()

@@ -9,7 +9,7 @@ import pytest
 from harness.pd.run import run
 from harness.pd.spec import KVSpec, workload
 
-pytestmark = [pytest.mark.topology("2-gpu-h100", "8-gpu-h200"), pytest.mark.est_time(180)]
+pytestmark = [pytest.mark.topology("2-gpu-h100", "8-gpu-h200"), pytest.mark.est_time(180), pytest.mark.timeout(900)]
 
 SEED = 20251129
 PAGE, WINDOW = 64, 100
