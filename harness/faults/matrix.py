@@ -44,6 +44,8 @@ _LEDGER = "suites/unit/disaggregation/test_decode_prealloc_ledger.py"
 _RESERVATION = "suites/unit/disaggregation/test_decode_reservation.py"
 _RECLAIM = "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py"
 _HISPARSE = "suites/unit/mem_cache/test_hisparse_allocator.py"
+# The PD pair over (simulated) Ray: decode steps and the P->D page transfer run only there.
+_PD_BASIC = "suites/disaggregation/test_disaggregation_basic.py"
 
 #: Fault name -> the suites (files or directories) it is checked against. Kept to fast CPU suites
 #: so the check fits in CI; ``harness faults check --suite PATH`` runs every fault against others.
@@ -55,6 +57,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "swa-full-length": (_LEDGER, _RESERVATION),
     "decode-reserve-unaligned": (_RESERVATION,),
     "hisparse-budget-swa": (_HISPARSE,),
+    "decode-skips-swa-evict": (_PD_BASIC,),
+    "corrupt-kv-page": (_PD_BASIC,),
 }
 
 #: Fault name -> the suite that must be among its catchers (a claim the check verifies).
