@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -130,6 +131,28 @@ def test_health_and_idle_pools_back_to_baseline(stack):
 
 
 # ------------------------------------------------------------------ faults (each spends the stack)
+
+
+@pytest.mark.est_time(60)
+def test_death_during_startup_names_the_role_with_its_log_tail(ray_cluster, run_dir, tmp_path):
+    from harness import topology
+    from harness.targets.sglang.server.stack import leftover_processes, start_pd_stack
+
+    missing = tmp_path / "no-such-model"
+    started: list = []
+    with pytest.raises(WorkerDied) as exc:
+        start_pd_stack(topology.get("cpu"), missing, run_dir.root, names=("prefill-broken", "decode-broken", "router-broken"),
+                       on_start=started.append)
+    died = exc.value
+    assert died.name == "prefill-broken", died.name
+    assert "exit code" in died.cause and died.tail.strip()
+    assert "no-such-model" in died.tail, "the log tail does not show why the server died"
+    assert started == [], "a worker was reported started although the stack never became ready"
+    assert not [p for p in run_dir.workers.glob("router-broken*")], "the router was started before the servers were ready"
+    # The server processes the workers exec'd (both died or were stopped): none is left.
+    pids = [int(m) for name in ("prefill-broken", "decode-broken")
+            for m in re.findall(r"exec \(pid (\d+)\)", (run_dir.workers / f"{name}.log").read_text())]
+    assert len(pids) == 2 and leftover_processes(pids) == []
 
 
 def _workload_until_death(stack, victim, kill_after_s: float = 1.0) -> tuple[WorkerDied, float]:

@@ -167,7 +167,7 @@ def start_pd_stack(
         run_dir: the run directory (worker logs, ledger, ports).
         placement: the topology's :class:`harness.cluster.Placement` (None: no placement groups).
         names: worker names of prefill, decode and router (unique within the run).
-        probe: enable the accounting probe (``<run_dir>/ledger/<name>.jsonl``).
+        probe: enable the accounting probe on decode (``<run_dir>/ledger/<decode name>.jsonl``).
         mini_lb: run the router as ``--mini-lb``.
         compat_patches: see :func:`.launcher.server_command`.
         ready_timeout: one deadline for the whole stack, in seconds.
@@ -184,10 +184,11 @@ def start_pd_stack(
     deadline = t0 + ready_timeout
     run_dir = Path(run_dir)
     p_name, d_name, r_name = names
-    common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches,
-                  probe_run_dir=run_dir if probe else None)
+    common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches)
     p_cmd = server_command(topology, "prefill", worker=p_name, **common)
-    d_cmd = server_command(topology, "decode", worker=d_name, **common)
+    # The probe runs on decode: that is where the PD prealloc paths are, and a PD decode server
+    # has no radix cache (the default), so a release returns every page and the books must balance.
+    d_cmd = server_command(topology, "decode", worker=d_name, probe_run_dir=run_dir if probe else None, **common)
     started: list[Any] = []
 
     def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Any:
