@@ -234,8 +234,8 @@ def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
-                message = (child.get("message") or "").strip().splitlines()[0:1]
-                message = message[0] if message else ""
+                text = (child.get("message") or "").strip()
+                message = text.splitlines()[0] if text else ""
                 if outcome != "skipped":
                     break
         out.append(TestOutcome(test_id=test_id, file=_relative(file, root), outcome=outcome, message=message))
