@@ -1,0 +1,13 @@
+"""Real sglang servers: the prefill + decode + router stack as subprocess payloads of Ray workers.
+
+Modules (none imports sglang at import time; the server-side ones run inside the servers):
+
+* :mod:`.launcher` — topology role → exact ``sglang.launch_server`` / ``sglang_router`` argv and env;
+* :mod:`.stack` — start the PD stack (and a plain baseline server) as Ray workers, readiness included;
+* :mod:`.client` — HTTP client (generate, health, server info, loads, metrics, flush cache, workers);
+* :mod:`.models` — tiny random-weight Llama and Mellum (hybrid SWA) models built locally;
+* :mod:`.compat` — the named CPU compat patches; :mod:`.probe` — the accounting probe;
+  :mod:`.hooks` — the import-time hook both use;
+* ``pythonpath/site`` (``sitecustomize``, on every server's PYTHONPATH) and ``pythonpath/cpu``
+  (the import-only ``sgl_kernel`` shim, CPU topologies only).
+"""
