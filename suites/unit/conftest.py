@@ -8,7 +8,7 @@ own tests (``--inject-fault``), never by these suites.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -16,6 +16,21 @@ from harness.targets.sglang import DecodeConfig, DecodeSide
 
 #: Env var naming the device the suites build their pools on.
 DEVICE_ENV = "HARNESS_DEVICE"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Run torch ops on one intra-op thread while these suites run, then restore.
+
+    The pools' tensors are a few thousand elements; on a busy 2-core machine handing each op to a
+    second thread costs several times the op itself. Results do not depend on it.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
