@@ -105,11 +105,19 @@ def gather_pages(views: list[torch.Tensor], page_ids: list[int]) -> np.ndarray:
     """Pack whole pages of every view into one flat uint8 array (view order, then page order)."""
     if not page_ids:
         return np.zeros(0, np.uint8)
-    parts = []
+    out = np.empty(sum(v.shape[1] for v in views) * len(page_ids), np.uint8)
+    flat = torch.from_numpy(out)
+    off = 0
     for v in views:
+        n = v.shape[1] * len(page_ids)
         idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
-        parts.append(v.index_select(0, idx).reshape(-1).cpu())
-    return torch.cat(parts).numpy()
+        dst = flat[off:off + n].view(len(page_ids), v.shape[1])
+        if v.device.type == "cpu":
+            torch.index_select(v, 0, idx, out=dst)  # one copy, straight into the array Ray ships
+        else:
+            dst.copy_(v.index_select(0, idx))
+        off += n
+    return out
 
 
 def scatter_pages(views: list[torch.Tensor], page_ids: list[int], data: np.ndarray) -> None:
