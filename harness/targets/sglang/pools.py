@@ -196,7 +196,8 @@ def build_hisparse_coordinator(req_to_token_pool: Any, allocator: Any, device: s
     """Build a real ``HiSparseCoordinator`` (host pool, per-request host rows).
 
     Initialises a world-size-1 gloo group if none exists; on a CPU device the host pool is
-    allocated unpinned (see :func:`runtime.unpinned_host_pools`).
+    allocated unpinned (see :func:`runtime.unpinned_host_pools`); the host pool is booked against
+    the memory available now (see :func:`runtime.host_pool_budget`).
 
     Args:
         req_to_token_pool: the request slot pool.
@@ -211,7 +212,7 @@ def build_hisparse_coordinator(req_to_token_pool: Any, allocator: Any, device: s
     from sglang.srt.managers.hisparse_coordinator import HiSparseCoordinator
 
     runtime.ensure_process_group()
-    with runtime.unpinned_host_pools(device):
+    with runtime.unpinned_host_pools(device), runtime.host_pool_budget():
         return HiSparseCoordinator(
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=allocator,

@@ -10,6 +10,10 @@ These are *environment*, not code under test: sglang's scheduler normally provid
 * ``HiSparseCoordinator`` needs ``torch.distributed`` initialised (gloo, world size 1).
 * The coordinator's host pool registers its memory with ``cudaHostRegister``; with no CUDA driver
   that fails, so :func:`unpinned_host_pools` makes CPU host pools unpinned while one is built.
+* sglang books host pools against the machine's available memory minus a 10 GiB reserve meant for
+  a whole server; the harness's host pool is a few MB, so :func:`host_pool_budget` books it against
+  the available memory itself, through sglang's own ``host_memory_budget_scope`` (otherwise the
+  build fails whenever the shared machine has under 10 GiB free).
 """
 
 from __future__ import annotations
@@ -114,3 +118,14 @@ def unpinned_host_pools(device: str) -> Iterator[None]:
             table["cpu"] = saved
         else:
             del table["cpu"]
+
+
+@contextlib.contextmanager
+def host_pool_budget() -> Iterator[None]:
+    """While active, sglang host pools are booked against the memory available now (no server
+    reserve), through sglang's ``host_memory_budget_scope``."""
+    import psutil
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    with host_memory_budget_scope(int(psutil.virtual_memory().available)):
+        yield
