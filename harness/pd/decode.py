@@ -154,7 +154,12 @@ class DecodeWorker:
                                pages={k: tuple(sorted(v)) for k, v in pages.items()},
                                free_before=free_before or {}, note="radix cache eviction")
 
-    def _fits(self, fill: int, tail: int, steps: int) -> bool:
+    def _fits(self, fill: int, tail: int, steps: int) -> tuple[int, int] | None:
+        """The (full, SWA) tokens to reserve for the request's decode growth if it fits now, else None.
+
+        Admission as sglang's queue does it in spirit: the prefill tokens plus the growth of this
+        and every running request must fit in free (and, with the radix cache, evictable) slots.
+        """
         P = self.spec.page_size
         snap = self.side.snapshot()
         res_full = sum(r[0] for r in self.reserved.values())
@@ -167,9 +172,7 @@ class DecodeWorker:
               and swa_avail >= _ceil(tail, P) + grow_swa)
         if ok and snap.host is not None:  # hisparse: the C4 KV lands in host slots
             ok = snap.host >= int(self.side.coordinator.host_token_len(fill + steps))
-        if ok:
-            self._grow = (grow_full, grow_swa)
-        return ok
+        return (grow_full, grow_swa) if ok else None
 
     # ---------------------------------------------------------------- operations
 
@@ -197,7 +200,8 @@ class DecodeWorker:
         req.origin_input_ids = prompt_ids(group, prompt_len)
         fill = self.side.fill_len(req)
         tail = self.side.swa_tail_len(fill)
-        if not self._fits(fill, tail, steps):
+        grow = self._fits(fill, tail, steps)
+        if grow is None:
             return None
         before, free_before = self._pages(), self._free()
         try:
@@ -220,7 +224,7 @@ class DecodeWorker:
                            free_before=free_before if exact else {}, free_after=self._free(),
                            note=f"prefix {result.prefix_len}")
         self.live[rid] = live
-        self.reserved[rid] = self._grow
+        self.reserved[rid] = grow
         # What the real transfer metadata names (DecodePreallocQueue's kv_indices / _swa_payload):
         # full pages past the cached prefix, SWA pages of the window past it, page-floored.
         prefix = result.prefix_len

@@ -12,6 +12,7 @@ numpy array (zero-copy through Ray's object store), :func:`scatter_pages` unpack
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from dataclasses import dataclass
 
@@ -131,7 +132,10 @@ def scatter_pages(views: list[torch.Tensor], page_ids: list[int], data: np.ndarr
         raise ValueError(f"chunk has {data.size} bytes, {len(page_ids)} page(s) of these buffers need {need}")
     if not page_ids:
         return
-    flat = torch.from_numpy(np.ascontiguousarray(data))
+    with warnings.catch_warnings():
+        # Ray hands the receiver a read-only array (zero-copy); it is only read here.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        flat = torch.from_numpy(np.ascontiguousarray(data))
     off = 0
     for v in views:
         n = v.shape[1] * len(page_ids)

@@ -1,0 +1,101 @@
+"""Pure parts of the PD path (no sglang, no Ray): workload, KV content, page moves, transfer plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.pd import kvfill
+from harness.pd.ranks import Ranks
+from harness.pd.spec import KVSpec, PDRequest, workload
+from harness.pd.transfer import plan, transfer
+
+
+def test_workload_is_seeded_and_clusters_at_page_boundaries():
+    a = workload(7, 300, page_size=64, max_prompt=384, abort_rate=0.1)
+    assert a == workload(7, 300, page_size=64, max_prompt=384, abort_rate=0.1)
+    assert a != workload(8, 300, page_size=64, max_prompt=384, abort_rate=0.1)
+    near = sum(1 for r in a if r.prompt_len % 64 in (63, 0, 1))
+    assert near > len(a) // 2
+    assert all(1 <= r.prompt_len <= 384 for r in a)
+    assert 0 < sum(r.abort_after_chunks is not None for r in a) < 100
+    with pytest.raises(ValueError, match="at least one page"):
+        workload(1, 1, page_size=64, max_prompt=10)
+
+
+def test_kvspec_validates():
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        KVSpec(page_size=64, full_tokens=100)
+    with pytest.raises(ValueError, match="hisparse needs"):
+        KVSpec(kind="swa", hisparse=True)
+    assert KVSpec(kind="dsv4", page_size=256, window=128, hisparse=True, full_tokens=4096, swa_tokens=2048).tag == "dsv4-p256-w128-hisparse"
+
+
+def _views(pages=6, page_size=4, token_bytes=3):
+    return [torch.zeros(pages, page_size * token_bytes + 2, dtype=torch.uint8) for _ in range(2)]
+
+
+def test_content_write_verify_and_mismatch_names_the_position():
+    views = _views()
+    pos = torch.arange(8)
+    pages, slots = pos // 4 + 1, pos % 4
+    kvfill.write(views, 4, 0, seed=11, positions=pos, pages=pages, slots=slots)
+    assert kvfill.verify(views, 4, 0, 11, pos, pages, slots) is None
+    assert kvfill.verify(views, 4, 0, 12, pos, pages, slots) is not None  # another request's seed
+    views[1][2, 5] ^= 1  # page 2, slot 1 of buffer 1 -> position 5
+    bad = kvfill.verify(views, 4, 0, 11, pos, pages, slots)
+    assert (bad.buffer, bad.position, bad.page, bad.slot) == (1, 5, 2, 1)
+
+
+def test_gather_scatter_moves_whole_pages_to_other_page_ids():
+    src, dst = _views(), _views()
+    pos = torch.arange(8)
+    kvfill.write(src, 4, 0, 3, pos, pos // 4 + 1, pos % 4)
+    data = kvfill.gather_pages(src, [1, 2])
+    data.setflags(write=False)  # what Ray hands the receiver
+    kvfill.scatter_pages(dst, [4, 3], data)
+    assert kvfill.verify(dst, 4, 0, 3, pos, torch.tensor([4] * 4 + [3] * 4), pos % 4) is None
+    with pytest.raises(ValueError, match="bytes"):
+        kvfill.scatter_pages(dst, [4], data)
+
+
+def test_plan_chunks_full_then_swa_and_interleaves_ranks():
+    src = [{"full": [10, 11, 12], "swa": [0, 5, 6]}] * 2
+    dst = [{"full": {0: 1, 1: 2, 2: 3}, "swa": {1: 7, 2: 8}}] * 2
+    chunks = plan(src, dst, chunk_pages=2)
+    assert chunks[:2] == [(0, "full", [10, 11], [1, 2]), (1, "full", [10, 11], [1, 2])]
+    assert [(c[0], c[1]) for c in chunks] == [(0, "full"), (1, "full"), (0, "full"), (1, "full"), (0, "swa"), (1, "swa")]
+    assert chunks[-1] == (1, "swa", [5, 6], [7, 8])
+
+
+class _Side:
+    """A stand-in rank holding one page buffer (tests the transfer loop, not sglang)."""
+
+    def __init__(self):
+        self.views = _views(pages=8)
+        self.writes = 0
+
+    def read_chunk(self, rid, pool, pages):
+        return kvfill.gather_pages(self.views, pages)
+
+    def write_chunk(self, rid, pool, pages, data):
+        kvfill.scatter_pages(self.views, pages, data)
+        self.writes += 1
+        return int(data.size)
+
+
+def test_transfer_moves_every_chunk_and_stops_at_an_abort():
+    p, d = _Side(), _Side()
+    pos = torch.arange(16)
+    kvfill.write(p.views, 4, 0, 9, pos, pos // 4 + 1, pos % 4)
+    page_bytes = {"full": sum(v.shape[1] for v in p.views)}
+    chunks = [(0, "full", [1, 2], [5, 6]), (0, "full", [3, 4], [1, 2])]
+    st = transfer(Ranks([p]), Ranks([d]), "r", chunks, page_bytes, max_inflight_bytes=1)
+    assert (st.chunks, st.bytes, st.aborted) == (2, 4 * page_bytes["full"], False)
+    assert kvfill.verify(d.views, 4, 0, 9, pos, torch.tensor([5] * 4 + [6] * 4 + [1] * 4 + [2] * 4), pos % 4) is None
+    st = transfer(Ranks([p]), Ranks([d]), "r", chunks, page_bytes, max_inflight_bytes=1 << 20, abort_after=1)
+    assert (st.chunks, st.aborted) == (1, True)
+
+
+def test_requests_are_plain_values():
+    assert PDRequest("a", 5) == PDRequest("a", 5, decode_steps=4)
