@@ -25,7 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 def pick_device(wanted: str) -> str:
-    """``cuda`` when asked for it or for ``auto`` and torch sees a GPU, else ``cpu``."""
+    """``cuda:0`` for ``auto``/``cuda`` when torch sees a GPU, else ``cpu``.
+
+    Raises:
+        RuntimeError: ``cuda`` asked for explicitly and no GPU is visible.
+    """
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("KVSpec.device='cuda' but torch sees no GPU in this worker")
     if wanted in ("auto", "cuda") and torch.cuda.is_available():
         return "cuda:0"  # CUDA_VISIBLE_DEVICES already narrows the worker to its GPU
     return "cpu"

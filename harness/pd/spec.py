@@ -22,7 +22,7 @@ class KVSpec:
         swa_tokens: decode SWA-pool tokens.
         req_slots: request slots on each side.
         max_context_len: longest request.
-        device: torch device of the pools ("cpu" or "cuda"; a worker picks "cuda" when it has one).
+        device: ``auto`` (the worker's GPU when torch sees one, else CPU), ``cuda`` or ``cpu``.
     """
 
     kind: str = "swa"
@@ -34,11 +34,13 @@ class KVSpec:
     swa_tokens: int = 16 * 64
     req_slots: int = 8
     max_context_len: int = 4096
-    device: str = "cpu"
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
             raise ValueError(f"kind {self.kind!r} unknown; use one of {KV_KINDS}")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device {self.device!r} unknown; use auto, cuda or cpu")
         if self.hisparse and self.kind != "dsv4":
             raise ValueError("hisparse needs kind='dsv4'")
         for name in ("full_tokens", "swa_tokens"):
