@@ -13,9 +13,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from harness.targets.sglang import DecodeConfig, DecodeSide
-
-#: Env var naming the device the suites build their pools on.
-DEVICE_ENV = "HARNESS_DEVICE"
+from harness.targets.sglang.inworker import DEVICE_ENV
 
 
 @pytest.fixture(scope="session", autouse=True)
