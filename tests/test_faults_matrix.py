@@ -221,3 +221,21 @@ def test_a_fault_module_may_declare_its_own_targets(monkeypatch: pytest.MonkeyPa
     assert matrix.targets_for(fault.name) == ("suites/elsewhere.py",)
     monkeypatch.setattr(module, "TARGETS", {}, raising=False)
     assert matrix.targets_for(fault.name) == matrix.DEFAULT_SUITES
+
+
+def test_clean_run_of_two_suite_groups_runs_both_and_merges(tmp_path: Path):
+    root = _project(tmp_path)
+    (root / "other").mkdir()
+    (root / "other" / "test_more.py").write_text("def test_more():\n    pass\n")
+
+    clean = matrix.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
+
+    assert clean.passed and clean.label == matrix.CLEAN
+    assert {o.test_id for o in clean.outcomes} == {"suites/test_catcher.py::test_prealloc",
+                                                    "suites/test_catcher.py::test_unrelated",
+                                                    "other/test_more.py::test_more"}
+    assert len(list((tmp_path / "out" / "junit").glob("clean-*.xml"))) == 2
+
+    (root / "other" / "test_more.py").write_text("def test_more():\n    assert False\n")
+    clean = matrix.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
+    assert not clean.passed and set(clean.failing()) == {"other/test_more.py::test_more"}
