@@ -206,6 +206,7 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "REPRODUCED: suites/gate/test_ledger.py::test_release_balances failed again (same class)" in out
+    assert "[repro/cpu] failed  1/1 failed 1" in out  # the live line
     assert _count("ledger") == 2
     assert Path(tmp_path / "state" / "seeds").read_text().splitlines() == [" ".join(first_seeds)] * 2  # same seeds
     assert (tmp_path / "repro" / "report" / "junit.xml").is_file()

@@ -158,7 +158,7 @@ def live_line(prefix: str, p: execute.Progress) -> str:
     return f"[{prefix}/{p.group.name}] {p.state:7} {done}/{total} failed {failed} elapsed {p.wall:.0f}s ETA {eta}"
 
 
-class _Live:
+class Live:
     """A group's live line: at once when its state or failures change, when tests finish (at most
     every ``every`` s), and as a heartbeat every ``6 * every`` s while nothing happens."""
 
@@ -277,7 +277,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
     mode = "required" if entry.required else "informational"
     out(f"[{entry.name}] {mode}: {sum(len(g.items) for g in p.groups)} item(s) in {len(p.groups)} group(s), est {p.est_time:.0f}s")
     file_tests = {f.rel: len(f.tests) for f in reg.files}
-    live = _Live(entry.name, out)
+    live = Live(entry.name, out)
     results = execute.run_plan(p, exec_opts, file_tests, _to_rel(reg), live)
     tests: list[TestOutcome] = []
     attempts: dict[tuple[str, str], tuple[Attempt, ...]] = {}
