@@ -248,3 +248,18 @@ def test_gate_cli_bad_input(capsys):
     assert harness_cli.main(["gate", "run", "per-commit", "--simulate", "--ray-address", "h:1"]) == 2
     assert "pass only one" in capsys.readouterr().err
     assert harness_cli.main(["flaky", "--last", "0"]) == 2
+
+
+def test_gpu_group_without_simulate_fails_with_the_fix(repo, tmp_path):
+    (repo / "suites" / "gpu").mkdir()
+    (repo / "suites" / "gpu" / "test_two_gpus.py").write_text(
+        'import pytest\npytestmark = pytest.mark.topology("2-gpu-h100")\n\ndef test_pair():\n    pass\n')
+    gate = model.Gate(name="gpu", suites=(model.GateSuite(name="pd", select=("suites/gpu/",)),))
+    lines: list[str] = []
+    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "g"), out=lines.append)
+    assert result.exit_code == 1
+    assert result.verdict.reasons == (
+        "pd: [2-gpu-h100] needs 2 GPUs, this machine has 0; pass --simulate to run it on Ray logical GPUs, "
+        "or run on runner 2-gpu-h100",
+        "pd: no test ran (0 skipped); a gate needs evidence")
+    assert "[pd/2-gpu-h100] not run: needs 2 GPUs" in "\n".join(lines)

@@ -250,6 +250,16 @@ def run_one(group: plan_mod.Group, item: plan_mod.Item, exec_opts: execute.ExecO
     return res, _attempt(case, junit, gdir)
 
 
+def _blocked_note(group: plan_mod.Group, opts: GateOptions) -> str:
+    """Why a group cannot run here, and what to do (without ``--simulate`` or where its topology forbids it)."""
+    try:
+        may_simulate = topo_mod.get(group.topology).allow_simulation
+    except topo_mod.TopologyError:
+        may_simulate = False
+    fix = "pass --simulate to run it on Ray logical GPUs, or run" if may_simulate else f"{group.topology} forbids simulation; run"
+    return f"needs {group.gpus} GPUs, this machine has {opts.gpus}; {fix} on runner {group.runner}"
+
+
 @dataclass(frozen=True)
 class _EntryRun:
     entry: GateSuite
@@ -278,7 +288,14 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
     out(f"[{entry.name}] {mode}: {sum(len(g.items) for g in p.groups)} item(s) in {len(p.groups)} group(s), est {p.est_time:.0f}s")
     file_tests = {f.rel: len(f.tests) for f in reg.files}
     live = Live(entry.name, out)
-    results = execute.run_plan(p, exec_opts, file_tests, _to_rel(reg), live)
+    blocked = {g.name: _blocked_note(g, opts) for g in p.groups
+               if execute.simulation(g, opts.gpus, joined=bool(opts.ray_address)) is None}
+    runnable = plan_mod.Plan(tuple(g for g in p.groups if g.name not in blocked))
+    ran = iter(execute.run_plan(runnable, exec_opts, file_tests, _to_rel(reg), live) if runnable.groups else [])
+    results = [GroupResult(name=g.name, topology=g.topology, runner=g.runner, note=blocked[g.name]) if g.name in blocked
+               else next(ran) for g in p.groups]
+    for name, note in blocked.items():
+        out(f"[{entry.name}/{name}] not run: {note}")
     tests: list[TestOutcome] = []
     attempts: dict[tuple[str, str], tuple[Attempt, ...]] = {}
     reruns: list[tuple[str, GroupResult, Path]] = []
