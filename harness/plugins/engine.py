@@ -101,7 +101,7 @@ def missing_stack_modules() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(run_dir: Any) -> Callable[[str], Path]:
+def tiny_model() -> Callable[[str], Path]:
     """``tiny_model(name) -> Path``: build (once, cached in the repo-ignored ``models/``) a tiny model."""
     from harness.targets.sglang.server.models import ensure_model
 

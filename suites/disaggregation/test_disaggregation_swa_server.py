@@ -13,7 +13,8 @@ FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tai
 2. With the patch (the ``cpu`` topology's default), a plain server is consistent, and PD via the
    router equals it over prompt lengths around the page/window boundaries, repeats and concurrency;
    the decode ledger holds the SWA invariants (eviction floor = fill_len - swa_tail_len, page-aligned;
-   per-request SWA pages bounded by the window; every page returned).
+   the preallocated SWA tail bounded by the window, and by window + eviction interval while decoding;
+   every page returned).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ pytestmark = [pytest.mark.engine("sglang-server"), pytest.mark.topology("cpu"), 
 
 MODEL = "tiny-mellum-swa"
 PAGE = WINDOW = 64
+#: The window sglang's scheduler uses: Mellum's ``sliding_window - 1`` (the current token is not counted).
+SGLANG_WINDOW = WINDOW - 1
+#: sglang 0.5.23's default SGLANG_SWA_EVICTION_INTERVAL: decode evicts once this many tokens slid out.
+SWA_EVICTION_INTERVAL = 128
 MAX_NEW = 16
 PROMPT_LENS = (20, 63, 64, 65, 129, 300, 1000, 3000)
 SWA_PATCH = "torch-native-swa-read"
@@ -107,17 +112,37 @@ def test_repeats_and_concurrency_match_plain(stack, plain):
     assert got == want
 
 
+def max_swa_pages_held(events: list[ledger.Event]) -> dict[str, int]:
+    """Per request, the most SWA pages it held at any event (replaying takes and frees)."""
+    held: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for e in sorted(events, key=lambda e: e.seq):
+        n = len(e.pages.get("swa", ()))
+        if e.kind in ledger.TAKE_KINDS:
+            held[e.rid] = held.get(e.rid, 0) + n
+            peak[e.rid] = max(peak.get(e.rid, 0), held[e.rid])
+        elif e.kind in ledger.FREE_KINDS:
+            held[e.rid] = held.get(e.rid, 0) - n
+    return peak
+
+
 def test_decode_ledger_holds_swa_invariants(stack, run_dir):
-    # 64 new tokens: decoding crosses a page boundary past the window, so SWA pages are evicted.
-    stack.client("router").generate(prompt(400, seed=30), 64)
+    # 256 new tokens: more than the eviction interval past the window, so decode evicts SWA pages.
+    stack.client("router").generate(prompt(400, seed=30), 256)
     events = ledger.read(run_dir.ledger / f"{stack.decode.name}.jsonl")
     pre = [e for e in events if e.kind == "prealloc" and e.fill_len and e.fill_len > WINDOW + PAGE]
     assert pre, "no prealloc longer than a window in the decode ledger"
     for e in pre:
-        assert e.window == WINDOW and e.page_size == PAGE, e
+        assert e.window == SGLANG_WINDOW and e.page_size == PAGE, e
         assert e.swa_tail_len is not None and e.evicted_seqlen == e.fill_len - e.swa_tail_len, e
         assert e.evicted_seqlen > 0 and e.evicted_seqlen % PAGE == 0, e
         assert len(e.pages["swa"]) < len(e.pages["full"]), f"SWA tail not smaller than the full KV: {e}"
-    assert any(e.kind == "evict" for e in events), "decode never evicted SWA pages while decoding"
+    evicts = [e for e in events if e.kind == "evict"]
+    assert evicts, "decode never evicted SWA pages while decoding"
+    assert all(e.evicted_seqlen % PAGE == 0 and set(e.pages) == {"swa"} for e in evicts), evicts
+    # While decoding, sglang keeps up to SGLANG_SWA_EVICTION_INTERVAL more tokens before evicting.
+    bound = ledger.swa_page_bound(SGLANG_WINDOW + SWA_EVICTION_INTERVAL, PAGE)
+    over = {rid: n for rid, n in max_swa_pages_held(events).items() if n > bound}
+    assert not over, f"requests held more than {bound} SWA pages while decoding: {over}"
     violations = ledger.check(events)
     assert not violations, "\n".join(map(str, violations))

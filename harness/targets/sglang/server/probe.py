@@ -18,6 +18,11 @@ import time (:mod:`.hooks`):
 * ``mem_cache.common.release_kv_cache`` — one ``release`` event with every page the request still
   held (and a ``decode_alloc`` for pages gained since the last event).
 
+Only ``prealloc`` events carry ``window`` (the scheduler's ``sliding_window_size``), so the ledger's
+``swa-over-window`` bound applies to the preallocated SWA tail. While decoding, sglang by design
+keeps up to ``SGLANG_SWA_EVICTION_INTERVAL`` (default 128) more tokens before it evicts, so a decode
+time bound is ``window + interval`` (the suites check that one themselves).
+
 "Held" is read from the real state before and after each call (the request's ``req_to_token`` row
 and the allocator's full→SWA mapping), never computed from a formula, so the ledger checker
 (:func:`harness.ledger.check`) can catch a real leak or an over-window SWA tail. Every wrapper calls
@@ -65,7 +70,7 @@ class Probe:
         with self._lock:
             if self._writer is None:
                 self._writer = LedgerWriter(self.ledger_path, self.worker, self.component)
-        self._writer.record(kind, str(rid), page_size, window=self.window, **fields)
+        self._writer.record(kind, str(rid), page_size, **fields)
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,6 +148,7 @@ def _wrap_prealloc(probe: Probe, orig: Callable) -> Callable:
         probe.known[str(req.rid)] = {pool: set(p) for pool, p in taken.items()}
         probe.record(
             "prealloc", req.rid, allocator.page_size,
+            window=probe.window if uses_tail else None,
             fill_len=kwargs.get("fill_len"),
             swa_tail_len=kwargs.get("swa_tail_len") if uses_tail else None,
             evicted_seqlen=_evicted_seqlen(req) if uses_tail else None,
