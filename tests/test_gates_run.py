@@ -85,6 +85,8 @@ def test_release_balances(run_dir, workload_seed, request):
     ev = {"seq": 0, "ts": 1.0, "kind": "prealloc", "rid": "r1", "component": "decode", "worker": "decode-0",
           "page_size": 1, "pages": {"full": [1, 2, 3]}}
     run_dir.ledger_file("decode-0").write_text(json.dumps(ev) + "\\n")
+    (run_dir.report / "pd").mkdir(parents=True, exist_ok=True)
+    (run_dir.report / "pd" / "suites_gate_test_ledger.py_test_release_balances.json").write_text('{"requests": 1}')
     assert False, "ledger violation [page-leak] decode-0: 3 pages never freed"
 ''',
 }
@@ -198,6 +200,7 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys):
     assert bundle["workers"] == ["decode-0"] and "ledger/decode-0.jsonl" in bundle["files"]
     assert any("page-leak" in v for v in bundle["ledger_excerpt"]["decode-0"]["violations"])
     assert (bundle_path.parent / "workers" / "decode-0.log").read_text() == "decode-0: prealloc r1\n"
+    assert "report/pd/suites_gate_test_ledger.py_test_release_balances.json" in bundle["files"]  # the suite's own report
     assert "env" in bundle["environment"] and bundle["engine_args"].keys() >= {"prefill", "decode"}
     first_seeds = (Path(tmp_path / "state" / "seeds").read_text().split())
     assert first_seeds[0] == "5" and int(first_seeds[1]) == bundle["seeds"]["workload"]

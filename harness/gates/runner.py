@@ -374,6 +374,22 @@ def _ledger_excerpt(path: Path) -> dict:
     return {"events": len(events), "violations": violations[:LEDGER_TAIL], "tail": tail}
 
 
+def _copy_test_reports(group_dir: Path, nodeid: str, dest: Path) -> list[str]:
+    """Copy per-test reports that suites wrote under ``<group run dir>/report/`` (e.g. ``pd/<test>.json``).
+
+    Suites name such files after the node id with every other character replaced by ``_``.
+    """
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid)
+    copied = []
+    base = group_dir / "report"
+    for p in sorted(base.rglob(f"{stem}.*")) if base.is_dir() else []:
+        rel = p.relative_to(group_dir)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p, dest / rel)
+        copied.append(str(rel))
+    return copied
+
+
 def repro_key(suite: str, test: TestOutcome) -> str:
     """How reports name a failing test's bundle: ``suite/group::nodeid`` (a test may run in several groups)."""
     return f"{suite}/{test.group}::{test.nodeid}"
@@ -413,6 +429,7 @@ def collect_evidence(gate: Gate, run: _EntryRun, test: TestOutcome, info: render
         lp = last.run_dir / "ledger" / f"{w}.jsonl"
         if lp.is_file():
             excerpt[w] = _ledger_excerpt(lp)
+    files += _copy_test_reports(last.run_dir, nodeid, dest)
     topo = test.group if group is None else group.topology
     try:
         engine_args = {r.name: list(r.engine_args) for r in topo_mod.get(topo).roles}
