@@ -228,6 +228,35 @@ def test_swa_tail_len_known_values(decode_side, hisparse, page, window, radix_ca
     assert side.snapshot().free() == side.baseline.free()
 
 
+def test_radix_prefix_hit_charges_new_full_pages_and_a_fresh_swa_tail(decode_side):
+    # With the decode radix cache a released request's full KV stays in the tree; a later request
+    # sharing its prompt reuses those full pages (prefix) and still gets its whole SWA tail fresh.
+    page, window = 64, 40
+    side = decode_side(page_size=page, window=window, radix_cache=True)
+    first = make_req("first", 300)
+    side.prealloc(first)
+    side.release(first)
+    before = side.snapshot()
+    assert before.tree_full_evictable == 256  # the committed, page-aligned prefix went into the tree
+
+    second = make_req("second", 400)  # prompt 0..399 extends the first prompt 0..299
+    result = side.prealloc(second)
+
+    after = side.snapshot([second])
+    state = after.request("second")
+    evicted = result.fill_len - result.swa_tail_len
+    # Radix mode keeps max(window, page) + 1 tokens before the floor: 399 - 64 = 335 -> 320.
+    assert (result.prefix_len, result.swa_tail_len, state.swa_evicted_seqlen) == (256, 80, 320)
+    assert after.taken_since(before) == {"full": _pages(400, page) - 256, "swa": _pages(80, page), "req_slots": 1}
+    assert all(slot == 0 for slot in state.swa_indices[result.prefix_len:evicted])
+    tail = state.swa_indices[evicted:]
+    assert 0 not in tail and len(set(tail)) == result.swa_tail_len
+
+    side.release(second)
+    side.evict_cache()
+    assert side.snapshot().free() == side.baseline.free()
+
+
 @pytest.mark.parametrize(
     ("hisparse", "page", "window", "prompt_len"),
     [(False, 64, 100, 300), (False, 256, 128, 700), (True, 256, 128, 700)],
