@@ -178,9 +178,9 @@ class DecodeSide:
     def _build_queue(self) -> Any:
         from sglang.srt.disaggregation.decode import DecodePreallocQueue
 
-        # Environment only: the fields _pre_alloc, _swa_tail_len and the radix-cache prefix match
-        # read. tp_worker.is_hybrid_swa selects the SWA-aware size accessors in messages.
-        # An idle scheduler (nothing running, waiting or just prebuilt) for the admission budgets.
+        # Environment only: the fields _pre_alloc, _swa_tail_len, the radix-cache prefix match and
+        # the admission budgets read, as an idle scheduler has them (nothing running, waiting or
+        # just prebuilt). tp_worker.is_hybrid_swa selects the SWA-aware size accessors.
         scheduler = types.SimpleNamespace(
             sliding_window_size=self.config.window,
             enable_hisparse=self.config.hisparse,
@@ -250,13 +250,15 @@ class DecodeSide:
             The full-pool indices sglang allocated.
 
         Raises:
+            PreallocFailed: no free request slot.
             AssertionError: sglang's own checks (page alignment of ``fill_len - swa_tail_len``).
         """
         from sglang.srt.disaggregation import decode
 
         runtime.publish(self._settings)
         fill_len = self.queue._pre_alloc_fill_len(req)
-        assert self.req_to_token_pool.alloc([req]) is not None, "no free request slot"
+        if self.req_to_token_pool.alloc([req]) is None:
+            raise PreallocFailed(req.rid, "no free request slot", {})
         if self.config.hisparse:
             return decode.alloc_for_decode_prealloc_hisparse(
                 self.allocator, req=req, fill_len=fill_len, uses_swa_tail=True, swa_tail_len=swa_tail_len)
