@@ -8,13 +8,29 @@ Importing it
    Ray workers and server subprocesses all run the same deliberately broken code when asked.
 
 The public API is loaded lazily (sglang's import takes seconds), so ``import harness.targets.sglang``
-stays cheap for code that only needs the version check or a subpackage:
+stays cheap for code that only needs the version check or a subpackage::
 
-* :class:`DecodeConfig`, :class:`DecodeSide`, :class:`PreallocResult`, :class:`PreallocFailed`
-  (``decode.py``): the decode-side object graph and its prealloc / release / snapshot operations;
-* :class:`PoolSnapshot`, :class:`ReqState` (``snapshot.py``);
-* :class:`PoolSizes` and the builders (``pools.py``); :func:`make_req`, :func:`mark_finished`
-  (``requests.py``); :func:`publish`, :class:`RuntimeSettings` (``runtime.py``).
+    DecodeConfig(hisparse=False, page_size=64, window=128, radix_cache=False, sizes=PoolSizes(),
+                 device="cpu", num_reserved_decode_tokens=512, hisparse_top_k=64,
+                 hisparse_device_buffer_size=128)                       # frozen, validated
+    side = DecodeSide(config)          # .allocator .kv_pool .req_to_token_pool .tree_cache
+                                       # .coordinator .queue .baseline (PoolSnapshot)
+    side.prealloc(req) -> PreallocResult(rid, fill_len, swa_tail_len, uses_swa_tail, prefix_len,
+                                         destination)   # raises PreallocFailed(rid, detail, held)
+    side.release(req)                  # request_finished (hisparse) + release_kv_cache(checkpoint=True)
+    side.snapshot(reqs=()) -> PoolSnapshot(full, swa, req_slots, hisparse_device, host,
+                                           tree_full_evictable, tree_swa_evictable, requests)
+        .free() -> {pool: free slots}   .taken_since(before) -> {pool: taken}   .request(rid) -> ReqState
+    side.fill_len(req) / side.swa_tail_len(fill_len) / side.uses_swa_tail()   # sglang's own
+    side.admission_budget() -> (full_budget, swa_budget | None)            # idle scheduler's budgets
+    side.alloc_with_tail(req, swa_tail_len)   # real alloc_for_decode_prealloc*, caller's tail
+    side.evict_cache() -> tokens evicted       # radix cache on
+    make_req(rid, prompt_len, output_len=1, *, max_new_tokens=16) -> Req;  mark_finished(req)
+    PoolSizes(full_tokens=12288, swa_tokens=6144, req_slots=8, max_context_len=8192)
+
+Modules: ``version`` (pin), ``runtime`` (published context, process group, host-pool environment),
+``pools`` (builders), ``requests``, ``snapshot``, ``decode`` (:class:`DecodeSide`), ``inworker``
+(:class:`~harness.targets.sglang.inworker.SuiteRunner`: run suites inside a Ray worker on its device).
 """
 
 from __future__ import annotations
