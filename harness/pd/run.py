@@ -134,7 +134,8 @@ def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, ma
         The :class:`RunResult` (``violations`` empty when the books balance).
 
     Raises:
-        PDError: ranks disagree, a request can never be admitted, or a side is not idle at the end.
+        PDError: TP ranks disagree, or a request can never be admitted (idle problems at the end
+            are returned in ``problems``, not raised).
         KVCorruption / WindowLost / PreallocError: from the decode ranks (the first one raised).
         WorkerDied: a rank's worker died.
     """

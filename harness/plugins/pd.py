@@ -3,9 +3,10 @@
 Fixtures:
     pd_pair      ``pd_pair(spec) -> PDPair`` for the test's topology: one worker per TP rank of the
                  first prefill and decode groups (:mod:`harness.pd.deploy`), started on first use
-                 and kept for the module (sglang's import is paid once per rank), reconfigured for
-                 ``spec`` (a :class:`harness.pd.spec.KVSpec`) on every call. A test asking for
-                 another topology stops the previous pair first (a simulated node holds one).
+                 and kept for the session (sglang's import, seconds per rank, is paid once),
+                 reconfigured for ``spec`` (a :class:`harness.pd.spec.KVSpec`) on every call. A test
+                 asking for another topology stops the previous pair first (a simulated node holds
+                 one), so tests of one topology are best run together.
                  Every worker is watched by the fail-fast watchdog and owned by each test using it
                  (log tails on failure). Skips when the topology cannot run here.
     pd_report    ``pd_report(result)``: writes the run's summary and ledger verdict to
@@ -28,8 +29,32 @@ from harness import topology as topology_mod
 log = logging.getLogger(__name__)
 
 
+def _topology_of(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "topology" in callspec.params:
+        return str(callspec.params["topology"])
+    marker = item.get_closest_marker("topology")
+    return str(marker.args[0]) if marker is not None and marker.args else ""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests using ``pd_pair`` by topology (stable, in the slots they already hold), so a
+    session starts each topology's workers once instead of once per switch."""
+    slots = [i for i, item in enumerate(items) if "pd_pair" in getattr(item, "fixturenames", ())]
+    if len(slots) < 2:
+        return
+    chosen = [items[i] for i in slots]
+    first_seen: dict[str, int] = {}
+    for item in chosen:
+        first_seen.setdefault(_topology_of(item), len(first_seen))
+    chosen.sort(key=lambda item: first_seen[_topology_of(item)])
+    for i, item in zip(slots, chosen):
+        items[i] = item
+
+
 class PdPairs:
-    """The module's PD deployment (at most one live at a time)."""
+    """The session's PD deployment (at most one live at a time)."""
 
     def __init__(self, config: pytest.Config, run_dir: Any) -> None:
         from harness import plugin
@@ -63,8 +88,9 @@ class PdPairs:
         self.workers.clear()
 
 
-@pytest.fixture(scope="module")
-def _pd_pairs_module(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[PdPairs]:
+@pytest.fixture(scope="session")
+def _pd_pairs_session(request: pytest.FixtureRequest, run_dir: Any, ray_cluster: Any) -> Iterator[PdPairs]:
+    # Depends on ray_cluster so the workers are stopped before the cluster is.
     pairs = PdPairs(request.config, run_dir)
     yield pairs
     pairs.close()
@@ -72,8 +98,8 @@ def _pd_pairs_module(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[P
 
 @pytest.fixture
 def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
-            _pd_pairs_module: PdPairs) -> Callable[[Any], Any]:
-    """``pd_pair(spec)``: the module's PD pair on the test's topology, configured for ``spec``."""
+            _pd_pairs_session: PdPairs) -> Callable[[Any], Any]:
+    """``pd_pair(spec)``: the session's PD pair on the test's topology, configured for ``spec``."""
     from harness import plugin
 
     state = plugin._state(request.config)
@@ -81,10 +107,10 @@ def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
     if reason:
         pytest.skip(reason)
     cluster = request.getfixturevalue("ray_cluster")
-    request.node.stash[plugin.item_workers_key] = _pd_pairs_module.workers
+    request.node.stash[plugin.item_workers_key] = _pd_pairs_session.workers
 
     def get(spec: Any) -> Any:
-        return _pd_pairs_module.get(cluster, topology, spec)
+        return _pd_pairs_session.get(cluster, topology, spec)
 
     return get
 
