@@ -6,7 +6,8 @@ Fixtures:
                  and kept for the session (sglang's import, seconds per rank, is paid once),
                  reconfigured for ``spec`` (a :class:`harness.pd.spec.KVSpec`) on every call. A test
                  asking for another topology stops the previous pair first (a simulated node holds
-                 one), so tests of one topology are best run together.
+                 one); collection groups the tests using it by topology, and the last test of a
+                 group stops the group's workers.
                  Every worker is watched by the fail-fast watchdog and owned by each test using it
                  (log tails on failure). Skips when the topology cannot run here.
     pd_report    ``pd_report(result)``: writes the run's summary and ledger verdict to
@@ -27,6 +28,8 @@ from harness import ledger
 from harness import topology as topology_mod
 
 log = logging.getLogger(__name__)
+
+_last_of_group_key = pytest.StashKey[set]()
 
 
 def _topology_of(item: pytest.Item) -> str:
@@ -51,6 +54,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     chosen.sort(key=lambda item: first_seen[_topology_of(item)])
     for i, item in zip(slots, chosen):
         items[i] = item
+    # The last test of each topology group stops that group's workers (they hold GPUs and memory).
+    config.stash[_last_of_group_key] = {
+        item.nodeid for item, nxt in zip(chosen, chosen[1:] + [None])
+        if nxt is None or _topology_of(nxt) != _topology_of(item)
+    }
 
 
 class PdPairs:
@@ -98,7 +106,7 @@ def _pd_pairs_session(request: pytest.FixtureRequest, run_dir: Any, ray_cluster:
 
 @pytest.fixture
 def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
-            _pd_pairs_session: PdPairs) -> Callable[[Any], Any]:
+            _pd_pairs_session: PdPairs) -> Iterator[Callable[[Any], Any]]:
     """``pd_pair(spec)``: the session's PD pair on the test's topology, configured for ``spec``."""
     from harness import plugin
 
@@ -112,7 +120,9 @@ def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
     def get(spec: Any) -> Any:
         return _pd_pairs_session.get(cluster, topology, spec)
 
-    return get
+    yield get
+    if request.node.nodeid in request.config.stash.get(_last_of_group_key, set()):
+        _pd_pairs_session.close()
 
 
 @pytest.fixture
