@@ -482,6 +482,13 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         raise early[0]
     try:
         result = yield
+    except SystemError as e:
+        state.disarm()
+        # The interrupt landed inside Ray's C code (a ray.get in the test), which wraps it.
+        inner = e.__cause__ or e.__context__
+        if _is_worker_died(inner) and _owns(item, inner):
+            raise inner from None
+        raise
     except BaseException:
         state.disarm()
         raise
@@ -489,6 +496,12 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if late:  # a worker died, yet the test passed: it swallowed the interrupt or ended just before it
         raise late[0]
     return result
+
+
+def _is_worker_died(e: Any) -> bool:
+    from harness.worker import WorkerDied
+
+    return isinstance(e, WorkerDied)
 
 
 def _owns(item: pytest.Item, died: Any) -> bool:

@@ -188,6 +188,18 @@ def test_session_goes_on(pd_workers):
     w = start(pd_workers)
     w.check()
     (OUT / "owner").write_text(str(os.getpid()))
+
+
+def test_blocked_in_ray_get(pd_workers):
+    import ray
+
+    @ray.remote(num_cpus=0.01)
+    def slow():
+        time.sleep(60)
+
+    w = start(pd_workers)
+    kill_soon(w.info.payload_pid, "rayget")
+    ray.get(slow.remote(), timeout=60)
 '''
 
 
@@ -198,7 +210,7 @@ def test_fail_fast_log_tail_timeout_and_no_orphans(pytester, tmp_path, monkeypat
     monkeypatch.setenv("HARNESS_TEST_OUT", str(out))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--simulate", "--run-dir", str(tmp_path / "run"),
                                            "-o", "timeout_func_only=true", timeout=600)
-    result.assert_outcomes(failed=4, passed=1)
+    result.assert_outcomes(failed=5, passed=1)
     result.stdout.fnmatch_lines([
         "*WorkerDied: worker decode-0-0 died: subprocess pid * (sh) exit code -9 (killed by SIGKILL)",
         "*--- last 50 lines of its log (*decode-0-0.log) ---",
@@ -209,6 +221,7 @@ def test_fail_fast_log_tail_timeout_and_no_orphans(pytester, tmp_path, monkeypat
     result.stdout.fnmatch_lines(["*WorkerDied: worker prefill-0-0 died: actor died*"])
     result.stdout.fnmatch_lines(["*- worker decode-0-0 log (last 50 lines, *decode-0-0.log) -*"])
     result.stdout.fnmatch_lines(["*_ test_swallowed_death_still_fails _*", "*WorkerDied: worker decode-0-0-2 died*"])
+    result.stdout.fnmatch_lines(["*_ test_blocked_in_ray_get _*", "E*WorkerDied: worker decode-0-0-5 died: *"])
     result.stdout.fnmatch_lines(["*Failed: Timeout (>1.0s) from pytest-timeout.", "*- worker decode-0-0-3 log (last 50 lines, *"])
     tail = result.stdout.str().split("last 50 lines of its log")[1].split("worker decode-0-0 log")[0]
     assert "line-31\n" not in tail and "line-32\n" in tail
@@ -217,7 +230,7 @@ def test_fail_fast_log_tail_timeout_and_no_orphans(pytester, tmp_path, monkeypat
     assert all(v < 10 for v in latencies.values()), latencies
     # Teardown left nothing: no worker, payload or grandchild process, no registry entry of that run.
     pids = [p for line in (out / "pids.jsonl").read_text().splitlines() for p in json.loads(line)]
-    assert len(pids) == 15
+    assert len(pids) == 18
     assert procs.wait_gone(pids, 10) == []
     owner = int((out / "owner").read_text())
     assert [e for e in procs.entries() if e.owner == owner] == []
