@@ -192,9 +192,8 @@ class HarnessState:
             fit = self.get_cluster().check(topo)
             self._fits[topo.name] = fit if (not fit.ok and fit.state == "INFEASIBLE") else None
         fit = self._fits[topo.name]
-        if fit is not None:
-            return f"{reason} ({fit})" if self.settings.ray_address else reason
-        return None
+        # Reached only with a cluster that should hold it (joined, or simulated): say what Ray said.
+        return f"{reason} ({fit})" if fit is not None else None
 
     # -- workers and fail-fast
 
