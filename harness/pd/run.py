@@ -145,13 +145,15 @@ def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, ma
     marks = pair.ledger_marks()
     queue = deque(requests)
     running: set[str] = set()
+    admissible = True  # False while the queue head waits and nothing has finished since it was refused
     while queue or running:
-        while queue:
+        while queue and admissible:
             req = queue[0]
             group = groups.get(req.rid, req.rid)
             dst = pair.decode.all("admit", req.rid, req.prompt_len, req.decode_steps, group)
             if all(d is None for d in dst):
                 res.waited.add(req.rid)
+                admissible = False
                 break
             if any(d is None for d in dst):
                 raise PDError(f"TP ranks disagree on admitting {req.rid}: {[d is not None for d in dst]}")
@@ -178,6 +180,7 @@ def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, ma
             res.steps += 1
             running -= set(done)
             res.completed.extend(done)
+            admissible = admissible or bool(done)  # retry once a request finished and gave its memory back
         elif queue:
             raise PDError(f"request {queue[0].rid} (prompt {queue[0].prompt_len}) can never be admitted: "
                           "the decode pools are idle and still cannot hold it")
