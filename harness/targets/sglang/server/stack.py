@@ -51,7 +51,7 @@ _POLL_S = 0.5
 OnStart = Callable[[Any], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PdStack:
     """A started PD stack: three :class:`harness.worker.Worker` handles and their clients."""
 
