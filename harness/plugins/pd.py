@@ -33,6 +33,11 @@ _last_of_group_key = pytest.StashKey[set]()
 
 
 def _topology_of(item: pytest.Item) -> str:
+    from harness import plugin
+
+    forced = item.config.stash[plugin.settings_key].topology
+    if forced:  # --topology: every test runs on it (or skips)
+        return str(forced)
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "topology" in callspec.params:
         return str(callspec.params["topology"])
