@@ -23,7 +23,7 @@ def test_randomized_workload_ledger_balances(pd_pair, pd_report, topology, radix
     reqs = workload(SEED + radix_cache, 200, page_size=PAGE, max_prompt=6 * PAGE, max_steps=12, abort_rate=0.05,
                     prefix=f"{topology.name}-{int(radix_cache)}-")
     groups = {r.rid: f"g{i % 7}" for i, r in enumerate(reqs)} if radix_cache else None
-    res = run(pair, reqs, groups=groups)
+    res = run(pair, reqs, groups=groups, chunk_pages=8)
     summary = pd_report(res)
     res.assert_clean()
     assert sorted(res.completed + res.aborted) == sorted(r.rid for r in reqs), "requests lost"
