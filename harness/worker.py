@@ -362,9 +362,10 @@ class _WorkerActor:
             argv = [_fill(a, self.ports) for a in p.argv]
             env = {**os.environ, **{k: _fill(str(v), self.ports) for k, v in p.env.items()},
                    "CUDA_VISIBLE_DEVICES": self.cuda}
+            # Noted before the start: once it runs, the payload owns the log (our line would land among its).
+            self._note(f"exec {' '.join(argv)}")
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log_fd, stderr=self._log_fd,
                                          env=env, cwd=p.cwd, start_new_session=True, preexec_fn=_pdeathsig)
-            self._note(f"exec (pid {self.proc.pid}) {' '.join(argv)}")
             self.proc_start = procs.start_time(self.proc.pid)
             procs.register(self.proc.pid, kind="pgid", label=f"worker {self.spec.name} payload")
         return self.info()
@@ -582,7 +583,8 @@ class Worker:
             except GetTimeoutError:
                 pass
             if self._clock.now() >= deadline:
-                raise TimeoutError(f"worker {self.name}: not ready after {budget:g} s\n--- last lines of its log ---\n{self.tail()}")
+                pid = f" (payload pid {self.info.payload_pid})" if self.info and self.info.payload_pid else ""
+                raise TimeoutError(f"worker {self.name}: not ready after {budget:g} s{pid}\n--- last lines of its log ---\n{self.tail()}")
             self._clock.sleep(min(_POLL_S * 2, max(0.0, deadline - self._clock.now())))
 
     def call(self, method: str, *args: Any, timeout: float = 60.0, **kwargs: Any) -> Any:

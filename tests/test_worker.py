@@ -75,7 +75,7 @@ def test_subprocess_server_gets_os_ports_and_a_log(started, tmp_path):
     with urllib.request.urlopen(w.url("http") + "/", timeout=10) as r:
         assert r.status == 200
     log = (tmp_path / "workers" / "server.log").read_text()
-    assert f"exec (pid {w.info.payload_pid}) " in log and "serving" in log
+    assert f"[harness] exec {sys.executable} -c " in log and f" {port}\nserving" in log
     assert os.getpgid(w.info.payload_pid) == w.info.payload_pid  # its own process group
 
 
@@ -84,7 +84,7 @@ def test_readiness_deadline_stops_the_worker(started, tmp_path):
                       ready=(PortCheck("http"),), ready_timeout=3)
     with pytest.raises(TimeoutError, match=r"worker never-ready: not ready after 3 s") as e:
         started(spec)
-    pid = int(re.search(r"exec \(pid (\d+)\)", str(e.value)).group(1))
+    pid = int(re.search(r"\(payload pid (\d+)\)", str(e.value)).group(1))
     assert procs.wait_gone([pid], 10) == []
 
 
