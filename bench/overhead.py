@@ -14,8 +14,9 @@ Usage::
 
     .venv/bin/python bench/overhead.py [--topology NAME ...] [--repeat N]
 
-It prints a table of seconds and of ratios to the baseline (median over ``--repeat``). The machine's
-load moves every number; the ratios, measured side by side, are what to compare.
+Each topology row is paired with a baseline measured just before it, and its ratios are taken
+against that neighbour (median over ``--repeat``): the machine's load moves every number between
+minutes, the ratios measured side by side are what to compare.
 """
 
 from __future__ import annotations
@@ -118,23 +119,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = args.topology or list(TOPOLOGIES)
     me = [sys.executable, str(Path(__file__).resolve())]
+    # Each topology row is paired with a baseline measured just before it: the machine's load drifts
+    # between minutes, so a ratio only means something against a neighbour.
     rows: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for _ in range(args.repeat):
-            for key, res in [("baseline", _run(me + ["--child", "baseline"]))] + [
-                (n, {**_run(me + ["--child", "harness", n]), "noop": _noop_pytest(n, Path(tmp))["total"]}) for n in names
-            ]:
+            for n in names:
+                base = _run(me + ["--child", "baseline"])
+                res = {**_run(me + ["--child", "harness", n]), "noop": _noop_pytest(n, Path(tmp))["total"]}
+                row = rows.setdefault(n, {})
                 for k, v in res.items():
-                    rows.setdefault(key, {}).setdefault(k, []).append(v)
+                    row.setdefault(k, []).append(v)
+                row.setdefault("ready_ratio", []).append(res["ready"] / base["ready"])
+                row.setdefault("total_ratio", []).append(res["total"] / base["total"])
+                row.setdefault("noop_ratio", []).append(res["noop"] / base["total"])
+                row.setdefault("base_ready", []).append(base["ready"])
+                row.setdefault("base_total", []).append(base["total"])
     med = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in rows.items()}
-    base = med["baseline"]
-    print(f"baseline (bare ray.init + 1 actor): first actor ready {base['ready']:.1f} s, total {base['total']:.1f} s"
-          f"  [median of {args.repeat}; load {os.getloadavg()[0]:.1f}]")
-    print(f"{'topology':22} {'first worker ready':>20} {'ratio':>6} {'all workers+shutdown':>21} {'ratio':>6} {'no-op pytest':>13} {'ratio':>6}")
+    print(f"ratios against a bare ray.init + 1 actor (num_cpus=0.1) measured just before each row; "
+          f"median of {args.repeat}; load {os.getloadavg()[0]:.1f}")
+    print(f"{'topology':20} {'baseline ready/total':>21} {'first worker ready':>19} {'ratio':>6} "
+          f"{'all workers+shutdown':>21} {'ratio':>6} {'no-op pytest':>13} {'ratio':>6}")
     for n in names:
         r = med[n]
-        print(f"{n:22} {r['ready']:>18.1f} s {r['ready'] / base['ready']:>6.2f} {r['total']:>19.1f} s "
-              f"{r['total'] / base['total']:>6.2f} {r['noop']:>11.1f} s {r['noop'] / base['total']:>6.2f}")
+        print(f"{n:20} {r['base_ready']:>9.1f} s /{r['base_total']:>6.1f} s {r['ready']:>17.1f} s {r['ready_ratio']:>6.2f} "
+              f"{r['total']:>19.1f} s {r['total_ratio']:>6.2f} {r['noop']:>11.1f} s {r['noop_ratio']:>6.2f}")
     return 0
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -128,6 +129,7 @@ class HarnessState:
         self.workers: list[Any] = []
         self._names: dict[str, int] = {}
         self._fits: dict[str, Any] = {}
+        self.ray_interrupt: Any = None  # a death delivered as KeyboardInterrupt through a ray.get
 
     @property
     def run_dir_path(self) -> Path:
@@ -270,9 +272,22 @@ def _failfast_handler(config: pytest.Config) -> Callable[[int, Any], None]:
         __tracebackhide__ = True
         state = config.stash.get(state_key, None)
         died = state.take_for_signal() if state is not None else None
-        if died is not None:
-            raise died
+        if died is None:
+            return
+        if _in_ray(frame):
+            # Ray's blocking get only gives way to KeyboardInterrupt (any other exception stays
+            # pending until the get returns); the call wrapper turns it back into the WorkerDied.
+            state.ray_interrupt = died
+            raise KeyboardInterrupt(f"harness: worker {died.name} died")
+        raise died
     return handler
+
+
+_RAY_DIR = f"{os.sep}ray{os.sep}"
+
+
+def _in_ray(frame: Any) -> bool:
+    return frame is not None and _RAY_DIR in frame.f_code.co_filename
 
 
 # ------------------------------------------------------------------ configure / unconfigure / header
@@ -475,18 +490,26 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     state = item.config.stash.get(state_key, None)
     if state is None or threading.current_thread() is not threading.main_thread():
         return (yield)
+    state.ray_interrupt = None
     early = [d for d in state.arm() if _owns(item, d)]
     if early:
         state.disarm()
         raise early[0]
+    __tracebackhide__ = True
     try:
         result = yield
+    except KeyboardInterrupt as e:
+        state.disarm()
+        died, state.ray_interrupt = state.ray_interrupt, None
+        if died is not None and _owns(item, died):
+            raise died.with_traceback(e.__traceback__) from None  # points at the test's blocked line
+        raise
     except SystemError as e:
         state.disarm()
-        # The interrupt landed inside Ray's C code (a ray.get in the test), which wraps it.
+        # The interrupt landed in C code that swallowed it until it returned, then wrapped it.
         inner = e.__cause__ or e.__context__
         if _is_worker_died(inner) and _owns(item, inner):
-            raise inner from None
+            raise inner.with_traceback(e.__traceback__) from None
         raise
     except BaseException:
         state.disarm()
