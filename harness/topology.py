@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from harness import tomlcheck
 
 #: Where the shipped topologies live (the repository's ``topologies/``).
 TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
@@ -181,34 +184,9 @@ class Topology:
 # --------------------------------------------------------------------------------------------
 
 
-def _fail(where: str, key: str, problem: str, fix: str) -> TopologyError:
-    return TopologyError(f"{where}: {key}: {problem}; {fix}")
-
-
-def _take(table: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, where: str, ctx: str) -> Any:
-    if key not in table:
-        return default
-    value = table[key]
-    # bool is an int subclass; never accept it where a number is meant.
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        ok = False
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise _fail(where, f"{ctx}{key}", f"expected {names}, got {value!r}", f"set {ctx}{key} to a {names}")
-    return value
-
-
-def _check_unknown(table: dict[str, Any], allowed: set[str], where: str, ctx: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise _fail(
-            where,
-            f"{ctx}{unknown[0]}",
-            "unknown key",
-            f"remove it or use one of: {', '.join(sorted(allowed))}",
-        )
+_fail = partial(tomlcheck.fail, TopologyError)
+_take = partial(tomlcheck.take, TopologyError)
+_check_unknown = partial(tomlcheck.check_unknown, TopologyError)
 
 
 def _positive(value: int, where: str, key: str, minimum: int = 1) -> int:

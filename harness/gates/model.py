@@ -33,8 +33,11 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from harness import tomlcheck
 
 #: Where the shipped gates live (the repository's ``ci/gates/``).
 GATE_DIR = Path(__file__).resolve().parents[2] / "ci" / "gates"
@@ -139,27 +142,9 @@ class Gate:
 # --------------------------------------------------------------------------------------------
 
 
-def _fail(where: str, key: str, problem: str, fix: str) -> GateError:
-    return GateError(f"{where}: {key}: {problem}; {fix}")
-
-
-def _take(table: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, where: str, ctx: str) -> Any:
-    if key not in table:
-        return default
-    value = table[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    # bool is an int subclass; never accept it where a number is meant.
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    if not ok:
-        names = "/".join(k.__name__ for k in kinds)
-        raise _fail(where, f"{ctx}{key}", f"expected {names}, got {value!r}", f"set {ctx}{key} to a {names}")
-    return value
-
-
-def _check_unknown(table: dict[str, Any], allowed: set[str], where: str, ctx: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise _fail(where, f"{ctx}{unknown[0]}", "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
+_fail = partial(tomlcheck.fail, GateError)
+_take = partial(tomlcheck.take, GateError)
+_check_unknown = partial(tomlcheck.check_unknown, GateError)
 
 
 def _strings(table: dict[str, Any], key: str, where: str, ctx: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -1,0 +1,40 @@
+"""Validation helpers shared by the TOML-file loaders (topologies, gates).
+
+Every problem becomes one error line ``FILE: KEY: PROBLEM; FIX`` of the loader's own error class,
+so a user sees which file, which key and what to do (pytest-timeout's ``where`` idea).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fail(error: type[Exception], where: str, key: str, problem: str, fix: str) -> Exception:
+    """Build (not raise) the one-line error ``where: key: problem; fix`` of class ``error``."""
+    return error(f"{where}: {key}: {problem}; {fix}")
+
+
+def take(error: type[Exception], table: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any,
+         where: str, ctx: str) -> Any:
+    """Return ``table[key]`` checked against ``kind``, or ``default`` when the key is absent.
+
+    Raises:
+        error: the value has the wrong type (a bool is never accepted where a number is meant).
+    """
+    if key not in table:
+        return default
+    value = table[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int subclass; never accept it where a number is meant.
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if not ok:
+        names = "/".join(k.__name__ for k in kinds)
+        raise fail(error, where, f"{ctx}{key}", f"expected {names}, got {value!r}", f"set {ctx}{key} to a {names}")
+    return value
+
+
+def check_unknown(error: type[Exception], table: dict[str, Any], allowed: set[str], where: str, ctx: str) -> None:
+    """Raise ``error`` naming the first key of ``table`` not in ``allowed``, with the allowed keys as the fix."""
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise fail(error, where, f"{ctx}{unknown[0]}", "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
