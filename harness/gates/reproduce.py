@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.gates import repro
-from harness.gates.runner import Live, item_for, run_one
+from harness.gates.runner import item_for, live_lines, run_one
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 
 
@@ -61,7 +61,7 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
     out(f"repro: {data['spec']} on {data['topology']} (seeds hypothesis={seeds['hypothesis']} workload={seeds.get('workload')}); "
         f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}")
     start = time.monotonic()
-    res, att = run_one(group, item_for(group, data["spec"]), opts, reg, Live("repro", out))
+    res, att = run_one(group, item_for(group, data["spec"]), opts, reg, live_lines("repro", out))
     from harness.rerun import cli as rerun_cli  # the same report files as any rerun
 
     rerun_cli.write_reports(run_dir, [res])

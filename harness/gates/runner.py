@@ -158,22 +158,9 @@ def live_line(prefix: str, p: execute.Progress) -> str:
     return f"[{prefix}/{p.group.name}] {p.state:7} {done}/{total} failed {failed} elapsed {p.wall:.0f}s ETA {eta}"
 
 
-class Live:
-    """A group's live line: at once when its state or failures change, when tests finish (at most
-    every ``every`` s), and as a heartbeat every ``6 * every`` s while nothing happens."""
-
-    def __init__(self, prefix: str, out: Callable[[str], None], every: float = LIVE_EVERY_S) -> None:
-        self.prefix, self.out, self.every = prefix, out, every
-        self.last: dict[str, tuple[str, int, int, float]] = {}
-
-    def __call__(self, p: execute.Progress) -> None:
-        key = (p.state, p.count("failed") + p.count("error"), len(p.cases))
-        prev = self.last.get(p.group.name)
-        now = time.monotonic()
-        if prev is None or prev[:2] != key[:2] or (prev[2] != key[2] and now - prev[3] >= self.every) \
-                or now - prev[3] >= 6 * self.every:
-            self.last[p.group.name] = (*key, now)
-            self.out(live_line(self.prefix, p))
+def live_lines(prefix: str, out: Callable[[str], None], every: float = LIVE_EVERY_S) -> execute.LiveLines:
+    """A gate's live lines for one suite entry (see :class:`harness.rerun.execute.LiveLines`)."""
+    return execute.LiveLines(lambda p: live_line(prefix, p), out, every)
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,7 +274,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
     mode = "required" if entry.required else "informational"
     out(f"[{entry.name}] {mode}: {sum(len(g.items) for g in p.groups)} item(s) in {len(p.groups)} group(s), est {p.est_time:.0f}s")
     file_tests = {f.rel: len(f.tests) for f in reg.files}
-    live = Live(entry.name, out)
+    live = live_lines(entry.name, out)
     blocked = {g.name: _blocked_note(g, opts) for g in p.groups
                if execute.simulation(g, opts.gpus, joined=bool(opts.ray_address)) is None}
     runnable = plan_mod.Plan(tuple(g for g in p.groups if g.name not in blocked))

@@ -137,23 +137,6 @@ def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path]) 
     return m
 
 
-class _Printer:
-    """Live progress: a group's line when its state or failure count changes, else at most every ``every`` s."""
-
-    def __init__(self, every: float = 5.0) -> None:
-        self.every = every
-        self.last: dict[str, tuple[str, int, int, float]] = {}
-
-    def __call__(self, p: execute.Progress) -> None:
-        key = (p.state, p.count("failed") + p.count("error"), len(p.cases))
-        prev = self.last.get(p.group.name)
-        now = time.monotonic()
-        if prev is None or prev[:2] != key[:2] or (prev[2] != key[2] and now - prev[3] >= self.every) \
-                or now - prev[3] >= 6 * self.every:
-            self.last[p.group.name] = (*key, now)
-            print(p.line(), flush=True)
-
-
 def _status(p: execute.Progress, link: str) -> comment.GroupStatus:
     failures = tuple((c.nodeid, c.message or c.outcome) for c in p.cases if c.outcome in ("failed", "error"))
     return comment.GroupStatus(name=p.group.name, runner=p.group.runner, state=p.state, passed=p.count("passed"),
@@ -189,7 +172,7 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
         except ValueError:
             return path
 
-    printer = _Printer()
+    printer = execute.LiveLines(execute.Progress.line, lambda line: print(line, flush=True))
 
     def on_update(prog: execute.Progress) -> None:
         printer(prog)

@@ -85,6 +85,32 @@ class Progress:
                 f"skipped {self.count('skipped')} {self.wall:.1f}s")
 
 
+class LiveLines:
+    """Throttled live progress lines, one stream per group.
+
+    A group's line is written at once when its state or failure count changes, when tests finish
+    (at most every ``every`` s), and as a heartbeat every ``6 * every`` s while nothing happens.
+
+    Args:
+        render: the line for a group's progress.
+        out: where lines go.
+        every: the throttle interval in seconds.
+    """
+
+    def __init__(self, render: Callable[[Progress], str], out: Callable[[str], None], every: float = 5.0) -> None:
+        self.render, self.out, self.every = render, out, every
+        self.last: dict[str, tuple[str, int, int, float]] = {}
+
+    def __call__(self, p: Progress) -> None:
+        key = (p.state, p.count("failed") + p.count("error"), len(p.cases))
+        prev = self.last.get(p.group.name)
+        now = time.monotonic()
+        if prev is None or prev[:2] != key[:2] or (prev[2] != key[2] and now - prev[3] >= self.every) \
+                or now - prev[3] >= 6 * self.every:
+            self.last[p.group.name] = (*key, now)
+            self.out(self.render(p))
+
+
 def simulation(group: Group, gpus: int, joined: bool = False) -> bool | None:
     """Whether ``group`` runs simulated: False (real GPUs suffice), True, or None (cannot run here).
 
