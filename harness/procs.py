@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -63,35 +64,31 @@ def alive(pid: int, start: int | None = None) -> bool:
     return st is not None and (start is None or st == start)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids whose process group is ``pgid``."""
-    out = []
+def _live_stats() -> Iterator[tuple[int, int, int]]:
+    """(pid, ppid, pgid) of every live (non-zombie) process, read from ``/proc/<pid>/stat``."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             stat = (d / "stat").read_text()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
+            continue  # gone between listing and reading, or not ours to read
+        # Fields after the command name (which may contain spaces and parentheses): state ppid pgrp ...
         fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(d.name))
-    return out
+        if fields[0] != "Z":
+            yield int(d.name), int(fields[1]), int(fields[2])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``."""
+    return [pid for pid, _, group in _live_stats() if group == pgid]
 
 
 def descendants(pid: int) -> list[int]:
     """Live pids below ``pid`` in the process tree (children, grandchildren, ...)."""
     children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(d.name))
+    for child, parent, _ in _live_stats():
+        children.setdefault(parent, []).append(child)
     out, todo = [], list(children.get(pid, []))
     while todo:
         p = todo.pop()

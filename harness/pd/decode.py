@@ -17,7 +17,6 @@ event whose pages are the ids that left or joined the allocator's free lists.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import torch
 
 from harness.ledger import LedgerWriter
 from harness.pd import kvfill
+from harness.pd.payload import LedgerOwner
 from harness.pd.prefill import pick_device
 from harness.pd.spec import KVSpec
 from harness.pd.tokens import prompt_ids, seeds
@@ -70,7 +70,7 @@ def _ceil(n: int, p: int) -> int:
     return -(-n // p) * p
 
 
-class DecodeWorker:
+class DecodeWorker(LedgerOwner):
     """Decode payload of one TP rank.
 
     Args:
@@ -384,13 +384,3 @@ class DecodeWorker:
         return {"live": sorted(self.live), "free": self._free(),
                 "baseline": {k: v for k, v in self.side.baseline.free().items() if k in ("full", "swa", "host")}}
 
-    def ledger_mark(self) -> int:
-        """How many ledger events this worker has written."""
-        return len(self.ledger.events)
-
-    def ledger_events(self, since: int = 0) -> list[dict[str, Any]]:
-        """This worker's ledger events from index ``since`` on, as JSON objects."""
-        return [json.loads(e.to_json()) for e in self.ledger.events[since:]]
-
-    def close(self) -> None:
-        self.ledger.close()

@@ -8,7 +8,6 @@ the real release path. Every allocation, transfer and release is a ledger event.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 
 from harness.ledger import LedgerWriter
 from harness.pd import kvfill
+from harness.pd.payload import LedgerOwner
 from harness.pd.spec import KVSpec
 from harness.pd.tokens import prompt_ids, seeds
 
@@ -37,7 +37,7 @@ def pick_device(wanted: str) -> str:
     return "cpu"
 
 
-class PrefillWorker:
+class PrefillWorker(LedgerOwner):
     """Prefill payload of one TP rank.
 
     Args:
@@ -145,17 +145,6 @@ class PrefillWorker:
     def held(self) -> list[str]:
         """Requests this rank still holds."""
         return sorted(self.reqs)
-
-    def ledger_mark(self) -> int:
-        """How many ledger events this worker has written."""
-        return len(self.ledger.events)
-
-    def ledger_events(self, since: int = 0) -> list[dict[str, Any]]:
-        """This worker's ledger events from index ``since`` on, as JSON objects."""
-        return [json.loads(e.to_json()) for e in self.ledger.events[since:]]
-
-    def close(self) -> None:
-        self.ledger.close()
 
 
 def _c4_bytes(side: Any) -> int:
