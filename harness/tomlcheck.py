@@ -6,6 +6,7 @@ so a user sees which file, which key and what to do (pytest-timeout's ``where`` 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -38,3 +39,24 @@ def check_unknown(error: type[Exception], table: dict[str, Any], allowed: set[st
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise fail(error, where, f"{ctx}{unknown[0]}", "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
+
+
+def names(directory: Path) -> list[str]:
+    """Names of the ``*.toml`` files in ``directory`` (files starting with ``_`` are not entries), sorted."""
+    return sorted(p.stem for p in directory.glob("*.toml") if not p.stem.startswith("_"))
+
+
+def find(error: type[Exception], kind: str, name_or_path: str | Path, directory: Path) -> Path:
+    """The file for a name (``directory/NAME.toml``) or a path (anything ending in .toml or with a /).
+
+    Raises:
+        error: an unknown name, listing the known ones.
+    """
+    s = str(name_or_path)
+    if s.endswith(".toml") or "/" in s:
+        return Path(s)
+    path = directory / f"{s}.toml"
+    if not path.is_file():
+        known = ", ".join(names(directory)) or "none"
+        raise error(f"unknown {kind} {s!r}; use one of: {known} (or a path to a .toml file)")
+    return path

@@ -347,7 +347,7 @@ def load(path: str | Path) -> Topology:
 
 def names(directory: Path = TOPOLOGY_DIR) -> list[str]:
     """Names of the topology files in ``directory``, sorted."""
-    return sorted(p.stem for p in directory.glob("*.toml") if not p.stem.startswith("_"))
+    return tomlcheck.names(directory)
 
 
 def get(name_or_path: str | Path, directory: Path = TOPOLOGY_DIR) -> Topology:
@@ -356,11 +356,4 @@ def get(name_or_path: str | Path, directory: Path = TOPOLOGY_DIR) -> Topology:
     Raises:
         TopologyError: no such topology, or it is invalid.
     """
-    s = str(name_or_path)
-    if s.endswith(".toml") or "/" in s:
-        return load(s)
-    p = directory / f"{s}.toml"
-    if not p.exists():
-        known = ", ".join(names(directory)) or "none"
-        raise TopologyError(f"unknown topology {s!r}; use one of: {known} (or a path to a .toml file)")
-    return load(p)
+    return load(tomlcheck.find(TopologyError, "topology", name_or_path, directory))

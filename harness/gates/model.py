@@ -306,7 +306,7 @@ def load(path: str | Path, topo_names: list[str] | None = None) -> Gate:
 
 def names(directory: Path = GATE_DIR) -> list[str]:
     """Shipped gate names (``*.toml`` in ``directory`` not starting with ``_``), sorted."""
-    return sorted(p.stem for p in directory.glob("*.toml") if not p.name.startswith("_"))
+    return tomlcheck.names(directory)
 
 
 def get(name_or_path: str | Path, directory: Path = GATE_DIR) -> Gate:
@@ -315,11 +315,4 @@ def get(name_or_path: str | Path, directory: Path = GATE_DIR) -> Gate:
     Raises:
         GateError: unknown name (listing the known ones) or an invalid file.
     """
-    s = str(name_or_path)
-    if s.endswith(".toml") or "/" in s:
-        return load(s)
-    path = directory / f"{s}.toml"
-    if not path.is_file():
-        known = ", ".join(names(directory)) or "none"
-        raise GateError(f"unknown gate {s!r}; use one of: {known} (or a path to a .toml file)")
-    return load(path)
+    return load(tomlcheck.find(GateError, "gate", name_or_path, directory))
