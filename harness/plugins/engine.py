@@ -112,9 +112,9 @@ class ServerStacks:
     """Real sglang servers of one test module, started on first use and stopped at module end."""
 
     def __init__(self, config: pytest.Config, cluster: Any, topology: topology_mod.Topology, run_dir: Any) -> None:
-        from harness import plugin
+        from harness.plugins.state import state
 
-        self._state = plugin._state(config)
+        self._state = state(config)
         self.cluster = cluster
         self.topology = topology
         self.run_dir = run_dir
@@ -233,10 +233,10 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
     Through ``topology`` a test marked for other topologies than ``--topology`` is skipped. Real
     servers run on the ``cpu`` topology only for now (GPU topologies need real models: not built).
     """
-    from harness import plugin
+    from harness.plugins.failfast import own_workers
 
     if topology.needs_gpus:
         raise pytest.UsageError(f"{request.node.nodeid}: real-server suites run on the cpu topology only, "
                                 f"not {topology.name}")
-    request.node.stash[plugin.item_workers_key] = _sglang_servers_module.workers
+    own_workers(request.node, _sglang_servers_module.workers)
     return _sglang_servers_module

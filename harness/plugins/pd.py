@@ -26,6 +26,9 @@ import pytest
 
 from harness import ledger
 from harness import topology as topology_mod
+from harness.plugins.failfast import own_workers
+from harness.plugins.options import settings
+from harness.plugins.state import state
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +36,7 @@ _last_of_group_key = pytest.StashKey[set]()
 
 
 def _topology_of(item: pytest.Item) -> str:
-    from harness import plugin
-
-    forced = item.config.stash[plugin.settings_key].topology
+    forced = settings(item.config).topology
     if forced:  # --topology: every test runs on it (or skips)
         return str(forced)
     callspec = getattr(item, "callspec", None)
@@ -70,9 +71,7 @@ class PdPairs:
     """The session's PD deployment (at most one live at a time)."""
 
     def __init__(self, config: pytest.Config, run_dir: Any) -> None:
-        from harness import plugin
-
-        self._state = plugin._state(config)
+        self._state = state(config)
         self.run_dir = run_dir
         self.deployment: Any = None
         self.workers: list[Any] = []
@@ -113,14 +112,11 @@ def _pd_pairs_session(request: pytest.FixtureRequest, run_dir: Any, ray_cluster:
 def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
             _pd_pairs_session: PdPairs) -> Iterator[Callable[[Any], Any]]:
     """``pd_pair(spec)``: the session's PD pair on the test's topology, configured for ``spec``."""
-    from harness import plugin
-
-    state = plugin._state(request.config)
-    reason = state.skip_reason(topology)
+    reason = state(request.config).skip_reason(topology)
     if reason:
         pytest.skip(reason)
     cluster = request.getfixturevalue("ray_cluster")
-    request.node.stash[plugin.item_workers_key] = _pd_pairs_session.workers
+    own_workers(request.node, _pd_pairs_session.workers)
 
     def get(spec: Any) -> Any:
         return _pd_pairs_session.get(cluster, topology, spec)

@@ -29,6 +29,9 @@ from typing import Iterator
 
 import pytest
 
+from harness.plugins.failfast import owned_workers
+from harness.plugins.state import state_key
+
 ENV = "HARNESS_WORKLOAD_SEED"
 RECORD_FILE = "failed-tests.jsonl"
 
@@ -109,8 +112,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 
 def _record(item: pytest.Item) -> None:
-    from harness.plugin import item_workers_key, state_key
-
     state = item.config.stash.get(state_key, None)
     if state is None:
         return
@@ -122,7 +123,7 @@ def _record(item: pytest.Item) -> None:
         "workload_seed_base": base,
         "workload_seed": derive(base, name, suffix),
         "hypothesis_seed": item.config.getoption("hypothesis_seed", None),
-        "workers": [w.name for w in item.stash.get(item_workers_key, [])],
+        "workers": [w.name for w in owned_workers(item)],
         "start": item.stash.get(_start_key, None),
         "stop": time.time(),
     }

@@ -1,0 +1,126 @@
+"""pytest plugin concern: the session's Ray cluster and run directory, and workers placed on the cluster.
+
+Fixtures:
+    run_dir      the session's :class:`harness.rundir.RunDir` (created on first use)
+    ray_cluster  the session's :class:`harness.cluster.Cluster` (started on first use, stopped at the end;
+                 simulated: as many Ray nodes as the largest topology the session's markers name, 8
+                 logical GPUs each; a one-node topology is kept on node 0)
+    pd_workers   a :class:`PdWorkers` factory: ``pd_workers("decode", payload, group=0, rank=0, **spec)``
+                 starts a worker in the topology's placement group (placed on first call) and stops
+                 it, and releases the placement, after the test
+
+A topology that cannot be placed (real GPUs missing and simulation not allowed) skips the test with
+``needs 2×H100 (runner 2-gpu-h100); run with --simulate or on that runner``.
+
+Teardown (workers stopped: SIGTERM, wait, SIGKILL of their process groups; placement groups
+removed; the Ray we started stopped) runs on failure, timeout and Ctrl-C; what a SIGKILLed run
+leaves behind is reaped at the next run's start (:mod:`harness.plugins.state`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+import pytest
+
+from harness import rundir
+from harness import topology as topology_mod
+from harness.plugins.failfast import own_workers
+from harness.plugins.state import HarnessState, state
+
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="session")
+def run_dir(pytestconfig: pytest.Config) -> rundir.RunDir:
+    """The session's run directory (``--run-dir``, default ``runs/<timestamp>-<pid>``)."""
+    return state(pytestconfig).run_dir()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """The session's Ray cluster: joined (``--ray-address``) or started here (and stopped at the end)."""
+    st = state(pytestconfig)
+    cluster = st.get_cluster()
+    yield cluster
+    if st.cluster is cluster:
+        st.cluster = None
+        cluster.shutdown()
+
+
+class PdWorkers:
+    """Start workers of a topology's roles in its placement groups; everything is stopped after the test.
+
+    ``pd_workers(role, payload, group=0, rank=0, name=None, **spec)`` starts one worker (``spec``:
+    the other :class:`harness.worker.WorkerSpec` fields: ports, ready, ready_timeout, env, ...);
+    ``pd_workers.role(role, payload, **spec)`` starts one per rank of every group of the role
+    (``payload`` may be a function ``(group, rank) -> payload``).
+    """
+
+    def __init__(self, state: HarnessState, cluster: Any, topology: topology_mod.Topology, run_dir: rundir.RunDir):
+        self._state = state
+        self.cluster = cluster
+        self.topology = topology
+        self.run_dir = run_dir
+        self._placement: Any = None
+        self.workers: list[Any] = []
+
+    @property
+    def placement(self) -> Any:
+        """The topology's placement (placed on first use)."""
+        if self._placement is None:
+            self._placement = self.cluster.place(self.topology)
+        return self._placement
+
+    def __call__(self, role: str, payload: Any, *, group: int = 0, rank: int = 0, name: str | None = None,
+                 **spec: Any) -> Any:
+        from harness.worker import WorkerSpec, start_worker
+
+        groups = self.placement.of(role)
+        if not 0 <= group < len(groups):
+            raise IndexError(f"role {role} has {len(groups)} group(s); group={group} does not exist")
+        g = groups[group]
+        if not 0 <= rank < len(g.bundles):
+            raise IndexError(f"group {g.name} has {len(g.bundles)} rank(s); rank={rank} does not exist")
+        wname = self._state.unique_name(name or f"{role}-{group}-{rank}")
+        ws = WorkerSpec(name=wname, payload=payload, run_dir=self.run_dir.root, **spec)
+        w = start_worker(ws, g, rank)
+        self.workers.append(w)
+        self._state.watch(w)
+        return w
+
+    def role(self, role: str, payload: Any, **spec: Any) -> list[Any]:
+        out = []
+        for gi, g in enumerate(self.placement.of(role)):
+            for rank in range(len(g.bundles)):
+                p = payload(gi, rank) if callable(payload) else payload
+                out.append(self(role, p, group=gi, rank=rank, **spec))
+        return out
+
+    def close(self) -> None:
+        for w in reversed(self.workers):
+            self._state.unwatch(w)
+            try:
+                w.stop()
+            except Exception as e:  # keep stopping the others; the session close retries
+                log.warning("stopping %s: %r", w.name, e)
+        if self._placement is not None:
+            self.cluster.release(self._placement)
+            self._placement = None
+
+
+@pytest.fixture
+def pd_workers(request: pytest.FixtureRequest, topology: topology_mod.Topology, run_dir: rundir.RunDir) -> Iterator[PdWorkers]:
+    """A :class:`PdWorkers` factory on the test's topology (skips when it cannot be placed here)."""
+    st = state(request.config)
+    reason = st.skip_reason(topology)
+    if reason:
+        pytest.skip(reason)
+    cluster = request.getfixturevalue("ray_cluster")
+    factory = PdWorkers(st, cluster, topology, run_dir)
+    own_workers(request.node, factory.workers)
+    try:
+        yield factory
+    finally:
+        factory.close()

@@ -1,0 +1,96 @@
+"""pytest plugin concern: the harness's options and ini keys, and the settings they resolve to.
+
+Options (group ``pd-harness``; each has an ini key, the command line wins):
+    --topology NAME     (ini ``harness_topology``)    run tests on this topology only
+    --simulate          (ini ``harness_simulate``)    allow Ray logical GPUs when the machine has none
+    --no-simulate                                     never simulate (overrides the ini key)
+    --ray-address ADDR  (ini ``harness_ray_address``) join this Ray cluster instead of starting one
+    --run-dir DIR       (ini ``harness_run_dir``)     default ``runs/<timestamp>-<pid>`` in the repo
+
+Other concerns add their own options to the same group (``--engine``, ``--workload-seed``,
+``--inject-fault``); this module is registered before them, so the group is created here with its
+title and these options come first in ``--help``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugin's settings after precedence (command line, then ini)."""
+
+    topology: str | None
+    simulate: bool
+    ray_address: str | None
+    run_dir: Path | None
+
+
+settings_key = pytest.StashKey[Settings]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pd-harness", "PD-disaggregation harness")
+    group.addoption("--topology", default=None, metavar="NAME",
+                    help="run tests on this topology only (a name from `harness topology list` or a .toml path)")
+    group.addoption("--simulate", action="store_true", default=None,
+                    help="allow Ray logical GPUs (simulated topologies) when this machine has no GPUs")
+    group.addoption("--no-simulate", dest="simulate", action="store_false",
+                    help="never simulate GPUs: topologies that need missing GPUs are skipped")
+    group.addoption("--ray-address", default=None, metavar="ADDR",
+                    help="join the Ray cluster at ADDR (host:port) instead of starting a local one")
+    group.addoption("--run-dir", default=None, metavar="DIR",
+                    help="run directory for worker logs, ledgers and reports (default runs/<timestamp>-<pid>)")
+    parser.addini("harness_topology", "default for --topology", default="")
+    parser.addini("harness_simulate", "default for --simulate", type="bool", default=False)
+    parser.addini("harness_ray_address", "default for --ray-address", default="")
+    parser.addini("harness_run_dir", "default for --run-dir", default="")
+
+
+def get_settings(config: pytest.Config) -> Settings:
+    """Apply the precedence: command-line option, then ini key.
+
+    Args:
+        config: the session's config (options parsed).
+
+    Returns:
+        The resolved settings (not stored; :func:`settings` returns the stored ones).
+    """
+    def pick(opt: str, ini: str) -> Any:
+        value = config.getoption(opt)
+        return value if value not in (None, "") else (config.getini(ini) or None)
+
+    simulate = config.getoption("simulate")
+    run_dir = pick("run_dir", "harness_run_dir")
+    return Settings(
+        topology=pick("topology", "harness_topology"),
+        simulate=bool(config.getini("harness_simulate")) if simulate is None else simulate,
+        ray_address=pick("ray_address", "harness_ray_address"),
+        run_dir=Path(run_dir) if run_dir else None,
+    )
+
+
+def settings(config: pytest.Config) -> Settings:
+    """The session's settings.
+
+    Args:
+        config: the session's config.
+
+    Returns:
+        The settings stored at configure time.
+
+    Raises:
+        KeyError: before this plugin's ``pytest_configure`` (the plugin is not registered).
+    """
+    return config.stash[settings_key]
+
+
+# tryfirst: the other concerns' pytest_configure (the session state) read the settings.
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[settings_key] = get_settings(config)

@@ -1,0 +1,231 @@
+"""pytest plugin concern: the session's state (one :class:`HarnessState` per config) and the report header.
+
+:class:`HarnessState` holds what the session shares: the run directory, the Ray cluster (started or
+joined on first use), whether a topology can run here (simulate/skip decisions), unique worker
+names, and the watchdog over every started worker with the fail-fast arming that
+:mod:`harness.plugins.failfast` drives. Other concerns reach it through :func:`state`.
+
+Configure: a previous run killed with SIGKILL may have left processes; they are reaped (ours only)
+and this run claims its own. Unconfigure: every worker is stopped, the watchdog closed and the Ray
+cluster the harness started shut down.
+
+Header: the topology, Ray address, simulation, sglang version and run directory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import procs, rundir
+from harness import topology as topology_mod
+from harness.plugins.options import Settings, settings
+
+log = logging.getLogger(__name__)
+
+#: The signal the watchdog thread interrupts the test's main thread with (handled in failfast).
+FAILFAST_SIGNAL = signal.SIGUSR2
+
+state_key = pytest.StashKey["HarnessState"]()
+
+
+class HarnessState:
+    """The session's cluster, run directory, watchdog and fail-fast arming (one per config)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.cluster: Any = None
+        self.topologies: set[str] = set()
+        self._run_dir: rundir.RunDir | None = None
+        self._run_dir_path = settings.run_dir or rundir.default_path()
+        self._watchdog: Any = None
+        self._lock = threading.Lock()
+        self._armed = False
+        self._pending: list[Any] = []
+        self._raised: list[Any] = []
+        self.workers: list[Any] = []
+        self._names: dict[str, int] = {}
+        self._fits: dict[str, Any] = {}
+        self.ray_interrupt: Any = None  # a death delivered as KeyboardInterrupt through a ray.get
+
+    @property
+    def run_dir_path(self) -> Path:
+        return self._run_dir_path
+
+    def run_dir(self) -> rundir.RunDir:
+        if self._run_dir is None:
+            self._run_dir = rundir.create(self._run_dir_path)
+        return self._run_dir
+
+    # -- cluster
+
+    def simulating(self) -> bool:
+        """Whether a cluster started here gets logical GPUs (allowed and no real GPU present)."""
+        from harness.cluster import local_gpus
+
+        return self.settings.simulate and not self.settings.ray_address and local_gpus() == 0
+
+    def get_cluster(self) -> Any:
+        if self.cluster is None:
+            from harness.cluster import Cluster
+
+            if self.settings.ray_address:
+                self.cluster = Cluster.join(self.settings.ray_address)
+            elif self.simulating():
+                nodes, gpus = self._sim_shape()
+                self.cluster = Cluster.start(simulate=True, nodes=nodes, gpus_per_node=gpus)
+            else:
+                self.cluster = Cluster.start()
+        return self.cluster
+
+    def _sim_shape(self) -> tuple[int, int]:
+        """Simulated shape: as many nodes as the largest topology this session names (extra Ray
+        nodes cost seconds), as many logical GPUs per node as any topology has (they cost nothing)."""
+        def load(names: set[str]) -> list[topology_mod.Topology]:
+            out = []
+            for name in names:
+                try:
+                    out.append(topology_mod.get(name))
+                except topology_mod.TopologyError:
+                    continue
+            return out
+
+        named = load(self.topologies)
+        every = load(set(topology_mod.names())) + named
+        return max([t.nodes for t in named] or [1]), max([t.gpus_per_node for t in every] or [0])
+
+    def skip_reason(self, topo: topology_mod.Topology) -> str | None:
+        """Why ``topo`` cannot run here, or None. Starts (or joins) the cluster only when it might fit."""
+        from harness.cluster import local_gpus
+
+        reason = f"needs {topo.requirement}; run with --simulate or on that runner"
+        if not topo.needs_gpus:
+            return None
+        if not self.settings.ray_address:
+            sim = self.simulating() and topo.allow_simulation
+            if not sim and (topo.nodes > 1 or local_gpus() < topo.gpus_per_node):
+                return reason
+            if self.cluster is not None and self.cluster.simulate and not topo.allow_simulation:
+                return reason
+        if topo.name not in self._fits:  # INFEASIBLE does not change during a session
+            fit = self.get_cluster().check(topo)
+            self._fits[topo.name] = fit if (not fit.ok and fit.state == "INFEASIBLE") else None
+        fit = self._fits[topo.name]
+        # Reached only with a cluster that should hold it (joined, or simulated): say what Ray said.
+        return f"{reason} ({fit})" if fit is not None else None
+
+    # -- workers and fail-fast
+
+    def unique_name(self, name: str) -> str:
+        """``name``, or ``name-2``, ``name-3`` ... so every worker of the run has its own log file."""
+        n = self._names.get(name, 0) + 1
+        self._names[name] = n
+        return name if n == 1 else f"{name}-{n}"
+
+    def watch(self, worker: Any) -> None:
+        from harness.worker import Watchdog
+
+        if self._watchdog is None:
+            self._watchdog = Watchdog(self._on_death).start()
+        self.workers.append(worker)
+        self._watchdog.add(worker)
+
+    def unwatch(self, worker: Any) -> None:
+        if self._watchdog is not None:
+            self._watchdog.remove(worker)
+
+    def _on_death(self, died: Any) -> None:
+        # Watchdog thread: record, and interrupt the main thread if a test body is running.
+        with self._lock:
+            self._pending.append(died)
+            if self._armed:
+                signal.pthread_kill(threading.main_thread().ident, FAILFAST_SIGNAL)
+
+    def arm(self) -> list[Any]:
+        """Start a test body: deaths from now on interrupt it. Returns deaths already recorded."""
+        with self._lock:
+            early, self._pending, self._raised = self._pending, [], []
+            self._armed = True
+        return early
+
+    def disarm(self) -> list[Any]:
+        """End a test body; return every death during it (raised into it or not)."""
+        with self._lock:
+            self._armed = False
+            seen = self._raised + self._pending
+            self._pending, self._raised = [], []
+        return seen
+
+    def take_for_signal(self) -> Any:
+        """In the signal handler (main thread): the death to raise, or None. Disarms, so one
+        interrupt at most reaches the test (a second one could land inside pytest itself)."""
+        with self._lock:
+            if not self._armed or not self._pending:
+                return None
+            self._armed = False
+            died = self._pending.pop(0)
+            self._raised.append(died)
+            return died
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.stop(grace=2.0)
+            except Exception as e:  # keep tearing down the rest
+                log.warning("stopping %s: %r", w.name, e)
+        if self._watchdog is not None:
+            self._watchdog.close()
+        if self.cluster is not None:
+            cluster, self.cluster = self.cluster, None
+            cluster.shutdown()
+
+
+def state(config: pytest.Config) -> HarnessState:
+    """The session's :class:`HarnessState`.
+
+    Args:
+        config: the session's config.
+
+    Returns:
+        The state built at configure time.
+
+    Raises:
+        KeyError: outside a configured session (before ``pytest_configure`` or after
+            ``pytest_unconfigure``); code that may run then reads ``config.stash.get(state_key)``.
+    """
+    return config.stash[state_key]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[state_key] = HarnessState(settings(config))
+    # A previous run killed with SIGKILL may have left processes: reap them (ours only), then own this run.
+    procs.reap_stale()
+    procs.claim()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    st = config.stash.get(state_key, None)
+    if st is not None:
+        st.close()
+        del config.stash[state_key]
+
+
+def _sglang_version() -> str:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    s = settings(config)
+    ray = s.ray_address or "embedded (local, started by the harness)"
+    return (f"harness: topology={s.topology or 'per test (marker)'}, ray={ray}, "
+            f"simulate={'allowed' if s.simulate else 'off'}, sglang={_sglang_version()}, "
+            f"run dir={state(config).run_dir_path}")
