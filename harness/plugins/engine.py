@@ -5,9 +5,19 @@ Option (group ``pd-harness``, ini ``harness_engine``; the command line wins):
                                        only tests that start real sglang servers; ``all`` (default,
                                        what CI runs): both.
 
+Option (same group): ``--model NAME=PATH`` (repeatable), env fallback ``HARNESS_MODEL_<NAME>``
+(NAME upper-cased, ``-`` → ``_``): the local model directory a real-server suite gets for its logical
+model NAME (``tiny-llama``, ``tiny-mellum-swa``, ``dsv4``). Required on GPU topologies; on ``cpu`` an
+unmapped tiny model is built locally. Resolution: :mod:`harness.targets.sglang.server.modelmap`.
+
 Marker:
-    engine(name): the test needs engine ``name`` (``sim`` or ``sglang-server``); it is deselected when
-        ``--engine`` excludes it. Unmarked tests count as ``sim``.
+    engine(name, *, models=(), gpu_topologies=(), server_args=()): the test needs engine ``name``
+        (``sim`` or ``sglang-server``); it is deselected when ``--engine`` excludes it. Unmarked tests
+        count as ``sim``. For ``sglang-server``: ``models`` are the logical models it serves (named in
+        the skip reason, checked before anything starts on a GPU topology); ``gpu_topologies`` are
+        topologies it also runs on when ``--topology`` names one (the ``topology`` marker stays the
+        default, so a plain run collects no extra variants); ``server_args`` are flags every server
+        of the module gets (read from the module's marker).
 
 Fixtures:
     sglang_servers  a :class:`ServerStacks` for the test's module: ``.pd(model_name)`` returns a ready
@@ -20,15 +30,20 @@ Fixtures:
     tiny_model      ``tiny_model(name) -> Path``: a tiny random-weight model built locally (no hub).
 
 Servers on a machine without the CPU stack's packages (``sglang_router``, mooncake) fail with a
-message saying to run ``./dev install``.
+message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
+without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the test saying what it
+needs; otherwise the topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
+Servers are placed by :func:`harness.targets.sglang.server.layout.server_layout` (one bundle with all
+of a server's GPUs).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pytest
 
@@ -44,12 +59,21 @@ SERVER_ENGINE = "sglang-server"
 STACK_MODULES = {"sglang_router": "sglang-router", "mooncake": "mooncake-transfer-engine-non-cuda"}
 
 engine_key = pytest.StashKey[str]()
+models_key = pytest.StashKey[dict]()
+
+MODEL_OPTION = "--model"
+MODEL_ENV_PREFIX = "HARNESS_MODEL_"
+REAL_GPU_REASON = ("real sglang servers need real GPUs: run with --topology {topology} on a GPU machine "
+                   "without --simulate, and {models}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pd-harness")
     group.addoption("--engine", default=None, choices=CHOICES,
                     help="engine the suites run against: sim, sglang-server (real servers) or all (default)")
+    group.addoption(MODEL_OPTION, action="append", default=None, dest="harness_models", metavar="NAME=PATH",
+                    help="local model directory for a real-server suite's model NAME (tiny-llama, tiny-mellum-swa, "
+                         "dsv4); repeatable; env HARNESS_MODEL_<NAME> too; required on GPU topologies (no hub)")
     parser.addini("harness_engine", "default for --engine (all, sim, sglang-server)", default=DEFAULT_ENGINE)
 
 
@@ -63,6 +87,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "engine(name): the engine a test needs (sim or sglang-server)")
     opt = config.getoption("--engine", None)
     config.stash[engine_key] = _validate(opt, "--engine") if opt else _validate(config.getini("harness_engine"), "ini harness_engine")
+    config.stash[models_key] = _given_models(config.getoption("harness_models", None), os.environ)
+
+
+def _given_models(values: Sequence[str] | None, environ: Mapping[str, str]) -> dict[str, Path]:
+    """``--model`` values and ``HARNESS_MODEL_*`` vars, validated (one clear UsageError line)."""
+    if not values and not any(k.startswith(MODEL_ENV_PREFIX) for k in environ):
+        return {}  # nothing given: do not import the sglang adapter into every pytest run
+    from harness.targets.sglang.server import modelmap
+
+    try:
+        return modelmap.overrides(values, environ)
+    except modelmap.ModelError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def _test_engine(item: pytest.Item) -> str:
@@ -74,7 +111,34 @@ def _test_engine(item: pytest.Item) -> str:
     return str(m.args[0])
 
 
+def _server_kwargs(node: Any) -> dict[str, tuple[str, ...]]:
+    """The ``sglang-server`` engine marker's kwargs closest to ``node`` (each as a tuple of strings)."""
+    m = node.get_closest_marker("engine")
+    if m is None or not m.args or m.args[0] != SERVER_ENGINE:
+        return {}
+    out = {}
+    for key in ("models", "gpu_topologies", "server_args"):
+        value = m.kwargs.get(key, ())
+        out[key] = (value,) if isinstance(value, str) else tuple(str(v) for v in value)
+    return out
+
+
+def _also_on_topology(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A real-server test whose marker lists ``--topology`` in ``gpu_topologies`` runs on it."""
+    from harness.plugins.options import settings
+
+    chosen = settings(config).topology
+    if not chosen:
+        return
+    for item in items:
+        extra = _server_kwargs(item).get("gpu_topologies", ())
+        name = next((n for n in extra if n in (chosen, Path(chosen).stem)), None)
+        if name is not None:
+            item.add_marker(pytest.mark.topology(name))  # the item's own marker is the closest
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _also_on_topology(config, items)
     chosen = config.stash[engine_key]
     if chosen == "all":
         for item in items:
@@ -88,8 +152,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"harness engine: {config.stash[engine_key]}"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    models = config.stash[models_key]
+    given = ", ".join(f"{k}={v}" for k, v in sorted(models.items())) if models else "none given (cpu: tiny, built locally)"
+    return [f"harness engine: {config.stash[engine_key]}", f"harness models: {given}"]
 
 
 # ------------------------------------------------------------------ fixtures
@@ -109,15 +175,20 @@ def tiny_model() -> Callable[[str], Path]:
 
 
 class ServerStacks:
-    """Real sglang servers of one test module, started on first use and stopped at module end."""
+    """Real sglang servers of one test module on one topology, started on first use, stopped at module end."""
 
-    def __init__(self, config: pytest.Config, cluster: Any, topology: topology_mod.Topology, run_dir: Any) -> None:
+    def __init__(self, config: pytest.Config, cluster: Any, topology: topology_mod.Topology, run_dir: Any, *,
+                 models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
         from harness.plugins.state import state
+        from harness.targets.sglang.server.layout import server_layout
 
         self._state = state(config)
         self.cluster = cluster
         self.topology = topology
         self.run_dir = run_dir
+        self.models = dict(models or {})
+        self.server_args = tuple(server_args)
+        self.layout = server_layout(topology)
         self._placement: Any = None
         self._pd: dict[str, Any] = {}
         self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}
@@ -134,18 +205,38 @@ class ServerStacks:
         self._own(worker)
         self._state.watch(worker)
 
-    def _model(self, name: str) -> Path:
-        from harness.targets.sglang.server.models import ensure_model
+    def model(self, name: str) -> Path:
+        """The directory of logical model ``name`` here (given, or a tiny one built on cpu).
 
-        return ensure_model(name)
+        Raises:
+            pytest.fail.Exception: it cannot be resolved (the message names the option and env var).
+        """
+        from harness.targets.sglang.server import modelmap
+
+        try:
+            return modelmap.resolve(name, self.models, self.topology)
+        except modelmap.ModelError as e:
+            pytest.fail(str(e), pytrace=False)
 
     def _require_stack(self) -> None:
         missing = missing_stack_modules()
         if missing:
             pytest.fail(f"the real CPU PD stack needs {', '.join(missing)}: run ./dev install", pytrace=False)
 
+    def _placed(self) -> Any:
+        if self._placement is None:
+            self._placement = self.cluster.place(self.layout.placement)
+        return self._placement
+
+    def _args(self, role: str) -> tuple[str, ...]:
+        return (*self.server_args, *self.layout.args_of(role))
+
     def pd(self, model_name: str, *, mini_lb: bool = False) -> Any:
-        """A ready PD stack serving tiny model ``model_name`` (restarted if a worker of it died)."""
+        """A ready PD stack serving model ``model_name`` (restarted if a worker of it died).
+
+        Where the plain baseline cannot run beside a PD stack (no GPU left for it), the plain
+        servers are stopped first.
+        """
         from harness.targets.sglang.server.stack import start_pd_stack
 
         self._require_stack()
@@ -154,11 +245,14 @@ class ServerStacks:
             self._stop(stack.workers)
             stack = None
         if stack is None:
-            if self._placement is None:
-                self._placement = self.cluster.place(self.topology)
+            model = self.model(model_name)
+            if not self.layout.plain_beside_pd:
+                for key in list(self._plain):
+                    self._stop([self._plain.pop(key)])
             names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
-            stack = start_pd_stack(self.topology, self._model(model_name), self.run_dir.root, placement=self._placement,
-                                   names=names, mini_lb=mini_lb, on_start=self._watch)
+            stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=self._placed(),
+                                   names=names, mini_lb=mini_lb, on_start=self._watch,
+                                   extra_args={k: self._args(k) for k in ("prefill", "decode")})
             self._pd[model_name] = stack
         return stack
 
@@ -172,11 +266,23 @@ class ServerStacks:
         if stack is not None:
             self._stop(stack.workers)
 
+    def _plain_group(self) -> Any:
+        """Where the plain server runs: unplaced (cpu), its own layout role, or, where it cannot run
+        beside a PD stack, the prefill group after every PD stack of the module was stopped."""
+        if not self.topology.needs_gpus:
+            return None
+        if self.layout.plain_role is not None:
+            return self._placed().of(self.layout.plain_role)[0]
+        for name in list(self._pd):
+            self.forget(name)
+        return self._placed().of("prefill")[0]
+
     def plain(self, model_name: str, compat_patches: Sequence[str] | None = None, *, watch: bool = True) -> Any:
         """A ready plain (non-PD) server of ``model_name``; ``compat_patches=()`` runs it unpatched.
 
         ``watch=False`` keeps it out of the fail-fast watchdog: for a test that expects it may crash.
         """
+        from harness.targets.sglang.server.layout import PLAIN_ROLE
         from harness.targets.sglang.server.stack import start_plain_server
 
         key = (model_name, None if compat_patches is None else tuple(compat_patches))
@@ -185,9 +291,11 @@ class ServerStacks:
             self._stop([w])
             w = None
         if w is None:
+            model = self.model(model_name)
             name = self._state.unique_name("plain")
-            w = start_plain_server(self.topology, self._model(model_name), self.run_dir.root, name=name,
-                                   compat_patches=compat_patches, on_start=self._watch if watch else self._own)
+            w = start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
+                                   compat_patches=compat_patches, extra_args=self._args(PLAIN_ROLE),
+                                   on_start=self._watch if watch else self._own)
             self._plain[key] = w
         return w
 
@@ -216,27 +324,83 @@ class ServerStacks:
         return leftover_processes(self._pids)
 
 
+class ModuleServers:
+    """The :class:`ServerStacks` of one test module, one per topology its tests run on."""
+
+    def __init__(self, config: pytest.Config, cluster: Any, run_dir: Any, server_args: Sequence[str]) -> None:
+        self._config = config
+        self._cluster = cluster
+        self._run_dir = run_dir
+        self._server_args = tuple(server_args)
+        self._by_topology: dict[str, ServerStacks] = {}
+
+    def on(self, topology: topology_mod.Topology) -> ServerStacks:
+        """The module's stacks on ``topology`` (created on first use)."""
+        if topology.name not in self._by_topology:
+            self._by_topology[topology.name] = ServerStacks(
+                self._config, self._cluster, topology, self._run_dir,
+                models=self._config.stash[models_key], server_args=self._server_args)
+        return self._by_topology[topology.name]
+
+    def close(self) -> list[int]:
+        """Stop every topology's servers; return the server process ids still alive."""
+        return [pid for stacks in self._by_topology.values() for pid in stacks.close()]
+
+
+def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequence[str]) -> str | None:
+    """Why real servers of ``topology`` cannot run here, or None.
+
+    Real servers need real GPUs: logical (simulated) ones, or too few local ones without a joined
+    cluster, give :data:`REAL_GPU_REASON`. Otherwise the session's own decision for the topology
+    applies (:meth:`harness.plugins.state.HarnessState.skip_reason`: fit on the joined cluster).
+
+    Args:
+        st: the session's ``HarnessState``.
+        topology: the test's topology.
+        models: the logical models the test serves (for the reason's ``--model`` hint).
+
+    Returns:
+        The skip reason, or None when the servers may run.
+    """
+    from harness.cluster import local_gpus
+
+    if not topology.needs_gpus:
+        return None
+    simulated = st.cluster is not None and st.cluster.simulate
+    if simulated or (not st.settings.ray_address and (topology.nodes > 1 or local_gpus() < topology.gpus_per_node)):
+        hint = " ".join(f"{MODEL_OPTION} {m}=PATH" for m in models) or f"{MODEL_OPTION} NAME=PATH for each model"
+        return REAL_GPU_REASON.format(topology=topology.name, models=hint)
+    return st.skip_reason(topology)
+
+
 @pytest.fixture(scope="module")
-def _sglang_servers_module(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[ServerStacks]:
+def _sglang_servers_module(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[ModuleServers]:
     cluster = request.getfixturevalue("ray_cluster")
-    stacks = ServerStacks(request.config, cluster, topology_mod.get("cpu"), run_dir)
-    yield stacks
-    left = stacks.close()
+    servers = ModuleServers(request.config, cluster, run_dir, _server_kwargs(request.node).get("server_args", ()))
+    yield servers
+    left = servers.close()
     assert not left, f"server processes left after teardown: {left}"
 
 
 @pytest.fixture
-def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology,
-                   _sglang_servers_module: ServerStacks) -> ServerStacks:
-    """The module's :class:`ServerStacks`; the test owns its workers for fail-fast and log tails.
+def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology) -> ServerStacks:
+    """The module's :class:`ServerStacks` on the test's topology; the test owns its workers.
 
-    Through ``topology`` a test marked for other topologies than ``--topology`` is skipped. Real
-    servers run on the ``cpu`` topology only for now (GPU topologies need real models: not built).
+    Through ``topology`` a test marked for other topologies than ``--topology`` is skipped; a GPU
+    topology without real GPUs here is skipped with what it needs (before Ray starts). On a GPU
+    topology every model the marker names must be given, else the test fails before anything starts.
     """
     from harness.plugins.failfast import own_workers
+    from harness.plugins.state import state
 
+    models = _server_kwargs(request.node).get("models", ())
+    reason = server_skip_reason(state(request.config), topology, models)
+    if reason:
+        pytest.skip(reason)
+    module: ModuleServers = request.getfixturevalue("_sglang_servers_module")
+    stacks = module.on(topology)
     if topology.needs_gpus:
-        raise pytest.UsageError(f"{request.node.nodeid}: real-server suites run on the cpu topology only, "
-                                f"not {topology.name}")
-    own_workers(request.node, _sglang_servers_module.workers)
-    return _sglang_servers_module
+        for name in models:
+            stacks.model(name)
+    own_workers(request.node, stacks.workers)
+    return stacks

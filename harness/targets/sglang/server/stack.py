@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from harness import procs
 from harness.targets.sglang.server.client import ServerClient
@@ -156,6 +156,7 @@ def start_pd_stack(
     probe: bool = True,
     mini_lb: bool = False,
     compat_patches: Sequence[str] | None = None,
+    extra_args: Mapping[str, Sequence[str]] | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
 ) -> PdStack:
@@ -165,11 +166,14 @@ def start_pd_stack(
         topology: gives the roles, transfer backend and CPU/GPU recipe.
         model: model directory.
         run_dir: the run directory (worker logs, ledger, ports).
-        placement: the topology's :class:`harness.cluster.Placement` (None: no placement groups).
+        placement: a :class:`harness.cluster.Placement` of the topology's server layout
+            (:func:`.layout.server_layout`: bundle 0 of a group holds all GPUs of its server; None:
+            no placement groups).
         names: worker names of prefill, decode and router (unique within the run).
         probe: enable the accounting probe on decode (``<run_dir>/ledger/<decode name>.jsonl``).
         mini_lb: run the router as ``--mini-lb``.
         compat_patches: see :func:`.launcher.server_command`.
+        extra_args: more server flags per role kind (``prefill``, ``decode``); they win over defaults.
         ready_timeout: one deadline for the whole stack, in seconds.
         on_start: called with each worker once it started.
 
@@ -185,10 +189,12 @@ def start_pd_stack(
     run_dir = Path(run_dir)
     p_name, d_name, r_name = names
     common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches)
-    p_cmd = server_command(topology, "prefill", worker=p_name, **common)
+    more = dict(extra_args or {})
+    p_cmd = server_command(topology, "prefill", worker=p_name, extra_args=tuple(more.get("prefill", ())), **common)
     # The probe runs on decode: that is where the PD prealloc paths are, and a PD decode server
     # has no radix cache (the default), so a release returns every page and the books must balance.
-    d_cmd = server_command(topology, "decode", worker=d_name, probe_run_dir=run_dir if probe else None, **common)
+    d_cmd = server_command(topology, "decode", worker=d_name, probe_run_dir=run_dir if probe else None,
+                           extra_args=tuple(more.get("decode", ())), **common)
     started: list[Any] = []
 
     def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Any:
@@ -229,6 +235,7 @@ def start_plain_server(
     name: str = "plain",
     group: Any = None,
     compat_patches: Sequence[str] | None = None,
+    extra_args: Sequence[str] = (),
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
 ) -> Any:
@@ -237,7 +244,9 @@ def start_plain_server(
     Args:
         topology, model, run_dir, compat_patches, ready_timeout, on_start: as :func:`start_pd_stack`.
         name: worker name.
-        group: placement group to run in (None: none; fine without GPUs).
+        group: placement group to run in (None: none; fine without GPUs; on GPUs its bundle 0
+            must hold every GPU of the server, see :mod:`.layout`).
+        extra_args: more server flags (they win over defaults).
 
     Returns:
         The ready :class:`harness.worker.Worker`.
@@ -245,7 +254,8 @@ def start_plain_server(
     Raises:
         WorkerDied: it died while starting. TimeoutError: not ready in time.
     """
-    cmd = plain_server_command(topology, model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches, worker=name)
+    cmd = plain_server_command(topology, model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches,
+                               worker=name, extra_args=extra_args)
     return _start(_spec(name, cmd, Path(run_dir), SERVER_PORT_NAMES, ready_timeout), group, on_start)
 
 
