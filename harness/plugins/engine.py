@@ -190,7 +190,7 @@ class ServerStacks:
         self.server_args = tuple(server_args)
         self.layout = server_layout(topology)
         self._placement: Any = None
-        self._pd: dict[str, Any] = {}
+        self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], Any] = {}
         self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}
         #: Every worker this module started (shared with each test's stash, so tests own them all).
         self.workers: list[Any] = []
@@ -231,38 +231,48 @@ class ServerStacks:
     def _args(self, role: str) -> tuple[str, ...]:
         return (*self.server_args, *self.layout.args_of(role))
 
-    def pd(self, model_name: str, *, mini_lb: bool = False) -> Any:
+    @staticmethod
+    def _pd_key(model_name: str, extra_args: Mapping[str, Sequence[str]] | None) -> tuple:
+        return (model_name, tuple(sorted((k, tuple(v)) for k, v in (extra_args or {}).items() if v)))
+
+    def pd(self, model_name: str, *, mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None) -> Any:
         """A ready PD stack serving model ``model_name`` (restarted if a worker of it died).
 
-        Where the plain baseline cannot run beside a PD stack (no GPU left for it), the plain
-        servers are stopped first.
+        ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of
+        its own. On a GPU topology the placement holds one PD stack: other PD stacks are stopped
+        first, and so are the plain servers where none fits beside a PD stack.
         """
         from harness.targets.sglang.server.stack import start_pd_stack
 
         self._require_stack()
-        stack = self._pd.get(model_name)
+        key = self._pd_key(model_name, extra_args)
+        stack = self._pd.get(key)
         if stack is not None and any(w.poll() for w in stack.workers):
-            self._stop(stack.workers)
+            self._stop(self._pd.pop(key).workers)
             stack = None
         if stack is None:
             model = self.model(model_name)
+            if self.topology.needs_gpus:
+                for other in list(self._pd):
+                    self._stop(self._pd.pop(other).workers)
             if not self.layout.plain_beside_pd:
-                for key in list(self._plain):
-                    self._stop([self._plain.pop(key)])
+                for other in list(self._plain):
+                    self._stop([self._plain.pop(other)])
+            more = dict(extra_args or {})
             names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
             stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=self._placed(),
                                    names=names, mini_lb=mini_lb, on_start=self._watch,
-                                   extra_args={k: self._args(k) for k in ("prefill", "decode")})
-            self._pd[model_name] = stack
+                                   extra_args={k: (*self._args(k), *more.get(k, ())) for k in ("prefill", "decode")})
+            self._pd[key] = stack
         return stack
 
-    def forget(self, model_name: str) -> None:
-        """Stop the PD stack of ``model_name`` now; a test that broke it on purpose calls this.
+    def forget(self, model_name: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
+        """Stop the PD stack of ``model_name`` (and ``extra_args``) now; a test that broke it on purpose calls this.
 
         Its workers stop being owned by the test, so the harness does not fail the test for the
         death it provoked and caught (the plugin fails a test that swallows a worker's death).
         """
-        stack = self._pd.pop(model_name, None)
+        stack = self._pd.pop(self._pd_key(model_name, extra_args), None)
         if stack is not None:
             self._stop(stack.workers)
 
@@ -273,8 +283,8 @@ class ServerStacks:
             return None
         if self.layout.plain_role is not None:
             return self._placed().of(self.layout.plain_role)[0]
-        for name in list(self._pd):
-            self.forget(name)
+        for key in list(self._pd):
+            self._stop(self._pd.pop(key).workers)
         return self._placed().of("prefill")[0]
 
     def plain(self, model_name: str, compat_patches: Sequence[str] | None = None, *, watch: bool = True) -> Any:

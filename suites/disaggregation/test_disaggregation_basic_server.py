@@ -10,7 +10,9 @@ workload both servers are healthy and their pools are back to idle. Servers are 
 module (``sglang_servers``); the fault tests at the end kill one on purpose and check the test
 fails fast with the dead worker's name and log tail, and that no process is left.
 
-Model: ``tiny-llama`` (random weights, built locally; full attention only).
+Model: ``tiny-llama`` (random weights, built locally; full attention only). On a GPU box
+(``--topology 2-gpu-h100``) the same tests run on real GPUs with the model given by
+``--model tiny-llama=PATH`` (or ``HARNESS_MODEL_TINY_LLAMA``).
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from harness import ledger
 from harness.targets.sglang.server.client import ServerHTTPError
 from harness.worker import WorkerDied
 
-# est_time: a test on the started stack; the module's first test also pays the stack start (60-240 s).
-pytestmark = [pytest.mark.engine("sglang-server"), pytest.mark.topology("cpu"), pytest.mark.est_time(20),
-              pytest.mark.timeout(900)]
-
 MODEL = "tiny-llama"
 PAGE = 64
+
+# est_time: a test on the started stack; the module's first test also pays the stack start (60-240 s).
+# CI runs it on cpu; on a 2×GPU box: --topology 2-gpu-h100 --model tiny-llama=PATH (page 64 there too).
+pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
+                                 server_args=("--page-size", str(PAGE))),
+              pytest.mark.topology("cpu"), pytest.mark.est_time(20), pytest.mark.timeout(900)]
 MAX_NEW = 8
 #: Around one and two pages, and long prompts (the reference measured 20 … 3000).
 PROMPT_LENS = (20, 63, 64, 65, 127, 129, 1000, 3000)

@@ -60,6 +60,12 @@ CPU_ENV: Mapping[str, str] = {
 #: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
 CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read")
 
+#: Decode-side HiSparse (DeepSeek-V4 class; sglang 0.5.23 ``--enable-hisparse``). It is a decode
+#: feature only (decode receives the KV into the HiSparse host pool; prefill sends as usual), and
+#: sglang refuses it unless the radix cache is off: a PD decode server turns it off by default, said
+#: explicitly here so the check never depends on the order sglang resolves its arguments in.
+HISPARSE_DECODE_ARGS: tuple[str, ...] = ("--enable-hisparse", "--disable-radix-cache")
+
 #: Env vars read by the sitecustomize in :data:`SITE_DIR`.
 COMPAT_ENV = "HARNESS_COMPAT_PATCHES"
 PROBE_LEDGER_ENV = "HARNESS_PROBE_LEDGER"
