@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 pytest_plugins = ["pytester"]
 
 TESTS = """
@@ -66,3 +68,98 @@ def test_unknown_engine_marker_is_a_usage_error(pytester):
     result = _inline(pytester)
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*@pytest.mark.engine needs one of sim, sglang-server*"])
+
+
+# ------------------------------------------------------------------ real models and GPU topologies
+
+SERVER_TESTS = """
+    import pytest
+
+    pytestmark = [pytest.mark.engine("sglang-server", models=("tiny-llama",), gpu_topologies=("2-gpu-h100",)),
+                  pytest.mark.topology("cpu")]
+
+    def test_on(topology):
+        print("RUNS-ON", topology.name)
+
+    @pytest.mark.engine("sglang-server", models=("tiny-llama",))
+    def test_cpu_only(topology):
+        print("RUNS-ON", topology.name)
+"""
+
+
+def test_model_option_errors_are_one_usage_line(pytester, tmp_path):
+    pytester.makepyfile(TESTS)
+    result = _inline(pytester, "--model", "dsv4")
+    assert result.ret == 4  # pytest's usage error
+    result.stderr.fnmatch_lines(["ERROR: --model 'dsv4': write NAME=PATH, e.g. --model dsv4=/models/DeepSeek-V4"])
+    result = _inline(pytester, "--model", f"dsv4={tmp_path / 'nope'}")
+    result.stderr.fnmatch_lines([f"ERROR: --model dsv4={tmp_path / 'nope'}: * does not exist; give a local model "
+                                 "directory (no hub download)"])
+
+
+def test_env_models_are_validated_and_shown_in_the_header(pytester, tmp_path, monkeypatch):
+    pytester.makepyfile(TESTS)
+    (tmp_path / "m").mkdir()
+    monkeypatch.setenv("HARNESS_MODEL_DSV4", str(tmp_path / "m"))
+    result = _inline(pytester)
+    result.stderr.fnmatch_lines(["ERROR: env HARNESS_MODEL_DSV4: * has no config.json; give a Hugging Face model directory"])
+    (tmp_path / "m" / "config.json").write_text("{}")
+    result = _inline(pytester)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([f"harness models: dsv4={(tmp_path / 'm').resolve()}"])
+
+
+def test_gpu_topologies_kwarg_runs_on_the_asked_topology_without_extra_variants(pytester):
+    pytester.makepyfile(SERVER_TESTS)
+    result = _inline(pytester, "-v", "-s")
+    result.assert_outcomes(passed=2)  # a plain run: cpu only, no 2-gpu-h100 variant collected
+    result.stdout.fnmatch_lines(["*RUNS-ON cpu*", "*RUNS-ON cpu*"])
+    result = _inline(pytester, "-v", "-s", "-rs", "--topology", "2-gpu-h100")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*RUNS-ON 2-gpu-h100*", "*runs on cpu; --topology is 2-gpu-h100*"])
+
+
+def test_real_servers_on_a_simulated_gpu_topology_skip_saying_what_they_need(pytester):
+    pytester.makepyfile("""
+        import pytest
+
+        pytestmark = [pytest.mark.engine("sglang-server", models=("dsv4",)), pytest.mark.topology("8-gpu-h200")]
+
+        def test_dsv4(sglang_servers):
+            raise AssertionError("must not run on simulated GPUs")
+    """)
+    result = _inline(pytester, "-rs", "--simulate")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*real sglang servers need real GPUs: run with --topology 8-gpu-h200 on a GPU machine "
+                                 "without --simulate, and --model dsv4=PATH"])
+
+
+def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
+    from types import SimpleNamespace
+
+    from harness import topology
+    from harness.plugins.engine import server_skip_reason
+
+    h200 = topology.get("8-gpu-h200")
+    joined = SimpleNamespace(cluster=None, settings=SimpleNamespace(ray_address="10.0.0.1:6379"),
+                             skip_reason=lambda t: f"session says no to {t.name}")
+    assert server_skip_reason(joined, h200, ("dsv4",)) == "session says no to 8-gpu-h200"
+    assert server_skip_reason(joined, topology.get("cpu"), ()) is None
+    simulated = SimpleNamespace(cluster=SimpleNamespace(simulate=True), settings=SimpleNamespace(ray_address=None),
+                                skip_reason=lambda t: None)
+    assert server_skip_reason(simulated, h200, ()).endswith("and --model NAME=PATH for each model")
+
+
+def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_path):
+    from harness import topology
+    from harness.plugins.engine import ServerStacks
+
+    h100 = ServerStacks(pytestconfig, None, topology.get("2-gpu-h100"), None, server_args=("--page-size", "64"))
+    with pytest.raises(pytest.fail.Exception, match="topology 2-gpu-h100 runs real models: give model 'tiny-llama' "
+                                                    "with --model tiny-llama=PATH or HARNESS_MODEL_TINY_LLAMA=PATH"):
+        h100.model("tiny-llama")
+    assert h100.role_args("prefill") == ("--page-size", "64")
+    assert h100.role_args("decode") == h100.role_args("plain") == ("--page-size", "64", "--mem-fraction-static", "0.4")
+    (tmp_path / "config.json").write_text("{}")
+    h200 = ServerStacks(pytestconfig, None, topology.get("8-gpu-h200"), None, models={"dsv4": tmp_path})
+    assert h200.model("dsv4") == tmp_path and h200.role_args("decode") == ()

@@ -228,7 +228,9 @@ class ServerStacks:
             self._placement = self.cluster.place(self.layout.placement)
         return self._placement
 
-    def _args(self, role: str) -> tuple[str, ...]:
+    def role_args(self, role: str) -> tuple[str, ...]:
+        """Flags every server of ``role`` (``prefill``, ``decode``, ``plain``) gets here: the module's
+        ``server_args``, then the layout's (a shared GPU's memory fraction)."""
         return (*self.server_args, *self.layout.args_of(role))
 
     @staticmethod
@@ -262,7 +264,7 @@ class ServerStacks:
             names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
             stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=self._placed(),
                                    names=names, mini_lb=mini_lb, on_start=self._watch,
-                                   extra_args={k: (*self._args(k), *more.get(k, ())) for k in ("prefill", "decode")})
+                                   extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
             self._pd[key] = stack
         return stack
 
@@ -304,7 +306,7 @@ class ServerStacks:
             model = self.model(model_name)
             name = self._state.unique_name("plain")
             w = start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
-                                   compat_patches=compat_patches, extra_args=self._args(PLAIN_ROLE),
+                                   compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE),
                                    on_start=self._watch if watch else self._own)
             self._plain[key] = w
         return w

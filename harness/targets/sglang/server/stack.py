@@ -146,6 +146,33 @@ def wait_router_registered(router: Any, servers: Sequence[Any], deadline: float,
         time.sleep(_POLL_S)
 
 
+def pd_commands(
+    topology: Topology,
+    model: str | Path,
+    run_dir: str | Path,
+    *,
+    names: tuple[str, str] = ("prefill", "decode"),
+    probe: bool = True,
+    compat_patches: Sequence[str] | None = None,
+    extra_args: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[Command, Command]:
+    """The prefill and decode commands :func:`start_pd_stack` runs (ports still placeholders).
+
+    Args: as :func:`start_pd_stack` (``names``: prefill and decode worker names).
+
+    Returns:
+        ``(prefill, decode)`` :class:`.launcher.Command`.
+    """
+    common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches)
+    more = dict(extra_args or {})
+    p_cmd = server_command(topology, "prefill", worker=names[0], extra_args=tuple(more.get("prefill", ())), **common)
+    # The probe runs on decode: that is where the PD prealloc paths are, and a PD decode server
+    # has no radix cache (the default), so a release returns every page and the books must balance.
+    d_cmd = server_command(topology, "decode", worker=names[1], probe_run_dir=Path(run_dir) if probe else None,
+                           extra_args=tuple(more.get("decode", ())), **common)
+    return p_cmd, d_cmd
+
+
 def start_pd_stack(
     topology: Topology,
     model: str | Path,
@@ -188,13 +215,8 @@ def start_pd_stack(
     deadline = t0 + ready_timeout
     run_dir = Path(run_dir)
     p_name, d_name, r_name = names
-    common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches)
-    more = dict(extra_args or {})
-    p_cmd = server_command(topology, "prefill", worker=p_name, extra_args=tuple(more.get("prefill", ())), **common)
-    # The probe runs on decode: that is where the PD prealloc paths are, and a PD decode server
-    # has no radix cache (the default), so a release returns every page and the books must balance.
-    d_cmd = server_command(topology, "decode", worker=d_name, probe_run_dir=run_dir if probe else None,
-                           extra_args=tuple(more.get("decode", ())), **common)
+    p_cmd, d_cmd = pd_commands(topology, model, run_dir, names=(p_name, d_name), probe=probe,
+                               compat_patches=compat_patches, extra_args=extra_args)
     started: list[Any] = []
 
     def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Any:
