@@ -84,7 +84,9 @@ def _validate(value: str, where: str) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "engine(name): the engine a test needs (sim or sglang-server)")
+    config.addinivalue_line("markers", "engine(name, *, models=(), gpu_topologies=(), server_args=()): the engine a "
+                                       "test needs (sim or sglang-server); for sglang-server the logical models it "
+                                       "serves, GPU topologies it also runs on when --topology asks, flags of its servers")
     opt = config.getoption("--engine", None)
     config.stash[engine_key] = _validate(opt, "--engine") if opt else _validate(config.getini("harness_engine"), "ini harness_engine")
     config.stash[models_key] = _given_models(config.getoption("harness_models", None), os.environ)
@@ -181,6 +183,7 @@ class ServerStacks:
                  models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
         from harness.plugins.state import state
         from harness.targets.sglang.server.layout import server_layout
+        from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
 
         self._state = state(config)
         self.cluster = cluster
@@ -189,6 +192,7 @@ class ServerStacks:
         self.models = dict(models or {})
         self.server_args = tuple(server_args)
         self.layout = server_layout(topology)
+        self.ready_timeout = GPU_READY_TIMEOUT_S if topology.needs_gpus else DEFAULT_READY_TIMEOUT_S
         self._placement: Any = None
         self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], Any] = {}
         self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}
@@ -263,7 +267,7 @@ class ServerStacks:
             more = dict(extra_args or {})
             names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
             stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=self._placed(),
-                                   names=names, mini_lb=mini_lb, on_start=self._watch,
+                                   names=names, mini_lb=mini_lb, on_start=self._watch, ready_timeout=self.ready_timeout,
                                    extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
             self._pd[key] = stack
         return stack
@@ -306,6 +310,7 @@ class ServerStacks:
             model = self.model(model_name)
             name = self._state.unique_name("plain")
             w = start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
+                                   ready_timeout=self.ready_timeout,
                                    compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE),
                                    on_start=self._watch if watch else self._own)
             self._plain[key] = w

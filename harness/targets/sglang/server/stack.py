@@ -45,6 +45,9 @@ ROUTER_PORT_NAMES = ("http", "prometheus")
 PLACEHOLDER_PORTS = ServerPorts(http="{http}", nccl="{nccl}", bootstrap="{bootstrap}")
 
 DEFAULT_READY_TIMEOUT_S = 420.0
+#: A real model on GPUs: weights read from disk (hundreds of GB for a DeepSeek-V4 class model) and
+#: CUDA graphs captured before ``/health`` answers.
+GPU_READY_TIMEOUT_S = 1800.0
 _POLL_S = 0.5
 
 #: Called with each worker right after it started (the pytest plugin watches it for fail-fast).
