@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -76,11 +76,21 @@ class Event:
     free_after: Mapping[str, int] = field(default_factory=dict)
     note: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a JSON-able object (page ids as lists).
+
+        Built field by field rather than with ``dataclasses.asdict`` (which deep-copies every
+        value): workers write one event per page move, so this is on their hot path.
+        """
+        d = {name: getattr(self, name) for name in _FIELDS}
+        d["pages"] = {k: (v if isinstance(v, int) else list(v)) for k, v in self.pages.items()}
+        d["free_before"] = dict(self.free_before)
+        d["free_after"] = dict(self.free_after)
+        return d
+
     def to_json(self) -> str:
         """One JSON line (no newline)."""
-        d = asdict(self)
-        d["pages"] = {k: (list(v) if not isinstance(v, int) else v) for k, v in self.pages.items()}
-        return json.dumps(d, separators=(",", ":"), sort_keys=True)
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Event":
@@ -92,6 +102,9 @@ class Event:
         d = dict(d)
         d["pages"] = {k: (v if isinstance(v, int) else tuple(int(x) for x in v)) for k, v in d.get("pages", {}).items()}
         return cls(**d)
+
+
+_FIELDS = tuple(f.name for f in fields(Event))
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,22 @@ def rules(violations) -> set[str]:
     return {v.rule for v in violations}
 
 
+def test_tp_ranks_hold_their_head_shard(tmp_path):
+    """A TP4 rank's SWAKVPool stores a quarter of the KV heads: a quarter of TP1's bytes per page."""
+    tp1 = DecodeWorker("d-tp1", 0, SPEC, str(tmp_path))
+    tp4 = [DecodeWorker(f"d-tp4-r{r}", r, SPEC, str(tmp_path), tp=4) for r in range(4)]
+    p4 = PrefillWorker("p-tp4-r3", 3, SPEC, str(tmp_path), tp=4)
+    try:
+        full1, full4 = tp1.layout()["full"], tp4[0].layout()["full"]
+        assert [b // 4 for b in full1] == full4
+        assert all(w.layout() == tp4[0].layout() for w in tp4) and p4.layout() == tp4[0].layout()
+        with pytest.raises(ValueError, match="TP 3 does not divide"):
+            DecodeWorker("d-tp3", 0, SPEC, str(tmp_path), tp=3)
+    finally:
+        for w in (tp1, *tp4, p4):
+            w.close()
+
+
 def test_clean_run_passes(fresh):
     res = run(fresh, REQS)
     res.assert_clean()

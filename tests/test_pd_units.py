@@ -8,7 +8,7 @@ import torch
 from harness.pd import kvfill
 from harness.pd.ranks import Ranks
 from harness.pd.spec import KVSpec, PDRequest, workload
-from harness.pd.transfer import plan, transfer
+from harness.pd.transfer import Chunk, plan, transfer
 
 
 def test_workload_is_seeded_and_clusters_at_page_boundaries():
@@ -59,13 +59,53 @@ def test_gather_scatter_moves_whole_pages_to_other_page_ids():
         kvfill.scatter_pages(dst, [4], data)
 
 
+def test_per_row_seeds_check_many_requests_in_one_pass_and_name_the_row():
+    views = _views(pages=8)
+    pos = torch.arange(8)
+    pages, slots = pos // 4 + 1, pos % 4
+    seeds = torch.tensor([5] * 4 + [9] * 4)  # two requests, one page each
+    kvfill.write(views, 4, 0, seeds, pos, pages, slots)
+    assert kvfill.verify(views, 4, 0, 5, pos[:4], pages[:4], slots[:4]) is None  # same bytes as one seed
+    assert kvfill.verify(views, 4, 0, seeds, pos, pages, slots) is None
+    views[0][2, 3 * 3] ^= 1  # page 2 slot 3: the second request's last token
+    bad = kvfill.verify(views, 4, 0, seeds, pos, pages, slots)
+    assert (bad.buffer, bad.position, bad.page, bad.slot, bad.index) == (0, 7, 2, 3, 7)
+
+
+@pytest.mark.parametrize("src_pages,dst_pages", [([1, 2, 3, 4], [5, 6, 7, 8]), ([4, 1, 3, 2], [8, 5, 6, 7]),
+                                                 ([1, 2, 3, 4], [8, 2, 7, 6])],
+                         ids=["runs", "scattered-src", "scattered-dst"])
+def test_gather_scatter_is_the_same_for_page_runs_and_scattered_pages(src_pages, dst_pages):
+    src, dst = _views(pages=10), _views(pages=10)
+    pos = torch.arange(16)
+    kvfill.write(src, 4, 0, 3, pos, torch.tensor(src_pages).repeat_interleave(4), pos % 4)
+    kvfill.scatter_pages(dst, dst_pages, kvfill.gather_pages(src, src_pages))
+    assert kvfill.verify(dst, 4, 0, 3, pos, torch.tensor(dst_pages).repeat_interleave(4), pos % 4) is None
+    untouched = [p for p in range(10) if p not in dst_pages]
+    assert all(int(v[untouched].sum()) == 0 for v in dst)
+
+
+def test_kv_heads_are_sharded_over_tp_ranks():
+    spec = KVSpec(kind="swa", kv_heads=8)
+    assert [spec.heads_per_rank(tp) for tp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    with pytest.raises(ValueError, match="TP 3 does not divide kv_heads=8"):
+        spec.heads_per_rank(3)
+    assert KVSpec(kind="dsv4", page_size=256, window=128, full_tokens=4096, swa_tokens=2048).heads_per_rank(4) == 1
+    with pytest.raises(ValueError, match="kv_heads=0"):
+        KVSpec(kv_heads=0)
+
+
 def test_plan_chunks_full_then_swa_and_interleaves_ranks():
     src = [{"full": [10, 11, 12], "swa": [0, 5, 6]}] * 2
     dst = [{"full": {0: 1, 1: 2, 2: 3}, "swa": {1: 7, 2: 8}}] * 2
     chunks = plan(src, dst, chunk_pages=2)
-    assert chunks[:2] == [(0, "full", [10, 11], [1, 2]), (1, "full", [10, 11], [1, 2])]
-    assert [(c[0], c[1]) for c in chunks] == [(0, "full"), (1, "full"), (0, "full"), (1, "full"), (0, "swa"), (1, "swa")]
-    assert chunks[-1] == (1, "swa", [5, 6], [7, 8])
+    assert [c.rank for c in chunks] == [0, 1, 0, 1, 0, 1]
+    assert chunks[0].src() == [("full", [10, 11])] and chunks[0].dst() == [("full", [1, 2])]
+    assert chunks[2].src() == [("full", [12]), ("swa", [5])]  # a chunk carries both pools
+    assert chunks[2].dst() == [("full", [3]), ("swa", [7])]
+    assert chunks[-1].src() == [("swa", [6])] and chunks[-1].dst() == [("swa", [8])]
+    assert chunks[2].nbytes({"full": 100, "swa": 10}) == 110
+    assert len(plan(src, dst, chunk_pages=8)) == 2  # one chunk per rank
 
 
 class _Side:
@@ -75,10 +115,12 @@ class _Side:
         self.views = _views(pages=8)
         self.writes = 0
 
-    def read_chunk(self, rid, pool, pages):
+    def read_chunk(self, rid, parts):
+        [(_, pages)] = parts
         return kvfill.gather_pages(self.views, pages)
 
-    def write_chunk(self, rid, pool, pages, data):
+    def write_chunk(self, rid, parts, data):
+        [(_, pages)] = parts
         kvfill.scatter_pages(self.views, pages, data)
         self.writes += 1
         return int(data.size)
@@ -89,7 +131,7 @@ def test_transfer_moves_every_chunk_and_stops_at_an_abort():
     pos = torch.arange(16)
     kvfill.write(p.views, 4, 0, 9, pos, pos // 4 + 1, pos % 4)
     page_bytes = {"full": sum(v.shape[1] for v in p.views)}
-    chunks = [(0, "full", [1, 2], [5, 6]), (0, "full", [3, 4], [1, 2])]
+    chunks = [Chunk(0, (("full", (1, 2), (5, 6)),)), Chunk(0, (("full", (3, 4), (1, 2)),))]
     st = transfer(Ranks([p]), Ranks([d]), "r", chunks, page_bytes, max_inflight_bytes=1)
     assert (st.chunks, st.bytes, st.aborted) == (2, 4 * page_bytes["full"], False)
     assert kvfill.verify(d.views, 4, 0, 9, pos, torch.tensor([5] * 4 + [6] * 4 + [1] * 4 + [2] * 4), pos % 4) is None

@@ -21,12 +21,11 @@ def _corrupt_first_page(original: Callable[..., Any]) -> Callable[..., Any]:
     """``gather_pages`` that flips one byte of the first page it ever packs (one corrupted page)."""
     state = {"done": False}
 
-    def gather_pages(views: list, page_ids: list) -> Any:
-        data = original(views, page_ids)
+    def gather_pages(views: list, page_ids: list, out: Any = None) -> Any:
+        data = original(views, page_ids, out=out)
         if not state["done"] and data.size:
             state["done"] = True
-            data = data.copy()
-            data[0] ^= 0xFF
+            data[0] ^= 0xFF  # the packed copy only: the prefill's own pages stay intact
         return data
 
     return gather_pages

@@ -75,13 +75,16 @@ class DecodeWorker(LedgerOwner):
 
     Args:
         name: worker name (ledger file ``<run_dir>/ledger/<name>.jsonl``).
-        shard: TP rank.
+        shard: TP rank (its head shard).
+        tp: TP size of the role (the rank stores ``spec.kv_heads // tp`` KV heads).
         spec: the pool configuration.
         run_dir: the run directory.
     """
 
-    def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str):
-        self.name, self.shard = name, shard
+    def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str, tp: int = 1):
+        if not 0 <= shard < tp:
+            raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
+        self.name, self.shard, self.tp = name, shard, tp
         self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component="decode")
         self.side: Any = None
         self.live: dict[str, _Live] = {}
@@ -101,7 +104,7 @@ class DecodeWorker(LedgerOwner):
         self.spec = spec
         self.device = pick_device(spec.device)
         sizes = PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
-                          max_context_len=spec.max_context_len)
+                          max_context_len=spec.max_context_len, head_num=spec.heads_per_rank(self.tp))
         config = DecodeConfig(hisparse=spec.hisparse, page_size=spec.page_size, window=spec.window,
                               radix_cache=spec.radix_cache, sizes=sizes, device=self.device)
         self.side = Dsv4DecodeSide(config) if spec.kind == "dsv4" and not spec.hisparse else DecodeSide(config)
@@ -234,17 +237,28 @@ class DecodeWorker(LedgerOwner):
         swa_pages = {j: int(swa[j * P]) // P for j in range(live.swa_start // P, -(-prompt_len // P))}
         return {"full": full_pages, "swa": swa_pages, "prefix_len": prefix}
 
-    def write_chunk(self, rid: str, pool: str, pages: list[int], data: Any) -> int:
-        """Write received pages (``data`` from the prefill's ``read_chunk``, or its Ray ObjectRef).
+    def write_chunk(self, rid: str, parts: list[tuple[str, list[int]]], data: Any) -> int:
+        """Write received pages: ``data`` from the prefill's ``read_chunk`` (or its Ray ObjectRef),
+        ``parts`` the ``(pool, decode page ids)`` it carries, in order (:meth:`transfer.Chunk.dst`).
 
         Returns:
             Bytes written.
+
+        Raises:
+            ValueError: ``data`` does not have the size the parts need.
         """
         if not isinstance(data, np.ndarray):
             import ray
 
             data = ray.get(data, timeout=60)
-        kvfill.scatter_pages(list(getattr(self.buffers, pool)), list(pages), data)
+        views = [list(getattr(self.buffers, pool)) for pool, _ in parts]
+        sizes = [kvfill.packed_size(v, len(pages)) for v, (_, pages) in zip(views, parts)]
+        if sum(sizes) != data.size:
+            raise ValueError(f"{rid}: chunk has {data.size} bytes, its pages {parts} need {sum(sizes)}")
+        off = 0
+        for v, (_, pages), n in zip(views, parts, sizes):
+            kvfill.scatter_pages(v, list(pages), data[off:off + n])
+            off += n
         return int(data.size)
 
     def commit(self, rid: str, full_pages: list[int], swa_pages: list[int]) -> None:
@@ -259,31 +273,44 @@ class DecodeWorker(LedgerOwner):
         live = self.live[rid]
         P = self.spec.page_size
         self.ledger.record("transfer", rid, P, pages={"full": tuple(sorted(full_pages)), "swa": tuple(sorted(swa_pages))})
-        self._verify(live, 0, live.prompt_len, full=True, when="after transfer")
-        self._verify(live, max(0, live.prompt_len - self.spec.window), live.prompt_len, full=False, when="after transfer")
+        self._verify([(live, 0, live.prompt_len)], full=True, when="after transfer")
+        self._verify([(live, max(0, live.prompt_len - self.spec.window), live.prompt_len)], full=False,
+                     when="after transfer")
 
-    def _verify(self, live: _Live, start: int, end: int, *, full: bool, when: str) -> None:
-        if end <= start:
-            return
+    def _verify(self, spans: list[tuple[_Live, int, int]], *, full: bool, when: str) -> None:
+        """Check the bytes of positions ``[start, end)`` of every ``(live, start, end)`` in one pass.
+
+        All requests' positions go through one gather and one content computation per buffer
+        (the per-step window check of a whole batch is the decode worker's hottest loop).
+        """
         P = self.spec.page_size
-        full_locs, swa_locs = self._locs(live, start, end)
-        locs = full_locs if full else swa_locs
-        if not full and bool((swa_locs == 0).any()):
-            pos = start + int((swa_locs == 0).nonzero()[0, 0])
-            raise WindowLost(f"request {live.req.rid}: position {pos} inside the window [{start}, {end}) "
-                             f"has no SWA slot ({when}); evicted_seqlen={self._evicted(live.req)}")
+        pos_parts, seed_parts, loc_parts, owners = [], [], [], []
+        for live, start, end in spans:
+            if end <= start:
+                continue
+            full_locs, swa_locs = self._locs(live, start, end)
+            if not full and bool((swa_locs == 0).any()):
+                pos = start + int((swa_locs == 0).nonzero()[0, 0])
+                raise WindowLost(f"request {live.req.rid}: position {pos} inside the window [{start}, {end}) "
+                                 f"has no SWA slot ({when}); evicted_seqlen={self._evicted(live.req)}")
+            pos = torch.arange(start, end, dtype=torch.int64)
+            prompt_seed, out_seed = seeds(live.group, live.req.rid, self.shard)
+            pos_parts.append(pos)
+            seed_parts.append(torch.where(pos < live.prompt_len, prompt_seed, out_seed))
+            loc_parts.append(full_locs if full else swa_locs)
+            owners.append((len(pos), live.req.rid))
+        if not pos_parts:
+            return
+        locs = torch.cat(loc_parts)
         views = list(self.buffers.full if full else self.buffers.swa)
         b0 = 0 if full else len(self.buffers.full)
-        prompt_seed, out_seed = seeds(live.group, live.req.rid, self.shard)
-        split = min(max(live.prompt_len, start), end)
-        for lo, hi, seed in ((start, split, prompt_seed), (split, end, out_seed)):
-            if hi <= lo:
-                continue
-            sel = slice(lo - start, hi - start)
-            pos = torch.arange(lo, hi, dtype=torch.int64)
-            bad = kvfill.verify(views, P, b0, seed, pos, locs[sel] // P, locs[sel] % P)
-            if bad is not None:
-                raise KVCorruption(live.req.rid, "full" if full else "swa", bad, when)
+        bad = kvfill.verify(views, P, b0, torch.cat(seed_parts), torch.cat(pos_parts), locs // P, locs % P)
+        if bad is not None:
+            row = bad.index
+            for n, rid in owners:
+                if row < n:
+                    raise KVCorruption(rid, "full" if full else "swa", bad, when)
+                row -= n
 
     def step(self) -> list[str]:
         """One batched decode step for every running request; release the ones that are done.
@@ -314,15 +341,15 @@ class DecodeWorker(LedgerOwner):
         # Freed by nobody's row (the radix cache's pages), or handed to a request without passing
         # through the free list (a cache page evicted and reused in the same allocation).
         self._record_cache_eviction({k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k]) for k in before})
+        new_tokens: dict[str, list[tuple[int, int, int]]] = {"full": [], "swa": []}  # (position, seed, loc)
         for lv, loc in zip(lives, out.tolist()):
             rid = lv.req.rid
             pos = int(lv.req.kv.kv_committed_len) - 1
             seed = seeds(lv.group, rid, self.shard)[1]
             _, swa_loc = self._locs(lv, pos, pos + 1)
-            p = torch.tensor([pos])
-            kvfill.write(list(self.buffers.full), P, 0, seed, p, torch.tensor([loc // P]), torch.tensor([loc % P]))
+            new_tokens["full"].append((pos, seed, loc))
             if int(swa_loc[0]):
-                kvfill.write(list(self.buffers.swa), P, len(self.buffers.full), seed, p, swa_loc // P, swa_loc % P)
+                new_tokens["swa"].append((pos, seed, int(swa_loc[0])))
             lv.req.output_ids.append(100_001 + pos)  # the "sampled" token
             lv.steps_left -= 1
             now = owned_now[rid]
@@ -334,16 +361,22 @@ class DecodeWorker(LedgerOwner):
                                    pages={k: tuple(sorted(v)) for k, v in gone.items()})
             self.ledger.record("decode_alloc", rid, P, window=self.retained, fill_len=pos + 1,
                                pages={k: tuple(sorted(v)) for k, v in new.items()})
+        for pool, b0 in (("full", 0), ("swa", len(self.buffers.full))):  # the new tokens' KV, one write per pool
+            if new_tokens[pool]:
+                pos_t, seed_t, loc_t = (torch.tensor(col, dtype=torch.int64) for col in zip(*new_tokens[pool]))
+                kvfill.write(list(getattr(self.buffers, pool)), P, b0, seed_t, pos_t, loc_t // P, loc_t % P)
         stray_taken = {k: tuple(sorted(taken[k] - new_all[k])) for k in taken}
         if any(stray_taken.values()):  # taken by the step but in no request's row: a leak
             self.ledger.record("decode_alloc", "<unattributed>", P, pages=stray_taken)
+        windows = []
         for lv in lives:
             n = int(lv.req.kv.kv_committed_len)
-            self._verify(lv, max(0, n - self.spec.window), n, full=False, when=f"decode step {self.steps}")
+            windows.append((lv, max(0, n - self.spec.window), n))
+        self._verify(windows, full=False, when=f"decode step {self.steps}")
         done = [lv.req.rid for lv in lives if lv.steps_left <= 0]
+        self._verify([(self.live[rid], 0, int(self.live[rid].req.kv.kv_committed_len)) for rid in done], full=True,
+                     when="at finish")
         for rid in done:
-            live = self.live[rid]
-            self._verify(live, 0, int(live.req.kv.kv_committed_len), full=True, when="at finish")
             self._release(rid, abort=False)
         return done
 

@@ -100,8 +100,8 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
             name = f"{name_prefix}{role.name}-0-r{rank}"
             ws = WorkerSpec(name=name, run_dir=str(run_dir), num_cpus=role.cpus_per_rank, env=worker_env(env),
                             ready_timeout=ready_timeout,
-                            payload=InProcess(cls, kwargs={"name": name, "shard": rank, "spec": spec,
-                                                           "run_dir": str(run_dir)}))
+                            payload=InProcess(cls, kwargs={"name": name, "shard": rank, "tp": role.tp,
+                                                           "spec": spec, "run_dir": str(run_dir)}))
             jobs.append((role.kind, ws, group, rank))
     started: list[Any] = []
     try:

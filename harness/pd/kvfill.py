@@ -12,9 +12,11 @@ numpy array (zero-copy through Ray's object store), :func:`scatter_pages` unpack
 
 from __future__ import annotations
 
+import functools
 import warnings
 import zlib
 from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 import torch
@@ -22,15 +24,20 @@ import torch
 
 @dataclass(frozen=True)
 class Mismatch:
-    """The first byte run that differs from the expected content."""
+    """The first byte run that differs from the expected content (``index``: its row in the input)."""
 
     buffer: int
     position: int
     page: int
     slot: int
+    index: int = 0
 
     def __str__(self) -> str:
         return f"buffer {self.buffer} position {self.position} (page {self.page}, slot {self.slot})"
+
+
+#: One content seed for every position, or an int64 tensor of one seed per position.
+Seeds = Union[int, torch.Tensor]
 
 
 def seed_of(rid: str, shard: int) -> int:
@@ -62,19 +69,43 @@ def _token_view(view: torch.Tensor, page_size: int) -> torch.Tensor:
     return view.as_strided((pages, page_size, tb), (page_bytes, tb, 1))
 
 
-def content(seed: int, buffer: int, positions: torch.Tensor, token_bytes: int) -> torch.Tensor:
-    """Expected bytes of ``positions`` in one buffer: ``[len(positions), token_bytes]`` uint8 (CPU)."""
+def content(seed: Seeds, buffer: int, positions: torch.Tensor, token_bytes: int) -> torch.Tensor:
+    """Expected bytes of ``positions`` in one buffer: ``[len(positions), token_bytes]`` uint8 (CPU).
+
+    Args:
+        seed: one seed for every position, or an int64 tensor of one seed per position (many
+            requests checked in one call).
+        buffer: the buffer index.
+        positions: token positions.
+        token_bytes: bytes per token in the buffer.
+    """
     pos = positions.to("cpu", torch.int64)
-    # One small int64 computation per row and per column, then a wrapping uint8 add: cheap enough
-    # to regenerate for every verification.
+    if isinstance(seed, torch.Tensor):
+        seed = seed.to("cpu", torch.int64)
+    # A wrapping uint8 add of a per-row term and a per-column term (the column term shifted per
+    # row by the seed): regenerated for every verification, so it is a table lookup, not arithmetic
+    # over every byte.
     row = ((seed + buffer * 1_000_003 + pos * 7_919) % 251).to(torch.uint8)
-    col = ((torch.arange(token_bytes, dtype=torch.int64) * 31 + seed * 13 + buffer * 101) % 251).to(torch.uint8)
-    return row[:, None] + col[None, :]
+    shift = (seed * 13 + buffer * 101) % 251
+    table = _column_table(token_bytes)
+    if isinstance(seed, torch.Tensor):
+        return row[:, None] + table.index_select(0, shift)
+    return row[:, None] + table[int(shift)][None, :]
 
 
-def write(views: list[torch.Tensor], page_size: int, buffer0: int, seed: int, positions: torch.Tensor,
+@functools.lru_cache(maxsize=32)
+def _column_table(token_bytes: int) -> torch.Tensor:
+    """``[251, token_bytes]`` uint8: row ``s`` is ``(31 * j + s) % 251`` for byte ``j`` of a token."""
+    cols = torch.arange(token_bytes, dtype=torch.int64) * 31
+    return ((cols[None, :] + torch.arange(251, dtype=torch.int64)[:, None]) % 251).to(torch.uint8)
+
+
+def write(views: list[torch.Tensor], page_size: int, buffer0: int, seed: Seeds, positions: torch.Tensor,
           pages: torch.Tensor, slots: torch.Tensor) -> None:
-    """Write the content of ``positions`` at (page, slot) into every view; view ``i`` is buffer ``buffer0 + i``."""
+    """Write the content of ``positions`` at (page, slot) into every view; view ``i`` is buffer ``buffer0 + i``.
+
+    ``seed`` is one seed, or one per position (several requests written in one call).
+    """
     if positions.numel() == 0:
         return
     for i, v in enumerate(views):
@@ -83,40 +114,81 @@ def write(views: list[torch.Tensor], page_size: int, buffer0: int, seed: int, po
         tv[pages.to(v.device), slots.to(v.device)] = data
 
 
-def verify(views: list[torch.Tensor], page_size: int, buffer0: int, seed: int, positions: torch.Tensor,
+def verify(views: list[torch.Tensor], page_size: int, buffer0: int, seed: Seeds, positions: torch.Tensor,
            pages: torch.Tensor, slots: torch.Tensor) -> Mismatch | None:
     """Compare every byte of ``positions`` at (page, slot) with the expected content.
 
+    ``seed`` is one seed, or one per position (several requests checked in one call).
+
     Returns:
-        The first :class:`Mismatch` (in buffer, then position order), or None when all match.
+        The first :class:`Mismatch` (in buffer, then input row order), or None when all match.
     """
     if positions.numel() == 0:
         return None
     for i, v in enumerate(views):
         tv = _token_view(v, page_size)
         got = tv[pages.to(v.device), slots.to(v.device)].cpu()
-        bad = (got != content(seed, buffer0 + i, positions, tv.shape[2])).any(dim=1)
+        want = content(seed, buffer0 + i, positions, tv.shape[2])
+        if torch.equal(got, want):
+            continue
+        bad = (got != want).any(dim=1)
         if bool(bad.any()):
             j = int(bad.nonzero()[0, 0])
-            return Mismatch(buffer0 + i, int(positions[j]), int(pages[j]), int(slots[j]))
+            return Mismatch(buffer0 + i, int(positions[j]), int(pages[j]), int(slots[j]), j)
     return None
 
 
-def gather_pages(views: list[torch.Tensor], page_ids: list[int]) -> np.ndarray:
-    """Pack whole pages of every view into one flat uint8 array (view order, then page order)."""
+def _runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
+    """Ascending runs of consecutive page ids as ``(first page, offset in the list, length)``.
+
+    sglang's allocators hand out sorted free lists (``need_sort``), so a request's pages are mostly
+    a few long runs: each run moves as one slice copy instead of a gather by index.
+    """
+    runs: list[tuple[int, int, int]] = []
+    for i, p in enumerate(page_ids):
+        if runs and p == runs[-1][0] + runs[-1][2]:
+            first, off, n = runs[-1]
+            runs[-1] = (first, off, n + 1)
+        else:
+            runs.append((p, i, 1))
+    return runs
+
+
+def packed_size(views: list[torch.Tensor], n_pages: int) -> int:
+    """Bytes :func:`gather_pages` packs for ``n_pages`` pages of ``views``."""
+    return sum(v.shape[1] for v in views) * n_pages
+
+
+def gather_pages(views: list[torch.Tensor], page_ids: list[int], out: np.ndarray | None = None) -> np.ndarray:
+    """Pack whole pages of every view into one flat uint8 array (view order, then page order).
+
+    Args:
+        views: page views (:func:`byte_view`).
+        page_ids: pages to pack.
+        out: a flat uint8 array of :func:`packed_size` bytes to pack into (default: a new one).
+
+    Returns:
+        ``out`` (or the new array).
+    """
+    if out is None:
+        out = np.empty(packed_size(views, len(page_ids)), np.uint8)
     if not page_ids:
-        return np.zeros(0, np.uint8)
-    out = np.empty(sum(v.shape[1] for v in views) * len(page_ids), np.uint8)
+        return out
     flat = torch.from_numpy(out)
+    runs = _runs(page_ids)
     off = 0
     for v in views:
         n = v.shape[1] * len(page_ids)
-        idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
-        dst = flat[off:off + n].view(len(page_ids), v.shape[1])
-        if v.device.type == "cpu":
-            torch.index_select(v, 0, idx, out=dst)  # one copy, straight into the array Ray ships
+        dst = flat[off:off + n].view(len(page_ids), v.shape[1])  # straight into the array Ray ships
+        if len(runs) * 4 <= len(page_ids):  # long runs: slice copies
+            for first, at, length in runs:
+                dst[at:at + length].copy_(v[first:first + length])
         else:
-            dst.copy_(v.index_select(0, idx))
+            idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
+            if v.device.type == "cpu":
+                torch.index_select(v, 0, idx, out=dst)
+            else:
+                dst.copy_(v.index_select(0, idx))
         off += n
     return out
 
@@ -136,9 +208,15 @@ def scatter_pages(views: list[torch.Tensor], page_ids: list[int], data: np.ndarr
         # Ray hands the receiver a read-only array (zero-copy); it is only read here.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         flat = torch.from_numpy(np.ascontiguousarray(data))
+    runs = _runs(page_ids)
     off = 0
     for v in views:
         n = v.shape[1] * len(page_ids)
-        idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
-        v.index_copy_(0, idx, flat[off:off + n].view(len(page_ids), v.shape[1]).to(v.device))
+        src = flat[off:off + n].view(len(page_ids), v.shape[1])
+        if len(runs) * 4 <= len(page_ids):  # long runs: slice copies
+            for first, at, length in runs:
+                v[first:first + length].copy_(src[at:at + length])
+        else:
+            idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
+            v.index_copy_(0, idx, src.to(v.device))
         off += n

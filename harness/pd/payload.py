@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from harness.ledger import LedgerWriter
@@ -22,7 +21,7 @@ class LedgerOwner:
 
     def ledger_events(self, since: int = 0) -> list[dict[str, Any]]:
         """This worker's ledger events from index ``since`` on, as JSON objects."""
-        return [json.loads(e.to_json()) for e in self.ledger.events[since:]]
+        return [e.to_dict() for e in self.ledger.events[since:]]
 
     def close(self) -> None:
         self.ledger.close()

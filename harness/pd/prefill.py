@@ -43,12 +43,15 @@ class PrefillWorker(LedgerOwner):
     Args:
         name: worker name (ledger file ``<run_dir>/ledger/<name>.jsonl``).
         shard: TP rank (its head shard).
+        tp: TP size of the role (the rank stores ``spec.kv_heads // tp`` KV heads).
         spec: the pool configuration.
         run_dir: the run directory.
     """
 
-    def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str):
-        self.name, self.shard = name, shard
+    def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str, tp: int = 1):
+        if not 0 <= shard < tp:
+            raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
+        self.name, self.shard, self.tp = name, shard, tp
         self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component="prefill")
         self.side: Any = None
         self.configure(spec)
@@ -67,7 +70,7 @@ class PrefillWorker(LedgerOwner):
         self.spec = spec
         self.device = pick_device(spec.device)
         sizes = PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
-                          max_context_len=spec.max_context_len)
+                          max_context_len=spec.max_context_len, head_num=spec.heads_per_rank(self.tp))
         self.side = PrefillSide(spec.kind, spec.page_size, spec.window, sizes, self.device)
         self.buffers = self.side.buffers
         if spec.hisparse:  # decode keeps C4 on the host: ship only what both sides hold per page
@@ -115,19 +118,25 @@ class PrefillWorker(LedgerOwner):
         self.shipped[rid] = {"full": set(), "swa": set()}
         return {"full": (full[::P] // P).tolist(), "swa": (swa[::P] // P).tolist()}
 
-    def read_chunk(self, rid: str, pool: str, pages: list[int]) -> np.ndarray:
-        """Pack whole pages (page ids of this side) of every ``pool`` buffer for the transfer.
+    def read_chunk(self, rid: str, parts: list[tuple[str, list[int]]]) -> np.ndarray:
+        """Pack whole pages (page ids of this side) of every buffer of each part's pool for the transfer.
 
         Args:
             rid: the request the pages belong to.
-            pool: ``full`` or ``swa``.
-            pages: page ids.
+            parts: ``(pool, page ids)`` with pool ``full`` or ``swa`` (:meth:`transfer.Chunk.src`).
 
         Returns:
-            A flat uint8 array (see :func:`harness.pd.kvfill.gather_pages`).
+            One flat uint8 array: the parts one after the other (see :func:`harness.pd.kvfill.gather_pages`).
         """
-        self.shipped[rid][pool].update(pages)
-        return kvfill.gather_pages(list(getattr(self.buffers, pool)), list(pages))
+        views = [list(getattr(self.buffers, pool)) for pool, _ in parts]
+        sizes = [kvfill.packed_size(v, len(pages)) for v, (_, pages) in zip(views, parts)]
+        out = np.empty(sum(sizes), np.uint8)
+        off = 0
+        for v, (pool, pages), n in zip(views, parts, sizes):
+            self.shipped[rid][pool].update(pages)
+            kvfill.gather_pages(v, list(pages), out=out[off:off + n])
+            off += n
+        return out
 
     def release(self, rid: str) -> None:
         """Record what was shipped, then free the request through the real release path."""

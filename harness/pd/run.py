@@ -165,14 +165,18 @@ def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, ma
             res.chunks += stats.chunks
             res.bytes += stats.bytes
             res.transfer_s += stats.seconds
-            pair.prefill.all("release", req.rid)
+            # Prefill frees while decode commits (or drops an aborted request): both sides at once.
+            released = [pair.prefill.submit(r, "release", req.rid) for r in range(len(pair.prefill))]
             if stats.aborted:
-                pair.decode.all("abort", req.rid)
+                finished = [pair.decode.submit(r, "abort", req.rid) for r in range(len(pair.decode))]
+            else:
+                finished = [pair.decode.submit(r, "commit", req.rid, sorted(d["full"].values()), sorted(d["swa"].values()))
+                            for r, d in enumerate(dst)]
+            pair.prefill.get(released)
+            pair.decode.get(finished)
+            if stats.aborted:
                 res.aborted.append(req.rid)
                 continue
-            full = [sorted(d["full"].values()) for d in dst]
-            swa = [sorted(d["swa"].values()) for d in dst]
-            pair.decode.get([pair.decode.submit(r, "commit", req.rid, full[r], swa[r]) for r in range(len(pair.decode))])
             running.add(req.rid)
             res.max_running = max(res.max_running, len(running))
         if running:

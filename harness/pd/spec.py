@@ -22,6 +22,8 @@ class KVSpec:
         swa_tokens: decode SWA-pool tokens.
         req_slots: request slots on each side.
         max_context_len: longest request.
+        kv_heads: the model's KV heads (``swa`` pools): each of TP ranks stores ``kv_heads // tp`` of
+            them, so TP must divide it. DeepSeek-V4's latent KV has no heads: every rank holds it whole.
         device: ``auto`` (the worker's GPU when torch sees one, else CPU), ``cuda`` or ``cpu``.
     """
 
@@ -34,6 +36,7 @@ class KVSpec:
     swa_tokens: int = 16 * 64
     req_slots: int = 8
     max_context_len: int = 4096
+    kv_heads: int = 8
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -43,9 +46,24 @@ class KVSpec:
             raise ValueError(f"device {self.device!r} unknown; use auto, cuda or cpu")
         if self.hisparse and self.kind != "dsv4":
             raise ValueError("hisparse needs kind='dsv4'")
+        if self.kv_heads < 1:
+            raise ValueError(f"kv_heads={self.kv_heads} must be ≥ 1")
         for name in ("full_tokens", "swa_tokens"):
             if getattr(self, name) % self.page_size:
                 raise ValueError(f"{name}={getattr(self, name)} is not a multiple of page_size {self.page_size}")
+
+    def heads_per_rank(self, tp: int) -> int:
+        """KV heads one of ``tp`` ranks stores (its head shard; DeepSeek-V4: 1, the whole latent).
+
+        Raises:
+            ValueError: ``tp`` does not divide ``kv_heads`` on the ``swa`` pools.
+        """
+        if self.kind == "dsv4":
+            return 1
+        if tp < 1 or self.kv_heads % tp:
+            raise ValueError(f"TP {tp} does not divide kv_heads={self.kv_heads}: "
+                             "pick a KVSpec.kv_heads that is a multiple of the topology's TP size")
+        return self.kv_heads // tp
 
     @property
     def tag(self) -> str:

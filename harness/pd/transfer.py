@@ -1,7 +1,8 @@
 """Chunked P→D page transfer with a bound on bytes in flight.
 
 For each TP rank, the pages a request needs (full pages past any cached prefix, SWA pages of the
-window) go from prefill rank r to decode rank r in chunks of ``chunk_pages`` pages: the prefill
+window) go from prefill rank r to decode rank r in chunks of at most ``chunk_pages`` pages, full
+pages first; a chunk may carry pages of both pools (a short prompt moves in one chunk). The prefill
 packs a chunk into one numpy array (``read_chunk``), the decode unpacks it at the pages sglang
 allocated (``write_chunk``). Through Ray the decode actor receives the ObjectRef and reads the
 array zero-copy from the object store; at most ``max_inflight_bytes`` are unacknowledged at once.
@@ -29,35 +30,58 @@ class TransferStats:
     aborted: bool
 
 
-def plan(src: list[dict[str, list[int]]], dst: list[dict[str, Any]], chunk_pages: int) -> list[tuple[int, str, list[int], list[int]]]:
-    """Chunks ``(rank, pool, prefill page ids, decode page ids)`` for every rank, full pool first.
+@dataclass(frozen=True)
+class Chunk:
+    """Pages one rank sends in one message: ``parts`` are ``(pool, prefill page ids, decode page ids)``."""
+
+    rank: int
+    parts: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
+
+    def src(self) -> list[tuple[str, list[int]]]:
+        """``(pool, prefill page ids)`` per part: the prefill's ``read_chunk`` argument."""
+        return [(pool, list(s)) for pool, s, _ in self.parts]
+
+    def dst(self) -> list[tuple[str, list[int]]]:
+        """``(pool, decode page ids)`` per part: the decode's ``write_chunk`` argument."""
+        return [(pool, list(d)) for pool, _, d in self.parts]
+
+    def nbytes(self, page_bytes: dict[str, int]) -> int:
+        """Bytes of the chunk, given the bytes of one page over all buffers of each pool."""
+        return sum(len(s) * page_bytes[pool] for pool, s, _ in self.parts)
+
+
+def plan(src: list[dict[str, list[int]]], dst: list[dict[str, Any]], chunk_pages: int) -> list[Chunk]:
+    """The chunks of one request for every rank, full pages first, then SWA pages.
 
     Args:
         src: per rank, the prefill's page ids by request page (``PrefillWorker.prefill``).
         dst: per rank, ``{"full": {j: page}, "swa": {j: page}}`` from ``DecodeWorker.admit``.
-        chunk_pages: pages per chunk.
+        chunk_pages: most pages per chunk.
 
     Returns:
         The chunks in send order (ranks interleaved so all links carry traffic).
     """
     per_rank = []
-    for s, d in zip(src, dst):
+    for rank, (s, d) in enumerate(zip(src, dst)):
+        pages = [(pool, s[pool][j], d[pool][j]) for pool in ("full", "swa") for j in sorted(d[pool])]
         chunks = []
-        for pool in ("full", "swa"):
-            js = sorted(d[pool])
-            for i in range(0, len(js), chunk_pages):
-                part = js[i:i + chunk_pages]
-                chunks.append((pool, [s[pool][j] for j in part], [d[pool][j] for j in part]))
+        for i in range(0, len(pages), chunk_pages):
+            part: dict[str, tuple[list[int], list[int]]] = {}
+            for pool, sp, dp in pages[i:i + chunk_pages]:
+                part.setdefault(pool, ([], []))
+                part[pool][0].append(sp)
+                part[pool][1].append(dp)
+            chunks.append(Chunk(rank, tuple((pool, tuple(a), tuple(b)) for pool, (a, b) in part.items())))
         per_rank.append(chunks)
     out = []
     for i in range(max((len(c) for c in per_rank), default=0)):
-        for rank, chunks in enumerate(per_rank):
+        for chunks in per_rank:
             if i < len(chunks):
-                out.append((rank, *chunks[i]))
+                out.append(chunks[i])
     return out
 
 
-def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[tuple[int, str, list[int], list[int]]],
+def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
              page_bytes: dict[str, int], *, max_inflight_bytes: int, abort_after: int | None = None) -> TransferStats:
     """Move the chunks of one request.
 
@@ -84,14 +108,14 @@ def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[tuple[int, st
             handle, _, rank = inflight.pop(0)
             moved += decode.get([handle], [rank])[0]
 
-    for rank, pool, src_pages, dst_pages in chunks:
+    for chunk in chunks:
         if abort_after is not None and sent >= abort_after:
             aborted = True
             break
-        size = len(src_pages) * page_bytes[pool]
+        size = chunk.nbytes(page_bytes)
         drain(max(0, max_inflight_bytes - size))
-        data = prefill.submit(rank, "read_chunk", rid, pool, src_pages)
-        inflight.append((decode.submit(rank, "write_chunk", rid, pool, dst_pages, data), size, rank))
+        data = prefill.submit(chunk.rank, "read_chunk", rid, chunk.src())
+        inflight.append((decode.submit(chunk.rank, "write_chunk", rid, chunk.dst(), data), size, chunk.rank))
         sent += 1
     drain(0)
     return TransferStats(moved, sent, time.perf_counter() - t0, aborted)

@@ -28,12 +28,19 @@ _DSV4_COMPRESSION_RATIOS = (0, 4, 128)
 @dataclass(frozen=True)
 class PoolSizes:
     """Pool capacities: full and SWA pool tokens (multiples of every supported page size), request
-    slots and the longest context a request slot holds."""
+    slots, the longest context a request slot holds, and the KV heads one rank stores per token.
+
+    ``head_num`` is this rank's shard of the model's KV heads (``kv_heads // tp``): with tensor
+    parallelism each rank's ``SWAKVPool`` holds only its heads, as sglang's MHA/GQA pools do. It
+    does not apply to the DeepSeek-V4 pools, whose compressed latent KV has no head dimension and is
+    held whole by every TP rank.
+    """
 
     full_tokens: int = 48 * 256
     swa_tokens: int = 24 * 256
     req_slots: int = 8
     max_context_len: int = 8192
+    head_num: int = 1
 
     def checked(self, page_size: int) -> tuple[int, int]:
         """The full and SWA pool sizes, validated against a page size.
@@ -87,6 +94,8 @@ def build_swa_pools(page_size: int, sizes: PoolSizes, device: str) -> SwaPools:
     """
     if page_size not in SWA_PAGE_SIZES:
         raise ValueError(f"page_size {page_size} not supported; use one of {SWA_PAGE_SIZES}")
+    if sizes.head_num < 1:
+        raise ValueError(f"head_num={sizes.head_num} must be ≥ 1 (this rank's KV heads)")
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
@@ -96,7 +105,7 @@ def build_swa_pools(page_size: int, sizes: PoolSizes, device: str) -> SwaPools:
         size_swa=size_swa,
         page_size=page_size,
         dtype=torch.bfloat16,
-        head_num=1,
+        head_num=sizes.head_num,
         head_dim=8,
         swa_attention_layer_ids=[0, 2],
         full_attention_layer_ids=[1],

@@ -17,7 +17,7 @@ page ids of each pool (:func:`free_pages`) and where a request's tokens live (:f
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -169,8 +169,7 @@ class PrefillSide:
 
     def __init__(self, kind: str, page_size: int, window: int, sizes: pool_builders.PoolSizes, device: str):
         runtime.publish(runtime.RuntimeSettings(device=device, radix_cache=False))
-        sizes = pool_builders.PoolSizes(full_tokens=sizes.full_tokens, swa_tokens=sizes.full_tokens,
-                                        req_slots=sizes.req_slots, max_context_len=sizes.max_context_len)
+        sizes = replace(sizes, swa_tokens=sizes.full_tokens)
         self.page_size = page_size
         self.device = device
         if kind == "dsv4":
