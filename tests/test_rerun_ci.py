@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness import cli as harness_cli
 from harness.rerun import cli, github
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +68,11 @@ def _check_command(tokens: list[str]) -> None:
         subs = _subparsers(github.build_parser())
         assert rest[0] in subs, f"unknown sub-command {rest[0]!r}"
         parser, rest = subs[rest[0]], rest[1:]
+    elif module == "harness.cli":  # `harness COMMAND ACTION ...`: walk the sub-commands to the leaf parser
+        parser = harness_cli.build_parser()
+        while subs := _subparsers(parser):
+            assert rest and rest[0] in subs, f"harness: unknown sub-command in {args} (choose from {sorted(subs)})"
+            parser, rest = subs[rest[0]], rest[1:]
     else:
         pytest.fail(f"no check for module {module}")
     known = _options(parser)
@@ -75,8 +81,19 @@ def _check_command(tokens: list[str]) -> None:
             assert t.split("=", 1)[0] in known, f"{module}: unknown option {t}"
 
 
-def test_there_are_two_workflows():
-    assert {p.name for p in WORKFLOWS} == {"slash-command.yml", "rerun-test.yml"}
+def test_there_are_three_workflows():
+    assert {p.name for p in WORKFLOWS} == {"slash-command.yml", "rerun-test.yml", "gates.yml"}
+
+
+def test_command_check_catches_unknown_sub_commands_and_options():
+    """The check itself can fail: a wrong action or option in a workflow is caught."""
+    _check_command(shlex.split('python -m harness.cli gate plan "$GATE" --simulate --github-output "$GITHUB_OUTPUT"'))
+    with pytest.raises(AssertionError, match="unknown sub-command"):
+        _check_command(shlex.split('python -m harness.cli gate matrix "$GATE"'))
+    with pytest.raises(AssertionError, match="unknown option --github-matrix"):
+        _check_command(shlex.split('python -m harness.cli gate plan "$GATE" --github-matrix'))
+    with pytest.raises(AssertionError, match="YAML may only call"):
+        _check_command(shlex.split("cat runs/report/summary.md"))
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -147,3 +164,45 @@ def test_bot_side_needs_only_the_standard_library(tmp_path):
     for argv in (["harness.rerun.github", "--help"], ["harness.rerun.cli", "--parse-only", "test_a.py"]):
         r = subprocess.run([sys.executable, "-S", "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
+
+
+def test_gates_workflow_triggers_matrix_and_verdict():
+    doc = _load(ROOT / "ci" / "workflows" / "gates.yml")
+    on = doc["on"]
+    assert on["push"] == {"branches": ["main"], "tags": ["v*"]} and "pull_request" in on
+    inputs = on["workflow_dispatch"]["inputs"]
+    assert inputs["gate"]["default"] == "release" and not inputs["ref"]["required"]
+    # per-commit on branches and PRs, release on tags and by hand (the gate name input)
+    assert doc["env"]["GATE"] == "${{ inputs.gate || (github.ref_type == 'tag' && 'release') || 'per-commit' }}"
+    # a new push cancels the previous per-commit run of its ref; release runs get their own group
+    assert doc["concurrency"]["cancel-in-progress"] is True
+    assert "github.ref ||" in doc["concurrency"]["group"] and "github.run_id" in doc["concurrency"]["group"]
+    plan, run, verdict = doc["jobs"]["plan"], doc["jobs"]["run"], doc["jobs"]["verdict"]
+    plan_cmds = {s["id"]: s["run"] for s in plan["steps"] if "run" in s}
+    assert all("harness.cli gate plan" in c and '--github-output "$GITHUB_OUTPUT"' in c for c in plan_cmds.values())
+    assert plan["outputs"]["matrix"] == "${{ " + " || ".join(f"steps.{i}.outputs.matrix" for i in plan_cmds) + " }}"
+    assert run["strategy"] == {"fail-fast": False, "matrix": "${{ fromJSON(needs.plan.outputs.matrix) }}"}
+    assert run["runs-on"] == "${{ matrix.runner }}" and run["env"]["RUNNER_LABEL"] == "${{ matrix.runner }}"
+    from harness.targets.sglang.server import modelmap
+
+    # every model a real-server suite may need reaches the gate from a repository variable
+    assert {k: v for k, v in run["env"].items() if k.startswith("HARNESS_MODEL_")} == {
+        modelmap.env_var(n): "${{ vars.%s }}" % modelmap.env_var(n) for n in modelmap.NAMES}
+    cmds = [s["run"] for s in run["steps"] if "run" in s]
+    assert cmds[0] == "./dev install"
+    gate_runs = [c for c in cmds if "harness.cli gate run" in c]
+    assert len(gate_runs) == 2 and all('--runner "$RUNNER_LABEL" --run-dir "runs/$ARTIFACT"' in c for c in gate_runs)
+    # the plan and the run of one workflow run agree on --simulate (the same rule places the groups)
+    for step in [s for s in plan["steps"] + run["steps"] if "gate plan" in s.get("run", "") or "gate run" in s.get("run", "")]:
+        assert ("--simulate" in step["run"]) == (step["if"] == "env.SIMULATE == 'true'"), step
+    summary = next(s for s in run["steps"] if "gate verdict" in s.get("run", ""))
+    assert summary["if"] == "always()" and summary["run"].endswith('>> "$GITHUB_STEP_SUMMARY"')
+    upload = next(s for s in run["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()"
+    assert upload["with"]["name"] == "${{ matrix.artifact }}" and upload["with"]["path"] == "runs/${{ matrix.artifact }}"
+    assert set(verdict["needs"]) == {"plan", "run"} and verdict["if"] == "${{ !cancelled() }}"
+    download = next(s for s in verdict["steps"] if s.get("uses", "").startswith("actions/download-artifact"))
+    assert download["with"] == {"pattern": "gate-*", "path": "reports"}
+    final = verdict["steps"][-1]["run"]
+    assert final.startswith('python -m harness.cli gate verdict "$GATE" --matrix "$MATRIX" --reports reports')
+    assert verdict["env"]["MATRIX"] == "${{ needs.plan.outputs.matrix }}"

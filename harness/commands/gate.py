@@ -1,8 +1,13 @@
-"""``harness gate list | show NAME | run NAME [--simulate] [--ray-address ADDR]``.
+"""``harness gate list | show NAME | plan NAME | run NAME [--simulate] [--ray-address ADDR] | verdict NAME``.
 
 ``run`` prints a live line per running group, then ``PASS`` or ``FAIL`` with the reasons, and
 writes ``report/{junit.xml,summary.md,result.json}`` and ``report/failures/<test>/repro.json`` into
 the run directory. Exit 0 only on PASS, 1 on FAIL, 2 on bad input (an unknown or invalid gate).
+
+In CI (``ci/workflows/gates.yml``) a gate is split per runner label: ``plan`` prints the GitHub
+Actions matrix (one entry per label; :mod:`harness.gates.plan`), each job runs
+``run NAME --runner LABEL``, and ``verdict`` combines the jobs' ``result.json`` into one PASS / FAIL
+(exit 0 / 1). ``plan`` and ``verdict`` need only the standard library.
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = gsub.add_parser("show", help="print one gate as JSON")
     show.add_argument("name", help="a gate name or a path to a .toml file")
     show.set_defaults(func=_show)
+    plan = gsub.add_parser("plan", help="print the gate as a GitHub Actions matrix (JSON): one entry per runner label")
+    plan.add_argument("name", help="a gate name or a path to a .toml file")
+    plan.add_argument("--simulate", action="store_true",
+                      help="GPU groups whose topology allows simulation go to the cpu topology's runner (no GPU runner)")
+    plan.add_argument("--github-output", type=Path, metavar="FILE", help="also append matrix=<json> to FILE ($GITHUB_OUTPUT)")
+    plan.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
+    plan.set_defaults(func=_plan)
     run = gsub.add_parser("run", help="run a gate and print PASS / FAIL with reasons")
     run.add_argument("name", help="a gate name or a path to a .toml file")
     run.add_argument("--simulate", action="store_true", help="run groups whose GPUs are missing on Ray logical GPUs")
@@ -36,8 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR", help="an extra test tree; repeatable")
     run.add_argument("--hypothesis-seed", type=int, help="override the gate's Hypothesis seed")
     run.add_argument("--workload-seed", type=int, help="override the gate's workload seed")
+    run.add_argument("--runner", metavar="LABEL", help="run only the groups of this CI runner label (see `harness gate plan`)")
     run.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
     run.set_defaults(func=_run)
+    verdict = gsub.add_parser("verdict", help="combine the CI jobs' results of a `plan` matrix into one PASS / FAIL")
+    verdict.add_argument("name", help="a gate name or a path to a .toml file")
+    verdict.add_argument("--matrix", required=True, metavar="JSON", help="the matrix `harness gate plan` printed (empty: the plan failed)")
+    verdict.add_argument("--reports", type=Path, required=True, metavar="DIR",
+                         help="where the jobs' run directories are, one per artifact name (DIR/<artifact>/report/result.json)")
+    verdict.set_defaults(func=_verdict)
 
 
 def _load(name: str) -> model.Gate:
@@ -60,9 +79,55 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from harness import topology
+    from harness.gates import plan
+    from harness.rerun import collector, plan as plan_mod, resolve, spec
+    from harness.rerun.registry import RegistryError
+
+    gate = _load(args.name)
+    try:
+        m = plan.matrix(gate, collector.collect(args.repo_root.resolve()), args.simulate)
+    except (resolve.ResolveError, plan_mod.PlanError, spec.SpecError, RegistryError, topology.TopologyError) as e:
+        raise UsageError(f"gate {gate.name} cannot be planned: {e}") from None
+    print(json.dumps(m, indent=2))
+    if args.github_output:
+        with open(args.github_output, "a", encoding="utf-8") as f:
+            f.write(f"matrix={json.dumps(m, separators=(',', ':'))}\n")
+    return 0
+
+
+def _verdict(args: argparse.Namespace) -> int:
+    from harness.gates import render, verdict
+
+    gate = _load(args.name)
+    try:
+        entries = json.loads(args.matrix)["include"] if args.matrix.strip() else []
+        labels = [(str(e["name"]), str(e["artifact"])) for e in entries]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UsageError(f"--matrix: not a matrix from `harness gate plan` ({e}); pass its JSON") from None
+    jobs: list[tuple[str, dict | None]] = []
+    details: list[tuple[str, str]] = []
+    for label, artifact in labels:
+        report = args.reports / artifact / "report"
+        try:
+            result = json.loads((report / "result.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            result = None  # a job that reported nothing readable is judged as one that reported nothing
+        jobs.append((label, result if isinstance(result, dict) else None))
+        try:
+            details.append((label, (report / "summary.md").read_text(encoding="utf-8")))
+        except OSError:
+            pass  # no summary: the table already says "no result"
+    passed, reasons = verdict.judge_jobs(jobs)
+    print(render.jobs_md(gate.name, jobs, passed, reasons, tuple(details)), end="")
+    return 0 if passed else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     from harness.gates import render, runner
     from harness.rerun.cli import detect_gpus
+    from harness.rerun.plan import PlanError
     from harness.rerun.registry import RegistryError
 
     gate = _load(args.name)
@@ -78,10 +143,10 @@ def _run(args: argparse.Namespace) -> int:
     opts = runner.GateOptions(repo_root=root, run_dir=run_dir, simulate=args.simulate, ray_address=args.ray_address,
                               gpus=gpus, jobs=args.jobs or max(1, min(4, os.cpu_count() or 1)),
                               suites_dirs=tuple(args.suites_dir), hypothesis_seed=args.hypothesis_seed,
-                              workload_seed=args.workload_seed)
+                              workload_seed=args.workload_seed, runner=args.runner)
     try:
         result = runner.run_gate(gate, opts)
-    except RegistryError as e:
+    except (RegistryError, PlanError) as e:
         raise UsageError(str(e)) from None
     print()
     for line in render.verdict_lines(result.verdict):

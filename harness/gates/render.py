@@ -137,3 +137,27 @@ def merged_junit(info: RunInfo, parts: list[tuple[str, dict[str, str]]]) -> str:
         parts: (JUnit text, per-group properties such as suite, group, topology, simulated).
     """
     return report.merge_junit([(text, {**props, **info.properties()}) for text, props in parts])
+
+
+def jobs_md(gate: str, jobs: list[tuple[str, dict | None]], passed: bool, reasons: tuple[str, ...],
+            details: tuple[tuple[str, str], ...] = ()) -> str:
+    """The summary of a gate split over CI jobs (``harness gate verdict``).
+
+    Args:
+        gate: the gate's name.
+        jobs: (runner label, its ``result.json`` or None), as given to :func:`harness.gates.verdict.judge_jobs`.
+        passed, reasons: what ``judge_jobs`` returned.
+        details: (runner label, that job's ``summary.md``) appended one section each, headings demoted.
+    """
+    lines = [f"# Gate `{gate}`: {'✅ PASS' if passed else '❌ FAIL'} on {len(jobs)} runner(s)", ""]
+    if reasons:
+        lines += ["**Why it failed**", ""] + [f"- {r}" for r in reasons] + [""]
+    lines += ["| runner | verdict | suites |", "| --- | --- | --- |"]
+    for label, result in jobs:
+        word = "no result" if result is None else str(result.get("verdict", "?"))
+        suites = ", ".join(str(s.get("name")) for s in result.get("suites", [])) if result else "-"
+        lines.append(f"| {label} | {word} | {suites} |")
+    for label, md in details:
+        body = [("##" + ln) if ln.startswith("#") else ln for ln in md.rstrip("\n").splitlines()]
+        lines += ["", f"## Runner `{label}`", "", *body]
+    return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ from harness import ledger, report
 from harness import topology as topo_mod
 from harness.gates import classify, history, render, repro
 from harness.gates.model import Gate, GateSuite
+from harness.gates.plan import entry_plan, runner_label, select  # noqa: F401 (select: re-exported, its old home)
 from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
 from harness.plugins import seeds as seeds_mod
 from harness.report import CaseResult, GroupResult
@@ -57,6 +58,8 @@ class GateOptions:
         python: interpreter for pytest.
         suites_dirs: extra test trees (rerun-test's ``--suites-dir``).
         hypothesis_seed, workload_seed: override the gate's seeds (None: the gate's, else random).
+        runner: run only the groups of this CI runner label (:func:`harness.gates.plan.runner_label`);
+            entries with none there are left out of the run and its verdict (None: every group).
     """
 
     repo_root: Path
@@ -69,6 +72,7 @@ class GateOptions:
     suites_dirs: tuple[Path, ...] = ()
     hypothesis_seed: int | None = None
     workload_seed: int | None = None
+    runner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,51 +99,6 @@ class GateRun:
     @property
     def exit_code(self) -> int:
         return 0 if self.verdict.passed else 1
-
-
-# --------------------------------------------------------------------------------------------
-# selection and plan (pure over the registry)
-# --------------------------------------------------------------------------------------------
-
-
-def select(entry: GateSuite, reg: collector.Registry) -> list[resolve.Selection]:
-    """The selections of one entry.
-
-    Raises:
-        resolve.ResolveError: a spec resolves to nothing, or a directory holds no suite file with tests.
-    """
-    out: list[resolve.Selection] = []
-    for v in entry.select:
-        if not v.endswith("/"):
-            out.append(resolve.resolve_one(spec_mod.parse_spec(v), reg))
-            continue
-        hits = [f for f in reg.files if f.rel.startswith(v) and not f.disabled and (f.tests or f.error)]
-        if not hits:
-            raise resolve.ResolveError(f"{v!r} holds no registered suite file with tests; fix the path or remove it")
-        for f in hits:
-            if f.error:
-                raise resolve.ResolveError(f.error)
-            out.append(resolve.Selection(suite=f, tests=f.tests, whole=True))
-    return out
-
-
-def entry_plan(entry: GateSuite, reg: collector.Registry, simulate: bool,
-               get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get) -> plan_mod.Plan:
-    """The plan of one entry: its selections grouped per topology, limited to ``entry.topologies``.
-
-    Without ``simulate`` no group may simulate GPUs (a group needing missing GPUs is then not runnable).
-
-    Raises:
-        resolve.ResolveError, plan_mod.PlanError: nothing to run, or an unknown topology.
-    """
-    p = plan_mod.make_plan(select(entry, reg), get_topology=get_topology)
-    groups = [g for g in p.groups if not entry.topologies or g.topology in entry.topologies]
-    if not groups:
-        raise plan_mod.PlanError(f"selects no test declared for {', '.join(entry.topologies)}; "
-                                 f"the selected tests run on {', '.join(g.topology for g in p.groups)}")
-    if not simulate:
-        groups = [replace(g, allow_simulation=False) for g in groups]
-    return plan_mod.Plan(tuple(groups))
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,12 +218,20 @@ class _EntryRun:
 
 
 def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateOptions, info: render.RunInfo,
-              out: Callable[[str], None]) -> _EntryRun:
-    """Run one suite entry with its flaky reruns (never raises for failing tests)."""
+              out: Callable[[str], None]) -> _EntryRun | None:
+    """Run one suite entry with its flaky reruns (never raises for failing tests).
+
+    Returns:
+        The entry's run; None when ``opts.runner`` is set and the entry has no group on that runner.
+    """
     edir = opts.run_dir / "suites" / entry.name
     try:
         p = entry_plan(entry, reg, opts.simulate)
-    except (resolve.ResolveError, plan_mod.PlanError, spec_mod.SpecError, RegistryError) as e:
+        if opts.runner is not None:
+            p = plan_mod.Plan(tuple(g for g in p.groups if runner_label(g) == opts.runner))
+            if not p.groups:
+                return None
+    except (resolve.ResolveError, plan_mod.PlanError, spec_mod.SpecError, RegistryError, topo_mod.TopologyError) as e:
         out(f"[{entry.name}] cannot run: {e}")
         return _EntryRun(entry, SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, error=str(e)), edir, (), None, {}, ())
     seeds = (f"--hypothesis-seed={info.hypothesis_seed}", f"--workload-seed={info.workload_seed}")
@@ -469,6 +436,7 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
 
     Raises:
         RegistryError: an extra suites tree is missing or a durations file is broken.
+        plan_mod.PlanError: ``opts.runner`` is set and no entry has a group on that runner.
     """
     start = clock()
     opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -482,7 +450,10 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
     out(f"gate {gate.name}: {len(gate.suites)} suite(s); git {sha[:12]}{' (dirty)' if dirty else ''}; "
         f"sglang {info.sglang_version or 'not installed'}; seeds hypothesis={hyp} workload={work}; run dir {opts.run_dir}")
     reg = collector.collect(opts.repo_root.resolve(), list(opts.suites_dirs))
-    runs = [run_entry(gate, e, reg, opts, info, out) for e in gate.suites]
+    runs = [r for r in (run_entry(gate, e, reg, opts, info, out) for e in gate.suites) if r is not None]
+    if not runs:  # only with opts.runner: every entry was left out
+        raise plan_mod.PlanError(f"gate {gate.name} runs nothing on runner {opts.runner!r}; "
+                                 f"`harness gate plan {gate.name}` lists its runner labels")
     v = judge([r.outcome for r in runs], gate.sglang_version, info.sglang_version)
     info = replace(info, wall_time=clock() - start)
     env = repro.environment()

@@ -169,3 +169,28 @@ def judge(suites: list[SuiteOutcome], sglang_required: str = "", sglang_installe
                 warnings.append(f"{v.outcome.name}: {t.nodeid} [{t.group}] passed after {len(t.attempts) - 1} flaky rerun(s) "
                                 f"({t.failure_class})")
     return Verdict(passed=not reasons, reasons=tuple(reasons), warnings=tuple(warnings), suites=verdicts)
+
+
+def judge_jobs(jobs: list[tuple[str, dict | None]]) -> tuple[bool, tuple[str, ...]]:
+    """The verdict of a gate split over CI jobs, one per runner label (pure).
+
+    Each job's ``result.json`` is the verdict of its share of the suites (required versus
+    informational and the sglang check already applied), so the gate passes when there is at least
+    one job and every job passed. A job that left no result (it failed before the gate reported)
+    fails the gate: no evidence, no pass.
+
+    Args:
+        jobs: (runner label, the job's ``result.json`` or None when it has none), in matrix order.
+
+    Returns:
+        (passed, reasons): one reason per failure, prefixed with the runner label.
+    """
+    reasons: list[str] = []
+    if not jobs:
+        reasons.append("no runner job: the plan is empty or the plan job failed (see its log)")
+    for label, result in jobs:
+        if result is None:
+            reasons.append(f"{label}: no result.json; the job ended before the gate reported (see its log)")
+        elif result.get("passed") is not True:
+            reasons.extend(f"{label}: {r}" for r in (result.get("reasons") or ["FAIL (no reason recorded)"]))
+    return not reasons, tuple(reasons)
