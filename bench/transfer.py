@@ -4,16 +4,18 @@ Starts a local Ray (topology ``cpu``: one prefill and one decode worker on real 
 pools), preallocates one long request on decode (the real ``_pre_alloc``), prefills it, then moves
 its pages (full pages for all tokens, SWA pages of the window) ``--repeat`` times through
 :func:`harness.pd.transfer.transfer`: chunks of ``--chunk-pages`` pages, prefill actor → object
-store → decode actor (numpy, read zero-copy), at most ``--inflight-mb`` unacknowledged. The same
-chunk sizes are then copied in this process with ``torch.Tensor.copy_``. The content is verified
-on the decode side afterwards, and both sides release the request.
+store → decode actor (numpy, read zero-copy), at most ``--inflight-mb`` unacknowledged. After
+each transfer the same chunk sizes are copied in this process with ``torch.Tensor.copy_`` (the
+reference). The content is verified on the decode side afterwards, and both sides release the
+request.
 
 Usage::
 
-    .venv/bin/python bench/transfer.py [--pages 60] [--chunk-pages 16] [--inflight-mb 64] [--repeat 5]
+    .venv/bin/python bench/transfer.py [--pages 240] [--chunk-pages 64] [--inflight-mb 64] [--repeat 9]
 
-Prints the bytes moved, both rates and their ratio (goal ≥ 0.5). The machine's load moves both
-rates; the ratio, measured side by side, is the number to compare.
+Prints the bytes moved, both rates (median over the repeats) and the median of the per-repeat
+ratios (goal ≥ 0.5). The machine's load moves both rates; each ratio compares a transfer with the
+copy made right after it, so the median ratio is the number to compare across runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -32,10 +35,10 @@ PAGE = 256
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/transfer.py", description=__doc__.splitlines()[0])
-    p.add_argument("--pages", type=int, default=60, help="prompt length in pages of 256 tokens (default 60)")
-    p.add_argument("--chunk-pages", type=int, default=16, help="pages per transfer chunk (default 16)")
+    p.add_argument("--pages", type=int, default=240, help="prompt length in pages of 256 tokens (default 240)")
+    p.add_argument("--chunk-pages", type=int, default=64, help="pages per transfer chunk (default 64)")
     p.add_argument("--inflight-mb", type=float, default=64.0, help="bound on unacknowledged MB (default 64)")
-    p.add_argument("--repeat", type=int, default=5, help="transfers timed (default 5)")
+    p.add_argument("--repeat", type=int, default=9, help="transfers timed (default 9)")
     args = p.parse_args(argv)
     for name in ("pages", "chunk_pages", "repeat"):
         if getattr(args, name) < 1:
@@ -49,7 +52,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 class TorchCopy:
-    """``copy_`` of the same chunk sizes in this process; :meth:`once` times one pass (seconds)."""
+    """``copy_`` of the same chunk sizes in this process; :meth:`once` times one pass (seconds).
+
+    With one torch thread, as the rank workers run (Ray gives a fractional-CPU actor
+    ``OMP_NUM_THREADS=1``): on a 2-core machine a two-thread ``copy_`` of a few MiB is slower by
+    up to two orders of magnitude and swings with the load, which would make the ratio noise.
+    """
 
     def __init__(self, sizes: list[int]):
         self.src = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
@@ -57,10 +65,15 @@ class TorchCopy:
         self.once()  # warm-up
 
     def once(self) -> float:
-        t0 = time.perf_counter()
-        for s, d in zip(self.src, self.dst):
-            d.copy_(s)
-        return time.perf_counter() - t0
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            t0 = time.perf_counter()
+            for s, d in zip(self.src, self.dst):
+                d.copy_(s)
+            return time.perf_counter() - t0
+        finally:
+            torch.set_num_threads(threads)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,13 +102,12 @@ def main(argv: list[str] | None = None) -> int:
             bound = int(args.inflight_mb * 2**20)
             transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound)  # warm-up
             local = TorchCopy(sizes)
-            moved = seconds = local_s = 0.0
-            # Interleaved, so both rates see the same machine load.
+            ray_s, local_s = [], []
+            # Interleaved, so each transfer and its reference copy see the same machine load.
             for _ in range(args.repeat):
                 st = transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound)
-                moved += st.bytes
-                seconds += st.seconds
-                local_s += local.once()
+                ray_s.append(st.seconds)
+                local_s.append(local.once())
             full = [sorted(d["full"].values()) for d in dst]
             swa = [sorted(d["swa"].values()) for d in dst]
             pair.decode.get([pair.decode.submit(0, "commit", "bench", full[0], swa[0])])  # verifies every byte
@@ -104,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             dep.stop()
     shutil.rmtree(run_dir, ignore_errors=True)
-    ray_rate = moved / seconds / 1e9
-    local_rate = sum(sizes) * args.repeat / local_s / 1e9
+    nbytes = sum(sizes)
+    ray_rate = nbytes / statistics.median(ray_s) / 1e9
+    local_rate = nbytes / statistics.median(local_s) / 1e9
+    ratio = statistics.median(ls / rs for ls, rs in zip(local_s, ray_s))
     print(f"request: {prompt} tokens, {len(chunks)} chunks of ≤{args.chunk_pages} pages, "
-          f"{sum(sizes) / 2**20:.1f} MiB per transfer, in-flight bound {args.inflight_mb:g} MiB, {args.repeat} transfers")
-    print(f"P→D through Ray:          {ray_rate:8.3f} GB/s")
-    print(f"in-process torch copy_:   {local_rate:8.3f} GB/s")
-    print(f"ratio (goal ≥ 0.5):       {ray_rate / local_rate:8.3f}")
+          f"{nbytes / 2**20:.1f} MiB per transfer, in-flight bound {args.inflight_mb:g} MiB, {args.repeat} transfers")
+    print(f"P→D through Ray:          {ray_rate:8.3f} GB/s (median)")
+    print(f"in-process torch copy_:   {local_rate:8.3f} GB/s (median)")
+    print(f"ratio (goal ≥ 0.5):       {ratio:8.3f} (median of per-transfer ratios)")
     return 0
 
 

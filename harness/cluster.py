@@ -68,6 +68,10 @@ _NODE_RESOURCE_SLICE = 0.001
 #: Logical CPUs per harness-started node: actors take 0.1, so this holds many; kept small because
 #: Ray may prestart one Python worker per CPU on a 2-core machine.
 DEFAULT_NUM_CPUS = 4
+#: Object store of each harness-started node (MiB). Small and allocated up front: Ray otherwise
+#: sizes it at 30% of RAM and maps its pages lazily, and the page faults on every fresh object
+#: halve the P→D transfer rate (bench/transfer.py). Larger objects spill to disk, not fail.
+DEFAULT_OBJECT_STORE_MB = 512
 _POLL_S = 0.05
 _SETTLE_S = 0.5  # a NO_RESOURCES shortage must last this long to be the verdict
 
@@ -193,7 +197,7 @@ class Cluster:
     @classmethod
     def start(cls, topology: Topology | None = None, *, simulate: bool = False, nodes: int | None = None,
               gpus_per_node: int | None = None, num_cpus: float | None = None,
-              temp_dir: str | Path | None = None) -> "Cluster":
+              temp_dir: str | Path | None = None, object_store_mb: int = DEFAULT_OBJECT_STORE_MB) -> "Cluster":
         """Start a local Ray for ``topology`` and connect this process to it.
 
         Args:
@@ -205,6 +209,7 @@ class Cluster:
             gpus_per_node: logical GPUs per node when simulating (default: the topology's).
             num_cpus: logical CPUs per node (default :data:`DEFAULT_NUM_CPUS`).
             temp_dir: Ray's temp dir (default: a fresh short dir under /tmp, removed at shutdown).
+            object_store_mb: object store per node, MiB (one node: allocated at start).
 
         Returns:
             The connected cluster; stop it with :meth:`shutdown` (or use it as a context manager).
@@ -240,6 +245,8 @@ class Cluster:
                 kwargs: dict[str, Any] = dict(
                     include_dashboard=False, logging_level="ERROR", _temp_dir=str(tdir), num_cpus=cpus,
                     resources={NODE_RESOURCE.format(0): _NODE_RESOURCE_AMOUNT}, log_to_driver=False,
+                    object_store_memory=object_store_mb << 20,
+                    _system_config={"preallocate_plasma_memory": True},
                 )
                 if gpus is not None:
                     kwargs["num_gpus"] = gpus
@@ -253,7 +260,8 @@ class Cluster:
                 (tdir / "ray").mkdir(exist_ok=True)
                 sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
                 for i in range(nodes):
-                    args: dict[str, Any] = dict(num_cpus=cpus, resources={NODE_RESOURCE.format(i): _NODE_RESOURCE_AMOUNT})
+                    args: dict[str, Any] = dict(num_cpus=cpus, resources={NODE_RESOURCE.format(i): _NODE_RESOURCE_AMOUNT},
+                                                object_store_memory=object_store_mb << 20)
                     if gpus is not None:
                         args["num_gpus"] = gpus
                     if i == 0:

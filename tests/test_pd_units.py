@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -51,12 +52,13 @@ def test_gather_scatter_moves_whole_pages_to_other_page_ids():
     src, dst = _views(), _views()
     pos = torch.arange(8)
     kvfill.write(src, 4, 0, 3, pos, pos // 4 + 1, pos % 4)
-    data = kvfill.gather_pages(src, [1, 2])
-    data.setflags(write=False)  # what Ray hands the receiver
-    kvfill.scatter_pages(dst, [4, 3], data)
+    data = [a.copy() for a in kvfill.pack_pages(src, [1, 2])]
+    for a in data:
+        a.setflags(write=False)  # what Ray hands the receiver
+    assert kvfill.unpack_pages(dst, [4, 3], data) == 2 * sum(v.shape[1] for v in dst)
     assert kvfill.verify(dst, 4, 0, 3, pos, torch.tensor([4] * 4 + [3] * 4), pos % 4) is None
-    with pytest.raises(ValueError, match="bytes"):
-        kvfill.scatter_pages(dst, [4], data)
+    with pytest.raises(ValueError, match="shapes"):
+        kvfill.unpack_pages(dst, [4], data)
 
 
 def test_per_row_seeds_check_many_requests_in_one_pass_and_name_the_row():
@@ -79,7 +81,9 @@ def test_gather_scatter_is_the_same_for_page_runs_and_scattered_pages(src_pages,
     src, dst = _views(pages=10), _views(pages=10)
     pos = torch.arange(16)
     kvfill.write(src, 4, 0, 3, pos, torch.tensor(src_pages).repeat_interleave(4), pos % 4)
-    kvfill.scatter_pages(dst, dst_pages, kvfill.gather_pages(src, src_pages))
+    packed = kvfill.pack_pages(src, src_pages)
+    assert all(np.shares_memory(a, v.numpy()) for a, v in zip(packed, src)) == (src_pages == [1, 2, 3, 4])
+    kvfill.unpack_pages(dst, dst_pages, packed)
     assert kvfill.verify(dst, 4, 0, 3, pos, torch.tensor(dst_pages).repeat_interleave(4), pos % 4) is None
     untouched = [p for p in range(10) if p not in dst_pages]
     assert all(int(v[untouched].sum()) == 0 for v in dst)
@@ -117,13 +121,12 @@ class _Side:
 
     def read_chunk(self, rid, parts):
         [(_, pages)] = parts
-        return kvfill.gather_pages(self.views, pages)
+        return kvfill.pack_pages(self.views, pages)
 
     def write_chunk(self, rid, parts, data):
         [(_, pages)] = parts
-        kvfill.scatter_pages(self.views, pages, data)
         self.writes += 1
-        return int(data.size)
+        return kvfill.unpack_pages(self.views, pages, data)
 
 
 def test_transfer_moves_every_chunk_and_stops_at_an_abort():

@@ -18,17 +18,18 @@ def _no_swa_window_eviction(original: Callable[..., None]) -> Callable[..., None
 
 
 def _corrupt_first_page(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``gather_pages`` that flips one byte of the first page it ever packs (one corrupted page)."""
+    """``pack_pages`` that flips one byte of the first page it ever packs (one corrupted page)."""
     state = {"done": False}
 
-    def gather_pages(views: list, page_ids: list, out: Any = None) -> Any:
-        data = original(views, page_ids, out=out)
-        if not state["done"] and data.size:
+    def pack_pages(views: list, page_ids: list) -> Any:
+        arrays = original(views, page_ids)
+        if not state["done"] and arrays and arrays[0].size:
             state["done"] = True
-            data[0] ^= 0xFF  # the packed copy only: the prefill's own pages stay intact
-        return data
+            arrays[0] = arrays[0].copy()  # the shipped copy only: the prefill's own page stays intact
+            arrays[0].reshape(-1)[0] ^= 0xFF
+        return arrays
 
-    return gather_pages
+    return pack_pages
 
 
 FAULTS: tuple[Fault, ...] = (
@@ -43,7 +44,7 @@ FAULTS: tuple[Fault, ...] = (
         name="corrupt-kv-page",
         description="the prefill ships one KV page with a flipped byte",
         upstream="transfer-engine corruption class (e.g. mooncake partial writes)",
-        target="harness.pd.kvfill:gather_pages",
+        target="harness.pd.kvfill:pack_pages",
         make=_corrupt_first_page,
     ),
 )

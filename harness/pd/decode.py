@@ -245,21 +245,22 @@ class DecodeWorker(LedgerOwner):
             Bytes written.
 
         Raises:
-            ValueError: ``data`` does not have the size the parts need.
+            ValueError: ``data`` does not hold the arrays the parts need.
         """
-        if not isinstance(data, np.ndarray):
+        if not isinstance(data, list):
             import ray
 
             data = ray.get(data, timeout=60)
-        views = [list(getattr(self.buffers, pool)) for pool, _ in parts]
-        sizes = [kvfill.packed_size(v, len(pages)) for v, (_, pages) in zip(views, parts)]
-        if sum(sizes) != data.size:
-            raise ValueError(f"{rid}: chunk has {data.size} bytes, its pages {parts} need {sum(sizes)}")
-        off = 0
-        for v, (_, pages), n in zip(views, parts, sizes):
-            kvfill.scatter_pages(v, list(pages), data[off:off + n])
-            off += n
-        return int(data.size)
+        written, at = 0, 0
+        for pool, pages in parts:
+            views = list(getattr(self.buffers, pool))
+            if at + len(views) > len(data):
+                raise ValueError(f"{rid}: chunk has {len(data)} arrays, its parts {parts} need more")
+            written += kvfill.unpack_pages(views, list(pages), data[at:at + len(views)])
+            at += len(views)
+        if at != len(data):
+            raise ValueError(f"{rid}: chunk has {len(data)} arrays, its parts {parts} need {at}")
+        return written
 
     def commit(self, rid: str, full_pages: list[int], swa_pages: list[int]) -> None:
         """The transfer of ``rid`` is complete: record it and verify every byte of its prompt's KV.

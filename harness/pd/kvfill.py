@@ -6,8 +6,9 @@ viewed as ``[pages, page_bytes]`` uint8 (a view, never a copy); token ``s`` of a
 ``[s * token_bytes, (s + 1) * token_bytes)`` with ``token_bytes = page_bytes // page_size`` (any
 padding at the end of a page is not content).
 
-Transfers move whole pages: :func:`gather_pages` packs pages of several buffers into one flat
-numpy array (zero-copy through Ray's object store), :func:`scatter_pages` unpacks it.
+Transfers move whole pages: :func:`pack_pages` gives one numpy array per buffer (a view of the
+buffer when the pages are one run; read zero-copy from Ray's object store on the other side),
+:func:`unpack_pages` writes them at the receiver's pages.
 """
 
 from __future__ import annotations
@@ -154,69 +155,55 @@ def _runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def packed_size(views: list[torch.Tensor], n_pages: int) -> int:
-    """Bytes :func:`gather_pages` packs for ``n_pages`` pages of ``views``."""
-    return sum(v.shape[1] for v in views) * n_pages
+def pack_pages(views: list[torch.Tensor], page_ids: list[int]) -> list[np.ndarray]:
+    """Whole pages of every view for a transfer: one ``[len(page_ids), page_bytes]`` uint8 array per view.
 
-
-def gather_pages(views: list[torch.Tensor], page_ids: list[int], out: np.ndarray | None = None) -> np.ndarray:
-    """Pack whole pages of every view into one flat uint8 array (view order, then page order).
-
-    Args:
-        views: page views (:func:`byte_view`).
-        page_ids: pages to pack.
-        out: a flat uint8 array of :func:`packed_size` bytes to pack into (default: a new one).
-
-    Returns:
-        ``out`` (or the new array).
+    Pages that form one run of consecutive ids on a CPU buffer come back as a view of the buffer,
+    not a copy: Ray copies the returned arrays into its object store once, when the actor method
+    returns (before the buffer can change). Other pages are gathered into a new array (on a GPU
+    buffer: one device-to-host copy).
     """
-    if out is None:
-        out = np.empty(packed_size(views, len(page_ids)), np.uint8)
-    if not page_ids:
-        return out
-    flat = torch.from_numpy(out)
     runs = _runs(page_ids)
-    off = 0
+    out = []
     for v in views:
-        n = v.shape[1] * len(page_ids)
-        dst = flat[off:off + n].view(len(page_ids), v.shape[1])  # straight into the array Ray ships
-        if len(runs) * 4 <= len(page_ids):  # long runs: slice copies
-            for first, at, length in runs:
-                dst[at:at + length].copy_(v[first:first + length])
+        if len(runs) == 1 and v.device.type == "cpu":
+            first, _, n = runs[0]
+            out.append(v[first:first + n].numpy())
+        elif len(runs) * 4 <= len(page_ids):  # long runs: slice copies into one array
+            arr = np.empty((len(page_ids), v.shape[1]), np.uint8)
+            dst = torch.from_numpy(arr)
+            for first, at, n in runs:
+                dst[at:at + n].copy_(v[first:first + n])
+            out.append(arr)
         else:
             idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
-            if v.device.type == "cpu":
-                torch.index_select(v, 0, idx, out=dst)
-            else:
-                dst.copy_(v.index_select(0, idx))
-        off += n
+            out.append(v.index_select(0, idx).cpu().numpy())
     return out
 
 
-def scatter_pages(views: list[torch.Tensor], page_ids: list[int], data: np.ndarray) -> None:
-    """Unpack :func:`gather_pages` output into the same pages of ``views`` (other page ids allowed).
+def unpack_pages(views: list[torch.Tensor], page_ids: list[int], arrays: list[np.ndarray]) -> int:
+    """Write :func:`pack_pages` output into ``page_ids`` of the same views (other page ids allowed).
+
+    Returns:
+        Bytes written.
 
     Raises:
-        ValueError: ``data`` does not have the size the views and pages need.
+        ValueError: the arrays do not have the shapes these views and pages need.
     """
-    need = sum(v.shape[1] for v in views) * len(page_ids)
-    if data.size != need:
-        raise ValueError(f"chunk has {data.size} bytes, {len(page_ids)} page(s) of these buffers need {need}")
-    if not page_ids:
-        return
-    with warnings.catch_warnings():
-        # Ray hands the receiver a read-only array (zero-copy); it is only read here.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        flat = torch.from_numpy(np.ascontiguousarray(data))
+    want = [(len(page_ids), int(v.shape[1])) for v in views]
+    got = [tuple(a.shape) for a in arrays]
+    if got != want:
+        raise ValueError(f"chunk arrays have shapes {got}, {len(page_ids)} page(s) of these buffers need {want}")
     runs = _runs(page_ids)
-    off = 0
-    for v in views:
-        n = v.shape[1] * len(page_ids)
-        src = flat[off:off + n].view(len(page_ids), v.shape[1])
+    with warnings.catch_warnings():
+        # Ray hands the receiver read-only arrays (zero-copy); they are only read here.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        sources = [torch.from_numpy(a) for a in arrays]
+    for v, src in zip(views, sources):
         if len(runs) * 4 <= len(page_ids):  # long runs: slice copies
-            for first, at, length in runs:
-                v[first:first + length].copy_(src[at:at + length])
+            for first, at, n in runs:
+                v[first:first + n].copy_(src[at:at + n])
         else:
             idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
             v.index_copy_(0, idx, src.to(v.device))
-        off += n
+    return sum(int(a.nbytes) for a in arrays)

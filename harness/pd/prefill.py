@@ -118,24 +118,20 @@ class PrefillWorker(LedgerOwner):
         self.shipped[rid] = {"full": set(), "swa": set()}
         return {"full": (full[::P] // P).tolist(), "swa": (swa[::P] // P).tolist()}
 
-    def read_chunk(self, rid: str, parts: list[tuple[str, list[int]]]) -> np.ndarray:
-        """Pack whole pages (page ids of this side) of every buffer of each part's pool for the transfer.
+    def read_chunk(self, rid: str, parts: list[tuple[str, list[int]]]) -> list[np.ndarray]:
+        """Whole pages (page ids of this side) of every buffer of each part's pool, for the transfer.
 
         Args:
             rid: the request the pages belong to.
             parts: ``(pool, page ids)`` with pool ``full`` or ``swa`` (:meth:`transfer.Chunk.src`).
 
         Returns:
-            One flat uint8 array: the parts one after the other (see :func:`harness.pd.kvfill.gather_pages`).
+            The arrays of :func:`harness.pd.kvfill.pack_pages`, part after part.
         """
-        views = [list(getattr(self.buffers, pool)) for pool, _ in parts]
-        sizes = [kvfill.packed_size(v, len(pages)) for v, (_, pages) in zip(views, parts)]
-        out = np.empty(sum(sizes), np.uint8)
-        off = 0
-        for v, (pool, pages), n in zip(views, parts, sizes):
+        out: list[np.ndarray] = []
+        for pool, pages in parts:
             self.shipped[rid][pool].update(pages)
-            kvfill.gather_pages(v, list(pages), out=out[off:off + n])
-            off += n
+            out.extend(kvfill.pack_pages(list(getattr(self.buffers, pool)), list(pages)))
         return out
 
     def release(self, rid: str) -> None:

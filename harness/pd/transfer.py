@@ -3,9 +3,10 @@
 For each TP rank, the pages a request needs (full pages past any cached prefix, SWA pages of the
 window) go from prefill rank r to decode rank r in chunks of at most ``chunk_pages`` pages, full
 pages first; a chunk may carry pages of both pools (a short prompt moves in one chunk). The prefill
-packs a chunk into one numpy array (``read_chunk``), the decode unpacks it at the pages sglang
-allocated (``write_chunk``). Through Ray the decode actor receives the ObjectRef and reads the
-array zero-copy from the object store; at most ``max_inflight_bytes`` are unacknowledged at once.
+returns a chunk as numpy arrays (``read_chunk``: views of its buffers where the pages are one run),
+which Ray copies once into its object store; the decode actor receives the ObjectRef, reads the
+arrays zero-copy and writes them at the pages sglang allocated (``write_chunk``). At most
+``max_inflight_bytes`` are unacknowledged at once.
 """
 
 from __future__ import annotations
