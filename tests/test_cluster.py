@@ -68,6 +68,16 @@ node = 2
 """
 
 
+def test_every_node_gets_the_harness_object_store_size(cluster):
+    """Not Ray's 30%-of-RAM default: a small store, so it can be allocated up front (fast transfers)."""
+    import ray
+
+    from harness.cluster import DEFAULT_OBJECT_STORE_MB
+
+    sizes = [n["Resources"].get("object_store_memory") for n in ray.nodes() if n["Alive"]]
+    assert sizes and all(s == DEFAULT_OBJECT_STORE_MB << 20 for s in sizes), sizes
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_topology_fits_the_simulated_cluster(cluster, name):
     fit = cluster.check(topology.get(name))
