@@ -14,7 +14,8 @@ adds):
     topology   markers ``topology(*names)`` and ``est_time(seconds)``, parametrization over
                topologies, fixture ``topology``
     cluster    fixtures ``run_dir``, ``ray_cluster``, ``pd_workers``
-    engine     ``--engine``, marker ``engine``, fixtures ``sglang_servers``, ``tiny_model``
+    engine     ``--engine``, ``--model``, marker ``engine`` (which tests run, which models servers get)
+    servers    fixtures ``sglang_servers``, ``tiny_model`` (real sglang server stacks)
     pd         fixtures ``pd_pair``, ``pd_report``
     seeds      ``--workload-seed``, fixtures ``workload_seed``, ``workload_rng``, failed-test records
     faults     ``--inject-fault``
@@ -34,6 +35,7 @@ pytest_plugins: list[str] = [
     "harness.plugins.topology",
     "harness.plugins.cluster",
     "harness.plugins.engine",
+    "harness.plugins.servers",
     "harness.plugins.pd",
     "harness.plugins.seeds",
     "harness.plugins.faults",

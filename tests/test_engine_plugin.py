@@ -1,4 +1,4 @@
-"""The engine concern plugin (``harness/plugins/engine.py``), driven through pytester: selection and errors."""
+"""The engine and servers concern plugins (``harness/plugins/{engine,servers}.py``), driven through pytester: selection and errors."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
     from types import SimpleNamespace
 
     from harness import topology
-    from harness.plugins.engine import server_skip_reason
+    from harness.plugins.servers import server_skip_reason
 
     h200 = topology.get("8-gpu-h200")
     joined = SimpleNamespace(cluster=None, settings=SimpleNamespace(ray_address="10.0.0.1:6379"),
@@ -152,7 +152,7 @@ def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
 
 def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_path):
     from harness import topology
-    from harness.plugins.engine import ServerStacks
+    from harness.plugins.servers import ServerStacks
 
     h100 = ServerStacks(pytestconfig, None, topology.get("2-gpu-h100"), None, server_args=("--page-size", "64"))
     with pytest.raises(pytest.fail.Exception, match="topology 2-gpu-h100 runs real models: give model 'tiny-llama' "

@@ -1,0 +1,305 @@
+"""pytest plugin concern: real sglang server stacks for the real-server suites.
+
+Fixtures:
+    sglang_servers  a :class:`ServerStacks` for the test's module: ``.pd(model_name)`` returns a ready
+                    real prefill + decode + router stack (started on first use, restarted if one of its
+                    workers died), ``.plain(model_name, compat_patches=None)`` a ready plain server.
+                    Every worker is watched by the harness's fail-fast watchdog and owned by each test
+                    that uses the fixture, so a server dying mid-test fails that test within about a
+                    second with ``WorkerDied`` (name, cause, log tail). At module end everything is
+                    stopped and teardown asserts that no server process is left.
+    tiny_model      ``tiny_model(name) -> Path``: a tiny random-weight model built locally (no hub).
+
+Servers on a machine without the CPU stack's packages (``sglang_router``, mooncake) fail with a
+message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
+without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the test saying what it
+needs; otherwise the topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
+Servers are placed by :func:`harness.targets.sglang.server.layout.server_layout` (one bundle with all
+of a server's GPUs).
+
+Servers on a machine without the CPU stack's packages (``sglang_router``, mooncake) fail with a
+message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
+without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the test saying what it
+needs; otherwise the topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
+Servers are placed by :func:`harness.targets.sglang.server.layout.server_layout` (one bundle with all
+of a server's GPUs). Which engine and which models: :mod:`harness.plugins.engine`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import pytest
+
+from harness import topology as topology_mod
+from harness.plugins.engine import MODEL_OPTION, models_key, server_kwargs
+
+log = logging.getLogger(__name__)
+
+#: Packages the real CPU stack needs besides sglang (module name -> pip requirement).
+STACK_MODULES = {"sglang_router": "sglang-router", "mooncake": "mooncake-transfer-engine-non-cuda"}
+REAL_GPU_REASON = ("real sglang servers need real GPUs: run with --topology {topology} on a GPU machine "
+                   "without --simulate, and {models}")
+
+
+def missing_stack_modules() -> list[str]:
+    """pip names of the CPU stack's packages that are not importable here."""
+    return [pip for mod, pip in STACK_MODULES.items() if importlib.util.find_spec(mod) is None]
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[[str], Path]:
+    """``tiny_model(name) -> Path``: build (once, cached in the repo-ignored ``models/``) a tiny model."""
+    from harness.targets.sglang.server.models import ensure_model
+
+    return lambda name: ensure_model(name)
+
+
+class ServerStacks:
+    """Real sglang servers of one test module on one topology, started on first use, stopped at module end."""
+
+    def __init__(self, config: pytest.Config, cluster: Any, topology: topology_mod.Topology, run_dir: Any, *,
+                 models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
+        from harness.plugins.state import state
+        from harness.targets.sglang.server.layout import server_layout
+        from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
+
+        self._state = state(config)
+        self.cluster = cluster
+        self.topology = topology
+        self.run_dir = run_dir
+        self.models = dict(models or {})
+        self.server_args = tuple(server_args)
+        self.layout = server_layout(topology)
+        self.ready_timeout = GPU_READY_TIMEOUT_S if topology.needs_gpus else DEFAULT_READY_TIMEOUT_S
+        self._placement: Any = None
+        self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], Any] = {}
+        self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}
+        #: Every worker this module started (shared with each test's stash, so tests own them all).
+        self.workers: list[Any] = []
+        self._pids: list[int] = []
+
+    def _own(self, worker: Any) -> None:
+        self.workers.append(worker)
+        if worker.info and worker.info.payload_pid:
+            self._pids.append(worker.info.payload_pid)
+
+    def _watch(self, worker: Any) -> None:
+        self._own(worker)
+        self._state.watch(worker)
+
+    def model(self, name: str) -> Path:
+        """The directory of logical model ``name`` here (given, or a tiny one built on cpu).
+
+        Raises:
+            pytest.fail.Exception: it cannot be resolved (the message names the option and env var).
+        """
+        from harness.targets.sglang.server import modelmap
+
+        try:
+            return modelmap.resolve(name, self.models, self.topology)
+        except modelmap.ModelError as e:
+            pytest.fail(str(e), pytrace=False)
+
+    def _require_stack(self) -> None:
+        missing = missing_stack_modules()
+        if missing:
+            pytest.fail(f"the real CPU PD stack needs {', '.join(missing)}: run ./dev install", pytrace=False)
+
+    def _placed(self) -> Any:
+        if self._placement is None:
+            self._placement = self.cluster.place(self.layout.placement)
+        return self._placement
+
+    def role_args(self, role: str) -> tuple[str, ...]:
+        """Flags every server of ``role`` (``prefill``, ``decode``, ``plain``) gets here: the module's
+        ``server_args``, then the layout's (a shared GPU's memory fraction)."""
+        return (*self.server_args, *self.layout.args_of(role))
+
+    @staticmethod
+    def _pd_key(model_name: str, extra_args: Mapping[str, Sequence[str]] | None) -> tuple:
+        return (model_name, tuple(sorted((k, tuple(v)) for k, v in (extra_args or {}).items() if v)))
+
+    def pd(self, model_name: str, *, mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None) -> Any:
+        """A ready PD stack serving model ``model_name`` (restarted if a worker of it died).
+
+        ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of
+        its own. On a GPU topology the placement holds one PD stack: other PD stacks are stopped
+        first, and so are the plain servers where none fits beside a PD stack.
+        """
+        from harness.targets.sglang.server.stack import start_pd_stack
+
+        self._require_stack()
+        key = self._pd_key(model_name, extra_args)
+        stack = self._pd.get(key)
+        if stack is not None and any(w.poll() for w in stack.workers):
+            self._stop(self._pd.pop(key).workers)
+            stack = None
+        if stack is None:
+            model = self.model(model_name)
+            if self.topology.needs_gpus:
+                for other in list(self._pd):
+                    self._stop(self._pd.pop(other).workers)
+            if not self.layout.plain_beside_pd:
+                for other in list(self._plain):
+                    self._stop([self._plain.pop(other)])
+            more = dict(extra_args or {})
+            names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
+            stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=self._placed(),
+                                   names=names, mini_lb=mini_lb, on_start=self._watch, ready_timeout=self.ready_timeout,
+                                   extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
+            self._pd[key] = stack
+        return stack
+
+    def forget(self, model_name: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
+        """Stop the PD stack of ``model_name`` (and ``extra_args``) now; a test that broke it on purpose calls this.
+
+        Its workers stop being owned by the test, so the harness does not fail the test for the
+        death it provoked and caught (the plugin fails a test that swallows a worker's death).
+        """
+        stack = self._pd.pop(self._pd_key(model_name, extra_args), None)
+        if stack is not None:
+            self._stop(stack.workers)
+
+    def _plain_group(self) -> Any:
+        """Where the plain server runs: unplaced (cpu), its own layout role, or, where it cannot run
+        beside a PD stack, the prefill group after every PD stack of the module was stopped."""
+        if not self.topology.needs_gpus:
+            return None
+        if self.layout.plain_role is not None:
+            return self._placed().of(self.layout.plain_role)[0]
+        for key in list(self._pd):
+            self._stop(self._pd.pop(key).workers)
+        return self._placed().of("prefill")[0]
+
+    def plain(self, model_name: str, compat_patches: Sequence[str] | None = None, *, watch: bool = True) -> Any:
+        """A ready plain (non-PD) server of ``model_name``; ``compat_patches=()`` runs it unpatched.
+
+        ``watch=False`` keeps it out of the fail-fast watchdog: for a test that expects it may crash.
+        """
+        from harness.targets.sglang.server.layout import PLAIN_ROLE
+        from harness.targets.sglang.server.stack import start_plain_server
+
+        key = (model_name, None if compat_patches is None else tuple(compat_patches))
+        w = self._plain.get(key)
+        if w is not None and w.poll():
+            self._stop([w])
+            w = None
+        if w is None:
+            model = self.model(model_name)
+            name = self._state.unique_name("plain")
+            w = start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
+                                   ready_timeout=self.ready_timeout,
+                                   compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE),
+                                   on_start=self._watch if watch else self._own)
+            self._plain[key] = w
+        return w
+
+    def forget_plain(self, model_name: str, compat_patches: Sequence[str] | None = None) -> None:
+        """Stop the plain server started with these arguments now (frees its memory for the next ones)."""
+        w = self._plain.pop((model_name, None if compat_patches is None else tuple(compat_patches)), None)
+        if w is not None:
+            self._stop([w])
+
+    def _stop(self, workers: Sequence[Any]) -> None:
+        for w in workers:
+            self._state.unwatch(w)
+            w.stop()
+            # No longer owned by the tests: a death they expected (a fault test) is not "swallowed".
+            if w in self.workers:
+                self.workers.remove(w)
+
+    def close(self) -> list[int]:
+        """Stop everything; return the server process ids that are still alive afterwards."""
+        from harness.targets.sglang.server.stack import leftover_processes
+
+        self._stop(list(reversed(self.workers)))
+        if self._placement is not None:
+            self.cluster.release(self._placement)
+            self._placement = None
+        return leftover_processes(self._pids)
+
+
+class ModuleServers:
+    """The :class:`ServerStacks` of one test module, one per topology its tests run on."""
+
+    def __init__(self, config: pytest.Config, cluster: Any, run_dir: Any, server_args: Sequence[str]) -> None:
+        self._config = config
+        self._cluster = cluster
+        self._run_dir = run_dir
+        self._server_args = tuple(server_args)
+        self._by_topology: dict[str, ServerStacks] = {}
+
+    def on(self, topology: topology_mod.Topology) -> ServerStacks:
+        """The module's stacks on ``topology`` (created on first use)."""
+        if topology.name not in self._by_topology:
+            self._by_topology[topology.name] = ServerStacks(
+                self._config, self._cluster, topology, self._run_dir,
+                models=self._config.stash[models_key], server_args=self._server_args)
+        return self._by_topology[topology.name]
+
+    def close(self) -> list[int]:
+        """Stop every topology's servers; return the server process ids still alive."""
+        return [pid for stacks in self._by_topology.values() for pid in stacks.close()]
+
+
+def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequence[str]) -> str | None:
+    """Why real servers of ``topology`` cannot run here, or None.
+
+    Real servers need real GPUs: logical (simulated) ones, or too few local ones without a joined
+    cluster, give :data:`REAL_GPU_REASON`. Otherwise the session's own decision for the topology
+    applies (:meth:`harness.plugins.state.HarnessState.skip_reason`: fit on the joined cluster).
+
+    Args:
+        st: the session's ``HarnessState``.
+        topology: the test's topology.
+        models: the logical models the test serves (for the reason's ``--model`` hint).
+
+    Returns:
+        The skip reason, or None when the servers may run.
+    """
+    from harness.cluster import local_gpus
+
+    if not topology.needs_gpus:
+        return None
+    simulated = st.cluster is not None and st.cluster.simulate
+    if simulated or (not st.settings.ray_address and (topology.nodes > 1 or local_gpus() < topology.gpus_per_node)):
+        hint = " ".join(f"{MODEL_OPTION} {m}=PATH" for m in models) or f"{MODEL_OPTION} NAME=PATH for each model"
+        return REAL_GPU_REASON.format(topology=topology.name, models=hint)
+    return st.skip_reason(topology)
+
+
+@pytest.fixture(scope="module")
+def _sglang_servers_module(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[ModuleServers]:
+    cluster = request.getfixturevalue("ray_cluster")
+    servers = ModuleServers(request.config, cluster, run_dir, server_kwargs(request.node).get("server_args", ()))
+    yield servers
+    left = servers.close()
+    assert not left, f"server processes left after teardown: {left}"
+
+
+@pytest.fixture
+def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology) -> ServerStacks:
+    """The module's :class:`ServerStacks` on the test's topology; the test owns its workers.
+
+    Through ``topology`` a test marked for other topologies than ``--topology`` is skipped; a GPU
+    topology without real GPUs here is skipped with what it needs (before Ray starts). On a GPU
+    topology every model the marker names must be given, else the test fails before anything starts.
+    """
+    from harness.plugins.failfast import own_workers
+    from harness.plugins.state import state
+
+    models = server_kwargs(request.node).get("models", ())
+    reason = server_skip_reason(state(request.config), topology, models)
+    if reason:
+        pytest.skip(reason)
+    module: ModuleServers = request.getfixturevalue("_sglang_servers_module")
+    stacks = module.on(topology)
+    if topology.needs_gpus:
+        for name in models:
+            stacks.model(name)
+    own_workers(request.node, stacks.workers)
+    return stacks
