@@ -379,18 +379,21 @@ class Cluster:
     def _create(self, topo: Topology, tag: str) -> list[GroupPlacement]:
         from ray.util.placement_group import placement_group
 
-        groups = []
+        # Every group's bundles first: a topology naming a node the cluster lacks fails before
+        # any group exists (creating one and removing it at once can leak its resources in Ray).
+        planned = []
         for role in topo.roles:
             node = self._node_of(topo, role)
             for i in range(role.groups):
                 try:
-                    bundles = self._bundles(role, node)
+                    planned.append((role, i, node, self._bundles(role, node)))
                 except PlacementError as e:
-                    self._remove(groups)
                     raise PlacementError(Fit(topo.name, False, e.fit.state, group=f"{role.name}-{i}", missing=e.fit.missing)) from None
-                pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}")
-                groups.append(GroupPlacement(role=role.name, kind=role.kind, index=i, pg=pg,
-                                             bundles=tuple(bundles), strategy="STRICT_PACK", node=node))
+        groups = []
+        for role, i, node, bundles in planned:
+            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}")
+            groups.append(GroupPlacement(role=role.name, kind=role.kind, index=i, pg=pg,
+                                         bundles=tuple(bundles), strategy="STRICT_PACK", node=node))
         return groups
 
     def _wait(self, topo: Topology, groups: list[GroupPlacement], timeout: float, settle_on_no_resources: bool) -> Fit:
@@ -528,9 +531,35 @@ class Cluster:
 
     @staticmethod
     def _remove(groups: list[GroupPlacement], timeout: float = 5.0) -> None:
-        """Remove the groups and wait (bounded) until Ray reports them REMOVED."""
+        """Remove the groups and wait (bounded) until Ray reports them REMOVED.
+
+        Groups that are not CREATED are first let settle (their state unchanged for a moment):
+        removing a group while Ray is still preparing its bundles on a node (e.g. the feasible
+        sibling of an infeasible group, removed the instant the sibling's verdict is known) leaks
+        those bundles' resources for good — seen with Ray 2.60: a node's 8 GPUs stayed "in use"
+        with no group holding them, and every later placement on the node failed.
+        """
         from ray.util.placement_group import placement_group_table, remove_placement_group
 
+        deadline = time.monotonic() + timeout
+        last: dict[int, tuple[str, str]] = {}
+        stable_since = time.monotonic()
+        while time.monotonic() < deadline:
+            try:
+                now_states = {}
+                for i, g in enumerate(groups):
+                    t = placement_group_table(g.pg)
+                    now_states[i] = (t["state"], t["stats"]["scheduling_state"])
+            except Exception as e:  # Ray gone: nothing to settle
+                log.debug("settle before removal: %s", e)
+                break
+            if now_states != last:
+                last, stable_since = now_states, time.monotonic()
+            busy = any(st == "PREPARED" or sched in ("QUEUED", "SCHEDULING_STARTED") for st, sched in now_states.values())
+            if all(st == "CREATED" for st, _ in now_states.values()) or (
+                    not busy and time.monotonic() - stable_since >= _SETTLE_S):
+                break
+            time.sleep(_POLL_S)
         for g in groups:
             try:
                 remove_placement_group(g.pg)

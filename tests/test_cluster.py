@@ -99,6 +99,27 @@ def test_infeasible_names_the_missing_node(cluster, tmp_path):
     assert fit.missing == "node 2: the cluster has 2 node(s)"
 
 
+def test_a_missing_node_creates_no_group_and_leaks_no_gpu(cluster, tmp_path):
+    """Ray 2.60 leaks a group's resources when it is removed while still being prepared; a topology
+    that names a missing node used to create its first group and remove it at once, and after a few
+    such checks a node's GPUs stayed "in use" for the rest of the session."""
+    import time
+
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    topo = _topo(tmp_path, "three-nodes", THREE_NODES)
+    total = ray.cluster_resources()["GPU"]
+    groups_before = len(placement_group_table())
+    for _ in range(20):
+        assert cluster.check(topo).state == "INFEASIBLE"
+    assert len(placement_group_table()) == groups_before, "a group was created for a topology that cannot fit"
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("GPU", 0) < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ray.available_resources().get("GPU", 0) == total
+
+
 def test_no_resources_when_the_gpus_are_in_use(cluster):
     full = cluster.place(topology.get("2-node-16-gpu-h200"))
     try:
