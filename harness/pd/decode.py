@@ -20,15 +20,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from harness.ledger import LedgerWriter
 from harness.pd import kvfill
-from harness.pd.payload import LedgerOwner
+from harness.pd.payload import RankPayload
 from harness.pd.prefill import pick_device
 from harness.pd.spec import KVSpec
 from harness.pd.tokens import prompt_ids, seeds
@@ -70,7 +68,7 @@ def _ceil(n: int, p: int) -> int:
     return -(-n // p) * p
 
 
-class DecodeWorker(LedgerOwner):
+class DecodeWorker(RankPayload):
     """Decode payload of one TP rank.
 
     Args:
@@ -82,10 +80,7 @@ class DecodeWorker(LedgerOwner):
     """
 
     def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str, tp: int = 1):
-        if not 0 <= shard < tp:
-            raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
-        self.name, self.shard, self.tp = name, shard, tp
-        self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component="decode")
+        super().__init__(name, shard, tp, run_dir, "decode")
         self.side: Any = None
         self.live: dict[str, _Live] = {}
         self.configure(spec)
@@ -96,15 +91,13 @@ class DecodeWorker(LedgerOwner):
         """(Re)build the decode side for ``spec``; returns the device."""
         from harness.targets.sglang.decode import DecodeConfig, DecodeSide
         from harness.targets.sglang.pd_decode import Dsv4DecodeSide
-        from harness.targets.sglang.pools import PoolSizes
         from harness.targets.sglang.prefill import page_buffers
 
         if self.live:
             raise RuntimeError(f"{self.name}: configure() with {len(self.live)} request(s) live")
         self.spec = spec
         self.device = pick_device(spec.device)
-        sizes = PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
-                          max_context_len=spec.max_context_len, head_num=spec.heads_per_rank(self.tp))
+        sizes = self.pool_sizes(spec)
         config = DecodeConfig(hisparse=spec.hisparse, page_size=spec.page_size, window=spec.window,
                               radix_cache=spec.radix_cache, sizes=sizes, device=self.device)
         self.side = Dsv4DecodeSide(config) if spec.kind == "dsv4" and not spec.hisparse else DecodeSide(config)
@@ -251,15 +244,14 @@ class DecodeWorker(LedgerOwner):
             import ray
 
             data = ray.get(data, timeout=60)
+        views = [list(getattr(self.buffers, pool)) for pool, _ in parts]
+        need = sum(len(v) for v in views)
+        if len(data) != need:
+            raise ValueError(f"{rid}: chunk has {len(data)} arrays, its parts {parts} need {need}")
         written, at = 0, 0
-        for pool, pages in parts:
-            views = list(getattr(self.buffers, pool))
-            if at + len(views) > len(data):
-                raise ValueError(f"{rid}: chunk has {len(data)} arrays, its parts {parts} need more")
-            written += kvfill.unpack_pages(views, list(pages), data[at:at + len(views)])
-            at += len(views)
-        if at != len(data):
-            raise ValueError(f"{rid}: chunk has {len(data)} arrays, its parts {parts} need {at}")
+        for v, (_, pages) in zip(views, parts):
+            written += kvfill.unpack_pages(v, list(pages), data[at:at + len(v)])
+            at += len(v)
         return written
 
     def commit(self, rid: str, full_pages: list[int], swa_pages: list[int]) -> None:

@@ -155,6 +155,11 @@ def _runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def _long_runs(runs: list[tuple[int, int, int]], n_pages: int) -> bool:
+    """Whether the pages are few enough runs (≥ 4 pages each on average) to move as slice copies."""
+    return len(runs) * 4 <= n_pages
+
+
 def pack_pages(views: list[torch.Tensor], page_ids: list[int]) -> list[np.ndarray]:
     """Whole pages of every view for a transfer: one ``[len(page_ids), page_bytes]`` uint8 array per view.
 
@@ -164,12 +169,13 @@ def pack_pages(views: list[torch.Tensor], page_ids: list[int]) -> list[np.ndarra
     buffer: one device-to-host copy).
     """
     runs = _runs(page_ids)
+    slices = _long_runs(runs, len(page_ids))
     out = []
     for v in views:
         if len(runs) == 1 and v.device.type == "cpu":
             first, _, n = runs[0]
             out.append(v[first:first + n].numpy())
-        elif len(runs) * 4 <= len(page_ids):  # long runs: slice copies into one array
+        elif slices:  # slice copies into one array
             arr = np.empty((len(page_ids), v.shape[1]), np.uint8)
             dst = torch.from_numpy(arr)
             for first, at, n in runs:
@@ -195,12 +201,13 @@ def unpack_pages(views: list[torch.Tensor], page_ids: list[int], arrays: list[np
     if got != want:
         raise ValueError(f"chunk arrays have shapes {got}, {len(page_ids)} page(s) of these buffers need {want}")
     runs = _runs(page_ids)
+    slices = _long_runs(runs, len(page_ids))
     with warnings.catch_warnings():
         # Ray hands the receiver read-only arrays (zero-copy); they are only read here.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         sources = [torch.from_numpy(a) for a in arrays]
     for v, src in zip(views, sources):
-        if len(runs) * 4 <= len(page_ids):  # long runs: slice copies
+        if slices:  # slice copies
             for first, at, n in runs:
                 v[first:first + n].copy_(src[at:at + n])
         else:

@@ -1,19 +1,47 @@
-"""What the prefill and decode rank payloads share: remote-callable access to their ledger."""
+"""What the prefill and decode rank payloads share: identity, pool sizes, and their ledger."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from harness.ledger import LedgerWriter
+from harness.pd.spec import KVSpec
 
 
-class LedgerOwner:
-    """Base of a rank payload that writes its accounting events to ``self.ledger``.
+class RankPayload:
+    """Base of a prefill or decode rank payload: one TP rank, writing its accounting events to
+    ``<run_dir>/ledger/<name>.jsonl``.
 
-    The driver calls these through the rank's worker (``worker.call("ledger_events", since)``).
+    The driver calls the ledger methods through the rank's worker (``worker.call("ledger_events", since)``).
+
+    Args:
+        name: worker name.
+        shard: TP rank (its head shard).
+        tp: TP size of the role.
+        run_dir: the run directory.
+        component: ``prefill`` or ``decode`` (the ledger's component).
+
+    Raises:
+        ValueError: ``shard`` is not a rank of ``tp``.
     """
 
-    ledger: LedgerWriter
+    def __init__(self, name: str, shard: int, tp: int, run_dir: str, component: str):
+        if not 0 <= shard < tp:
+            raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
+        self.name, self.shard, self.tp = name, shard, tp
+        self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component=component)
+
+    def pool_sizes(self, spec: KVSpec) -> Any:
+        """This rank's :class:`~harness.targets.sglang.pools.PoolSizes` for ``spec`` (its KV head shard).
+
+        Raises:
+            ValueError: the TP size does not divide ``spec.kv_heads``.
+        """
+        from harness.targets.sglang.pools import PoolSizes
+
+        return PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
+                         max_context_len=spec.max_context_len, head_num=spec.heads_per_rank(self.tp))
 
     def ledger_mark(self) -> int:
         """How many ledger events this worker has written."""

@@ -9,15 +9,13 @@ the real release path. Every allocation, transfer and release is a ledger event.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from harness.ledger import LedgerWriter
 from harness.pd import kvfill
-from harness.pd.payload import LedgerOwner
+from harness.pd.payload import RankPayload
 from harness.pd.spec import KVSpec
 from harness.pd.tokens import prompt_ids, seeds
 
@@ -37,7 +35,7 @@ def pick_device(wanted: str) -> str:
     return "cpu"
 
 
-class PrefillWorker(LedgerOwner):
+class PrefillWorker(RankPayload):
     """Prefill payload of one TP rank.
 
     Args:
@@ -49,10 +47,7 @@ class PrefillWorker(LedgerOwner):
     """
 
     def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str, tp: int = 1):
-        if not 0 <= shard < tp:
-            raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
-        self.name, self.shard, self.tp = name, shard, tp
-        self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component="prefill")
+        super().__init__(name, shard, tp, run_dir, "prefill")
         self.side: Any = None
         self.configure(spec)
 
@@ -62,15 +57,13 @@ class PrefillWorker(LedgerOwner):
         Returns:
             The device the pools are on.
         """
-        from harness.targets.sglang.pools import PoolSizes
         from harness.targets.sglang.prefill import PrefillSide
 
         if self.side is not None and self.reqs:
             raise RuntimeError(f"{self.name}: configure() with {len(self.reqs)} request(s) still held")
         self.spec = spec
         self.device = pick_device(spec.device)
-        sizes = PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
-                          max_context_len=spec.max_context_len, head_num=spec.heads_per_rank(self.tp))
+        sizes = self.pool_sizes(spec)
         self.side = PrefillSide(spec.kind, spec.page_size, spec.window, sizes, self.device)
         self.buffers = self.side.buffers
         if spec.hisparse:  # decode keeps C4 on the host: ship only what both sides hold per page
