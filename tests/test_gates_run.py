@@ -17,6 +17,7 @@ import pytest
 
 from harness import cli as harness_cli
 from harness.gates import history, model, runner
+from harness.gates import plan as gate_plan
 from harness.rerun import cli as rerun_cli
 from harness.rerun import collector, resolve
 
@@ -236,11 +237,11 @@ def test_selection_errors_are_suite_failures(repo):
     reg = collector.collect(repo)
     entry = model.GateSuite(name="x", select=("suites/none/",))
     with pytest.raises(resolve.ResolveError, match="'suites/none/' holds no registered suite file with tests"):
-        runner.select(entry, reg)
+        gate_plan.select(entry, reg)
     entry = model.GateSuite(name="x", select=("suites/gate/test_ok.py",), topologies=("2-gpu-h100",))
     with pytest.raises(Exception, match="selects no test declared for 2-gpu-h100; the selected tests run on cpu"):
-        runner.entry_plan(entry, reg, simulate=True)
-    p = runner.entry_plan(model.GateSuite(name="x", select=("suites/gate/",)), reg, simulate=False)
+        gate_plan.entry_plan(entry, reg, simulate=True)
+    p = gate_plan.entry_plan(model.GateSuite(name="x", select=("suites/gate/",)), reg, simulate=False)
     assert [g.topology for g in p.groups] == ["cpu"] and not p.groups[0].allow_simulation
     assert len(p.groups[0].items) == 5  # test_pages is one item (its cases are found by pytest)
 

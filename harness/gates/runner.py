@@ -31,7 +31,7 @@ from harness import ledger, report
 from harness import topology as topo_mod
 from harness.gates import classify, history, render, repro
 from harness.gates.model import Gate, GateSuite
-from harness.gates.plan import entry_plan, runner_label, select  # noqa: F401 (select: re-exported, its old home)
+from harness.gates.plan import entry_plan, runner_label
 from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
 from harness.plugins import seeds as seeds_mod
 from harness.report import CaseResult, GroupResult
