@@ -9,7 +9,7 @@ import torch
 from harness.pd import kvfill
 from harness.pd.ranks import Ranks
 from harness.pd.spec import KVSpec, PDRequest, workload
-from harness.pd.transfer import Chunk, plan, transfer
+from harness.pd.transfer import Chunk, merge, messages, plan, transfer
 
 
 def test_workload_is_seeded_and_clusters_at_page_boundaries():
@@ -136,10 +136,41 @@ def test_transfer_moves_every_chunk_and_stops_at_an_abort():
     page_bytes = {"full": sum(v.shape[1] for v in p.views)}
     chunks = [Chunk(0, (("full", (1, 2), (5, 6)),)), Chunk(0, (("full", (3, 4), (1, 2)),))]
     st = transfer(Ranks([p]), Ranks([d]), "r", chunks, page_bytes, max_inflight_bytes=1)
-    assert (st.chunks, st.bytes, st.aborted) == (2, 4 * page_bytes["full"], False)
+    # a bound below one chunk: every chunk is its own message, one in flight at a time
+    assert (st.chunks, st.messages, st.bytes, st.aborted, d.writes) == (2, 2, 4 * page_bytes["full"], False, 2)
+    assert kvfill.verify(d.views, 4, 0, 9, pos, torch.tensor([5] * 4 + [6] * 4 + [1] * 4 + [2] * 4), pos % 4) is None
+    d = _Side()
+    st = transfer(Ranks([p]), Ranks([d]), "r", chunks, page_bytes, max_inflight_bytes=1 << 20)
+    # both chunks fit the bound: one message, one write, the same bytes at the same pages
+    assert (st.chunks, st.messages, st.bytes, d.writes) == (2, 1, 4 * page_bytes["full"], 1)
     assert kvfill.verify(d.views, 4, 0, 9, pos, torch.tensor([5] * 4 + [6] * 4 + [1] * 4 + [2] * 4), pos % 4) is None
     st = transfer(Ranks([p]), Ranks([d]), "r", chunks, page_bytes, max_inflight_bytes=1 << 20, abort_after=1)
-    assert (st.chunks, st.aborted) == (1, True)
+    assert (st.chunks, st.messages, st.aborted) == (1, 1, True)
+    st = transfer(Ranks([p]), Ranks([d]), "r", chunks, page_bytes, max_inflight_bytes=1 << 20, abort_after=2)
+    assert (st.chunks, st.aborted) == (2, False)  # an abort after the last chunk is no abort
+
+
+def test_messages_batch_chunks_per_rank_within_each_ranks_share_of_the_bound():
+    src = [{"full": list(range(10, 20)), "swa": list(range(30, 34))}] * 2
+    dst = [{"full": {j: 100 + j for j in range(10)}, "swa": {j: 200 + j for j in range(4)}}] * 2
+    chunks = plan(src, dst, chunk_pages=2)  # per rank: 5 full chunks, then 2 swa chunks; 14 in all
+    pb = {"full": 100, "swa": 10}
+    # 2 ranks share 800 bytes: 400 each, i.e. two 2-page full chunks per message
+    msgs = messages(chunks, pb, max_inflight_bytes=800)
+    assert [(m.rank, n) for m, n in msgs] == [(0, 2), (1, 2), (0, 2), (1, 2), (0, 3), (1, 3)]
+    assert all(m.nbytes(pb) <= 400 for m, _ in msgs)
+    assert msgs[0][0].src() == [("full", [10, 11, 12, 13])] and msgs[0][0].dst() == [("full", [100, 101, 102, 103])]
+    # the last message carries a full chunk and both swa chunks: one part per pool, in order
+    assert msgs[4][0].src() == [("full", [18, 19]), ("swa", [30, 31, 32, 33])]
+    assert msgs[4][0].dst() == [("full", [108, 109]), ("swa", [200, 201, 202, 203])]
+    # every page once, in the same pairing as the chunks
+    pairs = lambda cs: sorted((c.rank, pool, a, b) for c in cs for pool, s, d in c.parts for a, b in zip(s, d))  # noqa: E731
+    assert pairs(m for m, _ in msgs) == pairs(chunks)
+    # a large bound: one message per rank; a tiny one: one per chunk (a chunk over the share goes alone)
+    assert [n for _, n in messages(chunks, pb, 1 << 30)] == [7, 7]
+    assert [n for _, n in messages(chunks, pb, 1)] == [1] * 14
+    with pytest.raises(ValueError, match="chunks of one rank"):
+        merge([chunks[0], chunks[1]])
 
 
 def test_requests_are_plain_values():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from harness.report import CaseResult, GroupResult
-from harness.rerun import comment, github
+from harness.rerun import cli, comment, github
 from harness.rerun.comment import GroupStatus
 from harness.rerun.permission import may_rerun
 
@@ -101,7 +101,7 @@ class FakeGitHub:
 
     def __init__(self, repo="org/repo", perms=None, pr_author="alice", head_repo="org/repo"):
         self.repo, self.perms = repo, perms or {}
-        self.pr = {"user": {"login": pr_author}, "head": {"repo": {"full_name": head_repo}}}
+        self.pr = {"user": {"login": pr_author}, "head": {"repo": {"full_name": head_repo}, "sha": "c0ffee" * 6 + "abcd"}}
         self.comments: dict[int, str] = {}
         self.dispatched: list[dict] = []
         self.calls: list[tuple[str, str]] = []
@@ -151,6 +151,7 @@ def test_check_allows_writer_and_writes_outputs(tmp_path, monkeypatch, capsys):
     rc = github.main(["check", "--event", str(_event(tmp_path)), "--body-out", str(tmp_path / "c.txt")], transport=fake)
     assert rc == 0
     assert "allowed=true" in out.read_text() and "pr=7" in out.read_text()
+    assert f"sha={fake.pr['head']['sha']}\n" in out.read_text()  # later jobs check out this commit, not the branch
     assert (tmp_path / "c.txt").read_text().startswith("/rerun-test test_a.py")
 
 
@@ -183,18 +184,50 @@ def test_update_edits_only_its_line_and_survives_a_race(tmp_path, monkeypatch):
     assert fake.calls[-2:] == [("GET", f"/repos/org/repo/issues/comments/{cid}")] * 2  # no PATCH when nothing changes
 
 
-def test_running_and_dispatch(tmp_path, monkeypatch):
+def test_update_after_the_runs_closes_out_groups_that_left_no_result(tmp_path, monkeypatch):
+    """The report job: every job's status file in one update; a group whose job died (no file, or
+    its line still running) is marked failed with a note, never left queued."""
     monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
     fake = FakeGitHub()
     cid = github.GitHub("org/repo", fake).create_comment(7, comment.apply("", Q))
-    entry = json.dumps({"name": "8-gpu-h200", "runner": "8-gpu-h200", "topology": "8-gpu-h200", "specs": ["x.py"]})
-    assert github.main(["running", "--comment-id", str(cid), "--entry", entry, "--link", "https://ci/1"], transport=fake) == 0
-    assert "🔄" in comment.parse(fake.comments[cid])["8-gpu-h200"]
+    cpu, h100 = tmp_path / "cpu" / "status.md", tmp_path / "h100" / "status.md"
+    for f, st in ((cpu, GroupStatus("cpu", "ubuntu-latest", state="passed", passed=3)),
+                  (h100, GroupStatus("2-gpu-h100", "2-gpu-h100", state="running", passed=1))):
+        f.parent.mkdir()
+        f.write_text(comment.apply("", [st]))
+    matrix = json.dumps({"include": [{"name": g.name, "runner": g.runner} for g in Q]})
+    assert github.main(["update", "--comment-id", str(cid), "--matrix", matrix, "--link", "https://ci/9",
+                        "--status-file", str(cpu), "--status-file", str(h100),
+                        "--status-file", str(tmp_path / "h200" / "status.md")], transport=fake) == 0
+    lines = comment.parse(fake.comments[cid])
+    assert comment.state_of(lines["cpu"]) == "passed" and "3 passed" in lines["cpu"]
+    for name in ("2-gpu-h100", "8-gpu-h200"):
+        assert comment.state_of(lines[name]) == "failed", lines[name]
+        assert "the job ended before it reported a result" in lines[name] and "https://ci/9" in lines[name]
+
+
+def test_update_without_matrix_needs_its_status_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    assert github.main(["update", "--comment-id", "1"], transport=FakeGitHub()) == 2
+    assert "update needs --status-file FILE or --matrix JSON" in capsys.readouterr().err
+
+
+def test_dispatch(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    fake = FakeGitHub()
     spec = tmp_path / "spec.txt"
     spec.write_text("test_a.py test_b.py\n")
-    assert github.main(["dispatch", "--workflow", "rerun-test.yml", "--ref", "main", "--input", "pr=7",
+    assert github.main(["dispatch", "--workflow", "rerun-test.yml", "--ref", "main", "--input", "pr=7", "--input", "sha=abc",
                         "--input-file", f"spec={spec}"], transport=fake) == 0
-    assert fake.dispatched == [{"ref": "main", "inputs": {"pr": "7", "spec": "test_a.py test_b.py"}}]
+    assert fake.dispatched == [{"ref": "main", "inputs": {"pr": "7", "sha": "abc", "spec": "test_a.py test_b.py"}}]
+
+
+def test_parse_only_writes_the_specs_as_a_step_output(tmp_path, capsys):
+    out = tmp_path / "gh_out"
+    body = tmp_path / "comment.txt"
+    body.write_text("/rerun-test test_a.py suites/b/test_b.py::TestC::test_d\nthanks\n")
+    assert cli.main(["--parse-only", "--comment-file", str(body), "--github-output", str(out)]) == 0
+    assert out.read_text() == "specs=test_a.py suites/b/test_b.py::TestC::test_d\n"
 
 
 def test_api_error_is_one_line_exit_1(tmp_path, monkeypatch, capsys):

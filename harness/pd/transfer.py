@@ -1,12 +1,19 @@
-"""Chunked P→D page transfer with a bound on bytes in flight.
+"""Chunked P→D page transfer with a bound on bytes in flight, batched into few messages.
 
 For each TP rank, the pages a request needs (full pages past any cached prefix, SWA pages of the
 window) go from prefill rank r to decode rank r in chunks of at most ``chunk_pages`` pages, full
-pages first; a chunk may carry pages of both pools (a short prompt moves in one chunk). The prefill
-returns a chunk as numpy arrays (``read_chunk``: views of its buffers where the pages are one run),
-which Ray copies once into its object store; the decode actor receives the ObjectRef, reads the
-arrays zero-copy and writes them at the pages sglang allocated (``write_chunk``). At most
-``max_inflight_bytes`` are unacknowledged at once.
+pages first; a chunk may carry pages of both pools (a short prompt moves in one chunk). Chunks are
+the unit of the plan and of an abort mid-transfer.
+
+A message is what crosses Ray: consecutive chunks of one rank merged (:func:`messages`), as many as
+fit in that rank's share of ``max_inflight_bytes``, with the pages of each pool in one part. Each
+message costs one object-store round trip (two actor calls and one object) whatever its size, so a
+request whose pages fit the bound moves in one message per rank instead of one per chunk; merged
+pages that form one run of page ids leave the prefill as a view of its buffer, with no gather copy.
+The prefill returns a message as numpy arrays (``read_chunk``), which Ray copies once into its
+object store; the decode actor receives the ObjectRef, reads the arrays zero-copy and writes them at
+the pages sglang allocated (``write_chunk``). At most ``max_inflight_bytes`` are unacknowledged at
+once (a single chunk larger than a rank's share goes alone).
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TransferStats:
-    """What one request's transfer moved."""
+    """What one request's transfer moved: ``chunks`` of the plan in ``messages`` Ray round trips."""
 
     bytes: int
     chunks: int
     seconds: float
     aborted: bool
+    messages: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,59 @@ def plan(src: list[dict[str, list[int]]], dst: list[dict[str, Any]], chunk_pages
     return out
 
 
+def merge(chunks: list[Chunk]) -> Chunk:
+    """One message from consecutive chunks of one rank: the pages of each pool in one part.
+
+    Raises:
+        ValueError: the chunks belong to different ranks (or there are none).
+    """
+    if not chunks or any(c.rank != chunks[0].rank for c in chunks):
+        raise ValueError(f"a message carries chunks of one rank, got ranks {[c.rank for c in chunks]}")
+    parts: dict[str, tuple[list[int], list[int]]] = {}
+    for c in chunks:
+        for pool, s, d in c.parts:
+            src, dst = parts.setdefault(pool, ([], []))
+            src.extend(s)
+            dst.extend(d)
+    return Chunk(chunks[0].rank, tuple((pool, tuple(s), tuple(d)) for pool, (s, d) in parts.items()))
+
+
+def messages(chunks: list[Chunk], page_bytes: dict[str, int], max_inflight_bytes: int) -> list[tuple[Chunk, int]]:
+    """Group the chunks into messages, in send order (ranks interleaved).
+
+    Each rank gets an equal share of ``max_inflight_bytes`` so every rank can have a message in
+    flight at once; consecutive chunks of a rank join one message while it stays within that share.
+
+    Args:
+        chunks: from :func:`plan` (possibly cut short by an abort).
+        page_bytes: bytes of one page over all buffers of a pool.
+        max_inflight_bytes: the transfer's bound on unacknowledged bytes.
+
+    Returns:
+        ``(merged chunk, how many chunks it carries)`` per message.
+    """
+    ranks = sorted({c.rank for c in chunks})
+    share = max(1, max_inflight_bytes // max(1, len(ranks)))
+    per_rank: dict[int, list[list[Chunk]]] = {r: [] for r in ranks}
+    size: dict[int, int] = {}
+    for c in chunks:
+        n = c.nbytes(page_bytes)
+        groups = per_rank[c.rank]
+        if groups and size[c.rank] + n <= share:
+            groups[-1].append(c)
+            size[c.rank] += n
+        else:
+            groups.append([c])
+            size[c.rank] = n
+    out = []
+    for i in range(max((len(g) for g in per_rank.values()), default=0)):
+        for r in ranks:
+            if i < len(per_rank[r]):
+                group = per_rank[r][i]
+                out.append((merge(group), len(group)))
+    return out
+
+
 def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
              page_bytes: dict[str, int], *, max_inflight_bytes: int, abort_after: int | None = None) -> TransferStats:
     """Move the chunks of one request.
@@ -99,9 +160,11 @@ def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
         The :class:`TransferStats`.
     """
     t0 = time.perf_counter()
-    sent = moved = 0
+    aborted = abort_after is not None and abort_after < len(chunks)
+    if aborted:
+        chunks = chunks[:abort_after]
+    moved = 0
     inflight: list[tuple[Any, int, int]] = []  # (write handle, bytes, rank)
-    aborted = False
 
     def drain(limit: int) -> None:
         nonlocal moved
@@ -109,14 +172,13 @@ def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
             handle, _, rank = inflight.pop(0)
             moved += decode.get([handle], [rank])[0]
 
-    for chunk in chunks:
-        if abort_after is not None and sent >= abort_after:
-            aborted = True
-            break
-        size = chunk.nbytes(page_bytes)
+    sent = 0
+    batches = messages(chunks, page_bytes, max_inflight_bytes)
+    for msg, _ in batches:
+        size = msg.nbytes(page_bytes)
         drain(max(0, max_inflight_bytes - size))
-        data = prefill.submit(chunk.rank, "read_chunk", rid, chunk.src())
-        inflight.append((decode.submit(chunk.rank, "write_chunk", rid, chunk.dst(), data), size, chunk.rank))
+        data = prefill.submit(msg.rank, "read_chunk", rid, msg.src())
+        inflight.append((decode.submit(msg.rank, "write_chunk", rid, msg.dst(), data), size, msg.rank))
         sent += 1
     drain(0)
-    return TransferStats(moved, sent, time.perf_counter() - t0, aborted)
+    return TransferStats(moved, len(chunks), time.perf_counter() - t0, aborted, messages=sent)

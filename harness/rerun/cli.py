@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parse-only", action="store_true",
                    help="only validate the specs (no repository lookup) and print them on one line; the bot's first check")
     p.add_argument("--dry-run", action="store_true", help="print the plan as a GitHub Actions matrix (JSON) and exit")
-    p.add_argument("--github-output", type=Path, metavar="FILE", help="with --dry-run: append matrix=<json> to this file ($GITHUB_OUTPUT)")
+    p.add_argument("--github-output", type=Path, metavar="FILE", help="with --dry-run: append matrix=<json> to this file "
+                   "($GITHUB_OUTPUT); with --parse-only: specs=<the specs on one line>")
     p.add_argument("--list", action="store_true", help="list registered suite files and exit")
     p.add_argument("--from", dest="from_repro", type=Path, metavar="REPRO", help="rerun the failing test of a repro.json "
                    "(from `harness gate run`) with its seeds; exit 1 if it fails again (harness/gates/reproduce.py)")
@@ -253,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
             specs, _ = _specs(args)
             if not specs:
                 raise UsageError("no specs given; name test files like test_x.py")
-            print(" ".join(s.text for s in specs))
+            line = " ".join(s.text for s in specs)
+            print(line)
+            if args.github_output:
+                with open(args.github_output, "a", encoding="utf-8") as f:
+                    f.write(f"specs={line}\n")
             if args.comment_out:
                 _write_comment(args.comment_out, [])
             return 0

@@ -140,6 +140,13 @@ def apply_lines(body: str, lines_by_group: dict[str, str], title: str = "rerun-t
 
 
 _GROUP_RE = re.compile(r"<!-- rerun-test:group=(.*?) -->$")
+_STATE_RE = re.compile(r"^- \S+ \*\*.*?\*\* \(`.*?`\): (" + "|".join(ICONS) + r")\b")
+
+
+def state_of(line: str) -> str:
+    """The state a rendered group line shows (``""`` for no line or a foreign one)."""
+    m = _STATE_RE.match(line)
+    return m.group(1) if m else ""
 
 
 def parse(body: str) -> dict[str, str]:

@@ -1,14 +1,17 @@
 """The GitHub side of the rerun bot, called by the workflows in ``ci/`` (stdlib only: no installs).
 
-    python -m harness.rerun.github check    --event EVENT.json [--body-out FILE]
+    python -m harness.rerun.github check    --event EVENT.json [--body-out FILE] [--refusal-out FILE]
     python -m harness.rerun.github comment  --pr N --body-file FILE [--comment-id ID]
-    python -m harness.rerun.github update   --comment-id ID --status-file FILE [--link URL]
-    python -m harness.rerun.github running  --comment-id ID --entry JSON [--link URL]
+    python -m harness.rerun.github update   --comment-id ID --status-file FILE... [--matrix JSON]
     python -m harness.rerun.github dispatch --workflow FILE.yml --ref REF --input KEY=VALUE ...
 
-Outputs (``allowed``, ``reason``, ``pr``, ``comment_id``) go to ``$GITHUB_OUTPUT`` when set.
-The token comes from ``GITHUB_TOKEN``, the repository from ``GITHUB_REPOSITORY``. All HTTP goes
+Outputs (``allowed``, ``reason``, ``pr``, ``sha``, ``comment_id``) go to ``$GITHUB_OUTPUT`` when
+set. The token comes from ``GITHUB_TOKEN``, the repository from ``GITHUB_REPOSITORY``. All HTTP goes
 through one :class:`GitHub` object whose transport tests replace with an in-memory fake.
+
+The workflows split by privilege: jobs that run a PR's code hold a read-only token and hand their
+status files over as artifacts; only ``comment``, ``update`` and ``dispatch``, run from trusted
+code, write.
 """
 
 from __future__ import annotations
@@ -102,11 +105,12 @@ class GitHub:
         self._call("POST", f"/repos/{self.repo}/actions/workflows/{workflow}/dispatches", {"ref": ref, "inputs": inputs}, ok=(204,))
 
 
-def decide(gh: GitHub, event: dict) -> tuple[Decision, int]:
+def decide(gh: GitHub, event: dict) -> tuple[Decision, int, str]:
     """Apply the permission rule to an ``issue_comment`` event.
 
     Returns:
-        (decision, PR number).
+        (decision, PR number, the PR's head commit SHA now). Later jobs check out that SHA, not the
+        PR branch, so a push after the check cannot slip unchecked code into the run.
 
     Raises:
         GitHubError: the event is not a comment on a pull request, or an API call failed.
@@ -119,7 +123,8 @@ def decide(gh: GitHub, event: dict) -> tuple[Decision, int]:
     pr = gh.pull(number)
     head_repo = ((pr.get("head") or {}).get("repo") or {}).get("full_name")
     is_fork = head_repo != gh.repo
-    return may_rerun(commenter, pr["user"]["login"], gh.permission(commenter), is_fork), number
+    sha = str((pr.get("head") or {}).get("sha") or "")
+    return may_rerun(commenter, pr["user"]["login"], gh.permission(commenter), is_fork), number, sha
 
 
 def update_lines(gh: GitHub, comment_id: int, lines: dict[str, str]) -> str:
@@ -149,6 +154,30 @@ def update_lines(gh: GitHub, comment_id: int, lines: dict[str, str]) -> str:
     raise GitHubError(f"comment {comment_id}: lines for {', '.join(lines)} lost to concurrent edits")
 
 
+def final_lines(status_texts: list[str], matrix: dict | None, link: str = comment.LINK_PLACEHOLDER) -> dict[str, str]:
+    """The group lines to write once every runner job has ended.
+
+    Args:
+        status_texts: the ``--comment-out`` files the jobs left (their artifacts).
+        matrix: the plan's matrix; a group of it whose line is missing or not final (queued,
+            running: its job died before reporting) gets a failed line saying so.
+        link: the logs link of such a line (the workflow run).
+
+    Returns:
+        Group name → rendered line.
+    """
+    lines: dict[str, str] = {}
+    for text in status_texts:
+        lines.update(comment.parse(text))
+    for entry in (matrix or {}).get("include", []):
+        name = entry["name"]
+        if comment.state_of(lines.get(name, "")) not in ("passed", "failed"):
+            lines[name] = comment.render_line(comment.GroupStatus(
+                name=name, runner=entry["runner"], state="failed", link=link,
+                note="the job ended before it reported a result; see its log"))
+    return lines
+
+
 def _output(**values: object) -> None:
     target = os.environ.get("GITHUB_OUTPUT")
     for k, v in values.items():
@@ -169,13 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pr", type=int, required=True)
     c.add_argument("--body-file", type=Path, required=True)
     c.add_argument("--comment-id", type=int)
-    c = sub.add_parser("update", help="apply the group lines of a --comment-out file to the status comment")
+    c = sub.add_parser("update", help="apply the group lines of --comment-out files to the status comment")
     c.add_argument("--comment-id", type=int, required=True)
-    c.add_argument("--status-file", type=Path, required=True)
-    c = sub.add_parser("running", help="mark one matrix entry as running")
-    c.add_argument("--comment-id", type=int, required=True)
-    c.add_argument("--entry", required=True, help="the matrix entry (JSON)")
-    c.add_argument("--link", default=comment.LINK_PLACEHOLDER)
+    c.add_argument("--status-file", type=Path, action="append", default=[], metavar="FILE",
+                   help="a --comment-out file (repeatable); a missing file is a job that left none")
+    c.add_argument("--matrix", help="the plan's matrix (JSON): its groups without a final line are marked failed")
+    c.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="logs link of the lines --matrix closes out")
     c = sub.add_parser("dispatch", help="start a workflow_dispatch run")
     c.add_argument("--workflow", required=True)
     c.add_argument("--ref", required=True)
@@ -188,12 +216,12 @@ def run(args: argparse.Namespace, gh: GitHub) -> int:
     """Execute one sub-command against ``gh``. Returns the exit code."""
     if args.command == "check":
         event = json.loads(args.event.read_text(encoding="utf-8"))
-        decision, number = decide(gh, event)
+        decision, number, sha = decide(gh, event)
         if args.body_out:
             args.body_out.write_text(event["comment"]["body"], encoding="utf-8")
         if args.refusal_out and not decision.allowed:
             args.refusal_out.write_text(f"rerun-test: not run: {decision.reason}.\n", encoding="utf-8")
-        _output(allowed=str(decision.allowed).lower(), reason=decision.reason, pr=number)
+        _output(allowed=str(decision.allowed).lower(), reason=decision.reason, pr=number, sha=sha)
         return 0
     if args.command == "comment":
         body = args.body_file.read_text(encoding="utf-8")
@@ -204,12 +232,18 @@ def run(args: argparse.Namespace, gh: GitHub) -> int:
             _output(comment_id=gh.create_comment(args.pr, body))
         return 0
     if args.command == "update":
-        update_lines(gh, args.comment_id, comment.parse(args.status_file.read_text(encoding="utf-8")))
-        return 0
-    if args.command == "running":
-        entry = json.loads(args.entry)
-        status = comment.GroupStatus(name=entry["name"], runner=entry["runner"], state="running", link=args.link)
-        update_lines(gh, args.comment_id, {status.name: comment.render_line(status)})
+        if not args.status_file and not args.matrix:
+            raise ValueError("update needs --status-file FILE or --matrix JSON")
+        if args.matrix:
+            # After the runs, a job that died left no file: its group is closed out, not an error.
+            texts = [f.read_text(encoding="utf-8") for f in args.status_file if f.is_file()]
+            lines = final_lines(texts, json.loads(args.matrix), args.link)
+        else:
+            lines = {}
+            for f in args.status_file:
+                lines.update(comment.parse(f.read_text(encoding="utf-8")))
+        if lines:
+            update_lines(gh, args.comment_id, lines)
         return 0
     if args.command == "dispatch":
         inputs = dict(kv.split("=", 1) for kv in args.input)
