@@ -16,6 +16,7 @@ artifact download or a file browser. Links are relative to the report directory.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import logging
 import os
@@ -87,6 +88,11 @@ def _e(text: object) -> str:
 
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120]
+
+
+def _file_name(text: str) -> str:
+    """A file name for ``text``: readable, and unique even where two long node ids share their first 100 characters."""
+    return f"{_safe(text)[:100]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
 def duration(seconds: float) -> str:
@@ -270,7 +276,7 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
         return f'<p class="meta">ledger unreadable: {_e(e)}</p>'
     if not ranks:
         return ""
-    png = report_dir / TIMELINES / f"{_safe(g.name + '-' + case.nodeid)}.png"
+    png = report_dir / TIMELINES / f"{_file_name(g.name + '-' + case.nodeid)}.png"
     try:
         timeline.plot(ranks, png, title=case.nodeid)
     except ImportError as e:  # matplotlib missing: the page still has the tables

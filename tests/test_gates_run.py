@@ -206,7 +206,7 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys):
     page = (run_dir / "report" / "index.html").read_text()
     assert '<h1 id="verdict" class="verdict fail">gate broken: FAIL</h1>' in page
     assert "<h2>Gate verdict</h2>" in page and "<h2>Flaky record</h2>" in page and "hypothesis=5, workload=7" in page
-    assert page.count('<img class="timeline"') == 1 and "test_release_balances.png" in page
+    assert page.count('<img class="timeline"') == 1 and "test_release_balances-" in page
     assert '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="0" data-rid="r1">' in page
     assert bundle["workers"] == ["decode-0"] and "ledger/decode-0.jsonl" in bundle["files"]
     assert any("page-leak" in v for v in bundle["ledger_excerpt"]["decode-0"]["violations"])

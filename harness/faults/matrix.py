@@ -534,7 +534,7 @@ def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[G
         run = runs.get(label)
         failing = any(c.outcome in _FAILING for c in cases)
         code = run.returncode if run is not None else (1 if failing else 0)
-        what = "clean run" if label.startswith(CLEAN) else f"with fault {label}"
+        what = "clean run" if label.startswith(CLEAN) else f"with fault {label} (a failing test caught it)"
         groups.append(GroupResult(name=label, topology="per test", runner=what, cases=cases,
                                   wall_time=run.wall_s if run is not None else matrix.clean.wall_s, returncode=code,
                                   note=note or ("" if code in (0, 1) else f"pytest exited {code}"),
