@@ -53,6 +53,21 @@ SWA_POOL = "swa"
 #: Owner prefix of pages a released request left behind in a prefix cache (``<cache>rid``).
 CACHE_OWNER = "<cache>"
 
+#: Each rule :func:`check` enforces, with the sentence a report shows beside a violation of it.
+RULES: dict[str, str] = {
+    "page-double-alloc": "a page is allocated only while it is free (never twice without a free between)",
+    "page-double-free": "a page is freed once, by the request that holds it (or from the prefix cache)",
+    "page-leak": "every page allocated is freed exactly once, per worker and pool",
+    "transfer-unowned": "a transfer names only pages the request holds on that worker",
+    "evicted-negative": "an SWA eviction floor (evicted_seqlen) is never negative",
+    "evicted-unaligned": "an SWA eviction floor is a multiple of the page size",
+    "evicted-mismatch": "on a prealloc the SWA eviction floor equals fill_len - swa_tail_len",
+    "swa-over-window": "one request never holds more than ceil((window + page) / page) SWA pages",
+    "not-baseline": "a worker holding no request and no cached page has every pool back at its starting free size",
+    "free-mismatch": "a pool's free size moves by exactly the pages an event takes or returns",
+    "unknown-kind": "every event's kind is one of the known kinds",
+}
+
 Pages = Mapping[str, "tuple[int, ...] | int"]
 
 

@@ -19,6 +19,8 @@ adds):
     pd         fixtures ``pd_pair``, ``pd_report``
     seeds      ``--workload-seed``, fixtures ``workload_seed``, ``workload_rng``, failed-test records
     faults     ``--inject-fault``
+    record     ``<run_dir>/tests.jsonl``: per test its outcome, seeds, workers and the bytes of
+               their logs and ledgers it wrote (what the run report shows per test)
 
 Order matters: ``options`` first (it creates the ``pd-harness`` option group the others add to);
 the core concerns before the others, so their hooks keep their place (pytest calls the last
@@ -39,4 +41,5 @@ pytest_plugins: list[str] = [
     "harness.plugins.pd",
     "harness.plugins.seeds",
     "harness.plugins.faults",
+    "harness.plugins.record",
 ]

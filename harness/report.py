@@ -1,6 +1,7 @@
 """Pure functions from test results to JUnit XML, markdown and JSON. No Ray, no I/O.
 
-:class:`CaseResult` / :class:`GroupResult` are the results of one test / one runner group.
+The results themselves (:class:`~harness.results.CaseResult` / :class:`~harness.results.GroupResult`)
+are read by :mod:`harness.results`; the HTML page is :mod:`harness.html_report`.
 ``merge_junit`` folds per-group JUnit files into one, stamping each ``<testsuite>`` with
 ``<property>`` elements (topology, runner, group, …) so a merged file still says where each test ran.
 """
@@ -8,109 +9,13 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 
-OUTCOMES = ("passed", "failed", "error", "skipped")
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    """One test's outcome.
-
-    Attributes:
-        nodeid: ``suites/x/test_a.py::TestC::test_y[p]``.
-        outcome: one of :data:`OUTCOMES`.
-        duration: seconds.
-        message: one line (the failure's reason or skip reason), ``""`` when passed.
-    """
-
-    nodeid: str
-    outcome: str
-    duration: float = 0.0
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class GroupResult:
-    """One runner group's run.
-
-    Attributes:
-        name: the group (``cpu``, ``8-gpu-h200-1of2``).
-        topology, runner: where it ran.
-        cases: per-test results.
-        wall_time: seconds of the whole pytest process.
-        returncode: pytest's exit code (None: not run).
-        note: one line when the group itself failed (crash, usage error, nothing collected).
-        properties: extra key/values for reports (``simulated``, ``run_dir``, …).
-    """
-
-    name: str
-    topology: str
-    runner: str
-    cases: tuple[CaseResult, ...] = ()
-    wall_time: float = 0.0
-    returncode: int | None = None
-    note: str = ""
-    properties: tuple[tuple[str, str], ...] = field(default=())
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for c in self.cases if c.outcome == outcome)
-
-    @property
-    def failures(self) -> tuple[CaseResult, ...]:
-        return tuple(c for c in self.cases if c.outcome in ("failed", "error"))
-
-    @property
-    def ok(self) -> bool:
-        """Passed: pytest exited 0 (or 5 never: nothing collected is a failure), no failed/error case."""
-        return self.returncode == 0 and not self.failures and not self.note
-
-
-def one_line(text: str, limit: int = 160) -> str:
-    """First meaningful line of ``text``, trimmed to ``limit`` characters."""
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            return line if len(line) <= limit else line[: limit - 1] + "…"
-    return ""
+from harness.results import OUTCOMES, GroupResult
 
 
 # ---------------------------------------------------------------------------------------------
 # JUnit
 # ---------------------------------------------------------------------------------------------
-
-
-def parse_junit(xml_text: str) -> list[CaseResult]:
-    """Read a pytest JUnit XML document into case results.
-
-    The node id is rebuilt from ``file`` (xunit1) when present, else from ``classname`` and ``name``.
-
-    Raises:
-        ValueError: not XML.
-    """
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as e:
-        raise ValueError(f"not JUnit XML: {e}") from None
-    out = []
-    for case in root.iter("testcase"):
-        name = case.get("name", "")
-        classname = case.get("classname", "")
-        file = case.get("file")
-        if file:
-            module = file[:-3].replace("/", ".") if file.endswith(".py") else file
-            cls = classname[len(module) + 1:] if classname.startswith(module + ".") else ""
-            nodeid = file + "".join(f"::{p}" for p in cls.split(".") if p) + f"::{name}"
-        else:
-            nodeid = f"{classname}::{name}" if classname else name
-        outcome, message = "passed", ""
-        for tag, kind in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
-            el = case.find(tag)
-            if el is not None:
-                outcome, message = kind, one_line(el.get("message") or el.text or "")
-                break
-        out.append(CaseResult(nodeid=nodeid, outcome=outcome, duration=float(case.get("time") or 0), message=message))
-    return out
 
 
 def merge_junit(parts: list[tuple[str, dict[str, str]]]) -> str:

@@ -161,6 +161,11 @@ def test_check_catches_a_fault_and_reports_a_miss(tmp_path: Path):
     assert "decode-reserve-unaligned" in text and "1/2 faults caught" in text
     data = matrix.to_dict(result)
     assert data["ok"] is False and data["faults"][0]["suites"][0]["tests"] == ["suites/test_catcher.py::test_prealloc"]
+    # the run's HTML page: the fault × suite table, then each run's tests
+    page = matrix.write_page(result, tmp_path / "out", root).read_text()
+    assert "faults check: FAIL" in page and "hisparse-budget-swa: missed (no targeted suite failed)" in page
+    assert "<th>suites/test_catcher.py</th>" in page and "<td>caught (1)</td>" in page
+    assert "Tests of decode-reserve-unaligned" in page and 'href="../workers/decode-reserve-unaligned.log"' in page
 
 
 def test_check_stops_when_the_clean_run_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -177,6 +177,9 @@ def test_flaky_rerun_crash_never_rerun_informational_and_junit(repo, tmp_path):
     # the flaky record
     records = history.read(tmp_path / "runs" / history.FILE_NAME)
     assert records[-1]["tests"]["suites/gate/test_flaky.py::test_latency"] == ["failed", "passed"]
+    page = (run_dir / "report" / "index.html").read_text()
+    assert "gate sample: PASS" in page and "<td>failed → passed</td><td>flaky (passed on a rerun)</td>" in page
+    assert "Tests of core/cpu/rerun-1" in page
     assert [t.nodeid for t in history.flaky(records, 5)] == ["suites/gate/test_flaky.py::test_latency"]
 
 
@@ -198,6 +201,13 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys):
     assert bundle["spec"] == "suites/gate/test_ledger.py::test_release_balances" and bundle["topology"] == "cpu"
     assert bundle["seeds"]["hypothesis"] == 5 and bundle["seeds"]["workload_base"] == 7
     assert bundle["failure"]["class"] == "accounting" and bundle["sglang_version"] == "0.5.23"
+    # the page: verdict, the gate's tables, the ledger-writing test's timeline with its leak at r1's event
+    assert "[index.html](index.html)" in (run_dir / "report" / "summary.md").read_text()
+    page = (run_dir / "report" / "index.html").read_text()
+    assert '<h1 id="verdict" class="verdict fail">gate broken: FAIL</h1>' in page
+    assert "<h2>Gate verdict</h2>" in page and "<h2>Flaky record</h2>" in page and "hypothesis=5, workload=7" in page
+    assert page.count('<img class="timeline"') == 1 and "test_release_balances-" in page
+    assert '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="0" data-rid="r1">' in page
     assert bundle["workers"] == ["decode-0"] and "ledger/decode-0.jsonl" in bundle["files"]
     assert any("page-leak" in v for v in bundle["ledger_excerpt"]["decode-0"]["violations"])
     assert (bundle_path.parent / "workers" / "decode-0.log").read_text() == "decode-0: prealloc r1\n"

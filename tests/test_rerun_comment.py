@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.report import CaseResult, GroupResult
+from harness.results import CaseResult, GroupResult
 from harness.rerun import cli, comment, github
 from harness.rerun.comment import GroupStatus
 from harness.rerun.permission import may_rerun

@@ -2,8 +2,9 @@
 
 ``list`` prints the fault catalog: name, the upstream issue it mirrors, the suites it targets and a
 one-line description. ``check`` runs the kill matrix (``harness.faults.matrix``): the clean run of
-every targeted suite, then each fault in a fresh pytest subprocess; it exits 0 when the clean run
-passed and every fault was caught, 1 otherwise, 2 on bad input.
+every targeted suite, then each fault in a fresh pytest subprocess, and writes the run's HTML page
+(``<run-dir>/report/index.html``: the fault × suite table, each run's tests with their KV-pool
+timelines); it exits 0 when the clean run passed and every fault was caught, 1 otherwise, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ def _check(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     result = matrix.check(args.faults, suites=tuple(args.suites) if args.suites else None, out_dir=out_dir,
                           jobs=args.jobs, timeout_s=args.timeout)
+    page = matrix.write_page(result, out_dir)
     if args.json:
-        print(json.dumps(matrix.to_dict(result), indent=2))
+        print(json.dumps({**matrix.to_dict(result), "report": str(page)}, indent=2))
     else:
         print(matrix.render(result))
         print(f"evidence: {out_dir}")
+        print(f"report: {page}")
     return 0 if result.ok else 1

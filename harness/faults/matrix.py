@@ -24,13 +24,14 @@ import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from harness import faults as fault_catalog
+from harness import html_report, results
+from harness.results import GroupResult
 
 logger = logging.getLogger(__name__)
 
@@ -210,10 +211,10 @@ def targets_for(name: str) -> tuple[str, ...]:
 
 
 def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
-    """Read the test cases of a pytest JUnit XML report (``junit_family=xunit1``, which carries files).
+    """Read the test cases of a pytest JUnit XML report through :func:`harness.results.read_junit`.
 
     Args:
-        path: the XML file.
+        path: the XML file (``junit_family=xunit1``, which carries files).
         root: the directory test files are relative to.
 
     Returns:
@@ -221,50 +222,10 @@ def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
         killed before pytest wrote it).
     """
     try:
-        tree = ET.parse(path)
-    except (OSError, ET.ParseError):
+        cases = results.read_junit(path, root)
+    except ValueError:
         return ()
-    out = []
-    for case in tree.iter("testcase"):
-        file = case.get("file", "")
-        name = case.get("name", "")
-        classname = case.get("classname", "")
-        test_id = _test_id(file, classname, name, root)
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
-                text = (child.get("message") or "").strip()
-                message = text.splitlines()[0] if text else ""
-                if outcome != "skipped":
-                    break
-        out.append(TestOutcome(test_id=test_id, file=_relative(file, root), outcome=outcome, message=message))
-    return tuple(out)
-
-
-def _relative(file: str, root: Path) -> str:
-    if not file:
-        return ""
-    path = Path(file)
-    if path.is_absolute():
-        try:
-            return path.relative_to(root).as_posix()
-        except ValueError:
-            return path.as_posix()
-    return path.as_posix()
-
-
-def _test_id(file: str, classname: str, name: str, root: Path) -> str:
-    rel = _relative(file, root)
-    if not rel:  # collection error: pytest names the module in classname/name
-        return name or classname
-    # classname is the dotted module path, plus the class when the test is a method.
-    last = classname.rsplit(".", 1)[-1]
-    parts = [rel]
-    if last and last != Path(rel).stem:
-        parts.append(last)
-    parts.append(name)
-    return "::".join(parts)
+    return tuple(TestOutcome(test_id=c.nodeid, file=c.file, outcome=c.outcome, message=c.message) for c in cases)
 
 
 # ------------------------------------------------------------------------------------- running
@@ -514,3 +475,87 @@ def render(matrix: Matrix) -> str:
     caught = sum(v.status == CAUGHT for v in matrix.verdicts)
     lines.append(f"{caught}/{len(matrix.verdicts)} faults caught; wall time {matrix.wall_s:.0f} s")
     return "\n".join(lines)
+
+
+def page_table(matrix: Matrix) -> html_report.Table:
+    """The fault × suite table of the run's HTML page: one row per fault, one column per suite.
+
+    Args:
+        matrix: the result of :func:`check`.
+
+    Returns:
+        The table (cells: ``caught (N)``, ``missed``, ``broken``, blank where the fault does not target the suite).
+    """
+    suites = list(dict.fromkeys(c.suite for c in matrix.cells))
+    known = fault_catalog.catalog()
+    by = {(c.fault, c.suite): c for c in matrix.cells}
+    rows, status = [], []
+    for v in matrix.verdicts:
+        cells = []
+        for s in suites:
+            c = by.get((v.fault, s))
+            cells.append("" if c is None else f"{c.status} ({len(c.tests)})" if c.tests else c.status)
+        rows.append((v.fault, known[v.fault].upstream if v.fault in known else "", v.status + (f": {v.reason}" if v.reason else ""),
+                     *cells))
+        status.append("ok" if v.status == CAUGHT else "bad")
+    clean = matrix.clean
+    note = (f"clean run {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, exit {clean.returncode}); "
+            f"a fault is caught by a suite when one of its tests passed clean and fails with the fault")
+    if not clean.passed:
+        note += "; faults not run: the clean run must pass first"
+    return html_report.Table("Fault × suite", ("fault", "upstream", "verdict", *suites), tuple(rows), tuple(status), note)
+
+
+def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[GroupResult]:
+    """The runs of a check as groups of the HTML page: one per JUnit report under ``out_dir/junit``.
+
+    Each group's run directory is the run's ``out_dir/pytest/<label>`` (its test records, worker
+    logs and ledgers); its log is ``out_dir/workers/<label>.log``.
+
+    Args:
+        matrix: the result of :func:`check`.
+        out_dir: the check's run directory.
+        root: the repository root (test files are relative to it).
+
+    Returns:
+        The clean run's parts first, then one group per fault run, in catalog order.
+    """
+    runs = {CLEAN: matrix.clean, **matrix.runs}
+    labels = sorted((p.stem for p in (out_dir / "junit").glob("*.xml")),
+                    key=lambda s: (s not in runs and not s.startswith(CLEAN), list(runs).index(s) if s in runs else 0, s))
+    groups = []
+    for label in labels:
+        try:
+            cases = tuple(results.read_junit(out_dir / "junit" / f"{label}.xml", root))
+        except ValueError as e:
+            cases, note = (), str(e)
+        else:
+            note = ""
+        run = runs.get(label)
+        failing = any(c.outcome in _FAILING for c in cases)
+        code = run.returncode if run is not None else (1 if failing else 0)
+        what = "clean run" if label.startswith(CLEAN) else f"with fault {label} (a failing test caught it)"
+        groups.append(GroupResult(name=label, topology="per test", runner=what, cases=cases,
+                                  wall_time=run.wall_s if run is not None else matrix.clean.wall_s, returncode=code,
+                                  note=note or ("" if code in (0, 1) else f"pytest exited {code}"),
+                                  properties=(("run_dir", str(out_dir / "pytest" / label)),
+                                              ("log", str(out_dir / "workers" / f"{label}.log")))))
+    return groups
+
+
+def write_page(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> Path:
+    """Write the check's HTML page, ``out_dir/report/index.html`` (:mod:`harness.html_report`).
+
+    Args:
+        matrix: the result of :func:`check`.
+        out_dir: the check's run directory.
+        root: the repository root.
+
+    Returns:
+        The page's path.
+    """
+    reasons = [f"{v.fault}: {v.status}" + (f" ({v.reason})" if v.reason else "") for v in matrix.verdicts if v.status != CAUGHT]
+    if not matrix.clean.passed:
+        reasons.insert(0, f"the clean run failed (exit {matrix.clean.returncode}); faults not run")
+    header = html_report.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s)
+    return html_report.write(out_dir / "report", header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)

@@ -20,8 +20,10 @@ Suites that want a failure treated as flaky raise an exception whose type name c
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from typing import Iterable
+
+from harness import results
 
 CLASSES = ("crash", "import", "timeout", "accounting", "accuracy", "timing", "assertion", "error")
 
@@ -43,7 +45,7 @@ class Failure:
     """One failing case as JUnit recorded it.
 
     Attributes:
-        nodeid: the test's node id (as :func:`harness.report.parse_junit` rebuilds it).
+        nodeid: the test's node id (as :func:`harness.results.parse_junit` rebuilds it).
         kind: ``failure`` (the test body) or ``error`` (setup/teardown/collection).
         message: the element's ``message`` attribute.
         text: the element's text (the traceback).
@@ -89,27 +91,17 @@ def classify(kind: str, message: str, text: str = "") -> str:
     return "error"
 
 
-def failures_from_junit(xml_text: str) -> list[Failure]:
-    """Every failed or errored case of a JUnit document, classified.
+def failures(cases: Iterable[results.CaseResult]) -> list[Failure]:
+    """Every failed or errored case of a JUnit report read by :mod:`harness.results`, classified."""
+    tags = {"failed": "failure", "error": "error"}
+    return [Failure(c.nodeid, tags[c.outcome], c.reason, c.traceback, classify(tags[c.outcome], c.reason, c.traceback))
+            for c in cases if c.outcome in tags]
 
-    Node ids are rebuilt exactly as :func:`harness.report.parse_junit` does, so they match rerun's results.
+
+def failures_from_junit(xml_text: str) -> list[Failure]:
+    """:func:`failures` of a JUnit document (node ids as :func:`harness.results.parse_junit` rebuilds them).
 
     Raises:
         ValueError: not XML.
     """
-    from harness.report import parse_junit
-
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as e:
-        raise ValueError(f"not JUnit XML: {e}") from None
-    ids = [c.nodeid for c in parse_junit(xml_text)]
-    out = []
-    for nodeid, case in zip(ids, root.iter("testcase")):
-        for tag in ("failure", "error"):
-            el = case.find(tag)
-            if el is not None:
-                message, text = el.get("message") or "", el.text or ""
-                out.append(Failure(nodeid, tag, message, text, classify(tag, message, text)))
-                break
-    return out
+    return failures(results.parse_junit(xml_text))

@@ -1,4 +1,5 @@
-"""Reports of a gate run: the verdict block, ``summary.md``, ``result.json`` and the merged JUnit. Pure.
+"""Reports of a gate run: the verdict block, ``summary.md``, ``result.json``, the merged JUnit and the
+tables of its HTML page (:mod:`harness.html_report`). Pure.
 
 ``summary.md`` is what a release manager reads: the verdict and its reasons, one row per suite
 (required or informational, passed / failed / skipped / flaky, pass rate against the threshold),
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness import report
+from harness import html_report, report
 from harness.gates.verdict import Verdict
 
 
@@ -56,19 +57,22 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def summary_md(info: RunInfo, v: Verdict, repros: dict[str, str]) -> str:
+def summary_md(info: RunInfo, v: Verdict, repros: dict[str, str], page: str = "") -> str:
     """The human summary.
 
     Args:
         info: the run's stamp.
         v: the verdict.
         repros: ``"<suite>/<group>::<nodeid>"`` → repro.json path relative to the run directory.
+        page: the run's HTML report relative to ``summary.md`` (``index.html``), linked under the verdict.
     """
     icon = "✅" if v.passed else "❌"
     lines = [f"# Gate `{info.gate}`: {icon} {v.word}", "",
              f"git `{info.git_sha}`{' (dirty)' if info.git_dirty else ''} · sglang {info.sglang_version or 'not installed'}"
              f"{f' (required {info.sglang_required})' if info.sglang_required else ''} · seeds hypothesis={info.hypothesis_seed} "
              f"workload={info.workload_seed} · {info.wall_time:.1f}s", ""]
+    if page:
+        lines += [f"Report with KV-pool timelines: [{page}]({page}) (in the run's `report/` directory)", ""]
     if v.reasons:
         lines += ["**Why it failed**", ""] + [f"- {r}" for r in v.reasons] + [""]
     if v.warnings:
@@ -161,3 +165,43 @@ def jobs_md(gate: str, jobs: list[tuple[str, dict | None]], passed: bool, reason
         body = [("##" + ln) if ln.startswith("#") else ln for ln in md.rstrip("\n").splitlines()]
         lines += ["", f"## Runner `{label}`", "", *body]
     return "\n".join(lines) + "\n"
+
+
+def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[str, float, int, int]]) -> list[html_report.Table]:
+    """The gate's own tables on its HTML page: the verdict table and the flaky record.
+
+    Args:
+        v: the verdict.
+        repros: as for :func:`summary_md`.
+        flaky_history: (node id, pass rate, passed, attempts) of tests flaky over the recent runs
+            (:func:`harness.gates.history.flaky`), lowest pass rate first.
+
+    Returns:
+        Two tables: one row per suite; one row per test that needed a rerun or failed in this run,
+        then the history's flaky tests.
+    """
+    rows, status = [], []
+    for sv in v.suites:
+        s = sv.outcome
+        rows.append((s.name, "required" if s.required else "informational", str(s.passed), str(s.failed), str(s.skipped),
+                     str(s.flaky), _rate(s.pass_rate), f"{s.min_pass_rate:.0%}", "; ".join(sv.reasons) or "ok"))
+        status.append("ok" if sv.ok else ("bad" if s.required else "warn"))
+    verdict_table = html_report.Table(
+        "Gate verdict", ("suite", "kind", "passed", "failed", "skipped", "flaky", "pass rate", "needed", "status"),
+        tuple(rows), tuple(status))
+    frows, fstatus = [], []
+    for sv in v.suites:
+        for t in sv.outcome.tests:
+            if len(t.attempts) > 1 or t.failed:
+                repro = repros.get(f"{sv.outcome.name}/{t.group}::{t.nodeid}", "")
+                frows.append((t.nodeid, f"{sv.outcome.name} / {t.group}", " → ".join(t.attempts) or t.outcome,
+                              "flaky (passed on a rerun)" if t.flaky else t.outcome, t.failure_class or "-", repro or "-"))
+                fstatus.append("warn" if t.flaky else "bad")
+    for nodeid, rate, passed, attempts in flaky_history:
+        frows.append((nodeid, "history", f"{passed}/{attempts} passed", f"flaky over recent runs ({rate:.0%})", "-", "-"))
+        fstatus.append("warn")
+    flaky_table = html_report.Table(
+        "Flaky record", ("test", "suite / group", "attempts", "result", "failure class", "repro"), tuple(frows), tuple(fstatus),
+        note="this run's reruns and failures, then the tests the flaky history shows as flaky"
+             if frows else "no test needed a rerun or failed in this run, and the history shows none flaky")
+    return [verdict_table, flaky_table]

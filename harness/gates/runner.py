@@ -20,21 +20,21 @@ import logging
 import random
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from harness import ledger, report
+from harness import html_report, ledger, report, results
+from harness.stamp import git_state
 from harness import topology as topo_mod
 from harness.gates import classify, history, render, repro
 from harness.gates.model import Gate, GateSuite
 from harness.gates.plan import entry_plan, runner_label
 from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
 from harness.plugins import seeds as seeds_mod
-from harness.report import CaseResult, GroupResult
+from harness.results import CaseResult, GroupResult
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 from harness.rerun.registry import RegistryError
 
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 LIVE_EVERY_S = 5.0
 LEDGER_TAIL = 20
+#: Recent gate runs whose history the page's flaky record reads (as ``harness flaky``'s default).
+FLAKY_WINDOW = 20
 
 
 @dataclass(frozen=True)
@@ -146,11 +148,9 @@ def _safe(nodeid: str) -> str:
 
 
 def _failures(junit: Path) -> dict[str, classify.Failure]:
-    if not junit.is_file():
-        return {}
     try:
-        return {f.nodeid: f for f in classify.failures_from_junit(junit.read_text(encoding="utf-8"))}
-    except ValueError:
+        return {f.nodeid: f for f in classify.failures(results.read_junit(junit))}
+    except ValueError:  # no report (the group never ran or was killed): its cases say what happened
         return {}
 
 
@@ -406,21 +406,6 @@ def collect_evidence(gate: Gate, run: _EntryRun, test: TestOutcome, info: render
 # --------------------------------------------------------------------------------------------
 
 
-def git_state(repo_root: Path) -> tuple[str, bool]:
-    """(HEAD's SHA or ``unknown``, whether tracked files have uncommitted changes)."""
-    def git(*args: str) -> str | None:
-        try:
-            r = subprocess.run(["git", *args], cwd=repo_root, capture_output=True, text=True, timeout=20, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return r.stdout.strip() if r.returncode == 0 else None
-
-    sha = git("rev-parse", "HEAD")
-    if not sha:
-        return "unknown", False
-    return sha, bool(git("status", "--porcelain", "--untracked-files=no"))
-
-
 def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
              clock: Callable[[], float] = time.monotonic) -> GateRun:
     """Run every suite of ``gate``, judge, and write the reports (see the module docstring).
@@ -463,14 +448,17 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
             if t.failed:
                 path = collect_evidence(gate, r, t, info, opts, env)
                 repros[repro_key(r.entry.name, t)] = str(path.relative_to(opts.run_dir))
-    write_reports(runs, info, v, repros, opts.run_dir)
+    write_reports(runs, info, v, repros, opts.run_dir, opts.repo_root)
     history.append(opts.run_dir.parent / history.FILE_NAME, opts.run_dir.name,
                    {t.nodeid: list(t.attempts) for r in runs for t in r.outcome.tests}, gate=gate.name, git_sha=sha)
     return GateRun(gate=gate, info=info, verdict=v, run_dir=opts.run_dir, repros=repros)
 
 
-def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repros: dict[str, str], run_dir: Path) -> None:
-    """``report/``: ``junit.xml`` (every group and rerun, stamped), ``summary.md``, ``result.json``, ``durations.json``."""
+def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repros: dict[str, str], run_dir: Path,
+                  repo_root: Path = html_report.REPO_ROOT) -> None:
+    """``report/``: ``junit.xml`` (every group and rerun, stamped), ``summary.md``, ``result.json``,
+    ``durations.json`` and ``index.html`` (:mod:`harness.html_report`: the verdict table, the flaky
+    record — this run's reruns and the history's flaky tests, read before this run is appended)."""
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     parts: list[tuple[str, dict[str, str]]] = []
@@ -487,8 +475,15 @@ def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repro
             part(res, rdir / "junit", f"{r.entry.name}/{res.name}/rerun-{k}", suite=r.entry.name,
                  required=str(r.entry.required).lower(), rerun_of=nodeid)
     (out / "junit.xml").write_text(render.merged_junit(info, parts), encoding="utf-8")
-    (out / "summary.md").write_text(render.summary_md(info, v, repros), encoding="utf-8")
+    (out / "summary.md").write_text(render.summary_md(info, v, repros, page=html_report.INDEX), encoding="utf-8")
     (out / "result.json").write_text(json.dumps(render.result_json(info, v, repros), indent=2) + "\n", encoding="utf-8")
     # measured durations: the next plan's est_time (and so the live ETA) comes from them
     measured = report.durations([res for r in runs for res in r.results])
     (out / "durations.json").write_text(json.dumps(measured, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    groups = [replace(res, name=f"{r.entry.name}/{res.name}") for r in runs for res in r.results]
+    groups += [replace(res, name=f"{r.entry.name}/{res.name}/rerun-{k}") for r in runs for k, (_, res, _) in enumerate(r.reruns, 1)]
+    recent = history.flaky(history.read(run_dir.parent / history.FILE_NAME), FLAKY_WINDOW)
+    header = html_report.Header(f"gate {info.gate}", v.passed, tuple(v.reasons), tuple(v.warnings), info.wall_time,
+                                {"hypothesis": info.hypothesis_seed, "workload": info.workload_seed})
+    tables = render.page_tables(v, repros, [(t.nodeid, t.pass_rate, t.passed, t.attempts) for t in recent])
+    html_report.write(out, header, groups, tables, repo_root=repo_root)

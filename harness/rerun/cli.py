@@ -23,7 +23,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from harness import report
+from harness import html_report, report
+from harness.results import GroupResult
 from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
 from harness.rerun import registry
 from harness.rerun.registry import RegistryError
@@ -186,8 +187,9 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
     for g in p.groups:
         mode = "real" if execute.simulation(g, gpus, joined=bool(args.ray_address)) is False else "simulated"
         print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({mode})")
+    started = time.monotonic()
     results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
-    write_reports(run_dir, results, args.link)
+    page = write_reports(run_dir, results, args.link, wall_time=time.monotonic() - started)
     if args.save_durations:
         save_durations(root / "suites" / registry.DURATIONS_FILE, report.durations(results))
     if args.comment_out:
@@ -200,11 +202,16 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
         if r.note:
             print(f"GROUP {r.name}: {r.note}")
     print(f"\njunit: {run_dir / 'report' / 'junit.xml'}  summary: {run_dir / 'report' / 'summary.md'}")
+    print(f"report: {page}")
     return 0 if all(r.ok for r in results) else 1
 
 
-def write_reports(run_dir: Path, results: list[report.GroupResult], link: str = "") -> None:
-    """Merged JUnit, markdown, JSON and measured durations under ``run_dir/report``."""
+def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0) -> Path:
+    """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``.
+
+    Returns:
+        The page (``report/index.html``).
+    """
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     parts = []
@@ -216,6 +223,10 @@ def write_reports(run_dir: Path, results: list[report.GroupResult], link: str = 
     (out / "summary.md").write_text(report.markdown(results, link if link != comment.LINK_PLACEHOLDER else ""), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(report.to_json(results), indent=2) + "\n", encoding="utf-8")
     (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    failed = [f"{r.name}: {r.note}" for r in results if r.note]
+    failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
+    header = html_report.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time)
+    return html_report.write(out, header, results)
 
 
 def save_durations(path: Path, measured: dict[str, float]) -> None:

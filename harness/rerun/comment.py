@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from harness.report import GroupResult
+from harness.results import GroupResult
 
 STATUS_MARKER = "<!-- rerun-test:status -->"
 LINK_PLACEHOLDER = "{run_url}"
 ICONS = {"queued": "⏳", "running": "🔄", "passed": "✅", "failed": "❌"}
 MAX_FAILURES_SHOWN = 10
+#: Name prefix of the artifact each group's CI job uploads (``ci/workflows/rerun-test.yml``).
+ARTIFACT_PREFIX = "rerun-"
 
 
 def group_marker(name: str) -> str:
@@ -36,6 +38,7 @@ class GroupStatus:
         link: URL of the job's logs (``{run_url}`` placeholder until known).
         failures: (node id, one-line reason) of failing tests.
         note: one line about the group itself (crash, not runnable here).
+        report: where the group's HTML report is, inside the job's artifacts (``""``: none yet).
     """
 
     name: str
@@ -47,14 +50,24 @@ class GroupStatus:
     link: str = LINK_PLACEHOLDER
     failures: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    report: str = ""
 
     def __post_init__(self) -> None:
         if self.state not in ICONS:
             raise ValueError(f"unknown state {self.state!r}; use one of {', '.join(ICONS)}")
 
 
+def report_path(group: str) -> str:
+    """Where a group's HTML report is in the run's artifacts: ``<artifact>/report/index.html``.
+
+    The artifact is the one ``ci/workflows/rerun-test.yml`` uploads per group (``rerun-<group>``,
+    holding the group's run directory).
+    """
+    return f"{ARTIFACT_PREFIX}{group}/report/index.html"
+
+
 def from_result(result: GroupResult, link: str = LINK_PLACEHOLDER) -> GroupStatus:
-    """The final status line of a finished group."""
+    """The final status line of a finished group (linking its HTML report in the run's artifacts)."""
     return GroupStatus(
         name=result.name,
         runner=result.runner,
@@ -65,6 +78,7 @@ def from_result(result: GroupResult, link: str = LINK_PLACEHOLDER) -> GroupStatu
         link=link,
         failures=tuple((c.nodeid, c.message or c.outcome) for c in result.failures),
         note=result.note,
+        report=report_path(result.name),
     )
 
 
@@ -85,6 +99,9 @@ def render_line(s: GroupStatus) -> str:
     if s.state != "queued":
         parts[0] += f" — {s.passed} passed, {s.failed} failed, {s.skipped} skipped"
     parts.append(f"[logs]({_clean(s.link)})")
+    if s.report:
+        # GitHub links a run's artifacts, not a file inside one: the link goes to the list, the path says where.
+        parts.append(f"[report]({_clean(s.link)}#artifacts) `{_clean(s.report)}`")
     if s.note:
         parts.append(_clean(s.note))
     if s.failures:

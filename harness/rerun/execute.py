@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.report import CaseResult, GroupResult, one_line
+from harness.results import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan, compact
 
 log = logging.getLogger(__name__)

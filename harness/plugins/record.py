@@ -1,0 +1,110 @@
+"""pytest plugin concern: a record of every test, so the run report can show what each test did.
+
+After each test's teardown, one JSON line goes to ``<run_dir>/tests.jsonl`` (read back by
+:func:`harness.results.read_records`)::
+
+    {"path": "/abs/suites/x/test_a.py", "suffix": "::test_b[p]", "outcome": "failed",
+     "start": 1796000000.1, "stop": 1796000003.4, "seeds": {"workload_base": 7, "workload": 123, "hypothesis": null},
+     "workers": ["pd-2-gpu-h100-decode-0-r0", ...],
+     "logs": {"workers/pd-…-r0.log": [1200, 5600]}, "ledgers": {"ledger/pd-…-r0.jsonl": [0, 48211]}}
+
+``logs`` / ``ledgers`` are the byte ranges of each worker log and ledger file that grew from the
+test's setup to the end of its teardown. Tests of one session run one after another, and workers
+(a PD pair kept for the session) serve several tests, so a byte range is what *this* test wrote.
+Nothing is written when the session has no run directory on disk (a plain unit-test session).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from harness.plugins.failfast import owned_workers
+from harness.plugins.seeds import base_seed_key, derive
+from harness.plugins.state import state_key
+from harness.results import RECORD_FILE
+
+_sizes_key = pytest.StashKey[dict]()
+_start_key = pytest.StashKey[float]()
+_outcome_key = pytest.StashKey[str]()
+_workers_key = pytest.StashKey[list]()
+
+#: Sub-directories of the run directory whose files are attributed to tests, and their suffix.
+WATCHED = (("logs", "workers", ".log"), ("ledgers", "ledger", ".jsonl"))
+
+
+def _run_dir(config: pytest.Config) -> Path | None:
+    st = config.stash.get(state_key, None)
+    return Path(st.run_dir_path) if st is not None else None
+
+
+def _sizes(run_dir: Path | None) -> dict[str, int]:
+    """``"workers/x.log" -> size`` of every watched file (empty when the run dir does not exist)."""
+    out: dict[str, int] = {}
+    if run_dir is None:
+        return out
+    for _, sub, ext in WATCHED:
+        try:
+            entries = list(os.scandir(run_dir / sub))
+        except OSError:
+            continue
+        for e in entries:
+            if e.name.endswith(ext):
+                try:
+                    out[f"{sub}/{e.name}"] = e.stat().st_size
+                except OSError:
+                    continue  # removed between listing and stat
+    return out
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    run_dir = _run_dir(item.config)
+    item.stash[_sizes_key] = _sizes(run_dir)
+    item.stash[_start_key] = time.time()
+    try:
+        return (yield)
+    finally:
+        if run_dir is not None and run_dir.is_dir():
+            _write(item, run_dir, time.time())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    names = item.stash.setdefault(_workers_key, [])
+    # Read the owners now: a fixture may clear its worker list when it stops them at teardown.
+    names.extend(w.name for w in owned_workers(item) if w.name not in names)
+    previous = item.stash.get(_outcome_key, "passed")
+    if report.failed:
+        outcome = "failed" if report.when == "call" else "error"
+        item.stash[_outcome_key] = "failed" if previous == "failed" else outcome
+    elif report.skipped and previous == "passed":
+        item.stash[_outcome_key] = "skipped"
+    return report
+
+
+def _write(item: pytest.Item, run_dir: Path, stop: float) -> None:
+    before = item.stash.get(_sizes_key, {})
+    after = _sizes(run_dir)
+    spans: dict[str, dict[str, list[int]]] = {kind: {} for kind, _, _ in WATCHED}
+    for rel, size in after.items():
+        start = before.get(rel, 0)
+        if size > start:
+            kind = next(k for k, sub, _ in WATCHED if rel.startswith(sub + "/"))
+            spans[kind][rel] = [start, size]
+    _, sep, rest = item.nodeid.partition("::")
+    suffix = (sep + rest) if sep else ""
+    base = item.config.stash.get(base_seed_key, None)
+    seeds = {"workload_base": base, "workload": derive(base, Path(item.path).name, suffix) if base is not None else None,
+             "hypothesis": item.config.getoption("hypothesis_seed", None)}
+    rec = {"path": str(Path(item.path).resolve()), "suffix": suffix,
+           "outcome": item.stash.get(_outcome_key, "passed"), "start": item.stash.get(_start_key, stop), "stop": stop,
+           "seeds": seeds, "workers": item.stash.get(_workers_key, []), **spans}
+    with open(run_dir / RECORD_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")

@@ -1,0 +1,131 @@
+"""The run report of a real run, opened in headless Chromium.
+
+One real ``rerun-test`` run of a tiny PD suite (two ledger-writing tests on the 2-gpu-h100 topology,
+simulated, and one plain test) with the accounting fault ``decode-skips-swa-evict`` injected: the
+short test never slides its window and passes, the long one keeps every SWA page and fails with
+``swa-over-window``. The page is opened in Chromium over the DevTools protocol; the test asserts
+the verdict text, one rendered timeline image per ledger-writing test, the violation marked at the
+event the ledger checker names (request and pages), and no console errors, and keeps a screenshot
+in the run directory (``report/screenshot.png``).
+
+Without chromium the test skips with the install line, except under CI (``CI=true``), where it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import browser
+from harness import faults, ledger, results
+
+REPO = Path(__file__).resolve().parents[1]
+FAULT = "decode-skips-swa-evict"
+
+SUITE = '''
+import pytest
+
+from harness.pd.run import run
+from harness.pd.spec import KVSpec, PDRequest
+
+pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.timeout(300)]
+
+SPEC = KVSpec(kind="swa", page_size=64, window=100, full_tokens=24 * 64, swa_tokens=12 * 64, req_slots=4)
+
+
+def test_short_prompts(pd_pair, pd_report):
+    # prompt + decode stay inside the window: nothing to evict, the fault changes nothing
+    res = run(pd_pair(SPEC), [PDRequest(f"s{i}", 40 + 10 * i, decode_steps=3) for i in range(3)])
+    pd_report(res)
+    res.assert_clean()
+
+
+def test_long_decode(pd_pair, pd_report):
+    # 120 decode steps slide the window over several pages: each must be evicted
+    res = run(pd_pair(SPEC), [PDRequest(f"l{i}", 150 + 20 * i, decode_steps=120) for i in range(2)])
+    pd_report(res)
+    res.assert_clean()
+
+
+def test_no_ledger():
+    assert True
+'''
+
+
+@pytest.fixture(scope="module")
+def chromium_exe() -> str:
+    exe = browser.find()
+    if exe is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"chromium is missing in CI; ./dev install must install it ({browser.INSTALL_LINE})")
+        pytest.skip(f"chromium not installed; install it with: {browser.INSTALL_LINE}")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def faulted_run(chromium_exe: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    assert FAULT in faults.catalog()
+    base = tmp_path_factory.mktemp("report-run")
+    tree = base / "pdtiny"
+    tree.mkdir()
+    (tree / "test_tiny_pd.py").write_text(SUITE)
+    run_dir = base / "run"
+    env = {**os.environ, faults.ENV_VAR: FAULT, "RAY_DEDUP_LOGS": "0"}
+    cmd = [sys.executable, "-m", "harness.rerun.cli", "--suites-dir", str(tree), "--run-dir", str(run_dir), "--jobs", "1",
+           "test_tiny_pd.py"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    return run_dir, proc
+
+
+@pytest.mark.timeout(600)
+def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
+    run_dir, proc = faulted_run
+    page_path = run_dir / "report" / "index.html"
+    assert proc.returncode == 1, f"rerun-test exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.stdout.strip().splitlines()[-1] == f"report: {page_path}"  # what ./dev run ends with
+    [group_dir] = (run_dir / "groups").iterdir()
+    records = {r.suffix: r for r in results.read_records(group_dir)}
+    writers = sorted(s for s, r in records.items() if r.ledgers)
+    assert writers == ["::test_long_decode", "::test_short_prompts"] and not records["::test_no_ledger"].ledgers
+
+    # The event the page must mark: the first swa-over-window of the failing test, by the ledger checker.
+    long_events = [e for span in records["::test_long_decode"].ledgers for e in results.span_events(span)]
+    first = next(v for v in ledger.check(long_events) if v.rule == "swa-over-window")
+    event = next(e for e in long_events if e.worker == first.worker and e.seq == first.seq)
+
+    with browser.chromium() as page:
+        start = time.monotonic()
+        page.open(page_path.as_uri())
+        load_s = time.monotonic() - start
+        verdict = page.evaluate("document.getElementById('verdict').textContent")
+        images = page.evaluate("""[...document.querySelectorAll('section.test')].map(s => ({
+            id: s.querySelector('h3').textContent, outcome: s.dataset.outcome,
+            imgs: [...s.querySelectorAll('img.timeline')].map(i => [i.complete, i.naturalWidth, i.naturalHeight])}))""")
+        marks = page.evaluate("""[...document.querySelectorAll('tr.violation')].map(r => ({rule: r.dataset.rule,
+            worker: r.dataset.worker, seq: r.dataset.seq, rid: r.dataset.rid, text: r.textContent,
+            test: r.closest('section.test').querySelector('h3').textContent}))""")
+        shot = page.screenshot(run_dir / "report" / "screenshot.png")
+        errors = list(page.errors)
+
+    assert verdict == "rerun-test: FAIL"
+    by_test = {s["id"].split("::")[-1]: s for s in images}
+    assert {k: s["outcome"] for k, s in by_test.items()} == {
+        "test_short_prompts": "passed", "test_long_decode": "failed", "test_no_ledger": "passed"}
+    for name in ("test_short_prompts", "test_long_decode"):  # one rendered timeline per ledger-writing test
+        [(complete, width, height)] = by_test[name]["imgs"]
+        assert complete and width > 500 and height > 200, (name, width, height)
+    assert by_test["test_no_ledger"]["imgs"] == []
+    over = [m for m in marks if m["rule"] == "swa-over-window" and m["test"].endswith("::test_long_decode")]
+    assert over and (over[0]["worker"], over[0]["seq"], over[0]["rid"]) == (event.worker, str(event.seq), event.rid)
+    assert f"#{event.seq} {event.kind}" in over[0]["text"] and "swa [" in over[0]["text"]
+    assert ledger.RULES["swa-over-window"] in over[0]["text"]
+    assert not [m for m in marks if m["test"].endswith("::test_short_prompts")]
+    assert errors == [], f"console errors: {errors}"
+    assert shot.stat().st_size > 10_000
+    print(json.dumps({"page_load_s": round(load_s, 3), "page_bytes": page_path.stat().st_size}))
