@@ -87,7 +87,8 @@ def plain(sglang_servers):
 
 @pytest.fixture
 def stack(sglang_servers):
-    return sglang_servers.pd(MODEL)
+    # The plain baseline starts with the stack: every test after the first compares against it.
+    return sglang_servers.pd(MODEL, with_plain=True)
 
 
 def test_patched_plain_server_is_consistent(plain):
