@@ -82,6 +82,8 @@ def test_upstream_torch_native_swa_read_bug(sglang_servers):
 
 @pytest.fixture
 def plain(sglang_servers):
+    # The baseline starts together with the PD stack the tests after the first need: one start, not two in a row.
+    sglang_servers.pd(MODEL, with_plain=True)
     return ServerClient(sglang_servers.plain(MODEL).url("http"))
 
 
