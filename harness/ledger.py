@@ -23,6 +23,10 @@ it wrote readable). :func:`read` and :func:`read_dir` load them back as :class:`
 ``free-mismatch``
     on an event that lists page ids and both free sizes, the pool's free size moved by exactly the
     pages taken or returned.
+``reset-leak``
+    on a ``reset`` (sglang's own cache flush, recorded by the server probe), every pool's free size
+    before the flush plus what its cache held equals its free size after: a slot neither free nor
+    cached while the server was idle is a leak the flush would otherwise hide.
 ``unknown-kind``
     an event's kind is not one of :data:`KINDS`.
 
@@ -43,8 +47,10 @@ from typing import Any, Iterable, Mapping
 
 #: Event kinds. ``prealloc`` and ``decode_alloc`` take pages, ``evict`` and ``release`` return them,
 #: ``transfer`` moves content only, ``alloc_fail`` records a failed allocation (pages it names were
-#: taken anyway and must still be returned).
-KINDS = ("prealloc", "transfer", "decode_alloc", "evict", "release", "alloc_fail")
+#: taken anyway and must still be returned), ``reset`` is a cache flush of an idle server: its
+#: ``free_before`` is each pool's free size plus what the cache held just before the flush, its
+#: ``free_after`` the free size after it (they must be equal), and it drops every cached page.
+KINDS = ("prealloc", "transfer", "decode_alloc", "evict", "release", "alloc_fail", "reset")
 TAKE_KINDS = ("prealloc", "decode_alloc", "alloc_fail")
 FREE_KINDS = ("evict", "release")
 COMPONENTS = ("prefill", "decode")
@@ -283,7 +289,8 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
         if ev.kind not in KINDS:
             bad("unknown-kind", ev, f"kind {ev.kind!r} is not one of {', '.join(KINDS)}")
             continue
-        for pool, free in ev.free_before.items():
+        # A flush's free_before counts cached slots too; what it leaves free is the real baseline.
+        for pool, free in (ev.free_after if ev.kind == "reset" else ev.free_before).items():
             books.baseline.setdefault(pool, free)
         _check_eviction_floor(ev, bad)
         if ev.kind in TAKE_KINDS:
@@ -296,6 +303,8 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
                 _hand_to_cache(books, ev.rid)
         elif ev.kind == "transfer":
             _check_transfer(books, ev, bad)
+        elif ev.kind == "reset":
+            _reset(books, ev, bad)
         _check_free_delta(ev, bad)
         _check_swa_bound(books, ev, bad)
         if not books.live_rids and books.total_held() == 0 and ev.free_after:
@@ -371,6 +380,20 @@ def _hand_to_cache(books: _Books, rid: str) -> None:
         if r == rid and n:
             books.counted[(pool, CACHE_OWNER)] += n
             books.counted[(pool, r)] = 0
+
+
+def _reset(books: _Books, ev: Event, bad) -> None:
+    """A flush of an idle server: whatever was neither free nor cached before it had leaked."""
+    for pool, before in ev.free_before.items():
+        after = ev.free_after.get(pool)
+        if after is not None and after != before:
+            bad("reset-leak", ev, f"pool {pool!r}: {after - before} slot(s) neither free nor cached before the "
+                                  f"flush ({before} free or cached, {after} free after it)")
+    for live in books.owner.values():  # the flush dropped the cache's pages
+        for p in [p for p, o in live.items() if o.startswith(CACHE_OWNER)]:
+            del live[p]
+    for key in [k for k in books.counted if k[1] == CACHE_OWNER]:
+        books.counted[key] = 0
 
 
 def _check_transfer(books: _Books, ev: Event, bad) -> None:

@@ -22,7 +22,7 @@ wait, SIGKILL; then the actor is killed.
 API::
 
     WorkerSpec(name, payload, *, run_dir, ports=(), ready=(), ready_timeout=120.0, env={},
-               num_cpus=0.1, stop_grace=5.0)
+               num_cpus=0.1, stop_grace=5.0, runtime_env=None)
     InProcess(cls, args=(), kwargs={})                 # cls: class or "module:Class"
     Subprocess(argv, env={}, cwd=None)                 # argv items may contain "{port_name}"
     HttpCheck(url, status=200) | PortCheck(port) | CallCheck(method)   # readiness checks
@@ -168,6 +168,8 @@ class WorkerSpec:
     env: dict = field(default_factory=dict)
     num_cpus: float = 0.1
     stop_grace: float = 5.0
+    #: Ray ``runtime_env`` of the actor (e.g. :meth:`harness.forkserver.ForkServer.runtime_env`).
+    runtime_env: dict | None = None
 
     @property
     def log_path(self) -> Path:
@@ -695,6 +697,8 @@ def start_worker(spec: WorkerSpec, group: Any = None, bundle_index: int = 0, *, 
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     opts: dict[str, Any] = {"num_cpus": spec.num_cpus}
+    if spec.runtime_env:
+        opts["runtime_env"] = spec.runtime_env
     if group is not None:
         pg = getattr(group, "pg", group)
         bundles = getattr(group, "bundles", None) or pg.bundle_specs

@@ -167,3 +167,36 @@ def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_p
 
     assert (h200.ready_timeout, h100.ready_timeout) == (GPU_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S)
     assert ServerStacks(pytestconfig, None, topology.get("cpu"), None).ready_timeout == DEFAULT_READY_TIMEOUT_S
+
+
+def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_after_its_last_test(pytester):
+    """Stacks are session-wide: one ServerStacks per (topology, module server_args); the last test
+    naming a model is remembered at collection (its servers are stopped after it)."""
+    pytester.makepyfile(test_a="""
+        import pytest
+        pytestmark = pytest.mark.engine("sglang-server", models=("tiny-llama",))
+        def test_one(): pass
+        @pytest.mark.engine("sglang-server", models=("tiny-llama", "tiny-mellum-swa"))
+        def test_two(): pass
+        def test_three(): pass
+    """, test_b="""
+        import pytest
+        pytestmark = pytest.mark.engine("sglang-server", models=("tiny-mellum-swa",))
+        def test_four(): pass
+        def test_plain_sim(): pass
+    """, conftest="""
+        import pytest
+        from harness.plugins import servers
+
+        def pytest_collection_finish(session):
+            last = session.config.stash[servers._last_use_key]
+            print("LAST", sorted(last.items()))
+            from harness import topology
+            s = servers.SessionServers(session.config, None, None)
+            cpu, h100 = topology.get("cpu"), topology.get("2-gpu-h100")
+            a, b = s.on(cpu, ("--page-size", "64")), s.on(cpu, ("--page-size", "64"))
+            print("SAME", a is b, a is not s.on(cpu, ()), a is not s.on(h100, ("--page-size", "64")))
+    """)
+    result = pytester.runpytest("--collect-only", "-q", "-s")
+    result.stdout.fnmatch_lines(["LAST [('tiny-llama', 'test_a.py::test_three'), ('tiny-mellum-swa', 'test_b.py::test_plain_sim')]",
+                                 "SAME True True True"])

@@ -181,6 +181,25 @@ def test_check_stops_when_the_clean_run_fails(tmp_path: Path, monkeypatch: pytes
     assert "clean run must pass first" in matrix.render(result)
 
 
+def test_clean_run_taken_from_an_earlier_junit_report(tmp_path: Path):
+    """--clean-junit: the clean results come from the test run's report; the faults still run."""
+    root = _project(tmp_path)
+    earlier = matrix.run_suites("earlier", ("suites",), tmp_path / "earlier", root=root)
+    assert earlier.passed
+
+    result = matrix.check(["decode-reserve-unaligned"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
+                          timeout_s=120, root=root, clean_junit=earlier.junit)
+
+    assert result.clean.passed and result.clean.wall_s == 0 and len(result.clean.outcomes) == 2
+    assert not (tmp_path / "out" / "junit" / "clean.xml").exists(), "the clean run ran again"
+    assert [(v.fault, v.status) for v in result.verdicts] == [("decode-reserve-unaligned", matrix.CAUGHT)]
+    # A report that does not cover a targeted suite is no clean run.
+    (root / "suites" / "test_other.py").write_text("def test_x():\n    pass\n")
+    uncovered = matrix.check(["decode-reserve-unaligned"], suites=("suites/test_other.py",), out_dir=tmp_path / "o2",
+                             timeout_s=120, root=root, clean_junit=earlier.junit)
+    assert not uncovered.clean.passed and uncovered.runs == {}
+
+
 def test_a_run_past_its_limit_is_killed_and_broken(tmp_path: Path):
     root = _project(tmp_path, "import time\n\ndef test_slow():\n    time.sleep(60)\n")
 
@@ -211,6 +230,7 @@ def test_cli_list_names_every_fault_and_its_upstream_issue():
     (("--fault", "no-such-fault"), "unknown fault 'no-such-fault'"),
     (("--suite", "suites/nowhere"), "suite 'suites/nowhere' not found"),
     (("--jobs", "0"), "--jobs must be >= 1"),
+    (("--clean-junit", "no/such.xml"), "--clean-junit no/such.xml: no such file"),
 ])
 def test_cli_check_bad_input_is_one_line_and_exit_2(args, says):
     out = _harness("faults", "check", *args)

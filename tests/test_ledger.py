@@ -155,3 +155,29 @@ def test_summary_counts_and_formats():
     assert s["requests"] == 1 and s["violations"] == []
     assert s["workers"]["d0"]["pages_taken"] == {"full": 6, "swa": 3}
     assert "d0 (decode)" in ledger.format_summary(s)
+
+
+def reset(seq, before, after, worker="d0") -> Event:
+    return ev(seq, "reset", rid="<flush>", worker=worker, window=None, free_before=before, free_after=after)
+
+
+def test_reset_of_an_idle_server_balances():
+    # After the balanced run every slot is free: the flush finds free + cached == free after it.
+    idle = {"full": 640, "swa": 320, "req_slots": 8}
+    assert check([*balanced(), reset(6, idle, idle)]) == []
+
+
+def test_reset_that_finds_slots_neither_free_nor_cached_is_a_leak():
+    found = rules([reset(0, {"full": 576, "swa": 320, "req_slots": 8}, {"full": 640, "swa": 320, "req_slots": 8})])
+    assert found == ["reset-leak"]
+
+
+def test_reset_drops_pages_a_prefix_cache_kept():
+    # A released request left its pages in the cache (never evicted): the flush frees them, no leak.
+    evs = [
+        ev(0, "prealloc", pages={"full": (0, 1)}, window=None, free_before={"full": 640}, free_after={"full": 512}),
+        ev(1, "release", pages={}, window=None),
+        reset(2, {"full": 640}, {"full": 640}),
+    ]
+    assert check(evs) == []
+    assert rules(evs[:2]) == ["page-leak"]

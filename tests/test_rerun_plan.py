@@ -177,3 +177,24 @@ def test_plan_entry_spec_is_validated_again(tmp_path, capsys):
     entry = {"name": "cpu", "runner": "ubuntu-latest", "topology": "cpu", "specs": ["test_a.py;id"]}
     assert cli.main(["--repo-root", str(repo), "--plan-entry", json.dumps(entry)]) == 2
     assert "shell metacharacter" in capsys.readouterr().err
+
+
+def test_dry_run_pairs_files_and_engine_narrows(capsys):
+    """rerun-test on the repository's own suites: the basic PD file brings the CPU server-stack suites
+    into the cpu group; --engine sim leaves them out; --engine sglang-server keeps only them."""
+    import json
+
+    from harness.rerun.cli import main
+
+    def groups(*args):
+        assert main(["--dry-run", *args, "test_disaggregation_basic.py"]) == 0
+        out = capsys.readouterr()
+        return {e["topology"]: e["specs"] for e in json.loads(out.out)["include"]}, out.err
+
+    both, err = groups()
+    assert both == {"2-gpu-h100": ["suites/disaggregation/test_disaggregation_basic.py"],
+                    "cpu": ["suites/disaggregation/test_disaggregation_basic_server.py",
+                            "suites/disaggregation/test_disaggregation_swa_server.py"]}
+    assert "also running suites/disaggregation/test_disaggregation_basic_server.py" in err
+    assert groups("--engine", "sim") == ({"2-gpu-h100": ["suites/disaggregation/test_disaggregation_basic.py"]}, "")
+    assert groups("--engine", "sglang-server")[0] == {"cpu": both["cpu"]}

@@ -164,3 +164,47 @@ def test_map_file_errors(tmp_path):
     bad.write_text(textwrap.dedent("[suite]\nx = 3\n"))
     with pytest.raises(RegistryError, match=r"\[suite\] must map"):
         upstream.load_map(bad)
+
+
+def test_engine_marker_read_statically_closest_wins(tmp_path):
+    make_repo(tmp_path, {"suites/test_engines.py": '''
+        import pytest
+        pytestmark = [pytest.mark.engine("sglang-server", models=("tiny-llama",)), pytest.mark.topology("cpu")]
+
+        def test_server():
+            pass
+
+        @pytest.mark.engine("sim")
+        def test_sim():
+            pass
+        '''})
+    f = _file(collector.collect(tmp_path), "suites/test_engines.py")
+    assert {t.suffix: t.engine for t in f.tests} == {"::test_server": "sglang-server", "::test_sim": "sim"}
+    assert {t.engine for t in _file(collector.collect(tmp_path), "suites/test_hisparse_allocator.py").tests} == {"sim"}
+
+
+def test_engine_marker_must_name_an_engine(tmp_path):
+    make_repo(tmp_path, {"suites/test_bad_engine.py": '''
+        import pytest
+        pytestmark = pytest.mark.engine("vllm")
+
+        def test_x():
+            pass
+        '''})
+    f = _file(collector.collect(tmp_path), "suites/test_bad_engine.py")
+    assert f.error and "pytest.mark.engine needs a literal engine first, one of sim, sglang-server" in f.error
+
+
+def test_pairs_join_simulated_suites_to_real_server_suites_of_this_repository():
+    """Every pair names registered files: the simulated side runs only sim tests, the other side only
+    real-server tests, and each side finds the other through counterparts()."""
+    from harness.rerun.cli import REPO_ROOT
+
+    reg = collector.collect(REPO_ROOT)
+    for sim, reals in registry.PAIRS.items():
+        assert {t.engine for t in _file(reg, sim).tests} == {"sim"}, sim
+        assert registry.counterparts(sim) == reals
+        for real in reals:
+            assert {t.engine for t in _file(reg, real).tests} == {"sglang-server"}, real
+            assert sim in registry.counterparts(real)
+    assert registry.counterparts("suites/unit/mem_cache/test_hisparse_allocator.py") == ()

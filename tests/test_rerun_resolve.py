@@ -102,3 +102,32 @@ def test_everything_is_every_registered_file(reg):
     rels = {s.suite.rel for s in everything(reg)}
     assert "suites/test_hisparse_allocator.py" in rels and "registered/pd/test_deepep.py" in rels
     assert len(rels) == len(reg.files)
+
+
+@pytest.fixture(scope="module")
+def repo_reg():
+    from harness.rerun.cli import REPO_ROOT
+
+    return collector.collect(REPO_ROOT)
+
+
+def _rels(sels):
+    return [s.suite.rel for s in sels]
+
+
+def test_a_whole_simulated_file_brings_its_real_server_suites(repo_reg):
+    from harness.rerun.resolve import only_engine, with_counterparts
+
+    sels, added = with_counterparts(resolve([parse_spec("test_disaggregation_basic.py")], repo_reg), repo_reg)
+    basic, server, swa = ("suites/disaggregation/test_disaggregation_basic.py",
+                          "suites/disaggregation/test_disaggregation_basic_server.py",
+                          "suites/disaggregation/test_disaggregation_swa_server.py")
+    assert _rels(sels) == [basic, server, swa] and added == [(server, basic), (swa, basic)]
+    assert _rels(only_engine(sels, "sim")) == [basic]
+    assert _rels(only_engine(sels, "sglang-server")) == [server, swa]
+    assert only_engine(sels, "all") == sels
+    # The other direction, and a named test pairs with nothing.
+    assert _rels(with_counterparts(resolve([parse_spec("test_disaggregation_swa_server.py")], repo_reg), repo_reg)[0]) \
+        == [swa, basic]
+    one = resolve([parse_spec("test_disaggregation_basic.py::test_concurrent_requests_decode_together")], repo_reg)
+    assert with_counterparts(one, repo_reg) == (one, [])

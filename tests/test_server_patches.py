@@ -17,8 +17,8 @@ from harness.targets.sglang.server import compat, hooks
 from harness.targets.sglang.server.launcher import ServerPorts, server_command
 
 
-def run_like_server(code: str, **launcher_kwargs) -> subprocess.CompletedProcess:
-    cmd = server_command(topology.get("cpu"), "decode", model="/m", ports=ServerPorts(1, 2), **launcher_kwargs)
+def run_like_server(code: str, role: str = "decode", **launcher_kwargs) -> subprocess.CompletedProcess:
+    cmd = server_command(topology.get("cpu"), role, model="/m", ports=ServerPorts(1, 2, 3), **launcher_kwargs)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=cmd.environ(), capture_output=True,
                           text=True, timeout=240)
 
@@ -73,6 +73,8 @@ def test_cpu_server_gets_both_compat_patches_and_the_probe(tmp_path):
             assert hasattr(f, "__wrapped__"), f
         # Modules that import release_kv_cache by name get the wrapped one too (the hook ran first).
         import sglang.srt.managers.scheduler_components.batch_result_processor as brp
+        import sglang.srt.managers.scheduler as sched
+        assert hasattr(sched.Scheduler.flush_cache, "__wrapped__")
         assert dec.release_kv_cache is common.release_kv_cache
         assert brp.release_kv_cache is common.release_kv_cache
         print("ok")
@@ -103,3 +105,48 @@ def test_a_bad_patch_name_stops_the_server_loudly():
     assert r.returncode == 3
     assert "started" not in r.stdout
     assert "unknown compat patch 'no-such-patch'" in r.stderr
+
+
+def test_probe_records_a_flush_and_the_ledger_sees_what_it_hid(tmp_path):
+    """The flush wrapper on real sglang pools: a clean flush balances; pages of a request that was
+    never released (a leak sglang's clear() would hide) are a ``reset-leak``."""
+    import types
+
+    from harness import ledger
+    from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
+    from harness.targets.sglang.server import probe as probe_mod
+
+    side = DecodeSide(DecodeConfig(page_size=16, window=40))
+
+    def flush(sched):  # what sglang's Scheduler.flush_cache does to the pools of an idle server
+        sched.tree_cache.reset()
+        sched.req_to_token_pool.clear()
+        sched.token_to_kv_pool_allocator.clear()
+        return True
+
+    sched = types.SimpleNamespace(token_to_kv_pool_allocator=side.allocator, tree_cache=side.tree_cache,
+                                  req_to_token_pool=side.req_to_token_pool)
+    path = tmp_path / "server.jsonl"
+    wrapped = probe_mod._wrap_flush(probe_mod.Probe(str(path), "server", "decode"), flush)
+    req = make_req("r", 100, output_len=3)
+    side.prealloc(req)
+    side.release(req)
+    assert wrapped(sched) is True
+    assert [e.kind for e in ledger.read(path)] == ["reset"] and ledger.check(ledger.read(path)) == []
+    side.prealloc(make_req("leaked", 100, output_len=3))  # never released
+    wrapped(sched)
+    found = ledger.check(ledger.read(path))
+    assert {v.rule for v in found} == {"reset-leak"} and {"'full'", "'swa'", "'req_slots'"} <= {
+        v.message.split()[1].rstrip(":") for v in found}
+
+
+def test_prefill_probe_records_only_flushes(tmp_path):
+    r = run_like_server("""
+        import sglang.srt.mem_cache.common as common
+        import sglang.srt.managers.scheduler as sched
+        assert hasattr(sched.Scheduler.flush_cache, "__wrapped__")
+        assert not hasattr(common.release_kv_cache, "__wrapped__")
+        print("ok")
+    """, role="prefill", probe_run_dir=str(tmp_path), worker="prefill-x", compat_patches=())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ok" in r.stdout

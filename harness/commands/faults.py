@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--suite", action="append", metavar="PATH", dest="suites",
                        help="run every fault against this suite instead of its targets (repeatable; "
                             "a path relative to the repository root)")
+    check.add_argument("--clean-junit", metavar="XML", type=Path,
+                       help="take the clean run from this JUnit report (pytest --junitxml=XML -o junit_family=xunit1) "
+                            "of a run that already ran the targeted suites, instead of running them again")
     check.add_argument("--json", action="store_true", help="print the matrix as JSON")
     check.add_argument("--jobs", type=int, default=2, help="fault runs at a time (default 2)")
     check.add_argument("--timeout", type=float, default=matrix.DEFAULT_TIMEOUT_S,
@@ -60,6 +63,8 @@ def _validate(args: argparse.Namespace) -> None:
         if Path(suite).is_absolute() or not (matrix.REPO_ROOT / suite).exists():
             raise UsageError(f"suite {suite!r} not found; pass a path relative to the repository root, "
                              "e.g. suites/unit")
+    if args.clean_junit is not None and not args.clean_junit.is_file():
+        raise UsageError(f"--clean-junit {args.clean_junit}: no such file; pass the --junitxml report of the test run")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.timeout <= 0:
@@ -75,7 +80,7 @@ def _check(args: argparse.Namespace) -> int:
         out_dir = matrix.REPO_ROOT / "runs" / f"faults-{stamp}-{os.getpid()}"
     out_dir.mkdir(parents=True, exist_ok=True)
     result = matrix.check(args.faults, suites=tuple(args.suites) if args.suites else None, out_dir=out_dir,
-                          jobs=args.jobs, timeout_s=args.timeout)
+                          jobs=args.jobs, timeout_s=args.timeout, clean_junit=args.clean_junit)
     page = matrix.write_page(result, out_dir)
     if args.json:
         print(json.dumps({**matrix.to_dict(result), "report": str(page)}, indent=2))

@@ -1,7 +1,9 @@
 """The kill matrix: which suites catch which catalog fault, measured by running them.
 
 :func:`check` first runs every targeted suite once with no fault (the clean run, which must pass),
-then once per fault, each in a fresh ``python -m pytest --inject-fault NAME`` subprocess (the
+or takes the clean results from a JUnit report of a run that already ran them (``--clean-junit``:
+CI's test run, so the check does not run the same tests twice, :func:`clean_from_junit`), then once
+per fault, each in a fresh ``python -m pytest --inject-fault NAME`` subprocess (the
 plugin puts the name in ``HARNESS_FAULTS``, so the adapter applies it at import, exactly as in a Ray
 worker or a server), at most ``jobs`` at a time. Results are read from each run's JUnit XML, never from its output.
 
@@ -369,8 +371,32 @@ def run_clean(suites: tuple[str, ...], out_dir: Path, *, jobs: int = 2, timeout_
                     junit=parts[0].junit.parent, log=parts[0].log.parent)
 
 
+def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT) -> SuiteRun:
+    """The clean run read from the JUnit XML (``junit_family=xunit1``) of a run that ran ``suites``.
+
+    It passes when every suite has at least one passing test in the report and none of its tests
+    failed; a suite the report does not cover fails it (its message names the suite).
+
+    Args:
+        path: the JUnit XML of an earlier pytest run (e.g. CI's ``./dev test``).
+        suites: the suites the faults target.
+        root: the repository root (test files in the report are relative to it).
+
+    Returns:
+        A :class:`SuiteRun` labelled ``clean`` holding the suites' outcomes (wall time 0).
+    """
+    outcomes = tuple(o for o in parse_junit(path, root) if any(_in_suite(o, s) for s in suites))
+    missing = [s for s in suites if not any(_in_suite(o, s) and o.outcome == "passed" for o in outcomes)]
+    failing = any(o.outcome in _FAILING for o in outcomes)
+    if missing:
+        logger.error("%s has no passing test of %s: run them there, or drop --clean-junit", path, ", ".join(missing))
+    return SuiteRun(label=CLEAN, suites=suites, returncode=1 if (missing or failing) else 0,
+                    outcomes=outcomes if not missing else (), wall_s=0.0, junit=path, log=path)
+
+
 def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None = None, out_dir: Path,
-          jobs: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT) -> Matrix:
+          jobs: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT,
+          clean_junit: Path | None = None) -> Matrix:
     """Run the clean run, then every fault against its suites, and build the kill matrix.
 
     Args:
@@ -380,6 +406,7 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
         jobs: fault runs at a time.
         timeout_s: limit of each pytest subprocess.
         root: the repository root.
+        clean_junit: take the clean run from this JUnit report instead of running it (:func:`clean_from_junit`).
 
     Returns:
         The :class:`Matrix`; its ``runs`` is empty when the clean run did not pass.
@@ -391,7 +418,10 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
     names = list(fault_catalog.catalog()) if names is None else [fault_catalog.get(n).name for n in names]
     plan = {name: (suites if suites is not None else targets_for(name)) for name in names}
     union = tuple(dict.fromkeys(s for targeted in plan.values() for s in targeted))
-    clean = run_clean(union, out_dir, jobs=jobs, timeout_s=timeout_s, root=root)
+    if clean_junit is not None:
+        clean = clean_from_junit(clean_junit, union, root)
+    else:
+        clean = run_clean(union, out_dir, jobs=jobs, timeout_s=timeout_s, root=root)
     if not clean.passed:
         logger.error("clean run failed (exit %d); faults not run", clean.returncode)
         return Matrix(clean=clean, wall_s=time.monotonic() - start)

@@ -5,6 +5,12 @@ Each worker holds a :class:`~harness.pd.prefill.PrefillWorker` or
 :class:`~harness.pd.decode.DecodeWorker` payload built inside its actor (sglang is imported there,
 never in the driver). Workers get the decode eviction cadence the ledger bound assumes and any
 ``HARNESS_FAULTS`` of the driver, so a fault injected for a test reaches the ranks.
+
+Ranks without a real GPU (CPU topologies, simulated GPUs) start as forks of a
+:mod:`harness.forkserver` that already imported what a rank runs
+(:data:`harness.targets.sglang.preload.RANK_PRELOAD`), one per driver process and rank environment:
+each rank is still its own Ray actor in its placement-group bundle, but pays a fork instead of
+sglang's import. ``HARNESS_RANK_FORKSERVER=0`` turns it off (every rank imports for itself).
 """
 
 from __future__ import annotations
@@ -25,6 +31,18 @@ from harness.topology import Topology
 logger = logging.getLogger(__name__)
 
 FAULTS_ENV = "HARNESS_FAULTS"
+#: ``0`` starts every rank as a fresh process (no fork server).
+FORKSERVER_ENV = "HARNESS_RANK_FORKSERVER"
+
+
+def uses_forkserver(cluster: Any, topology: Topology) -> bool:
+    """Whether ranks of ``topology`` start from the fork server: none of them drives a real GPU
+    (a CUDA context does not survive a fork), the cluster runs on this machine (the server is a
+    local process), and ``HARNESS_RANK_FORKSERVER`` is not ``0``."""
+    if os.environ.get(FORKSERVER_ENV, "1") == "0":
+        return False
+    local = getattr(cluster, "owned", False)
+    return local and (getattr(cluster, "simulate", False) or not topology.needs_gpus)
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -90,6 +108,14 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
     """
     from harness.worker import InProcess, WorkerSpec, start_worker
 
+    runtime_env = None
+    if uses_forkserver(cluster, topology):
+        from harness import forkserver
+        from harness.targets.sglang.preload import RANK_PRELOAD
+
+        # The ranks' own environment, so what modules read at import is what the ranks would read.
+        server_env = {**worker_env(env), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        runtime_env = forkserver.shared(RANK_PRELOAD, server_env).runtime_env()
     placement = cluster.place(topology)
     prefill_role = topology.roles_of("prefill")[0]
     decode_role = topology.roles_of("decode")[0]
@@ -99,7 +125,7 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
         for rank in range(role.tp):
             name = f"{name_prefix}{role.name}-0-r{rank}"
             ws = WorkerSpec(name=name, run_dir=str(run_dir), num_cpus=role.cpus_per_rank, env=worker_env(env),
-                            ready_timeout=ready_timeout,
+                            ready_timeout=ready_timeout, runtime_env=runtime_env,
                             payload=InProcess(cls, kwargs={"name": name, "shard": rank, "tp": role.tp,
                                                            "spec": spec, "run_dir": str(run_dir)}))
             jobs.append((role.kind, ws, group, rank))

@@ -1,21 +1,24 @@
-"""pytest plugin concern: real sglang server stacks for the real-server suites.
+"""pytest plugin concern: real sglang server stacks for the real-server suites, shared by the session.
 
 Fixtures:
-    sglang_servers  a :class:`ServerStacks` for the test's module: ``.pd(model_name)`` returns a ready
-                    real prefill + decode + router stack (started on first use, restarted if one of its
-                    workers died), ``.plain(model_name, compat_patches=None)`` a ready plain server.
-                    Every worker is watched by the harness's fail-fast watchdog and owned by each test
-                    that uses the fixture, so a server dying mid-test fails that test within about a
-                    second with ``WorkerDied`` (name, cause, log tail). At module end everything is
-                    stopped and teardown asserts that no server process is left.
+    sglang_servers  the session's :class:`ServerStacks` for the test's topology and its module's
+                    ``server_args``: ``.pd(model_name)`` returns a ready real prefill + decode +
+                    router stack (started on first use, restarted if one of its workers died;
+                    ``with_plain=True`` starts the plain baseline at the same time),
+                    ``.plain(model_name, compat_patches=None)`` a ready plain server. Stacks live
+                    for the session: every test (of any module) asking for the same model, flags and
+                    topology gets the same servers. After each test, every server it used is reset
+                    through sglang's own ``/flush_cache`` and the server's accounting probe must show
+                    that the flush found every pool back at baseline (the ledger's ``reset-leak``
+                    rule); a server that fails the reset is stopped (the next test gets a fresh one)
+                    and the test errors naming it. After the last test that names a model (its
+                    ``engine`` marker's ``models``), that model's servers are stopped, so two models'
+                    stacks never hold memory at once; at session end everything is stopped and
+                    teardown asserts that no server process is left.
+                    Every worker is watched by the harness's fail-fast watchdog and owned by each
+                    test that uses the fixture, so a server dying mid-test fails that test within
+                    about a second with ``WorkerDied`` (name, cause, log tail).
     tiny_model      ``tiny_model(name) -> Path``: a tiny random-weight model built locally (no hub).
-
-Servers on a machine without the CPU stack's packages (``sglang_router``, mooncake) fail with a
-message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
-without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the test saying what it
-needs; otherwise the topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
-Servers are placed by :func:`harness.targets.sglang.server.layout.server_layout` (one bundle with all
-of a server's GPUs).
 
 Servers on a machine without the CPU stack's packages (``sglang_router``, mooncake) fail with a
 message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
@@ -27,6 +30,7 @@ of a server's GPUs). Which engine and which models: :mod:`harness.plugins.engine
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import logging
 from pathlib import Path
@@ -43,6 +47,10 @@ log = logging.getLogger(__name__)
 STACK_MODULES = {"sglang_router": "sglang-router", "mooncake": "mooncake-transfer-engine-non-cuda"}
 REAL_GPU_REASON = ("real sglang servers need real GPUs: run with --topology {topology} on a GPU machine "
                    "without --simulate, and {models}")
+#: Seconds a reset may wait for a server to go idle (a request still finishing) and flush.
+RESET_TIMEOUT_S = 30.0
+
+_last_use_key = pytest.StashKey[dict]()
 
 
 def missing_stack_modules() -> list[str]:
@@ -59,7 +67,8 @@ def tiny_model() -> Callable[[str], Path]:
 
 
 class ServerStacks:
-    """Real sglang servers of one test module on one topology, started on first use, stopped at module end."""
+    """Real sglang servers on one topology with one set of module flags, started on first use and
+    kept until :meth:`stop_model` or :meth:`close`."""
 
     def __init__(self, config: pytest.Config, cluster: Any, topology: topology_mod.Topology, run_dir: Any, *,
                  models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
@@ -78,7 +87,9 @@ class ServerStacks:
         self._placement: Any = None
         self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], Any] = {}
         self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}
-        #: Every worker this module started (shared with each test's stash, so tests own them all).
+        #: Keys of the stacks and plain servers handed out since :meth:`reset_used` last ran.
+        self._used: set[tuple[str, Any]] = set()
+        #: Every worker started and not stopped (shared with each test's stash, so tests own them all).
         self.workers: list[Any] = []
         self._pids: list[int] = []
 
@@ -123,12 +134,19 @@ class ServerStacks:
     def _pd_key(model_name: str, extra_args: Mapping[str, Sequence[str]] | None) -> tuple:
         return (model_name, tuple(sorted((k, tuple(v)) for k, v in (extra_args or {}).items() if v)))
 
-    def pd(self, model_name: str, *, mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None) -> Any:
+    @staticmethod
+    def _plain_key(model_name: str, compat_patches: Sequence[str] | None) -> tuple:
+        return (model_name, None if compat_patches is None else tuple(compat_patches))
+
+    def pd(self, model_name: str, *, mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None,
+           with_plain: bool = False) -> Any:
         """A ready PD stack serving model ``model_name`` (restarted if a worker of it died).
 
         ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of
-        its own. On a GPU topology the placement holds one PD stack: other PD stacks are stopped
-        first, and so are the plain servers where none fits beside a PD stack.
+        its own. ``with_plain``: where the plain baseline runs beside the stack, start it (when it is
+        not running yet) at the same time as the stack's servers, not after them. On a GPU topology
+        the placement holds one PD stack: other PD stacks are stopped first, and so are the plain
+        servers where none fits beside a PD stack.
         """
         from harness.targets.sglang.server.stack import start_pd_stack
 
@@ -146,12 +164,27 @@ class ServerStacks:
             if not self.layout.plain_beside_pd:
                 for other in list(self._plain):
                     self._stop([self._plain.pop(other)])
+            placement = self._placed()
+            baseline = None
+            if with_plain and self.layout.plain_beside_pd and self._live_plain(self._plain_key(model_name, None)) is None:
+                # Prefill, decode and the baseline start together: each spends tens of seconds in
+                # sglang's import and model load, and they overlap well even on two cores.
+                pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-start")
+                baseline = pool.submit(self.plain, model_name)
+                pool.shutdown(wait=False)
             more = dict(extra_args or {})
             names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
-            stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=self._placed(),
-                                   names=names, mini_lb=mini_lb, on_start=self._watch, ready_timeout=self.ready_timeout,
-                                   extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
+            try:
+                stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=placement,
+                                       names=names, mini_lb=mini_lb, on_start=self._watch, ready_timeout=self.ready_timeout,
+                                       extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
+            finally:
+                if baseline is not None:
+                    concurrent.futures.wait([baseline])
             self._pd[key] = stack
+            if baseline is not None:
+                baseline.result()  # its failure, after the stack is registered (so it is stopped later)
+        self._used.add(("pd", key))
         return stack
 
     def forget(self, model_name: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -166,7 +199,7 @@ class ServerStacks:
 
     def _plain_group(self) -> Any:
         """Where the plain server runs: unplaced (cpu), its own layout role, or, where it cannot run
-        beside a PD stack, the prefill group after every PD stack of the module was stopped."""
+        beside a PD stack, the prefill group after every PD stack was stopped."""
         if not self.topology.needs_gpus:
             return None
         if self.layout.plain_role is not None:
@@ -174,6 +207,13 @@ class ServerStacks:
         for key in list(self._pd):
             self._stop(self._pd.pop(key).workers)
         return self._placed().of("prefill")[0]
+
+    def _live_plain(self, key: tuple) -> Any:
+        w = self._plain.get(key)
+        if w is not None and w.poll():
+            self._stop([self._plain.pop(key)])
+            w = None
+        return w
 
     def plain(self, model_name: str, compat_patches: Sequence[str] | None = None, *, watch: bool = True) -> Any:
         """A ready plain (non-PD) server of ``model_name``; ``compat_patches=()`` runs it unpatched.
@@ -183,26 +223,57 @@ class ServerStacks:
         from harness.targets.sglang.server.layout import PLAIN_ROLE
         from harness.targets.sglang.server.stack import start_plain_server
 
-        key = (model_name, None if compat_patches is None else tuple(compat_patches))
-        w = self._plain.get(key)
-        if w is not None and w.poll():
-            self._stop([w])
-            w = None
+        key = self._plain_key(model_name, compat_patches)
+        w = self._live_plain(key)
         if w is None:
             model = self.model(model_name)
             name = self._state.unique_name("plain")
             w = start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
-                                   ready_timeout=self.ready_timeout,
+                                   ready_timeout=self.ready_timeout, probe=True,
                                    compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE),
                                    on_start=self._watch if watch else self._own)
             self._plain[key] = w
+        self._used.add(("plain", key))
         return w
 
     def forget_plain(self, model_name: str, compat_patches: Sequence[str] | None = None) -> None:
         """Stop the plain server started with these arguments now (frees its memory for the next ones)."""
-        w = self._plain.pop((model_name, None if compat_patches is None else tuple(compat_patches)), None)
+        w = self._plain.pop(self._plain_key(model_name, compat_patches), None)
         if w is not None:
             self._stop([w])
+
+    def reset_used(self) -> list[str]:
+        """Reset every server handed out since the last call (sglang's ``/flush_cache``, checked by
+        its probe's ledger); a server that fails it is stopped with its stack.
+
+        Returns:
+            One line per server that failed the reset (empty: every used server is back at baseline).
+        """
+        from harness.targets.sglang.server.stack import ResetError, reset_server
+
+        used, self._used = self._used, set()
+        problems: list[str] = []
+        for kind, key in sorted(used, key=repr):
+            table = self._pd if kind == "pd" else self._plain
+            held = table.get(key)
+            if held is None:
+                continue  # forgotten by the test (it broke it on purpose)
+            servers = (held.prefill, held.decode) if kind == "pd" else (held,)
+            try:
+                for w in servers:
+                    reset_server(w, self.run_dir.ledger / f"{w.name}.jsonl", timeout_s=RESET_TIMEOUT_S)
+            except (ResetError, TimeoutError) as e:
+                problems.append(str(e))
+                table.pop(key)
+                self._stop(held.workers if kind == "pd" else [held])
+        return problems
+
+    def stop_model(self, model_name: str) -> None:
+        """Stop every stack and plain server of ``model_name`` (no later test needs them)."""
+        for key in [k for k in self._pd if k[0] == model_name]:
+            self._stop(self._pd.pop(key).workers)
+        for key in [k for k in self._plain if k[0] == model_name]:
+            self._stop([self._plain.pop(key)])
 
     def _stop(self, workers: Sequence[Any]) -> None:
         for w in workers:
@@ -216,6 +287,8 @@ class ServerStacks:
         """Stop everything; return the server process ids that are still alive afterwards."""
         from harness.targets.sglang.server.stack import leftover_processes
 
+        self._pd.clear()
+        self._plain.clear()
         self._stop(list(reversed(self.workers)))
         if self._placement is not None:
             self.cluster.release(self._placement)
@@ -223,27 +296,41 @@ class ServerStacks:
         return leftover_processes(self._pids)
 
 
-class ModuleServers:
-    """The :class:`ServerStacks` of one test module, one per topology its tests run on."""
+class SessionServers:
+    """The session's :class:`ServerStacks`, one per (topology, module ``server_args``)."""
 
-    def __init__(self, config: pytest.Config, cluster: Any, run_dir: Any, server_args: Sequence[str]) -> None:
+    def __init__(self, config: pytest.Config, cluster: Any, run_dir: Any) -> None:
         self._config = config
         self._cluster = cluster
         self._run_dir = run_dir
-        self._server_args = tuple(server_args)
-        self._by_topology: dict[str, ServerStacks] = {}
+        self._stacks: dict[tuple[str, tuple[str, ...]], ServerStacks] = {}
 
-    def on(self, topology: topology_mod.Topology) -> ServerStacks:
-        """The module's stacks on ``topology`` (created on first use)."""
-        if topology.name not in self._by_topology:
-            self._by_topology[topology.name] = ServerStacks(
-                self._config, self._cluster, topology, self._run_dir,
-                models=self._config.stash[models_key], server_args=self._server_args)
-        return self._by_topology[topology.name]
+    def on(self, topology: topology_mod.Topology, server_args: Sequence[str] = ()) -> ServerStacks:
+        """The stacks on ``topology`` whose servers get ``server_args`` (created on first use)."""
+        key = (topology.name, tuple(server_args))
+        if key not in self._stacks:
+            self._stacks[key] = ServerStacks(self._config, self._cluster, topology, self._run_dir,
+                                             models=self._config.stash[models_key], server_args=server_args)
+        return self._stacks[key]
+
+    def stop_model(self, model_name: str) -> None:
+        """Stop ``model_name``'s servers everywhere."""
+        for stacks in self._stacks.values():
+            stacks.stop_model(model_name)
 
     def close(self) -> list[int]:
-        """Stop every topology's servers; return the server process ids still alive."""
-        return [pid for stacks in self._by_topology.values() for pid in stacks.close()]
+        """Stop every server; return the server process ids still alive."""
+        return [pid for stacks in self._stacks.values() for pid in stacks.close()]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Remember, per model, the last test that names it: its servers are stopped after that test."""
+    last: dict[str, str] = {}
+    for item in items:
+        for name in server_kwargs(item).get("models", ()):
+            last[name] = item.nodeid
+    config.stash[_last_use_key] = last
 
 
 def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequence[str]) -> str | None:
@@ -272,18 +359,21 @@ def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequenc
     return st.skip_reason(topology)
 
 
-@pytest.fixture(scope="module")
-def _sglang_servers_module(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[ModuleServers]:
+@pytest.fixture(scope="session")
+def _sglang_servers_session(request: pytest.FixtureRequest, run_dir: Any) -> Iterator[SessionServers]:
+    # ray_cluster is asked for here, not as a parameter, so a skipped test never starts Ray; asked
+    # for during this fixture's set-up, it is torn down after the servers are stopped.
     cluster = request.getfixturevalue("ray_cluster")
-    servers = ModuleServers(request.config, cluster, run_dir, server_kwargs(request.node).get("server_args", ()))
+    servers = SessionServers(request.config, cluster, run_dir)
     yield servers
     left = servers.close()
     assert not left, f"server processes left after teardown: {left}"
 
 
 @pytest.fixture
-def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology) -> ServerStacks:
-    """The module's :class:`ServerStacks` on the test's topology; the test owns its workers.
+def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology) -> Iterator[ServerStacks]:
+    """The session's :class:`ServerStacks` on the test's topology with its module's ``server_args``;
+    the test owns their workers, and the servers it used are reset (and checked) after it.
 
     Through ``topology`` a test marked for other topologies than ``--topology`` is skipped; a GPU
     topology without real GPUs here is skipped with what it needs (before Ray starts). On a GPU
@@ -292,14 +382,21 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
     from harness.plugins.failfast import own_workers
     from harness.plugins.state import state
 
-    models = server_kwargs(request.node).get("models", ())
+    kwargs = server_kwargs(request.node)
+    models = kwargs.get("models", ())
     reason = server_skip_reason(state(request.config), topology, models)
     if reason:
         pytest.skip(reason)
-    module: ModuleServers = request.getfixturevalue("_sglang_servers_module")
-    stacks = module.on(topology)
+    session: SessionServers = request.getfixturevalue("_sglang_servers_session")
+    stacks = session.on(topology, kwargs.get("server_args", ()))
     if topology.needs_gpus:
         for name in models:
             stacks.model(name)
     own_workers(request.node, stacks.workers)
-    return stacks
+    yield stacks
+    problems = stacks.reset_used()
+    last = request.config.stash.get(_last_use_key, {})
+    for name in models:
+        if last.get(name) == request.node.nodeid:
+            session.stop_model(name)
+    assert not problems, "server reset after the test failed (the servers were stopped):\n" + "\n".join(problems)

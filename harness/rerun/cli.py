@@ -5,6 +5,11 @@
     rerun-test --dry-run "/rerun-test test_a.py"   # the plan as a GitHub Actions matrix (JSON)
     rerun-test --shards 4 --shard-index 1 ...      # one shard of every group, split by est_time
     rerun-test --suites-dir ../sglang/test/registered test_x.py
+    rerun-test --engine sim test_disaggregation_basic.py   # without its real server-stack counterparts
+
+A file named whole also runs the files it pairs with (``harness.rerun.registry.PAIRS``: a simulated
+PD suite and the real CPU server-stack suites covering the same behaviour); ``--engine`` keeps the
+tests of one engine only.
 
 parse → resolve → plan → run → report, one module each. Bad input: one line on stderr, exit 2,
 nothing run. Exit 0 only when every group passed; 1 when any failed; 130 when interrupted.
@@ -67,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=int, default=1, help="split each group into N shards by est_time")
     p.add_argument("--shard-index", type=int, help="run only this shard (0-based)")
     p.add_argument("--max-shard-time", type=float, metavar="S", help="with --dry-run: shard groups longer than S seconds")
+    p.add_argument("--engine", choices=("all", "sim", "sglang-server"), default="all",
+                   help="run only the simulated suites (sim) or only the real sglang server suites; default all: "
+                        "a file named whole also runs the files it pairs with (simulated PD ↔ real server stack)")
     p.add_argument("--run-dir", type=Path, help="where results go (default: runs/<timestamp>-<pid>)")
     p.add_argument("--ray-address", help="join this Ray cluster instead of a local one per group")
     p.add_argument("--gpus", type=int, help="real GPUs available (default: what nvidia-smi lists; with --ray-address: "
@@ -120,6 +128,12 @@ def _plan(args: argparse.Namespace) -> tuple[collector.Registry, plan_mod.Plan, 
     reg = collector.collect(args.repo_root.resolve(), dirs, args.durations)
     default = not specs and not entry and not args.comment_file
     sels = resolve.everything(reg) if default else resolve.resolve(specs, reg)
+    if not default and not entry:
+        sels, added = resolve.with_counterparts(sels, reg)
+        if args.engine != "sim":
+            for rel, why in added:
+                print(f"{PROG}: also running {rel} (paired with {why}; --engine sim leaves it out)", file=sys.stderr)
+    sels = resolve.only_engine(sels, str((entry or {}).get("engine", args.engine)))
     if entry:
         p = plan_mod.make_plan(sels)
         groups = [g for g in p.groups if g.topology == entry["topology"]]
@@ -136,6 +150,14 @@ def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path]) 
     m = plan_mod.to_matrix(p, [str(d) for d in suites_dirs])
     for entry, g in zip(m["include"], p.groups):
         entry["specs"] = [spec_text for spec_text, _ in plan_mod.compact(g.items, counts)]
+    return m
+
+
+def _with_engine(m: dict, engine: str) -> dict:
+    # A --plan-entry rerun keeps the engine its plan was made for (its specs are already paired).
+    if engine != "all":
+        for entry in m["include"]:
+            entry["engine"] = engine
     return m
 
 
@@ -284,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: {msg}", file=sys.stderr)
             return 0 if default else 2
         if args.dry_run:
-            m = _matrix(p, reg, args.suites_dir)
+            m = _with_engine(_matrix(p, reg, args.suites_dir), args.engine)
             print(json.dumps(m, indent=2))
             if args.github_output:
                 with open(args.github_output, "a", encoding="utf-8") as f:

@@ -11,6 +11,12 @@ and run module-level code from a PR). A pytest suite declares itself with marker
 
 ``est_time`` covers the node it marks: a module's or class's estimate is shared equally by its tests
 that carry no closer estimate. A file without a ``topology`` marker runs on :data:`DEFAULT_TOPOLOGY`.
+``pytest.mark.engine("sglang-server", ...)`` (closest wins, as for pytest) says a test starts real
+sglang servers; unmarked tests run the simulated engine (``sim``).
+
+One behaviour is often covered twice: by a simulated PD suite (Ray ranks on real allocators) and by
+a real CPU server-stack suite. :data:`PAIRS` says which files pair up, so re-running one by name
+runs its counterparts too (:func:`counterparts`).
 Measured durations (``{"suites/a/test_x.py::TestC::test_y": 1.5, ...}`` in ``suites/durations.json``
 or a run's ``report/durations.json``) replace the estimates of the tests they name.
 
@@ -28,6 +34,21 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPOLOGY = "cpu"
+SIM_ENGINE, SERVER_ENGINE = "sim", "sglang-server"
+ENGINES = (SIM_ENGINE, SERVER_ENGINE)
+
+#: Simulated PD suite -> the real server-stack suites covering the same behaviour (display paths).
+#: ``test_disaggregation_basic.py`` runs hybrid-SWA pools, so both the basic (full attention) and
+#: the SWA stack suites are its real-engine side.
+PAIRS: dict[str, tuple[str, ...]] = {
+    "suites/disaggregation/test_disaggregation_basic.py": (
+        "suites/disaggregation/test_disaggregation_basic_server.py",
+        "suites/disaggregation/test_disaggregation_swa_server.py",
+    ),
+    "suites/disaggregation/test_disaggregation_dsv4.py": (
+        "suites/disaggregation/test_disaggregation_dsv4_server.py",
+    ),
+}
 DEFAULT_TEST_EST = 10.0  # seconds for a test nobody estimated: small, so unknown tests are not starved
 DURATIONS_FILE = "durations.json"  # under suites/ and under <run_dir>/report/
 
@@ -45,6 +66,7 @@ class TestEntry:
         topologies: where it runs.
         est_time: seconds (measured when known, else estimated).
         measured: True when ``est_time`` came from an earlier run.
+        engine: ``sim`` or ``sglang-server`` (its ``engine`` marker).
     """
 
     __test__ = False  # not a pytest class, despite the name
@@ -53,6 +75,7 @@ class TestEntry:
     topologies: tuple[str, ...]
     est_time: float
     measured: bool = False
+    engine: str = SIM_ENGINE
 
     @property
     def suffix(self) -> str:
@@ -131,6 +154,11 @@ def _marks(nodes: list[ast.expr], where: str) -> dict[str, object]:
                         or not isinstance(args[0].value, (int, float)) or args[0].value < 0:
                     raise RegistryError(f"{where}: pytest.mark.est_time needs one literal number of seconds; write est_time(60)")
                 found["est_time"] = float(args[0].value)
+            elif name == "engine":
+                if not args or not isinstance(args[0], ast.Constant) or args[0].value not in ENGINES:
+                    raise RegistryError(f"{where}: pytest.mark.engine needs a literal engine first, one of "
+                                        f"{', '.join(ENGINES)}; write engine(\"sglang-server\")")
+                found["engine"] = args[0].value
     return found
 
 
@@ -158,6 +186,7 @@ class _Raw:
     names: tuple[str, ...]
     topology: tuple[str, ...] | None
     est: float | None
+    engine: str | None = None
 
 
 def read_tests(tree: ast.Module, where: str) -> tuple[list[_Raw], list[str], dict[str, object]]:
@@ -173,7 +202,7 @@ def read_tests(tree: ast.Module, where: str) -> tuple[list[_Raw], list[str], dic
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             m = _marks(node.decorator_list, f"{where}::{node.name}")
-            raws.append(_Raw((node.name,), m.get("topology"), m.get("est_time")))
+            raws.append(_Raw((node.name,), m.get("topology"), m.get("est_time"), m.get("engine")))
         elif isinstance(node, ast.ClassDef) and _is_test_class(node):
             classes.append(node.name)
             cm = _marks(node.decorator_list + _pytestmark(node.body), f"{where}::{node.name}")
@@ -186,7 +215,7 @@ def read_tests(tree: ast.Module, where: str) -> tuple[list[_Raw], list[str], dic
             for m, fname in own:
                 topo = m.get("topology", cm.get("topology"))
                 est = m.get("est_time", share)
-                raws.append(_Raw((node.name, fname), topo, est))
+                raws.append(_Raw((node.name, fname), topo, est, m.get("engine", cm.get("engine"))))
     return raws, classes, module_marks
 
 
@@ -220,6 +249,7 @@ def read_suite(path: Path, rel: str, require_marker: bool = False) -> SuiteFile 
             names=r.names,
             topologies=r.topology or module_topo,
             est_time=r.est if r.est is not None else (module_share if module_share is not None else DEFAULT_TEST_EST),
+            engine=str(r.engine or mm.get("engine") or SIM_ENGINE),
         )
         for r in raws
     )
@@ -243,6 +273,20 @@ def discover(root: Path, prefix: str) -> list[tuple[Path, str]]:
             continue
         out.append((p, f"{prefix}/{'/'.join(parts)}" if prefix else "/".join(parts)))
     return out
+
+
+def counterparts(rel: str) -> tuple[str, ...]:
+    """The display paths of the files paired with ``rel`` in :data:`PAIRS` (either direction).
+
+    Args:
+        rel: a suite file's display path, e.g. ``suites/disaggregation/test_disaggregation_basic.py``.
+
+    Returns:
+        Its counterparts in :data:`PAIRS` order (empty when it pairs with nothing).
+    """
+    if rel in PAIRS:
+        return PAIRS[rel]
+    return tuple(sim for sim, real in PAIRS.items() if rel in real)
 
 
 # --------------------------------------------------------------------------------------------

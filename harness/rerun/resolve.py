@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.rerun.collector import Registry
-from harness.rerun.registry import SuiteFile, TestEntry
+from harness.rerun.registry import SuiteFile, TestEntry, counterparts
 from harness.rerun.spec import Spec
 
 
@@ -144,4 +144,51 @@ def everything(reg: Registry) -> list[Selection]:
         if not f.tests:
             continue
         out.append(Selection(suite=f, tests=f.tests, whole=True))
+    return out
+
+
+def with_counterparts(selections: list[Selection], reg: Registry) -> tuple[list[Selection], list[tuple[str, str]]]:
+    """Add, for every whole-file selection, the files it pairs with (:data:`harness.rerun.registry.PAIRS`).
+
+    Re-running a simulated PD suite by name also runs the real server-stack suites covering the
+    same behaviour, and the other way round. A spec naming single tests pairs with nothing.
+
+    Args:
+        selections: resolved selections.
+        reg: the registry.
+
+    Returns:
+        The selections with the counterparts appended (each file once), and ``(added, because_of)``
+        display paths for every file added.
+    """
+    out = list(selections)
+    chosen = {sel.suite.rel for sel in selections}
+    added: list[tuple[str, str]] = []
+    for sel in selections:
+        if not sel.whole:
+            continue
+        for rel in counterparts(sel.suite.rel):
+            other = reg.by_rel(rel)
+            if other is None or rel in chosen or other.error or not other.tests:
+                continue
+            chosen.add(rel)
+            out.append(Selection(suite=other, tests=other.tests, whole=True))
+            added.append((rel, sel.suite.rel))
+    return out, added
+
+
+def only_engine(selections: list[Selection], engine: str) -> list[Selection]:
+    """Keep only the tests of ``engine`` (``sim`` or ``sglang-server``; ``all`` keeps everything).
+
+    A selection left without tests is dropped; one that had none to begin with (nothing visible
+    statically) is kept, its engine unknown.
+    """
+    if engine == "all":
+        return list(selections)
+    out = []
+    for sel in selections:
+        tests = tuple(t for t in sel.tests if t.engine == engine)
+        if tests or not sel.tests:
+            whole = sel.whole and len(tests) == len(sel.tests)
+            out.append(Selection(suite=sel.suite, tests=tests, param=sel.param, whole=whole))
     return out

@@ -7,8 +7,9 @@ must give greedy output token-identical to a plain server of the same tiny model
 lengths around the page size (64), repeated and prefix-sharing prompts, and concurrent requests.
 The decode server runs the accounting probe; its ledger must be non-empty and balance. After the
 workload both servers are healthy and their pools are back to idle. Servers are started once per
-module (``sglang_servers``); the fault tests at the end kill one on purpose and check the test
-fails fast with the dead worker's name and log tail, and that no process is left.
+session and model (``sglang_servers``) and reset through sglang's ``/flush_cache`` after each test;
+the fault tests at the end kill one on purpose and check the test fails fast with the dead
+worker's name and log tail, and that no process is left.
 
 Model: ``tiny-llama`` (random weights, built locally; full attention only). On a GPU box
 (``--topology 2-gpu-h100``) the same tests run on real GPUs with the model given by
@@ -53,7 +54,8 @@ def prompt(n: int, seed: int) -> list[int]:
 
 @pytest.fixture
 def stack(sglang_servers):
-    return sglang_servers.pd(MODEL)
+    # The plain baseline starts with the stack: every test after the first compares against it.
+    return sglang_servers.pd(MODEL, with_plain=True)
 
 
 @pytest.fixture

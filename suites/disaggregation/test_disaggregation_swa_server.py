@@ -82,12 +82,15 @@ def test_upstream_torch_native_swa_read_bug(sglang_servers):
 
 @pytest.fixture
 def plain(sglang_servers):
+    # The baseline starts together with the PD stack the tests after the first need: one start, not two in a row.
+    sglang_servers.pd(MODEL, with_plain=True)
     return ServerClient(sglang_servers.plain(MODEL).url("http"))
 
 
 @pytest.fixture
 def stack(sglang_servers):
-    return sglang_servers.pd(MODEL)
+    # The plain baseline starts with the stack: every test after the first compares against it.
+    return sglang_servers.pd(MODEL, with_plain=True)
 
 
 def test_patched_plain_server_is_consistent(plain):

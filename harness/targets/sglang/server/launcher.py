@@ -259,10 +259,12 @@ def plain_server_command(
     compat_patches: Sequence[str] | None = None,
     worker: str = "plain",
     extra_args: Sequence[str] = (),
+    probe_run_dir: str | Path | None = None,
 ) -> Command:
     """Build a non-disaggregated server on the topology's decode role shape: the parity baseline.
 
-    Args and Returns as :func:`server_command` (no bootstrap port, no probe).
+    Args and Returns as :func:`server_command` (no bootstrap port; the probe, when asked for,
+    records only cache flushes: component ``plain``).
 
     Raises:
         LaunchError: never for a valid topology (it always has a decode role).
@@ -272,7 +274,7 @@ def plain_server_command(
                      gpus_per_rank=decode.gpus_per_rank, engine_args=decode.engine_args)
     return _engine_command(
         topology, plain, [], model=model, ports=ports, host=host, python=python,
-        compat_patches=compat_patches, probe_run_dir=None, worker=worker, extra_args=extra_args,
+        compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker, extra_args=extra_args,
     )
 
 

@@ -16,7 +16,15 @@ import time (:mod:`.hooks`):
   pages the request stopped holding, and a ``decode_alloc`` event for pages it gained by decoding
   since the last event;
 * ``mem_cache.common.release_kv_cache`` — one ``release`` event with every page the request still
-  held (and a ``decode_alloc`` for pages gained since the last event).
+  held (and a ``decode_alloc`` for pages gained since the last event);
+* ``Scheduler.flush_cache`` (sglang's ``/flush_cache``, how the harness resets a shared server
+  between tests) — one ``reset`` event when the flush ran: per pool (``full``, ``swa``,
+  ``req_slots``) the free size plus what the cache held just before, and the free size after, so
+  the ledger's ``reset-leak`` rule sees a slot that was neither free nor cached (a leak the flush's
+  ``clear()`` would otherwise hide).
+
+The decode paths are wrapped only in a ``decode`` probe; the flush is wrapped in every probe (a
+``prefill`` probe writes ``reset`` events only).
 
 Only ``prealloc`` events carry ``window`` (the scheduler's ``sliding_window_size``), so the ledger's
 ``swa-over-window`` bound applies to the preallocated SWA tail. While decoding, sglang by design
@@ -214,8 +222,37 @@ def _wrap_pre_alloc_method(probe: Probe, orig: Callable) -> Callable:
     return wrapper
 
 
+def _idle_sizes(scheduler) -> dict[str, int]:
+    """Per pool, free slots plus the slots the cache holds (what an idle server can get back)."""
+    allocator, cache = scheduler.token_to_kv_pool_allocator, scheduler.tree_cache
+    sizes = _free_sizes(allocator)
+    if SWA in sizes and hasattr(cache, "full_evictable_size"):
+        sizes[FULL] += int(cache.full_evictable_size())
+        sizes[SWA] += int(cache.swa_evictable_size())
+    else:
+        sizes[FULL] += int(cache.evictable_size())
+    sizes["req_slots"] = len(scheduler.req_to_token_pool.free_slots)
+    return sizes
+
+
+def _wrap_flush(probe: Probe, orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def wrapper(self, *args, **kwargs):
+        before = _idle_sizes(self)
+        ok = orig(self, *args, **kwargs)
+        if ok:
+            after = _free_sizes(self.token_to_kv_pool_allocator)
+            after["req_slots"] = len(self.req_to_token_pool.free_slots)
+            probe.record("reset", "<flush>", self.token_to_kv_pool_allocator.page_size,
+                         free_before=before, free_after=after, note="flush_cache")
+        return ok
+
+    return wrapper
+
+
 def install(ledger_path: str, worker: str, component: str) -> Probe:
-    """Wrap sglang's prealloc, SWA-evict and release paths to write events to ``ledger_path``.
+    """Wrap sglang's prealloc, SWA-evict and release paths (``decode`` only) and its cache flush to
+    write events to ``ledger_path``.
 
     Args:
         ledger_path: the ledger file (``<run_dir>/ledger/<worker>.jsonl``).
@@ -239,9 +276,14 @@ def install(ledger_path: str, worker: str, component: str) -> Probe:
     def on_common(mod: ModuleType) -> None:
         mod.release_kv_cache = _wrap_release(probe, mod.release_kv_cache)
 
-    after_import("sglang.srt.mem_cache.common", on_common)
-    after_import("sglang.srt.managers.schedule_batch", on_schedule_batch)
-    after_import("sglang.srt.disaggregation.decode", on_decode)
+    def on_scheduler(mod: ModuleType) -> None:
+        mod.Scheduler.flush_cache = _wrap_flush(probe, mod.Scheduler.flush_cache)
+
+    if component == "decode":
+        after_import("sglang.srt.mem_cache.common", on_common)
+        after_import("sglang.srt.managers.schedule_batch", on_schedule_batch)
+        after_import("sglang.srt.disaggregation.decode", on_decode)
+    after_import("sglang.srt.managers.scheduler", on_scheduler)
     log.info("accounting probe installed in pid %d: worker %s (%s) -> %s", os.getpid(), worker, component, ledger_path)
     return probe
 

@@ -13,6 +13,9 @@ starts with the role) with its log tail; a timeout raises ``TimeoutError`` with 
 cases everything already started is stopped before the error propagates.
 
 :func:`start_plain_server` starts the same engine without disaggregation: the parity baseline.
+
+:func:`reset_server` resets a started server between tests through sglang's own ``/flush_cache``
+and checks, in the server's probe ledger, that the flush found every pool back at baseline.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from harness import procs
-from harness.targets.sglang.server.client import ServerClient
+from harness import ledger, procs
+from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
 from harness.targets.sglang.server.launcher import (
     Command,
     ServerPorts,
@@ -168,10 +171,13 @@ def pd_commands(
     """
     common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches)
     more = dict(extra_args or {})
-    p_cmd = server_command(topology, "prefill", worker=names[0], extra_args=tuple(more.get("prefill", ())), **common)
-    # The probe runs on decode: that is where the PD prealloc paths are, and a PD decode server
-    # has no radix cache (the default), so a release returns every page and the books must balance.
-    d_cmd = server_command(topology, "decode", worker=names[1], probe_run_dir=Path(run_dir) if probe else None,
+    # The full probe runs on decode: that is where the PD prealloc paths are, and a PD decode
+    # server has no radix cache (the default), so a release returns every page and the books must
+    # balance. Prefill's probe records only its cache flushes (the reset check between tests).
+    probe_dir = Path(run_dir) if probe else None
+    p_cmd = server_command(topology, "prefill", worker=names[0], probe_run_dir=probe_dir,
+                           extra_args=tuple(more.get("prefill", ())), **common)
+    d_cmd = server_command(topology, "decode", worker=names[1], probe_run_dir=probe_dir,
                            extra_args=tuple(more.get("decode", ())), **common)
     return p_cmd, d_cmd
 
@@ -200,7 +206,8 @@ def start_pd_stack(
             (:func:`.layout.server_layout`: bundle 0 of a group holds all GPUs of its server; None:
             no placement groups).
         names: worker names of prefill, decode and router (unique within the run).
-        probe: enable the accounting probe on decode (``<run_dir>/ledger/<decode name>.jsonl``).
+        probe: enable the accounting probe on decode (``<run_dir>/ledger/<decode name>.jsonl``) and
+            its flush recorder on prefill (``<run_dir>/ledger/<prefill name>.jsonl``).
         mini_lb: run the router as ``--mini-lb``.
         compat_patches: see :func:`.launcher.server_command`.
         extra_args: more server flags per role kind (``prefill``, ``decode``); they win over defaults.
@@ -263,12 +270,14 @@ def start_plain_server(
     extra_args: Sequence[str] = (),
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
+    probe: bool = False,
 ) -> Any:
     """Start a non-disaggregated server (the parity baseline) as a Ray worker and wait until ready.
 
     Args:
         topology, model, run_dir, compat_patches, ready_timeout, on_start: as :func:`start_pd_stack`.
         name: worker name.
+        probe: record its cache flushes in ``<run_dir>/ledger/<name>.jsonl`` (for :func:`reset_server`).
         group: placement group to run in (None: none; fine without GPUs; on GPUs its bundle 0
             must hold every GPU of the server, see :mod:`.layout`).
         extra_args: more server flags (they win over defaults).
@@ -280,10 +289,62 @@ def start_plain_server(
         WorkerDied: it died while starting. TimeoutError: not ready in time.
     """
     cmd = plain_server_command(topology, model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches,
-                               worker=name, extra_args=extra_args)
+                               worker=name, extra_args=extra_args, probe_run_dir=Path(run_dir) if probe else None)
     return _start(_spec(name, cmd, Path(run_dir), SERVER_PORT_NAMES, ready_timeout), group, on_start)
 
 
 def leftover_processes(pids: Sequence[int]) -> list[int]:
     """Of the given server process (group) ids, the ones with any live process left."""
     return [p for p in pids if procs.alive(p) or procs.group_members(p)]
+
+
+class ResetError(RuntimeError):
+    """A server could not be reset to baseline between tests: names the server and what was found."""
+
+
+def _resets(path: Path) -> list[ledger.Event]:
+    return [e for e in ledger.read(path) if e.kind == "reset"] if path.exists() else []
+
+
+def reset_server(worker: Any, ledger_path: str | Path, timeout_s: float = 30.0) -> ledger.Event:
+    """Flush a server's caches through sglang's own ``/flush_cache`` and check it is back at baseline.
+
+    sglang flushes only an idle server (it answers 400 while a request runs or waits), so the flush
+    is retried until ``timeout_s``. The server's probe (started with a ledger) records the flush as
+    a ``reset`` event: its pools' free-plus-cached sizes before and free sizes after. The whole
+    ledger must then pass :func:`harness.ledger.check` (``reset-leak``: a slot neither free nor
+    cached on an idle server; and the decode books of every request since the start).
+
+    Args:
+        worker: the server's :class:`harness.worker.Worker` (started with the probe).
+        ledger_path: its ledger file (``<run_dir>/ledger/<worker name>.jsonl``).
+        timeout_s: seconds to wait for the server to be idle and flushed.
+
+    Returns:
+        The ``reset`` event the flush wrote.
+
+    Raises:
+        WorkerDied: the server died meanwhile.
+        ResetError: not idle in time, no ``reset`` event written (no probe?), or the ledger shows a leak.
+    """
+    path = Path(ledger_path)
+    seen = len(_resets(path))
+    client = ServerClient(worker.url("http"), timeout_s=10.0)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        worker.check()
+        try:
+            client.flush_cache()
+            break
+        except ServerHTTPError as e:
+            if e.status != 400 or time.monotonic() >= deadline:
+                raise ResetError(f"{worker.name}: /flush_cache did not succeed within {timeout_s:g} s: {e}") from None
+        time.sleep(_POLL_S / 5)
+    resets = _resets(path)
+    if len(resets) <= seen:
+        raise ResetError(f"{worker.name}: the flush wrote no reset event to {path}; was it started with the probe?")
+    violations = ledger.check(ledger.read(path))
+    if violations:
+        raise ResetError(f"{worker.name}: ledger after the reset: " + "; ".join(map(str, violations[:5])))
+    log.debug("%s reset: %s", worker.name, resets[-1].free_after)
+    return resets[-1]

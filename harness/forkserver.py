@@ -1,0 +1,355 @@
+"""A fork server for Ray workers: import a rank's heavy modules once, start every rank as a fork.
+
+A simulated PD rank is a Ray actor whose process imports torch and sglang's memory paths: seconds
+of CPU per rank, paid again by every rank of every deployment. A :class:`ForkServer` is one
+process that imported them once (``preload``: ``"module:function"``, called once) and then only
+forks. A Ray actor started with :meth:`ForkServer.runtime_env` (Ray's documented ``py_executable``
+runtime-env field) is launched by Ray through :mod:`harness.forkserver_client`, which hands the
+worker's argv, environment, working directory and stdio to the server; the forked child runs Ray's
+own ``default_worker.py`` with them. The child *is* the Ray worker: the actor is still created by
+Ray, placed in its placement-group bundle, and runs the same code, on modules that were imported
+before the fork instead of after it.
+
+Limits, each enforced:
+
+* the server refuses to serve when ``preload`` left more than one thread (a fork copies only the
+  calling thread; a lock held by another would stay held forever in every child);
+* modules read some environment at import (sglang's env flags, ``HARNESS_FAULTS``, OpenMP's thread
+  count): the server is started with the environment its ranks get, and :func:`shared` keeps one
+  server per distinct environment;
+* nothing that touches a GPU may run before the fork (a CUDA context does not survive one): callers
+  use it only for ranks without real GPUs (:func:`harness.pd.deploy.start` decides).
+
+The server stops with :meth:`ForkServer.stop` (and at interpreter exit for :func:`shared` ones); it
+also exits when its parent is gone, and it is registered in :mod:`harness.procs` so a run killed
+with SIGKILL has it reaped by the next one. A child dies with its client (Ray's stand-in process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import json
+import logging
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness import procs
+
+log = logging.getLogger(__name__)
+
+CLIENT = Path(__file__).resolve().parent / "forkserver_client.py"
+#: The env var naming the server's socket to the client (``harness.forkserver_client.ENV``).
+SOCKET_ENV = "HARNESS_FORKSERVER"
+READY = "forkserver ready"
+DEFAULT_START_TIMEOUT_S = 300.0
+_POLL_S = 0.2
+
+
+class ForkServerError(RuntimeError):
+    """The fork server did not start (its log tail says why) or cannot serve safely."""
+
+
+# --------------------------------------------------------------------------------------------
+# the server process
+# --------------------------------------------------------------------------------------------
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    if len(data) < 8:
+        raise ConnectionError("short request")
+    size = int.from_bytes(data[:8], "big")
+    body = data[8:]
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ConnectionError("request cut short")
+        body += more
+    return json.loads(body), list(fds)
+
+
+def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[socket.socket]) -> None:
+    """In the forked child: become the requested process (never returns)."""
+    code = 1
+    try:
+        for s in others:
+            s.close()
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            if fd > 2:
+                os.close(fd)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        argv = list(req["argv"])
+        sys.argv = argv
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+
+        def die_with_client() -> None:
+            # The client (the process Ray started) holds the other end: when it is gone, so are we.
+            while True:
+                try:
+                    if not conn.recv(1):
+                        break
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=die_with_client, name="forkserver-client-watch", daemon=True).start()
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the child's own failure: print it to its (Ray's) log
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(socket_path: str, preload: str) -> int:
+    """The server's main loop: run ``preload``, then fork one child per client request.
+
+    Args:
+        socket_path: where to listen (an AF_UNIX path).
+        preload: ``"module:function"`` called once before serving (or ``"module"``, only imported).
+
+    Returns:
+        The exit status (0 when the parent went away or SIGTERM arrived).
+
+    Raises:
+        ForkServerError: ``preload`` left more than one thread running.
+    """
+    mod, _, func = preload.partition(":")
+    module = importlib.import_module(mod)
+    if func:
+        getattr(module, func)()
+    if _threads() != 1:
+        raise ForkServerError(f"preload {preload!r} left {_threads()} threads; a fork would copy only one "
+                              "(set OMP_NUM_THREADS=1 or import less)")
+    parent = os.getppid()
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(socket_path)
+    srv.listen(64)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    children: dict[int, socket.socket] = {}
+    print(READY, flush=True)
+    while not stopping and os.getppid() == parent:
+        try:
+            ready, _, _ = select.select([srv], [], [], _POLL_S)
+        except InterruptedError:
+            ready = []
+        if ready:
+            conn, _ = srv.accept()
+            try:
+                req, fds = _recv_request(conn)
+            except (OSError, ValueError) as e:
+                print(f"forkserver: bad request: {e!r}", file=sys.stderr, flush=True)
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _run_child(conn, fds, req, [srv, *children.values()])
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            conn.sendall(f"pid {pid}\n".encode())
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+    srv.close()
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# the driver's handle
+# --------------------------------------------------------------------------------------------
+
+
+class ForkServer:
+    """A started fork server (see the module docstring); use :meth:`runtime_env` on Ray actors."""
+
+    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: Path, tmpdir: str) -> None:
+        self.proc = proc
+        self.socket_path = socket_path
+        self.log_path = log_path
+        self._tmpdir = tmpdir
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    def start(cls, preload: str, env: Mapping[str, str] | None = None,
+              timeout: float = DEFAULT_START_TIMEOUT_S) -> "ForkServer":
+        """Start a server that runs ``preload`` and wait until it serves.
+
+        Args:
+            preload: ``"module:function"`` (or ``"module"``) run once in the server.
+            env: the server's whole environment (default: this process's); its children get the
+                client's environment, but modules read some of it at import, so give the ranks' one.
+            timeout: seconds for ``preload`` (an import of torch and sglang: tens of seconds under load).
+
+        Returns:
+            The serving :class:`ForkServer`.
+
+        Raises:
+            ForkServerError: it exited or did not get ready in time (its log tail is in the message).
+        """
+        tmpdir = tempfile.mkdtemp(prefix="pdh-fork-")
+        socket_path = os.path.join(tmpdir, "s")
+        log_path = Path(tmpdir) / "server.log"
+        with open(log_path, "wb") as logf:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.forkserver", "--socket", socket_path,
+                                     "--preload", preload], stdout=subprocess.PIPE, stderr=logf,
+                                    stdin=subprocess.DEVNULL, env=dict(os.environ if env is None else env))
+        procs.register(proc.pid, label="fork server")
+        server = cls(proc, socket_path, log_path, tmpdir)
+        deadline = time.monotonic() + timeout
+        assert proc.stdout is not None
+        while True:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(1.0, deadline - time.monotonic())))
+            line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+            if line == READY:
+                break
+            if ready and not line:  # its stdout closed: it is exiting
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            if proc.poll() is not None or time.monotonic() >= deadline:
+                why = f"exited with {proc.poll()}" if proc.poll() is not None else f"not ready within {timeout:g} s"
+                tail = server.tail()
+                server.stop()
+                raise ForkServerError(f"fork server (preload {preload}) {why}; log tail:\n{tail}")
+        log.info("fork server %d ready (preload %s) at %s", proc.pid, preload, socket_path)
+        return server
+
+    def runtime_env(self) -> dict[str, Any]:
+        """Ray ``runtime_env`` that starts an actor's worker process as a fork of this server."""
+        return {"py_executable": f"{sys.executable} -I -S {CLIENT}", "env_vars": {SOCKET_ENV: self.socket_path}}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, bounded wait, SIGKILL; then remove its socket directory. Idempotent."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=grace)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        procs.unregister(self.proc.pid)
+        for name in ("s", "server.log"):
+            try:
+                os.unlink(os.path.join(self._tmpdir, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self._tmpdir)
+        except OSError:
+            pass
+
+
+_SHARED: dict[tuple[str, tuple[tuple[str, str], ...]], ForkServer] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(preload: str, env: Mapping[str, str]) -> ForkServer:
+    """This process's fork server for ``preload`` with environment ``os.environ | env`` (started on
+    first use, restarted if it died, stopped at interpreter exit).
+
+    Args:
+        preload: as :meth:`ForkServer.start`.
+        env: what the ranks' environment adds to this process's (their worker env).
+
+    Returns:
+        The serving :class:`ForkServer`.
+
+    Raises:
+        ForkServerError: it cannot be started.
+    """
+    full = {**os.environ, **env}
+    key = (preload, tuple(sorted(full.items())))
+    with _SHARED_LOCK:
+        server = _SHARED.get(key)
+        if server is None or not server.alive():
+            if not _SHARED:
+                atexit.register(stop_shared)
+            server = _SHARED[key] = ForkServer.start(preload, full)
+        return server
+
+
+def running_shared() -> list[ForkServer]:
+    """The fork servers :func:`shared` started that are still serving."""
+    with _SHARED_LOCK:
+        return [s for s in _SHARED.values() if s.alive()]
+
+
+def stop_shared() -> None:
+    """Stop every fork server :func:`shared` started."""
+    with _SHARED_LOCK:
+        for server in _SHARED.values():
+            server.stop()
+        _SHARED.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.forkserver", description=__doc__.splitlines()[0])
+    p.add_argument("--socket", required=True, help="AF_UNIX path to listen on")
+    p.add_argument("--preload", required=True, help="module:function to run once before serving")
+    args = p.parse_args(argv)
+    try:
+        return serve(args.socket, args.preload)
+    except ForkServerError as e:
+        print(f"forkserver: {e}", file=sys.stderr, flush=True)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The fork server's client: what Ray runs as a worker's ``py_executable`` (stdlib only, run by path).
+
+Ray starts a worker as ``<py_executable> default_worker.py ARGS``. With the fork server's
+``py_executable`` that is this file: it hands its argv, environment, working directory and stdio
+(the log files Ray opened for the worker) to the fork server named by ``$HARNESS_FORKSERVER``,
+which forks a child from a process that already imported what the worker runs; the child becomes
+the Ray worker. This process stays as its stand-in for the raylet that started it: it forwards
+SIGTERM/SIGINT/SIGHUP to the child and exits with the child's exit status; if it is killed, the
+child sees its connection close and kills itself. It imports nothing but the standard library, so
+it costs a few milliseconds of CPU.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+ENV = "HARNESS_FORKSERVER"
+
+
+def main() -> int:
+    path = os.environ.get(ENV)
+    if not path:
+        print(f"forkserver client: ${ENV} is not set; run workers through harness.forkserver", file=sys.stderr)
+        return 2
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as e:
+        print(f"forkserver client: cannot reach the fork server at {path}: {e}", file=sys.stderr)
+        return 2
+    payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    socket.send_fds(sock, [len(payload).to_bytes(8, "big") + payload], [0, 1, 2])
+    child = []
+
+    def forward(signum, _frame):
+        if child:
+            os.kill(child[0], signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    buf = b""
+    while True:
+        try:
+            data = sock.recv(4096)
+        except InterruptedError:
+            continue
+        if not data:
+            print("forkserver client: the fork server went away", file=sys.stderr)
+            return 1
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            word, value = line.decode().split()
+            if word == "pid":
+                child.append(int(value))
+            elif word == "exit":
+                code = int(value)
+                if code < 0:  # mirror a death by signal
+                    signal.signal(-code, signal.SIG_DFL)
+                    os.kill(os.getpid(), -code)
+                return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
