@@ -13,6 +13,8 @@ import pytest
 from harness import join
 from harness.join import Auth, ClusterMeta, JoinError, NodeFacts
 
+pytest_plugins = ["pytester"]
+
 
 def test_auth_reads_the_token_as_ray_does_env_then_path_then_home(tmp_path):
     home = tmp_path / "home"
@@ -116,3 +118,27 @@ def test_node_index_from_resource_or_label():
     assert join.node_index({"harness_node_3": 1000.0}, {}) == 3
     assert join.node_index({"CPU": 2.0}, {"pd-harness/node": "1"}) == 1
     assert join.node_index({"CPU": 2.0}, {"pd-harness/node": "x"}) is None
+
+
+def test_pytest_on_a_cluster_it_cannot_join_is_one_error_for_the_session(pytester, tmp_path):
+    """Two tests that need the cluster: the session ends at the first with one line and exit 2."""
+    pytester.makepyfile(test_two="""
+        import pytest
+        from harness.worker import InProcess
+
+        pytestmark = pytest.mark.topology("2-gpu-h100")
+
+        def test_one(pd_workers):
+            pd_workers("prefill", InProcess(dict))
+
+        def test_two(pd_workers):
+            pd_workers("decode", InProcess(dict))
+        """)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        result = pytester.runpytest_subprocess("--ray-address", address, "-p", "no:cacheprovider")
+    assert result.ret == 2
+    out = result.stdout.str() + result.stderr.str()
+    assert out.count(f"cannot join the Ray cluster at {address}: unreachable: ") == 1, out
+    assert "passed" not in out and " failed" not in out and " error" not in out, out
