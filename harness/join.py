@@ -39,7 +39,7 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -352,7 +352,7 @@ def survey(timeout: float = SURVEY_TIMEOUT_S) -> list[NodeFacts]:
         base = NodeFacts(n["NodeID"], n.get("NodeManagerAddress", ""), node_index(res, n.get("Labels") or {}), res.get("GPU", 0.0))
         gone = raylet_answers(base.ip, int(n.get("NodeManagerPort") or 0))
         if gone:  # listed as alive until the GCS health check gives up; a task there would never start
-            lost.append(_replace(base, error=f"its raylet {base.ip}:{n.get('NodeManagerPort')}: {gone}"))
+            lost.append(replace(base, error=f"its raylet {base.ip}:{n.get('NodeManagerPort')}: {gone}"))
             continue
         ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
         asks.append((base, ref))
@@ -361,21 +361,15 @@ def survey(timeout: float = SURVEY_TIMEOUT_S) -> list[NodeFacts]:
     for base, ref in asks:
         if ref not in ready:
             ray.cancel(ref, force=True)
-            out.append(_replace(base, error=f"did not answer within {timeout:g} s"))
+            out.append(replace(base, error=f"did not answer within {timeout:g} s"))
             continue
         try:
             versions, devices = ray.get(ref, timeout=5.0)
         except Exception as e:  # the node died or the task failed there: reported, not raised
-            out.append(_replace(base, error=" ".join(str(e).split())[:200]))
+            out.append(replace(base, error=" ".join(str(e).split())[:200]))
             continue
-        out.append(_replace(base, versions=versions, devices=devices))
+        out.append(replace(base, versions=versions, devices=devices))
     return sorted(out, key=lambda f: (f.index is None, f.index or 0, f.node_id))
-
-
-def _replace(facts: NodeFacts, **kw: Any) -> NodeFacts:
-    from dataclasses import replace
-
-    return replace(facts, **kw)
 
 
 def skew(nodes: list[NodeFacts], ours: Mapping[str, str | None] | None = None) -> list[str]:
