@@ -8,8 +8,15 @@ Simulation (``simulate=True``) gives a CPU machine the topology's GPUs as Ray *l
 one-node topology becomes one local Ray node with ``gpus_per_node`` GPUs; a multi-node topology
 becomes a ``ray.cluster_utils.Cluster`` with one Ray node per topology node. Every node started by
 the harness carries the custom resource ``harness_node_<i>`` so a role with ``node = i`` is pinned
-there (a joined cluster may carry the same resources; otherwise pinning uses the i-th node's
-``node:<ip>`` resource).
+there. A joined cluster names its nodes with the same resource or, the Ray 2.60 way, with the node
+label ``pd-harness/node=<i>`` (``ray start --labels pd-harness/node=1``; pinned through the
+placement group's ``bundle_label_selector``); otherwise pinning uses the i-th node's ``node:<ip>``
+resource.
+
+Joining (``Cluster.join``) is checked first by :func:`harness.join.probe` (one classified
+:class:`harness.join.JoinError` when it cannot work: unreachable, refused auth, version mismatch),
+and then every node is asked for its versions and GPU devices (:func:`harness.join.survey`:
+``cluster.facts``, ``cluster.gpu_kind`` says whether its GPUs are ``real`` or ``logical``).
 
 Placement: one placement group per role group (``RoleSpec.groups`` = count × dp), one bundle per TP
 rank, ``STRICT_PACK`` so a TP group sits on one node. On a cluster the harness started, a one-node
@@ -49,13 +56,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import join as join_mod
 from harness import procs
 from harness.topology import RoleSpec, Topology
 
@@ -125,6 +132,7 @@ class GroupPlacement:
     bundles: tuple[dict[str, float], ...]
     strategy: str
     node: int | None
+    labels: tuple[tuple[str, str], ...] = ()  # the node label every bundle must sit on (a joined cluster's pin)
 
     @property
     def name(self) -> str:
@@ -163,6 +171,7 @@ class NodeInfo:
     ip: str
     index: int | None
     total: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def local_gpus() -> int:
@@ -191,6 +200,8 @@ class Cluster:
         self._pids: list[int] = []
         self._closed = False
         self._saved_tmpdir: str | None = os.environ.get("RAY_TMPDIR")
+        #: What each node said when joined (:func:`harness.join.survey`); empty for a started cluster.
+        self.facts: tuple[Any, ...] = ()
 
     # ---------------------------------------------------------------- construction
 
@@ -223,6 +234,7 @@ class Cluster:
 
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to Ray; shut it down or use Cluster.join")
+        _own_token()
         procs.reap_stale()
         # The driver owns the cluster: if it is SIGKILLed, the next run reaps what is left.
         procs.claim()
@@ -288,31 +300,43 @@ class Cluster:
         return self
 
     @classmethod
-    def join(cls, address: str, *, connect_timeout: float = 5.0) -> "Cluster":
+    def join(cls, address: str, *, probe_timeout: float = join_mod.PROBE_TIMEOUT_S, survey: bool = True) -> "Cluster":
         """Connect to an existing cluster at ``address`` (``host:port``); it is never stopped by us.
+
+        Args:
+            address: the head's GCS address.
+            probe_timeout: seconds for the GCS to answer the up-front probe (Ray itself would retry
+                for minutes, or abort this process when token auth has no token).
+            survey: ask every node for its versions and GPU devices (``cluster.facts``).
 
         Raises:
             RuntimeError: this process is already connected to a Ray cluster.
-            ConnectionError: nothing answers at ``address`` within ``connect_timeout`` (Ray itself
-                would retry for minutes).
-            ValueError: ``address`` is not ``host:port``.
+            harness.join.JoinError: cannot join, classified (a ``ConnectionError``; its message is
+                one line with the fix).
         """
         for k, v in _RAY_ENV.items():
             os.environ.setdefault(k, v)
         import ray
 
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"Ray address {address!r} is not host:port")
-        try:
-            socket.create_connection((host, int(port)), timeout=connect_timeout).close()
-        except OSError as e:
-            raise ConnectionError(f"nothing answers at {address} ({e.strerror or e})") from None
+        join_mod.probe(address, timeout=probe_timeout)
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to Ray; shut it down first")
         procs.claim()
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        return cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
+        self = cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
+        if survey:
+            self.facts = tuple(join_mod.survey())
+        return self
+
+    @property
+    def gpu_kind(self) -> str:
+        """The cluster's GPUs: ``logical`` when simulated or a joined node lacks its devices, ``real``,
+        ``none`` (no GPU resources), ``unknown`` (joined without a survey, or a node did not answer)."""
+        if self.simulate:
+            return "logical"
+        if self.owned:
+            return "real" if local_gpus() else "none"
+        return join_mod.gpu_kind(list(self.facts)) if self.facts else "unknown"
 
     def _register_ray_processes(self) -> None:
         import ray
@@ -342,18 +366,23 @@ class Cluster:
             if not n.get("Alive"):
                 continue
             res = dict(n.get("Resources", {}))
-            idx = next((int(k.rsplit("_", 1)[1]) for k in res if k.startswith("harness_node_")), None)
-            out.append(NodeInfo(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""), index=idx, total=res))
+            labels = dict(n.get("Labels") or {})
+            out.append(NodeInfo(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""),
+                                index=join_mod.node_index(res, labels), total=res, labels=labels))
         return sorted(out, key=lambda n: (n.index is None, n.index if n.index is not None else 0, n.node_id))
 
     def node_index(self, node_id: str) -> int | None:
         """The topology node index of a Ray node id (None if it has no harness index)."""
         return next((n.index for n in self.nodes() if n.node_id == node_id), None)
 
-    def _pin_resource(self, node: int) -> str:
+    def _pin(self, node: int) -> str | tuple[str, str]:
+        """How to pin to topology node ``node``: a resource name, or a node label (key, value)."""
         nodes = self.nodes()
-        if any(n.index == node for n in nodes):
+        indexed = [n for n in nodes if n.index == node]
+        if any(NODE_RESOURCE.format(node) in n.total for n in indexed):
             return NODE_RESOURCE.format(node)
+        if indexed:
+            return (join_mod.NODE_LABEL, str(node))
         if node < len(nodes):
             return f"node:{nodes[node].ip}"
         raise PlacementError(Fit(self.topology.name if self.topology else "?", False, "INFEASIBLE",
@@ -368,13 +397,17 @@ class Cluster:
             return role.node
         return 0 if self.owned and topo.nodes == 1 else None
 
-    def _bundles(self, role: RoleSpec, node: int | None) -> list[dict[str, float]]:
+    def _bundles(self, role: RoleSpec, node: int | None) -> tuple[list[dict[str, float]], tuple[tuple[str, str], ...]]:
+        """The role's bundles, pinned to ``node``: by a slice of its resource, or by its label."""
         bundles = role.bundles()
-        if node is not None:
-            pin = self._pin_resource(node)
-            for b in bundles:
-                b[pin] = _NODE_RESOURCE_SLICE
-        return bundles
+        if node is None:
+            return bundles, ()
+        pin = self._pin(node)
+        if isinstance(pin, tuple):
+            return bundles, (pin,)
+        for b in bundles:
+            b[pin] = _NODE_RESOURCE_SLICE
+        return bundles, ()
 
     def _create(self, topo: Topology, tag: str) -> list[GroupPlacement]:
         from ray.util.placement_group import placement_group
@@ -386,14 +419,16 @@ class Cluster:
             node = self._node_of(topo, role)
             for i in range(role.groups):
                 try:
-                    planned.append((role, i, node, self._bundles(role, node)))
+                    planned.append((role, i, node, *self._bundles(role, node)))
                 except PlacementError as e:
                     raise PlacementError(Fit(topo.name, False, e.fit.state, group=f"{role.name}-{i}", missing=e.fit.missing)) from None
         groups = []
-        for role, i, node, bundles in planned:
-            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}")
+        for role, i, node, bundles, labels in planned:
+            selector = [dict(labels) for _ in bundles] if labels else None
+            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}",
+                                 bundle_label_selector=selector)
             groups.append(GroupPlacement(role=role.name, kind=role.kind, index=i, pg=pg,
-                                         bundles=tuple(bundles), strategy="STRICT_PACK", node=node))
+                                         bundles=tuple(bundles), strategy="STRICT_PACK", node=node, labels=labels))
         return groups
 
     def _wait(self, topo: Topology, groups: list[GroupPlacement], timeout: float, settle_on_no_resources: bool) -> Fit:
@@ -445,17 +480,23 @@ class Cluster:
                 need[k] = need.get(k, 0.0) + v
         return need
 
+    def _eligible(self, g: GroupPlacement, totals: dict[str, dict[str, float]]) -> set[str]:
+        """Nodes that may hold ``g``: those with its pin resource and its label (all when unpinned)."""
+        need = self._need(g)
+        pins = [k for k in need if k.startswith("harness_node_") or k.startswith("node:")]
+        labelled = {n.node_id for n in self.nodes() if all(n.labels.get(k) == v for k, v in g.labels)}
+        return {n for n, r in totals.items() if all(k in r for k in pins) and n in labelled}
+
     def _shortage(self, g: GroupPlacement) -> str | None:
         """The resource ``g`` needs on one node that no eligible node has free now, or None.
 
-        Eligible: nodes that have the group's pin resource (all nodes when it is not pinned).
+        Eligible: nodes that have the group's pin resource or label (all nodes when it is not pinned).
         """
         import ray
 
         need = self._need(g)
         totals = ray._private.state.total_resources_per_node()
-        pins = [k for k in need if k.startswith("harness_node_") or k.startswith("node:")]
-        eligible = {n for n, r in totals.items() if all(k in r for k in pins)}
+        eligible = self._eligible(g, totals)
         avail = {n: r for n, r in ray._private.state.available_resources_per_node().items() if n in eligible}
         for key in sorted(need, key=lambda k: (k != "GPU", k)):
             best_free = max((r.get(key, 0.0) for r in avail.values()), default=0.0)
@@ -470,10 +511,14 @@ class Cluster:
 
         need = self._need(g)
         totals = ray._private.state.total_resources_per_node()
+        if g.labels:  # a label-pinned group can only ever use its labelled node(s)
+            eligible = self._eligible(g, totals)
+            totals = {n: r for n, r in totals.items() if n in eligible}
+        where = f" labelled {', '.join(f'{k}={v}' for k, v in g.labels)}" if g.labels else ""
         for key in sorted(need, key=lambda k: (k != "GPU", k)):
             best_total = max((r.get(key, 0.0) for r in totals.values()), default=0.0)
             if best_total + 1e-9 < need[key]:
-                return f"{_resource_name(key)}: needs {_fmt(need[key])} on one node, the largest node has {_fmt(best_total)}"
+                return f"{_resource_name(key)}: needs {_fmt(need[key])} on one node{where}, the largest node has {_fmt(best_total)}"
         short = self._shortage(g)
         if short:
             return short
@@ -612,6 +657,22 @@ class Cluster:
             procs.unregister(os.getpid(), kind="dir")
         if left:
             raise RuntimeError(f"Ray processes still running {timeout:.0f} s after shutdown (killed): {left}")
+
+
+def _own_token() -> None:
+    """Give a cluster started here a token of its own, in the environment, when Ray would write one.
+
+    ``ray.init()`` starting a cluster turns token auth on and, finding no token, writes one to
+    ``~/.ray/auth_token``. That file then turns token auth on for every later ``ray start --head``
+    on the machine, whose clients joining by address must set ``RAY_AUTH_MODE=token`` (issue 17's
+    first failed try). A token in ``RAY_AUTH_TOKEN`` keeps auth on, is inherited by the cluster's
+    processes, and leaves the home directory alone. A token the user already has, or a mode the
+    user set, is left as it is.
+    """
+    import secrets
+
+    if os.environ.get(join_mod.AUTH_MODE_ENV) is None and not join_mod.auth_settings().has_token:
+        os.environ[join_mod.TOKEN_ENV] = secrets.token_hex(32)  # Ray's own token size (256 bits)
 
 
 def _restore_env(key: str, value: str | None) -> None:

@@ -64,8 +64,8 @@ def alive(pid: int, start: int | None = None) -> bool:
     return st is not None and (start is None or st == start)
 
 
-def _live_stats() -> Iterator[tuple[int, int, int]]:
-    """(pid, ppid, pgid) of every live (non-zombie) process, read from ``/proc/<pid>/stat``."""
+def _live_stats() -> Iterator[tuple[int, int, int, int]]:
+    """(pid, ppid, pgid, sid) of every live (non-zombie) process, read from ``/proc/<pid>/stat``."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -73,21 +73,30 @@ def _live_stats() -> Iterator[tuple[int, int, int]]:
             stat = (d / "stat").read_text()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # gone between listing and reading, or not ours to read
-        # Fields after the command name (which may contain spaces and parentheses): state ppid pgrp ...
+        # Fields after the command name (which may contain spaces and parentheses): state ppid pgrp session ...
         fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z":
-            yield int(d.name), int(fields[1]), int(fields[2])
+            yield int(d.name), int(fields[1]), int(fields[2]), int(fields[3])
 
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is ``pgid``."""
-    return [pid for pid, _, group in _live_stats() if group == pgid]
+    return [pid for pid, _, group, _ in _live_stats() if group == pgid]
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) pids whose session is ``sid``.
+
+    A ``ray start`` node started in its own session keeps every process of that node in it: Ray's
+    worker processes take process groups of their own, but never leave the session.
+    """
+    return [pid for pid, _, _, session in _live_stats() if session == sid]
 
 
 def descendants(pid: int) -> list[int]:
     """Live pids below ``pid`` in the process tree (children, grandchildren, ...)."""
     children: dict[int, list[int]] = {}
-    for child, parent, _ in _live_stats():
+    for child, parent, _, _ in _live_stats():
         children.setdefault(parent, []).append(child)
     out, todo = [], list(children.get(pid, []))
     while todo:

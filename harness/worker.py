@@ -14,7 +14,7 @@ placeholders in a subprocess's argv/env and in check URLs are replaced by them; 
 out twice in one run directory), ``CUDA_VISIBLE_DEVICES`` set from the GPU ids Ray assigned (they
 may be non-contiguous, e.g. ``"1,3"``), and a readiness deadline during which every poll first
 checks that the actor and its subprocess are alive. A worker that dies raises
-:class:`WorkerDied` (name, cause, last 50 log lines) — from :meth:`Worker.wait_ready`,
+:class:`WorkerDied` (name, cause, last 50 log lines; a lost node is named in the cause) — from :meth:`Worker.wait_ready`,
 :meth:`Worker.call`, :meth:`Worker.check`, and, while a pytest test runs, from the test itself
 (the plugin arms a :class:`Watchdog`). Stop is graceful: SIGTERM to the process group, a bounded
 wait, SIGKILL; then the actor is killed.
@@ -36,6 +36,7 @@ API::
     worker.check()                   # raises WorkerDied
     worker.tail(n=50) -> str
     worker.stop(grace=None)          # idempotent; kills the whole process group
+    worker.node -> NodeRef | None    # the Ray node it runs on (label, raylet address)
     current() -> WorkerContext       # inside an in-process payload: name, gpu_ids, ports, log_path
 
 Example (an in-process payload, and a server subprocess)::
@@ -80,6 +81,7 @@ from typing import Any, Callable, Union
 from harness import procs
 from harness.clock import DEFAULT as DEFAULT_CLOCK
 from harness.clock import Clock
+from harness.join import node_index, raylet_answers
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,32 @@ class WorkerDied(RuntimeError):
 
     def __reduce__(self):
         return (WorkerDied, (self.name, self.cause, self.tail, self.log_path))
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """The Ray node a worker runs on: its id, its raylet's address and a readable label."""
+
+    node_id: str
+    ip: str
+    port: int
+    label: str
+
+    def __str__(self) -> str:
+        return f"{self.label} (Ray node {self.node_id[:12]}, raylet {self.ip}:{self.port})"
+
+
+def node_of(node_id: str) -> NodeRef | None:
+    """The :class:`NodeRef` of an alive Ray node (None when Ray does not list it as alive)."""
+    import ray
+
+    for n in ray.nodes():
+        if n.get("NodeID") == node_id and n.get("Alive"):
+            ip = n.get("NodeManagerAddress", "")
+            index = node_index(dict(n.get("Resources", {})), n.get("Labels") or {})
+            label = f"node{index}/{ip}" if index is not None else f"{ip}/{node_id[:6]}"
+            return NodeRef(node_id, ip, int(n.get("NodeManagerPort") or 0), label)
+    return None
 
 
 class WorkerStartError(RuntimeError):
@@ -497,6 +525,8 @@ class Worker:
         self._clock = clock
         self._dead: WorkerDied | None = None
         self._stopped = False
+        self.node: NodeRef | None = None  # set once started
+        self._node_lost = False
 
     # -- properties
 
@@ -547,12 +577,25 @@ class Worker:
         try:
             cause = ray.get(self.actor.poll.remote(), timeout=timeout)
         except RayActorError as e:
-            cause = _actor_cause(e)
+            cause = self._actor_error(e).cause
         except GetTimeoutError:
             return None  # busy, not dead: a wedged actor is caught by the call/readiness deadlines
         if cause:
             self._died(cause)
         return cause
+
+    def node_lost(self, why: str) -> WorkerDied:
+        """Record that the worker's node is gone (its actor and everything it ran died with it)."""
+        self._node_lost = True
+        return self._died(f"node lost: {self.node or 'its Ray node'} stopped answering ({why}); "
+                          "every worker on it died with it")
+
+    def _actor_error(self, e: Exception) -> WorkerDied:
+        """The death behind a Ray actor error: the lost node when its raylet is gone, else the actor's own."""
+        why = raylet_answers(self.node.ip, self.node.port) if self.node is not None else None
+        if why is not None:
+            return self.node_lost(f"raylet {why}")
+        return self._died(_actor_cause(e))
 
     def check(self) -> None:
         """Raise :class:`WorkerDied` if the worker died."""
@@ -581,7 +624,7 @@ class Worker:
                 if ray.get(self.actor.ready.remote(), timeout=max(0.1, min(left, _CONTROL_TIMEOUT_S))):
                     return self.info
             except RayActorError as e:
-                raise self._died(_actor_cause(e)) from None
+                raise self._actor_error(e) from None
             except GetTimeoutError:
                 pass
             if self._clock.now() >= deadline:
@@ -610,7 +653,7 @@ class Worker:
                 raise (e.__cause__ or e.__context__) from None
             raise
         except RayActorError as e:
-            raise self._died(_actor_cause(e)) from None
+            raise self._actor_error(e) from None
         except GetTimeoutError:
             cause = self.poll()
             if cause:
@@ -630,6 +673,8 @@ class Worker:
 
         g = self.spec.stop_grace if grace is None else grace
         try:
+            if self._node_lost:  # nothing answers there: asking would only wait out the timeout
+                raise RuntimeError(f"node lost: {self.node}")
             problem = ray.get(self.actor.stop.remote(g), timeout=g + _CONTROL_TIMEOUT_S)
             if problem:
                 log.warning("worker %s: %s", self.name, problem)
@@ -715,13 +760,14 @@ def start_worker(spec: WorkerSpec, group: Any = None, bundle_index: int = 0, *, 
         try:
             w.info = ray.get(actor.start.remote(), timeout=budget)
         except RayActorError as e:
-            raise w._died(_actor_cause(e)) from None
+            raise w._actor_error(e) from None
         except RayTaskError as e:
             raise w._died(f"payload start raised: {str(e).strip().splitlines()[-1][:300]}") from None
         except GetTimeoutError:
             raise TimeoutError(f"worker {spec.name}: actor not started within {budget:g} s "
                                "(no room in its placement group bundle?)") from None
         w.wait_ready(budget)
+        w.node = node_of(w.info.node_id)
     except BaseException:
         w.stop(grace=1.0)
         raise
@@ -735,16 +781,21 @@ def start_worker(spec: WorkerSpec, group: Any = None, bundle_index: int = 0, *, 
 class Watchdog:
     """Polls workers from a background thread; calls ``on_death(WorkerDied)`` once per dead worker.
 
-    The pytest plugin uses it to fail the running test within ~2 s of a worker's death.
+    The pytest plugin uses it to fail the running test within ~2 s of a worker's death. Each round
+    also knocks on the raylet of every node a watched worker runs on: a node whose raylet has not
+    answered for ``node_grace`` seconds is lost, and every worker on it is reported dead with the
+    node named (Ray itself says so only when its health check gives up, ~15 s later).
     """
 
-    def __init__(self, on_death: Callable[[WorkerDied], None], interval: float = 0.25):
+    def __init__(self, on_death: Callable[[WorkerDied], None], interval: float = 0.25, node_grace: float = 1.0):
         self._on_death = on_death
         self._interval = interval
+        self._node_grace = node_grace
         self._workers: list[Worker] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._silent_since: dict[str, float] = {}
 
     def add(self, worker: Worker) -> None:
         with self._lock:
@@ -765,10 +816,30 @@ class Watchdog:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def _lost_nodes(self, workers: list[Worker]) -> dict[str, str]:
+        """node id -> why, for the nodes of ``workers`` whose raylet stayed silent for ``node_grace``."""
+        lost = {}
+        nodes = {w.node.node_id: w.node for w in workers if w.node is not None and not w._stopped}
+        for node_id, node in nodes.items():
+            why = raylet_answers(node.ip, node.port)
+            if why is None:
+                self._silent_since.pop(node_id, None)
+                continue
+            since = self._silent_since.setdefault(node_id, time.monotonic())
+            if time.monotonic() - since >= self._node_grace:
+                lost[node_id] = f"raylet {why} for {time.monotonic() - since:.1f} s"
+        return lost
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             with self._lock:
                 workers = list(self._workers)
+            lost = self._lost_nodes(workers)
+            for w in workers:
+                if w.node is not None and w.node.node_id in lost and not w._stopped:
+                    self.remove(w)
+                    self._on_death(w.node_lost(lost[w.node.node_id]))
+            workers = [w for w in workers if not (w.node is not None and w.node.node_id in lost)]
             for w in workers:
                 if w._stopped:
                     continue

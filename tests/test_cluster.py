@@ -15,7 +15,7 @@ from harness.cluster import PlacementError
 
 pytestmark = pytest.mark.topology("2-node-16-gpu-h200")
 
-SHIPPED = ["cpu", "2-gpu-h100", "8-gpu-h200", "2-node-16-gpu-h200"]
+SHIPPED = ["cpu", "2-gpu-h100", "8-gpu-h200", "2-node-16-gpu-h200", "2-node-2-gpu-h100"]
 
 
 @pytest.fixture
@@ -160,6 +160,7 @@ EXPECTED = {
     "2-gpu-h100": {"prefill": (0, None), "decode": (0, None), "router": (0, [])},
     "8-gpu-h200": {"prefill": (0, None), "decode": (0, None), "router": (0, [])},
     "2-node-16-gpu-h200": {"prefill": (0, list(range(8))), "decode": (1, list(range(8))), "router": (0, [])},
+    "2-node-2-gpu-h100": {"prefill": (0, None), "decode": (1, None), "router": (0, [])},
 }
 
 

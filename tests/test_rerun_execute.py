@@ -45,6 +45,7 @@ def test_headline_runs_three_groups_and_writes_reports(tmp_path, capsys, monkeyp
     props = {s.get("name"): {p.get("name"): p.get("value") for p in s.iter("property")} for s in merged.iter("testsuite")}
     assert props["8-gpu-h200"]["topology"] == "8-gpu-h200" and props["8-gpu-h200"]["simulated"] == "true"
     assert props["cpu"]["runner"] == "ubuntu-latest" and props["cpu"]["simulated"] == "false"
+    assert props["8-gpu-h200"]["gpus"] == "simulated" and props["cpu"]["gpus"] == "no GPUs"
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert summary["ok"] is True and {g["name"] for g in summary["groups"]} == {"cpu", "2-gpu-h100", "8-gpu-h200"}
     durations = json.loads((run_dir / "report" / "durations.json").read_text())

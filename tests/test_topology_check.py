@@ -32,13 +32,15 @@ def test_check_on_this_machine_and_simulated():
 
 
 @pytest.mark.parametrize("args, line", [
-    (["nope"], "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 8-gpu-h200, cpu (or a path to a .toml file)"),
+    (["nope"], "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-2-gpu-h100, 8-gpu-h200, cpu (or a path to a .toml file)"),
     (["cpu", "--simulate", "--ray-address", "127.0.0.1:1"],
      "harness: --simulate starts a local cluster and --ray-address joins one: pass only one"),
     (["cpu", "--ray-address", "127.0.0.1:1"],
-     "harness: cannot join Ray at 127.0.0.1:1 (nothing answers at 127.0.0.1:1 (Connection refused)); check the address (host:port of the GCS)"),
+     "harness: cannot join the Ray cluster at 127.0.0.1:1: unreachable: nothing accepts connections (Connection refused); "
+     "check the address and that the head runs (`ray status` on the head)"),
     (["cpu", "--ray-address", "nohostport"],
-     "harness: cannot join Ray at nohostport (Ray address 'nohostport' is not host:port); check the address (host:port of the GCS)"),
+     "harness: cannot join the Ray cluster at nohostport: address: not host:port; pass the head's GCS address, e.g. "
+     "10.0.0.1:6379 (`ray status` on the head prints it)"),
     (["cpu", "--timeout", "0"], "harness: --timeout must be > 0, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, line):

@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     from harness import doctor
+    from harness.join import JoinError
 
     try:
         topo = topology.get(args.topology)
@@ -47,6 +48,8 @@ def _doctor(args: argparse.Namespace) -> int:
     try:
         report = doctor.run(topo, simulate=args.simulate, ray_address=args.ray_address, run_dir=run_dir,
                             limits=limits, ports=tuple(args.port))
+    except JoinError as e:  # already one line: what failed and the fix
+        raise UsageError(str(e)) from None
     except (ConnectionError, RuntimeError) as e:
         if args.ray_address:
             raise UsageError(f"cannot use the Ray cluster at {args.ray_address}: {e}; check the address (`ray status` on the head)") from None

@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--simulate", action="store_true", help="run groups whose GPUs are missing on Ray logical GPUs")
     run.add_argument("--ray-address", metavar="ADDR", help="join the Ray cluster at ADDR (host:port) instead of a local one")
     run.add_argument("--run-dir", type=Path, help="where results go (default: runs/<timestamp>-<pid>)")
-    run.add_argument("--gpus", type=int, help="real GPUs available (default: what nvidia-smi lists)")
+    run.add_argument("--gpus", type=int, help="GPUs available (default: what nvidia-smi lists; with --ray-address: the joined "
+                     "cluster's GPU resources)")
     run.add_argument("--jobs", type=int, help="most groups at once (default: min(4, CPUs))")
     run.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR", help="an extra test tree; repeatable")
     run.add_argument("--hypothesis-seed", type=int, help="override the gate's Hypothesis seed")
@@ -140,10 +141,22 @@ def _run(args: argparse.Namespace) -> int:
     root = args.repo_root.resolve()
     run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
     gpus = detect_gpus() if args.gpus is None else args.gpus
+    joined = None
+    if args.ray_address:  # one line and exit 2 when the cluster cannot be used, before any suite starts
+        from harness import join
+
+        try:
+            joined = join.preflight(args.ray_address)
+        except join.JoinError as e:
+            raise UsageError(str(e)) from None
+        print(joined.summary())
+        if args.gpus is None:  # the cluster's, not this machine's: a group waits until its GPUs are free there
+            gpus = int(sum(n.gpus for n in joined.nodes))
     opts = runner.GateOptions(repo_root=root, run_dir=run_dir, simulate=args.simulate, ray_address=args.ray_address,
                               gpus=gpus, jobs=args.jobs or max(1, min(4, os.cpu_count() or 1)),
                               suites_dirs=tuple(args.suites_dir), hypothesis_seed=args.hypothesis_seed,
-                              workload_seed=args.workload_seed, runner=args.runner)
+                              workload_seed=args.workload_seed, runner=args.runner,
+                              joined_gpus=joined.gpu_kind if joined else None)
     try:
         result = runner.run_gate(gate, opts)
     except (RegistryError, PlanError) as e:

@@ -50,6 +50,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from harness.cluster import Cluster
+    from harness.join import JoinError
 
     topo = _load(args.name)
     if args.simulate and args.ray_address:
@@ -58,7 +59,9 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
     if args.ray_address:
         try:
-            cluster = Cluster.join(args.ray_address)
+            cluster = Cluster.join(args.ray_address, survey=False)  # only the fit is asked
+        except JoinError as e:  # already one line: what failed and the fix
+            raise UsageError(str(e)) from None
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot join Ray at {args.ray_address} ({e}); check the address (host:port of the GCS)") from None
         where = f"Ray at {args.ray_address}"

@@ -192,6 +192,23 @@ def simulated_rows(node: str, gpu_ids: list[str]) -> list[CheckResult]:
             for c in ("gpu.model", "gpu.memory", "gpu.free_memory", "gpu.processes")]
 
 
+def logical_row(node: str, ray_gpus: float, devices: int | None) -> CheckResult:
+    """The ``gpu.count`` row of a joined node whose Ray GPUs are logical (fewer devices than Ray GPUs).
+
+    Args:
+        node: the node's label.
+        ray_gpus: the node's Ray GPU resources.
+        devices: the GPU devices the node itself sees.
+
+    Returns:
+        One failed row: a real-GPU topology cannot be validated on resources without devices.
+    """
+    return CheckResult("gpu.count", Status.FAILED,
+                       f"{ray_gpus:g} Ray GPU(s) but {devices or 0} GPU device(s) on the node: logical GPUs "
+                       "(`ray start --num-gpus` on a machine without them)",
+                       "join nodes whose GPUs are real, or validate a CPU machine with `--simulate` instead", node=node)
+
+
 def check_node(topology: Topology, node: str, snap: GpuSnapshot) -> list[CheckResult]:
     """Node-level GPU check: the node shows as many GPUs as the topology's ``gpus_per_node``.
 

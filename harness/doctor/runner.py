@@ -163,7 +163,7 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
         seats = _start_probes(placed, simulate, str(run_dir), sources)
         rows += _identify(cluster, topology, seats, limits)
         alive = [s for s in seats if s.info is not None]
-        rows += _read_nodes(topology, alive, simulate, limits, ports)
+        rows += _read_nodes(topology, alive, simulate, limits, ports, tuple(getattr(cluster, "facts", ())))
         rows += _network(topology, alive, simulate, limits)
         return _report(topology, simulate, rows, t0, desc)
     finally:
@@ -252,8 +252,12 @@ def _identify(cluster: Any, topology: Topology, seats: list[_Seat], limits: Limi
 
 
 def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: Limits,
-                extra_ports: tuple[int, ...]) -> list[CheckResult]:
-    """Software, host, GPU and fixed-port reads, all in flight together under one deadline."""
+                extra_ports: tuple[int, ...], facts: tuple[Any, ...] = ()) -> list[CheckResult]:
+    """Software, host, GPU and fixed-port reads, all in flight together under one deadline.
+
+    ``facts``: on a joined cluster, what every node answered when joined (:func:`harness.join.survey`):
+    each node's versions against this machine's, and which nodes' GPUs are only logical.
+    """
     first_on_node: dict[str, _Seat] = {}
     for s in seats:
         first_on_node.setdefault(s.node, s)
@@ -288,6 +292,8 @@ def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: 
         key = s.node if per_node.get(s.node, o.value) == o.value else f"{s.node} ({s.label})"
         per_node[key] = o.value
     rows += software.check_versions(per_node)
+    if facts:
+        rows += software.check_driver(list(facts))
     # host
     for node, s in first_on_node.items():
         o = answers[("host", s.label)]
@@ -302,12 +308,13 @@ def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: 
             rows.append(_bad_call("network.port", s, o, "the port check", limits.check_timeout_s))
             continue
         rows += [network.check_port(node, role, port, holder) for role, port, holder in o.value]
-    rows += _gpu_rows(topology, seats, gpu_seats, answers, simulate, limits)
+    logical = {f.node_id: f for f in facts if f.gpu_kind == "logical"}
+    rows += _gpu_rows(topology, seats, gpu_seats, answers, simulate, limits, logical)
     return rows
 
 
 def _gpu_rows(topology: Topology, seats: list[_Seat], gpu_seats: list[_Seat], answers: dict[Hashable, Outcome],
-              simulate: bool, limits: Limits) -> list[CheckResult]:
+              simulate: bool, limits: Limits, logical: dict[str, Any] | None = None) -> list[CheckResult]:
     if not topology.needs_gpus:
         return [CheckResult("gpu.count", Status.PASSED, "the topology needs no GPUs", node="all")]
     if simulate:
@@ -323,7 +330,13 @@ def _gpu_rows(topology: Topology, seats: list[_Seat], gpu_seats: list[_Seat], an
     rows = []
     own = frozenset(s.info.pid for s in seats)
     snaps: dict[str, gpu.GpuSnapshot] = {}
+    logical = logical or {}
+    for node_id in {s.info.node_id for s in gpu_seats if s.info.node_id in logical}:
+        f = logical[node_id]
+        rows.append(gpu.logical_row(next(s.node for s in gpu_seats if s.info.node_id == node_id), f.gpus, f.devices))
     for s in gpu_seats:
+        if s.info.node_id in logical:  # nothing to look at: the row above says why
+            continue
         o = answers[("gpus", s.label)]
         if not o.ok:
             rows.append(_bad_call("gpu.probe", s, o, "the GPU snapshot", limits.check_timeout_s))

@@ -118,3 +118,23 @@ def check_versions(per_node: dict[str, Versions], supported_sglang: str = SUPPOR
         rows.append(CheckResult("software.sglang_supported", Status.PASSED,
                                 f"sglang {supported_sglang} is the adapter's supported version", node="all"))
     return rows
+
+
+def check_driver(nodes: list) -> list[CheckResult]:
+    """Every node of a joined cluster against this machine (the driver): python, ray, sglang, torch.
+
+    Args:
+        nodes: :class:`harness.join.NodeFacts` of every alive node (what they answered when joined).
+
+    Returns:
+        One ``software.driver`` row (node ``all``) naming each differing node and both versions.
+    """
+    from harness.join import skew
+
+    problems = skew(nodes)
+    if problems:
+        return [CheckResult("software.driver", Status.FAILED, "differs from this machine: " + "; ".join(problems), _FIX_SAME,
+                            node="all")]
+    answered = sum(1 for n in nodes if not n.error)
+    return [CheckResult("software.driver", Status.PASSED,
+                        f"python, ray, sglang, torch on {answered} node(s) match this machine", node="all")]

@@ -62,6 +62,8 @@ class GateOptions:
         hypothesis_seed, workload_seed: override the gate's seeds (None: the gate's, else random).
         runner: run only the groups of this CI runner label (:func:`harness.gates.plan.runner_label`);
             entries with none there are left out of the run and its verdict (None: every group).
+        joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
+            (:func:`harness.join.gpu_kind`), stamped on the report.
     """
 
     repo_root: Path
@@ -75,6 +77,7 @@ class GateOptions:
     hypothesis_seed: int | None = None
     workload_seed: int | None = None
     runner: str | None = None
+    joined_gpus: str | None = None
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
     seeds = (f"--hypothesis-seed={info.hypothesis_seed}", f"--workload-seed={info.workload_seed}")
     exec_opts = execute.ExecOptions(repo_root=opts.repo_root, run_dir=edir, python=opts.python, ray_address=opts.ray_address,
                                     gpus=opts.gpus, jobs=opts.jobs, timeout=entry.timeout,
-                                    pytest_args=(*seeds, *entry.pytest_args()))
+                                    pytest_args=(*seeds, *entry.pytest_args()), joined_gpus=opts.joined_gpus)
     mode = "required" if entry.required else "informational"
     out(f"[{entry.name}] {mode}: {sum(len(g.items) for g in p.groups)} item(s) in {len(p.groups)} group(s), est {p.est_time:.0f}s")
     file_tests = {f.rel: len(f.tests) for f in reg.files}

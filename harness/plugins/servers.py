@@ -23,7 +23,9 @@ Fixtures:
 Servers on a machine without the CPU stack's packages (``sglang_router``, mooncake) fail with a
 message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
 without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the test saying what it
-needs; otherwise the topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
+needs, and so it does on a joined cluster whose GPU nodes lack the devices (logical GPUs: ``ray start
+--num-gpus`` on a machine without them; the nodes are asked, :mod:`harness.join`); otherwise the
+topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
 Servers are placed by :func:`harness.targets.sglang.server.layout.server_layout` (one bundle with all
 of a server's GPUs). Which engine and which models: :mod:`harness.plugins.engine`.
 """
@@ -51,6 +53,10 @@ REAL_GPU_REASON = ("real sglang servers need real GPUs: run with --topology {top
 RESET_TIMEOUT_S = 30.0
 
 _last_use_key = pytest.StashKey[dict]()
+
+
+JOINED_LOGICAL_REASON = ("real sglang servers need real GPUs: the Ray cluster at {address} has logical ones "
+                         "(Ray GPU resources on nodes without the devices: {nodes}); join a cluster whose nodes have them")
 
 
 def missing_stack_modules() -> list[str]:
@@ -337,7 +343,8 @@ def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequenc
     """Why real servers of ``topology`` cannot run here, or None.
 
     Real servers need real GPUs: logical (simulated) ones, or too few local ones without a joined
-    cluster, give :data:`REAL_GPU_REASON`. Otherwise the session's own decision for the topology
+    cluster, give :data:`REAL_GPU_REASON`; a joined cluster whose nodes report no devices for their
+    GPU resources gives :data:`JOINED_LOGICAL_REASON`. Otherwise the session's own decision for the topology
     applies (:meth:`harness.plugins.state.HarnessState.skip_reason`: fit on the joined cluster).
 
     Args:
@@ -356,6 +363,8 @@ def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequenc
     if simulated or (not st.settings.ray_address and (topology.nodes > 1 or local_gpus() < topology.gpus_per_node)):
         hint = " ".join(f"{MODEL_OPTION} {m}=PATH" for m in models) or f"{MODEL_OPTION} NAME=PATH for each model"
         return REAL_GPU_REASON.format(topology=topology.name, models=hint)
+    if st.settings.ray_address and st.get_cluster().gpu_kind == "logical":
+        return JOINED_LOGICAL_REASON.format(address=st.settings.ray_address, nodes=st.joined or "")
     return st.skip_reason(topology)
 
 

@@ -53,6 +53,7 @@ class HarnessState:
         self._names: dict[str, int] = {}
         self._fits: dict[str, Any] = {}
         self.ray_interrupt: Any = None  # a death delivered as KeyboardInterrupt through a ray.get
+        self.joined: str | None = None  # the joined cluster's nodes and GPU kind, for the summary
 
     @property
     def run_dir_path(self) -> Path:
@@ -76,13 +77,34 @@ class HarnessState:
             from harness.cluster import Cluster
 
             if self.settings.ray_address:
-                self.cluster = Cluster.join(self.settings.ray_address)
+                self.cluster = self._join(self.settings.ray_address)
             elif self.simulating():
                 nodes, gpus = self._sim_shape()
                 self.cluster = Cluster.start(simulate=True, nodes=nodes, gpus_per_node=gpus)
             else:
                 self.cluster = Cluster.start()
         return self.cluster
+
+    def _join(self, address: str) -> Any:
+        """Join ``address``; a cluster this session cannot use ends the session with one line, exit 2.
+
+        Cannot use: not joinable (unreachable, refused auth, Ray/Python mismatch) or a node whose
+        versions differ from this process's. One error for the session, not one per test.
+        """
+        from harness import join
+        from harness.cluster import Cluster
+
+        try:
+            cluster = Cluster.join(address)
+        except join.JoinError as e:
+            pytest.exit(f"harness: {e}", returncode=2)
+        error = join.skew_error(address, list(cluster.facts))
+        if error is not None:
+            cluster.shutdown()
+            pytest.exit(f"harness: {error}", returncode=2)
+        self.joined = f"joined {address}: GPUs {cluster.gpu_kind} ({join.describe(list(cluster.facts))})"
+        log.info("%s", self.joined)
+        return cluster
 
     def _sim_shape(self) -> tuple[int, int]:
         """Simulated shape: as many nodes as the largest topology this session names (extra Ray
@@ -221,6 +243,13 @@ def _sglang_version() -> str:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """On a joined cluster: the nodes and whether their GPUs were real devices or logical resources."""
+    st = config.stash.get(state_key, None)
+    if st is not None and st.joined:
+        terminalreporter.write_line(f"harness: {st.joined}")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from harness import html_report, report
 from harness.results import GroupResult
@@ -97,6 +98,24 @@ def detect_gpus() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+
+
+def joined_preflight(address: str) -> Any:
+    """Check the cluster at ``address`` before any group starts (:func:`harness.join.preflight`).
+
+    Returns:
+        The :class:`harness.join.Preflight` (the nodes, their GPU kind).
+
+    Raises:
+        UsageError: cannot join (unreachable, refused auth, Ray/Python mismatch) or a node's versions
+            differ from this machine's: one line with the fix, instead of one failure per test.
+    """
+    from harness import join
+
+    try:
+        return join.preflight(address)
+    except join.JoinError as e:
+        raise UsageError(str(e)) from None
 
 
 def _specs(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
@@ -178,13 +197,14 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
     root = args.repo_root.resolve()
     run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    joined = joined_preflight(args.ray_address) if args.ray_address else None
     gpus = detect_gpus() if args.gpus is None else args.gpus
     jobs = args.jobs or max(1, min(4, os.cpu_count() or 1))
     if args.ray_address and args.gpus is None:
-        # A joined cluster's GPUs are unknown here: let each group have it alone, longest first.
+        # Groups share the joined cluster with whoever else uses it: let each have it alone, longest first.
         gpus, jobs = max(g.gpus for g in p.groups), args.jobs or 1
     opts = execute.ExecOptions(repo_root=root, run_dir=run_dir, ray_address=args.ray_address, gpus=gpus, jobs=jobs,
-                               timeout=args.timeout)
+                               timeout=args.timeout, joined_gpus=joined.gpu_kind if joined else None)
     file_tests = {f.rel: len(f.tests) for f in reg.files}
     rel_of = {str(f.path.resolve()): f.rel for f in reg.files}
 
@@ -205,10 +225,10 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
 
     if args.comment_out:
         _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
-    print(f"{PROG}: {len(p.groups)} group(s), est {p.est_time:.0f}s, {gpus} real GPU(s), up to {jobs} at once; run dir {run_dir}")
+    where = f"{joined.summary()}" if joined else f"{gpus} real GPU(s)"
+    print(f"{PROG}: {len(p.groups)} group(s), est {p.est_time:.0f}s, {where}, up to {jobs} at once; run dir {run_dir}")
     for g in p.groups:
-        mode = "real" if execute.simulation(g, gpus, joined=bool(args.ray_address)) is False else "simulated"
-        print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({mode})")
+        print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({execute.gpu_mode(g, opts)})")
     started = time.monotonic()
     results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
     page = write_reports(run_dir, results, args.link, wall_time=time.monotonic() - started)

@@ -50,6 +50,8 @@ class ExecOptions:
         jobs: most groups running at once.
         timeout: seconds per group (None: no limit).
         pytest_args: extra pytest arguments (e.g. ``-x``).
+        joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
+            (``real``, ``logical``, ``none``; :func:`harness.join.gpu_kind`), for the plan and report.
     """
 
     repo_root: Path
@@ -60,6 +62,7 @@ class ExecOptions:
     jobs: int = 1
     timeout: float | None = None
     pytest_args: tuple[str, ...] = ()
+    joined_gpus: str | None = None
 
 
 @dataclass
@@ -119,6 +122,17 @@ def simulation(group: Group, gpus: int, joined: bool = False) -> bool | None:
     if joined or group.gpus <= gpus:
         return False
     return True if group.allow_simulation else None
+
+
+def gpu_mode(group: Group, opts: ExecOptions) -> str:
+    """What GPUs ``group`` runs on, for the plan and the report: ``no GPUs``, ``real``, ``simulated``,
+    ``cannot run here``, or on a joined cluster what its nodes reported (``joined, logical GPUs``)."""
+    if not group.gpus:
+        return "no GPUs"
+    if opts.ray_address:
+        return f"joined, {opts.joined_gpus or 'unknown'} GPUs"
+    sim = simulation(group, opts.gpus)
+    return "cannot run here" if sim is None else "simulated" if sim else "real"
 
 
 def targets(items: tuple[Item, ...], file_tests: dict[str, int]) -> list[str]:
@@ -310,6 +324,7 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
                 res = GroupResult(name=name, topology=r.group.topology, runner=r.group.runner, cases=tuple(p.cases),
                                   wall_time=p.wall, returncode=rc, note=note,
                                   properties=(("simulated", str(bool(sim[name])).lower()),
+                                              ("gpus", gpu_mode(r.group, opts)),
                                               ("run_dir", str(opts.run_dir / "groups" / name))))
                 results[name] = res
                 p.state = "passed" if res.ok else "failed"

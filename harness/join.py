@@ -1,0 +1,479 @@
+"""Joining a Ray cluster the harness did not start (``--ray-address``): checked once, before any test.
+
+:func:`probe` decides whether this process can join, without joining: every way it can fail is one
+:class:`JoinError` whose message is one line, what failed and the fix. In order:
+
+``address``     not ``host:port``.
+``auth``        this process's own auth settings are unusable (``RAY_AUTH_MODE=token`` without a
+                token, ``RAY_AUTH_TOKEN_PATH`` naming no readable file).
+``unreachable`` nothing accepts TCP connections at the address.
+``not-ray``     something answers, but no Ray GCS within the probe's deadline.
+``auth``        the GCS refused this process: it requires a token and none was sent, or the token
+                sent is not the cluster's.
+``version``     the cluster's Ray or Python differs from this process's (Ray's own rule: the same
+                Ray, Python to the patch level unless ``RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL=minor``).
+
+Auth follows Ray 2.60's rules (``ray/_private/authentication``): ``RAY_AUTH_MODE`` is ``token`` or
+``disabled``; the token is ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``, else
+``~/.ray/auth_token``. Ray turns token mode on by itself only for a cluster it starts or finds on
+its own (``address="auto"``), never for an explicit address: so a cluster that requires a token,
+joined with ``RAY_AUTH_MODE`` unset, is the user's say-so to give, and the error names the variable.
+The harness changes none of these variables; every process it starts inherits them (the pytest
+processes of ``rerun-test`` and gates from it; Ray workers and the servers they start from their
+node, which has its own).
+
+The GCS is asked in a child process with a deadline: Ray's client retries a silent address for
+about 40 s and aborts its process when token mode has no token.
+
+Once joined, :func:`survey` asks every node (one small task pinned to it) for its package versions
+and its real GPU devices: :func:`skew` names a node whose sglang, Ray, Python or torch differs from
+this process's, and :attr:`NodeFacts.gpu_kind` says whether its Ray GPUs are devices or only
+logical resources (``ray start --num-gpus`` on a machine without them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+#: The node label naming a Ray node's topology node index (``ray start --labels pd-harness/node=1``).
+NODE_LABEL = "pd-harness/node"
+PROBE_TIMEOUT_S = 15.0  # the child's GCS round trip takes ~2 s; other runs share the CPUs
+SURVEY_TIMEOUT_S = 60.0  # a node may have to start a Ray worker process for the task
+#: What :func:`skew` compares between this process and every node.
+SKEW_PACKAGES = ("python", "ray", "sglang", "torch")
+
+_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
+
+
+class JoinError(ConnectionError):
+    """This process cannot join the cluster at ``address``. ``kind`` classifies it; str() is one line."""
+
+    def __init__(self, address: str, kind: str, detail: str, fix: str):
+        self.address, self.kind, self.detail, self.fix = address, kind, detail, fix
+        super().__init__(f"cannot join the Ray cluster at {address}: {kind}: {detail}; {fix}")
+
+
+# ------------------------------------------------------------------ auth (Ray's rules)
+
+
+@dataclass(frozen=True)
+class Auth:
+    """This process's Ray auth settings, as Ray will read them.
+
+    ``mode`` is ``token``, ``disabled`` or ``unset``; ``token_source`` names where Ray finds the
+    token (None: nowhere); ``problem`` says why the settings cannot work at all.
+    """
+
+    mode: str
+    token_source: str | None
+    problem: str | None = None
+
+    @property
+    def has_token(self) -> bool:
+        return self.token_source is not None
+
+
+def auth_settings(environ: Mapping[str, str] | None = None, home: Path | None = None) -> Auth:
+    """Read Ray's auth settings the way Ray does (token: env var, then path variable, then home file).
+
+    Args:
+        environ: the environment (default ``os.environ``).
+        home: the home directory (default ``$HOME``, as Ray's loader reads it).
+
+    Returns:
+        The :class:`Auth`.
+    """
+    env = os.environ if environ is None else environ
+    mode = (env.get(AUTH_MODE_ENV) or "unset").lower()
+    home = home if home is not None else Path(env.get("HOME") or Path.home())
+    problem = None
+    source = None
+    if mode not in ("token", "disabled", "unset"):
+        problem = f"{AUTH_MODE_ENV}={env.get(AUTH_MODE_ENV)} is neither token nor disabled"
+    if env.get(TOKEN_ENV, "").strip():
+        source = TOKEN_ENV
+    elif env.get(TOKEN_PATH_ENV):
+        path = Path(env[TOKEN_PATH_ENV])
+        if _readable_token(path):
+            source = f"{TOKEN_PATH_ENV}={path}"
+        else:  # Ray refuses this outright instead of falling back to the home file
+            problem = problem or f"{TOKEN_PATH_ENV}={path} names no readable, non-empty file"
+    elif _readable_token(home / ".ray" / "auth_token"):
+        source = str(home / ".ray" / "auth_token")
+    if mode == "token" and source is None and problem is None:
+        problem = f"{AUTH_MODE_ENV}=token but no token: neither {TOKEN_ENV}, {TOKEN_PATH_ENV} nor {home}/.ray/auth_token"
+    return Auth(mode, source, problem)
+
+
+def _readable_token(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------ probe
+
+
+@dataclass(frozen=True)
+class ClusterMeta:
+    """What the GCS says about the cluster before anyone joins it."""
+
+    address: str
+    ray_version: str
+    python_version: str
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` → (host, port).
+
+    Raises:
+        JoinError: ``address`` is not ``host:port`` (kind ``address``).
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise JoinError(address, "address", "not host:port", "pass the head's GCS address, e.g. 10.0.0.1:6379 (`ray status` on the head prints it)")
+    return host, int(port)
+
+
+def probe(address: str, *, timeout: float = PROBE_TIMEOUT_S, environ: Mapping[str, str] | None = None) -> ClusterMeta:
+    """Check that this process can join the cluster at ``address``; join nothing.
+
+    Args:
+        address: the head's GCS address, ``host:port``.
+        timeout: seconds for the GCS to answer (the TCP check takes at most 5 of them).
+        environ: the environment the join will run with (default ``os.environ``).
+
+    Returns:
+        The cluster's :class:`ClusterMeta`.
+
+    Raises:
+        JoinError: the first thing that fails, classified (see the module docstring).
+    """
+    env = dict(os.environ if environ is None else environ)
+    host, port = split_address(address)
+    auth = auth_settings(env)
+    if auth.problem:
+        raise JoinError(address, "auth", auth.problem,
+                        f"set {TOKEN_ENV}, or {TOKEN_PATH_ENV} to the cluster's token file, or unset {AUTH_MODE_ENV} "
+                        "for a cluster without token auth")
+    try:
+        socket.create_connection((host, port), timeout=min(5.0, timeout)).close()
+    except OSError as e:
+        raise JoinError(address, "unreachable", f"nothing accepts connections ({e.strerror or e})",
+                        "check the address and that the head runs (`ray status` on the head)") from None
+    answer = _ask_gcs(address, timeout, env)
+    if "error" in answer:
+        raise _classify(address, answer, auth, timeout)
+    meta = ClusterMeta(address, answer["ray_version"], answer["python_version"])
+    check_versions(meta, answer["match_level"], environ=env)
+    return meta
+
+
+_GCS_CHILD = r"""
+import json, os, sys
+from ray._raylet import GcsClient
+out = {"match_level": os.environ.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL", "patch")}
+try:
+    gcs = GcsClient(address=sys.argv[1])
+    raw = gcs.internal_kv_get(b"CLUSTER_METADATA", namespace=b"cluster", timeout=5)
+    out.update(json.loads(raw) if raw else {"error": "no-metadata", "message": "the GCS holds no cluster metadata"})
+except Exception as e:
+    out.update(error=type(e).__name__, message=" ".join(str(e).split())[:300])
+print(json.dumps(out), flush=True)
+"""
+
+
+def _ask_gcs(address: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """The cluster's metadata (``ray_version``, ``python_version``), or ``{"error": ..., "message": ...}``."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _GCS_CHILD, address], env=env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout", "message": f"no Ray GCS answered within {timeout:g} s"}
+    lines = done.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        last = next((ln for ln in reversed(done.stderr.splitlines()) if ln.strip()), "")
+        return {"error": "crashed", "message": f"the probe exited {done.returncode}: {last.strip()[:200]}"}
+
+
+def _classify(address: str, answer: dict[str, Any], auth: Auth, timeout: float) -> JoinError:
+    kind, message = answer["error"], answer.get("message", "")
+    if kind == "AuthenticationError" or "Unauthenticated" in message or "InvalidAuthToken" in message:
+        if auth.mode == "token":
+            return JoinError(address, "auth", f"refused the token from {auth.token_source} ({message})",
+                             f"use the cluster's own token (`ray get-auth-token` on the head) in {TOKEN_ENV} or "
+                             f"{TOKEN_PATH_ENV}; see {_DOCS}")
+        if auth.has_token:
+            return JoinError(address, "auth", f"the cluster requires token authentication and {AUTH_MODE_ENV} is "
+                             f"{auth.mode} (a token is in {auth.token_source}, but Ray sends it to an explicit "
+                             "address only when told to)",
+                             f"set {AUTH_MODE_ENV}=token (with the cluster's token) and rerun")
+        return JoinError(address, "auth", "the cluster requires token authentication and this process has no token",
+                         f"set {AUTH_MODE_ENV}=token and {TOKEN_ENV} (or {TOKEN_PATH_ENV}) to the cluster's token "
+                         f"(`ray get-auth-token` on the head); see {_DOCS}")
+    if kind == "timeout":
+        return JoinError(address, "not-ray", f"something accepts connections but {message}",
+                         "pass the GCS port of the head (`ray start --head --port`; 6379 by default)")
+    if kind in ("RpcError", "GetTimeoutError"):
+        return JoinError(address, "not-ray", f"something accepts connections but no Ray GCS answered ({message})",
+                         "pass the GCS port of the head (`ray start --head --port`; 6379 by default)")
+    return JoinError(address, "not-ray", f"the GCS could not be read ({kind}: {message})",
+                     "check the address is the head's GCS and that the head is healthy (`ray status` on the head)")
+
+
+def our_versions() -> tuple[str, str]:
+    """(Ray, Python) of this process, as Ray compares them."""
+    import platform
+
+    import ray
+
+    return ray.__version__, platform.python_version()
+
+
+def check_versions(meta: ClusterMeta, match_level: str = "patch", *, environ: Mapping[str, str] | None = None) -> None:
+    """Ray's own join rule: the same Ray, and Python to ``match_level`` (``patch`` or ``minor``).
+
+    Raises:
+        JoinError: kind ``version``, naming both versions.
+    """
+    ray_v, py_v = our_versions()
+    py_ok = (py_v.split(".")[:2] == meta.python_version.split(".")[:2]) if match_level == "minor" else py_v == meta.python_version
+    if ray_v == meta.ray_version and py_ok:
+        return
+    diffs = []
+    if ray_v != meta.ray_version:
+        diffs.append(f"Ray {ray_v} here, {meta.ray_version} on the cluster")
+    if not py_ok:
+        diffs.append(f"Python {py_v} here ({sys.executable}), {meta.python_version} on the cluster")
+    raise JoinError(meta.address, "version", "; ".join(diffs),
+                    "run the harness with the cluster's Ray and Python (the same image or `./dev install` from the "
+                    "same commit with the same Python)")
+
+
+# ------------------------------------------------------------------ what the nodes hold
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One alive node, as it answered :func:`survey`.
+
+    ``gpus`` are the node's Ray GPU resources, ``devices`` the NVIDIA devices the node itself sees
+    (None: it did not answer, see ``error``).
+    """
+
+    node_id: str
+    ip: str
+    index: int | None
+    gpus: float
+    devices: int | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``node1/10.0.0.2`` (harness index known) or ``10.0.0.2/1a2b3c``."""
+        return f"node{self.index}/{self.ip}" if self.index is not None else f"{self.ip}/{self.node_id[:6]}"
+
+    @property
+    def gpu_kind(self) -> str:
+        """``none`` (no Ray GPUs), ``real`` (as many devices as Ray GPUs), ``logical`` or ``unknown``."""
+        if not self.gpus:
+            return "none"
+        if self.devices is None:
+            return "unknown"
+        return "real" if self.devices >= self.gpus else "logical"
+
+
+def node_index(resources: Mapping[str, float], labels: Mapping[str, str]) -> int | None:
+    """A Ray node's topology node index: its ``harness_node_<i>`` resource, else its ``pd-harness/node`` label."""
+    for key in resources:
+        if key.startswith("harness_node_") and key.rsplit("_", 1)[1].isdigit():
+            return int(key.rsplit("_", 1)[1])
+    value = labels.get(NODE_LABEL, "")
+    return int(value) if value.isdigit() else None
+
+
+def raylet_answers(ip: str, port: int, timeout: float = 1.0) -> str | None:
+    """None while a node's raylet accepts TCP connections, else why not (refused, timed out).
+
+    Ray learns that a node is lost only when the GCS health check gives up on it (about 15 s with
+    Ray's defaults) and lists it as alive until then; a raylet that is gone refuses connections at once.
+    """
+    try:
+        socket.create_connection((ip, port), timeout=timeout).close()
+        return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def _node_answer() -> tuple[dict[str, str | None], int]:
+    # Runs on the node, in a Ray worker: its interpreter and its machine.
+    from harness.cluster import local_gpus
+    from harness.doctor.software import installed_versions
+
+    return installed_versions(), local_gpus()
+
+
+def survey(timeout: float = SURVEY_TIMEOUT_S) -> list[NodeFacts]:
+    """Ask every alive node of the connected cluster for its versions and devices (one task each).
+
+    Args:
+        timeout: one deadline for all nodes; a node that did not answer gets ``error``.
+
+    Returns:
+        One :class:`NodeFacts` per alive node, harness-indexed nodes first in index order.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0.01, max_retries=0)(_node_answer)
+    asks = []
+    lost: list[NodeFacts] = []
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        res = dict(n.get("Resources", {}))
+        base = NodeFacts(n["NodeID"], n.get("NodeManagerAddress", ""), node_index(res, n.get("Labels") or {}), res.get("GPU", 0.0))
+        gone = raylet_answers(base.ip, int(n.get("NodeManagerPort") or 0))
+        if gone:  # listed as alive until the GCS health check gives up; a task there would never start
+            lost.append(replace(base, error=f"its raylet {base.ip}:{n.get('NodeManagerPort')}: {gone}"))
+            continue
+        ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+        asks.append((base, ref))
+    ready, _ = ray.wait([r for _, r in asks], num_returns=len(asks), timeout=timeout) if asks else ([], [])
+    out = lost
+    for base, ref in asks:
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            out.append(replace(base, error=f"did not answer within {timeout:g} s"))
+            continue
+        try:
+            versions, devices = ray.get(ref, timeout=5.0)
+        except Exception as e:  # the node died or the task failed there: reported, not raised
+            out.append(replace(base, error=" ".join(str(e).split())[:200]))
+            continue
+        out.append(replace(base, versions=versions, devices=devices))
+    return sorted(out, key=lambda f: (f.index is None, f.index or 0, f.node_id))
+
+
+def skew(nodes: list[NodeFacts], ours: Mapping[str, str | None] | None = None) -> list[str]:
+    """Nodes whose :data:`SKEW_PACKAGES` differ from this process's, one line each (empty: none).
+
+    Args:
+        nodes: the survey.
+        ours: this process's versions (default: :func:`harness.doctor.software.installed_versions`).
+
+    Returns:
+        ``"node1/10.0.0.2: sglang 0.5.22 there, 0.5.23 here"`` lines (nodes that did not answer are
+        left out: :func:`describe` names them).
+    """
+    if ours is None:
+        from harness.doctor.software import installed_versions
+
+        ours = installed_versions()
+    out = []
+    for n in nodes:
+        if n.error:  # cannot be judged; describe() shows it, and a run placed there fails on its own
+            continue
+        diffs = [f"{pkg} {n.versions.get(pkg) or 'missing'} there, {ours.get(pkg) or 'missing'} here"
+                 for pkg in SKEW_PACKAGES if n.versions.get(pkg) != ours.get(pkg)]
+        if diffs:
+            out.append(f"{n.label}: {', '.join(diffs)}")
+    return out
+
+
+def gpu_kind(nodes: list[NodeFacts]) -> str:
+    """The cluster's GPUs in one word: ``real``, ``logical`` (any GPU node without its devices), ``none``, ``unknown``."""
+    kinds = {n.gpu_kind for n in nodes} - {"none"}
+    if not kinds:
+        return "none"
+    for k in ("logical", "unknown"):
+        if k in kinds:
+            return k
+    return "real"
+
+
+def describe(nodes: list[NodeFacts]) -> str:
+    """One line: every node with its GPUs and their kind, e.g. ``node0/10.0.0.1 1 logical GPU; ...``."""
+    parts = []
+    for n in nodes:
+        gpus = f"{n.gpus:g} {n.gpu_kind} GPU(s)" if n.gpus else "no GPUs"
+        parts.append(f"{n.label} {gpus}" + (f" (did not answer: {n.error})" if n.error else ""))
+    return "; ".join(parts)
+
+
+# ------------------------------------------------------------------ the preflight
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What :func:`preflight` learned: the cluster's metadata and nodes."""
+
+    meta: ClusterMeta
+    nodes: tuple[NodeFacts, ...]
+
+    @property
+    def gpu_kind(self) -> str:
+        return gpu_kind(list(self.nodes))
+
+    def summary(self) -> str:
+        return (f"joined Ray cluster at {self.meta.address}: Ray {self.meta.ray_version}, Python "
+                f"{self.meta.python_version}, {len(self.nodes)} node(s): {describe(list(self.nodes))}")
+
+
+def preflight(address: str, *, timeout: float = PROBE_TIMEOUT_S) -> Preflight:
+    """Everything a run on a joined cluster checks before it places a worker: probe, join, survey, skew.
+
+    Joins from this process (and leaves again), so the runs it then starts find the same answers.
+
+    Args:
+        address: the head's GCS address.
+        timeout: the probe's deadline.
+
+    Returns:
+        The :class:`Preflight`.
+
+    Raises:
+        JoinError: cannot join (see :func:`probe`), or a node differs in versions (kind ``version skew``).
+    """
+    import ray
+
+    meta = probe(address, timeout=timeout)
+    if ray.is_initialized():
+        raise RuntimeError("this process is already connected to Ray; the preflight joins on its own")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        nodes = survey()
+    finally:
+        ray.shutdown()
+    error = skew_error(address, nodes)
+    if error:
+        raise error
+    return Preflight(meta, tuple(nodes))
+
+
+def skew_error(address: str, nodes: list[NodeFacts]) -> JoinError | None:
+    """The one-line error for nodes whose versions differ from this process's (None: no skew)."""
+    problems = skew(nodes)
+    if not problems:
+        return None
+    return JoinError(address, "version skew", "; ".join(problems),
+                     "install the same versions on every node and on this machine (one image, or `./dev install` "
+                     "from the same commit); `harness doctor TOPOLOGY --ray-address ADDR` checks every node")

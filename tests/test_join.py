@@ -1,0 +1,144 @@
+"""harness.join without a cluster: Ray's auth rules, the join errors' classes, skew and GPU kinds.
+
+The same paths run for real against ``ray start`` clusters in ``test_joined_cluster.py`` and
+``test_joined_auth.py``; here every branch is driven with hand-built inputs.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from harness import join
+from harness.join import Auth, ClusterMeta, JoinError, NodeFacts
+
+pytest_plugins = ["pytester"]
+
+
+def test_auth_reads_the_token_as_ray_does_env_then_path_then_home(tmp_path):
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    assert join.auth_settings({}, home) == Auth("unset", None)
+    (home / ".ray" / "auth_token").write_text("t" * 64)
+    assert join.auth_settings({}, home).token_source == str(home / ".ray" / "auth_token")
+    path = tmp_path / "token"
+    path.write_text("p" * 64)
+    assert join.auth_settings({"RAY_AUTH_TOKEN_PATH": str(path)}, home).token_source == f"RAY_AUTH_TOKEN_PATH={path}"
+    both = {"RAY_AUTH_TOKEN": "e" * 64, "RAY_AUTH_TOKEN_PATH": str(path), "RAY_AUTH_MODE": "TOKEN"}
+    assert join.auth_settings(both, home) == Auth("token", "RAY_AUTH_TOKEN")
+
+
+def test_auth_settings_that_cannot_work_say_why(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no token" in join.auth_settings({"RAY_AUTH_MODE": "token"}, empty).problem
+    # Ray refuses a path variable naming nothing instead of falling back to the home file.
+    assert "names no readable" in join.auth_settings({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "nope")}, empty).problem
+    assert "neither token nor disabled" in join.auth_settings({"RAY_AUTH_MODE": "on"}, empty).problem
+
+
+@pytest.mark.parametrize("address", ["nohost", "host:", ":6379", "host:port", "host:70000"])
+def test_a_bad_address_is_an_address_error(address):
+    with pytest.raises(JoinError) as e:
+        join.probe(address, environ={})
+    assert e.value.kind == "address" and "\n" not in str(e.value)
+
+
+def test_nothing_listening_is_unreachable_before_any_ray_call(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        with pytest.raises(JoinError) as e:
+            join.probe(f"127.0.0.1:{port}", environ={"HOME": str(tmp_path)})
+    assert e.value.kind == "unreachable"
+    assert str(e.value).startswith(f"cannot join the Ray cluster at 127.0.0.1:{port}: unreachable: ")
+
+
+def test_token_mode_without_a_token_is_refused_here_before_ray_would_abort(tmp_path):
+    with pytest.raises(JoinError) as e:
+        join.probe("127.0.0.1:1", environ={"HOME": str(tmp_path), "RAY_AUTH_MODE": "token"})
+    assert e.value.kind == "auth" and "RAY_AUTH_MODE=token but no token" in e.value.detail
+
+
+REFUSED = {"error": "AuthenticationError", "message": "RPC error: InvalidAuthToken: Authentication token is missing or incorrect"}
+
+
+@pytest.mark.parametrize("auth, says, fix", [
+    (Auth("unset", "/h/.ray/auth_token"), "requires token authentication and RAY_AUTH_MODE is unset", "set RAY_AUTH_MODE=token"),
+    (Auth("disabled", None), "this process has no token", "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN"),
+    (Auth("token", "RAY_AUTH_TOKEN"), "refused the token from RAY_AUTH_TOKEN", "`ray get-auth-token` on the head"),
+])
+def test_a_refusal_is_classified_by_what_this_process_sent(auth, says, fix):
+    e = join._classify("h:1", REFUSED, auth, 15.0)
+    assert e.kind == "auth" and says in e.detail and fix in e.fix
+
+
+def test_silence_and_other_errors_are_not_ray():
+    assert join._classify("h:1", {"error": "timeout", "message": "no Ray GCS answered within 15 s"}, Auth("unset", None), 15).kind == "not-ray"
+    assert join._classify("h:1", {"error": "crashed", "message": "the probe exited -6"}, Auth("unset", None), 15).kind == "not-ray"
+
+
+def test_version_mismatch_names_both_sides(monkeypatch):
+    monkeypatch.setattr(join, "our_versions", lambda: ("2.60.0", "3.11.7"))
+    join.check_versions(ClusterMeta("h:1", "2.60.0", "3.11.7"))
+    with pytest.raises(JoinError) as e:
+        join.check_versions(ClusterMeta("h:1", "2.59.1", "3.11.2"))
+    assert e.value.kind == "version"
+    assert "Ray 2.60.0 here, 2.59.1 on the cluster" in e.value.detail and "Python 3.11.7 here" in e.value.detail
+    join.check_versions(ClusterMeta("h:1", "2.60.0", "3.11.2"), "minor")  # Ray's minor level forgives the patch
+
+
+OURS = {"python": "3.11.7", "ray": "2.60.0", "sglang": "0.5.23", "torch": "2.14.1", "mooncake": "0.3"}
+
+
+def _node(i, gpus=1.0, devices=0, error=None, **versions):
+    return NodeFacts(f"{i:02d}" * 20, "10.0.0.1", i, gpus, devices if error is None else None, {**OURS, **versions}, error)
+
+
+def test_skew_names_the_node_and_both_versions_and_skips_silent_nodes():
+    nodes = [_node(0), _node(1, sglang="0.5.22", torch="2.13.0"), _node(2, error="did not answer")]
+    assert join.skew(nodes, OURS) == ["node1/10.0.0.1: sglang 0.5.22 there, 0.5.23 here, torch 2.13.0 there, 2.14.1 here"]
+    assert join.skew([_node(0, mooncake="0.4")], OURS) == []  # only what must match everywhere
+    assert "did not answer" in join.describe(nodes)
+
+
+@pytest.mark.parametrize("nodes, kind", [
+    ([_node(0, gpus=0.0)], "none"),
+    ([_node(0, gpus=8.0, devices=8), _node(1, gpus=8.0, devices=8)], "real"),
+    ([_node(0, gpus=8.0, devices=8), _node(1, gpus=8.0, devices=0)], "logical"),
+    ([_node(0, gpus=2.0, devices=1)], "logical"),
+    ([_node(0, gpus=1.0, error="gone")], "unknown"),
+])
+def test_gpu_kind_asks_every_gpu_node(nodes, kind):
+    assert join.gpu_kind(nodes) == kind
+
+
+def test_node_index_from_resource_or_label():
+    assert join.node_index({"harness_node_3": 1000.0}, {}) == 3
+    assert join.node_index({"CPU": 2.0}, {"pd-harness/node": "1"}) == 1
+    assert join.node_index({"CPU": 2.0}, {"pd-harness/node": "x"}) is None
+
+
+def test_pytest_on_a_cluster_it_cannot_join_is_one_error_for_the_session(pytester, tmp_path):
+    """Two tests that need the cluster: the session ends at the first with one line and exit 2."""
+    pytester.makepyfile(test_two="""
+        import pytest
+        from harness.worker import InProcess
+
+        pytestmark = pytest.mark.topology("2-gpu-h100")
+
+        def test_one(pd_workers):
+            pd_workers("prefill", InProcess(dict))
+
+        def test_two(pd_workers):
+            pd_workers("decode", InProcess(dict))
+        """)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        result = pytester.runpytest_subprocess("--ray-address", address, "-p", "no:cacheprovider")
+    assert result.ret == 2
+    out = result.stdout.str() + result.stderr.str()
+    assert out.count(f"cannot join the Ray cluster at {address}: unreachable: ") == 1, out
+    assert "passed" not in out and " failed" not in out and " error" not in out, out
