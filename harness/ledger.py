@@ -72,6 +72,7 @@ RULES: dict[str, str] = {
     "not-baseline": "a worker holding no request and no cached page has every pool back at its starting free size",
     "free-mismatch": "a pool's free size moves by exactly the pages an event takes or returns",
     "unknown-kind": "every event's kind is one of the known kinds",
+    "reset-leak": "a cache flush finds every slot free or cached (nothing still held by a finished request)",
 }
 
 Pages = Mapping[str, "tuple[int, ...] | int"]
