@@ -33,6 +33,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.targets.sglang import compat
 from harness.targets.sglang import pools as pool_builders
 from harness.targets.sglang import runtime
 from harness.targets.sglang.requests import mark_finished
@@ -190,6 +191,7 @@ class DecodeSide:
             running_batch=types.SimpleNamespace(reqs=[]),
             waiting_queue=[],
             last_batch=None,
+            **compat.scheduler_fields(self.config.radix_cache),
         )
         queue = DecodePreallocQueue.__new__(DecodePreallocQueue)
         queue.req_to_token_pool = self.req_to_token_pool
@@ -330,14 +332,13 @@ class DecodeSide:
         Args:
             req: a request that :meth:`prealloc` succeeded for; marked finished if not already.
         """
-        from sglang.srt.mem_cache.common import release_kv_cache
 
         runtime.publish(self._settings)
         if not req.finished():
             mark_finished(req)
         if self.coordinator is not None:
             self.coordinator.request_finished(req)
-        release_kv_cache(req, self.tree_cache, checkpoint=True)
+        compat.release_kv_cache(req, self.tree_cache, checkpoint=True)
 
     def evict_cache(self) -> int:
         """Evict everything evictable from the decode radix cache (``tree_cache.evict``).

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from harness.targets.sglang import pools as pool_builders
-from harness.targets.sglang import runtime
+from harness.targets.sglang import compat, runtime
 from harness.targets.sglang.requests import make_req
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def build_dsv4_pools(page_size: int, window: int, sizes: pool_builders.PoolSizes
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
     size, size_swa = sizes.checked(page_size)
-    kv_pool = DeepSeekV4TokenToKVPool(
+    compat.require_device(device, page_size=page_size, hisparse=hisparse)
+    kv_pool = DeepSeekV4TokenToKVPool(**compat.dsv4_pool_kwargs(DeepSeekV4TokenToKVPool, dict(
         max_num_reqs=sizes.req_slots, num_req_slots=sizes.req_slots + 1, swa_size=size_swa,
         c4_size=size // 4, c128_size=size // 128, c4_state_pool_size=16, c128_state_pool_size=16,
         page_size=page_size, swa_page_size=page_size, sliding_window=max(window, 1),
@@ -70,7 +71,7 @@ def build_dsv4_pools(page_size: int, window: int, sizes: pool_builders.PoolSizes
         qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128, layer_num=len(DSV4_RATIOS),
         device=device, enable_memory_saver=False, compression_ratios=list(DSV4_RATIOS),
         enable_hisparse=hisparse, full_size=size,
-    )
+    )))
     allocator = SWATokenToKVPoolAllocator(size=size, size_swa=size_swa, page_size=page_size,
                                           dtype=torch.float8_e4m3fn, device=device, kvcache=kv_pool,
                                           need_sort=True)
@@ -220,11 +221,10 @@ class PrefillSide:
     def release(self, req: Any) -> None:
         """Free a transferred (or aborted) request through ``release_kv_cache(checkpoint=False)``."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
-        from sglang.srt.mem_cache.common import release_kv_cache
 
         if not req.finished():
             req.finished_reason = FINISH_ABORT("transferred")
-        release_kv_cache(req, self.tree_cache, checkpoint=False)
+        compat.release_kv_cache(req, self.tree_cache, checkpoint=False)
 
     def locs(self, req: Any, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Full and SWA slots of tokens ``start..end-1`` (see :func:`token_locs`)."""
