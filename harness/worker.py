@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -259,6 +260,12 @@ class Probe:
 
     def echo(self, value: Any) -> Any:
         return value
+
+    def module_file(self, name: str) -> str | None:
+        """Where this process would import top-level module ``name`` from (None: nowhere); e.g.
+        which sglang a worker runs, without importing it."""
+        spec = importlib.util.find_spec(name)
+        return spec.origin if spec is not None else None
 
     def say(self, text: str) -> None:
         """Print ``text`` (it lands in the worker's log)."""

@@ -243,3 +243,21 @@ def test_matrix_tables_count_outcomes_per_target_and_file(tmp_path):
     assert versions.to_json(runs)["targets"][0]["files"]["suites/b/test_b.py"]["counts"] == {"failed": 1}
     assert versions.parse_targets("0.5.21, 0.5.21,,/x") == ["0.5.21", "/x"]
     assert versions.slug("/src/sglang/python") == "tree-python" and versions.slug("0.5.21") == "0.5.21"
+
+
+def test_a_ray_worker_imports_the_target_the_driver_selected(pytester, tmp_path):
+    tree = fake_tree(tmp_path / "tree", "0.5.21")
+    pytester.makepyfile(f"""
+        from harness.worker import InProcess, Probe, WorkerSpec, start_worker
+
+        def test_worker_sees_the_tree(ray_cluster, tmp_path):
+            w = start_worker(WorkerSpec("probe", InProcess(Probe), run_dir=tmp_path, ready_timeout=120))
+            try:
+                assert w.call("module_file", "sglang") == {str(tree.resolve() / "sglang" / "__init__.py")!r}
+                assert w.call("env", "HARNESS_SGLANG") == {str(tree)!r}
+            finally:
+                w.stop()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sglang", str(tree),
+                                           "--run-dir", str(tmp_path / "run"), timeout=600)
+    result.assert_outcomes(passed=1)

@@ -16,7 +16,8 @@ Three kinds of entries:
   capability the target lacks is skipped (:func:`require`, :func:`require_device` raise
   :class:`CapabilityMissing`, a pytest skip) with one line naming the capability and the target.
 * **Shims**: the few calls whose shape changed (:func:`evicted_seqlen`, :func:`scheduler_fields`,
-  :func:`dsv4_pool_kwargs`, :func:`release_kv_cache`) and the environment a release needs on this
+  :func:`dsv4_pool_kwargs`, :func:`release_kv_cache`, :func:`decode_prefix_match`, :func:`all_free_pages`)
+  and the environment a release needs on this
   machine (:func:`process_env`).
 """
 
@@ -402,6 +403,65 @@ def release_kv_cache(req: Any, tree_cache: Any, *, checkpoint: bool) -> None:
     params = inspect.signature(common.release_kv_cache).parameters
     flag = "checkpoint" if "checkpoint" in params else "is_insert"
     common.release_kv_cache(req, tree_cache, **{flag: checkpoint})
+
+
+def decode_prefix_match(queue: Any, req: Any) -> tuple[Any, int, int]:
+    """What ``pop_preallocated`` does with the decode radix cache on, between the prefix match and
+    ``_pre_alloc``, in the target's release.
+
+    * Match and lock (``_match_prefix_and_lock``). Since 0.5.22 it caps the match at the SWA window
+      start itself (``max_prefix_len``: "the entire SWA tail must be freshly allocated"); up to 0.5.21
+      the *caller* capped ``prefix_len`` (and ``total_prefix_len``) at ``fill - _swa_tail_len(fill)``.
+      Without the cap a prefix hit inside the tail trips ``alloc_extend_swa_tail``'s
+      ``swa_tail_len <= extend_num_tokens`` assertion. Remove the caller cap with 0.5.21.
+    * Keep only the full-attention lock of the prefix: ``tree_cache.release_swa(req.lock)`` since 0.5.22,
+      ``dec_swa_lock_only(req.last_node, receipt)`` before (receipt ``req.lock_receipt`` in 0.5.21,
+      ``req.swa_uuid_for_lock`` in 0.5.20), each only where the tree has it, as the release checks.
+
+    Args:
+        queue: the ``DecodePreallocQueue``.
+        req: the request.
+
+    Returns:
+        ``(prefix_indices, prefix_len, total_prefix_len)`` for ``_pre_alloc``.
+    """
+    match = queue._match_prefix_and_lock(req)
+    prefix_indices, prefix_len, total_prefix_len = match.prefix_indices, match.l1_prefix_len, match.decode_prefix_len
+    uses_swa_tail = queue._uses_swa_tail_prealloc()
+    capped_by_match = "max_prefix_len" in inspect.getsource(type(queue)._match_prefix_and_lock)
+    if uses_swa_tail and prefix_len > 0 and not capped_by_match:
+        fill_len = queue._pre_alloc_fill_len(req)
+        cap = fill_len - queue._swa_tail_len(fill_len)
+        if prefix_len > cap:
+            prefix_len, total_prefix_len = cap, cap
+            prefix_indices = prefix_indices[:cap]
+    tree = queue.tree_cache
+    if uses_swa_tail and match.l1_prefix_len > 0:
+        if hasattr(tree, "release_swa"):
+            tree.release_swa(req.lock)
+        elif hasattr(tree, "dec_swa_lock_only"):
+            receipt = getattr(req, "lock_receipt", None) or getattr(req, "swa_uuid_for_lock", None)
+            tree.dec_swa_lock_only(req.last_node, receipt)
+            req.swa_prefix_lock_released = True
+    return prefix_indices, prefix_len, total_prefix_len
+
+
+def all_free_pages(page_allocator: Any) -> Any:
+    """Every free page id of a paged allocator (free and staged): ``get_all_free_pages()`` since 0.5.20;
+    0.5.19 keeps frees routed by ``need_sort`` in ``release_pages``. Remove with 0.5.19.
+
+    Args:
+        page_allocator: a ``PagedTokenToKVPoolAllocator``.
+
+    Returns:
+        A 1-D tensor of page ids.
+    """
+    getter = getattr(page_allocator, "get_all_free_pages", None)
+    if getter is not None:
+        return getter()
+    import torch
+
+    return torch.cat((page_allocator.free_pages, page_allocator.release_pages))
 
 
 def evicted_seqlen(kv: Any) -> int:

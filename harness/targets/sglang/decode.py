@@ -273,7 +273,8 @@ class DecodeSide:
         """Preallocate a received request through the real ``DecodePreallocQueue._pre_alloc``.
 
         With the decode radix cache on, first matches and locks the reusable full-attention prefix
-        (``_match_prefix_and_lock``) and releases its SWA lock, as ``pop_preallocated`` does.
+        (``_match_prefix_and_lock``), caps it at the SWA window start and releases its SWA lock, as the
+        target release's ``pop_preallocated`` does (:func:`~harness.targets.sglang.compat.decode_prefix_match`).
 
         Args:
             req: a ``Req`` from :func:`make_req` holding no KV yet.
@@ -290,11 +291,7 @@ class DecodeSide:
         queue = self.queue
         prefix_indices, prefix_len, total_prefix_len = None, 0, 0
         if self.config.radix_cache:
-            match = queue._match_prefix_and_lock(req)
-            prefix_indices, prefix_len = match.prefix_indices, match.l1_prefix_len
-            total_prefix_len = match.decode_prefix_len
-            if queue._uses_swa_tail_prealloc() and prefix_len > 0 and hasattr(self.tree_cache, "release_swa"):
-                self.tree_cache.release_swa(req.lock)
+            prefix_indices, prefix_len, total_prefix_len = compat.decode_prefix_match(queue, req)
         fill_len = queue._pre_alloc_fill_len(req)
         uses_swa_tail = queue._uses_swa_tail_prealloc()
         swa_tail_len = queue._swa_tail_len(fill_len)

@@ -133,8 +133,8 @@ def free_pages(allocator: Any) -> dict[str, frozenset[int]]:
     """
     a = logical_allocator(allocator)
     return {
-        "full": frozenset(a.full_attn_allocator.get_all_free_pages().cpu().tolist()),
-        "swa": frozenset(a.swa_attn_allocator.get_all_free_pages().cpu().tolist()),
+        "full": frozenset(compat.all_free_pages(a.full_attn_allocator).cpu().tolist()),
+        "swa": frozenset(compat.all_free_pages(a.swa_attn_allocator).cpu().tolist()),
     }
 
 
