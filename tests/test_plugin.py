@@ -31,8 +31,8 @@ def test_header_names_topology_ray_and_sglang(pytester):
     import importlib.metadata
 
     version = importlib.metadata.version("sglang")
-    result.stdout.fnmatch_lines([f"harness: topology=2-gpu-h100, ray=10.0.0.1:6379, simulate=*, run dir=rd",
-                                 f"harness: sglang {version} (installed), root *"])
+    result.stdout.fnmatch_lines([f"harness: sglang {version} (installed), root *",
+                                 "harness: topology=2-gpu-h100, ray=10.0.0.1:6379, simulate=*, run dir=rd"])
     result.assert_outcomes(passed=1)
 
 

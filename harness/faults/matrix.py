@@ -76,7 +76,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "prealloc-no-swa-evict": ("decode-radix-swa-reclaim",),
     "swa-full-length": ("decode-prealloc-swa-tail",),
     "decode-reserve-unaligned": ("decode-reservation",),
-    "hisparse-budget-swa": ("hisparse-prealloc", "decode-swa-reservation"),
+    "hisparse-budget-swa": ("hisparse-prealloc", "hisparse-device", "decode-swa-reservation"),
     "decode-skips-swa-evict": ("free-swa-out-of-window-slots",),
 }
 

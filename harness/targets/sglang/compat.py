@@ -16,7 +16,8 @@ Three kinds of entries:
   capability the target lacks is skipped (:func:`require`, :func:`require_device` raise
   :class:`CapabilityMissing`, a pytest skip) with one line naming the capability and the target.
 * **Shims**: the few calls whose shape changed (:func:`evicted_seqlen`, :func:`scheduler_fields`,
-  :func:`dsv4_pool_kwargs`, :func:`release_kv_cache`, :func:`decode_prefix_match`, :func:`all_free_pages`)
+  :func:`dsv4_pool_kwargs`, :func:`release_kv_cache`, :func:`decode_prefix_match`, :func:`caller_swa_reclaim`,
+  :func:`all_free_pages`, :func:`dsv4_compressed_pools`, :func:`index_page_rows`)
   and the environment a release needs on this
   machine (:func:`process_env`).
 """
@@ -183,6 +184,12 @@ CAPABILITIES: dict[str, Capability] = {cap.name: cap for cap in (
                        lambda: _has("sglang.srt.managers.hisparse_coordinator", "HiSparseCoordinator")),
     ),
     Capability(
+        "hisparse-device",
+        "the hisparse graph can be built on this machine's device (see device_missing: up to 0.5.21 the "
+        "coordinator needs CUDA streams on the venv's torch even with no GPU)",
+        lambda: _hisparse_device(),
+    ),
+    Capability(
         "decode-admission-budgets",
         "the idle decode scheduler's admission budgets: DecodePreallocQueue._allocatable_token_budgets "
         "and _swa_aware_allocatable_token_budgets",
@@ -224,6 +231,12 @@ CAPABILITIES: dict[str, Capability] = {cap.name: cap for cap in (
         lambda: _has("sglang.srt.mem_cache.common", "free_kv_row_segments"),
     ),
 )}
+
+
+def _hisparse_device() -> str | None:
+    device = "cuda:0" if Path("/dev/nvidiactl").exists() else "cpu"
+    lacking = device_missing(device, page_size=256, hisparse=True)
+    return None if lacking is None else f"{lacking[0]}: {lacking[1]}"
 
 
 def _pre_alloc_reclaims_swa() -> str | None:
@@ -269,6 +282,11 @@ class CapabilityMissing(_skip_base()):  # type: ignore[misc]
 
         super().__init__(f"{target.current().label()} lacks capability {name!r}: {reason}", allow_module_level=True)
         self.capability = name
+        self.reason = reason
+
+    def __reduce__(self) -> tuple:
+        # Raised in a Ray worker, it must reach the driver intact.
+        return (type(self), (self.capability, self.reason))
 
 
 def _source(root: Path, rel: str) -> str:
@@ -444,6 +462,52 @@ def decode_prefix_match(queue: Any, req: Any) -> tuple[Any, int, int]:
             tree.dec_swa_lock_only(req.last_node, receipt)
             req.swa_prefix_lock_released = True
     return prefix_indices, prefix_len, total_prefix_len
+
+
+def caller_swa_reclaim(queue: Any, req: Any) -> str | None:
+    """The SWA reclaim ``pop_preallocated`` ran right before ``_pre_alloc`` up to 0.5.20:
+    ``_reclaim_swa_tail_capacity(swa_tail_len, rid)`` evicts radix-cached SWA pages until the tail
+    fits. From 0.5.21 ``_pre_alloc`` reclaims itself (sglang#40309, capability
+    ``decode-radix-swa-reclaim``), so nothing is done here. Remove with 0.5.20.
+
+    Args:
+        queue: the ``DecodePreallocQueue``.
+        req: the request about to be preallocated.
+
+    Returns:
+        sglang's shortfall message when the reclaim could not free enough (the release then aborted
+        the request; ``_pre_alloc`` will fail the same way here), else None.
+    """
+    if not queue._uses_swa_tail_prealloc() or missing("decode-radix-swa-reclaim") is None:
+        return None
+    _, swa_len = queue._prealloc_kv_lens(req)
+    return queue._reclaim_swa_tail_capacity(swa_len, req.rid)
+
+
+def dsv4_compressed_pools(kv_pool: Any) -> dict[int, tuple[Any, Any]]:
+    """A ``DeepSeekV4TokenToKVPool``'s compressed KV and indexer pools by compression ratio:
+    ``kv_pools`` / ``index_pools`` dicts since 0.5.20; 0.5.19 held them as ``c4_kv_pool``,
+    ``c128_kv_pool`` and ``c4_indexer_kv_pool``. Remove with 0.5.19.
+
+    Args:
+        kv_pool: the DeepSeek-V4 pool.
+
+    Returns:
+        ratio -> ``(kv pool or None, indexer pool or None)``.
+    """
+    kv = getattr(kv_pool, "kv_pools", None)
+    if kv is not None:
+        index = getattr(kv_pool, "index_pools", {}) or {}
+        return {ratio: (kv[ratio], index.get(ratio)) for ratio in kv}
+    return {4: (getattr(kv_pool, "c4_kv_pool", None), getattr(kv_pool, "c4_indexer_kv_pool", None)),
+            128: (getattr(kv_pool, "c128_kv_pool", None), None)}
+
+
+def index_page_rows(index_pool: Any) -> list[Any]:
+    """An indexer pool's buffers as 2-D page rows: ``contiguous_page_row_buffers()`` since 0.5.20; in
+    0.5.19 the fused key+scale buffer per layer (``index_k_with_scale_buffer``). Remove with 0.5.19."""
+    rows = getattr(index_pool, "contiguous_page_row_buffers", None)
+    return list(rows()) if rows is not None else list(index_pool.index_k_with_scale_buffer)
 
 
 def all_free_pages(page_allocator: Any) -> Any:

@@ -70,6 +70,10 @@ class PreallocFailed(RuntimeError):
         self.detail = detail
         self.held = held
 
+    def __reduce__(self) -> tuple:
+        # Crosses Ray's process boundary (a PD rank's failure reaches the driver): pickle by fields.
+        return (type(self), (self.rid, self.detail, self.held))
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -295,6 +299,9 @@ class DecodeSide:
         fill_len = queue._pre_alloc_fill_len(req)
         uses_swa_tail = queue._uses_swa_tail_prealloc()
         swa_tail_len = queue._swa_tail_len(fill_len)
+        shortfall = compat.caller_swa_reclaim(queue, req)  # the release's own caller-side step, if it had one
+        if shortfall:
+            logger.debug("%s", shortfall)
         before = self.snapshot()
         try:
             destination = queue._pre_alloc(req, prefix_indices, prefix_len, total_prefix_len)

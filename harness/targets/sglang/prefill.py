@@ -99,14 +99,14 @@ def page_buffers(kv_pool: Any, page_size: int, full_pages: int) -> PageBuffers:
 
     if isinstance(kv_pool, DeepSeekV4TokenToKVPool):
         full = []
-        for ratio in sorted(kv_pool.kv_pools):
-            pool = kv_pool.kv_pools[ratio]
+        pools = compat.dsv4_compressed_pools(kv_pool)
+        for ratio in sorted(pools):
+            pool, index = pools[ratio]
             # The hisparse C4 device pool is a per-request top-k buffer, not indexed by full page.
             if pool is not None and type(pool).__name__ != "HiSparseC4DevicePool":
                 full.extend(pool.kv_buffer)
-            index = kv_pool.index_pools.get(ratio)
             if index is not None:
-                full.extend(index.contiguous_page_row_buffers())
+                full.extend(compat.index_page_rows(index))
         full = [b for b in full if b.dim() == 2 and b.shape[0] > full_pages]
         swa = list(kv_pool.swa_kv_pool.kv_buffer)
         return PageBuffers(tuple(byte_view(b, page_size) for b in full), tuple(byte_view(b, page_size) for b in swa))
