@@ -261,3 +261,16 @@ def test_a_ray_worker_imports_the_target_the_driver_selected(pytester, tmp_path)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sglang", str(tree),
                                            "--run-dir", str(tmp_path / "run"), timeout=600)
     result.assert_outcomes(passed=1)
+
+
+def test_rerun_test_refuses_a_release_the_index_does_not_have(tmp_path):
+    env = _env(**{target.CACHE_ENV: str(tmp_path / "cache")})
+    run_dir = tmp_path / "run"
+    done = subprocess.run([str(BIN / "rerun-test"), "--sglang", "0.5.999", "--run-dir", str(run_dir),
+                           "test_decode_reservation.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-1500:]
+    # At most the install's progress line, then the one error line.
+    assert len(lines) <= 2 and "sglang 0.5.999 is not on the package index" in lines[-1]
+    assert not (run_dir / "junit").exists()

@@ -63,3 +63,23 @@ def test_a_tree_without_the_page_floor_fails_naming_the_invariant_and_the_untouc
     good = rerun(untouched, tmp_path / "run-release")
     assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-2000:]
     assert "passed" in good.stdout and not [ln for ln in good.stdout.splitlines() if ln.startswith("FAILED ")]
+
+
+@pytest.mark.timeout(1800)
+def test_an_older_release_installs_on_demand_and_runs_the_suites(tmp_path):
+    # The CI-sized check that releases install from the package index on first use (into .venv's
+    # cache, reused by later runs) and that the suites then run on them: one older release, one file.
+    env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
+    run_dir = tmp_path / "run"
+    done = subprocess.run([str(Path(sys.executable).parent / "rerun-test"), "--sglang", "0.5.22", "--run-dir",
+                           str(run_dir), "test_decode_reservation.py"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    import json
+
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert (summary["sglang"]["origin"], summary["sglang"]["version"]) == ("release", "0.5.22")
+    assert summary["sglang"]["root"] == str(target.cache_dir() / "0.5.22")
+    junit = (run_dir / "report" / "junit.xml").read_text()
+    assert 'name="sglang_version" value="0.5.22"' in junit
+    assert sum(g["counts"]["passed"] for g in summary["groups"]) >= 1
