@@ -11,7 +11,7 @@ Importing it
    Ray workers and server subprocesses all run the same deliberately broken code when asked.
 
 The public API is loaded lazily (sglang's import takes seconds), so ``import harness.targets.sglang``
-stays cheap for code that only needs the version check or a subpackage::
+stays cheap for code that only needs the target or a subpackage::
 
     DecodeConfig(hisparse=False, page_size=64, window=128, radix_cache=False, sizes=PoolSizes(),
                  device="cpu", num_reserved_decode_tokens=512, hisparse_top_k=64,
