@@ -79,7 +79,7 @@ def test_an_older_release_installs_on_demand_and_runs_the_suites(tmp_path):
 
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert (summary["sglang"]["origin"], summary["sglang"]["version"]) == ("release", "0.5.22")
-    assert summary["sglang"]["root"] == str(target.cache_dir() / "0.5.22")
+    assert Path(summary["sglang"]["root"]).resolve() == (target.cache_dir() / "0.5.22").resolve()
     junit = (run_dir / "report" / "junit.xml").read_text()
     assert 'name="sglang_version" value="0.5.22"' in junit
     assert sum(g["counts"]["passed"] for g in summary["groups"]) >= 1
