@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     import harness.targets.sglang as adapter
 
-    print(f"sglang {adapter.INSTALLED_VERSION}; faults active: {adapter.ACTIVE_FAULTS or 'none'}; "
+    print(f"{adapter.TARGET.label()}; faults active: {adapter.ACTIVE_FAULTS or 'none'}; "
           f"device {args.device}; torch threads {torch.get_num_threads()}; fills {FILLS}; "
           f"{args.repeat} x {args.seconds:.1f} s windows; load average {os.getloadavg()[0]:.1f}")
     print(f"{'path':<14}{'real /s':>10}{'bare /s':>10}{'real/bare':>11}{'real /cpu-s':>13}{'bare /cpu-s':>13}")

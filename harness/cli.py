@@ -18,6 +18,7 @@ COMMANDS = (
     "harness.commands.faults",
     "harness.commands.gate",
     "harness.commands.flaky",
+    "harness.commands.matrix",
 )
 
 

@@ -6,6 +6,8 @@ adds):
 
     options    ``--topology``, ``--simulate``/``--no-simulate``, ``--ray-address``, ``--run-dir`` and
                their ini keys; the resolved :class:`~harness.plugins.options.Settings` (``settings(config)``)
+    target     the sglang under test (``--sglang``): resolved and put on every process's import path
+               before any conftest imports sglang; named in the header and JUnit properties
     state      the session's :class:`~harness.plugins.state.HarnessState` (run dir, cluster,
                simulate/skip decisions, unique worker names, watchdog; ``state(config)``), stale
                process reaping, the report header
@@ -32,6 +34,7 @@ from __future__ import annotations
 #: Concern plugins (``harness/plugins/<concern>.py``) loaded with this one: add one line each.
 pytest_plugins: list[str] = [
     "harness.plugins.options",
+    "harness.plugins.target",
     "harness.plugins.state",
     "harness.plugins.failfast",
     "harness.plugins.topology",

@@ -1,9 +1,10 @@
 """What a run is stamped with: the harness commit and the sglang target it tested.
 
-:func:`sglang_target` is the one place that says which sglang a run tested (reports ask it; nothing
-else describes the target). Today the target is the installed distribution: its version, where it
-was installed from and, for a VCS or local install, its commit — read from the distribution's
-metadata (PEP 610 ``direct_url.json``), never by importing sglang.
+:func:`sglang_target` is the one place reports ask which sglang a run tested. It describes the target
+the run selected (``--sglang`` / ``HARNESS_SGLANG``; :mod:`harness.targets.sglang.target`, which
+resolves it from the tree's files, never by importing sglang): a release, a source tree (its git
+commit and dirty state) or a wheel; for the installed distribution, where it was installed from and,
+for a VCS or local install, its commit, from its metadata (PEP 610 ``direct_url.json``).
 """
 
 from __future__ import annotations
@@ -36,14 +37,23 @@ class Target:
 
 
 def sglang_target(dist: str = "sglang") -> Target:
-    """The sglang target of this run: the installed distribution.
+    """The sglang target of this run.
 
     Args:
-        dist: the distribution name.
+        dist: the distribution name (for the installed target).
 
     Returns:
-        Its :class:`Target` (``Target("not installed", "-")`` when it is not installed).
+        Its :class:`Target` (``Target("not installed", "-")`` when no sglang can be found).
     """
+    from harness.targets.sglang import target as target_mod
+
+    try:
+        selected = target_mod.current()
+    except target_mod.TargetError:
+        return Target("not installed", "-")
+    if selected.origin != target_mod.INSTALLED:
+        dirty = ", dirty" if selected.dirty else ""
+        return Target(selected.version, f"{selected.origin} {selected.root}{dirty}", selected.commit or "")
     try:
         d = importlib.metadata.distribution(dist)
     except importlib.metadata.PackageNotFoundError:

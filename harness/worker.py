@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -260,6 +261,12 @@ class Probe:
     def echo(self, value: Any) -> Any:
         return value
 
+    def module_file(self, name: str) -> str | None:
+        """Where this process would import top-level module ``name`` from (None: nowhere); e.g.
+        which sglang a worker runs, without importing it."""
+        spec = importlib.util.find_spec(name)
+        return spec.origin if spec is not None else None
+
     def say(self, text: str) -> None:
         """Print ``text`` (it lands in the worker's log)."""
         print(text, flush=True)
@@ -354,6 +361,12 @@ class _WorkerActor:
 
         os.environ.update(owner_env)
         os.environ.update({k: str(v) for k, v in spec.env.items()})
+        if os.environ.get(_SGLANG_ENV):
+            # The driver's sglang target first on this actor's import path (a joined cluster's workers
+            # do not inherit the driver's PYTHONPATH), and on its server subprocesses' PYTHONPATH.
+            from harness.targets.sglang import target as sglang_target
+
+            sglang_target.current()
         self.spec = spec
         self.log_path = spec.log_path
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -487,6 +500,9 @@ def _stop_group(pgid: int, start: int | None, grace: float, proc: subprocess.Pop
 
 
 _REMOTE: Any = None
+#: The sglang target (``harness.targets.sglang.target.ENV_VAR``) every actor is given, so it imports
+#: the driver's sglang on any node (named here so starting a worker imports nothing of the adapter).
+_SGLANG_ENV = "HARNESS_SGLANG"
 
 
 def _remote_class() -> Any:
@@ -754,7 +770,8 @@ def start_worker(spec: WorkerSpec, group: Any = None, bundle_index: int = 0, *, 
             placement_group=pg, placement_group_bundle_index=bundle_index)
     budget = spec.ready_timeout if timeout is None else timeout
     Path(spec.run_dir, "workers").mkdir(parents=True, exist_ok=True)
-    actor = _remote_class().options(**opts).remote(spec, procs.owner_env())
+    carried = {k: os.environ[k] for k in (_SGLANG_ENV,) if os.environ.get(k)}
+    actor = _remote_class().options(**opts).remote(spec, {**procs.owner_env(), **carried})
     w = Worker(spec, actor, clock)
     try:
         try:

@@ -1,4 +1,4 @@
-"""The sglang adapter: version pin, fault activation at import, configuration validation."""
+"""The sglang adapter: fault activation at import, configuration validation (targets: tests/test_target.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from harness.faults import ENV_VAR
-from harness.targets.sglang.version import SUPPORTED_VERSION, SglangVersionError, check_version
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,32 +21,6 @@ def _python(code: str, env_extra: dict[str, str], *, pythonpath: Path | None = N
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), str(REPO)])
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
-
-
-def test_supported_version_passes():
-    assert check_version(SUPPORTED_VERSION) == SUPPORTED_VERSION
-
-
-@pytest.mark.parametrize("installed", ["0.5.22", "0.5.23.post1", "0.6.0"])
-def test_other_versions_fail_naming_both(installed):
-    with pytest.raises(SglangVersionError) as raised:
-        check_version(installed)
-    message = str(raised.value)
-    assert f"sglang {installed} is installed" in message and f"only sglang {SUPPORTED_VERSION}" in message
-    assert "\n" not in message
-
-
-def test_import_refuses_another_installed_sglang(tmp_path):
-    # A distribution earlier on sys.path wins importlib.metadata's lookup: a fake 0.5.22 shadows
-    # the real one for the version check, which runs before anything imports sglang.
-    dist = tmp_path / "sglang-0.5.22.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.22\n")
-    done = _python("import harness.targets.sglang", {}, pythonpath=tmp_path)
-    assert done.returncode != 0
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("harness.targets.sglang.version.SglangVersionError: sglang 0.5.22 is installed")
-    assert f"supports only sglang {SUPPORTED_VERSION}" in last
 
 
 def test_import_applies_faults_from_env():

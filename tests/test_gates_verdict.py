@@ -97,7 +97,7 @@ def test_sglang_version_is_required():
     ok = [SuiteOutcome("s", True, 1.0, (T("a", "passed"),))]
     assert judge(ok, "0.5.23", "0.5.23").passed and judge(ok, "", None).passed
     v = judge(ok, "0.5.23", "0.5.24")
-    assert v.reasons == ("sglang 0.5.23 is required, found 0.5.24; install the pinned version (./dev install)",)
+    assert v.reasons == ("sglang 0.5.23 is required, found 0.5.24; run it with --sglang 0.5.23",)
     assert "found not installed" in judge(ok, "0.5.23", None).reasons[0]
 
 

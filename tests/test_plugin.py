@@ -30,11 +30,9 @@ def test_header_names_topology_ray_and_sglang(pytester):
     result = _inline(pytester, "--topology", "2-gpu-h100", "--ray-address", "10.0.0.1:6379", "--run-dir", "rd")
     import importlib.metadata
 
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        version = "not installed"
-    result.stdout.fnmatch_lines([f"harness: topology=2-gpu-h100, ray=10.0.0.1:6379, simulate=*, sglang={version}, run dir=rd"])
+    version = importlib.metadata.version("sglang")
+    result.stdout.fnmatch_lines([f"harness: sglang {version} (installed), root *",
+                                 "harness: topology=2-gpu-h100, ray=10.0.0.1:6379, simulate=*, run dir=rd"])
     result.assert_outcomes(passed=1)
 
 

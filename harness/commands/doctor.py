@@ -12,6 +12,7 @@ from pathlib import Path
 
 from harness import rundir, topology
 from harness.cli import UsageError
+from harness.targets.sglang import target as sglang_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (host:port) instead of starting one")
     where.add_argument("--simulate", action="store_true", help="local Ray with the topology's GPUs as logical GPUs")
     p.add_argument("--json", action="store_true", help="print the report as JSON (for CI)")
+    p.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
     p.add_argument("--run-dir", metavar="DIR", help="run directory (disk check, probe logs); default runs/<timestamp>-<pid>")
     p.add_argument("--port", type=int, action="append", default=[], metavar="N",
                    help="also check that fixed port N is free on every node (repeatable)")
@@ -45,6 +47,10 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.timeout is not None:
         limits = dataclasses.replace(limits, check_timeout_s=args.timeout)
     run_dir = Path(args.run_dir) if args.run_dir else rundir.default_path()
+    try:  # the probes (Ray actors) inherit it and report its version
+        sglang_target.select_for_cli(args.sglang, "harness")
+    except sglang_target.TargetError as e:
+        raise UsageError(str(e)) from None
     try:
         report = doctor.run(topo, simulate=args.simulate, ray_address=args.ray_address, run_dir=run_dir,
                             limits=limits, ports=tuple(args.port))

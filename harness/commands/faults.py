@@ -4,7 +4,9 @@
 one-line description. ``check`` runs the kill matrix (``harness.faults.matrix``): the clean run of
 every targeted suite, then each fault in a fresh pytest subprocess, and writes the run's HTML page
 (``<run-dir>/report/index.html``: the fault × suite table, each run's tests with their KV-pool
-timelines); it exits 0 when the clean run passed and every fault was caught, 1 otherwise, 2 on bad input.
+timelines); it exits 0 when the clean run passed and every applicable fault was caught, 1 otherwise,
+2 on bad input. ``--sglang TARGET`` runs it against another sglang (a fault that cannot apply to it
+says so and is not counted).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from harness import faults
 from harness.cli import UsageError
 from harness.faults import matrix
+from harness.targets.sglang import target as sglang_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--jobs", type=int, default=2, help="fault runs at a time (default 2)")
     check.add_argument("--timeout", type=float, default=matrix.DEFAULT_TIMEOUT_S,
                        help=f"seconds one pytest run may take (default {matrix.DEFAULT_TIMEOUT_S:.0f})")
+    check.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
     check.add_argument("--run-dir", metavar="DIR",
                        help="where JUnit XML and logs go (default runs/faults-<timestamp>-<pid>)")
     check.set_defaults(func=_check)
@@ -73,6 +77,12 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     _validate(args)
+    try:
+        target = sglang_target.select_for_cli(args.sglang, "harness")
+    except sglang_target.TargetError as e:
+        raise UsageError(str(e)) from None
+    if not args.json:
+        print(f"faults check on {target.label()}")
     if args.run_dir:
         out_dir = Path(args.run_dir)
     else:

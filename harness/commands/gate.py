@@ -21,6 +21,7 @@ from pathlib import Path
 from harness import rundir
 from harness.cli import UsageError
 from harness.gates import model
+from harness.targets.sglang import target as sglang_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR", help="an extra test tree; repeatable")
     run.add_argument("--hypothesis-seed", type=int, help="override the gate's Hypothesis seed")
     run.add_argument("--workload-seed", type=int, help="override the gate's workload seed")
+    run.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
     run.add_argument("--runner", metavar="LABEL", help="run only the groups of this CI runner label (see `harness gate plan`)")
     run.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
     run.set_defaults(func=_run)
@@ -158,8 +160,9 @@ def _run(args: argparse.Namespace) -> int:
                               workload_seed=args.workload_seed, runner=args.runner,
                               joined_gpus=joined.gpu_kind if joined else None)
     try:
+        sglang_target.select_for_cli(args.sglang, "harness")
         result = runner.run_gate(gate, opts)
-    except (RegistryError, PlanError) as e:
+    except (RegistryError, PlanError, sglang_target.TargetError) as e:
         raise UsageError(str(e)) from None
     print()
     for line in render.verdict_lines(result.verdict):

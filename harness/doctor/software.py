@@ -1,39 +1,32 @@
 """Software checks: python, torch, ray, sglang (and the transfer engine) identical on every node, and
-sglang the one release the adapter supports.
+sglang within the range the adapter supports.
 
 Versions come from package metadata (``importlib.metadata``): reading them imports nothing, so a
 probe never pays torch's or sglang's import time, and a broken install still reports its version.
+The sglang version is the *target's* (``--sglang`` / ``HARNESS_SGLANG``; the installed one by
+default), read from its files by the adapter's resolver, which imports no sglang either.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
+import os
 import platform
 from pathlib import Path
 from typing import Callable
 
 from harness.doctor.result import CheckResult, Status
 
-_ADAPTER_VERSION_FILE = Path(__file__).resolve().parent.parent / "targets" / "sglang" / "version.py"
+_SGLANG_ENV = "HARNESS_SGLANG"  # harness.targets.sglang.target.ENV_VAR
+
+def _adapter_range() -> tuple[str, Callable[[str], "str | None"]]:
+    # The adapter's compat module reads no sglang at import, so doctor can ask it directly.
+    from harness.targets.sglang import compat
+
+    return compat.SUPPORTED_RANGE, compat.release_refused
 
 
-def adapter_supported_version(path: Path = _ADAPTER_VERSION_FILE) -> str:
-    """The sglang version the adapter supports (``SUPPORTED_VERSION`` in its ``version.py``).
-
-    Read from the source, not imported: importing anything under ``harness.targets.sglang`` runs the
-    adapter's import-time version check, which raises on exactly the mismatch doctor must report.
-
-    Raises:
-        RuntimeError: the file has no literal ``SUPPORTED_VERSION = "..."``.
-    """
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SUPPORTED_VERSION" for t in node.targets):
-            return str(ast.literal_eval(node.value))
-    raise RuntimeError(f"{path}: no SUPPORTED_VERSION = \"...\" found")
-
-
-SUPPORTED_VERSION = adapter_supported_version()
+SUPPORTED_RANGE, _release_refused = _adapter_range()
 
 #: What is compared across nodes, in table order: name -> the distributions that provide it (the
 #: first installed one counts; "python" is the interpreter itself).
@@ -64,6 +57,11 @@ def installed_versions(version_of: Callable[[str], str] = importlib.metadata.ver
     for name, dists in PACKAGES.items():
         if not dists:
             continue
+        if name == "sglang" and os.environ.get(_SGLANG_ENV):
+            from harness.targets.sglang import target
+
+            out[name] = target.current().version  # the target under test, not the venv's install
+            continue
         out[name] = None
         for dist in dists:
             try:
@@ -80,12 +78,13 @@ _FIX_SAME = ("install the same versions on every node: run `./dev install` from 
              "node, or use one container image for the whole cluster")
 
 
-def check_versions(per_node: dict[str, Versions], supported_sglang: str = SUPPORTED_VERSION) -> list[CheckResult]:
-    """Compare versions across nodes and sglang against the adapter's pin.
+def check_versions(per_node: dict[str, Versions],
+                   refused: Callable[[str], "str | None"] = _release_refused) -> list[CheckResult]:
+    """Compare versions across nodes and sglang against the adapter's supported range.
 
     Args:
         per_node: node label -> the versions a probe read there (several probes on one node must agree).
-        supported_sglang: the adapter's supported sglang version.
+        refused: why a sglang version is outside the adapter's range (None: inside it).
 
     Returns:
         One ``software.<package>`` row per package (node ``all``) and one ``software.sglang_supported`` row.
@@ -107,16 +106,18 @@ def check_versions(per_node: dict[str, Versions], supported_sglang: str = SUPPOR
             continue
         listed = "; ".join(f"{node}: {v or 'missing'}" for node, v in sorted(seen.items()))
         rows.append(CheckResult(f"software.{pkg}", Status.FAILED, f"{pkg} differs across nodes: {listed}", _FIX_SAME, node="all"))
-    bad = {node: v.get("sglang") for node, v in per_node.items() if v.get("sglang") != supported_sglang}
+    bad = {node: v.get("sglang") for node, v in per_node.items()
+           if v.get("sglang") is None or refused(str(v.get("sglang")))}
     if bad:
         listed = "; ".join(f"{node}: {v or 'missing'}" for node, v in sorted(bad.items()))
         rows.append(CheckResult("software.sglang_supported", Status.FAILED,
-                                f"the adapter supports only sglang {supported_sglang}; found {listed}",
-                                f"install sglang=={supported_sglang} (./dev install; requirements/sglang-cpu.txt pins it)",
+                                f"the adapter supports sglang {SUPPORTED_RANGE}; found {listed}",
+                                f"install a supported sglang (./dev install) or pass --sglang 0.5.N|PATH",
                                 node="all"))
     else:
+        found = sorted({str(v.get("sglang")) for v in per_node.values()})
         rows.append(CheckResult("software.sglang_supported", Status.PASSED,
-                                f"sglang {supported_sglang} is the adapter's supported version", node="all"))
+                                f"sglang {', '.join(found)} is within the adapter's range {SUPPORTED_RANGE}", node="all"))
     return rows
 
 

@@ -20,6 +20,7 @@ are relative to the repository root.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -64,6 +65,21 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "corrupt-kv-page": (_PD_BASIC,),
 }
 
+#: Fault name -> the capabilities of the sglang target it needs (names in
+#: ``harness.targets.sglang.compat.CAPABILITIES``): a fault rebuilt from one release's code, or
+#: breaking a step a release does not have, cannot apply to a target lacking them. Such a fault is
+#: reported not applicable (with the missing capability) and neither run nor counted.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "swa-tail-unaligned": ("decode-prealloc-swa-tail",),
+    "swa-tail-unaligned-noassert": ("decode-prealloc-swa-tail", "decode-prealloc-async-h2d"),
+    "release-leaks-swa": ("free-kv-row-segments",),
+    "prealloc-no-swa-evict": ("decode-radix-swa-reclaim",),
+    "swa-full-length": ("decode-prealloc-swa-tail",),
+    "decode-reserve-unaligned": ("decode-reservation",),
+    "hisparse-budget-swa": ("hisparse-prealloc", "hisparse-device", "decode-swa-reservation"),
+    "decode-skips-swa-evict": ("free-swa-out-of-window-slots",),
+}
+
 #: Fault name -> the suite that must be among its catchers (a claim the check verifies).
 REQUIRED: dict[str, str] = {
     "swa-tail-unaligned-noassert": _LEDGER,  # sglang's assert is gone: the ledger checker must see it
@@ -73,7 +89,7 @@ REQUIRED: dict[str, str] = {
 DEFAULT_TIMEOUT_S = 900.0
 
 CLEAN = "clean"
-CAUGHT, MISSED, BROKEN = "caught", "missed", "broken"
+CAUGHT, MISSED, BROKEN, NOT_APPLICABLE = "caught", "missed", "broken", "n/a"
 _FAILING = ("failed", "error")
 
 
@@ -154,7 +170,8 @@ class Verdict:
 
     Attributes:
         fault: the fault name.
-        status: ``caught`` (by at least one suite, and by the required one), ``missed`` or ``broken``.
+        status: ``caught`` (by at least one suite, and by the required one), ``missed``, ``broken``, or
+            ``n/a`` (the target lacks a capability the fault needs: not run, not counted).
         reason: why it is not caught ("" when caught).
     """
 
@@ -183,8 +200,8 @@ class Matrix:
 
     @property
     def ok(self) -> bool:
-        """The clean run passed and every fault was caught."""
-        return self.clean.passed and all(v.status == CAUGHT for v in self.verdicts)
+        """The clean run passed and every applicable fault was caught."""
+        return self.clean.passed and all(v.status in (CAUGHT, NOT_APPLICABLE) for v in self.verdicts)
 
 
 def targets_for(name: str) -> tuple[str, ...]:
@@ -394,6 +411,45 @@ def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT
                     outcomes=outcomes if not missing else (), wall_s=0.0, junit=path, log=path)
 
 
+def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
+                 timeout_s: float = 300.0) -> dict[str, str]:
+    """Which faults cannot apply to the sglang target this process selected, and why.
+
+    The capabilities are probed in one subprocess (probing imports sglang; the caller does not need
+    it), which inherits the target through ``HARNESS_SGLANG`` / ``PYTHONPATH``.
+
+    Args:
+        names: fault names.
+        root: the repository root.
+        timeout_s: limit of the probe.
+
+    Returns:
+        Fault name -> one line naming the missing capability, for the faults that do not apply.
+
+    Raises:
+        RuntimeError: the probe itself failed (the target does not import).
+    """
+    wanted = {n: NEEDS.get(n, ()) for n in names}
+    caps = sorted({c for needs in wanted.values() for c in needs})
+    if not caps:
+        return {}
+    code = ("import json, sys; from harness.targets.sglang import compat, target; target.current(); "
+            "print(json.dumps({c: compat.missing(c) for c in sys.argv[1:]}))")
+    env = {k: v for k, v in os.environ.items() if k != fault_catalog.ENV_VAR}
+    done = subprocess.run([sys.executable, "-c", code, *caps], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"probing the sglang target's capabilities failed: {tail}")
+    missing = json.loads(done.stdout.strip().splitlines()[-1])
+    out = {}
+    for name, needs in wanted.items():
+        lacking = [f"{c} ({missing[c]})" for c in needs if missing.get(c)]
+        if lacking:
+            out[name] = "the sglang target lacks " + "; ".join(lacking)
+    return out
+
+
 def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None = None, out_dir: Path,
           jobs: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT,
           clean_junit: Path | None = None) -> Matrix:
@@ -416,6 +472,10 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
     """
     start = time.monotonic()
     names = list(fault_catalog.catalog()) if names is None else [fault_catalog.get(n).name for n in names]
+    lacks = target_lacks(names, root=root)
+    for name, reason in lacks.items():
+        logger.warning("fault %s does not apply: %s", name, reason)
+    every, names = names, [n for n in names if n not in lacks]
     plan = {name: (suites if suites is not None else targets_for(name)) for name in names}
     union = tuple(dict.fromkeys(s for targeted in plan.values() for s in targeted))
     if clean_junit is not None:
@@ -431,7 +491,10 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
         runs = {name: future.result() for name, future in futures.items()}
     cells: list[Cell] = []
     verdicts = []
-    for name in names:
+    for name in every:
+        if name in lacks:
+            verdicts.append(Verdict(name, NOT_APPLICABLE, lacks[name]))
+            continue
         row = build_cells(name, plan[name], clean, runs[name])
         cells.extend(row)
         verdicts.append(verdict(name, row, runs[name]))
@@ -466,7 +529,8 @@ def to_dict(matrix: Matrix) -> dict[str, Any]:
         "clean": {"passed": matrix.clean.passed, "suites": list(matrix.clean.suites), **run_dict(matrix.clean)},
         "faults": [
             {"name": v.fault, "upstream": known[v.fault].upstream if v.fault in known else "",
-             "status": v.status, "reason": v.reason, "wall_s": round(matrix.runs[v.fault].wall_s, 1),
+             "status": v.status, "reason": v.reason,
+             "wall_s": round(matrix.runs[v.fault].wall_s, 1) if v.fault in matrix.runs else 0.0,
              "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests)}
                         for c in cells_by_fault.get(v.fault, [])]}
             for v in matrix.verdicts
@@ -496,6 +560,9 @@ def render(matrix: Matrix) -> str:
         cells_by_fault.setdefault(cell.fault, []).append(cell)
     width = max(len(v.fault) for v in matrix.verdicts) if matrix.verdicts else 0
     for v in matrix.verdicts:
+        if v.status == NOT_APPLICABLE:
+            lines.append(f"{v.fault:<{width}}  {'N/A':<6}  {v.reason}")
+            continue
         run = matrix.runs[v.fault]
         head = f"{v.fault:<{width}}  {v.status.upper():<6}  ({run.wall_s:.0f} s)"
         lines.append(head + (f"  {v.reason}" if v.reason else ""))
@@ -503,7 +570,10 @@ def render(matrix: Matrix) -> str:
             lines.append(f"  {cell.status:<6} {cell.suite}")
             lines.extend(f"           {t.split('::', 1)[-1]}" for t in cell.tests)
     caught = sum(v.status == CAUGHT for v in matrix.verdicts)
-    lines.append(f"{caught}/{len(matrix.verdicts)} faults caught; wall time {matrix.wall_s:.0f} s")
+    counted = sum(v.status != NOT_APPLICABLE for v in matrix.verdicts)
+    na = len(matrix.verdicts) - counted
+    lines.append(f"{caught}/{counted} faults caught{f' ({na} not applicable to this target)' if na else ''}; "
+                 f"wall time {matrix.wall_s:.0f} s")
     return "\n".join(lines)
 
 

@@ -23,9 +23,10 @@ class RunInfo:
         gate: the gate's name.
         run_dir: the run directory (as a string).
         git_sha: the commit tested (``unknown`` outside git); ``git_dirty``: uncommitted changes present.
-        sglang_version: installed (None: not installed); ``sglang_required``: what the gate requires.
+        sglang_version: the target's (None: no sglang); ``sglang_required``: what the gate requires.
         hypothesis_seed, workload_seed: the seeds every suite ran with.
         wall_time: seconds for the whole gate.
+        sglang: the sglang target description (``Target.to_dict()``; empty: not recorded).
     """
 
     gate: str
@@ -37,11 +38,14 @@ class RunInfo:
     hypothesis_seed: int
     workload_seed: int
     wall_time: float = 0.0
+    sglang: tuple[tuple[str, Any], ...] = ()
 
     def properties(self) -> dict[str, str]:
         """JUnit properties stamped on every suite."""
+        target = {f"sglang_{k}": str(v).lower() if isinstance(v, bool) else str(v)
+                  for k, v in self.sglang if k in ("origin", "spec", "root", "commit", "dirty") and v is not None}
         return {"gate": self.gate, "git_sha": self.git_sha, "git_dirty": str(self.git_dirty).lower(),
-                "sglang_version": self.sglang_version or "not installed",
+                "sglang_version": self.sglang_version or "not installed", **target,
                 "hypothesis_seed": str(self.hypothesis_seed), "workload_seed": str(self.workload_seed)}
 
 
@@ -107,6 +111,7 @@ def result_json(info: RunInfo, v: Verdict, repros: dict[str, str]) -> dict[str, 
         "git_dirty": info.git_dirty,
         "sglang_version": info.sglang_version,
         "sglang_required": info.sglang_required,
+        "sglang": dict(info.sglang) or None,
         "seeds": {"hypothesis": info.hypothesis_seed, "workload": info.workload_seed},
         "wall_time": round(info.wall_time, 3),
         "suites": [

@@ -10,6 +10,7 @@ Fields (``version`` 1)::
     engine_args     per topology role, the engine arguments it declares
     environment     what matters for reproduction (:func:`environment`)
     sglang_version, git_sha
+    sglang          the sglang target the failure ran on (version, origin, root, commit, dirty)
     failure         class, outcome, message, attempts
     workers         the workers the test owned; ``files``: their logs/ledgers copied next to the bundle
     ledger_excerpt  per worker: broken ledger invariants and the last events
@@ -87,9 +88,12 @@ def env_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[s
 def bundle(*, spec: str, gate: str, suite: str, topology: str, simulated: bool, engine: str | None,
            hypothesis_seed: int, workload_base: int, workload_seed: int, engine_args: dict[str, list[str]],
            env: dict[str, Any], sglang_version: str | None, git_sha: str, failure: dict[str, Any],
-           workers: list[str], files: list[str], ledger_excerpt: dict[str, Any]) -> dict[str, Any]:
-    """The bundle as a JSON-able dict (pure; see the module docstring for the fields)."""
+           workers: list[str], files: list[str], ledger_excerpt: dict[str, Any],
+           sglang: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The bundle as a JSON-able dict (pure; see the module docstring for the fields). ``sglang`` is
+    the target description (``Target.to_dict()``) ``rerun-test --from`` reruns on."""
     return {
+        "sglang": sglang,
         "version": VERSION,
         "spec": spec,
         "gate": gate,

@@ -20,8 +20,18 @@ from harness.gates.runner import item_for, live_lines, run_one
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 
 
+def bundle_target(data: dict) -> str | None:
+    """The TARGET a bundle's failure ran on (its tree's root for a source tree, so a rerun from
+    another directory finds it), or None for a bundle written before targets were recorded."""
+    recorded = data.get("sglang")
+    if not isinstance(recorded, dict):
+        return None
+    return recorded.get("root") if recorded.get("origin") == "tree" else recorded.get("spec")
+
+
 def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: str | None = None, gpus: int = 0,
-              suites_dirs: tuple[Path, ...] = (), out: Callable[[str], None] = print) -> int:
+              suites_dirs: tuple[Path, ...] = (), out: Callable[[str], None] = print,
+              sglang: str | None = None) -> int:
     """Rerun the test of a repro bundle.
 
     Args:
@@ -32,14 +42,19 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
         gpus: real GPUs on this machine.
         suites_dirs: extra test trees.
         out: console lines.
+        sglang: the TARGET to rerun on (default: the one the bundle records, else the environment's).
 
     Returns:
         1 reproduced (the test failed), 0 not reproduced (it passed).
 
     Raises:
         repro.ReproError: an unusable bundle, or its test or topology is not found here.
+        TargetError: the sglang target cannot be used here.
     """
+    from harness.targets.sglang import target as target_mod
+
     data = repro.load(bundle_path)
+    target = target_mod.select_for_cli(sglang or bundle_target(data), "rerun-test")
     reg = collector.collect(repo_root.resolve(), list(suites_dirs))
     try:
         sel = resolve.resolve_one(spec_mod.parse_spec(data["spec"]), reg)
@@ -58,13 +73,14 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
     opts = execute.ExecOptions(repo_root=repo_root.resolve(), run_dir=run_dir, ray_address=ray_address, gpus=gpus,
                                pytest_args=tuple(args))
     failure = data.get("failure") or {}
-    out(f"repro: {data['spec']} on {data['topology']} (seeds hypothesis={seeds['hypothesis']} workload={seeds.get('workload')}); "
+    out(f"repro: {data['spec']} on {data['topology']} with {target.label()} "
+        f"(seeds hypothesis={seeds['hypothesis']} workload={seeds.get('workload')}); "
         f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}")
     start = time.monotonic()
     res, att = run_one(group, item_for(group, data["spec"]), opts, reg, live_lines("repro", out))
     from harness.rerun import cli as rerun_cli  # the same report files as any rerun
 
-    rerun_cli.write_reports(run_dir, [res])
+    rerun_cli.write_reports(run_dir, [res], target=target)
     took = time.monotonic() - start
     if att.outcome in ("failed", "error"):
         same = "same class" if att.failure_class == failure.get("class") else f"class {att.failure_class}, recorded {failure.get('class')}"
@@ -74,6 +90,9 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
         out(f"NOT REPRODUCED: {data['spec']} {att.outcome} in {took:.1f}s")
         code = 0
     diffs = repro.env_differences(data.get("environment") or {}, repro.environment())
+    recorded = data.get("sglang") or {}
+    if recorded and recorded.get("version") != target.version:
+        diffs.insert(0, f"sglang: {recorded.get('version')} → {target.version}")
     if data.get("git_sha") and data["git_sha"] != "unknown":
         from harness.gates.runner import git_state
 
@@ -100,8 +119,11 @@ def main_from_args(args) -> int:
     root = args.repo_root.resolve()
     run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-repro").resolve()
     gpus = detect_gpus() if args.gpus is None else args.gpus
+    from harness.targets.sglang.target import TargetError
+
     try:
-        return reproduce(args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir))
-    except repro.ReproError as e:
+        return reproduce(args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir),
+                         sglang=getattr(args, "sglang", None))
+    except (repro.ReproError, TargetError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2

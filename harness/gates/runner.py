@@ -37,6 +37,7 @@ from harness.plugins import seeds as seeds_mod
 from harness.results import CaseResult, GroupResult
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 from harness.rerun.registry import RegistryError
+from harness.targets.sglang import target as sglang_target
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +399,7 @@ def collect_evidence(gate: Gate, run: _EntryRun, test: TestOutcome, info: render
         spec=nodeid, gate=gate.name, suite=run.entry.name, topology=topo, simulated=simulated, engine=run.entry.engine,
         hypothesis_seed=info.hypothesis_seed, workload_base=info.workload_seed,
         workload_seed=seeds_mod.derive(info.workload_seed, name, suffix), engine_args=engine_args, env=env,
-        sglang_version=info.sglang_version, git_sha=info.git_sha,
+        sglang_version=info.sglang_version, git_sha=info.git_sha, sglang=dict(info.sglang) or None,
         failure={"class": test.failure_class, "outcome": test.outcome, "message": test.message, "attempts": list(test.attempts)},
         workers=workers, files=files, ledger_excerpt=excerpt)
     return repro.write(dest / "repro.json", data)
@@ -432,11 +433,12 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
     rnd = random.SystemRandom()
     hyp = next(s for s in (opts.hypothesis_seed, gate.hypothesis_seed, rnd.randrange(2**31)) if s is not None)
     work = next(s for s in (opts.workload_seed, gate.workload_seed, rnd.randrange(2**31)) if s is not None)
+    target = sglang_target.current()  # the CLI selected it (--sglang); its pytest runs inherit it
     info = render.RunInfo(gate=gate.name, run_dir=str(opts.run_dir), git_sha=sha, git_dirty=dirty,
-                          sglang_version=repro.package_version("sglang"), sglang_required=gate.sglang_version,
-                          hypothesis_seed=hyp, workload_seed=work)
+                          sglang_version=target.version, sglang_required=gate.sglang_version,
+                          hypothesis_seed=hyp, workload_seed=work, sglang=tuple(target.to_dict().items()))
     out(f"gate {gate.name}: {len(gate.suites)} suite(s); git {sha[:12]}{' (dirty)' if dirty else ''}; "
-        f"sglang {info.sglang_version or 'not installed'}; seeds hypothesis={hyp} workload={work}; run dir {opts.run_dir}")
+        f"{target.label()}; seeds hypothesis={hyp} workload={work}; run dir {opts.run_dir}")
     reg = collector.collect(opts.repo_root.resolve(), list(opts.suites_dirs))
     runs = [r for r in (run_entry(gate, e, reg, opts, info, out) for e in gate.suites) if r is not None]
     if not runs:  # only with opts.runner: every entry was left out

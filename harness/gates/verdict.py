@@ -6,7 +6,7 @@ excluded, a test that passed on a flaky rerun counts as passed — reaches its `
 no test failed with a class that is never tolerated (:data:`NEVER_TOLERATED`: a crash, an import
 error or an accounting violation fails the gate whatever the rate).
 
-The gate passes when the installed sglang is the version it requires and every *required* suite
+The gate passes when the sglang target (--sglang) is the version it requires and every *required* suite
 passes. Informational suites are reported (as warnings) and never change the verdict.
 """
 
@@ -156,7 +156,7 @@ def judge(suites: list[SuiteOutcome], sglang_required: str = "", sglang_installe
     warnings: list[str] = []
     if sglang_required and sglang_installed != sglang_required:
         have = sglang_installed or "not installed"
-        reasons.append(f"sglang {sglang_required} is required, found {have}; install the pinned version (./dev install)")
+        reasons.append(f"sglang {sglang_required} is required, found {have}; run it with --sglang {sglang_required}")
     verdicts = tuple(judge_suite(s) for s in suites)
     for v in verdicts:
         if not v.ok:

@@ -130,9 +130,9 @@ class DecodeWorker(RankPayload):
         return token_locs(self.side.req_to_token_pool, self.side.allocator, live.req, start, end)
 
     def _evicted(self, req: Any) -> int:
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from harness.targets.sglang.compat import evicted_seqlen
 
-        return int(req.kv.get_evicted_seqlen(ComponentType.SWA))
+        return evicted_seqlen(req.kv)
 
     def _owned(self, live: _Live) -> dict[str, set[int]]:
         """Pages this request owns now: full pages past its cached prefix, SWA pages of its live tail."""

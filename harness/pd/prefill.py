@@ -146,6 +146,7 @@ class PrefillWorker(RankPayload):
 
 
 def _c4_bytes(side: Any) -> int:
-    pools = getattr(side.kv_pool, "kv_pools", {})
-    c4 = pools.get(4)
+    from harness.targets.sglang.compat import dsv4_compressed_pools
+
+    c4 = dsv4_compressed_pools(side.kv_pool).get(4, (None, None))[0]  # None on SWAKVPool
     return int(c4.kv_buffer[0][0].nbytes) if c4 is not None else -1

@@ -6,6 +6,9 @@ Options (group ``pd-harness``; each has an ini key, the command line wins):
     --no-simulate                                     never simulate (overrides the ini key)
     --ray-address ADDR  (ini ``harness_ray_address``) join this Ray cluster instead of starting one
     --run-dir DIR       (ini ``harness_run_dir``)     default ``runs/<timestamp>-<pid>`` in the repo
+    --sglang TARGET     (env ``HARNESS_SGLANG``, ini ``harness_sglang``) the sglang under test:
+                        ``installed``, a release ``0.5.21``, a source tree or a wheel (resolved and put
+                        on every process's import path by :mod:`harness.plugins.target`)
 
 Other concerns add their own options to the same group (``--engine``, ``--workload-seed``,
 ``--inject-fault``); this module is registered before them, so the group is created here with its
@@ -19,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The help text lives with the target resolver (harness/targets/sglang/target.py), which imports no sglang.
+SGLANG_HELP = ("the sglang under test: 'installed' (default), a release like 0.5.21 (installed on demand), "
+               "a source tree (a checkout's python/ dir or any dir holding sglang/) or a wheel file; "
+               "env HARNESS_SGLANG")
 
 
 @dataclass(frozen=True)
@@ -46,10 +54,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="join the Ray cluster at ADDR (host:port) instead of starting a local one")
     group.addoption("--run-dir", default=None, metavar="DIR",
                     help="run directory for worker logs, ledgers and reports (default runs/<timestamp>-<pid>)")
+    group.addoption("--sglang", default=None, metavar="TARGET", help=SGLANG_HELP)
     parser.addini("harness_topology", "default for --topology", default="")
     parser.addini("harness_simulate", "default for --simulate", type="bool", default=False)
     parser.addini("harness_ray_address", "default for --ray-address", default="")
     parser.addini("harness_run_dir", "default for --run-dir", default="")
+    parser.addini("harness_sglang", "default for --sglang (after env HARNESS_SGLANG)", default="")
 
 
 def get_settings(config: pytest.Config) -> Settings:

@@ -119,6 +119,12 @@ def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
     own_workers(request.node, _pd_pairs_session.workers)
 
     def get(spec: Any) -> Any:
+        # Ask before starting ranks: a target that cannot build these pools on the ranks' device skips
+        # the test (one line naming the capability) instead of failing inside a Ray worker.
+        from harness.targets.sglang import compat
+
+        device = "cpu" if (cluster.simulate or not topology.needs_gpus) else "cuda"
+        compat.require_device(device, page_size=spec.page_size, hisparse=spec.hisparse)
         return _pd_pairs_session.get(cluster, topology, spec)
 
     yield get

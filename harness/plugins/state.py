@@ -9,12 +9,11 @@ Configure: a previous run killed with SIGKILL may have left processes; they are 
 and this run claims its own. Unconfigure: every worker is stopped, the watchdog closed and the Ray
 cluster the harness started shut down.
 
-Header: the topology, Ray address, simulation, sglang version and run directory.
+Header: the topology, Ray address, simulation and run directory (the sglang target: :mod:`harness.plugins.target`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import signal
 import threading
@@ -238,13 +237,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         del config.stash[state_key]
 
 
-def _sglang_version() -> str:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """On a joined cluster: the nodes and whether their GPUs were real devices or logical resources."""
     st = config.stash.get(state_key, None)
@@ -256,5 +248,5 @@ def pytest_report_header(config: pytest.Config) -> str:
     s = settings(config)
     ray = s.ray_address or "embedded (local, started by the harness)"
     return (f"harness: topology={s.topology or 'per test (marker)'}, ray={ray}, "
-            f"simulate={'allowed' if s.simulate else 'off'}, sglang={_sglang_version()}, "
+            f"simulate={'allowed' if s.simulate else 'off'}, "
             f"run dir={state(config).run_dir_path}")

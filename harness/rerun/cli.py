@@ -13,6 +13,10 @@ tests of one engine only.
 
 parse → resolve → plan → run → report, one module each. Bad input: one line on stderr, exit 2,
 nothing run. Exit 0 only when every group passed; 1 when any failed; 130 when interrupted.
+
+``--sglang TARGET`` (env ``HARNESS_SGLANG``) picks the sglang under test (installed, a release, a
+source tree, a wheel; :mod:`harness.targets.sglang.target`): resolved once before any group starts
+(a bad one: one line, exit 2) and inherited by every pytest subprocess; the reports name it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from harness.results import GroupResult
 from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
 from harness.rerun import registry
 from harness.rerun.registry import RegistryError
+from harness.targets.sglang import target as target_mod
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a file named whole also runs the files it pairs with (simulated PD ↔ real server stack)")
     p.add_argument("--run-dir", type=Path, help="where results go (default: runs/<timestamp>-<pid>)")
     p.add_argument("--ray-address", help="join this Ray cluster instead of a local one per group")
+    p.add_argument("--sglang", metavar="TARGET", help=target_mod.HELP)
     p.add_argument("--gpus", type=int, help="real GPUs available (default: what nvidia-smi lists; with --ray-address: "
                    "unknown, so groups run one at a time unless given)")
     p.add_argument("--jobs", type=int, help="most groups at once (default: min(4, CPUs))")
@@ -193,7 +199,7 @@ def _write_comment(path: Path, statuses: list[comment.GroupStatus]) -> None:
         path.write_text(new, encoding="utf-8")
 
 
-def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) -> int:
+def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, target: target_mod.Target) -> int:
     root = args.repo_root.resolve()
     run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -227,11 +233,12 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
         _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
     where = f"{joined.summary()}" if joined else f"{gpus} real GPU(s)"
     print(f"{PROG}: {len(p.groups)} group(s), est {p.est_time:.0f}s, {where}, up to {jobs} at once; run dir {run_dir}")
+    print(f"  {target.label()}, root {target.root}")
     for g in p.groups:
         print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({execute.gpu_mode(g, opts)})")
     started = time.monotonic()
     results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
-    page = write_reports(run_dir, results, args.link, wall_time=time.monotonic() - started)
+    page = write_reports(run_dir, results, args.link, wall_time=time.monotonic() - started, target=target)
     if args.save_durations:
         save_durations(root / "suites" / registry.DURATIONS_FILE, report.durations(results))
     if args.comment_out:
@@ -248,22 +255,28 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan) ->
     return 0 if all(r.ok for r in results) else 1
 
 
-def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0) -> Path:
-    """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``.
+def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0,
+                  target: target_mod.Target | None = None) -> Path:
+    """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``; the
+    sglang ``target`` (when given) is stamped on every JUnit suite and is ``sglang`` in ``summary.json``.
 
     Returns:
         The page (``report/index.html``).
     """
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
+    stamp = target.properties() if target is not None else {}
     parts = []
     for r in results:
         xml = run_dir / "junit" / f"{r.name}.xml"
         text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
-        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties)}))
+        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
     (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
     (out / "summary.md").write_text(report.markdown(results, link if link != comment.LINK_PLACEHOLDER else ""), encoding="utf-8")
-    (out / "summary.json").write_text(json.dumps(report.to_json(results), indent=2) + "\n", encoding="utf-8")
+    summary = report.to_json(results)
+    if target is not None:
+        summary["sglang"] = target.to_dict()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     failed = [f"{r.name}: {r.note}" for r in results if r.note]
     failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
@@ -334,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.comment_out:
                 _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
             return 0
-        return _run(args, reg, p)
-    except (UsageError, spec.SpecError, resolve.ResolveError, plan_mod.PlanError, RegistryError) as e:
+        return _run(args, reg, p, target_mod.select_for_cli(args.sglang, PROG))
+    except (UsageError, spec.SpecError, resolve.ResolveError, plan_mod.PlanError, RegistryError,
+            target_mod.TargetError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

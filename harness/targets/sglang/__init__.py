@@ -2,13 +2,16 @@
 
 Importing it
 
-1. checks the installed sglang (from package metadata, before any sglang import) is the supported
-   version, else raises :class:`SglangVersionError` naming both versions;
+1. is cheap: the sglang under test (``TARGET``; ``--sglang`` / env ``HARNESS_SGLANG``: installed, a
+   release, a source tree or a wheel, see :mod:`~harness.targets.sglang.target`) is resolved and put
+   first on the import path on first use of the API below, before any sglang import (entry points
+   select it earlier; subprocesses inherit it through ``PYTHONPATH``); a target lacking the core the
+   adapter drives raises :class:`~harness.targets.sglang.target.TargetError` (one line);
 2. applies the faults named in env ``HARNESS_FAULTS`` (``harness.faults``), so in-process tests,
    Ray workers and server subprocesses all run the same deliberately broken code when asked.
 
 The public API is loaded lazily (sglang's import takes seconds), so ``import harness.targets.sglang``
-stays cheap for code that only needs the version check or a subpackage::
+stays cheap for code that only needs the target or a subpackage::
 
     DecodeConfig(hisparse=False, page_size=64, window=128, radix_cache=False, sizes=PoolSizes(),
                  device="cpu", num_reserved_decode_tokens=512, hisparse_top_k=64,
@@ -28,7 +31,9 @@ stays cheap for code that only needs the version check or a subpackage::
     make_req(rid, prompt_len, output_len=1, *, max_new_tokens=16) -> Req;  mark_finished(req)
     PoolSizes(full_tokens=12288, swa_tokens=6144, req_slots=8, max_context_len=8192)
 
-Modules: ``version`` (pin), ``runtime`` (published context, process group, host-pool environment),
+Modules: ``target`` (which sglang: resolve, activate, :func:`~harness.targets.sglang.target.sglang_root`),
+``version`` (a tree's version, read from its files), ``compat`` (every per-release difference and the
+capability probes), ``runtime`` (published context, process group, host-pool environment),
 ``pools`` (builders), ``requests``, ``snapshot``, ``decode`` (:class:`DecodeSide`), ``inworker``
 (:class:`~harness.targets.sglang.inworker.SuiteRunner`: run suites inside a Ray worker on its device).
 """
@@ -36,12 +41,15 @@ Modules: ``version`` (pin), ``runtime`` (published context, process group, host-
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from harness import faults as _faults
-from harness.targets.sglang.version import SUPPORTED_VERSION, SglangVersionError, check_version
+from harness.targets.sglang import target as _target
+from harness.targets.sglang.target import TargetError
 
-INSTALLED_VERSION = check_version()
+if os.environ.get(_faults.ENV_VAR):
+    _target.current()  # applying a fault imports sglang: the selected target goes first
 ACTIVE_FAULTS = _faults.activate_from_env()
 
 _LAZY = {
@@ -60,13 +68,17 @@ _LAZY = {
     "RuntimeSettings": "runtime",
 }
 
-__all__ = ["SUPPORTED_VERSION", "INSTALLED_VERSION", "ACTIVE_FAULTS", "SglangVersionError", "check_version",
-           *_LAZY]
+__all__ = ["TARGET", "TargetError", "ACTIVE_FAULTS", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    # TARGET: the sglang under test, resolved from the environment and activated on first use (an
+    # entry point has already selected it; a bare process gets $HARNESS_SGLANG or the installed one).
+    if name == "TARGET":
+        return _target.current()
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _target.current()  # before the module below imports sglang
     value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     globals()[name] = value
     return value

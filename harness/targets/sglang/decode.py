@@ -33,6 +33,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.targets.sglang import compat
 from harness.targets.sglang import pools as pool_builders
 from harness.targets.sglang import runtime
 from harness.targets.sglang.requests import mark_finished
@@ -68,6 +69,10 @@ class PreallocFailed(RuntimeError):
         self.rid = rid
         self.detail = detail
         self.held = held
+
+    def __reduce__(self) -> tuple:
+        # Crosses Ray's process boundary (a PD rank's failure reaches the driver): pickle by fields.
+        return (type(self), (self.rid, self.detail, self.held))
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,7 @@ class DecodeSide:
             running_batch=types.SimpleNamespace(reqs=[]),
             waiting_queue=[],
             last_batch=None,
+            **compat.scheduler_fields(self.config.radix_cache),
         )
         queue = DecodePreallocQueue.__new__(DecodePreallocQueue)
         queue.req_to_token_pool = self.req_to_token_pool
@@ -271,7 +277,8 @@ class DecodeSide:
         """Preallocate a received request through the real ``DecodePreallocQueue._pre_alloc``.
 
         With the decode radix cache on, first matches and locks the reusable full-attention prefix
-        (``_match_prefix_and_lock``) and releases its SWA lock, as ``pop_preallocated`` does.
+        (``_match_prefix_and_lock``), caps it at the SWA window start and releases its SWA lock, as the
+        target release's ``pop_preallocated`` does (:func:`~harness.targets.sglang.compat.decode_prefix_match`).
 
         Args:
             req: a ``Req`` from :func:`make_req` holding no KV yet.
@@ -288,14 +295,13 @@ class DecodeSide:
         queue = self.queue
         prefix_indices, prefix_len, total_prefix_len = None, 0, 0
         if self.config.radix_cache:
-            match = queue._match_prefix_and_lock(req)
-            prefix_indices, prefix_len = match.prefix_indices, match.l1_prefix_len
-            total_prefix_len = match.decode_prefix_len
-            if queue._uses_swa_tail_prealloc() and prefix_len > 0 and hasattr(self.tree_cache, "release_swa"):
-                self.tree_cache.release_swa(req.lock)
+            prefix_indices, prefix_len, total_prefix_len = compat.decode_prefix_match(queue, req)
         fill_len = queue._pre_alloc_fill_len(req)
         uses_swa_tail = queue._uses_swa_tail_prealloc()
         swa_tail_len = queue._swa_tail_len(fill_len)
+        shortfall = compat.caller_swa_reclaim(queue, req)  # the release's own caller-side step, if it had one
+        if shortfall:
+            logger.debug("%s", shortfall)
         before = self.snapshot()
         try:
             destination = queue._pre_alloc(req, prefix_indices, prefix_len, total_prefix_len)
@@ -330,14 +336,13 @@ class DecodeSide:
         Args:
             req: a request that :meth:`prealloc` succeeded for; marked finished if not already.
         """
-        from sglang.srt.mem_cache.common import release_kv_cache
 
         runtime.publish(self._settings)
         if not req.finished():
             mark_finished(req)
         if self.coordinator is not None:
             self.coordinator.request_finished(req)
-        release_kv_cache(req, self.tree_cache, checkpoint=True)
+        compat.release_kv_cache(req, self.tree_cache, checkpoint=True)
 
     def evict_cache(self) -> int:
         """Evict everything evictable from the decode radix cache (``tree_cache.evict``).

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from harness.targets.sglang import pools as pool_builders
-from harness.targets.sglang import runtime
+from harness.targets.sglang import compat, runtime
 from harness.targets.sglang.decode import DecodeConfig, DecodeSide
 from harness.targets.sglang.prefill import build_dsv4_pools
 
@@ -104,10 +104,9 @@ def abort(side: DecodeSide, req: Any) -> None:
     """Release an aborted request: ``FINISH_ABORT``, the coordinator's ``request_finished`` (hisparse),
     then ``release_kv_cache(req, tree_cache, checkpoint=False)``."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
-    from sglang.srt.mem_cache.common import release_kv_cache
 
     runtime.publish(side._settings)
     req.finished_reason = FINISH_ABORT("aborted mid-transfer")
     if side.coordinator is not None:
         side.coordinator.request_finished(req)
-    release_kv_cache(req, side.tree_cache, checkpoint=False)
+    compat.release_kv_cache(req, side.tree_cache, checkpoint=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from harness.targets.sglang import runtime
+from harness.targets.sglang import compat, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ def build_swa_pools(page_size: int, sizes: PoolSizes, device: str) -> SwaPools:
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
     size, size_swa = sizes.checked(page_size)
+    compat.require_device(device, page_size=page_size)
     kv_pool = SWAKVPool(
         size=size,
         size_swa=size_swa,
@@ -147,7 +148,8 @@ def build_hisparse_pools(page_size: int, window: int, sizes: PoolSizes, device: 
 
     size, size_swa = sizes.checked(page_size)
     ratios = list(_DSV4_COMPRESSION_RATIOS)
-    kv_pool = DeepSeekV4TokenToKVPool(
+    compat.require_device(device, page_size=page_size, hisparse=True)
+    kv_pool = DeepSeekV4TokenToKVPool(**compat.dsv4_pool_kwargs(DeepSeekV4TokenToKVPool, dict(
         max_num_reqs=sizes.req_slots,
         num_req_slots=sizes.req_slots + 1,
         swa_size=size_swa,
@@ -170,7 +172,7 @@ def build_hisparse_pools(page_size: int, window: int, sizes: PoolSizes, device: 
         compression_ratios=ratios,
         enable_hisparse=True,
         full_size=size,
-    )
+    )))
     logical = SWATokenToKVPoolAllocator(
         size=size,
         size_swa=size_swa,

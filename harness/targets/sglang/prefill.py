@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from harness.targets.sglang import pools as pool_builders
-from harness.targets.sglang import runtime
+from harness.targets.sglang import compat, runtime
 from harness.targets.sglang.requests import make_req
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def build_dsv4_pools(page_size: int, window: int, sizes: pool_builders.PoolSizes
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
     size, size_swa = sizes.checked(page_size)
-    kv_pool = DeepSeekV4TokenToKVPool(
+    compat.require_device(device, page_size=page_size, hisparse=hisparse)
+    kv_pool = DeepSeekV4TokenToKVPool(**compat.dsv4_pool_kwargs(DeepSeekV4TokenToKVPool, dict(
         max_num_reqs=sizes.req_slots, num_req_slots=sizes.req_slots + 1, swa_size=size_swa,
         c4_size=size // 4, c128_size=size // 128, c4_state_pool_size=16, c128_state_pool_size=16,
         page_size=page_size, swa_page_size=page_size, sliding_window=max(window, 1),
@@ -70,7 +71,7 @@ def build_dsv4_pools(page_size: int, window: int, sizes: pool_builders.PoolSizes
         qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128, layer_num=len(DSV4_RATIOS),
         device=device, enable_memory_saver=False, compression_ratios=list(DSV4_RATIOS),
         enable_hisparse=hisparse, full_size=size,
-    )
+    )))
     allocator = SWATokenToKVPoolAllocator(size=size, size_swa=size_swa, page_size=page_size,
                                           dtype=torch.float8_e4m3fn, device=device, kvcache=kv_pool,
                                           need_sort=True)
@@ -98,14 +99,14 @@ def page_buffers(kv_pool: Any, page_size: int, full_pages: int) -> PageBuffers:
 
     if isinstance(kv_pool, DeepSeekV4TokenToKVPool):
         full = []
-        for ratio in sorted(kv_pool.kv_pools):
-            pool = kv_pool.kv_pools[ratio]
+        pools = compat.dsv4_compressed_pools(kv_pool)
+        for ratio in sorted(pools):
+            pool, index = pools[ratio]
             # The hisparse C4 device pool is a per-request top-k buffer, not indexed by full page.
             if pool is not None and type(pool).__name__ != "HiSparseC4DevicePool":
                 full.extend(pool.kv_buffer)
-            index = kv_pool.index_pools.get(ratio)
             if index is not None:
-                full.extend(index.contiguous_page_row_buffers())
+                full.extend(compat.index_page_rows(index))
         full = [b for b in full if b.dim() == 2 and b.shape[0] > full_pages]
         swa = list(kv_pool.swa_kv_pool.kv_buffer)
         return PageBuffers(tuple(byte_view(b, page_size) for b in full), tuple(byte_view(b, page_size) for b in swa))
@@ -132,8 +133,8 @@ def free_pages(allocator: Any) -> dict[str, frozenset[int]]:
     """
     a = logical_allocator(allocator)
     return {
-        "full": frozenset(a.full_attn_allocator.get_all_free_pages().cpu().tolist()),
-        "swa": frozenset(a.swa_attn_allocator.get_all_free_pages().cpu().tolist()),
+        "full": frozenset(compat.all_free_pages(a.full_attn_allocator).cpu().tolist()),
+        "swa": frozenset(compat.all_free_pages(a.swa_attn_allocator).cpu().tolist()),
     }
 
 
@@ -220,11 +221,10 @@ class PrefillSide:
     def release(self, req: Any) -> None:
         """Free a transferred (or aborted) request through ``release_kv_cache(checkpoint=False)``."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
-        from sglang.srt.mem_cache.common import release_kv_cache
 
         if not req.finished():
             req.finished_reason = FINISH_ABORT("transferred")
-        release_kv_cache(req, self.tree_cache, checkpoint=False)
+        compat.release_kv_cache(req, self.tree_cache, checkpoint=False)
 
     def locs(self, req: Any, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Full and SWA slots of tokens ``start..end-1`` (see :func:`token_locs`)."""

@@ -87,6 +87,17 @@ SGLANG_MODULES = (
 
 
 def rank() -> None:
-    """Import every module a simulated PD rank runs (see the module docstring)."""
-    for name in (*HARNESS_MODULES, *SGLANG_MODULES):
+    """Import every module a simulated PD rank runs (see the module docstring).
+
+    The sglang list is 0.5.23's. Another target release (``--sglang``) may lack a module or refuse to
+    import one here (0.5.21's Rust tree core raises on the venv's torch; sglang itself falls back to
+    the Python core): such a module is not preloaded, and the rank does what that release does
+    without the fork server.
+    """
+    for name in HARNESS_MODULES:
         importlib.import_module(name)
+    for name in SGLANG_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an optional preload; the rank imports (or not) as the release does
+            continue

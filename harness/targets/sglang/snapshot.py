@@ -105,7 +105,7 @@ def req_state(req: Any, req_to_token_pool: Any, allocator: Any, coordinator: Any
     Returns:
         The :class:`ReqState`.
     """
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from harness.targets.sglang import compat
 
     kv = req.kv
     idx = kv.req_pool_idx
@@ -127,7 +127,7 @@ def req_state(req: Any, req_to_token_pool: Any, allocator: Any, coordinator: Any
         req_pool_idx=None if idx is None else int(idx),
         kv_committed_len=int(kv.kv_committed_len or 0),
         kv_allocated_len=allocated,
-        swa_evicted_seqlen=int(kv.get_evicted_seqlen(ComponentType.SWA)),
+        swa_evicted_seqlen=compat.evicted_seqlen(kv),
         full_indices=full,
         swa_indices=swa,
         host_indices=host,

@@ -1,46 +1,68 @@
-"""The supported sglang version, checked from package metadata before any sglang import."""
+"""The version of a sglang tree, read from its files (never by importing it).
+
+A release or wheel records it in ``sglang/_version.py`` (written by setuptools-scm when the wheel is
+built) and in its ``sglang-<version>.dist-info``; a git checkout has neither, so ``git describe``
+names it (``v0.5.21-12-gabc`` -> ``0.5.21.dev12+gabc``). Reading ``importlib.metadata`` instead
+would name the *installed* distribution even when another tree is first on the path.
+"""
 
 from __future__ import annotations
 
-import importlib.metadata
+import re
+import subprocess
+from pathlib import Path
 
-#: The one sglang release the adapter drives; its private paths change between releases.
-SUPPORTED_VERSION = "0.5.23"
+#: What a tree without any version record reports.
+UNKNOWN = "unknown"
 
-
-class SglangVersionError(ImportError):
-    """The installed sglang is missing or is not the supported version."""
-
-
-def installed_version() -> str | None:
-    """The installed sglang version from package metadata (imports nothing from sglang).
-
-    Returns:
-        The version string, or None when no sglang distribution is installed.
-    """
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+_VERSION_LINE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.MULTILINE)
+_DESCRIBE = re.compile(r"^v?(\d+\.\d+\.\d+)(?:-(\d+)-g([0-9a-f]+))?")
 
 
-def check_version(installed: str | None = None) -> str:
-    """Refuse any sglang but the supported one.
+def read_version(root: str | Path) -> str:
+    """The sglang version of the tree at ``root`` (the directory holding ``sglang/``).
 
     Args:
-        installed: the version to check; read from package metadata when None.
+        root: the directory holding ``sglang/``.
 
     Returns:
-        The installed version (equal to :data:`SUPPORTED_VERSION`).
-
-    Raises:
-        SglangVersionError: one line naming the installed and the supported versions and the fix.
+        The version string, or :data:`UNKNOWN`.
     """
-    found = installed if installed is not None else installed_version()
-    if found != SUPPORTED_VERSION:
-        shown = "no sglang" if found is None else f"sglang {found}"
-        raise SglangVersionError(
-            f"{shown} is installed but harness.targets.sglang supports only sglang {SUPPORTED_VERSION}; "
-            f"install it with ./dev install (requirements/sglang-cpu.txt pins sglang=={SUPPORTED_VERSION})"
-        )
-    return found
+    root = Path(root)
+    scm = root / "sglang" / "_version.py"
+    if scm.is_file():
+        found = _VERSION_LINE.search(scm.read_text(encoding="utf-8", errors="replace"))
+        if found:
+            return found.group(1)
+    infos = sorted(root.glob("sglang-*.dist-info"))
+    for info in infos:
+        for line in (info / "METADATA").read_text(encoding="utf-8", errors="replace").splitlines()[:20]:
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return _git_describe(root) or UNKNOWN
+
+
+def _git_describe(root: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--match", "v[0-9]*"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = _DESCRIBE.match(done.stdout.strip()) if done.returncode == 0 else None
+    if not found:
+        return None
+    base, ahead, sha = found.groups()
+    return base if not ahead else f"{base}.dev{ahead}+g{sha}"
+
+
+def release_tuple(version: str) -> tuple[int, int, int] | None:
+    """``"0.5.21"`` / ``"0.5.21.dev3+gabc"`` -> ``(0, 5, 21)``; None for :data:`UNKNOWN` or junk.
+
+    Args:
+        version: a version string.
+
+    Returns:
+        The numeric release, or None.
+    """
+    found = re.match(r"^(\d+)\.(\d+)\.(\d+)", version)
+    return tuple(int(p) for p in found.groups()) if found else None  # type: ignore[return-value]

@@ -10,7 +10,7 @@ tail needs every SWA page: the real ``_pre_alloc`` must succeed.
 
 from __future__ import annotations
 
-from harness.targets.sglang import PoolSizes, make_req
+from harness.targets.sglang import PoolSizes, compat, make_req
 
 PAGE, WINDOW = 64, 100
 # Three SWA pages: one stays cached after the first request, the second request's tail needs all three.
@@ -18,6 +18,7 @@ SIZES = PoolSizes(full_tokens=48 * PAGE, swa_tokens=3 * PAGE, req_slots=4, max_c
 
 
 def test_prealloc_reclaims_evictable_swa_pages(decode_side):
+    compat.require("decode-radix-swa-reclaim")  # the fix under test: a release before it has nothing to check
     side = decode_side(page_size=PAGE, window=WINDOW, radix_cache=True, sizes=SIZES)
     first = make_req("cached", prompt_len=300)
     side.prealloc(first)

@@ -1,0 +1,59 @@
+"""pytest plugin concern: the sglang under test (``--sglang TARGET``, env ``HARNESS_SGLANG``, ini
+``harness_sglang``; the option wins, then the env var, then the ini key, then ``installed``).
+
+The target is resolved and activated in ``pytest_load_initial_conftests``, before any conftest or
+test module can import sglang, so this process, the Ray workers it starts and every server
+subprocess import the same tree (:mod:`harness.targets.sglang.target`). A bad TARGET stops the
+session before collection with one line (pytest's usage error). The target is named in the report
+header and, as ``sglang_*`` properties, in the JUnit XML.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.targets.sglang import target as target_mod
+
+target_key = pytest.StashKey[target_mod.Target]()
+
+
+def _spec(config: pytest.Config) -> str | None:
+    given = getattr(config.known_args_namespace, "sglang", None) or config.getoption("sglang", None)
+    return given or os.environ.get(target_mod.ENV_VAR) or config.getini("harness_sglang") or None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    # Initial conftests (suites/unit/conftest.py) import the adapter: the target goes first.
+    try:
+        early_config.stash[target_key] = target_mod.select(_spec(early_config))
+    except target_mod.TargetError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def target(config: pytest.Config) -> target_mod.Target:
+    """The session's sglang target.
+
+    Args:
+        config: the session's config.
+
+    Returns:
+        The :class:`~harness.targets.sglang.target.Target` selected at start-up.
+    """
+    if target_key not in config.stash:  # a config built without the initial-conftest hook (pytester inline)
+        config.stash[target_key] = target_mod.select(_spec(config))
+    return config.stash[target_key]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    t = target(config)
+    return f"harness: {t.label()}, root {t.root}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sglang_junit_properties(request: pytest.FixtureRequest, record_testsuite_property) -> None:
+    """Name the target in the JUnit XML (``<property name="sglang_version" …>``)."""
+    for name, value in target(request.config).properties().items():
+        record_testsuite_property(name, value)

@@ -1,0 +1,276 @@
+"""The sglang target: resolution (installed, tree, release floor), activation, the adapter's static
+checks, bad targets refused by every entry point (one line, exit 2, nothing run), the matrix tables.
+
+Nothing here imports sglang in this process; trees are small fakes holding only the files the
+static checks read (a "0.4" tree lacks the decode SWA tail), except where the installed one is meant.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.rerun import versions
+from harness.targets.sglang import compat, target
+from harness.targets.sglang.version import UNKNOWN, read_version
+
+REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["pytester"]
+BIN = Path(sys.executable).parent
+
+_CORE_SOURCES = {
+    "disaggregation/decode.py": ("class DecodePreallocQueue:\n    def _swa_tail_len(self, seq_len):\n        pass\n\n"
+                                 "def alloc_for_decode_prealloc(allocator):\n    pass\n"),
+    "mem_cache/allocator/swa.py": "class SWATokenToKVPoolAllocator:\n    pass\n",
+    "runtime_context.py": "def get_context():\n    pass\n",
+}
+
+
+def fake_tree(root: Path, version: str | None = "0.5.21", *, core: bool = True) -> Path:
+    """A directory holding a ``sglang/`` package with the files the static checks read."""
+    pkg = root / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    if version:
+        (pkg / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    for rel, text in _CORE_SOURCES.items():
+        if not core and rel == "disaggregation/decode.py":
+            text = "class DecodePreallocQueue:\n    pass\n"  # a 0.4-era queue: no SWA tail
+        path = pkg / "srt" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _touch(path: Path) -> Path:
+    path.write_text("")
+    return path
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------------------------------- versions
+
+
+def test_version_read_from_the_trees_files(tmp_path):
+    assert read_version(fake_tree(tmp_path / "scm", "0.5.20")) == "0.5.20"
+    info = fake_tree(tmp_path / "dist", None) / "sglang-0.5.19.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.19\n")
+    assert read_version(tmp_path / "dist") == "0.5.19"
+    assert read_version(fake_tree(tmp_path / "bare", None)) == UNKNOWN
+
+
+# ---------------------------------------------------------------------------------------- resolve
+
+
+def test_installed_is_the_importable_sglang_and_puts_nothing_on_the_path():
+    found = target.resolve("installed")
+    assert found.origin == "installed" and found.paths == ()
+    assert (Path(found.root) / "sglang" / "__init__.py").is_file()
+    assert found.version == importlib.metadata.version("sglang")
+    assert found.label() == f"sglang {found.version} (installed)"
+
+
+def test_tree_resolves_a_checkout_root_to_its_python_dir_and_records_git_state(tmp_path):
+    checkout = tmp_path / "sglang-checkout"
+    fake_tree(checkout / "python", "0.5.22")
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "tree"], check=True)
+    clean = target.resolve(str(checkout))
+    assert (clean.origin, clean.version, clean.root) == ("tree", "0.5.22", str((checkout / "python").resolve()))
+    assert clean.commit and len(clean.commit) == 40 and clean.dirty is False
+    (checkout / "python" / "sglang" / "srt" / "runtime_context.py").write_text("def get_context():\n    return 1\n")
+    dirty = target.resolve(str(checkout / "python"))
+    assert dirty.commit == clean.commit and dirty.dirty is True
+    assert dirty.label().endswith(f"@ {clean.commit[:12]}, dirty)")
+    assert target.Target.from_dict(json.loads(json.dumps(dirty.to_dict()))) == dirty
+    assert dirty.properties()["sglang_dirty"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: str(tmp / "missing"), "no such file or directory"),
+        (lambda tmp: str((tmp / "empty").mkdir() or tmp / "empty"), "holds no sglang/ package"),
+        (lambda tmp: str(fake_tree(tmp / "old", "0.4.10", core=False)), "lacks the core the harness drives"),
+        (lambda tmp: "0.4.10", "older than the supported range"),
+        (lambda tmp: str(_touch(tmp / "x.txt")), "is a file but not a wheel"),
+    ],
+    ids=["missing-path", "no-sglang-dir", "tree-without-core", "release-0.4", "not-a-wheel"],
+)
+def test_bad_targets_are_refused_in_one_line(tmp_path, make, message):
+    with pytest.raises(target.TargetError) as raised:
+        target.resolve(make(tmp_path))
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_release_the_index_does_not_have_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(target.CACHE_ENV, str(tmp_path / "cache"))
+    with pytest.raises(target.TargetError, match=r"sglang 0\.5\.999 is not on the package index"):
+        target.resolve("0.5.999")
+    assert not (tmp_path / "cache" / "0.5.999").exists(), "a failed install leaves nothing to reuse"
+
+
+# ---------------------------------------------------------------------------------------- activate
+
+
+def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
+    tree = fake_tree(tmp_path / "tree", "0.5.21")
+    code = ("import os, sys; from harness.targets.sglang import target as t; found = t.select(sys.argv[1]); "
+            "import sglang; print(sglang.__file__); "
+            "import subprocess; print(subprocess.run([sys.executable, '-c', 'import sglang; print(sglang.__file__)'], "
+            "capture_output=True, text=True).stdout.strip()); print(os.environ['HARNESS_SGLANG'])")
+    done = subprocess.run([sys.executable, "-c", code, str(tree)], env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    here, child, spec = done.stdout.split()
+    assert here == child == str(tree.resolve() / "sglang" / "__init__.py")
+    assert spec == str(tree)
+    late = ("import sglang, sys; from harness.targets.sglang import target as t; t.select(sys.argv[1])")
+    done = subprocess.run([sys.executable, "-c", late, str(tree)], env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and "before the target sglang 0.5.21 (tree" in done.stderr.splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------- compat
+
+
+def test_core_and_release_checks_read_source_only(tmp_path):
+    assert compat.core_missing(fake_tree(tmp_path / "ok")) is None
+    assert "DecodePreallocQueue._swa_tail_len" in compat.core_missing(fake_tree(tmp_path / "old", core=False))
+    assert compat.release_refused("0.5.18") and compat.release_refused("0.4.10")
+    assert compat.release_refused("0.5.19") is None and compat.release_refused("0.5.24") is None
+    assert compat.release_deps("0.5.19") and compat.release_deps("0.5.23") == ()
+
+
+def test_triton_only_paged_allocator_runs_interpreted_without_a_gpu_driver(tmp_path, monkeypatch):
+    old = fake_tree(tmp_path / "old")
+    (old / "sglang/srt/mem_cache/allocator/paged.py").write_text("def alloc_extend(): kernel[(1,)]()\n")
+    new = fake_tree(tmp_path / "new")
+    (new / "sglang/srt/mem_cache/allocator/paged.py").write_text("use_triton_kernels = False\n")
+    assert compat.process_env(old, gpu_driver=False) == {"TRITON_INTERPRET": "1"}
+    assert compat.process_env(old, gpu_driver=True) == {} and compat.process_env(new, gpu_driver=False) == {}
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert compat.device_missing("cpu", page_size=64, hisparse=False, root=old)[0] == "paged-allocator-without-triton"
+    assert compat.device_missing("cpu", page_size=1, hisparse=False, root=old) is None
+    assert compat.device_missing("cuda:0", page_size=64, hisparse=True, root=old) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert compat.device_missing("cpu", page_size=64, hisparse=False, root=old) is None
+    assert compat.device_missing("cpu", page_size=256, hisparse=True, root=old)[0] == "device-module-without-accelerator"
+
+
+# ---------------------------------------------------------------------------------------- entry points
+
+
+def _bad_target_cases(tmp_path: Path) -> list[str]:
+    (tmp_path / "empty").mkdir(parents=True)
+    return [str(tmp_path / "missing"), str(tmp_path / "empty"), "0.4.10",
+            str(fake_tree(tmp_path / "old-tree", "0.4.10", core=False))]
+
+
+@pytest.mark.parametrize("entry", ["rerun-test", "gate", "faults", "doctor", "matrix"])
+def test_every_entry_point_refuses_a_bad_target_in_one_line_before_running(tmp_path, entry):
+    for i, bad in enumerate(_bad_target_cases(tmp_path / entry)):
+        run_dir = tmp_path / f"run-{i}"
+        argv = {
+            "rerun-test": [str(BIN / "rerun-test"), "--sglang", bad, "--run-dir", str(run_dir),
+                           "test_decode_reservation.py"],
+            "gate": [str(BIN / "harness"), "gate", "run", "per-commit", "--sglang", bad, "--run-dir", str(run_dir)],
+            "faults": [str(BIN / "harness"), "faults", "check", "--sglang", bad, "--run-dir", str(run_dir)],
+            "doctor": [str(BIN / "harness"), "doctor", "cpu", "--sglang", bad, "--run-dir", str(run_dir)],
+            "matrix": [str(BIN / "harness"), "matrix", "--sglang", f"0.5.23,{bad}", "--run-dir", str(run_dir),
+                       "test_decode_reservation.py"],
+        }[entry]
+        done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, (bad, done.stdout[-500:], done.stderr[-1500:])
+        assert len(lines) == 1 and "sglang" in lines[0], (bad, lines)
+        assert not (run_dir / "junit").exists() and not (run_dir / "report").exists(), f"{bad}: something ran"
+
+
+def test_pytest_refuses_a_bad_target_before_collecting(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pytest", "suites/unit/disaggregation/test_decode_reservation.py",
+                           "-p", "no:cacheprovider", "--sglang", str(tmp_path / "missing")],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "no such file or directory" in done.stderr and "collected" not in done.stdout
+
+
+def test_report_header_and_junit_name_the_target(pytester, tmp_path):
+    tree = fake_tree(tmp_path / "tree", "0.5.21")
+    pytester.makepyfile("def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sglang", str(tree),
+                                           f"--junitxml={tmp_path / 'j.xml'}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"harness: sglang 0.5.21 (tree {tree.resolve()}), root {tree.resolve()}"])
+    xml = (tmp_path / "j.xml").read_text()
+    assert 'name="sglang_version" value="0.5.21"' in xml and 'name="sglang_origin" value="tree"' in xml
+
+
+# ---------------------------------------------------------------------------------------- matrix
+
+
+def test_matrix_tables_count_outcomes_per_target_and_file(tmp_path):
+    summary = {"groups": [{"name": "cpu", "note": "", "cases": [
+        {"nodeid": "suites/a/test_a.py::t1", "outcome": "passed", "message": ""},
+        {"nodeid": "suites/a/test_a.py::t2", "outcome": "skipped", "message": "lacks capability 'x': y"},
+        {"nodeid": "suites/b/test_b.py::t1", "outcome": "failed", "message": "AssertionError: evicted"},
+    ]}]}
+    cells = versions.summarize(summary)
+    assert cells["suites/a/test_a.py"].text() == "1 passed, 1 skipped"
+    assert cells["suites/b/test_b.py"].reasons == ("failed: AssertionError: evicted",)
+    runs = [versions.TargetRun("0.5.21", "sglang 0.5.21 (release)", tmp_path, 1, 12.0, cells),
+            versions.TargetRun("0.5.22", "sglang 0.5.22 (release)", tmp_path, 0, 3.0, {})]
+    text = versions.render_text(runs)
+    assert "test_a.py" in text.splitlines()[0] and "1 passed, 1 skipped" in text
+    assert "sglang 0.5.21 (release) · test_a.py: skipped: lacks capability 'x': y" in text
+    md = versions.render_markdown(runs)
+    assert md.splitlines()[0] == "| target | wall | `test_a.py` | `test_b.py` |"
+    assert versions.to_json(runs)["targets"][0]["files"]["suites/b/test_b.py"]["counts"] == {"failed": 1}
+    assert versions.parse_targets("0.5.21, 0.5.21,,/x") == ["0.5.21", "/x"]
+    assert versions.slug("/src/sglang/python") == "tree-python" and versions.slug("0.5.21") == "0.5.21"
+
+
+def test_a_ray_worker_imports_the_target_the_driver_selected(pytester, tmp_path):
+    tree = fake_tree(tmp_path / "tree", "0.5.21")
+    pytester.makepyfile(f"""
+        from harness.worker import InProcess, Probe, WorkerSpec, start_worker
+
+        def test_worker_sees_the_tree(ray_cluster, tmp_path):
+            w = start_worker(WorkerSpec("probe", InProcess(Probe), run_dir=tmp_path, ready_timeout=120))
+            try:
+                assert w.call("module_file", "sglang") == {str(tree.resolve() / "sglang" / "__init__.py")!r}
+                assert w.call("env", "HARNESS_SGLANG") == {str(tree)!r}
+            finally:
+                w.stop()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sglang", str(tree),
+                                           "--run-dir", str(tmp_path / "run"), timeout=600)
+    result.assert_outcomes(passed=1)
+
+
+def test_rerun_test_refuses_a_release_the_index_does_not_have(tmp_path):
+    env = _env(**{target.CACHE_ENV: str(tmp_path / "cache")})
+    run_dir = tmp_path / "run"
+    done = subprocess.run([str(BIN / "rerun-test"), "--sglang", "0.5.999", "--run-dir", str(run_dir),
+                           "test_decode_reservation.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-1500:]
+    # At most the install's progress line, then the one error line.
+    assert len(lines) <= 2 and "sglang 0.5.999 is not on the package index" in lines[-1]
+    assert not (run_dir / "junit").exists()
