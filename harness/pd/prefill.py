@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.ledger import LedgerConfig
 from harness.pd import kvfill
 from harness.pd.payload import RankPayload
 from harness.pd.spec import KVSpec
@@ -73,6 +74,9 @@ class PrefillWorker(RankPayload):
         self.groups: dict[str, str] = {}
         self.shipped: dict[str, dict[str, set[int]]] = {}
         self.ledger.worker = f"{self.name}/{spec.tag}"
+        # Prefill allocates whole prompts on both pools: no SWA-tail prealloc, no decode window rules.
+        self.record_config(LedgerConfig(page_size=spec.page_size, window=spec.window or None),
+                           self.side.free_sizes())
         return self.device
 
     def layout(self) -> dict[str, list[int]]:
