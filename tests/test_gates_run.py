@@ -277,3 +277,18 @@ def test_gpu_group_without_simulate_fails_with_the_fix(repo, tmp_path):
         "or run on runner 2-gpu-h100",
         "pd: no test ran (0 skipped); a gate needs evidence")
     assert "[pd/2-gpu-h100] not run: needs 2 GPUs" in "\n".join(lines)
+
+
+def test_a_gate_whose_required_dsv4_server_tests_skip_fails_naming_them(tmp_path):
+    """The real DeepSeek-V4 server suite under --simulate: every test skips (it needs real GPUs), so
+    the entry requiring it fails, naming each skipped test and why, instead of passing on nothing."""
+    repo_root = Path(__file__).resolve().parents[1]
+    dsv4 = "suites/disaggregation/test_disaggregation_dsv4_server.py"
+    assert dsv4 in model.get("release").suite("pd").require
+    gate = model.Gate(name="dsv4", suites=(model.GateSuite(name="pd", select=(dsv4,), engine="all", require=(dsv4,)),))
+    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo_root, run_dir=tmp_path / "runs" / "g", simulate=True),
+                             out=lambda line: None)
+    assert result.exit_code == 1
+    skipped = [r for r in result.verdict.reasons if r.startswith(f"pd: required test {dsv4}::")]
+    assert len(skipped) == 10 and all("[8-gpu-h200] skipped: " in r and "real GPUs" in r for r in skipped)
+    assert any("test_probe_ledger_holds_invariants[hisparse-on]" in r for r in skipped)
