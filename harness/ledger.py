@@ -40,6 +40,8 @@ configuration (:class:`LedgerConfig`); it never takes a bound from sglang's own 
     a request never holds more SWA pages than its live span ``[floor, fill)`` covers.
 ``alloc-after-admit``
     a prealloc failed for a request admission had accepted (its pages were promised).
+``probe-unreadable``
+    the writer could not read a field of the event (never a silent None): the note names it.
 ``not-baseline``
     whenever a worker holds no live request and no cached page, every pool's free size equals the
     baseline of its ``config`` event (else the free size the worker started with).
@@ -408,6 +410,8 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
         if ev.kind not in KINDS:
             bad("unknown-kind", ev, f"kind {ev.kind!r} is not one of {', '.join(KINDS)}")
             continue
+        if ev.note.startswith(UNREADABLE):
+            bad("probe-unreadable", ev, f"the probe could not read {ev.note.removeprefix(UNREADABLE).strip()}")
         if ev.kind == "config":
             try:
                 config = LedgerConfig.from_dict(ev.config)
@@ -466,6 +470,8 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
 
 #: ``note`` prefix of an ``alloc_fail`` event for a request admission had accepted.
 ADMITTED = "admitted:"
+#: ``note`` prefix of an event a field of which the writer (a probe) could not read.
+UNREADABLE = "unreadable:"
 
 
 def _count(pages: "tuple[int, ...] | int") -> int:

@@ -286,3 +286,11 @@ def test_baseline_comes_from_the_config_event():
     evs = balanced()
     evs[0] = config(baseline={"full": 704, "swa": 320})
     assert "not-baseline" in rules(evs)
+
+
+def test_a_field_the_probe_could_not_read_fails_naming_it():
+    evs = balanced()
+    evs[1] = Event(**{**evs[1].__dict__, "evicted_seqlen": None,
+                      "note": ledger.UNREADABLE + " evicted_seqlen (AttributeError('kv'))"})
+    got = [v for v in check(evs) if v.rule == "probe-unreadable"]
+    assert len(got) == 1 and "evicted_seqlen (AttributeError('kv'))" in got[0].message

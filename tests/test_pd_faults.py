@@ -101,3 +101,14 @@ def test_corrupted_kv_page_is_caught_naming_request_and_page(fresh, inject):
     err = info.value
     assert err.rid == "r300" and err.pool == "full" and err.where.position == 0
     assert "request r300" in str(err) and f"page {err.where.page}" in str(err)
+
+
+def test_kv_corruption_crosses_ray_intact():
+    """Raised in a decode rank, re-raised in the driver: it must pickle (Ray ships exceptions that way)."""
+    import pickle
+
+    from harness.pd import kvfill
+
+    err = KVCorruption("r3", "swa", kvfill.Mismatch(buffer=1, position=5, page=3, slot=7), "after transfer")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.rid, back.pool, back.where, str(back)) == ("r3", "swa", err.where, str(err))

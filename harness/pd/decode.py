@@ -43,7 +43,12 @@ class KVCorruption(AssertionError):
 
     def __init__(self, rid: str, pool: str, where: kvfill.Mismatch, when: str):
         super().__init__(f"KV corruption in request {rid}: {pool} {where} ({when})")
-        self.rid, self.pool, self.where = rid, pool, where
+        self.rid, self.pool, self.where, self.when = rid, pool, where, when
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Raised in a Ray worker and re-raised in the driver: pickle the constructor's arguments,
+        # not the message (the default), or Ray reports an undeserializable exception instead.
+        return type(self), (self.rid, self.pool, self.where, self.when)
 
 
 class WindowLost(AssertionError):
@@ -105,12 +110,24 @@ class DecodeWorker(RankPayload):
 
     # ---------------------------------------------------------------- set-up
 
-    def configure(self, spec: KVSpec) -> str:
-        """(Re)build the decode side for ``spec``; returns the device."""
+    def configure(self, spec: KVSpec, discard: bool = False) -> str:
+        """(Re)build the decode side for ``spec``; returns the device.
+
+        Args:
+            spec: the pool configuration.
+            discard: drop requests still live (a failed test left them) instead of refusing: the
+                pools are rebuilt, so nothing of them survives.
+
+        Raises:
+            RuntimeError: requests are live and ``discard`` is False.
+        """
         from harness.targets.sglang.decode import DecodeConfig, DecodeSide
         from harness.targets.sglang.pd_decode import Dsv4DecodeSide
         from harness.targets.sglang.prefill import page_buffers
 
+        if discard and self.live:
+            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.live), sorted(self.live))
+            self.live.clear()
         if self.live:
             raise RuntimeError(f"{self.name}: configure() with {len(self.live)} request(s) live")
         self.spec = spec

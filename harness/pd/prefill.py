@@ -52,14 +52,25 @@ class PrefillWorker(RankPayload):
         self.side: Any = None
         self.configure(spec)
 
-    def configure(self, spec: KVSpec) -> str:
+    def configure(self, spec: KVSpec, discard: bool = False) -> str:
         """(Re)build the pools for ``spec``; ledger events of this configuration get their own books.
+
+        Args:
+            spec: the pool configuration.
+            discard: drop requests still held (a failed test left them) instead of refusing: the
+                pools are rebuilt, so nothing of them survives.
 
         Returns:
             The device the pools are on.
+
+        Raises:
+            RuntimeError: requests are still held and ``discard`` is False.
         """
         from harness.targets.sglang.prefill import PrefillSide
 
+        if discard and self.side is not None and self.reqs:
+            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.reqs), sorted(self.reqs))
+            self.reqs.clear()
         if self.side is not None and self.reqs:
             raise RuntimeError(f"{self.name}: configure() with {len(self.reqs)} request(s) still held")
         self.spec = spec

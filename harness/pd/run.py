@@ -82,16 +82,25 @@ class PDPair:
             raise ValueError(f"prefill has {len(prefill)} ranks, decode {len(decode)}: rank→rank needs equal TP")
         self.prefill, self.decode = prefill, decode
 
-    def configure(self, spec: KVSpec) -> None:
+    def configure(self, spec: KVSpec, reset: bool = False) -> None:
         """Rebuild every rank's pools for ``spec`` and check both sides move the same page layout.
 
+        Args:
+            spec: the pool configuration.
+            reset: discard whatever a failed run left on the ranks, then verify every rank is idle
+                at its baseline (so the next test's verdict is its own).
+
         Raises:
-            PDError: the prefill and decode page layouts differ.
+            PDError: the page layouts differ, or (``reset``) a rank is not idle at its baseline.
         """
-        handles_p = [self.prefill.submit(r, "configure", spec) for r in range(len(self.prefill))]
-        handles_d = [self.decode.submit(r, "configure", spec) for r in range(len(self.decode))]
+        handles_p = [self.prefill.submit(r, "configure", spec, reset) for r in range(len(self.prefill))]
+        handles_d = [self.decode.submit(r, "configure", spec, reset) for r in range(len(self.decode))]
         self.prefill.get(handles_p)
         self.decode.get(handles_d)
+        if reset:
+            problems = _idle_problems(self)
+            if problems:
+                raise PDError("the PD pair is not clean after a reset: " + "; ".join(problems))
         lp, ld = self.prefill.all("layout")[0], self.decode.all("layout")[0]
         if lp != ld:
             raise PDError(f"page layouts differ: prefill {lp}, decode {ld}")
