@@ -46,7 +46,7 @@ FAULTS: tuple[Fault, ...] = (
         name="release-leaks-swa",
         description="release frees a request's live SWA segments on the full side only, leaking its SWA pages",
         upstream="sglang#27789 / sglang#36081 (SWA pool page leaks)",
-        evidence=("[page-leak]", "[not-baseline]"),
+        evidence=("[page-leak]", "[not-baseline]", "[free-mismatch]"),
         suites=(_LEDGER, _SWEEP, _PD_MIXED),
     ),
     Fault(
@@ -60,7 +60,7 @@ FAULTS: tuple[Fault, ...] = (
         name="swa-full-length",
         description="decode prealloc charges the SWA pool for the full fill length instead of the window tail",
         upstream="sglang#24036 (SWA prealloc sizing)",
-        evidence=("[swa-charge]", "[evicted-mismatch]"),
+        evidence=("[swa-charge]", "[evicted-mismatch]", "[alloc-after-admit]"),
         suites=(_LEDGER, _SWEEP, _PD_MIXED),
     ),
     Fault(
