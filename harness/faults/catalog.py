@@ -4,7 +4,9 @@ sglang faults are source patches (``harness/faults/patches/<name>.diff``, what a
 each with a marker line proving it ran); the harness's own KV transfer keeps its runtime wrapper
 (:mod:`harness.faults.pd`). Each entry names the evidence its catch must show — ledger rules
 (:mod:`harness.ledger`) or general invariants (``KVCorruption`` / ``WindowLost``: content and window
-verification of every PD request) — and the smallest suite selections that carry it.
+verification of every PD request) — and the smallest suite selection that carries it, which is what
+``harness faults check`` runs in CI; ``harness faults check --all --table`` runs every fault against
+every suite that asserts accounting.
 
 Add a fault: write its diff against the target sglang (paths ``a/sglang/...``, one marker line
 appending the name to ``$HARNESS_FAULT_FIRED`` where the broken code runs) and append an entry.
@@ -22,7 +24,6 @@ _RECLAIM = "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py"
 _PD = "suites/disaggregation/test_disaggregation_basic.py"
 _PD_MIXED = f"{_PD}::test_mixed_prompt_lengths_around_page_boundaries"
 _PD_CONCURRENT = f"{_PD}::test_concurrent_requests_decode_together"
-_PD_RADIX = f"{_PD}::test_radix_cache"
 
 #: Content and window verification of the PD decode ranks (every byte of every request).
 _CONTENT = ("KVCorruption", "WindowLost")
@@ -33,21 +34,21 @@ FAULTS: tuple[Fault, ...] = (
         description="_swa_tail_len no longer floors the window start to a page (and the asserts pinning it are gone)",
         upstream="sglang#35286 / sglang#35396",
         evidence=("[evicted-unaligned]", *_CONTENT),
-        suites=(_LEDGER, _SWEEP, _PD_MIXED),
+        suites=(_LEDGER,),
     ),
     Fault(
         name="swa-tail-short",
         description="_swa_tail_len rounds the window start up to a page: the tail stays aligned but loses the window",
         upstream="sglang#35286 / sglang#35396 class (tail rounding)",
         evidence=("[swa-tail-short]", "[swa-window-lost]", "WindowLost"),
-        suites=(_LEDGER, _SWEEP, _PD_MIXED),
+        suites=(_LEDGER,),
     ),
     Fault(
         name="release-leaks-swa",
         description="release frees a request's live SWA segments on the full side only, leaking its SWA pages",
         upstream="sglang#27789 / sglang#36081 (SWA pool page leaks)",
         evidence=("[page-leak]", "[not-baseline]", "[free-mismatch]"),
-        suites=(_LEDGER, _SWEEP, _PD_MIXED),
+        suites=(_LEDGER,),
     ),
     Fault(
         name="prealloc-no-swa-evict",
@@ -61,14 +62,14 @@ FAULTS: tuple[Fault, ...] = (
         description="decode prealloc charges the SWA pool for the full fill length instead of the window tail",
         upstream="sglang#24036 (SWA prealloc sizing)",
         evidence=("[swa-charge]", "[evicted-mismatch]", "[alloc-after-admit]"),
-        suites=(_LEDGER, _SWEEP, _PD_MIXED),
+        suites=(_LEDGER,),
     ),
     Fault(
         name="decode-reserve-unaligned",
         description="decode prealloc reservation (_prealloc_required_tokens) not rounded up to whole pages",
         upstream="sglang#35265",
         evidence=("[reserve-short]",),
-        suites=(_RESERVATION, _LEDGER, _PD_MIXED),
+        suites=(_RESERVATION,),
     ),
     Fault(
         name="hisparse-budget-swa",
