@@ -11,8 +11,8 @@ reservation covers them, every pool moved by exactly the pages an event names, a
 is returned.
 
 This is the independent line of defence behind sglang's own assertions: if one of them is ever
-lost (``swa-tail-unaligned-noassert`` in the fault catalog), the ledger still sees the unaligned
-floor. Events are checked as they are written (rules about single events), and the whole ledger
+lost (``swa-tail-unaligned`` in the fault catalog removes the floor and the asserts), the ledger
+still sees the unaligned floor. Events are checked as they are written (rules about single events), and the whole ledger
 once every request is released.
 """
 
