@@ -112,3 +112,18 @@ def test_kv_corruption_crosses_ray_intact():
     err = KVCorruption("r3", "swa", kvfill.Mismatch(buffer=1, position=5, page=3, slot=7), "after transfer")
     back = pickle.loads(pickle.dumps(err))
     assert (back.rid, back.pool, back.where, str(back)) == ("r3", "swa", err.where, str(err))
+
+
+def test_a_page_passed_between_requests_within_a_step_is_not_a_cache_eviction(fresh):
+    """Regression (found by a random e2e seed, replayed here): request A's window eviction frees an SWA
+    page and request B's decode takes it in the same step. The ledger must show A freeing it and B
+    taking it, not a phantom radix-cache eviction that double-frees it."""
+    from harness.pd.spec import workload
+
+    spec = KVSpec(kind="swa", page_size=64, window=100, full_tokens=24 * 64, swa_tokens=10 * 64, req_slots=8)
+    fresh.configure(spec)
+    reqs = workload(1972833191, 200, page_size=64, max_prompt=6 * 64, max_steps=12, abort_rate=0.05,
+                    prefix="2-gpu-h100-0-")
+    res = run(fresh, reqs, chunk_pages=8)
+    res.assert_clean()
+    assert not [e for e in res.events if e.rid == ledger.CACHE_OWNER], "radix cache off: no cache evictions"

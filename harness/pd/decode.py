@@ -376,8 +376,20 @@ class DecodeWorker(RankPayload):
         new_all = {k: set().union(*(owned_now[r][k] - owned_before[r][k] for r in owned_now)) for k in before}
         gone_all = {k: set().union(*(owned_before[r][k] - owned_now[r][k] for r in owned_now)) for k in before}
         # Freed by nobody's row (the radix cache's pages), or handed to a request without passing
-        # through the free list (a cache page evicted and reused in the same allocation).
-        self._record_cache_eviction({k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k]) for k in before})
+        # through the free list (a cache page evicted and reused in the same allocation). A page one
+        # request's window eviction gave up and another request took in the same step is neither:
+        # the two requests' own events below free and take it.
+        self._record_cache_eviction({k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k] - gone_all[k])
+                                     for k in before})
+        # Every request's eviction first, then every allocation, so a page moving between two
+        # requests within the step is freed before it is taken again in the ledger too.
+        for lv in lives:
+            rid = lv.req.rid
+            gone = {k: owned_before[rid][k] - owned_now[rid][k] for k in freed}
+            ev = self._evicted(lv.req)
+            if ev != ev_before[rid] or any(gone.values()):
+                self.ledger.record("evict", rid, P, evicted_seqlen=ev,
+                                   pages={k: tuple(sorted(v)) for k, v in gone.items()})
         new_tokens: dict[str, list[tuple[int, int, int]]] = {"full": [], "swa": []}  # (position, seed, loc)
         for lv, loc in zip(lives, out.tolist()):
             rid = lv.req.rid
@@ -389,14 +401,8 @@ class DecodeWorker(RankPayload):
                 new_tokens["swa"].append((pos, seed, int(swa_loc[0])))
             lv.req.output_ids.append(100_001 + pos)  # the "sampled" token
             lv.steps_left -= 1
-            now = owned_now[rid]
-            gone = {k: owned_before[rid][k] - now[k] for k in freed}
-            new = {k: now[k] - owned_before[rid][k] for k in taken}
-            ev = self._evicted(lv.req)
-            if ev != ev_before[rid] or any(gone.values()):
-                self.ledger.record("evict", rid, P, evicted_seqlen=ev,
-                                   pages={k: tuple(sorted(v)) for k, v in gone.items()})
-            self.ledger.record("decode_alloc", rid, P, fill_len=pos + 1, evicted_seqlen=ev,
+            new = {k: owned_now[rid][k] - owned_before[rid][k] for k in taken}
+            self.ledger.record("decode_alloc", rid, P, fill_len=pos + 1, evicted_seqlen=self._evicted(lv.req),
                                pages={k: tuple(sorted(v)) for k, v in new.items()})
         for pool, b0 in (("full", 0), ("swa", len(self.buffers.full))):  # the new tokens' KV, one write per pool
             if new_tokens[pool]:
