@@ -69,8 +69,10 @@ ACCOUNTING_SUITES: tuple[str, ...] = (
 
 #: Seconds one pytest subprocess may run before it is killed (and its run counted as broken).
 DEFAULT_TIMEOUT_S = 900.0
-#: Hypothesis seed of every run, so the sweep draws the same cases clean and broken.
+#: Hypothesis and workload seeds of every run, so the sweep draws the same cases and the PD suites
+#: the same workloads, clean and broken.
 HYPOTHESIS_SEED = 0
+WORKLOAD_SEED = 0
 
 CLEAN = "clean"
 CAUGHT, MISSED, BROKEN, NOT_APPLICABLE, NOT_APPLIED = "caught", "missed", "broken", "n/a", "not-applied"
@@ -277,7 +279,7 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     env[source.FIRED_ENV] = str(fired_file)
     cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label),
-           f"--hypothesis-seed={HYPOTHESIS_SEED}"]
+           f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"]
     if fault is not None:
         cmd += ["--inject-fault", fault]
     logger.info("run %s: %s", label, " ".join(cmd))
