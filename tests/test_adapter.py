@@ -24,12 +24,19 @@ def _python(code: str, env_extra: dict[str, str], *, pythonpath: Path | None = N
 
 
 def test_import_applies_faults_from_env():
-    code = ("import harness.targets.sglang as a, harness.faults as f; "
-            "from sglang.srt.disaggregation.decode import DecodePreallocQueue as Q; "
-            "print(a.ACTIVE_FAULTS, Q._swa_tail_len.__module__)")
-    done = _python(code, {ENV_VAR: "swa-tail-unaligned"})
+    code = ("import harness.targets.sglang as a; from harness.pd import kvfill; "
+            "print(a.ACTIVE_FAULTS, kvfill.pack_pages.__module__)")
+    done = _python(code, {ENV_VAR: "corrupt-kv-page"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "['swa-tail-unaligned'] harness.faults.catalog"
+    assert done.stdout.strip() == "['corrupt-kv-page'] harness.faults.pd"
+
+
+def test_import_refuses_a_patch_fault_the_imported_sglang_does_not_carry():
+    # A source-patch fault lives in a patched copy of sglang (--inject-fault builds it): named in the
+    # env while the installed sglang is imported, it must stop the process, not run unbroken.
+    done = _python("import harness.targets.sglang", {ENV_VAR: "swa-tail-unaligned"})
+    assert done.returncode != 0
+    assert "does not carry them; inject them with --inject-fault" in done.stderr
 
 
 def test_import_rejects_unknown_fault_in_env():

@@ -141,10 +141,17 @@ def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
     from harness.plugins.servers import server_skip_reason
 
     h200 = topology.get("8-gpu-h200")
+    real = SimpleNamespace(gpu_kind="real")
     joined = SimpleNamespace(cluster=None, settings=SimpleNamespace(ray_address="10.0.0.1:6379"),
+                             get_cluster=lambda: real, joined="node0 (8 GPU)",
                              skip_reason=lambda t: f"session says no to {t.name}")
     assert server_skip_reason(joined, h200, ("dsv4",)) == "session says no to 8-gpu-h200"
     assert server_skip_reason(joined, topology.get("cpu"), ()) is None
+    # A joined cluster whose GPUs are Ray resources on nodes without the devices: refused, saying so.
+    real.gpu_kind = "logical"
+    reason = server_skip_reason(joined, h200, ("dsv4",))
+    assert reason.startswith("real sglang servers need real GPUs: the Ray cluster at 10.0.0.1:6379 has logical ones")
+    assert server_skip_reason(joined, topology.get("cpu"), ()) is None  # the CPU stack needs no GPU
     simulated = SimpleNamespace(cluster=SimpleNamespace(simulate=True), settings=SimpleNamespace(ray_address=None),
                                 skip_reason=lambda t: None)
     assert server_skip_reason(simulated, h200, ()).endswith("and --model NAME=PATH for each model")

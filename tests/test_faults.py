@@ -1,10 +1,17 @@
-"""The fault catalog mechanism: names, activation on the running sglang code, undo, env parsing."""
+"""The fault catalog mechanism: names, runtime activation and undo, env parsing, and the source
+patches' effect on real sglang code (in a subprocess importing the patched copy)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 from harness import faults
+from harness.faults import source
 
 
 @pytest.fixture
@@ -21,7 +28,11 @@ def test_catalog_entries_are_complete():
     for name, fault in known.items():
         assert fault.name == name and name == name.lower() and " " not in name
         assert fault.description and "\n" not in fault.description
-        assert fault.upstream and ":" in fault.target and callable(fault.make)
+        assert fault.upstream and fault.evidence and fault.suites
+        if fault.is_patch:
+            assert (source.PATCH_DIR / f"{name}.diff").is_file() and not fault.target
+        else:
+            assert ":" in fault.target and callable(fault.make)
 
 
 def test_unknown_name_lists_the_known_ones():
@@ -36,8 +47,8 @@ def test_parse_names_strips_blanks_and_duplicates():
         "release-leaks-swa", "swa-tail-unaligned"]
 
 
-@pytest.mark.parametrize("name", sorted(faults.catalog()))
-def test_every_fault_applies_to_the_installed_sglang_and_undoes(clean_faults, name):
+@pytest.mark.parametrize("name", sorted(n for n, f in faults.catalog().items() if not f.is_patch))
+def test_every_runtime_fault_applies_and_undoes(clean_faults, name):
     import importlib
 
     fault = faults.get(name)
@@ -58,29 +69,41 @@ def test_every_fault_applies_to_the_installed_sglang_and_undoes(clean_faults, na
 
 def test_activate_from_env_reads_harness_faults(clean_faults):
     assert faults.activate_from_env({}) == []
-    assert faults.activate_from_env({faults.ENV_VAR: "swa-tail-unaligned"}) == ["swa-tail-unaligned"]
+    assert faults.activate_from_env({faults.ENV_VAR: "corrupt-kv-page"}) == ["corrupt-kv-page"]
     with pytest.raises(faults.FaultError):
         faults.activate_from_env({faults.ENV_VAR: "typo"})
 
 
-def test_swa_tail_unaligned_drops_the_page_floor(clean_faults):
-    from harness.targets.sglang import DecodeConfig, DecodeSide
+def _on_patched_copy(tmp_path, names, code):
+    """Run ``code`` in a subprocess whose sglang is a scratch copy with ``names`` applied."""
+    scratch = source.scratch_copy(names, tmp_path / "scratch")
+    fired = tmp_path / "fired.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scratch), os.environ.get("PYTHONPATH", "")]),
+           faults.ENV_VAR: ",".join(names), source.FIRED_ENV: str(fired)}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip(), source.fired(fired)
 
-    side = DecodeSide(DecodeConfig(page_size=64, window=100))
-    assert side.swa_tail_len(300) == 108  # window start 200 floored to 192
-    faults.activate(["swa-tail-unaligned"])
-    assert side.swa_tail_len(300) == 100  # 300 - 100 = 200 evicted: not a multiple of 64
-    faults.deactivate(["swa-tail-unaligned"])
-    assert side.swa_tail_len(300) == 108
+
+def test_swa_tail_patches_move_the_window_start(tmp_path):
+    code = """
+        from harness.targets.sglang import DecodeConfig, DecodeSide
+        print(DecodeSide(DecodeConfig(page_size=64, window=100)).swa_tail_len(300))
+    """
+    # window start 200: floored to 192 (installed), left at 200 (unaligned), rounded up to 256 (short)
+    assert _on_patched_copy(tmp_path / "u", ["swa-tail-unaligned"], code) == ("100", {"swa-tail-unaligned"})
+    assert _on_patched_copy(tmp_path / "s", ["swa-tail-short"], code) == ("44", {"swa-tail-short"})
 
 
-def test_release_leaks_swa_keeps_the_swa_pages(clean_faults):
-    from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
-
-    side = DecodeSide(DecodeConfig(page_size=64, window=100))
-    faults.activate(["release-leaks-swa"])
-    req = make_req("leak", 300)
-    side.prealloc(req)
-    side.release(req)
+def test_release_leaks_swa_keeps_the_swa_pages(tmp_path):
+    code = """
+        from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
+        side = DecodeSide(DecodeConfig(page_size=64, window=100))
+        req = make_req("leak", 300)
+        side.prealloc(req)
+        side.release(req)
+        print(side.snapshot().taken_since(side.baseline))
+    """
     # Full pages came back, the 108-token tail's two SWA pages did not.
-    assert side.snapshot().taken_since(side.baseline) == {"swa": 128}
+    assert _on_patched_copy(tmp_path, ["release-leaks-swa"], code) == ("{'swa': 128}", {"release-leaks-swa"})

@@ -277,3 +277,57 @@ def test_gpu_group_without_simulate_fails_with_the_fix(repo, tmp_path):
         "or run on runner 2-gpu-h100",
         "pd: no test ran (0 skipped); a gate needs evidence")
     assert "[pd/2-gpu-h100] not run: needs 2 GPUs" in "\n".join(lines)
+
+
+def test_a_gate_whose_required_dsv4_server_tests_skip_fails_naming_them(tmp_path):
+    """The real DeepSeek-V4 server suite under --simulate: every test skips (it needs real GPUs), so
+    the entry requiring it fails, naming each skipped test and why, instead of passing on nothing."""
+    repo_root = Path(__file__).resolve().parents[1]
+    dsv4 = "suites/disaggregation/test_disaggregation_dsv4_server.py"
+    assert dsv4 in model.get("release").suite("pd").require
+    gate = model.Gate(name="dsv4", suites=(model.GateSuite(name="pd", select=(dsv4,), engine="all", require=(dsv4,)),))
+    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo_root, run_dir=tmp_path / "runs" / "g", simulate=True),
+                             out=lambda line: None)
+    assert result.exit_code == 1
+    skipped = [r for r in result.verdict.reasons if r.startswith(f"pd: required test {dsv4}::")]
+    assert len(skipped) == 10 and all("[8-gpu-h200] skipped: " in r and "real GPUs" in r for r in skipped)
+    assert any("test_probe_ledger_holds_invariants[hisparse-on]" in r for r in skipped)
+
+
+def _testcase_properties(junit_dir: Path, nodeid_tail: str) -> dict[str, str]:
+    for xml in junit_dir.rglob("*.xml"):
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            if nodeid_tail.endswith(case.get("name", "")):
+                return {p.get("name"): p.get("value") for p in case.iter("property")}
+    return {}
+
+
+@pytest.mark.timeout(1500)
+def test_a_failing_e2e_seed_replays_with_the_same_seed_and_workload(tmp_path, monkeypatch, capsys):
+    """For real: the e2e workload on the simulated 2-GPU topology fails (one corrupted KV page, the
+    harness's runtime fault, reaches the Ray ranks through HARNESS_FAULTS); the gate stores the seed
+    in repro.json and ``rerun-test --from`` runs the same seed, i.e. the same 200 requests."""
+    repo_root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("HARNESS_FAULTS", "corrupt-kv-page")
+    spec = "suites/e2e/test_swa_accounting.py::test_randomized_workload_ledger_balances[radix-off]"
+    gate = model.Gate(name="e2e", suites=(model.GateSuite(name="e2e", select=(spec,), engine="sim",
+                                                          topologies=("2-gpu-h100",)),), workload_seed=4242)
+    run_dir = tmp_path / "runs" / "gate"
+    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo_root, run_dir=run_dir, simulate=True),
+                             out=lambda line: None)
+    assert result.exit_code == 1
+    [(key, rel)] = result.repros.items()
+    bundle = json.loads((run_dir / rel).read_text())
+    assert bundle["failure"]["class"] == "accounting" and "KVCorruption" in bundle["failure"]["message"]
+    seed = bundle["seeds"]["workload"]
+    first = _testcase_properties(run_dir / "suites", spec)
+    assert first["workload_seed"] == str(seed) and first["workload_fingerprint"]
+    log = (run_dir / rel).parent / "pytest.log"
+    assert f"workload_seed={seed} (base 4242)" in log.read_text(), "the failing seed is printed"
+
+    rc = rerun_cli.main(["--from", str(run_dir / rel), "--repo-root", str(repo_root), "--run-dir",
+                         str(tmp_path / "repro"), "--gpus", "0"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "REPRODUCED" in out and "(same class)" in out, out
+    again = _testcase_properties(tmp_path / "repro", spec)
+    assert (again["workload_seed"], again["workload_fingerprint"]) == (str(seed), first["workload_fingerprint"])

@@ -30,7 +30,12 @@ def T(nodeid, outcome, attempts=None, cls="", msg="", group="cpu"):
     ("failure", "ValueError: bad", "", "error"),
     ("error", "failed on setup with TimingError: latency", "", "error"),  # setup problems are never flaky
     # source lines of a traceback do not count, only the raised exception (E lines)
-    ("failure", "PDError: cannot admit", '    """WorkerDied: a rank died."""\nE   PDError: cannot admit', "error"),
+    ("failure", "PDError: cannot admit", '    """WorkerDied: a rank died."""\nE   PDError: cannot admit', "accounting"),
+    ("failure", "ValueError: bad", '    """WorkerDied: a rank died."""\nE   ValueError: bad', "error"),
+    # invariant failures are accounting whatever words they carry, so the flaky policy never reruns them
+    ("failure", "AssertionError: fill 300: [swa-tail-short] tail 44 (throughput fine)", "", "accounting"),
+    ("failure", "KVCorruption in request r3: full buffer 0 (latency)", "", "accounting"),
+    ("failure", "harness.pd.decode.WindowLost: position 200 too slow", "", "accounting"),
 ])
 def test_classify(kind, message, text, expected):
     assert classify.classify(kind, message, text) == expected
@@ -51,7 +56,33 @@ def test_failures_from_junit_matches_rerun_node_ids():
         classify.failures_from_junit("<nope")
 
 
+def test_flaky_policy_never_reruns_an_invariant_failure():
+    from harness.gates.model import FlakyPolicy
+
+    policy = FlakyPolicy(reruns=3, classes=("accuracy", "timing"))
+    for message in ("AssertionError: [reserve-short] pool 'swa' (latency)", "KVCorruption: tokens/s"):
+        assert not policy.may_rerun(classify.classify("failure", message), 1)
+    assert policy.may_rerun(classify.classify("failure", "TimingError: decode latency 12 ms"), 1)
+
+
 # ------------------------------------------------------------------ verdict
+
+
+def test_a_required_test_that_skipped_fails_the_gate_naming_it_and_its_reason():
+    dsv4 = "suites/disaggregation/test_disaggregation_dsv4_server.py"
+    tests = (T("suites/unit/test_a.py::test_ok", "passed"),
+             T(f"{dsv4}::test_pd_matches_plain[hisparse-off]", "skipped", group="8-gpu-h200",
+               msg="needs 8 real GPUs (8-gpu-h200); this machine has 0"))
+    pd = SuiteOutcome("pd", True, 1.0, tests, require=(dsv4,))
+    v = judge([pd])
+    assert not v.passed
+    assert v.reasons == (f"pd: required test {dsv4}::test_pd_matches_plain[hisparse-off] [8-gpu-h200] skipped: "
+                         "needs 8 real GPUs (8-gpu-h200); this machine has 0",)
+    # not collected at all is no better than skipped; and a required test that ran passes
+    assert "did not run here" in judge([SuiteOutcome("pd", True, 1.0, tests[:1], require=(dsv4,))]).reasons[0]
+    ran = (tests[0], T(f"{dsv4}::test_pd_matches_plain[hisparse-off]", "passed", group="8-gpu-h200"))
+    assert judge([SuiteOutcome("pd", True, 1.0, ran, require=(dsv4,))]).passed
+
 
 
 def test_required_failure_fails_informational_only_warns():

@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness import ledger
-from harness.ledger import Event, LedgerWriter, check
+from harness.ledger import Event, LedgerConfig, LedgerWriter, check
 
 P = 64
 W = 100
+CONFIG = LedgerConfig(page_size=P, window=W, swa_tail=True, eviction_interval=1)
+BASELINE = {"full": 640, "swa": 320}
 
 
 def ev(seq, kind, rid="r0", worker="d0", component="decode", **kw) -> Event:
     kw.setdefault("page_size", P)
-    kw.setdefault("window", W)
     return Event(seq=seq, ts=0.0, kind=kind, rid=rid, component=component, worker=worker, **kw)
+
+
+def config(config: LedgerConfig = CONFIG, baseline=None, seq=-1, worker="d0") -> Event:
+    return ev(seq, "config", rid=ledger.CONFIG_RID, worker=worker, **ledger.config_event(config, baseline or BASELINE))
 
 
 def balanced() -> list[Event]:
     """fill 300, window 100, page 64: full pages 0-4, SWA tail pages 7,8 (evicted 192); one decode page."""
     return [
+        config(),
         ev(0, "prealloc", fill_len=300, swa_tail_len=108, evicted_seqlen=192,
            pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)},
            free_before={"full": 640, "swa": 320}, free_after={"full": 320, "swa": 192}),
         ev(1, "transfer", pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)}),
-        ev(2, "decode_alloc", fill_len=320, pages={"full": (), "swa": ()}),
-        ev(3, "decode_alloc", fill_len=321, pages={"full": (5,), "swa": (9,)},
+        ev(2, "decode_alloc", fill_len=320, evicted_seqlen=192, pages={"full": (), "swa": ()}),
+        ev(3, "decode_alloc", fill_len=321, evicted_seqlen=192, pages={"full": (5,), "swa": (9,)},
            free_before={"full": 320, "swa": 192}, free_after={"full": 256, "swa": 128}),
         ev(4, "evict", evicted_seqlen=256, pages={"swa": (7,)}, free_before={"swa": 128}, free_after={"swa": 192}),
         ev(5, "release", pages={"full": (0, 1, 2, 3, 4, 5), "swa": (8, 9)},
@@ -36,8 +44,10 @@ def rules(events) -> list[str]:
 
 
 def replace(events, i, **kw):
-    e = events[i]
-    return events[:i] + [Event(**{**e.__dict__, **kw})] + events[i + 1:]
+    """``events`` with event seq ``i`` changed (the config event is at index 0, seq -1)."""
+    k = next(j for j, e in enumerate(events) if e.seq == i and e.kind != "config")
+    e = events[k]
+    return events[:k] + [Event(**{**e.__dict__, **kw})] + events[k + 1:]
 
 
 def test_balanced_run_has_no_violations():
@@ -60,12 +70,12 @@ def test_double_free():
 
 
 def test_double_alloc():
-    evs = balanced()[:1] + [ev(1, "prealloc", rid="r1", pages={"full": (4,)})]
+    evs = balanced()[:2] + [ev(1, "prealloc", rid="r1", pages={"full": (4,)})]
     assert "page-double-alloc" in rules(evs)
 
 
 def test_free_by_other_request():
-    evs = balanced()[:1] + [ev(1, "prealloc", rid="r1", pages={"full": (9,)}),
+    evs = balanced()[:2] + [ev(1, "prealloc", rid="r1", pages={"full": (9,)}),
                             ev(2, "release", rid="r1", pages={"full": (9, 0)})]
     assert "page-double-free" in rules(evs)
 
@@ -81,13 +91,13 @@ def test_negative_eviction_floor():
 
 
 def test_evicted_must_match_fill_minus_tail():
-    evs = replace(balanced(), 0, swa_tail_len=44)
+    evs = replace(balanced(), 0, swa_tail_len=144)  # within the tail bounds, but fill - tail = 156 != 192
     assert rules(evs) == ["evicted-mismatch"]
 
 
-def test_swa_over_window_when_decode_does_not_evict():
-    # bound for window 100, page 64: ceil(164 / 64) = 3 pages; holding 7, 8, 9 and then 10 is too many
-    evs = balanced()[:4] + [ev(4, "decode_alloc", pages={"swa": (10,)})]
+def test_swa_over_window_when_pages_outlive_the_floor():
+    # seq 321, floor 192: the live span covers pages 3..5 (3 pages); holding 7, 8, 9 and then 10 is too many
+    evs = balanced()[:5] + [ev(4, "decode_alloc", pages={"swa": (10,)})]
     assert "swa-over-window" in rules(evs)
 
 
@@ -146,7 +156,7 @@ def test_writer_reader_round_trip(tmp_path):
     with open(path, "a") as fh:
         fh.write('{"seq": 99, "kin')  # a worker killed mid-line
     back = ledger.read(path)
-    assert [(e.kind, e.pages) for e in back] == [(e.kind, e.pages) for e in balanced()]
+    assert [(e.kind, e.pages, e.config) for e in back] == [(e.kind, e.pages, e.config) for e in balanced()]
     assert check(ledger.read_dir(path.parent)) == []
 
 
@@ -181,3 +191,106 @@ def test_reset_drops_pages_a_prefix_cache_kept():
     ]
     assert check(evs) == []
     assert rules(evs[:2]) == ["page-leak"]
+
+
+# ------------------------------------------------------------------ rules derived from the configuration
+# Each rule: the balanced stream passes, and one hand-made stream that breaks it (and only it) fails.
+
+
+def prealloc(fill, tail, floor, swa, full=None, seq=0, config_=CONFIG, **kw) -> list[Event]:
+    full = tuple(range(-(-fill // P))) if full is None else full
+    return [config(config_), ev(seq, "prealloc", fill_len=fill, swa_tail_len=tail, evicted_seqlen=floor,
+                                pages={"full": full, "swa": swa}, **kw)]
+
+
+def test_prealloc_rules_pass_on_sglang_values():
+    # page 64 / window 100: sglang's own tails for fills 300, 1000, 1; radix on keeps max(W, P) + 1 = 101
+    assert rules(prealloc(300, 108, 192, (7, 8))) == ["page-leak"] * 2  # only the missing release
+    assert [r for r in rules(prealloc(1000, 104, 896, (1, 2))) if r != "page-leak"] == []
+    assert [r for r in rules(prealloc(1, 1, 0, (3,))) if r != "page-leak"] == []
+    radix = LedgerConfig(page_size=P, window=W, radix_cache=True, swa_tail=True)
+    assert [r for r in rules(prealloc(300, 108, 192, (7, 8), config_=radix)) if r != "page-leak"] == []
+
+
+def test_tail_one_page_too_long_stays_aligned_and_is_caught():
+    # The review's case: fill 300, tail 172 = 3 pages, floor 128 aligned and == fill - tail, 3 pages
+    # within the old ceil((W + P) / P) cap; the exact rule tail < W + P = 164 catches it.
+    evs = prealloc(300, 172, 128, (6, 7, 8))
+    assert [r for r in rules(evs) if r != "page-leak"] == ["swa-tail-long"]
+
+
+def test_tail_too_short_loses_the_window():
+    # floor rounded up instead of down: tail 44 < W = 100 (aligned, consistent, within every cap)
+    evs = prealloc(300, 44, 256, (8,))
+    assert [r for r in rules(evs) if r != "page-leak"] == ["swa-tail-short"]
+    radix = LedgerConfig(page_size=P, window=W, radix_cache=True, swa_tail=True)
+    # with the radix cache sglang must keep 101 tokens: tail 100 (floor 200 is unaligned too) and 44 are short
+    assert "swa-tail-short" in rules(prealloc(300, 44, 256, (8,), config_=radix))
+
+
+def test_swa_and_full_charge_from_the_config():
+    # tail 108 needs 2 SWA pages; 5 (the whole fill, sglang#24036's bug) is a wrong charge
+    evs = prealloc(300, 108, 192, (0, 1, 2, 3, 4))
+    assert "swa-charge" in rules(evs)
+    evs = prealloc(300, 108, 192, (7, 8), full=(0, 1, 2, 3))
+    assert "full-charge" in rules(evs)
+    # a prefix of 128 reused from the radix cache: 3 new full pages
+    evs = prealloc(300, 108, 192, (7, 8), full=(2, 3, 4), prefix_len=128)
+    assert [r for r in rules(evs) if r != "page-leak"] == []
+
+
+def test_host_charge_from_compression_and_host_page():
+    hisparse = LedgerConfig(page_size=256, window=200, swa_tail=True, host_page=64, compression=4)
+    evs = [config(hisparse), ev(0, "prealloc", page_size=256, fill_len=512, swa_tail_len=256, evicted_seqlen=256,
+                                pages={"host": 2})]
+    assert [r for r in rules(evs) if r != "page-leak"] == []  # 512 // 4 = 128 host tokens = 2 pages
+    evs[1] = Event(**{**evs[1].__dict__, "pages": {"host": 8}})  # uncompressed: 512 / 64
+    assert [r for r in rules(evs) if r != "page-leak"] == ["host-charge"]
+
+
+def test_reservation_must_cover_whole_pages():
+    cfg = LedgerConfig(page_size=P, window=W, swa_tail=True, decode_reserve=512, swa_decode_reserve=512)
+    ok = prealloc(300, 108, 192, (7, 8), config_=cfg, reserved={"full": 320 + 512, "swa": 128 + 512})
+    assert [r for r in rules(ok) if r != "page-leak"] == []
+    # not rounded to pages (sglang#35265): 300 + 512 and 108 + 512, hidden by the reserve unless it is subtracted
+    short = prealloc(300, 108, 192, (7, 8), config_=cfg, reserved={"full": 300 + 512, "swa": 108 + 512})
+    assert [r for r in rules(short) if r != "page-leak"] == ["reserve-short", "reserve-short"]
+
+
+def test_decode_window_lost_when_floor_passes_the_window():
+    evs = replace(balanced(), 3, evicted_seqlen=256)  # seq 321: positions 221.. must keep SWA slots
+    assert "swa-window-lost" in rules(evs)
+
+
+@pytest.mark.parametrize("interval, floor, late", [(1, 128, True), (128, 128, False), (128, 0, True)])
+def test_decode_eviction_late_by_the_interval(interval, floor, late):
+    # seq 321: 320 - floor tokens keep SWA slots; interval 1 allows 191, interval 128 allows 227
+    cfg = LedgerConfig(page_size=P, window=W, swa_tail=True, eviction_interval=interval)
+    evs = [config(cfg), ev(0, "decode_alloc", rid="x", fill_len=321, evicted_seqlen=floor, pages={"swa": 1})]
+    assert ("swa-evict-late" in rules(evs)) is late
+
+
+def test_no_config_means_no_bound():
+    evs = [e for e in balanced() if e.kind != "config"]
+    assert "no-config" in rules(evs)
+
+
+def test_alloc_fail_after_admission():
+    evs = [config(), ev(0, "alloc_fail", fill_len=300, note=ledger.ADMITTED + " KV cache is full")]
+    assert rules(evs) == ["alloc-after-admit"]
+    assert rules([config(), ev(0, "alloc_fail", fill_len=300, note="too long")]) == []
+
+
+def test_baseline_comes_from_the_config_event():
+    # the first event already started from a pool that lost a page: the config's baseline catches it
+    evs = balanced()
+    evs[0] = config(baseline={"full": 704, "swa": 320})
+    assert "not-baseline" in rules(evs)
+
+
+def test_a_field_the_probe_could_not_read_fails_naming_it():
+    evs = balanced()
+    evs[1] = Event(**{**evs[1].__dict__, "evicted_seqlen": None,
+                      "note": ledger.UNREADABLE + " evicted_seqlen (AttributeError('kv'))"})
+    got = [v for v in check(evs) if v.rule == "probe-unreadable"]
+    assert len(got) == 1 and "evicted_seqlen (AttributeError('kv'))" in got[0].message

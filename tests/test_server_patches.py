@@ -150,3 +150,19 @@ def test_prefill_probe_records_only_flushes(tmp_path):
     """, role="prefill", probe_run_dir=str(tmp_path), worker="prefill-x", compat_patches=())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ok" in r.stdout
+
+
+def test_probe_config_comes_from_the_queue_and_an_unreadable_field_is_named(monkeypatch):
+    """The probe's config event is the server's configuration (here a real decode queue), and a field it
+    cannot read raises with its name instead of turning into a silent None."""
+    from harness.targets.sglang import DecodeConfig, DecodeSide
+    from harness.targets.sglang.server import probe
+
+    monkeypatch.delenv("SGLANG_SWA_EVICTION_INTERVAL", raising=False)
+    side = DecodeSide(DecodeConfig(page_size=64, window=100, radix_cache=True))
+    assert probe._config_of(side.queue) == side.ledger_config(eviction_interval=128)  # sglang's default interval
+    with pytest.raises(probe.ProbeReadError, match=r"evicted_seqlen \(req.kv.get_evicted_seqlen"):
+        probe._evicted_seqlen(object())
+    broken = type("Queue", (), {"token_to_kv_pool_allocator": side.allocator, "scheduler": object()})()
+    with pytest.raises(probe.ProbeReadError, match="scheduler.sliding_window_size"):
+        probe._config_of(broken)

@@ -1,12 +1,14 @@
-"""``harness faults list`` and ``harness faults check [--fault NAME ...] [--suite PATH ...] [--json]``.
+"""``harness faults list`` and ``harness faults check [--fault NAME ...] [--suite PATH ... | --all] [--json | --table]``.
 
-``list`` prints the fault catalog: name, the upstream issue it mirrors, the suites it targets and a
-one-line description. ``check`` runs the kill matrix (``harness.faults.matrix``): the clean run of
-every targeted suite, then each fault in a fresh pytest subprocess, and writes the run's HTML page
+``list`` prints the fault catalog: name, the upstream issue it mirrors, its form (source patch or
+runtime wrapper), the evidence a catch must show, the suites it targets and a one-line description.
+``check`` runs the kill matrix (``harness.faults.matrix``): the clean run of every selected suite
+(or ``--clean-junit``), then each fault in a fresh pytest subprocess, and writes the run's HTML page
 (``<run-dir>/report/index.html``: the fault × suite table, each run's tests with their KV-pool
-timelines); it exits 0 when the clean run passed and every applicable fault was caught, 1 otherwise,
-2 on bad input. ``--sglang TARGET`` runs it against another sglang (a fault that cannot apply to it
-says so and is not counted).
+timelines); it exits 0 when the clean run passed and no fault was missed or broken, 1 otherwise, 2
+on bad input. ``--all`` runs every fault against every suite that asserts accounting; ``--table``
+prints the fault x suite table (markdown) after the matrix. ``--sglang TARGET`` runs it against
+another sglang (a fault that cannot apply to it says so and is not counted).
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--clean-junit", metavar="XML", type=Path,
                        help="take the clean run from this JUnit report (pytest --junitxml=XML -o junit_family=xunit1) "
                             "of a run that already ran the targeted suites, instead of running them again")
+    check.add_argument("--all", action="store_true", dest="all_suites",
+                       help="run every fault against every suite that asserts accounting (slow: real servers too)")
     check.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    check.add_argument("--table", action="store_true", help="also print the fault x suite table (markdown)")
     check.add_argument("--jobs", type=int, default=2, help="fault runs at a time (default 2)")
     check.add_argument("--timeout", type=float, default=matrix.DEFAULT_TIMEOUT_S,
                        help=f"seconds one pytest run may take (default {matrix.DEFAULT_TIMEOUT_S:.0f})")
@@ -52,8 +57,10 @@ def _list(args: argparse.Namespace) -> int:
     known = faults.catalog()
     width = max(len(name) for name in known)
     for name, fault in known.items():
-        print(f"{name:<{width}}  {fault.upstream}")
+        form = "source patch" if fault.is_patch else f"runtime wrapper of {fault.target}"
+        print(f"{name:<{width}}  {fault.upstream}  [{form}]")
         print(f"{'':<{width}}  {fault.description}")
+        print(f"{'':<{width}}  evidence: {' | '.join(fault.evidence)}")
         print(f"{'':<{width}}  suites: {' '.join(matrix.targets_for(name))}")
     return 0
 
@@ -63,8 +70,10 @@ def _validate(args: argparse.Namespace) -> None:
     for name in args.faults or ():
         if name not in known:
             raise UsageError(f"unknown fault {name!r}; `harness faults list` shows the known ones")
+    if args.all_suites and args.suites:
+        raise UsageError("--all and --suite exclude each other; pass one")
     for suite in args.suites or ():
-        if Path(suite).is_absolute() or not (matrix.REPO_ROOT / suite).exists():
+        if Path(suite).is_absolute() or not (matrix.REPO_ROOT / matrix.suite_file(suite)).exists():
             raise UsageError(f"suite {suite!r} not found; pass a path relative to the repository root, "
                              "e.g. suites/unit")
     if args.clean_junit is not None and not args.clean_junit.is_file():
@@ -89,13 +98,16 @@ def _check(args: argparse.Namespace) -> int:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         out_dir = matrix.REPO_ROOT / "runs" / f"faults-{stamp}-{os.getpid()}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = matrix.check(args.faults, suites=tuple(args.suites) if args.suites else None, out_dir=out_dir,
-                          jobs=args.jobs, timeout_s=args.timeout, clean_junit=args.clean_junit)
+    suites = matrix.ACCOUNTING_SUITES if args.all_suites else tuple(args.suites) if args.suites else None
+    result = matrix.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,
+                          clean_junit=args.clean_junit)
     page = matrix.write_page(result, out_dir)
     if args.json:
         print(json.dumps({**matrix.to_dict(result), "report": str(page)}, indent=2))
     else:
         print(matrix.render(result))
+        if args.table:
+            print(matrix.table(result))
         print(f"evidence: {out_dir}")
         print(f"report: {page}")
     return 0 if result.ok else 1

@@ -1,23 +1,29 @@
 """Fault catalog: named, deliberate breakages of the code under test, used to prove suites catch bugs.
 
-A fault replaces one attribute of the running engine code in *this* process (a function in a
-module, a method on a class) with a broken version that mirrors a real upstream bug. Faults are
-the only place the harness replaces engine code, and they are never active unless asked for:
+Two forms (``harness/faults/catalog.py`` lists them):
 
-* by name in the env var ``HARNESS_FAULTS`` (comma-separated), applied when the engine adapter
-  (``harness.targets.sglang``) is imported: the same mechanism therefore works in-process, in Ray
-  workers (env passed through ``runtime_env``) and in server subprocesses;
-* by the pytest option ``--inject-fault NAME`` (``harness/plugins/faults.py``), which sets the env
-  var for the session so every process the tests start inherits it.
+* **source patches** (every sglang fault): a small unified diff against sglang's source, what a bad
+  PR would do (``harness/faults/patches/<name>.diff``), applied to a scratch copy of the target's
+  sglang tree (:mod:`harness.faults.source`) put first on the import path of every process. Each
+  patch adds a marker line, so a run proves the broken code ran (:data:`source.FIRED_ENV`).
+* **runtime wrappers**, only where a patch cannot express the fault (the harness's own KV
+  transfer): the ``module:Qual.name`` attribute is replaced in the running process by
+  ``make(original)``.
 
-Each catalog entry (``harness/faults/catalog.py``) is one :class:`Fault`: a name, a one-line
-description, the upstream issue it mirrors, the ``module:Qual.name`` of the attribute it replaces
-and a factory that takes the original and returns the broken replacement. Targets are strings, so
-listing or validating faults imports nothing from the engine; only :func:`activate` does.
+Either way a fault is active only when asked for: by name in env ``HARNESS_FAULTS`` (comma-separated;
+the adapter ``harness.targets.sglang`` applies runtime faults at import and checks that the sglang
+it imports carries every named patch), and by the pytest option ``--inject-fault NAME``
+(``harness/plugins/faults.py``), which builds the scratch copy, puts it on ``sys.path`` /
+``PYTHONPATH`` and sets the env var, so Ray workers and server subprocesses run the same code.
 
-Failure modes: an unknown name raises :class:`FaultError` naming it and the known names; a target
-that no longer exists in the engine (an upgrade moved it) raises :class:`FaultError` naming the
-target, never silently runs the suites unbroken.
+Each :class:`Fault` names the *evidence* its catch must show — the ledger rules or general
+invariants (``[swa-tail-short]``, ``KVCorruption``, ...) of which one must appear in a failing test's
+report — and the suite selections that carry it (``suites``), which the kill matrix
+(:mod:`harness.faults.matrix`) runs.
+
+Failure modes: an unknown name raises :class:`FaultError` naming it and the known names; a runtime
+target missing from the engine, or a patch fault whose patch is not in the imported sglang, raises
+:class:`FaultError`; the suites never run silently unbroken.
 """
 
 from __future__ import annotations
@@ -46,19 +52,28 @@ class Fault:
         name: kebab-case name used on the command line and in ``HARNESS_FAULTS``.
         description: one line saying what is broken.
         upstream: the upstream issue / PR the fault mirrors (e.g. ``"sglang#35286"``).
-        target: ``"package.module:Attr"`` or ``"package.module:Class.attr"``, the attribute replaced.
-        make: factory ``make(original) -> replacement``; the original is passed so a fault can
-            wrap it (call through and then misbehave) rather than copy it.
-        requires: names of faults applied before this one (a bug spanning two functions, e.g. an
-            unaligned tail *and* its assert bypassed); they are undone with it only if named too.
+        evidence: what a catch must show: substrings of a failing test's report, each a ledger rule
+            (``[rule]``) or a general invariant's exception; one of them must appear.
+        suites: the smallest selections (rerun-test / pytest node ids or files, relative to the
+            repository) whose tests carry the evidence; the kill matrix runs them.
+        target: runtime faults only: ``"package.module:Attr"`` or ``"package.module:Class.attr"``.
+        make: runtime faults only: ``make(original) -> replacement``.
+        requires: names of faults applied before this one; undone with it only if named too.
     """
 
     name: str
     description: str
     upstream: str
-    target: str
-    make: Callable[[Any], Any]
+    evidence: tuple[str, ...] = ()
+    suites: tuple[str, ...] = ()
+    target: str = ""
+    make: Callable[[Any], Any] | None = None
     requires: tuple[str, ...] = ()
+
+    @property
+    def is_patch(self) -> bool:
+        """A source-patch fault (no runtime target): ``harness/faults/patches/<name>.diff``."""
+        return self.make is None
 
 
 @dataclass(frozen=True)
@@ -159,10 +174,11 @@ def activate(names: list[str] | tuple[str, ...]) -> list[str]:
         FaultError: an unknown name or a missing target; nothing from this call stays applied.
     """
     faults = [get(name) for name in _with_required(names)]
+    _check_patched([f.name for f in faults if f.is_patch])
     done: list[str] = []
     try:
         for fault in faults:
-            if fault.name in _APPLIED:
+            if fault.name in _APPLIED or fault.is_patch:
                 continue
             owner, attr = _resolve(fault.target)
             original = vars(owner)[attr]
@@ -175,6 +191,22 @@ def activate(names: list[str] | tuple[str, ...]) -> list[str]:
         deactivate(done)
         raise
     return active()
+
+
+def _check_patched(names: list[str]) -> None:
+    """Raise unless the sglang this process imports is a scratch copy carrying every named patch."""
+    if not names:
+        return
+    from harness.faults import source
+
+    try:
+        package = source.target_tree() / source.PACKAGE
+    except source.PatchError as e:
+        raise FaultError(str(e)) from None
+    missing = [n for n in names if n not in source.applied_in(package)]
+    if missing:
+        raise FaultError(f"patch fault(s) {', '.join(missing)} named in {ENV_VAR} but the sglang imported from "
+                         f"{package} does not carry them; inject them with --inject-fault (it builds the patched copy)")
 
 
 def _with_required(names: list[str] | tuple[str, ...]) -> list[str]:
@@ -206,7 +238,7 @@ def deactivate(names: list[str] | tuple[str, ...] | None = None) -> None:
 
 
 def active() -> list[str]:
-    """Names of the faults applied in this process, in application order."""
+    """Names of the runtime faults applied in this process, in application order."""
     return list(_APPLIED)
 
 

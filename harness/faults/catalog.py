@@ -1,74 +1,92 @@
 """The fault catalog: one :class:`~harness.faults.Fault` entry per deliberate breakage.
 
-Add a fault by appending one entry to ``FAULTS``: a factory that takes the original attribute and
-returns the broken one. Factories reach engine helpers through the original function's own
-globals (``original.__globals__``) so this module imports nothing from the engine; the adapter
-``harness.targets.sglang`` stays the only package importing sglang.
+sglang faults are source patches (``harness/faults/patches/<name>.diff``, what a bad PR would do,
+each with a marker line proving it ran); the harness's own KV transfer keeps its runtime wrapper
+(:mod:`harness.faults.pd`). Each entry names the evidence its catch must show — ledger rules
+(:mod:`harness.ledger`) or general invariants (``KVCorruption`` / ``WindowLost``: content and window
+verification of every PD request) — and the smallest suite selection that carries it, which is what
+``harness faults check`` runs in CI; ``harness faults check --all --table`` runs every fault against
+every suite that asserts accounting.
+
+Add a fault: write its diff against the target sglang (paths ``a/sglang/...``, one marker line
+appending the name to ``$HARNESS_FAULT_FIRED`` where the broken code runs) and append an entry.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 from harness.faults import Fault
 
-_DECODE = "sglang.srt.disaggregation.decode"
-_COMMON = "sglang.srt.mem_cache.common"
+_LEDGER = "suites/unit/disaggregation/test_decode_prealloc_ledger.py"
+_SWEEP = "suites/unit/disaggregation/test_swa_prealloc_accounting.py::test_swa_prealloc_accounting_sweep"
+_RESERVATION = "suites/unit/disaggregation/test_decode_reservation.py"
+_RECLAIM = "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py"
+# The PD pair over (simulated) Ray: decode steps and the P->D page transfer run only there.
+_PD = "suites/disaggregation/test_disaggregation_basic.py"
+_PD_MIXED = f"{_PD}::test_mixed_prompt_lengths_around_page_boundaries"
+_PD_CONCURRENT = f"{_PD}::test_concurrent_requests_decode_together"
 
-
-def _swa_tail_len_without_page_floor(original: Callable[..., int]) -> Callable[..., int]:
-    """``DecodePreallocQueue._swa_tail_len`` as before #35286/#35396: the window start is not
-    floored to a page, so ``fill_len - swa_tail_len`` can be unaligned."""
-    get_disagg = original.__globals__["get_disagg"]
-
-    def _swa_tail_len(self: Any, seq_len: int) -> int:
-        if not self._uses_swa_tail_prealloc() or seq_len <= 0:
-            return max(seq_len, 0)
-        window_size = self.scheduler.sliding_window_size
-        if window_size is None or window_size <= 0:
-            return seq_len
-        page_size = self.token_to_kv_pool_allocator.page_size
-        if get_disagg().disaggregation_decode_enable_radix_cache:
-            window_start = max(0, seq_len - 1 - max(window_size, page_size))
-        else:
-            window_start = max(0, seq_len - window_size)
-        # The fault: no `window_start = window_start // page_size * page_size` here.
-        return seq_len - window_start
-
-    return _swa_tail_len
-
-
-def _free_kv_row_full_side_only(original: Callable[..., None]) -> Callable[..., None]:
-    """``free_kv_row_segments`` that gives every segment back on the full side only, so the
-    request's live SWA pages are never returned (and stay mapped)."""
-
-    def free_kv_row_segments(allocator: Any, segments: list, *, swa_evicted_seqlen: int,
-                             swa_dead_lo: int = 0) -> None:
-        del swa_evicted_seqlen, swa_dead_lo  # the fault ignores which part was SWA-live
-        allocator.free_full_segments(segments)
-
-    return free_kv_row_segments
-
+#: Content and window verification of the PD decode ranks (every byte of every request).
+_CONTENT = ("KVCorruption", "WindowLost")
 
 FAULTS: tuple[Fault, ...] = (
     Fault(
         name="swa-tail-unaligned",
-        description="_swa_tail_len without the floor of the window start to a page boundary",
+        description="_swa_tail_len no longer floors the window start to a page (and the asserts pinning it are gone)",
         upstream="sglang#35286 / sglang#35396",
-        target=f"{_DECODE}:DecodePreallocQueue._swa_tail_len",
-        make=_swa_tail_len_without_page_floor,
+        evidence=("[evicted-unaligned]", *_CONTENT),
+        suites=(_LEDGER,),
+    ),
+    Fault(
+        name="swa-tail-short",
+        description="_swa_tail_len rounds the window start up to a page: the tail stays aligned but loses the window",
+        upstream="sglang#35286 / sglang#35396 class (tail rounding)",
+        evidence=("[swa-tail-short]", "[swa-window-lost]", "WindowLost"),
+        suites=(_LEDGER,),
     ),
     Fault(
         name="release-leaks-swa",
-        description="release frees a request's KV row on the full side only, leaking its SWA pages",
+        description="release frees a request's live SWA segments on the full side only, leaking its SWA pages",
         upstream="sglang#27789 / sglang#36081 (SWA pool page leaks)",
-        target=f"{_COMMON}:free_kv_row_segments",
-        make=_free_kv_row_full_side_only,
+        evidence=("[page-leak]", "[not-baseline]", "[free-mismatch]"),
+        suites=(_LEDGER,),
+    ),
+    Fault(
+        name="prealloc-no-swa-evict",
+        description="_pre_alloc reclaims only full-attention pages, never the evictable SWA pages admission counted",
+        upstream="sglang#40309",
+        evidence=("[alloc-after-admit]",),
+        suites=(_RECLAIM,),
+    ),
+    Fault(
+        name="swa-full-length",
+        description="decode prealloc charges the SWA pool for the full fill length instead of the window tail",
+        upstream="sglang#24036 (SWA prealloc sizing)",
+        evidence=("[swa-charge]", "[evicted-mismatch]", "[alloc-after-admit]"),
+        suites=(_LEDGER,),
+    ),
+    Fault(
+        name="decode-reserve-unaligned",
+        description="decode prealloc reservation (_prealloc_required_tokens) not rounded up to whole pages",
+        upstream="sglang#35265",
+        evidence=("[reserve-short]",),
+        suites=(_RESERVATION,),
+    ),
+    Fault(
+        name="hisparse-budget-swa",
+        description="hisparse decode admission budget from the SWA-clamped available size, not full logical capacity",
+        upstream="sglang#30401 / sglang#30408",
+        evidence=("[admission-short]",),
+        suites=(_SWEEP,),
+    ),
+    Fault(
+        name="decode-skips-swa-evict",
+        description="decode steps never free SWA slots that slid out of the window",
+        upstream="sglang#27789 class (SWA pool growth during decode)",
+        evidence=("[swa-evict-late]", "[swa-over-window]"),
+        suites=(_PD_CONCURRENT,),
     ),
 )
 
-from harness.faults.upstream import FAULTS as _UPSTREAM_FAULTS  # noqa: E402  (needs Fault defined first)
+from harness.faults.pd import FAULTS as _PD_FAULTS  # noqa: E402  (needs Fault defined first)
 
-FAULTS = FAULTS + _UPSTREAM_FAULTS
-from harness.faults.pd import FAULTS as _PD_FAULTS  # noqa: E402
 FAULTS = FAULTS + _PD_FAULTS

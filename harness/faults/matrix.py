@@ -1,21 +1,29 @@
 """The kill matrix: which suites catch which catalog fault, measured by running them.
 
-:func:`check` first runs every targeted suite once with no fault (the clean run, which must pass),
+:func:`check` first runs every selected suite once with no fault (the clean run, which must pass),
 or takes the clean results from a JUnit report of a run that already ran them (``--clean-junit``:
 CI's test run, so the check does not run the same tests twice, :func:`clean_from_junit`), then once
-per fault, each in a fresh ``python -m pytest --inject-fault NAME`` subprocess (the
-plugin puts the name in ``HARNESS_FAULTS``, so the adapter applies it at import, exactly as in a Ray
-worker or a server), at most ``jobs`` at a time. Results are read from each run's JUnit XML, never from its output.
+per fault, each in a fresh ``python -m pytest --inject-fault NAME`` subprocess (the plugin builds the
+patched sglang copy and puts it first on the import path of every process the run starts, or
+applies a runtime fault), at most ``jobs`` at a time. Results are read from each run's JUnit XML,
+never from its output; a fault's marker lines (env ``HARNESS_FAULT_FIRED``) say whether its broken
+code ran.
 
-A fault is *caught* by a suite when a test of that suite passed in the clean run and fails or
-errors with the fault; *missed* when none does; *broken* when the fault run itself could not run
-(pytest's exit code is neither 0 nor 1: collection error, usage error, timeout), which counts as
-not caught. Some faults must be caught by one suite in particular (:data:`REQUIRED`), e.g. the
-unaligned tail with sglang's own assertion bypassed must be caught by the ledger checker.
+Per fault and suite file (a *cell*):
 
-Each fault runs only the suites it targets (:data:`TARGETS`, or a ``TARGETS`` dict in the fault's own
-module, e.g. ``harness/faults/pd.py``); a fault declared nowhere runs :data:`DEFAULT_SUITES`. Paths
-are relative to the repository root.
+* ``caught``: a test that passed in the clean run *failed in its body* with one of the fault's
+  expected evidence strings (:attr:`harness.faults.Fault.evidence`) in its report;
+* ``broken``: no test caught it, but a test failed with other evidence (a different exception,
+  sglang's own assert), errored outside its body (setup / teardown), or the run did not finish;
+* ``missed``: every selected test passed;
+* ``n/a``: the suite was not run for this fault, or every selected test skipped.
+
+A fault is ``caught`` when its code ran (a marker fired) and a cell caught it; ``broken`` when its
+code never ran, or no cell caught it and one is broken; ``missed`` otherwise; ``not-applied`` when its
+patch does not apply to the target (said, run nowhere, and not counted). Each fault runs its
+catalog selections (``Fault.suites``, the smallest that carry the evidence) unless the caller names
+suites (``--suite``, or ``--all`` for every suite that asserts accounting: :data:`ACCOUNTING_SUITES`).
+Paths are relative to the repository root.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from typing import Any, Iterable, Mapping
 
 from harness import faults as fault_catalog
 from harness import html_report, results
+from harness.faults import source
 from harness.results import GroupResult
 
 logger = logging.getLogger(__name__)
@@ -41,37 +50,32 @@ logger = logging.getLogger(__name__)
 #: The repository root (parent of the ``harness`` package); subprocesses run here.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: Suites a fault without a :data:`TARGETS` entry runs.
-DEFAULT_SUITES: tuple[str, ...] = ("suites/unit",)
-
-_LEDGER = "suites/unit/disaggregation/test_decode_prealloc_ledger.py"
-_RESERVATION = "suites/unit/disaggregation/test_decode_reservation.py"
-_RECLAIM = "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py"
-_HISPARSE = "suites/unit/mem_cache/test_hisparse_allocator.py"
-# The PD pair over (simulated) Ray: decode steps and the P->D page transfer run only there.
-_PD_BASIC = "suites/disaggregation/test_disaggregation_basic.py"
-
-#: Fault name -> the suites (files or directories) it is checked against. Kept to fast CPU suites
-#: so the check fits in CI; ``harness faults check --suite PATH`` runs every fault against others.
-TARGETS: dict[str, tuple[str, ...]] = {
-    "swa-tail-unaligned": (_LEDGER, _RESERVATION),
-    "swa-tail-unaligned-noassert": (_LEDGER,),
-    "release-leaks-swa": (_LEDGER,),
-    "prealloc-no-swa-evict": (_RECLAIM,),
-    "swa-full-length": (_LEDGER, _RESERVATION),
-    "decode-reserve-unaligned": (_RESERVATION,),
-    "hisparse-budget-swa": (_HISPARSE,),
-    "decode-skips-swa-evict": (_PD_BASIC,),
-    "corrupt-kv-page": (_PD_BASIC,),
-}
+#: Every suite that asserts accounting (``harness faults check --all``): the unit sweep, ledger,
+#: reservation, reclaim and hisparse suites, the in-worker run of the unit suites, the PD pair and
+#: e2e suites over Ray, and the real-server suites (the DeepSeek-V4 one needs GPUs: n/a elsewhere).
+ACCOUNTING_SUITES: tuple[str, ...] = (
+    "suites/unit/disaggregation/test_swa_prealloc_accounting.py",
+    "suites/unit/disaggregation/test_decode_prealloc_ledger.py",
+    "suites/unit/disaggregation/test_decode_reservation.py",
+    "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py",
+    "suites/unit/mem_cache/test_hisparse_allocator.py",
+    "suites/unit/test_in_ray_worker.py",
+    "suites/disaggregation/test_disaggregation_basic.py",
+    "suites/disaggregation/test_disaggregation_dsv4.py",
+    "suites/e2e/test_swa_accounting.py",
+    "suites/disaggregation/test_disaggregation_basic_server.py",
+    "suites/disaggregation/test_disaggregation_swa_server.py",
+    "suites/disaggregation/test_disaggregation_dsv4_server.py",
+)
 
 #: Fault name -> the capabilities of the sglang target it needs (names in
-#: ``harness.targets.sglang.compat.CAPABILITIES``): a fault rebuilt from one release's code, or
-#: breaking a step a release does not have, cannot apply to a target lacking them. Such a fault is
-#: reported not applicable (with the missing capability) and neither run nor counted.
+#: ``harness.targets.sglang.compat.CAPABILITIES``): a fault breaking a step a release does not have,
+#: or whose suites cannot run on this device for that release, cannot apply to a target lacking them.
+#: Such a fault is reported not applied (with the missing capability) and neither run nor counted;
+#: a patch that does not apply to the target's source is reported the same way.
 NEEDS: dict[str, tuple[str, ...]] = {
     "swa-tail-unaligned": ("decode-prealloc-swa-tail",),
-    "swa-tail-unaligned-noassert": ("decode-prealloc-swa-tail", "decode-prealloc-async-h2d"),
+    "swa-tail-short": ("decode-prealloc-swa-tail",),
     "release-leaks-swa": ("free-kv-row-segments",),
     "prealloc-no-swa-evict": ("decode-radix-swa-reclaim",),
     "swa-full-length": ("decode-prealloc-swa-tail",),
@@ -80,16 +84,15 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "decode-skips-swa-evict": ("free-swa-out-of-window-slots",),
 }
 
-#: Fault name -> the suite that must be among its catchers (a claim the check verifies).
-REQUIRED: dict[str, str] = {
-    "swa-tail-unaligned-noassert": _LEDGER,  # sglang's assert is gone: the ledger checker must see it
-}
-
 #: Seconds one pytest subprocess may run before it is killed (and its run counted as broken).
 DEFAULT_TIMEOUT_S = 900.0
+#: Hypothesis and workload seeds of every run, so the sweep draws the same cases and the PD suites
+#: the same workloads, clean and broken.
+HYPOTHESIS_SEED = 0
+WORKLOAD_SEED = 0
 
 CLEAN = "clean"
-CAUGHT, MISSED, BROKEN, NOT_APPLICABLE = "caught", "missed", "broken", "n/a"
+CAUGHT, MISSED, BROKEN, NOT_APPLICABLE, NOT_APPLIED = "caught", "missed", "broken", "n/a", "not-applied"
 _FAILING = ("failed", "error")
 
 
@@ -100,14 +103,17 @@ class TestOutcome:
     Attributes:
         test_id: ``path::name`` (``path::Class::name`` inside a class), like a pytest node id.
         file: the test file, relative to the repository root ("" for a collection error).
-        outcome: ``passed``, ``failed``, ``error`` or ``skipped``.
+        outcome: ``passed``, ``failed`` (in the test body), ``error`` (setup, teardown,
+            collection) or ``skipped``.
         message: the failure / error message (first line), "" when it passed.
+        text: the whole message and traceback, where the evidence is looked for.
     """
 
     test_id: str
     file: str
     outcome: str
     message: str = ""
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ class SuiteRun:
         wall_s: seconds it ran.
         junit: its JUnit XML file.
         log: its stdout + stderr.
+        fired: the fault names its marker lines wrote (empty for the clean run).
     """
 
     label: str
@@ -131,6 +138,7 @@ class SuiteRun:
     wall_s: float
     junit: Path
     log: Path
+    fired: frozenset[str] = frozenset()
 
     @property
     def ran(self) -> bool:
@@ -153,15 +161,17 @@ class Cell:
 
     Attributes:
         fault: the fault name.
-        suite: the suite path (as targeted).
-        status: ``caught``, ``missed`` or ``broken``.
-        tests: the ids of the tests that caught it.
+        suite: the suite file.
+        status: ``caught``, ``missed``, ``broken`` or ``n/a``.
+        tests: the ids of the tests that caught it (broken: the tests that failed otherwise).
+        reason: for ``broken``, the first such test's message.
     """
 
     fault: str
     suite: str
     status: str
     tests: tuple[str, ...] = ()
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,8 +180,7 @@ class Verdict:
 
     Attributes:
         fault: the fault name.
-        status: ``caught`` (by at least one suite, and by the required one), ``missed``, ``broken``, or
-            ``n/a`` (the target lacks a capability the fault needs: not run, not counted).
+        status: ``caught``, ``missed``, ``broken`` or ``not-applied`` (see the module docstring).
         reason: why it is not caught ("" when caught).
     """
 
@@ -200,30 +209,33 @@ class Matrix:
 
     @property
     def ok(self) -> bool:
-        """The clean run passed and every applicable fault was caught."""
-        return self.clean.passed and all(v.status in (CAUGHT, NOT_APPLICABLE) for v in self.verdicts)
+        """The clean run passed, no fault was missed or broken, and at least one was caught
+        (a patch that does not apply to the target is said and not counted)."""
+        counted = [v for v in self.verdicts if v.status != NOT_APPLIED]
+        return self.clean.passed and bool(counted) and all(v.status == CAUGHT for v in counted)
 
 
 def targets_for(name: str) -> tuple[str, ...]:
-    """The suites a fault is checked against.
-
-    A fault module may declare its own faults' suites in a module-level ``TARGETS`` dict (name ->
-    suite paths), so a new module needs no edit here; an entry in :data:`TARGETS` wins.
+    """The selections a fault is checked against: its catalog entry's ``suites``.
 
     Args:
         name: a fault name.
 
     Returns:
-        Its :data:`TARGETS` entry, else its module's ``TARGETS`` entry, else :data:`DEFAULT_SUITES`.
+        Node ids or files, relative to the repository root.
 
     Raises:
-        FaultError: an unknown fault name.
+        FaultError: an unknown fault name, or one that names no suite.
     """
-    if name in TARGETS:
-        return TARGETS[name]
-    module = sys.modules.get(getattr(fault_catalog.get(name).make, "__module__", ""))
-    declared = getattr(module, "TARGETS", None) or {}
-    return tuple(declared.get(name, DEFAULT_SUITES))
+    fault = fault_catalog.get(name)
+    if not fault.suites:
+        raise fault_catalog.FaultError(f"fault {name} names no suite that carries its evidence; add Fault.suites")
+    return fault.suites
+
+
+def suite_file(selection: str) -> str:
+    """The file (or directory) part of a selection (``path::test[id]`` -> ``path``)."""
+    return selection.split("::", 1)[0].rstrip("/")
 
 
 # ------------------------------------------------------------------------------------- JUnit
@@ -244,7 +256,9 @@ def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
         cases = results.read_junit(path, root)
     except ValueError:
         return ()
-    return tuple(TestOutcome(test_id=c.nodeid, file=c.file, outcome=c.outcome, message=c.message) for c in cases)
+    # the evidence is looked for in the whole message and traceback, not only the first line
+    return tuple(TestOutcome(test_id=c.nodeid, file=c.file, outcome=c.outcome, message=c.message,
+                             text=f"{c.reason}\n{c.traceback}") for c in cases)
 
 
 # ------------------------------------------------------------------------------------- running
@@ -276,8 +290,13 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     # everything the tests start); a value inherited from the caller must not leak into any run.
     env = dict(os.environ)
     env.pop(fault_catalog.ENV_VAR, None)
+    fired_file = out_dir / "fired" / f"{label}.txt"
+    fired_file.parent.mkdir(parents=True, exist_ok=True)
+    fired_file.unlink(missing_ok=True)
+    env[source.FIRED_ENV] = str(fired_file)
     cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-           "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label)]
+           "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label),
+           f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"]
     if fault is not None:
         cmd += ["--inject-fault", fault]
     logger.info("run %s: %s", label, " ".join(cmd))
@@ -294,43 +313,63 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
             returncode = -signal.SIGKILL
     wall = time.monotonic() - start
     return SuiteRun(label=label, suites=suites, returncode=returncode, outcomes=parse_junit(junit, root),
-                    wall_s=wall, junit=junit, log=log)
+                    wall_s=wall, junit=junit, log=log, fired=frozenset(source.fired(fired_file)))
 
 
 # ------------------------------------------------------------------------------------- matrix
 
 
 def _in_suite(outcome: TestOutcome, suite: str) -> bool:
-    suite = suite.rstrip("/")
+    suite = suite_file(suite)
     return outcome.file == suite or outcome.file.startswith(suite + "/")
 
 
-def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteRun) -> tuple[Cell, ...]:
-    """The matrix row of one fault (pure).
+def has_evidence(outcome: TestOutcome, evidence: Iterable[str]) -> bool:
+    """Whether a failing test's report shows one of the expected evidence strings."""
+    return any(e in outcome.text or e in outcome.message for e in evidence)
+
+
+def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteRun,
+                evidence: tuple[str, ...] = ()) -> tuple[Cell, ...]:
+    """The matrix row of one fault, one cell per suite file (pure; see the module docstring).
 
     Args:
         name: the fault.
-        suites: the suites it targeted.
+        suites: the selections it ran (node ids or files).
         clean: the clean run.
         run: the fault's run.
+        evidence: what a catch must show (default: the fault's catalog entry).
 
     Returns:
-        One :class:`Cell` per suite.
+        One :class:`Cell` per suite file, in first-selected order.
     """
+    evidence = evidence or fault_catalog.get(name).evidence
     clean_passed = {o.test_id for o in clean.outcomes if o.outcome == "passed"}
-    failing = run.failing()
     cells = []
-    for suite in suites:
+    for suite in dict.fromkeys(suite_file(s) for s in suites):
+        mine = [o for o in run.outcomes if _in_suite(o, suite)]
         if not run.ran:
-            cells.append(Cell(name, suite, BROKEN))
+            cells.append(Cell(name, suite, BROKEN, reason=f"pytest exited {run.returncode}"))
             continue
-        caught = tuple(sorted(t for t, o in failing.items() if t in clean_passed and _in_suite(o, suite)))
-        cells.append(Cell(name, suite, CAUGHT if caught else MISSED, caught))
+        counted = [o for o in mine if o.test_id in clean_passed]
+        caught = tuple(sorted(o.test_id for o in counted if o.outcome == "failed" and has_evidence(o, evidence)))
+        other = [o for o in counted if o.outcome in _FAILING and o.test_id not in caught]
+        if caught:
+            cells.append(Cell(name, suite, CAUGHT, caught))
+        elif other:
+            first = other[0]
+            where = "errored outside the test body" if first.outcome == "error" else "failed without the evidence"
+            cells.append(Cell(name, suite, BROKEN, tuple(o.test_id for o in other),
+                              f"{first.test_id} {where}: {first.message}"))
+        elif counted:
+            cells.append(Cell(name, suite, MISSED))
+        else:
+            cells.append(Cell(name, suite, NOT_APPLICABLE, reason="no test of it ran (all skipped)"))
     return tuple(cells)
 
 
 def verdict(name: str, cells: Iterable[Cell], run: SuiteRun) -> Verdict:
-    """One fault's overall result (pure).
+    """One fault's overall result (pure; see the module docstring).
 
     Args:
         name: the fault.
@@ -343,13 +382,14 @@ def verdict(name: str, cells: Iterable[Cell], run: SuiteRun) -> Verdict:
     cells = list(cells)
     if not run.ran:
         return Verdict(name, BROKEN, f"pytest exited {run.returncode} (see {run.log})")
-    catchers = {c.suite for c in cells if c.status == CAUGHT}
-    if not catchers:
-        return Verdict(name, MISSED, "no targeted suite failed")
-    required = REQUIRED.get(name)
-    if required and required not in catchers:
-        return Verdict(name, MISSED, f"not caught by {required}, which must catch it")
-    return Verdict(name, CAUGHT)
+    if name not in run.fired:
+        return Verdict(name, BROKEN, "its broken code never ran (no marker fired): the selection does not reach it")
+    if any(c.status == CAUGHT for c in cells):
+        return Verdict(name, CAUGHT)
+    broken = [c for c in cells if c.status == BROKEN]
+    if broken:
+        return Verdict(name, BROKEN, broken[0].reason)
+    return Verdict(name, MISSED, "no selected test failed with the expected evidence")
 
 
 def _suite_group(suite: str) -> str:
@@ -452,17 +492,18 @@ def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
 
 def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None = None, out_dir: Path,
           jobs: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT,
-          clean_junit: Path | None = None) -> Matrix:
+          clean_junit: Path | None = None, tree: Path | None = None) -> Matrix:
     """Run the clean run, then every fault against its suites, and build the kill matrix.
 
     Args:
         names: the faults to check (default: the whole catalog, in catalog order).
-        suites: run every fault against these suites instead of its :data:`TARGETS`.
-        out_dir: the run directory (``junit/`` and ``workers/`` logs go there).
+        suites: run every fault against these selections instead of its catalog ``suites``.
+        out_dir: the run directory (``junit/``, ``workers/`` logs and ``fired/`` markers go there).
         jobs: fault runs at a time.
         timeout_s: limit of each pytest subprocess.
         root: the repository root.
         clean_junit: take the clean run from this JUnit report instead of running it (:func:`clean_from_junit`).
+        tree: the target's directory holding ``sglang`` (default: :func:`source.target_tree`).
 
     Returns:
         The :class:`Matrix`; its ``runs`` is empty when the clean run did not pass.
@@ -472,11 +513,14 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
     """
     start = time.monotonic()
     names = list(fault_catalog.catalog()) if names is None else [fault_catalog.get(n).name for n in names]
-    lacks = target_lacks(names, root=root)
-    for name, reason in lacks.items():
-        logger.warning("fault %s does not apply: %s", name, reason)
-    every, names = names, [n for n in names if n not in lacks]
-    plan = {name: (suites if suites is not None else targets_for(name)) for name in names}
+    not_applied: dict[str, str] = dict(target_lacks(names, root=root))
+    for name in names:
+        if name not in not_applied and fault_catalog.get(name).is_patch:
+            errors = source.patch_errors(name, tree)
+            if errors:
+                not_applied[name] = "; ".join(errors)
+                logger.warning("fault %s does not apply to the target: %s", name, not_applied[name])
+    plan = {name: (suites if suites is not None else targets_for(name)) for name in names if name not in not_applied}
     union = tuple(dict.fromkeys(s for targeted in plan.values() for s in targeted))
     if clean_junit is not None:
         clean = clean_from_junit(clean_junit, union, root)
@@ -487,13 +531,15 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
         return Matrix(clean=clean, wall_s=time.monotonic() - start)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {name: pool.submit(run_suites, name, plan[name], out_dir, fault=name, timeout_s=timeout_s, root=root)
-                   for name in names}
+                   for name in plan}
         runs = {name: future.result() for name, future in futures.items()}
     cells: list[Cell] = []
     verdicts = []
-    for name in every:
-        if name in lacks:
-            verdicts.append(Verdict(name, NOT_APPLICABLE, lacks[name]))
+    for name in names:
+        if name in not_applied:
+            reason = not_applied[name]
+            verdicts.append(Verdict(name, NOT_APPLIED, reason if reason.startswith("the sglang target lacks")
+                                    else f"patch does not apply: {reason}"))
             continue
         row = build_cells(name, plan[name], clean, runs[name])
         cells.extend(row)
@@ -511,8 +557,8 @@ def to_dict(matrix: Matrix) -> dict[str, Any]:
         matrix: the result of :func:`check`.
 
     Returns:
-        ``{"ok", "wall_s", "clean": {...}, "faults": [{"name", "upstream", "status", "reason",
-        "wall_s", "suites": [{"suite", "status", "tests"}]}]}``.
+        ``{"ok", "wall_s", "clean": {...}, "faults": [{"name", "upstream", "evidence", "status", "reason",
+        "fired", "wall_s", "suites": [{"suite", "status", "tests", "reason"}]}]}``.
     """
     known = fault_catalog.catalog()
     cells_by_fault: dict[str, list[Cell]] = {}
@@ -523,23 +569,25 @@ def to_dict(matrix: Matrix) -> dict[str, Any]:
         return {"returncode": run.returncode, "wall_s": round(run.wall_s, 1), "tests": len(run.outcomes),
                 "failing": sorted(run.failing()), "junit": str(run.junit), "log": str(run.log)}
 
+    def fault_dict(v: Verdict) -> dict[str, Any]:
+        run = matrix.runs.get(v.fault)
+        fault = known.get(v.fault)
+        return {"name": v.fault, "upstream": fault.upstream if fault else "",
+                "evidence": list(fault.evidence) if fault else [], "status": v.status, "reason": v.reason,
+                "fired": bool(run and v.fault in run.fired), "wall_s": round(run.wall_s, 1) if run else 0.0,
+                "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests), "reason": c.reason}
+                           for c in cells_by_fault.get(v.fault, [])]}
+
     return {
         "ok": matrix.ok,
         "wall_s": round(matrix.wall_s, 1),
         "clean": {"passed": matrix.clean.passed, "suites": list(matrix.clean.suites), **run_dict(matrix.clean)},
-        "faults": [
-            {"name": v.fault, "upstream": known[v.fault].upstream if v.fault in known else "",
-             "status": v.status, "reason": v.reason,
-             "wall_s": round(matrix.runs[v.fault].wall_s, 1) if v.fault in matrix.runs else 0.0,
-             "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests)}
-                        for c in cells_by_fault.get(v.fault, [])]}
-            for v in matrix.verdicts
-        ],
+        "faults": [fault_dict(v) for v in matrix.verdicts],
     }
 
 
 def render(matrix: Matrix) -> str:
-    """The matrix as text: one block per fault, one line per targeted suite with the catching tests.
+    """The matrix as text: one block per fault, one line per suite with the catching tests.
 
     Args:
         matrix: the result of :func:`check`.
@@ -560,20 +608,39 @@ def render(matrix: Matrix) -> str:
         cells_by_fault.setdefault(cell.fault, []).append(cell)
     width = max(len(v.fault) for v in matrix.verdicts) if matrix.verdicts else 0
     for v in matrix.verdicts:
-        if v.status == NOT_APPLICABLE:
-            lines.append(f"{v.fault:<{width}}  {'N/A':<6}  {v.reason}")
-            continue
-        run = matrix.runs[v.fault]
-        head = f"{v.fault:<{width}}  {v.status.upper():<6}  ({run.wall_s:.0f} s)"
+        run = matrix.runs.get(v.fault)
+        took = f"({run.wall_s:.0f} s)" if run else ""
+        head = f"{v.fault:<{width}}  {v.status.upper():<11} {took}"
         lines.append(head + (f"  {v.reason}" if v.reason else ""))
         for cell in cells_by_fault.get(v.fault, []):
-            lines.append(f"  {cell.status:<6} {cell.suite}")
-            lines.extend(f"           {t.split('::', 1)[-1]}" for t in cell.tests)
-    caught = sum(v.status == CAUGHT for v in matrix.verdicts)
-    counted = sum(v.status != NOT_APPLICABLE for v in matrix.verdicts)
-    na = len(matrix.verdicts) - counted
-    lines.append(f"{caught}/{counted} faults caught{f' ({na} not applicable to this target)' if na else ''}; "
+            lines.append(f"  {cell.status:<6} {cell.suite}" + (f"  ({cell.reason})" if cell.reason else ""))
+            if cell.status == CAUGHT:
+                lines.extend(f"           {t.split('::', 1)[-1]}" for t in cell.tests)
+    counted = [v for v in matrix.verdicts if v.status != NOT_APPLIED]
+    caught = sum(v.status == CAUGHT for v in counted)
+    lines.append(f"{caught}/{len(counted)} faults caught ({len(matrix.verdicts) - len(counted)} not applied); "
                  f"wall time {matrix.wall_s:.0f} s")
+    return "\n".join(lines)
+
+
+def table(matrix: Matrix) -> str:
+    """The fault x suite table in markdown: one row per fault, one column per suite file run,
+    each cell ``caught`` / ``missed`` / ``broken`` / ``n/a`` (``not run`` where the fault's
+    selection left that suite out).
+
+    Args:
+        matrix: the result of :func:`check`.
+
+    Returns:
+        The table (no trailing newline).
+    """
+    suites = list(dict.fromkeys(c.suite for c in matrix.cells))
+    by = {(c.fault, c.suite): c.status for c in matrix.cells}
+    short = [Path(s).stem.removeprefix("test_") for s in suites]
+    lines = ["| fault | verdict | " + " | ".join(short) + " |", "|---|---|" + "---|" * len(suites)]
+    for v in matrix.verdicts:
+        row = [by.get((v.fault, s), "not run") for s in suites]
+        lines.append(f"| {v.fault} | {v.status} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -600,7 +667,8 @@ def page_table(matrix: Matrix) -> html_report.Table:
         status.append("ok" if v.status == CAUGHT else "bad")
     clean = matrix.clean
     note = (f"clean run {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, exit {clean.returncode}); "
-            f"a fault is caught by a suite when one of its tests passed clean and fails with the fault")
+            f"a fault is caught by a suite when its code ran and a test that passed clean fails in its body "
+            f"with the evidence the fault names")
     if not clean.passed:
         note += "; faults not run: the clean run must pass first"
     return html_report.Table("Fault × suite", ("fault", "upstream", "verdict", *suites), tuple(rows), tuple(status), note)

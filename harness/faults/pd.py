@@ -1,20 +1,18 @@
-"""Faults of the PD end-to-end path: a decode step that keeps out-of-window SWA pages, and a
-prefill that ships one corrupted KV page. Registered in :mod:`harness.faults.catalog`."""
+"""The runtime fault of the harness's own PD transfer: a prefill that ships one corrupted KV page.
+
+A patch cannot express it (the transfer is the harness's, not sglang's), so it replaces
+``harness.pd.kvfill:pack_pages`` in the running prefill worker. Registered in :mod:`harness.faults.catalog`.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from harness.faults import Fault
+from harness.faults.source import FIRED_ENV
 
-
-def _no_swa_window_eviction(original: Callable[..., None]) -> Callable[..., None]:
-    """``free_swa_out_of_window_slots`` that frees nothing: decode steps keep every SWA page."""
-
-    def free_swa_out_of_window_slots(req: Any, pre_len: int, **kwargs: Any) -> None:
-        del req, pre_len, kwargs  # the fault: the window slides but nothing is freed
-
-    return free_swa_out_of_window_slots
+NAME = "corrupt-kv-page"
 
 
 def _corrupt_first_page(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,6 +25,9 @@ def _corrupt_first_page(original: Callable[..., Any]) -> Callable[..., Any]:
             state["done"] = True
             arrays[0] = arrays[0].copy()  # the shipped copy only: the prefill's own page stays intact
             arrays[0].reshape(-1)[0] ^= 0xFF
+            if os.environ.get(FIRED_ENV):  # the same proof a patch's marker line gives
+                with open(os.environ[FIRED_ENV], "a", encoding="utf-8") as fh:
+                    fh.write(NAME + "\n")
         return arrays
 
     return pack_pages
@@ -34,16 +35,11 @@ def _corrupt_first_page(original: Callable[..., Any]) -> Callable[..., Any]:
 
 FAULTS: tuple[Fault, ...] = (
     Fault(
-        name="decode-skips-swa-evict",
-        description="decode steps never free SWA pages that slid out of the window",
-        upstream="sglang#27789 class (SWA pool growth during decode)",
-        target="sglang.srt.mem_cache.common:free_swa_out_of_window_slots",
-        make=_no_swa_window_eviction,
-    ),
-    Fault(
-        name="corrupt-kv-page",
+        name=NAME,
         description="the prefill ships one KV page with a flipped byte",
         upstream="transfer-engine corruption class (e.g. mooncake partial writes)",
+        evidence=("KVCorruption",),
+        suites=("suites/disaggregation/test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",),
         target="harness.pd.kvfill:pack_pages",
         make=_corrupt_first_page,
     ),

@@ -6,7 +6,8 @@ still accounting, and a crash is a crash whatever else its message says):
 ``crash``       a worker or process died (``WorkerDied``, a signal, a segfault, a core dump)
 ``import``      ``ImportError`` / ``ModuleNotFoundError`` / a collection error
 ``timeout``     the test hung past its limit (pytest-timeout, Ray ``GetTimeoutError``)
-``accounting``  a ledger / page-accounting invariant broke (``Violation``, leaks, free-page balances)
+``accounting``  a ledger / page-accounting invariant broke (``Violation``, a ``[rule]`` of the ledger,
+                leaks, free-page balances, KV content or window verification, a PD invariant)
 ``accuracy``    a quality metric fell short (``AccuracyError``, "accuracy", gsm8k/mmlu scores)
 ``timing``      a latency or throughput bound was missed (``TimingError``, "latency", "too slow")
 ``assertion``   any other ``AssertionError``
@@ -32,8 +33,10 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
                          r"worker .* died|process .* (died|exited)|RayActorError|ActorDiedError|OutOfMemoryError", re.I)),
     ("import", re.compile(r"\b(ImportError|ModuleNotFoundError)\b|collection error|error collecting", re.I)),
     ("timeout", re.compile(r"Failed: Timeout|Timeout >|GetTimeoutError|\bTimeoutError\b|timed out", re.I)),
+    # Ledger rules print as "[rule-name]"; KV content / window checks and PD invariants are accounting too.
     ("accounting", re.compile(r"ledger|Violation|accounting|page-(leak|double)|not-baseline|free[_ -]?(pages|slots|size)|"
-                              r"leak(ed)?\b|conservation|swa-over-window|evicted[-_]", re.I)),
+                              r"leak(ed)?\b|conservation|swa-over-window|evicted[-_]|\[[a-z]+(?:-[a-z]+)+\]|"
+                              r"KVCorruption|WindowLost|PreallocError|PDError|invariant", re.I)),
     ("accuracy", re.compile(r"Accuracy|\bgsm8k\b|\bmmlu\b|score .*(below|<)", re.I)),
     ("timing", re.compile(r"Timing(Error)?\b|latency|throughput|too slow|\bTTFT\b|\bITL\b|tokens?/s", re.I)),
     ("assertion", re.compile(r"AssertionError|\bassert\b", re.I)),

@@ -24,6 +24,8 @@ A gate file (``ci/gates/NAME.toml``)::
     timeout = 600                    # optional: overrides the gate's
     min_pass_rate = 1.0              # optional: overrides the gate's
     engine = "sim"                   # optional: pytest --engine (all, sim, sglang-server)
+    require = ["suites/x/test_y.py"] # optional: tests that must RUN on this entry's runner (node ids
+                                     # or prefixes); one that skipped fails the gate with its reason
 
 Every problem is one :class:`GateError`: ``<file>: <key>: <problem>; <fix>``. Defaults live only here.
 """
@@ -56,7 +58,7 @@ _FLAKY_KEYS = {"reruns", "classes"}
 _SEED_KEYS = {"hypothesis", "workload"}
 # A relative directory: segments like rerun-test's spec paths (never an option, a dot file or "..").
 _DIR_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.\-]*/)+$")
-_SUITE_KEYS = {"name", "select", "topologies", "required", "timeout", "min_pass_rate", "engine"}
+_SUITE_KEYS = {"name", "select", "topologies", "required", "timeout", "min_pass_rate", "engine", "require"}
 
 
 class GateError(ValueError):
@@ -91,6 +93,7 @@ class GateSuite:
     timeout: float = DEFAULT_TIMEOUT
     min_pass_rate: float = DEFAULT_MIN_PASS_RATE
     engine: str | None = None
+    require: tuple[str, ...] = ()
 
     def pytest_args(self) -> tuple[str, ...]:
         """Extra pytest arguments of this suite's groups."""
@@ -131,7 +134,7 @@ class Gate:
             "seeds": {"hypothesis": self.hypothesis_seed, "workload": self.workload_seed},
             "suites": [
                 {"name": s.name, "select": list(s.select), "required": s.required, "topologies": list(s.topologies),
-                 "timeout": s.timeout, "min_pass_rate": s.min_pass_rate, "engine": s.engine}
+                 "timeout": s.timeout, "min_pass_rate": s.min_pass_rate, "engine": s.engine, "require": list(s.require)}
                 for s in self.suites
             ],
         }
@@ -201,6 +204,11 @@ def _parse_suite(i: int, table: Any, where: str, gate_timeout: float, gate_rate:
     engine = _take(table, "engine", str, None, where, ctx)
     if engine is not None and engine not in ENGINES:
         raise _fail(where, f"{ctx}engine", f"unknown engine {engine!r}", f"use one of: {', '.join(ENGINES)}")
+    require = _strings(table, "require", where, ctx)
+    for r in require:
+        if not r.startswith("suites/") or ".py" not in r:
+            raise _fail(where, f"{ctx}require", f"{r!r} is not a test of the repository",
+                        'name tests by node id or file, e.g. "suites/disaggregation/test_x.py::test_y"')
     return GateSuite(
         name=name,
         select=_parse_select(_strings(table, "select", where, ctx), where, ctx),
@@ -209,6 +217,7 @@ def _parse_suite(i: int, table: Any, where: str, gate_timeout: float, gate_rate:
         timeout=_timeout(table, where, ctx, gate_timeout),
         min_pass_rate=_rate(table, where, ctx, gate_rate),
         engine=engine,
+        require=require,
     )
 
 

@@ -276,10 +276,19 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
             tests.append(TestOutcome(nodeid=case.nodeid, group=res.name, outcome=tries[-1].outcome,
                                      attempts=tuple(a.outcome for a in tries),
                                      failure_class=last_fail.failure_class if last_fail else "",
-                                     message=last_fail.message if last_fail else ""))
+                                     # a skip keeps its reason: a required test that skipped is named with it
+                                     message=last_fail.message if last_fail else tries[-1].message))
     notes = tuple(f"[{r.name}] {r.note}" for r in results if r.note)
-    outcome = SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, tuple(tests), notes)
+    outcome = SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, tuple(tests), notes,
+                           require=_required_here(entry, p))
     return _EntryRun(entry, outcome, edir, tuple(results), p, attempts, tuple(reruns))
+
+
+def _required_here(entry: GateSuite, p: plan_mod.Plan) -> tuple[str, ...]:
+    """The entry's required tests that this run's plan (its runner's share) selects: a test planned on
+    another runner is that runner's to prove."""
+    planned = [it.nodeid for g in p.groups for it in g.items]
+    return tuple(r for r in entry.require if any(r.startswith(n) or n.startswith(r) for n in planned))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The verdict of a gate run: pure functions from per-suite outcomes to PASS / FAIL with reasons.
 
-A suite entry passes when it ran at least one test, no group failed as a whole (crash of pytest,
-timeout, nothing collected, not runnable here), its pass rate — passed / (passed + failed), skips
+A suite entry passes when it ran at least one test, every test it requires (``require``) ran —
+one that skipped fails the entry with its skip reason, one that never reported fails it too —, no
+group failed as a whole (crash of pytest, timeout, nothing collected, not runnable here), its pass rate — passed / (passed + failed), skips
 excluded, a test that passed on a flaky rerun counts as passed — reaches its ``min_pass_rate``, and
 no test failed with a class that is never tolerated (:data:`NEVER_TOLERATED`: a crash, an import
 error or an accounting violation fails the gate whatever the rate).
@@ -60,6 +61,7 @@ class SuiteOutcome:
         tests: per-test outcomes.
         notes: group-level failures (one line each).
         error: why the entry could not run at all (selection or plan error), else ``""``.
+        require: tests (node ids or prefixes) that must have run on this entry's runner.
     """
 
     name: str
@@ -68,6 +70,7 @@ class SuiteOutcome:
     tests: tuple[TestOutcome, ...] = ()
     notes: tuple[str, ...] = ()
     error: str = ""
+    require: tuple[str, ...] = ()
 
     def count(self, outcome: str) -> int:
         return sum(1 for t in self.tests if t.outcome == outcome)
@@ -130,6 +133,7 @@ def judge_suite(s: SuiteOutcome) -> SuiteVerdict:
     if s.error:
         return SuiteVerdict(s, False, (f"{s.name}: {s.error}",))
     reasons = [f"{s.name}: {n}" for n in s.notes]
+    reasons += _unmet_requirements(s)
     rate = s.pass_rate
     if rate is None:
         reasons.append(f"{s.name}: no test ran ({s.skipped} skipped); a gate needs evidence")
@@ -139,6 +143,19 @@ def judge_suite(s: SuiteOutcome) -> SuiteVerdict:
         if t.failed and (t.failure_class in NEVER_TOLERATED or s.min_pass_rate >= 1.0):
             reasons.append(f"{s.name}: {t.nodeid} [{t.group}] {t.failure_class or t.outcome}: {t.message or t.outcome}")
     return SuiteVerdict(s, not reasons, tuple(reasons))
+
+
+def _unmet_requirements(s: SuiteOutcome) -> list[str]:
+    """A reason per required test that did not run: skipped (with its reason) or never reported."""
+    out = []
+    for req in s.require:
+        matched = [t for t in s.tests if t.nodeid == req or t.nodeid.startswith(req)]
+        if not matched:
+            out.append(f"{s.name}: required test {req} did not run here (not collected on this runner)")
+        for t in matched:
+            if t.outcome == "skipped":
+                out.append(f"{s.name}: required test {t.nodeid} [{t.group}] skipped: {t.message or 'no reason given'}")
+    return out
 
 
 def judge(suites: list[SuiteOutcome], sglang_required: str = "", sglang_installed: str | None = None) -> Verdict:

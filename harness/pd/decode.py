@@ -17,10 +17,11 @@ event whose pages are the ids that left or joined the allocator's free lists.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -28,13 +29,12 @@ import torch
 from harness.pd import kvfill
 from harness.pd.payload import RankPayload
 from harness.pd.prefill import pick_device
-from harness.pd.spec import KVSpec
+from harness.pd.spec import SGLANG_EVICTION_INTERVAL, KVSpec
 from harness.pd.tokens import prompt_ids, seeds
 
 logger = logging.getLogger(__name__)
 
-#: The SWA eviction cadence the harness runs decode with (sglang's default is 128): with 1 a
-#: request never holds more than ceil((window + page) / page) SWA pages, the ledger's bound.
+#: sglang's SWA eviction cadence variable; each decode rank sets it from ``KVSpec.eviction_interval``.
 EVICTION_INTERVAL_ENV = "SGLANG_SWA_EVICTION_INTERVAL"
 
 
@@ -43,7 +43,12 @@ class KVCorruption(AssertionError):
 
     def __init__(self, rid: str, pool: str, where: kvfill.Mismatch, when: str):
         super().__init__(f"KV corruption in request {rid}: {pool} {where} ({when})")
-        self.rid, self.pool, self.where = rid, pool, where
+        self.rid, self.pool, self.where, self.when = rid, pool, where, when
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Raised in a Ray worker and re-raised in the driver: pickle the constructor's arguments,
+        # not the message (the default), or Ray reports an undeserializable exception instead.
+        return type(self), (self.rid, self.pool, self.where, self.when)
 
 
 class WindowLost(AssertionError):
@@ -62,6 +67,24 @@ class _Live:
     steps_left: int
     swa_start: int = 0  # first position whose SWA pages were shipped
     prefix: int = 0  # tokens reused from the decode radix cache (their pages are the cache's)
+
+
+@contextlib.contextmanager
+def _eviction_interval(interval: int | None) -> Iterator[None]:
+    """``SGLANG_SWA_EVICTION_INTERVAL`` for one decode step (sglang reads it at every step); None: unset,
+    so sglang's default applies. Restored after, so a payload run in a test process leaves no trace."""
+    before = os.environ.get(EVICTION_INTERVAL_ENV)
+    if interval is None:
+        os.environ.pop(EVICTION_INTERVAL_ENV, None)
+    else:
+        os.environ[EVICTION_INTERVAL_ENV] = str(interval)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(EVICTION_INTERVAL_ENV, None)
+        else:
+            os.environ[EVICTION_INTERVAL_ENV] = before
 
 
 def _ceil(n: int, p: int) -> int:
@@ -87,12 +110,24 @@ class DecodeWorker(RankPayload):
 
     # ---------------------------------------------------------------- set-up
 
-    def configure(self, spec: KVSpec) -> str:
-        """(Re)build the decode side for ``spec``; returns the device."""
+    def configure(self, spec: KVSpec, discard: bool = False) -> str:
+        """(Re)build the decode side for ``spec``; returns the device.
+
+        Args:
+            spec: the pool configuration.
+            discard: drop requests still live (a failed test left them) instead of refusing: the
+                pools are rebuilt, so nothing of them survives.
+
+        Raises:
+            RuntimeError: requests are live and ``discard`` is False.
+        """
         from harness.targets.sglang.decode import DecodeConfig, DecodeSide
         from harness.targets.sglang.pd_decode import Dsv4DecodeSide
         from harness.targets.sglang.prefill import page_buffers
 
+        if discard and self.live:
+            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.live), sorted(self.live))
+            self.live.clear()
         if self.live:
             raise RuntimeError(f"{self.name}: configure() with {len(self.live)} request(s) live")
         self.spec = spec
@@ -102,12 +137,13 @@ class DecodeWorker(RankPayload):
                               radix_cache=spec.radix_cache, sizes=sizes, device=self.device)
         self.side = Dsv4DecodeSide(config) if spec.kind == "dsv4" and not spec.hisparse else DecodeSide(config)
         self.buffers = page_buffers(self.side.kv_pool, spec.page_size, spec.full_tokens // spec.page_size)
-        self.interval = max(1, int(os.environ.get(EVICTION_INTERVAL_ENV, "128")))
-        # The window the SWA pool must keep per request: sglang evicts once `interval` tokens slid out.
-        self.retained = spec.window + self.interval - 1
+        self.interval = spec.eviction_interval or SGLANG_EVICTION_INTERVAL
+        # SWA tokens a request may keep while decoding (the ledger's bound, new token included).
+        self.retained = self.side.ledger_config(self.interval).decode_span_bound() + 1
         self.reserved: dict[str, tuple[int, int]] = {}
         self.steps = 0
         self.ledger.worker = f"{self.name}/{spec.tag}"
+        self.record_config(self.side.ledger_config(self.interval), self._free())
         return self.device
 
     def layout(self) -> dict[str, list[int]]:
@@ -161,7 +197,7 @@ class DecodeWorker(RankPayload):
         res_full = sum(r[0] for r in self.reserved.values())
         res_swa = sum(r[1] for r in self.reserved.values())
         grow_full = _ceil(fill + steps, P) - _ceil(fill, P)
-        grow_swa = max(0, (-(-(self.retained + P) // P)) * P - _ceil(tail, P))
+        grow_swa = max(0, _ceil(self.retained, P) - _ceil(tail, P))
         full_avail = snap.full + snap.tree_full_evictable - res_full
         swa_avail = snap.swa + snap.tree_swa_evictable - res_swa
         ok = (snap.req_slots > 0 and full_avail >= _ceil(fill, P) + grow_full
@@ -199,14 +235,20 @@ class DecodeWorker(RankPayload):
         grow = self._fits(fill, tail, steps)
         if grow is None:
             return None
+        from harness.ledger import ADMITTED
+        from harness.targets.sglang.decode import PreallocFailed
+
         before, free_before = self._pages(), self._free()
+        reserved = self.side.reservation(req)
         try:
             result = self.side.prealloc(req)
-        except AssertionError as exc:
+        except (AssertionError, PreallocFailed) as exc:
             after = self._pages()
-            self.ledger.record("alloc_fail", rid, P, window=self.retained, fill_len=fill, swa_tail_len=tail,
+            # Admission (_fits, free + evictable) accepted it: a failure here broke admission's promise.
+            note = (ADMITTED + " " if isinstance(exc, PreallocFailed) else "") + str(exc)[:200]
+            self.ledger.record("alloc_fail", rid, P, fill_len=fill, swa_tail_len=tail,
                                pages={k: tuple(sorted(before[k] - after[k])) for k in before},
-                               free_before=free_before, free_after=self._free(), note=str(exc)[:200])
+                               free_before=free_before, free_after=self._free(), note=note)
             raise PreallocError(f"decode prealloc of {rid} (fill {fill}, swa tail {tail}) failed: {exc}") from None
         after = self._pages()
         live = _Live(req, group, prompt_len, steps, prefix=result.prefix_len)
@@ -214,8 +256,9 @@ class DecodeWorker(RankPayload):
         from_cache = {k: (owned[k] - before[k]) | (after[k] - before[k]) for k in before}
         exact = not any(from_cache.values())
         self._record_cache_eviction(from_cache)
-        self.ledger.record("prealloc", rid, P, window=self.retained, fill_len=result.fill_len,
+        self.ledger.record("prealloc", rid, P, fill_len=result.fill_len,
                            swa_tail_len=result.swa_tail_len, evicted_seqlen=self._evicted(req),
+                           prefix_len=result.prefix_len, reserved={"full": reserved[0], "swa": reserved[1]},
                            pages={k: tuple(sorted(v)) for k, v in owned.items()},
                            free_before=free_before if exact else {}, free_after=self._free(),
                            note=f"prefix {result.prefix_len}")
@@ -323,7 +366,8 @@ class DecodeWorker(RankPayload):
         owned_before = {lv.req.rid: self._owned(lv) for lv in lives}
         ev_before = {lv.req.rid: self._evicted(lv.req) for lv in lives}
         before = self._pages()
-        out = decode_step(self.side, [lv.req for lv in lives], self.steps)
+        with _eviction_interval(self.spec.eviction_interval):
+            out = decode_step(self.side, [lv.req for lv in lives], self.steps)
         self.steps += 1
         after = self._pages()
         taken = {k: before[k] - after[k] for k in before}
@@ -332,8 +376,20 @@ class DecodeWorker(RankPayload):
         new_all = {k: set().union(*(owned_now[r][k] - owned_before[r][k] for r in owned_now)) for k in before}
         gone_all = {k: set().union(*(owned_before[r][k] - owned_now[r][k] for r in owned_now)) for k in before}
         # Freed by nobody's row (the radix cache's pages), or handed to a request without passing
-        # through the free list (a cache page evicted and reused in the same allocation).
-        self._record_cache_eviction({k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k]) for k in before})
+        # through the free list (a cache page evicted and reused in the same allocation). A page one
+        # request's window eviction gave up and another request took in the same step is neither:
+        # the two requests' own events below free and take it.
+        self._record_cache_eviction({k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k] - gone_all[k])
+                                     for k in before})
+        # Every request's eviction first, then every allocation, so a page moving between two
+        # requests within the step is freed before it is taken again in the ledger too.
+        for lv in lives:
+            rid = lv.req.rid
+            gone = {k: owned_before[rid][k] - owned_now[rid][k] for k in freed}
+            ev = self._evicted(lv.req)
+            if ev != ev_before[rid] or any(gone.values()):
+                self.ledger.record("evict", rid, P, evicted_seqlen=ev,
+                                   pages={k: tuple(sorted(v)) for k, v in gone.items()})
         new_tokens: dict[str, list[tuple[int, int, int]]] = {"full": [], "swa": []}  # (position, seed, loc)
         for lv, loc in zip(lives, out.tolist()):
             rid = lv.req.rid
@@ -345,14 +401,8 @@ class DecodeWorker(RankPayload):
                 new_tokens["swa"].append((pos, seed, int(swa_loc[0])))
             lv.req.output_ids.append(100_001 + pos)  # the "sampled" token
             lv.steps_left -= 1
-            now = owned_now[rid]
-            gone = {k: owned_before[rid][k] - now[k] for k in freed}
-            new = {k: now[k] - owned_before[rid][k] for k in taken}
-            ev = self._evicted(lv.req)
-            if ev != ev_before[rid] or any(gone.values()):
-                self.ledger.record("evict", rid, P, window=self.retained, evicted_seqlen=ev,
-                                   pages={k: tuple(sorted(v)) for k, v in gone.items()})
-            self.ledger.record("decode_alloc", rid, P, window=self.retained, fill_len=pos + 1,
+            new = {k: owned_now[rid][k] - owned_before[rid][k] for k in taken}
+            self.ledger.record("decode_alloc", rid, P, fill_len=pos + 1, evicted_seqlen=self._evicted(lv.req),
                                pages={k: tuple(sorted(v)) for k, v in new.items()})
         for pool, b0 in (("full", 0), ("swa", len(self.buffers.full))):  # the new tokens' KV, one write per pool
             if new_tokens[pool]:

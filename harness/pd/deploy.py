@@ -3,8 +3,8 @@ and the first decode group, started in parallel in the topology's placement grou
 
 Each worker holds a :class:`~harness.pd.prefill.PrefillWorker` or
 :class:`~harness.pd.decode.DecodeWorker` payload built inside its actor (sglang is imported there,
-never in the driver). Workers get the decode eviction cadence the ledger bound assumes and any
-``HARNESS_FAULTS`` of the driver, so a fault injected for a test reaches the ranks.
+never in the driver). Workers get any ``HARNESS_FAULTS`` of the driver, so a fault injected for a
+test reaches the ranks (the SWA eviction interval comes with each configuration, ``KVSpec``).
 
 Ranks without a real GPU (CPU topologies, simulated GPUs) start as forks of a
 :mod:`harness.forkserver` that already imported what a rank runs
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.pd.decode import EVICTION_INTERVAL_ENV
 from harness.pd.ranks import Ranks
 from harness.pd.run import PDPair
 from harness.pd.spec import KVSpec
@@ -46,8 +45,9 @@ def uses_forkserver(cluster: Any, topology: Topology) -> bool:
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of a PD rank worker: SWA eviction every token, the driver's faults, ``extra``."""
-    env = {EVICTION_INTERVAL_ENV: "1"}
+    """Environment of a PD rank worker: the driver's faults, ``extra``. (The SWA eviction interval is
+    per configuration: each decode rank sets it from ``KVSpec.eviction_interval``.)"""
+    env: dict[str, str] = {}
     if os.environ.get(FAULTS_ENV):
         env[FAULTS_ENV] = os.environ[FAULTS_ENV]
     env.update(extra or {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.ledger import LedgerWriter
+from harness.ledger import CONFIG_RID, LedgerConfig, LedgerWriter, config_event
 from harness.pd.spec import KVSpec
 
 
@@ -47,9 +47,16 @@ class RankPayload:
         """How many ledger events this worker has written."""
         return len(self.ledger.events)
 
+    def record_config(self, config: LedgerConfig, baseline: dict[str, int]) -> None:
+        """Write the ledger ``config`` event every later bound is derived from (after each configure)."""
+        self.ledger.record("config", CONFIG_RID, config.page_size, **config_event(config, baseline))
+
     def ledger_events(self, since: int = 0) -> list[dict[str, Any]]:
-        """This worker's ledger events from index ``since`` on, as JSON objects."""
-        return [e.to_dict() for e in self.ledger.events[since:]]
+        """This worker's ledger events from index ``since`` on, as JSON objects, led by the ``config``
+        event in force at ``since`` (the checker derives its bounds from it)."""
+        events = self.ledger.events
+        head = next((e for e in reversed(events[:since]) if e.kind == "config"), None)
+        return ([head.to_dict()] if head is not None else []) + [e.to_dict() for e in events[since:]]
 
     def close(self) -> None:
         self.ledger.close()

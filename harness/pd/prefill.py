@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.ledger import LedgerConfig
 from harness.pd import kvfill
 from harness.pd.payload import RankPayload
 from harness.pd.spec import KVSpec
@@ -51,14 +52,25 @@ class PrefillWorker(RankPayload):
         self.side: Any = None
         self.configure(spec)
 
-    def configure(self, spec: KVSpec) -> str:
+    def configure(self, spec: KVSpec, discard: bool = False) -> str:
         """(Re)build the pools for ``spec``; ledger events of this configuration get their own books.
+
+        Args:
+            spec: the pool configuration.
+            discard: drop requests still held (a failed test left them) instead of refusing: the
+                pools are rebuilt, so nothing of them survives.
 
         Returns:
             The device the pools are on.
+
+        Raises:
+            RuntimeError: requests are still held and ``discard`` is False.
         """
         from harness.targets.sglang.prefill import PrefillSide
 
+        if discard and self.side is not None and self.reqs:
+            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.reqs), sorted(self.reqs))
+            self.reqs.clear()
         if self.side is not None and self.reqs:
             raise RuntimeError(f"{self.name}: configure() with {len(self.reqs)} request(s) still held")
         self.spec = spec
@@ -73,6 +85,9 @@ class PrefillWorker(RankPayload):
         self.groups: dict[str, str] = {}
         self.shipped: dict[str, dict[str, set[int]]] = {}
         self.ledger.worker = f"{self.name}/{spec.tag}"
+        # Prefill allocates whole prompts on both pools: no SWA-tail prealloc, no decode window rules.
+        self.record_config(LedgerConfig(page_size=spec.page_size, window=spec.window or None),
+                           self.side.free_sizes())
         return self.device
 
     def layout(self) -> dict[str, list[int]]:

@@ -82,16 +82,25 @@ class PDPair:
             raise ValueError(f"prefill has {len(prefill)} ranks, decode {len(decode)}: rank→rank needs equal TP")
         self.prefill, self.decode = prefill, decode
 
-    def configure(self, spec: KVSpec) -> None:
+    def configure(self, spec: KVSpec, reset: bool = False) -> None:
         """Rebuild every rank's pools for ``spec`` and check both sides move the same page layout.
 
+        Args:
+            spec: the pool configuration.
+            reset: discard whatever a failed run left on the ranks, then verify every rank is idle
+                at its baseline (so the next test's verdict is its own).
+
         Raises:
-            PDError: the prefill and decode page layouts differ.
+            PDError: the page layouts differ, or (``reset``) a rank is not idle at its baseline.
         """
-        handles_p = [self.prefill.submit(r, "configure", spec) for r in range(len(self.prefill))]
-        handles_d = [self.decode.submit(r, "configure", spec) for r in range(len(self.decode))]
+        handles_p = [self.prefill.submit(r, "configure", spec, reset) for r in range(len(self.prefill))]
+        handles_d = [self.decode.submit(r, "configure", spec, reset) for r in range(len(self.decode))]
         self.prefill.get(handles_p)
         self.decode.get(handles_d)
+        if reset:
+            problems = _idle_problems(self)
+            if problems:
+                raise PDError("the PD pair is not clean after a reset: " + "; ".join(problems))
         lp, ld = self.prefill.all("layout")[0], self.decode.all("layout")[0]
         if lp != ld:
             raise PDError(f"page layouts differ: prefill {lp}, decode {ld}")
@@ -138,11 +147,33 @@ def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, ma
             are returned in ``problems``, not raised).
         KVCorruption / WindowLost / PreallocError: from the decode ranks (the first one raised).
         WorkerDied: a rank's worker died.
+        Any of them carries the ledger's violations up to the failure as a note (``add_note``).
     """
-    groups = groups or {}
+    marks = pair.ledger_marks()
+    try:
+        return _run(pair, requests, marks, chunk_pages, max_inflight_bytes, groups or {})
+    except Exception as e:
+        # Whatever stopped the run (a rank's KVCorruption, sglang's prealloc failure, a request that
+        # can never be admitted), the ledger written up to here may say why: attach its verdict.
+        _note_ledger(e, pair, marks)
+        raise
+
+
+def _note_ledger(error: BaseException, pair: PDPair, marks: dict[str, list[int]]) -> None:
+    try:
+        violations = ledger.check(pair.events_since(marks))
+    except Exception as e:  # noqa: BLE001 - a dead rank has no ledger to give; the error stands alone
+        logger.warning("no ledger verdict for the failed run: %r", e)
+        return
+    if violations:
+        error.add_note(f"ledger at the failure: {len(violations)} violation(s)\n"
+                       + "\n".join(str(v) for v in violations[:20]))
+
+
+def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]], chunk_pages: int,
+         max_inflight_bytes: int, groups: dict[str, str]) -> RunResult:
     res = RunResult()
     t0 = time.perf_counter()
-    marks = pair.ledger_marks()
     queue = deque(requests)
     running: set[str] = set()
     admissible = True  # False while the queue head waits and nothing has finished since it was refused

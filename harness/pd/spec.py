@@ -6,6 +6,9 @@ import random
 from dataclasses import dataclass
 
 KV_KINDS = ("swa", "dsv4")
+#: sglang's default ``SGLANG_SWA_EVICTION_INTERVAL`` (0.5.23): decode frees SWA slots once this
+#: many tokens slid out of the window.
+SGLANG_EVICTION_INTERVAL = 128
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class KVSpec:
         kv_heads: the model's KV heads (``swa`` pools): each of TP ranks stores ``kv_heads // tp`` of
             them, so TP must divide it. DeepSeek-V4's latent KV has no heads: every rank holds it whole.
         device: ``auto`` (the worker's GPU when torch sees one, else CPU), ``cuda`` or ``cpu``.
+        eviction_interval: ``SGLANG_SWA_EVICTION_INTERVAL`` of the decode ranks; None leaves it
+            unset, so sglang's default (:data:`SGLANG_EVICTION_INTERVAL`) applies.
     """
 
     kind: str = "swa"
@@ -38,6 +43,7 @@ class KVSpec:
     max_context_len: int = 4096
     kv_heads: int = 8
     device: str = "auto"
+    eviction_interval: int | None = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KV_KINDS:
@@ -46,6 +52,8 @@ class KVSpec:
             raise ValueError(f"device {self.device!r} unknown; use auto, cuda or cpu")
         if self.hisparse and self.kind != "dsv4":
             raise ValueError("hisparse needs kind='dsv4'")
+        if self.eviction_interval is not None and self.eviction_interval < 1:
+            raise ValueError(f"eviction_interval={self.eviction_interval} must be >= 1, or None for sglang's default")
         if self.kv_heads < 1:
             raise ValueError(f"kv_heads={self.kv_heads} must be ≥ 1")
         for name in ("full_tokens", "swa_tokens"):
@@ -71,6 +79,7 @@ class KVSpec:
         bits = [self.kind, f"p{self.page_size}", f"w{self.window}"]
         bits += ["hisparse"] if self.hisparse else []
         bits += ["radix"] if self.radix_cache else []
+        bits += [f"i{self.eviction_interval or 'default'}"] if self.eviction_interval != 1 else []
         return "-".join(bits)
 
 

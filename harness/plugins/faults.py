@@ -4,30 +4,42 @@ Option (group ``pd-harness``):
     --inject-fault NAME   apply fault NAME for the whole session (repeatable). Known names and what
                           they break: ``harness faults`` / ``harness.faults.catalog()``.
 
-How: the names are added to env ``HARNESS_FAULTS`` for the session, so the sglang adapter applies
-them when it is imported here, and every process the tests start (Ray workers, server
-subprocesses) inherits them; if the adapter is already imported they are applied at once. At the
-end of the session the faults are undone and the variable restored. Active faults are printed in
-the report header, so a failing run says it was deliberately broken.
+How: source-patch faults are applied to a scratch copy of the target's sglang tree
+(:func:`harness.faults.source.scratch_copy`, in a temporary directory) put first on ``sys.path`` and
+env ``PYTHONPATH``; env ``HARNESS_FAULT_FIRED`` names the file their marker lines append to (kept
+if the caller set it, as the kill matrix does). The names are added to env ``HARNESS_FAULTS`` for the
+session, so the sglang adapter applies runtime faults (and checks the patched copy is the sglang it
+imports) here and in every process the tests start (Ray workers, server subprocesses). At the end
+of the session the faults are undone, the copy removed and the variables restored. Active faults are
+printed in the report header, so a failing run says it was deliberately broken.
 
-Failure modes: an unknown name is a usage error naming the known ones (exit 4, before any test).
+Failure modes (usage errors, exit 4, before any test): an unknown name (naming the known ones), a
+patch that does not apply to the target (naming file and hunk), or a patch fault requested after
+sglang was already imported in this process.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from harness import faults
+from harness.faults import source
+from harness.targets.sglang import target as target_mod
 
 log = logging.getLogger(__name__)
 
 #: The session's injected fault names, and the ``HARNESS_FAULTS`` value before the session.
 injected_key = pytest.StashKey[list[str]]()
-previous_env_key = pytest.StashKey["str | None"]()
+previous_env_key = pytest.StashKey["dict[str, str | None]"]()
+scratch_key = pytest.StashKey["Path | None"]()
+_SAVED = (faults.ENV_VAR, "PYTHONPATH", source.FIRED_ENV, target_mod.OVERLAY_ENV)
 
 _ADAPTER = "harness.targets.sglang"
 
@@ -46,14 +58,38 @@ def pytest_configure(config: pytest.Config) -> None:
     except faults.FaultError as exc:
         raise pytest.UsageError(f"--inject-fault: {exc}") from None
     config.stash[injected_key] = names
-    config.stash[previous_env_key] = os.environ.get(faults.ENV_VAR)
+    config.stash[previous_env_key] = {k: os.environ.get(k) for k in _SAVED}
+    config.stash[scratch_key] = None
     if not names:
         return
     merged = faults.parse_names(",".join([os.environ.get(faults.ENV_VAR, ""), *names]))
+    patches = [n for n in merged if faults.get(n).is_patch]
+    if patches:
+        config.stash[scratch_key] = _put_patched_copy_first(patches)
     os.environ[faults.ENV_VAR] = ",".join(merged)
     if _ADAPTER in sys.modules:  # already imported (and so past its own activation): apply now
         faults.activate(merged)
     log.warning("faults injected for this session: %s", ", ".join(names))
+
+
+def _put_patched_copy_first(patches: list[str]) -> Path:
+    """Build the scratch sglang with ``patches`` and put it first on the import path of this process
+    and (through ``PYTHONPATH``) of every process it starts."""
+    if "sglang" in sys.modules:
+        raise pytest.UsageError(f"--inject-fault {', '.join(patches)}: sglang is already imported in this process, "
+                                "so a patched copy cannot take its place; pass --inject-fault on the command line")
+    scratch = Path(tempfile.mkdtemp(prefix="harness-fault-"))
+    try:
+        source.scratch_copy(patches, scratch)
+    except source.PatchError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise pytest.UsageError(f"--inject-fault: {exc}; the patch does not apply to this sglang") from None
+    sys.path.insert(0, str(scratch))
+    os.environ[target_mod.OVERLAY_ENV] = str(scratch)  # a child re-activating the target keeps it first
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(scratch), *inherited])
+    os.environ.setdefault(source.FIRED_ENV, str(scratch / "fired.txt"))
+    return scratch
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -61,11 +97,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not names:
         return
     faults.deactivate(names)
-    previous = config.stash.get(previous_env_key, None)
-    if previous is None:
-        os.environ.pop(faults.ENV_VAR, None)
-    else:
-        os.environ[faults.ENV_VAR] = previous
+    for key, value in config.stash.get(previous_env_key, {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    scratch = config.stash.get(scratch_key, None)
+    if scratch is not None:
+        if str(scratch) in sys.path:
+            sys.path.remove(str(scratch))
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

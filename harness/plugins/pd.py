@@ -4,10 +4,14 @@ Fixtures:
     pd_pair      ``pd_pair(spec) -> PDPair`` for the test's topology: one worker per TP rank of the
                  first prefill and decode groups (:mod:`harness.pd.deploy`), started on first use
                  and kept for the session (sglang's import, seconds per rank, is paid once),
-                 reconfigured for ``spec`` (a :class:`harness.pd.spec.KVSpec`) on every call. A test
-                 asking for another topology stops the previous pair first (a simulated node holds
-                 one); collection groups the tests using it by topology, and the last test of a
-                 group stops the group's workers.
+                 reconfigured for ``spec`` (a :class:`harness.pd.spec.KVSpec`) on every call. After
+                 a test that failed, the next one gets a clean pair: every rank drops what the
+                 failure left, rebuilds its pools and is verified idle at its baseline; a pair that
+                 cannot be reset (a dead rank, a pool off its baseline) is stopped and started anew.
+                 So one fault gives one failure, not one per later test. A test asking for another
+                 topology stops the previous pair first (a simulated node holds one); collection
+                 groups the tests using it by topology, and the last test of a group stops the
+                 group's workers.
                  Every worker is watched by the fail-fast watchdog and owned by each test using it
                  (log tails on failure). Skips when the topology cannot run here.
     pd_report    ``pd_report(result)``: writes the run's summary and ledger verdict to
@@ -33,6 +37,15 @@ from harness.plugins.state import state
 log = logging.getLogger(__name__)
 
 _last_of_group_key = pytest.StashKey[set]()
+_failed_key = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if report.failed:
+        item.stash[_failed_key] = True
+    return report
 
 
 def _topology_of(item: pytest.Item) -> str:
@@ -75,18 +88,26 @@ class PdPairs:
         self.run_dir = run_dir
         self.deployment: Any = None
         self.workers: list[Any] = []
+        self.dirty = False  # the last test using the pair failed: reset before the next one
 
     def get(self, cluster: Any, topology: topology_mod.Topology, spec: Any) -> Any:
         from harness.pd import deploy
 
         if self.deployment is not None and (self.deployment.topology.name != topology.name or self.deployment.stopped):
             self.close()
+        if self.deployment is not None:
+            try:
+                self.deployment.pair.configure(spec, reset=self.dirty)
+            except Exception as e:  # noqa: BLE001 - any failure to reset: restart rather than inherit it
+                if not self.dirty:
+                    raise
+                log.warning("PD pair could not be reset after a failed test (%s); restarting it", e)
+                self.close()
+        self.dirty = False
         if self.deployment is None:
             prefix = self._state.unique_name(f"pd-{topology.name}") + "-"
             self.deployment = deploy.start(cluster, topology, self.run_dir.root, spec, name_prefix=prefix,
                                            on_start=self._watch, on_stop=self._state.unwatch)
-        else:
-            self.deployment.pair.configure(spec)
         return self.deployment.pair
 
     def _watch(self, worker: Any) -> None:
@@ -128,6 +149,8 @@ def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
         return _pd_pairs_session.get(cluster, topology, spec)
 
     yield get
+    if request.node.stash.get(_failed_key, False):
+        _pd_pairs_session.dirty = True
     if request.node.nodeid in request.config.stash.get(_last_of_group_key, set()):
         _pd_pairs_session.close()
 

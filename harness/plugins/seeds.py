@@ -12,6 +12,9 @@ Fixtures:
 
 Hypothesis has its own ``--hypothesis-seed`` (its pytest plugin); the gate passes both.
 
+A test using ``workload_seed`` carries it as a JUnit property (``workload_seed``), and when it fails
+its report gets a ``workload seed`` section: the seed, its base and how to replay it.
+
 Record: for every test that fails, one JSON line in ``<run_dir>/failed-tests.jsonl`` with the file,
 node id suffix, seeds, the workers it owned (``pd_workers`` / ``sglang_servers``) and when it ran
 (epoch seconds), so the gate can pick the right worker logs and ledgers for its repro bundle.
@@ -104,11 +107,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     report = yield
     if report.when == "setup":
         item.stash[_start_key] = call.start
+    uses_seed = "workload_seed" in getattr(item, "fixturenames", ())
+    if uses_seed and report.when == "setup":
+        item.user_properties.append(("workload_seed", _seed_of(item)))
     if report.failed:
         item.stash[_failed_key] = True
+        if uses_seed:
+            base = item.config.stash[base_seed_key]
+            report.sections.append(("workload seed", f"workload_seed={_seed_of(item)} (base {base}); replay it with "
+                                    f"--workload-seed {base}, or rerun-test --from the gate's repro.json"))
     if report.when == "teardown" and item.stash.get(_failed_key, False):
         _record(item)
     return report
+
+
+def _seed_of(item: pytest.Item) -> int:
+    name, suffix = _split(item)
+    return derive(item.config.stash[base_seed_key], name, suffix)
 
 
 def _record(item: pytest.Item) -> None:

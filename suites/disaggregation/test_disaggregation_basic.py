@@ -48,6 +48,23 @@ def test_concurrent_requests_decode_together(pd_pair, pd_report):
     assert res.max_running >= 4, f"decode batch never held several requests: {res.summary()}"
 
 
+@pytest.mark.parametrize("interval", [1, None], ids=["evict-every-token", "evict-sglang-default"])
+def test_long_decode_keeps_the_window_and_evicts_within_the_interval(pd_pair, pd_report, interval):
+    # Decode well past window + sglang's default interval (128), so SWA slots are freed while decoding
+    # either way; the ledger's decode rules follow the configured interval (swa-evict-late,
+    # swa-window-lost) and every step's window bytes are verified.
+    spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=40 * PAGE, swa_tokens=24 * PAGE,
+                  req_slots=8, eviction_interval=interval)
+    pair = pd_pair(spec)
+    reqs = [PDRequest(f"long{i}", 150 + 61 * i, decode_steps=260 + 7 * i) for i in range(3)]
+    res = run(pair, reqs)
+    pd_report(res)
+    res.assert_clean()
+    assert sorted(res.completed) == _ids(reqs)
+    evicted = [e for e in res.events if e.component == "decode" and e.kind == "evict" and e.pages.get("swa")]
+    assert evicted, "decode never freed an SWA page"
+
+
 def test_pool_pressure_requests_wait_in_prealloc_queue_none_lost(pd_pair, pd_report):
     small = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=14 * PAGE, swa_tokens=8 * PAGE, req_slots=4)
     pair = pd_pair(small)

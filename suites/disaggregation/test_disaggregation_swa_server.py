@@ -5,16 +5,17 @@ Model: ``tiny-mellum-swa`` (random weights, built locally): layers ``[full, slid
 FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tail``).
 
 1. The upstream bug (sglang 0.5.23, torch-native attention backend): SWA layers are written at the
-   translated SWA slot but read with full-pool indices. :func:`test_upstream_torch_native_swa_read_bug`
-   shows it on an *unpatched plain* server: the same prompt gives different tokens once SWA pages
-   have been freed and reused (or a long prompt crashes the server). That test FAILS when upstream
-   fixes the bug — then drop the compat patch ``torch-native-swa-read``
-   (``harness/targets/sglang/server/compat.py``) and this test.
+   translated SWA slot but read with full-pool indices. :func:`test_unpatched_plain_server_is_consistent`
+   asks an *unpatched plain* server for consistency, a strict xfail whose condition is the bug's
+   exact symptom (the same prompt gives different tokens once SWA pages were freed and reused, or a
+   long prompt crashes the server). It XPASSes — and so fails — when upstream fixes the bug: then
+   drop the compat patch ``torch-native-swa-read`` (``harness/targets/sglang/server/compat.py``).
 2. With the patch (the ``cpu`` topology's default), a plain server is consistent, and PD via the
    router equals it over prompt lengths around the page/window boundaries, repeats and concurrency;
-   the decode ledger holds the SWA invariants (eviction floor = fill_len - swa_tail_len, page-aligned;
-   the preallocated SWA tail bounded by the window, and by window + eviction interval while decoding;
-   every page returned).
+   the decode ledger holds the SWA invariants, derived by the checker from the probe's config event
+   (the server's window, page, radix flag and sglang's default eviction interval): the tail keeps the
+   window and at most a page more, the floor is fill - tail and page-aligned, charges are whole pages,
+   decode keeps the window and evicts within the interval, every page is returned.
 """
 
 from __future__ import annotations
@@ -59,9 +60,16 @@ def repeat_after_churn(client: ServerClient) -> tuple[tuple[int, ...], tuple[int
     return first, client.generate(a, MAX_NEW).output_ids
 
 
+class TorchNativeSwaReadBug(AssertionError):
+    """The upstream bug's symptom: the same prompt diverges once SWA pages were reused, or a long one crashes."""
+
+
 @pytest.mark.engine("sglang-server", models=(MODEL,))  # no gpu_topologies: the bug is in the CPU (torch-native) backend
-def test_upstream_torch_native_swa_read_bug(sglang_servers):
-    """Unpatched: the same prompt diverges on its second pass, or a long prompt crashes the server."""
+@pytest.mark.xfail(strict=True, raises=TorchNativeSwaReadBug,
+                   reason=f"sglang 0.5.23 torch-native backend reads SWA layers with full-pool indices; XPASS once "
+                          f"upstream fixes it: then drop compat patch {SWA_PATCH!r} and this xfail")
+def test_unpatched_plain_server_is_consistent(sglang_servers):
+    """Unpatched, the same prompt must give the same tokens after churn, and a long prompt must not crash."""
     server = sglang_servers.plain(MODEL, compat_patches=(), watch=False)
     client = ServerClient(server.url("http"))
     symptom = ""
@@ -76,8 +84,8 @@ def test_upstream_torch_native_swa_read_bug(sglang_servers):
     if not symptom and server.poll():
         symptom = f"server died: {server.poll()}"
     sglang_servers.forget_plain(MODEL, compat_patches=())
-    assert symptom, (f"the torch-native SWA read bug no longer shows on an unpatched sglang: drop compat patch "
-                     f"{SWA_PATCH!r} (harness/targets/sglang/server/compat.py) and this test")
+    if symptom:
+        raise TorchNativeSwaReadBug(symptom)
 
 
 @pytest.fixture
@@ -118,37 +126,19 @@ def test_repeats_and_concurrency_match_plain(stack, plain):
     assert got == want
 
 
-def max_swa_pages_held(events: list[ledger.Event]) -> dict[str, int]:
-    """Per request, the most SWA pages it held at any event (replaying takes and frees)."""
-    held: dict[str, int] = {}
-    peak: dict[str, int] = {}
-    for e in sorted(events, key=lambda e: e.seq):
-        n = len(e.pages.get("swa", ()))
-        if e.kind in ledger.TAKE_KINDS:
-            held[e.rid] = held.get(e.rid, 0) + n
-            peak[e.rid] = max(peak.get(e.rid, 0), held[e.rid])
-        elif e.kind in ledger.FREE_KINDS:
-            held[e.rid] = held.get(e.rid, 0) - n
-    return peak
-
-
 def test_decode_ledger_holds_swa_invariants(stack, run_dir):
     # 256 new tokens: more than the eviction interval past the window, so decode evicts SWA pages.
     stack.client("router").generate(prompt(400, seed=30), 256)
     events = ledger.read(run_dir.ledger / f"{stack.decode.name}.jsonl")
+    configs = [e for e in events if e.kind == "config"]
+    assert configs, "the probe wrote no config event: the checker has no bound to derive"
+    config = ledger.LedgerConfig.from_dict(configs[-1].config)
+    assert (config.window, config.page_size, config.swa_tail) == (SGLANG_WINDOW, PAGE, True), config
+    assert config.eviction_interval == SWA_EVICTION_INTERVAL, "the servers run sglang's default interval"
     pre = [e for e in events if e.kind == "prealloc" and e.fill_len and e.fill_len > WINDOW + PAGE]
     assert pre, "no prealloc longer than a window in the decode ledger"
-    for e in pre:
-        assert e.window == SGLANG_WINDOW and e.page_size == PAGE, e
-        assert e.swa_tail_len is not None and e.evicted_seqlen == e.fill_len - e.swa_tail_len, e
-        assert e.evicted_seqlen > 0 and e.evicted_seqlen % PAGE == 0, e
-        assert len(e.pages["swa"]) < len(e.pages["full"]), f"SWA tail not smaller than the full KV: {e}"
-    evicts = [e for e in events if e.kind == "evict"]
+    assert all(len(e.pages["swa"]) < len(e.pages["full"]) for e in pre), "SWA tail not smaller than the full KV"
+    evicts = [e for e in events if e.kind == "evict" and e.pages.get("swa")]
     assert evicts, "decode never evicted SWA pages while decoding"
-    assert all(e.evicted_seqlen % PAGE == 0 and set(e.pages) == {"swa"} for e in evicts), evicts
-    # While decoding, sglang keeps up to SGLANG_SWA_EVICTION_INTERVAL more tokens before evicting.
-    bound = ledger.swa_page_bound(SGLANG_WINDOW + SWA_EVICTION_INTERVAL, PAGE)
-    over = {rid: n for rid, n in max_swa_pages_held(events).items() if n > bound}
-    assert not over, f"requests held more than {bound} SWA pages while decoding: {over}"
     violations = ledger.check(events)
     assert not violations, "\n".join(map(str, violations))

@@ -30,6 +30,7 @@ def test_unit_suites_pass_inside_a_decode_worker(pd_workers):
     assert result.device == ("cuda:0" if torch.cuda.is_available() else "cpu")
     ran = {test.split("::")[0] for test in result.outcomes}
     assert ran == set(SUITES), f"expected both suites to run in the worker, ran {sorted(ran)}"
-    failed = {test: outcome for test, outcome in result.outcomes.items() if outcome != "passed"}
+    # strict xfails (known upstream bugs, their symptom asserted) fail the run when they XPASS
+    failed = {test: outcome for test, outcome in result.outcomes.items() if outcome not in ("passed", "xfailed")}
     assert result.exit_code == 0 and not failed, f"in-worker failures (see {worker.log_path}): {failed}"
 

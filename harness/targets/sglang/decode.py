@@ -208,6 +208,34 @@ class DecodeSide:
         queue.transfer_queue = types.SimpleNamespace(queue=[])
         return queue
 
+    def ledger_config(self, eviction_interval: int = 1) -> Any:
+        """The :class:`harness.ledger.LedgerConfig` this side runs with, from its configuration.
+
+        Every value comes from :class:`DecodeConfig` (or, for the hisparse host page and the
+        compression ratio, the model constants the pools were built with), never from what sglang
+        computes per request, so the ledger's bounds stay independent of the code under test.
+
+        Args:
+            eviction_interval: ``SGLANG_SWA_EVICTION_INTERVAL`` of the process running decode steps.
+
+        Returns:
+            The configuration for a ledger ``config`` event.
+        """
+        from harness.ledger import LedgerConfig
+
+        config = self.config
+        reserve = config.num_reserved_decode_tokens
+        host_page = compression = None
+        if self.coordinator is not None:
+            host_page = int(self.allocator.hisparse_page_size)
+            compression = int(self.coordinator.compress_ratio) if self.coordinator.is_dsv4_hisparse else 1
+        return LedgerConfig(page_size=config.page_size, window=config.window or None, radix_cache=config.radix_cache,
+                            # hybrid-SWA and DeepSeek-V4 pools preallocate the window tail when pages are > 1
+                            swa_tail=bool(config.window) and config.page_size > 1,
+                            eviction_interval=max(1, eviction_interval), decode_reserve=reserve,
+                            # sglang drops the SWA reserve only with --disable-radix-cache (never set here)
+                            swa_decode_reserve=reserve, host_page=host_page, compression=compression)
+
     # -- sglang's own computations, exposed for tests -------------------------------------------
 
     def fill_len(self, req: Any) -> int:
@@ -218,6 +246,12 @@ class DecodeSide:
         """``DecodePreallocQueue._swa_tail_len(fill_len)``: tokens of the fill that get SWA slots."""
         runtime.publish(self._settings)
         return self.queue._swa_tail_len(fill_len)
+
+    def reservation(self, req: Any) -> tuple[int, int]:
+        """``DecodePreallocQueue._prealloc_required_tokens(req)``: the (full, SWA) tokens admission reserves."""
+        runtime.publish(self._settings)
+        full, swa = self.queue._prealloc_required_tokens(req)
+        return int(full), int(swa)
 
     def uses_swa_tail(self) -> bool:
         """``DecodePreallocQueue._uses_swa_tail_prealloc()``."""

@@ -51,6 +51,10 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "HARNESS_SGLANG"
 #: Env var overriding where releases and wheels are installed.
 CACHE_ENV = "HARNESS_SGLANG_CACHE"
+#: A directory holding a modified copy of the target's ``sglang/`` (a fault's scratch copy,
+#: :mod:`harness.plugins.faults`): it stays ahead of the target on every import path, so a child
+#: process that re-activates the target still imports the copy.
+OVERLAY_ENV = "HARNESS_SGLANG_OVERLAY"
 #: The default TARGET.
 INSTALLED = "installed"
 #: Help text shared by every entry point's ``--sglang`` option.
@@ -300,7 +304,8 @@ def _pip(reqs: list[str], into: Path, missing: str) -> None:
 def activate(target: Target) -> None:
     """Make ``target`` the sglang this process and every process it starts imports.
 
-    Puts its directories first on ``sys.path`` and ``PYTHONPATH``, records its TARGET in
+    Puts its directories first on ``sys.path`` and ``PYTHONPATH`` (after ``$HARNESS_SGLANG_OVERLAY``,
+    a patched copy of it, when set), records its TARGET in
     ``HARNESS_SGLANG`` (a child re-resolves it from the cache, which is cheap) and sets the
     environment the release needs here (:func:`harness.targets.sglang.compat.process_env`). Idempotent.
 
@@ -320,14 +325,16 @@ def activate(target: Target) -> None:
         if where != Path(target.root).resolve():
             raise TargetError(f"sglang was imported from {where} before the target {target.label()} was "
                               "selected; pass --sglang (or HARNESS_SGLANG) before anything imports sglang")
-    if not target.paths:
+    overlay = os.environ.get(OVERLAY_ENV)
+    front = [*([overlay] if overlay else []), *target.paths]
+    if not front:
         return
-    for path in reversed(target.paths):
+    for path in reversed(front):
         if path in sys.path:
             sys.path.remove(path)
         sys.path.insert(0, path)
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in target.paths]
-    os.environ["PYTHONPATH"] = os.pathsep.join([*target.paths, *inherited])
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in front]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*front, *inherited])
     importlib.invalidate_caches()
 
 

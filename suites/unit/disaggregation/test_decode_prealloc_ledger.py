@@ -4,13 +4,15 @@ Each request's pages are read from sglang's own state after the real ``_pre_allo
 real ``release_kv_cache`` (its ``req_to_token`` row and the allocator's full->SWA mapping), with the
 pools' free sizes around each step, and appended to a ledger file through
 :class:`harness.ledger.LedgerWriter`. The pure checker :func:`harness.ledger.check` then has to
-find the books balanced: the SWA eviction floor is page-aligned and equals ``fill - tail``, a
-request holds no more SWA pages than its window needs, every pool moved by exactly the pages an
-event names, and every page taken is returned.
+find the books balanced against the configuration the ledger starts with (its ``config`` event):
+the SWA tail keeps the window and at most a page more, the eviction floor is page-aligned and equals
+``fill - tail``, each pool is charged the whole pages the configuration implies, the admission
+reservation covers them, every pool moved by exactly the pages an event names, and every page taken
+is returned.
 
 This is the independent line of defence behind sglang's own assertions: if one of them is ever
-lost (``swa-tail-unaligned-noassert`` in the fault catalog), the ledger still sees the unaligned
-floor. Events are checked as they are written (rules about single events), and the whole ledger
+lost (``swa-tail-unaligned`` in the fault catalog removes the floor and the asserts), the ledger
+still sees the unaligned floor. Events are checked as they are written (rules about single events), and the whole ledger
 once every request is released.
 """
 
@@ -58,11 +60,13 @@ def _event_violations(writer: ledger.LedgerWriter) -> list[str]:
 
 def _prealloc(side: DecodeSide, writer: ledger.LedgerWriter, req: Any) -> PreallocResult:
     before = _pool_free(side)
+    full_reserved, swa_reserved = side.reservation(req)  # what admission would reserve for it
     result = side.prealloc(req)
     state = side.snapshot([req]).request(req.rid)
-    writer.record("prealloc", req.rid, side.config.page_size, window=side.config.window,
-                  fill_len=result.fill_len, swa_tail_len=result.swa_tail_len,
-                  evicted_seqlen=state.swa_evicted_seqlen, pages=_held_pages(side, req),
+    writer.record("prealloc", req.rid, side.config.page_size, fill_len=result.fill_len,
+                  swa_tail_len=result.swa_tail_len, evicted_seqlen=state.swa_evicted_seqlen,
+                  prefix_len=result.prefix_len, pages=_held_pages(side, req),
+                  reserved={"full": full_reserved, "swa": swa_reserved},
                   free_before=before, free_after=_pool_free(side))
     return result
 
@@ -71,7 +75,7 @@ def _release(side: DecodeSide, writer: ledger.LedgerWriter, req: Any) -> None:
     held = _held_pages(side, req)
     before = _pool_free(side)
     side.release(req)
-    writer.record("release", req.rid, side.config.page_size, window=side.config.window, pages=held,
+    writer.record("release", req.rid, side.config.page_size, pages=held,
                   free_before=before, free_after=_pool_free(side))
 
 
@@ -84,6 +88,8 @@ def test_decode_prealloc_ledger_balances(decode_side, tmp_path: Path, page: int,
     reqs = [make_req(f"r{i}-{n}", prompt_len=n) for i, n in enumerate(prompt_lens)]
 
     with ledger.LedgerWriter(path, WORKER, "decode") as writer:
+        # The bounds the checker applies come from this configuration, not from sglang's answers.
+        writer.record("config", ledger.CONFIG_RID, page, **ledger.config_event(side.ledger_config(), _pool_free(side)))
         for req in reqs:
             _prealloc(side, writer, req)
             assert _event_violations(writer) == [], f"ledger after prealloc of {req.rid}"
@@ -92,6 +98,6 @@ def test_decode_prealloc_ledger_balances(decode_side, tmp_path: Path, page: int,
             assert _event_violations(writer) == [], f"ledger after release of {req.rid}"
 
     events = ledger.read(path)
-    assert [e.kind for e in events] == ["prealloc"] * len(reqs) + ["release"] * len(reqs)
+    assert [e.kind for e in events] == ["config"] + ["prealloc"] * len(reqs) + ["release"] * len(reqs)
     assert [str(v) for v in ledger.check(events)] == []
     assert side.snapshot().free() == side.baseline.free()

@@ -5,12 +5,15 @@ the tree as evictable SWA. Admission (``_swa_aware_allocatable_token_budgets``) 
 evictable SWA, so ``_pre_alloc`` itself must evict SWA pages when the free ones fall short; before
 #40309 it reclaimed only full-attention pages and a request that passed admission failed with
 "KV cache is full!". Here a small SWA pool is left holding a cached page, and the next request's
-tail needs every SWA page: the real ``_pre_alloc`` must succeed.
+tail needs every SWA page: the real ``_pre_alloc`` must succeed: a prealloc admission accepted must not fail (the ledger's
+``alloc-after-admit`` invariant, the same one the PD decode ranks record).
 """
 
 from __future__ import annotations
 
-from harness.targets.sglang import PoolSizes, compat, make_req
+import pytest
+
+from harness.targets.sglang import PoolSizes, PreallocFailed, compat, make_req
 
 PAGE, WINDOW = 64, 100
 # Three SWA pages: one stays cached after the first request, the second request's tail needs all three.
@@ -33,7 +36,11 @@ def test_prealloc_reclaims_evictable_swa_pages(decode_side):
     _, swa_budget = side.admission_budget()
     assert swa_budget >= tail_pages, "admission counts the evictable SWA pages"
 
-    result = side.prealloc(second)  # PreallocFailed ("KV cache is full!") without the SWA reclaim
+    try:
+        result = side.prealloc(second)
+    except PreallocFailed as failed:  # "KV cache is full!" without the SWA reclaim
+        pytest.fail(f"[alloc-after-admit] admission's SWA budget {swa_budget} covers the tail ({tail_pages}) "
+                    f"but the prealloc failed: {failed}")
 
     assert result.swa_tail_len == tail
     assert side.snapshot().taken_since(cached)["swa"] == tail_pages - cached.tree_swa_evictable

@@ -26,10 +26,16 @@ import time (:mod:`.hooks`):
 The decode paths are wrapped only in a ``decode`` probe; the flush is wrapped in every probe (a
 ``prefill`` probe writes ``reset`` events only).
 
-Only ``prealloc`` events carry ``window`` (the scheduler's ``sliding_window_size``), so the ledger's
-``swa-over-window`` bound applies to the preallocated SWA tail. While decoding, sglang by design
-keeps up to ``SGLANG_SWA_EVICTION_INTERVAL`` (default 128) more tokens before it evicts, so a decode
-time bound is ``window + interval`` (the suites check that one themselves).
+Before its first prealloc event the probe writes a ``config`` event (:class:`harness.ledger.LedgerConfig`)
+from the server's configuration — page size, the scheduler's ``sliding_window_size``, the decode
+radix-cache flag, the SWA-tail pool, ``SGLANG_SWA_EVICTION_INTERVAL``, the hisparse host page and
+compression — so the ledger checker derives the exact tail, charge and decode-window bounds itself.
+Every ``_evict_swa`` call records the request's sequence length and SWA floor (``evict``, pages
+possibly empty), so the decode rules see the floor even when nothing was freed.
+
+A field the probe cannot read is never silently ``None``: the event it belongs to carries
+``note="unreadable: <field> (<error>)"``, which the ledger reports as ``probe-unreadable``, failing
+the suite that checks the ledger with what could not be read.
 
 "Held" is read from the real state before and after each call (the request's ``req_to_token`` row
 and the allocator's full→SWA mapping), never computed from a formula, so the ledger checker
@@ -60,6 +66,21 @@ COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
 FULL, SWA = "full", "swa"
 
 
+class ProbeReadError(Exception):
+    """The probe could not read a field of sglang's state (named in the message)."""
+
+    def __init__(self, field: str, cause: BaseException | str):
+        super().__init__(f"{field} ({cause!r})" if isinstance(cause, BaseException) else f"{field} ({cause})")
+        self.field = field
+
+
+def unreadable(error: ProbeReadError) -> str:
+    """The ``note`` of an event a field of which could not be read."""
+    from harness.ledger import UNREADABLE
+
+    return f"{UNREADABLE} {error}"
+
+
 class Probe:
     """Per-process probe state: the ledger writer and the pages each live request is known to hold."""
 
@@ -70,7 +91,7 @@ class Probe:
         self._writer = None
         self._lock = threading.Lock()
         self.known: dict[str, dict[str, set[int]]] = {}
-        self.window: int | None = None
+        self.config: Any = None  # the LedgerConfig last written
 
     def record(self, kind: str, rid: str, page_size: int, **fields: Any) -> None:
         from harness.ledger import LedgerWriter
@@ -113,15 +134,63 @@ def _held(req, allocator, req_to_token_pool) -> dict[str, set[int]]:
     return _pages_of(allocator, req_to_token_pool.req_to_token[idx, :n])
 
 
-def _evicted_seqlen(req) -> int | None:
+def _evicted_seqlen(req) -> int:
+    """The request's SWA floor, as sglang recorded it.
+
+    Raises:
+        ProbeReadError: the floor cannot be read (never a silent None).
+    """
     try:
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: PLC0415
-    except ImportError:
-        return None
-    try:
+
         return int(req.kv.get_evicted_seqlen(ComponentType.SWA))
-    except Exception:  # noqa: BLE001 - a request without SWA state has no floor to report
-        return None
+    except Exception as e:  # noqa: BLE001 - named in the event, reported by the ledger
+        raise ProbeReadError("evicted_seqlen (req.kv.get_evicted_seqlen(SWA))", e) from None
+
+
+def _config_of(queue) -> Any:
+    """The :class:`harness.ledger.LedgerConfig` of a decode prealloc queue's server configuration.
+
+    Raises:
+        ProbeReadError: a configuration field cannot be read.
+    """
+    from harness.ledger import LedgerConfig
+
+    def read(field: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - named in the event, reported by the ledger
+            raise ProbeReadError(field, e) from None
+
+    allocator = queue.token_to_kv_pool_allocator
+    page = int(read("page_size", lambda: allocator.page_size))
+    window = read("scheduler.sliding_window_size", lambda: queue.scheduler.sliding_window_size) or None
+    radix = bool(read("disaggregation_decode_enable_radix_cache", _decode_radix_cache))
+    # The SWA-tail pool is configuration (hybrid-SWA / DeepSeek-V4 pools with pages > 1).
+    swa_tail = bool(read("_uses_swa_tail_prealloc", queue._uses_swa_tail_prealloc)) and bool(window)
+    interval = int(read("SGLANG_SWA_EVICTION_INTERVAL", _eviction_interval))
+    reserve = int(read("num_reserved_decode_tokens", lambda: queue.num_reserved_decode_tokens))
+    host_page = compression = None
+    if read("scheduler.enable_hisparse", lambda: bool(getattr(queue.scheduler, "enable_hisparse", False))):
+        host_page = int(read("hisparse_page_size", lambda: allocator.hisparse_page_size))
+        coordinator = read("scheduler.hisparse_coordinator", lambda: queue.scheduler.hisparse_coordinator)
+        compression = int(read("hisparse compress_ratio",
+                               lambda: coordinator.compress_ratio if coordinator.is_dsv4_hisparse else 1))
+    return LedgerConfig(page_size=page, window=window, radix_cache=radix, swa_tail=swa_tail,
+                        eviction_interval=max(1, interval), decode_reserve=reserve, swa_decode_reserve=reserve,
+                        host_page=host_page, compression=compression)
+
+
+def _decode_radix_cache() -> bool:
+    from sglang.srt.runtime_context import get_disagg  # noqa: PLC0415
+
+    return get_disagg().disaggregation_decode_enable_radix_cache
+
+
+def _eviction_interval() -> int:
+    from sglang.srt.environ import envs  # noqa: PLC0415
+
+    return envs.SGLANG_SWA_EVICTION_INTERVAL.get()
 
 
 def _as_pages(sets: dict[str, set[int]]) -> dict[str, tuple[int, ...]]:
@@ -154,13 +223,18 @@ def _wrap_prealloc(probe: Probe, orig: Callable) -> Callable:
         uses_tail = bool(kwargs.get("uses_swa_tail"))
         taken = _pages_of(allocator, kv_loc)
         probe.known[str(req.rid)] = {pool: set(p) for pool, p in taken.items()}
+        note, evicted = orig.__name__, None
+        if uses_tail:
+            try:
+                evicted = _evicted_seqlen(req)
+            except ProbeReadError as e:
+                note = unreadable(e)
         probe.record(
             "prealloc", req.rid, allocator.page_size,
-            window=probe.window if uses_tail else None,
             fill_len=kwargs.get("fill_len"),
             swa_tail_len=kwargs.get("swa_tail_len") if uses_tail else None,
-            evicted_seqlen=_evicted_seqlen(req) if uses_tail else None,
-            pages=_as_pages(taken), free_before=before, free_after=_free_sizes(allocator), note=orig.__name__,
+            evicted_seqlen=evicted, prefix_len=kwargs.get("prefix_len"),
+            pages=_as_pages(taken), free_before=before, free_after=_free_sizes(allocator), note=note,
         )
         return kv_loc
 
@@ -187,10 +261,17 @@ def _wrap_evict_swa(probe: Probe, orig: Callable) -> Callable:
         rid, page = str(req.rid), allocator.page_size
         _note_growth(probe, rid, page, before)
         freed = _diff(before, after)
-        if any(freed.values()):
-            probe.record("evict", rid, page, pages=_as_pages(freed), evicted_seqlen=_evicted_seqlen(req))
-            for pool, p in freed.items():
-                probe.known.get(rid, {}).get(pool, set()).difference_update(p)
+        note, floor = "", None
+        try:
+            floor = _evicted_seqlen(req)
+        except ProbeReadError as e:
+            note = unreadable(e)
+        pre_len = args[0] if args else kwargs.get("pre_len")
+        # Every call (pages freed or not): the sequence and its floor are what the decode rules check.
+        probe.record("evict", rid, page, pages=_as_pages(freed), evicted_seqlen=floor,
+                     fill_len=int(pre_len) + 1 if pre_len is not None else None, note=note)
+        for pool, p in freed.items():
+            probe.known.get(rid, {}).get(pool, set()).difference_update(p)
         return result
 
     return wrapper
@@ -215,8 +296,20 @@ def _wrap_release(probe: Probe, orig: Callable) -> Callable:
 def _wrap_pre_alloc_method(probe: Probe, orig: Callable) -> Callable:
     @functools.wraps(orig)
     def wrapper(self, *args, **kwargs):
-        # The window lives on the scheduler, which the module-level prealloc functions never see.
-        probe.window = getattr(self.scheduler, "sliding_window_size", None) or None
+        # The configuration lives on the queue and its scheduler, which the module-level prealloc
+        # functions never see: write it once (and again if it ever changes) before the first prealloc.
+        from harness.ledger import CONFIG_RID, config_event
+
+        try:
+            config = _config_of(self)
+        except ProbeReadError as e:
+            if probe.config is None:
+                probe.record("config", CONFIG_RID, 0, note=unreadable(e))
+                probe.config = False
+        else:
+            if config != probe.config:
+                probe.record("config", CONFIG_RID, config.page_size, **config_event(config))
+                probe.config = config
         return orig(self, *args, **kwargs)
 
     return wrapper

@@ -1,0 +1,285 @@
+"""Source-patch faults: a unified diff against the target's sglang tree, applied to a scratch copy.
+
+A patch fault is what a bad PR would do to sglang, written as a small unified diff
+(``harness/faults/patches/<name>.diff``, paths ``a/sglang/...``). It never touches the installed
+package: :func:`scratch_copy` builds a copy of the target's ``sglang`` package — real directories,
+each file a symlink to the original, the files a patch names real copies with the patch applied —
+and the caller puts that copy first on ``sys.path`` and ``PYTHONPATH`` so every process of the run
+(pytest, Ray workers, server subprocesses) imports the patched code. sglang's version is still
+read from the installed dist-info, so the adapter's version check keeps working.
+
+Every patch adds a marker: a line that appends the fault's name to the file named by env
+``HARNESS_FAULT_FIRED`` where the broken code runs, so a run can prove the fault fired
+(:func:`fired`). :func:`patch_errors` says why a patch does not apply to a tree (context lines
+differ), without changing anything; nothing is applied half-way.
+
+The target tree comes from one function, :func:`target_tree`: the directory holding the importable
+``sglang`` package, found without importing it (the place target selection will point elsewhere).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+#: Env var naming the file every patch's marker line appends the fault's name to.
+FIRED_ENV = "HARNESS_FAULT_FIRED"
+#: Where the catalog's diffs live.
+PATCH_DIR = Path(__file__).resolve().parent / "patches"
+#: File written at the top of a scratch copy listing the faults applied to it (one name a line).
+STAMP = "HARNESS_FAULTS"
+PACKAGE = "sglang"
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+class PatchError(ValueError):
+    """A patch is malformed or does not apply to the target tree (names file, hunk and line)."""
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One hunk: where it starts in the old file (1-based) and its lines with their ``' '/'-'/'+'`` tag."""
+
+    old_start: int
+    lines: tuple[tuple[str, str], ...]
+
+    @property
+    def old(self) -> list[str]:
+        return [text for tag, text in self.lines if tag in " -"]
+
+    @property
+    def new(self) -> list[str]:
+        return [text for tag, text in self.lines if tag in " +"]
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    """The hunks of one file, its path relative to the tree (``sglang/...``)."""
+
+    path: str
+    hunks: tuple[Hunk, ...]
+
+
+def target_tree() -> Path:
+    """The directory holding the selected target's ``sglang`` package (``--sglang`` / ``HARNESS_SGLANG``;
+    found without importing it).
+
+    Returns:
+        E.g. ``.../site-packages``; ``<it>/sglang`` is the package.
+
+    Raises:
+        PatchError: no ``sglang`` package is importable.
+    """
+    from harness.targets.sglang import target  # here: the adapter package imports harness.faults
+
+    try:
+        return target.sglang_root().resolve()
+    except target.TargetError as e:
+        raise PatchError(str(e)) from e
+
+
+def parse(text: str, where: str = "patch") -> tuple[FilePatch, ...]:
+    """Parse a unified diff (``---``/``+++`` headers with ``a/``/``b/`` prefixes, ``@@`` hunks).
+
+    Args:
+        text: the diff.
+        where: its name, for messages.
+
+    Returns:
+        One :class:`FilePatch` per file.
+
+    Raises:
+        PatchError: no file in it, or a hunk whose line counts disagree with its header.
+    """
+    files: list[FilePatch] = []
+    path: str | None = None
+    hunks: list[Hunk] = []
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("--- "):
+            if path is not None:
+                files.append(FilePatch(path, tuple(hunks)))
+            new = lines[i + 1] if i + 1 < len(lines) else ""
+            if not new.startswith("+++ "):
+                raise PatchError(f"{where}: line {i + 2}: expected '+++' after '---'")
+            path, hunks = new[4:].strip().split("\t")[0].removeprefix("b/"), []
+            i += 2
+            continue
+        m = _HUNK.match(line)
+        if m:
+            if path is None:
+                raise PatchError(f"{where}: line {i + 1}: hunk before any file header")
+            old_n = int(m.group(2) or 1)
+            new_n = int(m.group(4) or 1)
+            body: list[tuple[str, str]] = []
+            i += 1
+            while i < len(lines) and (old_n > 0 or new_n > 0):
+                tag, rest = lines[i][:1], lines[i][1:]
+                if tag == "\\":  # "\ No newline at end of file"
+                    i += 1
+                    continue
+                if tag not in " -+":
+                    raise PatchError(f"{where}: line {i + 1}: hunk shorter than its header says")
+                body.append((tag, rest))
+                old_n -= tag in " -"
+                new_n -= tag in " +"
+                i += 1
+            if old_n or new_n:
+                raise PatchError(f"{where}: {path}: hunk at old line {m.group(1)} is truncated")
+            hunks.append(Hunk(int(m.group(1)), tuple(body)))
+            continue
+        i += 1
+    if path is not None:
+        files.append(FilePatch(path, tuple(hunks)))
+    if not files:
+        raise PatchError(f"{where}: no file in the patch")
+    return tuple(files)
+
+
+def apply_text(text: str, patch: FilePatch) -> str:
+    """The file ``text`` with ``patch`` applied: exact context, at the header's line or anywhere
+    the context is unique (a release may have moved it), never fuzzy.
+
+    Raises:
+        PatchError: a hunk's context is not found exactly once.
+    """
+    lines = text.splitlines(keepends=True)
+    offset = 0
+    for n, hunk in enumerate(patch.hunks, 1):
+        old = hunk.old
+        at = hunk.old_start - 1 + offset
+        if lines[at:at + len(old)] != old:
+            hits = [k for k in range(len(lines) - len(old) + 1) if lines[k:k + len(old)] == old]
+            if len(hits) != 1:
+                why = "not found" if not hits else f"found {len(hits)} times"
+                raise PatchError(f"{patch.path}: hunk {n} (old line {hunk.old_start}) does not apply: its context is {why}")
+            at = hits[0]
+        lines[at:at + len(old)] = hunk.new
+        offset = at + len(hunk.new) - (hunk.old_start - 1 + len(old))
+    return "".join(lines)
+
+
+def load(name: str) -> tuple[FilePatch, ...]:
+    """The parsed patch of fault ``name`` (``PATCH_DIR/<name>.diff``).
+
+    Raises:
+        PatchError: the file is missing or malformed.
+    """
+    path = PATCH_DIR / f"{name}.diff"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PatchError(f"fault {name}: patch file {path.name} missing from harness/faults/patches/") from None
+    return parse(text, path.name)
+
+
+def patch_errors(name: str, tree: Path | None = None) -> list[str]:
+    """Why fault ``name``'s patch does not apply to ``tree`` (empty: it applies). Changes nothing.
+
+    Args:
+        name: a patch fault.
+        tree: the directory holding ``sglang`` (default :func:`target_tree`).
+    """
+    tree = tree or target_tree()
+    errors = []
+    try:
+        for fp in load(name):
+            src = tree / fp.path
+            if not src.is_file():
+                errors.append(f"{fp.path}: not in the target tree {tree}")
+                continue
+            apply_text(src.read_text(encoding="utf-8"), fp)
+    except PatchError as e:
+        errors.append(str(e))
+    return errors
+
+
+def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path | None = None) -> Path:
+    """Build ``dest/sglang``: the target's package with the named faults' patches applied.
+
+    Only the directories on the way to a patched file are real; every other file or subtree is a
+    symlink to the target's (byte-code caches included, still valid since those sources are
+    unchanged), so a copy of sglang's ~10,000 files takes a few hundred symlinks. A patched file
+    is a real file, its stale byte-code removed.
+
+    Args:
+        names: patch faults, applied in order (two patching one file stack).
+        dest: an empty or missing directory; put it first on the import path afterwards.
+        tree: the directory holding ``sglang`` (default :func:`target_tree`).
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        PatchError: a patch does not apply (nothing is left at ``dest/sglang``).
+    """
+    tree = tree or target_tree()
+    patched: dict[str, str] = {}
+    for name in names:
+        for fp in load(name):
+            src = tree / fp.path
+            if fp.path not in patched:
+                if not src.is_file():
+                    raise PatchError(f"fault {name}: {fp.path} is not in the target tree {tree}")
+                patched[fp.path] = src.read_text(encoding="utf-8")
+            try:
+                patched[fp.path] = apply_text(patched[fp.path], fp)
+            except PatchError as e:
+                raise PatchError(f"fault {name}: {e}") from None
+    _link_tree(tree / PACKAGE, dest / PACKAGE, {Path(rel).relative_to(PACKAGE) for rel in patched})
+    for rel, text in patched.items():
+        target = dest / rel
+        target.unlink()
+        target.write_text(text, encoding="utf-8")
+        for pyc in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            pyc.unlink()
+    (dest / STAMP).write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+    logger.info("scratch sglang with %s at %s (from %s)", ", ".join(names), dest, tree)
+    return dest
+
+
+def _link_tree(src: Path, out: Path, patched: set[Path]) -> None:
+    """Mirror ``src`` at ``out``: a directory on the way to a patched file is real (and so is its
+    ``__pycache__``), every other entry is one symlink to the original (a whole subtree at once)."""
+    on_path = {parent for rel in patched for parent in rel.parents} | {Path(".")}
+    out.mkdir(parents=True, exist_ok=True)
+    for rel in sorted(on_path, key=lambda p: len(p.parts)):
+        real = out / rel
+        real.mkdir(parents=True, exist_ok=True)
+        for entry in os.scandir(src / rel):
+            child = rel / entry.name
+            if child in on_path or (real / entry.name).exists():
+                continue
+            if entry.name == "__pycache__" and entry.is_dir():
+                (real / entry.name).mkdir()  # patched files' byte-code must not be shared
+                for pyc in os.scandir(entry.path):
+                    os.symlink(pyc.path, real / entry.name / pyc.name)
+                continue
+            os.symlink(entry.path, real / entry.name)
+
+
+def applied_in(package_dir: Path) -> list[str]:
+    """The faults a scratch copy was built with (empty for an ordinary install).
+
+    Args:
+        package_dir: the ``sglang`` package directory an import would use.
+    """
+    stamp = package_dir.parent / STAMP
+    return stamp.read_text(encoding="utf-8").split() if stamp.is_file() else []
+
+
+def fired(path: Path) -> set[str]:
+    """The fault names the markers wrote to ``path`` (empty when the file does not exist)."""
+    try:
+        return set(Path(path).read_text(encoding="utf-8").split())
+    except FileNotFoundError:
+        return set()
