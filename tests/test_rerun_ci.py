@@ -99,14 +99,8 @@ def test_command_check_catches_unknown_sub_commands_and_options():
         _check_command(shlex.split("cat runs/report/summary.md"))
 
 
-# The sglang-repo variant runs `rerun-test --sglang PATH` (issue 13 item 1). Until that option is in
-# rerun-test this case must fail (strict xfail); once it is, it must pass.
-_HAS_SGLANG_OPTION = "--sglang" in cli.build_parser()._option_string_actions
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(not _HAS_SGLANG_OPTION, strict=True, reason="rerun-test has no --sglang yet"))
-    if p.name == "sglang-rerun-test.yml" else p for p in WORKFLOWS], ids=lambda p: p.name)
+# The sglang-repo variant runs `rerun-test --sglang PATH`: its commands are checked like the others'.
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_every_command_exists(path):
     doc = _load(path)
     n = 0

@@ -200,7 +200,7 @@ def _check_patched(names: list[str]) -> None:
     from harness.faults import source
 
     try:
-        package = source.target_tree() / source.PACKAGE
+        package = source.imported_tree() / source.PACKAGE
     except source.PatchError as e:
         raise FaultError(str(e)) from None
     missing = [n for n in names if n not in source.applied_in(package)]

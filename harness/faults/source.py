@@ -67,6 +67,22 @@ class FilePatch:
     hunks: tuple[Hunk, ...]
 
 
+def imported_tree() -> Path:
+    """The directory holding the ``sglang`` package this process would import (a patched scratch copy
+    when one is first on the path; found without importing it).
+
+    Returns:
+        E.g. ``.../site-packages`` or the scratch directory; ``<it>/sglang`` is the package.
+
+    Raises:
+        PatchError: no ``sglang`` package is importable.
+    """
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PatchError("no importable sglang package: install the target sglang (./dev install) first")
+    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+
+
 def target_tree() -> Path:
     """The directory holding the selected target's ``sglang`` package (``--sglang`` / ``HARNESS_SGLANG``;
     found without importing it).

@@ -50,7 +50,7 @@ from harness.targets.sglang.target import TargetError
 
 if os.environ.get(_faults.ENV_VAR):
     _target.current()  # applying a fault imports sglang: the selected target goes first
-ACTIVE_FAULTS = _faults.activate_from_env()
+_faults.activate_from_env()
 
 _LAZY = {
     "DecodeConfig": "decode",
@@ -72,6 +72,8 @@ __all__ = ["TARGET", "TargetError", "ACTIVE_FAULTS", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "ACTIVE_FAULTS":  # read live: the pytest plugin may activate faults after this import
+        return _faults.active()
     # TARGET: the sglang under test, resolved from the environment and activated on first use (an
     # entry point has already selected it; a bare process gets $HARNESS_SGLANG or the installed one).
     if name == "TARGET":
