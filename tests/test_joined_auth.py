@@ -139,10 +139,15 @@ def test_a_client_python_other_than_the_clusters_is_one_line_with_both(token_clu
 
 def test_a_node_with_another_sglang_is_named_by_doctor_and_stops_rerun_test(token_cluster, home_with_token, tmp_path):
     other = "0.5.22" if SUPPORTED_VERSION != "0.5.22" else "0.5.21"
+    # The node's sglang is another tree: the installed package's files linked, its version file
+    # saying another release (only the checks run there, no suite).
     stub = tmp_path / "other-sglang"
-    meta = stub / f"sglang-{other}.dist-info"
-    meta.mkdir(parents=True)
-    meta.joinpath("METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {other}\n")
+    real = Path(importlib.util.find_spec("sglang").origin).parent
+    (stub / "sglang").mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name not in ("_version.py", "__pycache__"):
+            (stub / "sglang" / entry.name).symlink_to(entry)
+    (stub / "sglang" / "_version.py").write_text(f'__version__ = version = "{other}"\n')
     path = os.pathsep.join([str(stub)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     node = token_cluster.add_node(num_gpus=1, env={"RAY_AUTH_MODE": "token", "PYTHONPATH": path})
     try:

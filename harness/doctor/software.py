@@ -10,6 +10,7 @@ default), read from its files by the adapter's resolver, which imports no sglang
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 from pathlib import Path
@@ -57,11 +58,11 @@ def installed_versions(version_of: Callable[[str], str] = importlib.metadata.ver
     for name, dists in PACKAGES.items():
         if not dists:
             continue
-        if name == "sglang" and os.environ.get(_SGLANG_ENV):
-            from harness.targets.sglang import target
-
-            out[name] = target.current().version  # the target under test, not the venv's install
-            continue
+        if name == "sglang":
+            found = _sglang_tree_version()
+            if found is not None:  # the tree this interpreter imports, not whatever metadata lies beside it
+                out[name] = found
+                continue
         out[name] = None
         for dist in dists:
             try:
@@ -72,6 +73,22 @@ def installed_versions(version_of: Callable[[str], str] = importlib.metadata.ver
             out[name] = version if dist == name else f"{version} ({dist})"
             break
     return out
+
+
+def _sglang_tree_version() -> str | None:
+    """The version of the sglang this interpreter runs: the selected target (``$HARNESS_SGLANG``), else
+    the tree an import would find (its own version file), else None (metadata decides)."""
+    from harness.targets.sglang import target
+
+    if os.environ.get(_SGLANG_ENV):
+        return target.current().version  # the target under test, not the venv's install
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    from harness.targets.sglang.version import UNKNOWN, read_version
+
+    found = read_version(Path(list(spec.submodule_search_locations)[0]).resolve().parent)
+    return None if found == UNKNOWN else found
 
 
 _FIX_SAME = ("install the same versions on every node: run `./dev install` from the same commit on each "
