@@ -159,6 +159,8 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
         violations = ledger.check(evs)
         violating = {v.seq for v in violations}
         for ev in evs:
+            if ev.kind == "config":  # the bounds the checker derives rules from: no pages, no point
+                continue
             t = ev.ts - t0
             sign = 1 if ev.kind in ledger.TAKE_KINDS else -1 if ev.kind in ledger.FREE_KINDS else 0
             req = per_req.setdefault(ev.rid, {"first": t, "last": t, "events": 0, "held": defaultdict(int),

@@ -102,7 +102,7 @@ def test_hanging_probe_is_reported_hung_and_not_waited_on(scenarios):
 def test_unsupported_sglang_version_fails(scenarios):
     rep = scenarios["old_sglang"]
     (row,) = _rows(rep, "software.sglang_supported")
-    assert row["status"] == "failed" and "0.5.22" in row["detail"] and "sglang==0.5.23" in row["fix"]
+    assert row["status"] == "failed" and "0.4.10" in row["detail"] and "--sglang 0.5.N" in row["fix"]
 
 
 def test_fake_gpus_wrong_model_and_foreign_process_fail(scenarios):
@@ -172,7 +172,7 @@ def _scenarios(run_dir: Path) -> dict[str, Any]:
             out["port_bound"].update(port=port, holder_pid=os.getpid())
         hang = Sources(versions=functools.partial(time.sleep, 3600))
         report("hang", h100, sources=hang, limits=dataclasses.replace(Limits(), check_timeout_s=HANG_TIMEOUT_S))
-        old = Sources(versions=functools.partial(dict, python="3.11.7", torch="2.14.1", ray="2.60.0", sglang="0.5.22"))
+        old = Sources(versions=functools.partial(dict, python="3.11.7", torch="2.14.1", ray="2.60.0", sglang="0.4.10"))
         report("old_sglang", h100, sources=old)
         snap = GpuSnapshot(
             devices=(GpuDevice(0, "GPU-a", "NVIDIA H200", 143771, 143000), GpuDevice(1, "GPU-b", "NVIDIA H100 80GB HBM3", 81559, 81000)),

@@ -3,7 +3,7 @@
 One real ``rerun-test`` run of a tiny PD suite (two ledger-writing tests on the 2-gpu-h100 topology,
 simulated, and one plain test) with the accounting fault ``decode-skips-swa-evict`` injected: the
 short test never slides its window and passes, the long one keeps every SWA page and fails with
-``swa-over-window``. The page is opened in Chromium over the DevTools protocol; the test asserts
+a rule the fault's evidence names (``swa-evict-late`` / ``swa-over-window``). The page is opened in Chromium over the DevTools protocol; the test asserts
 the verdict text, one rendered timeline image per ledger-writing test, the violation marked at the
 event the ledger checker names (request and pages), and no console errors, and keeps a screenshot
 in the run directory (``report/screenshot.png``).
@@ -24,6 +24,8 @@ import pytest
 
 import browser
 from harness import faults, ledger, results
+from harness.faults import source
+from harness.targets.sglang import target
 
 REPO = Path(__file__).resolve().parents[1]
 FAULT = "decode-skips-swa-evict"
@@ -76,7 +78,12 @@ def faulted_run(chromium_exe: str, tmp_path_factory: pytest.TempPathFactory) -> 
     tree.mkdir()
     (tree / "test_tiny_pd.py").write_text(SUITE)
     run_dir = base / "run"
-    env = {**os.environ, faults.ENV_VAR: FAULT, "RAY_DEDUP_LOGS": "0"}
+    # The fault is a source patch: its scratch copy goes first on every process's import path, as
+    # --inject-fault does (rerun-test passes the environment to its pytest and Ray workers).
+    patched = base / "patched"
+    source.scratch_copy([FAULT], patched)
+    env = {**os.environ, faults.ENV_VAR: FAULT, "RAY_DEDUP_LOGS": "0", target.OVERLAY_ENV: str(patched),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(patched), os.environ.get("PYTHONPATH", "")) if p)}
     cmd = [sys.executable, "-m", "harness.rerun.cli", "--suites-dir", str(tree), "--run-dir", str(run_dir), "--jobs", "1",
            "test_tiny_pd.py"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
@@ -94,9 +101,11 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
     writers = sorted(s for s, r in records.items() if r.ledgers)
     assert writers == ["::test_long_decode", "::test_short_prompts"] and not records["::test_no_ledger"].ledgers
 
-    # The event the page must mark: the first swa-over-window of the failing test, by the ledger checker.
+    # The event the page must mark: the first violation the ledger checker finds in the failing test
+    # (one of the rules the fault's evidence names).
     long_events = [e for span in records["::test_long_decode"].ledgers for e in results.span_events(span)]
-    first = next(v for v in ledger.check(long_events) if v.rule == "swa-over-window")
+    first = ledger.check(long_events)[0]
+    assert f"[{first.rule}]" in faults.get(FAULT).evidence, first
     event = next(e for e in long_events if e.worker == first.worker and e.seq == first.seq)
 
     with browser.chromium() as page:
@@ -121,10 +130,10 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
         [(complete, width, height)] = by_test[name]["imgs"]
         assert complete and width > 500 and height > 200, (name, width, height)
     assert by_test["test_no_ledger"]["imgs"] == []
-    over = [m for m in marks if m["rule"] == "swa-over-window" and m["test"].endswith("::test_long_decode")]
+    over = [m for m in marks if m["rule"] == first.rule and m["test"].endswith("::test_long_decode")]
     assert over and (over[0]["worker"], over[0]["seq"], over[0]["rid"]) == (event.worker, str(event.seq), event.rid)
-    assert f"#{event.seq} {event.kind}" in over[0]["text"] and "swa [" in over[0]["text"]
-    assert ledger.RULES["swa-over-window"] in over[0]["text"]
+    assert f"#{event.seq} {event.kind}" in over[0]["text"]
+    assert ledger.RULES[first.rule] in over[0]["text"]
     assert not [m for m in marks if m["test"].endswith("::test_short_prompts")]
     assert errors == [], f"console errors: {errors}"
     assert shot.stat().st_size > 10_000

@@ -33,10 +33,15 @@ def _faulted() -> dict[str, list[ledger.Event]]:
     prefill = [_ev(0, "prealloc", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)}),
                _ev(1, "transfer", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)}),
                _ev(2, "release", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)})]
-    decode = [_ev(0, "prealloc", "r1", pages={"full": (5, 6, 7), "swa": (8, 9)}, fill_len=150, swa_tail_len=150,
-                  evicted_seqlen=0),
+    config = ledger.Event(seq=-1, ts=1000.0, kind="config", rid=ledger.CONFIG_RID, component="decode", worker="dec-r0",
+                          page_size=PAGE, **ledger.config_event(ledger.LedgerConfig(page_size=PAGE, window=WINDOW,
+                                                                                    swa_tail=True, eviction_interval=1),
+                                                                {"full": 64, "swa": 64}))
+    decode = [config,
+              _ev(0, "prealloc", "r1", pages={"full": (5, 6, 7), "swa": (8, 9)}, fill_len=164, swa_tail_len=100,
+                  evicted_seqlen=64),
               _ev(1, "transfer", "r1", pages={"full": (5, 6, 7), "swa": (8, 9)}),
-              _ev(2, "decode_alloc", "r1", pages={"full": (10,), "swa": (11,)}),
+              _ev(2, "decode_alloc", "r1", pages={"full": (10,), "swa": (11,)}, fill_len=200),  # live span [64, 200): 3 pages
               _ev(3, "decode_alloc", "r1", pages={"full": (12,), "swa": (13,)}),  # 4 SWA pages > 3: the break
               _ev(4, "decode_alloc", "r1", pages={"full": (14,), "swa": (15,)}),  # still over: a repeat
               _ev(5, "decode_alloc", "r2", pages={"full": (20,), "swa": (21,)}),

@@ -241,12 +241,27 @@ def _wrap_prealloc(probe: Probe, orig: Callable) -> Callable:
     return wrapper
 
 
-def _note_growth(probe: Probe, rid: str, page_size: int, held: dict[str, set[int]]) -> None:
-    """Record as ``decode_alloc`` the pages ``rid`` holds that the probe has not seen it take."""
+def _allocated_len(req, default: int | None) -> int | None:
+    """How many positions the request has KV slots for (``req.kv.kv_allocated_len``), at least ``default``.
+
+    Pages gained by decoding are seen late (at the next SWA eviction or the release), so the
+    ``decode_alloc`` that records them must carry the length they were allocated for, not the last
+    event's: the ledger's live-span rule reads it."""
+    try:
+        allocated = int(req.kv.kv_allocated_len)
+    except (AttributeError, TypeError, ValueError):
+        return default
+    return allocated if default is None else max(allocated, default)
+
+
+def _note_growth(probe: Probe, rid: str, page_size: int, held: dict[str, set[int]],
+                 fill_len: int | None = None) -> None:
+    """Record as ``decode_alloc`` the pages ``rid`` holds that the probe has not seen it take
+    (``fill_len``: the length they were allocated for)."""
     known = probe.known.setdefault(rid, {})
     new = _diff(held, known)
     if any(new.values()):
-        probe.record("decode_alloc", rid, page_size, pages=_as_pages(new))
+        probe.record("decode_alloc", rid, page_size, pages=_as_pages(new), fill_len=fill_len)
         for pool, p in new.items():
             known.setdefault(pool, set()).update(p)
 
@@ -259,14 +274,15 @@ def _wrap_evict_swa(probe: Probe, orig: Callable) -> Callable:
         result = orig(self, req, *args, **kwargs)
         after = _held(req, allocator, r2t)
         rid, page = str(req.rid), allocator.page_size
-        _note_growth(probe, rid, page, before)
+        pre_len = args[0] if args else kwargs.get("pre_len")
+        _note_growth(probe, rid, page, before,
+                     _allocated_len(req, int(pre_len) + 1 if pre_len is not None else None))
         freed = _diff(before, after)
         note, floor = "", None
         try:
             floor = _evicted_seqlen(req)
         except ProbeReadError as e:
             note = unreadable(e)
-        pre_len = args[0] if args else kwargs.get("pre_len")
         # Every call (pages freed or not): the sequence and its floor are what the decode rules check.
         probe.record("evict", rid, page, pages=_as_pages(freed), evicted_seqlen=floor,
                      fill_len=int(pre_len) + 1 if pre_len is not None else None, note=note)
@@ -282,10 +298,11 @@ def _wrap_release(probe: Probe, orig: Callable) -> Callable:
     def wrapper(req, tree_cache, *args, **kwargs):
         allocator = tree_cache.token_to_kv_pool_allocator
         held = _held(req, allocator, tree_cache.req_to_token_pool) if req.kv.holds_kv else {}
+        allocated = _allocated_len(req, None)  # before the release resets it
         result = orig(req, tree_cache, *args, **kwargs)
         rid = str(req.rid)
         if held or rid in probe.known:
-            _note_growth(probe, rid, allocator.page_size, held)
+            _note_growth(probe, rid, allocator.page_size, held, allocated)
             probe.record("release", rid, allocator.page_size, pages=_as_pages(held))
             probe.known.pop(rid, None)
         return result
