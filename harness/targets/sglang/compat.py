@@ -240,9 +240,18 @@ def _hisparse_device() -> str | None:
 
 
 def _pre_alloc_reclaims_swa() -> str | None:
+    # Where the reclaim lives is a property of the release (#40309 moved it into _pre_alloc in
+    # 0.5.21), decided by the version once: a 0.5.21+ tree whose _pre_alloc lost the call is a
+    # regression the suites must see, not a reason for the caller-side shim to reclaim on its behalf.
+    from harness.targets.sglang import target
+    from harness.targets.sglang.version import release_tuple
+
+    release = release_tuple(target.current().version)
+    if release is not None:
+        return None if release >= (0, 5, 21) else f"sglang {'.'.join(map(str, release))} predates #40309 (0.5.21)"
+    # A tree without a version: judge by the code.
     queue = _module(_DECODE).DecodePreallocQueue
-    source = inspect.getsource(queue._pre_alloc)
-    if "_reclaim_swa_tail_capacity" not in source:
+    if "_reclaim_swa_tail_capacity" not in inspect.getsource(queue._pre_alloc):
         return "DecodePreallocQueue._pre_alloc does not call _reclaim_swa_tail_capacity"
     return None
 
