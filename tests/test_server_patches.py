@@ -58,7 +58,7 @@ def test_unknown_compat_patch_is_refused_naming_the_known_ones():
         compat.install(["no-such-patch"])
 
 
-def test_cpu_server_gets_both_compat_patches_and_the_probe(tmp_path):
+def test_cpu_server_gets_its_compat_patches_and_the_probe(tmp_path):
     """The sitecustomize applies the named patches and the probe when the real sglang modules load."""
     r = run_like_server("""
         import sglang.srt.disaggregation.mooncake.conn as mc
@@ -77,12 +77,18 @@ def test_cpu_server_gets_both_compat_patches_and_the_probe(tmp_path):
         assert hasattr(sched.Scheduler.flush_cache, "__wrapped__")
         assert dec.release_kv_cache is common.release_kv_cache
         assert brp.release_kv_cache is common.release_kv_cache
+        # The engine's own start-method call (spawn) leaves fork: its children need no second import.
+        import multiprocessing
+        import sglang.srt.entrypoints.engine as engine
+        engine.mp.set_start_method("spawn", force=True)
+        assert multiprocessing.get_start_method() == "fork", multiprocessing.get_start_method()
         print("ok")
     """, probe_run_dir=str(tmp_path), worker="decode-x")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ok" in r.stdout
     assert "compat patch mooncake-host-tensor-indices applied" in r.stderr
     assert "compat patch torch-native-swa-read applied" in r.stderr
+    assert "compat patch cpu-fork-children applied" in r.stderr
     assert "accounting probe installed" in r.stderr
 
 
@@ -94,6 +100,10 @@ def test_unpatched_server_runs_upstream_code(tmp_path):
         assert mc.MooncakeKVSender.supports_host_tensor_indices is True
         assert not hasattr(tn.TorchNativeAttnBackend._run_sdpa_forward_decode, "__wrapped__")
         assert not hasattr(common.release_kv_cache, "__wrapped__")
+        import multiprocessing
+        import sglang.srt.entrypoints.engine as engine
+        engine.mp.set_start_method("spawn", force=True)
+        assert multiprocessing.get_start_method() == "spawn"
         print("ok")
     """, compat_patches=())
     assert r.returncode == 0, r.stderr[-3000:]

@@ -58,7 +58,7 @@ CPU_ENV: Mapping[str, str] = {
     "MC_FORCE_TCP": "1",
 }
 #: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
-CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read")
+CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read", "cpu-fork-children")
 
 #: Decode-side HiSparse (DeepSeek-V4 class; sglang 0.5.23 ``--enable-hisparse``). It is a decode
 #: feature only (decode receives the KV into the HiSparse host pool; prefill sends as usual), and
