@@ -44,7 +44,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from harness import procs
 
@@ -54,6 +54,8 @@ CLIENT = Path(__file__).resolve().parent / "forkserver_client.py"
 #: The env var naming the server's socket to the client (``harness.forkserver_client.ENV``).
 SOCKET_ENV = "HARNESS_FORKSERVER"
 READY = "forkserver ready"
+#: Beside the socket: the env values a client must share to be forked (``harness.forkserver_client``).
+MATCH_FILE = "match.json"
 DEFAULT_START_TIMEOUT_S = 300.0
 _POLL_S = 0.2
 
@@ -85,8 +87,30 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), list(fds)
 
 
+def _title(argv: list[str]) -> None:
+    """Name the child after the command it runs (``ps``, psutil and ``/proc/PID/cmdline`` show it),
+    as a fresh interpreter started with that argv would be named."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(" ".join([sys.executable, *argv]))
+
+
+def _rerun_site() -> None:
+    """Run ``sitecustomize`` again with the child's environment: a fresh interpreter runs it at start
+    with its own environment, and what it installs may depend on it (the sglang servers' does)."""
+    site = sys.modules.get("sitecustomize")
+    if site is not None and getattr(site, "__file__", None):
+        importlib.reload(site)
+
+
 def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[socket.socket]) -> None:
-    """In the forked child: become the requested process (never returns)."""
+    """In the forked child: become the requested process (never returns).
+
+    ``argv`` is what follows the interpreter on its command line: a script path and its arguments,
+    or ``-m MODULE`` and its arguments.
+    """
     code = 1
     try:
         for s in others:
@@ -98,11 +122,22 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
             if fd > 2:
                 os.close(fd)
         os.chdir(req["cwd"])
+        # The client's priority: Ray runs its workers niced, and a fork of this server would
+        # otherwise outrank every worker Ray starts.
+        nicer = int(req.get("nice", 0)) - os.nice(0)
+        if nicer > 0:
+            os.nice(nicer)
+        argv = list(req["argv"])
+        _title(argv)  # before the environment changes: setproctitle needs the initial environ block
         os.environ.clear()
         os.environ.update(req["env"])
-        argv = list(req["argv"])
-        sys.argv = argv
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        module = argv[1] if argv[:1] == ["-m"] else None
+        if module is not None:
+            sys.argv = argv[1:]  # run_module puts the module's file in argv[0], as ``python -m`` does
+            sys.path[0] = os.getcwd()
+        else:
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
 
         def die_with_client() -> None:
             # The client (the process Ray started) holds the other end: when it is gone, so are we.
@@ -117,7 +152,11 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=die_with_client, name="forkserver-client-watch", daemon=True).start()
-        runpy.run_path(argv[0], run_name="__main__")
+        _rerun_site()
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -216,7 +255,7 @@ class ForkServer:
 
     @classmethod
     def start(cls, preload: str, env: Mapping[str, str] | None = None,
-              timeout: float = DEFAULT_START_TIMEOUT_S) -> "ForkServer":
+              timeout: float = DEFAULT_START_TIMEOUT_S, must_match: Sequence[str] = ()) -> "ForkServer":
         """Start a server that runs ``preload`` and wait until it serves.
 
         Args:
@@ -224,6 +263,9 @@ class ForkServer:
             env: the server's whole environment (default: this process's); its children get the
                 client's environment, but modules read some of it at import, so give the ranks' one.
             timeout: seconds for ``preload`` (an import of torch and sglang: tens of seconds under load).
+            must_match: env vars whose values decide what the preloaded modules are (the import
+                path, thread counts read at import): a client whose values differ from ``env``'s is
+                not forked; it runs its command as a fresh interpreter instead (and says so).
 
         Returns:
             The serving :class:`ForkServer`.
@@ -234,10 +276,13 @@ class ForkServer:
         tmpdir = tempfile.mkdtemp(prefix="pdh-fork-")
         socket_path = os.path.join(tmpdir, "s")
         log_path = Path(tmpdir) / "server.log"
+        full = dict(os.environ if env is None else env)
+        with open(os.path.join(tmpdir, MATCH_FILE), "w") as f:
+            json.dump({k: full.get(k, "") for k in must_match}, f)
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen([sys.executable, "-m", "harness.forkserver", "--socket", socket_path,
                                      "--preload", preload], stdout=subprocess.PIPE, stderr=logf,
-                                    stdin=subprocess.DEVNULL, env=dict(os.environ if env is None else env))
+                                    stdin=subprocess.DEVNULL, env=full)
         procs.register(proc.pid, label="fork server")
         server = cls(proc, socket_path, log_path, tmpdir)
         deadline = time.monotonic() + timeout
@@ -259,6 +304,13 @@ class ForkServer:
                 raise ForkServerError(f"fork server (preload {preload}) {why}; log tail:\n{tail}")
         log.info("fork server %d ready (preload %s) at %s", proc.pid, preload, socket_path)
         return server
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """The command that runs ``argv`` (``[python, *args]``, this interpreter) as a fork of this
+        server: the client, which needs :data:`SOCKET_ENV` set to :attr:`socket_path` in its env."""
+        if not argv or argv[0] != sys.executable:
+            raise ValueError(f"a fork server runs commands of its own interpreter ({sys.executable}), not {argv[:1]}")
+        return [sys.executable, "-I", "-S", str(CLIENT), *argv[1:]]
 
     def runtime_env(self) -> dict[str, Any]:
         """Ray ``runtime_env`` that starts an actor's worker process as a fork of this server."""
@@ -285,7 +337,7 @@ class ForkServer:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         procs.unregister(self.proc.pid)
-        for name in ("s", "server.log"):
+        for name in ("s", "server.log", MATCH_FILE):
             try:
                 os.unlink(os.path.join(self._tmpdir, name))
             except OSError:
@@ -296,17 +348,19 @@ class ForkServer:
             pass
 
 
-_SHARED: dict[tuple[str, tuple[tuple[str, str], ...]], ForkServer] = {}
+_SHARED: dict[tuple, ForkServer] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared(preload: str, env: Mapping[str, str]) -> ForkServer:
-    """This process's fork server for ``preload`` with environment ``os.environ | env`` (started on
-    first use, restarted if it died, stopped at interpreter exit).
+def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | None = None,
+           must_match: Sequence[str] = ()) -> ForkServer:
+    """This process's fork server for ``preload`` with environment ``base | env`` (``base``: this
+    process's by default; started on first use, restarted if it died, stopped at interpreter exit).
 
     Args:
-        preload: as :meth:`ForkServer.start`.
-        env: what the ranks' environment adds to this process's (their worker env).
+        preload, must_match: as :meth:`ForkServer.start`.
+        env: what the children's environment adds to ``base`` (e.g. the ranks' worker env).
+        base: the environment ``env`` extends (default ``os.environ``).
 
     Returns:
         The serving :class:`ForkServer`.
@@ -314,14 +368,14 @@ def shared(preload: str, env: Mapping[str, str]) -> ForkServer:
     Raises:
         ForkServerError: it cannot be started.
     """
-    full = {**os.environ, **env}
-    key = (preload, tuple(sorted(full.items())))
+    full = {**(os.environ if base is None else base), **env}
+    key = (preload, tuple(sorted(full.items())), tuple(must_match))
     with _SHARED_LOCK:
         server = _SHARED.get(key)
         if server is None or not server.alive():
             if not _SHARED:
                 atexit.register(stop_shared)
-            server = _SHARED[key] = ForkServer.start(preload, full)
+            server = _SHARED[key] = ForkServer.start(preload, full, must_match=must_match)
         return server
 
 

@@ -8,6 +8,11 @@ the Ray worker. This process stays as its stand-in for the raylet that started i
 SIGTERM/SIGINT/SIGHUP to the child and exits with the child's exit status; if it is killed, the
 child sees its connection close and kills itself. It imports nothing but the standard library, so
 it costs a few milliseconds of CPU.
+
+The server may name env vars its children must share with it (``match.json`` beside its socket:
+what decided the modules it imported, such as the import path). A client whose values differ is
+not forked: it says so on stderr and runs its command as a fresh interpreter (the same process,
+by ``exec``), so a mismatch costs the start-up it would have saved and never runs the wrong code.
 """
 
 import json
@@ -17,6 +22,17 @@ import socket
 import sys
 
 ENV = "HARNESS_FORKSERVER"
+MATCH_FILE = "match.json"
+
+
+def differing(path: str) -> list:
+    """Env vars the server at socket ``path`` needs equal whose values here differ (none named: [])."""
+    try:
+        with open(os.path.join(os.path.dirname(path), MATCH_FILE)) as f:
+            must = json.load(f)
+    except FileNotFoundError:
+        return []
+    return sorted(k for k, v in must.items() if os.environ.get(k, "") != v)
 
 
 def main() -> int:
@@ -24,13 +40,18 @@ def main() -> int:
     if not path:
         print(f"forkserver client: ${ENV} is not set; run workers through harness.forkserver", file=sys.stderr)
         return 2
+    differ = differing(path)
+    if differ:
+        print(f"forkserver client: {', '.join(differ)} differ from the fork server's; starting a fresh interpreter",
+              file=sys.stderr, flush=True)
+        os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError as e:
         print(f"forkserver client: cannot reach the fork server at {path}: {e}", file=sys.stderr)
         return 2
-    payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "nice": os.nice(0)}).encode()
     socket.send_fds(sock, [len(payload).to_bytes(8, "big") + payload], [0, 1, 2])
     child = []
 

@@ -1,6 +1,9 @@
 """The fork server: ranks forked from a process that imported sglang are still Ray actors in their
 bundles running the real pools; the server forks only when safe; a child never outlives its client;
-the preload covers everything a rank imports."""
+the preload covers everything a rank imports. A child runs ``-m MODULE`` as ``python -m`` would,
+after ``sitecustomize`` ran again with its environment, at its client's priority and named by its
+command; a client whose import-deciding environment differs is not forked. The server preload
+imports sglang's third-party graph and nothing of sglang, and its list is current."""
 
 from __future__ import annotations
 
@@ -132,3 +135,77 @@ def test_forked_ranks_are_ray_actors_in_their_bundles_running_real_pools(ray_clu
             time.sleep(0.1)
     finally:
         dep.stop()
+
+
+def _site(tmp_path, body: str) -> str:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent(body))
+    (site / "fs_mod.py").write_text(textwrap.dedent("""
+        import os, sys
+        import sitecustomize
+        with open(os.environ["OUT"], "w") as f:
+            f.write(repr((__name__, sys.argv[1:], sitecustomize.SEEN, os.getpid(), os.nice(0),
+                          open("/proc/self/cmdline", "rb").read().replace(b"\\0", b" ").decode().strip())))
+    """))
+    return str(site)
+
+
+def test_module_child_reruns_sitecustomize_with_its_env_at_the_clients_priority(tmp_path):
+    site = _site(tmp_path, "import os\nSEEN = os.environ.get('SITE_VAR', '')\n")
+    server = ForkServer.start("json", {**os.environ, "PYTHONPATH": site}, must_match=("PYTHONPATH",))
+    try:
+        out = tmp_path / "out.txt"
+        p = _client(server, ["-m", "fs_mod", "x", "--y"], {"SITE_VAR": "child", "OUT": str(out), "PYTHONPATH": site},
+                    preexec_fn=lambda: os.nice(3))
+        assert p.wait(60) == 0
+        name, args, seen, pid, nice, cmdline = eval(out.read_text())
+        assert (name, args) == ("__main__", ["x", "--y"])
+        # The fork server's own sitecustomize run saw no SITE_VAR; the child's run saw the client's.
+        assert seen == "child"
+        assert pid != p.pid, "not forked: the client ran it itself"
+        assert nice == os.nice(0) + 3, "the child does not run at its client's priority"
+        assert cmdline.endswith("-m fs_mod x --y"), cmdline
+    finally:
+        server.stop()
+
+
+def test_a_client_whose_import_path_differs_runs_a_fresh_interpreter(tmp_path):
+    site = _site(tmp_path, "SEEN = 'fresh'\n")
+    server = ForkServer.start("json", {**os.environ, "PYTHONPATH": site + os.pathsep + str(tmp_path)},
+                              must_match=("PYTHONPATH",))
+    try:
+        out = tmp_path / "out.txt"
+        p = _client(server, ["-m", "fs_mod", "z"], {"OUT": str(out), "PYTHONPATH": site}, stderr=subprocess.PIPE)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        name, args, seen, pid, _nice, _cmd = eval(out.read_text())
+        # The same process (exec'd), running the module on its own import path.
+        assert (name, args, seen, pid) == ("__main__", ["z"], "fresh", p.pid)
+        assert b"PYTHONPATH differ from the fork server's; starting a fresh interpreter" in err
+    finally:
+        server.stop()
+
+
+def test_server_preload_imports_no_sglang_and_leaves_one_thread():
+    code = textwrap.dedent("""
+        import os, sys
+        from harness.targets.sglang import preload
+        preload.server()
+        assert not [m for m in sys.modules if m.split(".")[0] == "sglang"]
+        print(len(os.listdir("/proc/self/task")), "torch" in sys.modules, "transformers.modeling_utils" in sys.modules)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["1", "True", "True"]
+
+
+def test_server_preload_list_is_current():
+    """Regenerate with ``python -m harness.targets.sglang.preload --write-server-modules`` when this fails."""
+    from harness.targets.sglang import preload
+
+    listed = set(preload.SERVER_MODULES_FILE.read_text().split())
+    now = set(preload.list_server_modules())
+    missing = sorted(now - listed)
+    assert not missing, f"{len(missing)} third-party modules of the server graph are not preloaded, e.g. {missing[:5]}"

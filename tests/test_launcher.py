@@ -22,14 +22,14 @@ PREFILL_PORTS = ServerPorts(http=30001, nccl=30002, bootstrap=30003)
 DECODE_PORTS = ServerPorts(http=30011, nccl=30012)
 
 CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-             "--max-total-tokens", "8192", "--page-size", "64", "--random-seed", "0"]
+             "--max-total-tokens", "8192", "--page-size", "64", "--random-seed", "0", "--sleep-on-idle"]
 CPU_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",
     "HF_HUB_OFFLINE": "1",
     "SGLANG_HOST_IP": "127.0.0.1",
     "MOONCAKE_PROTOCOL": "tcp",
     "MC_FORCE_TCP": "1",
-    "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read",
+    "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read,cpu-fork-children",
 }
 
 

@@ -80,7 +80,7 @@ class ServerStacks:
                  models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
         from harness.plugins.state import state
         from harness.targets.sglang.server.layout import server_layout
-        from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
+        from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S, uses_forkserver
 
         self._state = state(config)
         self.cluster = cluster
@@ -90,6 +90,8 @@ class ServerStacks:
         self.server_args = tuple(server_args)
         self.layout = server_layout(topology)
         self.ready_timeout = GPU_READY_TIMEOUT_S if topology.needs_gpus else DEFAULT_READY_TIMEOUT_S
+        #: Servers start as forks of a process that imported their third-party modules once.
+        self.forkserver = uses_forkserver(cluster, topology)
         self._placement: Any = None
         self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], Any] = {}
         self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}
@@ -183,6 +185,7 @@ class ServerStacks:
             try:
                 stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=placement,
                                        names=names, mini_lb=mini_lb, on_start=self._watch, ready_timeout=self.ready_timeout,
+                                       forkserver=self.forkserver,
                                        extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
             finally:
                 if baseline is not None:
@@ -235,7 +238,7 @@ class ServerStacks:
             model = self.model(model_name)
             name = self._state.unique_name("plain")
             w = start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
-                                   ready_timeout=self.ready_timeout, probe=True,
+                                   ready_timeout=self.ready_timeout, probe=True, forkserver=self.forkserver,
                                    compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE),
                                    on_start=self._watch if watch else self._own)
             self._plain[key] = w
@@ -282,9 +285,14 @@ class ServerStacks:
             self._stop([self._plain.pop(key)])
 
     def _stop(self, workers: Sequence[Any]) -> None:
+        from harness.targets.sglang.server.stack import stop_all
+
+        workers = list(workers)
         for w in workers:
             self._state.unwatch(w)
-            w.stop()
+        # Side by side: each server drains and exits on its own (seconds each on a CPU).
+        stop_all(workers)
+        for w in workers:
             # No longer owned by the tests: a death they expected (a fault test) is not "swallowed".
             if w in self.workers:
                 self.workers.remove(w)

@@ -142,13 +142,14 @@ def test_health_and_idle_pools_back_to_baseline(stack):
 @pytest.mark.est_time(60)
 def test_death_during_startup_names_the_role_with_its_log_tail(ray_cluster, run_dir, tmp_path):
     from harness import topology
-    from harness.targets.sglang.server.stack import start_pd_stack
+    from harness.targets.sglang.server.stack import start_pd_stack, uses_forkserver
 
     missing = tmp_path / "no-such-model"
     started: list = []
+    cpu = topology.get("cpu")
     with pytest.raises(WorkerDied) as exc:
-        start_pd_stack(topology.get("cpu"), missing, run_dir.root, names=("prefill-broken", "decode-broken", "router-broken"),
-                       on_start=started.append)
+        start_pd_stack(cpu, missing, run_dir.root, names=("prefill-broken", "decode-broken", "router-broken"),
+                       on_start=started.append, forkserver=uses_forkserver(ray_cluster, cpu))
     died = exc.value
     assert died.name == "prefill-broken", died.name
     assert "exit code" in died.cause and died.tail.strip()

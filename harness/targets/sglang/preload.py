@@ -1,4 +1,4 @@
-"""What a simulated PD rank imports, imported ahead of time: the fork server's preload for PD ranks.
+"""What a simulated PD rank or a CPU server imports, imported ahead of time: the fork servers' preloads.
 
 A rank (:class:`harness.pd.prefill.PrefillWorker`, :class:`harness.pd.decode.DecodeWorker`) runs
 sglang's real memory paths: pools, allocators, the radix cache, the decode prealloc queue, request
@@ -7,6 +7,16 @@ transformers, torch's compiler stack), about six CPU seconds on a small machine,
 paid it. :func:`rank` imports exactly the modules the rank code imports (at module level and inside
 its functions) in a :mod:`harness.forkserver` process, so each rank is a fork that already has
 them: the same modules, executed the same way, once.
+
+A real sglang server on CPU (:mod:`harness.targets.sglang.server.stack`) is a different case: its
+``sitecustomize`` installs the compat patches, the accounting probe and the faults as import hooks
+that must fire when *sglang* is first imported, with that server's environment. So :func:`server`
+imports the third-party modules sglang's server graph pulls in (torch, transformers, fastapi,
+aiohttp, ... : about 85% of its import time) and nothing of sglang or the harness adapter: each
+forked server imports sglang itself, after its own ``sitecustomize`` ran, exactly as a fresh
+interpreter does. The list (:data:`SERVER_MODULES_FILE`) is written by
+``python -m harness.targets.sglang.preload --write-server-modules`` from a real import of the
+server graph; ``tests/test_forkserver.py`` fails when it is stale.
 
 Nothing here changes sglang: the modules are imported, not stubbed or patched (the adapter's own
 import still applies ``HARNESS_FAULTS`` from the server's environment, as in any rank). Nothing here
@@ -17,10 +27,29 @@ further sglang module (the list below covers what ranks run).
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 #: The fork server's ``preload`` for PD ranks.
 RANK_PRELOAD = "harness.targets.sglang.preload:rank"
+#: The fork server's ``preload`` for real sglang servers on CPU.
+SERVER_PRELOAD = "harness.targets.sglang.preload:server"
+#: The third-party modules a server imports (one per line), in import order.
+SERVER_MODULES_FILE = Path(__file__).resolve().parent / "server_modules.txt"
+#: What a server process and its scheduler and detokenizer import: the graph :func:`server` covers.
+SERVER_GRAPH = (
+    "sglang.launch_server",
+    "sglang.srt.entrypoints.http_server",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.model_executor.model_runner",
+    "sglang.srt.models.llama",
+    "sglang.srt.disaggregation.mooncake.conn",
+)
 
 #: The harness modules a rank runs (they import sglang's at module level).
 HARNESS_MODULES = (
@@ -101,3 +130,68 @@ def rank() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - an optional preload; the rank imports (or not) as the release does
             continue
+
+
+class PreloadError(RuntimeError):
+    """The server preload imported sglang or the adapter: forked servers would miss their hooks."""
+
+
+def server() -> None:
+    """Import the third-party modules of sglang's server graph, and none of sglang's (see the module
+    docstring). A module this environment cannot import is skipped: the server imports it (or not)
+    as it would without the fork server.
+
+    Raises:
+        PreloadError: a listed module imported sglang (the list must name third-party modules only).
+    """
+    for name in SERVER_MODULES_FILE.read_text().split():
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an optional preload, as in rank()
+            continue
+    leaked = sorted(m for m in sys.modules if m == "sglang" or m.startswith("sglang."))
+    if leaked:
+        raise PreloadError(f"the server preload imported {leaked[0]} (and {len(leaked) - 1} more sglang modules): "
+                           "forked servers would import sglang before their sitecustomize hooks")
+
+
+_LIST_SERVER_MODULES = """
+import sys
+before = set(sys.modules)
+for name in sys.argv[1:]:
+    __import__(name)
+stdlib = set(sys.stdlib_module_names)
+for m in sys.modules:
+    top = m.split(".")[0]
+    if m not in before and top not in stdlib and not top.startswith("_") and top not in ("sglang", "harness", "sgl_kernel"):
+        print(m)
+"""
+
+
+def list_server_modules(env: dict[str, str] | None = None) -> list[str]:
+    """The third-party modules importing :data:`SERVER_GRAPH` pulls in, in import order (a real
+    import, in a subprocess with a CPU server's environment)."""
+    from harness.targets.sglang.server.launcher import CPU_ENV, CPU_SHIM_DIR
+
+    run_env = {**os.environ, **CPU_ENV, "OMP_NUM_THREADS": "1", **(env or {})}
+    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_SHIM_DIR), run_env.get("PYTHONPATH", "")) if p)
+    r = subprocess.run([sys.executable, "-c", _LIST_SERVER_MODULES, *SERVER_GRAPH], env=run_env,
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise PreloadError(f"importing sglang's server graph failed: {r.stderr.strip().splitlines()[-1:]}")
+    return r.stdout.split()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.targets.sglang.preload",
+                                description="Write the server preload's module list from a real import.")
+    p.add_argument("--write-server-modules", action="store_true", required=True)
+    p.parse_args(argv)
+    mods = list_server_modules()
+    SERVER_MODULES_FILE.write_text("\n".join(mods) + "\n")
+    print(f"{len(mods)} modules -> {SERVER_MODULES_FILE.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

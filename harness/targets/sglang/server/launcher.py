@@ -44,6 +44,11 @@ CPU_SERVER_ARGS: tuple[str, ...] = (
     "--max-total-tokens", "8192",
     "--page-size", "64",
     "--random-seed", "0",
+    # An idle scheduler otherwise loops without pause (its idle self-check included): about half a
+    # core per idle server, a whole core for an idle PD pair on a 2-core runner. sglang's own
+    # option waits on its request sockets instead; it sleeps only when fully idle (a pending KV
+    # transfer is not idle), so no request waits on it.
+    "--sleep-on-idle",
 )
 #: Prefill on CPU: overlap scheduling records a torch.cuda.Event on a cached-prefix send.
 CPU_PREFILL_ARGS: tuple[str, ...] = ("--disable-overlap-schedule",)

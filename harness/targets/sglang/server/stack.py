@@ -16,6 +16,15 @@ cases everything already started is stopped before the error propagates.
 
 :func:`reset_server` resets a started server between tests through sglang's own ``/flush_cache``
 and checks, in the server's probe ledger, that the flush found every pool back at baseline.
+
+Servers on a cluster this process started, without real GPUs (``forkserver=True``; the caller
+decides with :func:`uses_forkserver`), start as forks of a :mod:`harness.forkserver` that imported
+the third-party half of sglang's server graph once (:func:`harness.targets.sglang.preload.server`):
+the Ray worker runs the fork server's client, which hands over its command, environment and log
+files; the forked child runs ``sitecustomize`` with that environment and then ``-m
+sglang.launch_server`` as a fresh interpreter would, importing sglang itself. A server whose
+import-deciding environment (:data:`IMPORT_ENV`) differs from the fork server's runs as a fresh
+interpreter instead. ``HARNESS_SERVER_FORKSERVER=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +41,16 @@ from typing import Any, Callable, Mapping, Sequence
 from harness import ledger, procs
 from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
 from harness.targets.sglang.server.launcher import (
+    COMPAT_ENV,
+    CPU_ENV,
     Command,
     ServerPorts,
     plain_server_command,
     router_command,
     server_command,
 )
+from harness.targets.sglang.server.probe import COMPONENT_ENV, LEDGER_ENV, WORKER_ENV
+from harness.targets.sglang.target import OVERLAY_ENV
 from harness.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -85,9 +99,44 @@ class PdStack:
         return [w.info.payload_pid for w in self.workers if w.info and w.info.payload_pid]
 
     def stop(self) -> None:
-        """Stop router, decode, prefill (each: SIGTERM its process group, wait, SIGKILL)."""
-        for w in (self.router, self.decode, self.prefill):
+        """Stop router, decode and prefill side by side (each: SIGTERM its process group, wait, SIGKILL)."""
+        stop_all(self.workers)
+
+
+def stop_all(workers: Sequence[Any]) -> None:
+    """Stop workers side by side (each drains and exits on its own: seconds per server on a CPU).
+
+    Raises:
+        Exception: the first one a worker's ``stop`` raised, after every worker was stopped.
+    """
+    workers = list(workers)
+    if len(workers) <= 1:
+        for w in workers:
             w.stop()
+        return
+    with concurrent.futures.ThreadPoolExecutor(len(workers), thread_name_prefix="stop") as pool:
+        futures = [pool.submit(w.stop) for w in workers]
+    for f in futures:
+        f.result()
+
+
+#: ``0``: every CPU server starts as a fresh interpreter, never as a fork of the fork server.
+FORKSERVER_ENV = "HARNESS_SERVER_FORKSERVER"
+#: What decides which modules the fork server imported, and how: a server whose values differ is not forked.
+IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", OVERLAY_ENV, "HARNESS_SGLANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                               "TRITON_INTERPRET", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES",
+                               "PROMETHEUS_MULTIPROC_DIR", *CPU_ENV)
+#: What the servers' ``sitecustomize`` reads: per server, so never in the fork server's environment.
+SITE_ENV: tuple[str, ...] = (COMPAT_ENV, LEDGER_ENV, WORKER_ENV, COMPONENT_ENV, "HARNESS_FAULTS")
+
+
+def uses_forkserver(cluster: Any, topology: Topology) -> bool:
+    """Whether servers of ``topology`` on ``cluster`` start from the fork server: the cluster runs on
+    this machine (the fork server is a local process), no server drives a GPU (a CUDA context does
+    not survive a fork), and ``HARNESS_SERVER_FORKSERVER`` is not ``0``."""
+    if os.environ.get(FORKSERVER_ENV, "1") == "0":
+        return False
+    return bool(getattr(cluster, "owned", False)) and not topology.needs_gpus
 
 
 def _env(cmd: Command) -> dict[str, str]:
@@ -96,12 +145,29 @@ def _env(cmd: Command) -> dict[str, str]:
     return {k: v for k, v in env.items() if v}
 
 
-def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_timeout: float, ready_path: str = "/health"):
+def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``argv`` and ``env`` of a server started as a fork of the (shared) server fork server."""
+    from harness import forkserver
+    from harness.targets.sglang.preload import SERVER_PRELOAD
+
+    # The environment the server will have (the Ray worker's: ours, one OpenMP thread, no GPU),
+    # without what its sitecustomize reads: the fork server must import no sglang.
+    will_have = {**os.environ, **env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "CUDA_VISIBLE_DEVICES": ""}
+    base = {k: v for k, v in will_have.items() if k not in SITE_ENV}
+    server = forkserver.shared(SERVER_PRELOAD, {}, base=base, must_match=IMPORT_ENV)
+    return tuple(server.command(argv)), {**env, forkserver.SOCKET_ENV: server.socket_path}
+
+
+def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_timeout: float, ready_path: str = "/health",
+          forkserver: bool = False):
     from harness.worker import HttpCheck, Subprocess, WorkerSpec
 
+    argv, env = tuple(cmd.argv), _env(cmd)
+    if forkserver and argv[:1] == (sys.executable,):
+        argv, env = _forked(argv, env)
     return WorkerSpec(
         name=name,
-        payload=Subprocess(tuple(cmd.argv), env=_env(cmd)),
+        payload=Subprocess(argv, env=env),
         run_dir=run_dir,
         ports=tuple(ports),
         ready=(HttpCheck("http://127.0.0.1:{http}" + ready_path),),
@@ -195,6 +261,7 @@ def start_pd_stack(
     extra_args: Mapping[str, Sequence[str]] | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
+    forkserver: bool = False,
 ) -> PdStack:
     """Start prefill and decode servers and a PD router as three Ray workers, and wait until ready.
 
@@ -213,6 +280,8 @@ def start_pd_stack(
         extra_args: more server flags per role kind (``prefill``, ``decode``); they win over defaults.
         ready_timeout: one deadline for the whole stack, in seconds.
         on_start: called with each worker once it started.
+        forkserver: start prefill and decode as forks of the server fork server (the caller
+            decides: :func:`uses_forkserver`).
 
     Returns:
         The ready :class:`PdStack`.
@@ -230,7 +299,8 @@ def start_pd_stack(
     started: list[Any] = []
 
     def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Any:
-        w = _start(_spec(name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic())), _group(placement, role), on_start)
+        spec = _spec(name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic()), forkserver=forkserver and role != "router")
+        w = _start(spec, _group(placement, role), on_start)
         started.append(w)
         return w
 
@@ -271,6 +341,7 @@ def start_plain_server(
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
     probe: bool = False,
+    forkserver: bool = False,
 ) -> Any:
     """Start a non-disaggregated server (the parity baseline) as a Ray worker and wait until ready.
 
@@ -278,6 +349,7 @@ def start_plain_server(
         topology, model, run_dir, compat_patches, ready_timeout, on_start: as :func:`start_pd_stack`.
         name: worker name.
         probe: record its cache flushes in ``<run_dir>/ledger/<name>.jsonl`` (for :func:`reset_server`).
+        forkserver: as :func:`start_pd_stack`.
         group: placement group to run in (None: none; fine without GPUs; on GPUs its bundle 0
             must hold every GPU of the server, see :mod:`.layout`).
         extra_args: more server flags (they win over defaults).
@@ -290,7 +362,7 @@ def start_plain_server(
     """
     cmd = plain_server_command(topology, model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches,
                                worker=name, extra_args=extra_args, probe_run_dir=Path(run_dir) if probe else None)
-    return _start(_spec(name, cmd, Path(run_dir), SERVER_PORT_NAMES, ready_timeout), group, on_start)
+    return _start(_spec(name, cmd, Path(run_dir), SERVER_PORT_NAMES, ready_timeout, forkserver=forkserver), group, on_start)
 
 
 def leftover_processes(pids: Sequence[int]) -> list[int]:

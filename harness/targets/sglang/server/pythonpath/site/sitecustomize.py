@@ -4,6 +4,9 @@ It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat p
 ``HARNESS_PROBE_LEDGER`` (the accounting probe) and ``HARNESS_FAULTS`` (the fault catalog, applied
 by importing the adapter). A failure here must stop the server rather than let it run without what
 the harness asked for, so errors are printed and the process exits.
+
+A server forked from :mod:`harness.forkserver` runs this file a second time, with its own
+environment (the fork server's first run, without these variables, did nothing).
 """
 
 import os
@@ -30,7 +33,14 @@ if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LED
 
             probe.install_from_env()
         if os.environ.get("HARNESS_FAULTS"):
-            import harness.targets.sglang  # noqa: F401  (applies HARNESS_FAULTS on import)
+            import harness.targets.sglang  # noqa: F401  (applies HARNESS_FAULTS on its first import)
+            from harness import faults as _faults
+            from harness.targets.sglang import target as _target
+
+            # Again, for a server forked from a process that imported the adapter before this
+            # environment was set (harness.forkserver runs this file again): both are idempotent.
+            _target.current()
+            _faults.activate_from_env()
     except Exception as e:  # noqa: BLE001 - any failure must stop the server, loudly
         import traceback
 
