@@ -6,7 +6,7 @@ FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tai
 
 1. The upstream bug (sglang 0.5.23, torch-native attention backend): SWA layers are written at the
    translated SWA slot but read with full-pool indices. :func:`test_unpatched_plain_server_is_consistent`
-   asks an *unpatched plain* server for consistency, a strict xfail whose condition is the bug's
+   asks a plain server *without that patch* for consistency, a strict xfail whose condition is the bug's
    exact symptom (the same prompt gives different tokens once SWA pages were freed and reused, or a
    long prompt crashes the server). It XPASSes — and so fails — when upstream fixes the bug: then
    drop the compat patch ``torch-native-swa-read`` (``harness/targets/sglang/server/compat.py``).
@@ -28,6 +28,7 @@ import requests
 
 from harness import ledger
 from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
+from harness.targets.sglang.server.launcher import CPU_COMPAT_PATCHES
 
 MODEL = "tiny-mellum-swa"
 PAGE = WINDOW = 64
@@ -44,6 +45,8 @@ SWA_EVICTION_INTERVAL = 128
 MAX_NEW = 16
 PROMPT_LENS = (20, 63, 64, 65, 129, 300, 1000, 3000)
 SWA_PATCH = "torch-native-swa-read"
+#: The CPU recipe's compat patches without the SWA read fix: upstream's torch-native backend as it is.
+WITHOUT_SWA_PATCH = tuple(p for p in CPU_COMPAT_PATCHES if p != SWA_PATCH)
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -69,8 +72,9 @@ class TorchNativeSwaReadBug(AssertionError):
                    reason=f"sglang 0.5.23 torch-native backend reads SWA layers with full-pool indices; XPASS once "
                           f"upstream fixes it: then drop compat patch {SWA_PATCH!r} and this xfail")
 def test_unpatched_plain_server_is_consistent(sglang_servers):
-    """Unpatched, the same prompt must give the same tokens after churn, and a long prompt must not crash."""
-    server = sglang_servers.plain(MODEL, compat_patches=(), watch=False)
+    """Without the SWA read patch (the CPU recipe's other patches stay: they do not touch attention),
+    the same prompt must give the same tokens after churn, and a long prompt must not crash."""
+    server = sglang_servers.plain(MODEL, compat_patches=WITHOUT_SWA_PATCH, watch=False)
     client = ServerClient(server.url("http"))
     symptom = ""
     try:
@@ -83,7 +87,7 @@ def test_unpatched_plain_server_is_consistent(sglang_servers):
         symptom = f"request failed: {e!r}"
     if not symptom and server.poll():
         symptom = f"server died: {server.poll()}"
-    sglang_servers.forget_plain(MODEL, compat_patches=())
+    sglang_servers.forget_plain(MODEL, compat_patches=WITHOUT_SWA_PATCH)
     if symptom:
         raise TorchNativeSwaReadBug(symptom)
 
