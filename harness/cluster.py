@@ -546,12 +546,14 @@ class Cluster:
         finally:
             self._remove(groups)
 
-    def place(self, topology: Topology, timeout: float = 30.0) -> Placement:
+    def place(self, topology: Topology, timeout: float = 30.0, label: str = "") -> Placement:
         """Create one STRICT_PACK placement group per role group and wait until all are placed.
 
         Args:
             topology: what to place.
             timeout: seconds for all groups to be created.
+            label: tells this placement's group names apart from another placement of the same
+                topology in this cluster (group names are unique in Ray).
 
         Returns:
             The :class:`Placement`; release it with :meth:`release` (shutdown releases the rest).
@@ -559,7 +561,7 @@ class Cluster:
         Raises:
             PlacementError: a group is infeasible or not placed in time (partial groups removed).
         """
-        groups = self._create(topology, "harness:")
+        groups = self._create(topology, f"harness:{label}:" if label else "harness:")
         fit = self._wait(topology, groups, timeout, settle_on_no_resources=False)
         if not fit.ok:
             self._remove(groups)

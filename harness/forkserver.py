@@ -349,6 +349,9 @@ class ForkServer:
 
 
 _SHARED: dict[tuple, ForkServer] = {}
+#: Env that changes while a process runs (pytest names the current test in it): never part of a
+#: shared server's identity, so one server serves the whole session.
+VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 _SHARED_LOCK = threading.Lock()
 
 
@@ -368,8 +371,11 @@ def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | No
     Raises:
         ForkServerError: it cannot be started.
     """
-    full = {**(os.environ if base is None else base), **env}
-    key = (preload, tuple(sorted(full.items())), tuple(must_match))
+    full = {k: v for k, v in {**(os.environ if base is None else base), **env}.items() if k not in VOLATILE_ENV}
+    # With must_match, only those decide what the server imported (its children get their client's
+    # environment); without, all of it may.
+    decides = {k: full.get(k, "") for k in must_match} if must_match else full
+    key = (preload, tuple(sorted(decides.items())), tuple(must_match))
     with _SHARED_LOCK:
         server = _SHARED.get(key)
         if server is None or not server.alive():

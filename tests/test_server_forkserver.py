@@ -1,4 +1,5 @@
-"""Real CPU servers start as forks of the server fork server (harness.targets.sglang.server.stack):
+"""Real CPU servers start as forks of the server fork server (harness.targets.sglang.server.stack),
+and the next model's stack starts ahead of its tests (harness.plugins.servers):
 the Ray worker runs the fork server's client, the server itself is a child of the fork server named
 by its real command, at the worker's priority, with sglang imported after its own sitecustomize
 (compat patches and probe installed in it), and the stack serves. Same model and flags as
@@ -23,8 +24,9 @@ def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
     stack = sglang_servers.pd(MODEL)
     assert sglang_servers.forkserver, "servers on the embedded cpu cluster should start from the fork server"
     servers = [s for s in forkserver.running_shared() if f"--preload {SERVER_PRELOAD}" in " ".join(psutil.Process(s.pid).cmdline())]
-    assert len(servers) == 1, f"expected one server fork server, found {len(servers)}"
-    children = {c.pid: c for c in psutil.Process(servers[0].pid).children()}
+    assert servers, "no server fork server is running"
+    children = {c.pid: c for s in servers for c in psutil.Process(s.pid).children()}
+    parents = set()
     for w in (stack.prefill, stack.decode):
         client = psutil.Process(w.info.payload_pid)
         assert "forkserver_client.py" in " ".join(client.cmdline()), client.cmdline()
@@ -35,7 +37,34 @@ def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
         assert len(mine) == 1, f"{w.name}: no fork-server child serves port {w.ports['http']}"
         assert "-m sglang.launch_server" in " ".join(mine[0].cmdline())
         assert mine[0].nice() == client.nice()
+        parents.add(mine[0].ppid())
         # sglang was imported after the child's sitecustomize: the probe and the patches are in it.
         assert f"accounting probe installed in pid {mine[0].pid}" in log
         assert f"compat patch cpu-fork-children applied in pid {mine[0].pid}" in log
+    assert len(parents) == 1, "prefill and decode (same environment) did not share one fork server"
     assert stack.client("router").generate(list(range(4, 70)), 4).output_ids
+
+
+def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cluster, run_dir):
+    """While one model's tests run, the next model's PD stack and baseline start in the background,
+    in a placement of their own (the running model keeps its bundles for a fresh stack); the test
+    that asks for them gets that stack, and closing stops everything and frees every placement."""
+    from harness import topology
+    from harness.plugins.servers import ServerStacks
+
+    stacks = ServerStacks(request.config, ray_cluster, topology.get("cpu"), run_dir, server_args=("--page-size", "64"))
+    stacks.order = ["tiny-llama", "tiny-mellum-swa"]
+    try:
+        stacks.prestart_next("tiny-llama")
+        assert len(stacks._more_placements) == 1, "the stack ahead has no placement of its own"
+        stack = stacks.pd("tiny-mellum-swa", with_plain=True)
+        assert stacks.taken_ahead == ["tiny-mellum-swa"]
+        assert all(w in stacks.workers for w in (*stack.workers, stacks.plain("tiny-mellum-swa"))), "not owned by the tests"
+        ids = list(range(4, 90))
+        assert stack.client("router").generate(ids, 4).output_ids
+        stacks.prestart_next("tiny-mellum-swa")  # the last model: nothing to start
+        assert len(stacks._more_placements) == 1
+    finally:
+        left = stacks.close()
+    assert left == [], f"server processes left: {left}"
+    assert stacks._more_placements == [] and stacks._placement is None

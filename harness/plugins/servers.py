@@ -14,7 +14,10 @@ Fixtures:
                     and the test errors naming it. After the last test that names a model (its
                     ``engine`` marker's ``models``), that model's servers are stopped, so two models'
                     stacks never hold memory at once; at session end everything is stopped and
-                    teardown asserts that no server process is left.
+                    teardown asserts that no server process is left. On a topology without
+                    GPUs, when a test first takes a model's servers, the stack and baseline of the
+                    model the next tests serve start in the background, so that start overlaps
+                    this model's tests (:meth:`ServerStacks.prestart_next`).
                     Every worker is watched by the harness's fail-fast watchdog and owned by each
                     test that uses the fixture, so a server dying mid-test fails that test within
                     about a second with ``WorkerDied`` (name, cause, log tail).
@@ -53,6 +56,7 @@ REAL_GPU_REASON = ("real sglang servers need real GPUs: run with --topology {top
 RESET_TIMEOUT_S = 30.0
 
 _last_use_key = pytest.StashKey[dict]()
+_order_key = pytest.StashKey[list]()
 
 
 JOINED_LOGICAL_REASON = ("real sglang servers need real GPUs: the Ray cluster at {address} has logical ones "
@@ -100,6 +104,14 @@ class ServerStacks:
         #: Every worker started and not stopped (shared with each test's stash, so tests own them all).
         self.workers: list[Any] = []
         self._pids: list[int] = []
+        #: The models later tests serve here, in test order (:meth:`prestart_next` starts the next one).
+        self.order: list[str] = []
+        #: PD stacks (and their plain baselines) starting ahead of their first test: key -> (future, started).
+        self._ahead: dict[tuple, tuple[concurrent.futures.Future, list[Any]]] = {}
+        self._ahead_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._more_placements: list[Any] = []
+        #: Models whose stack a test took from a start ahead (a record for the report and tests).
+        self.taken_ahead: list[str] = []
 
     def _own(self, worker: Any) -> None:
         self.workers.append(worker)
@@ -160,6 +172,8 @@ class ServerStacks:
 
         self._require_stack()
         key = self._pd_key(model_name, extra_args)
+        if not mini_lb:
+            self._take_ahead(key)
         stack = self._pd.get(key)
         if stack is not None and any(w.poll() for w in stack.workers):
             self._stop(self._pd.pop(key).workers)
@@ -194,7 +208,104 @@ class ServerStacks:
             if baseline is not None:
                 baseline.result()  # its failure, after the stack is registered (so it is stopped later)
         self._used.add(("pd", key))
+        self.prestart_next(model_name)
         return stack
+
+    # ------------------------------------------------------------------ starting ahead
+
+    def prestart_next(self, model_name: str) -> None:
+        """Start, in the background, the PD stack and plain baseline of the model the tests after
+        ``model_name``'s serve next here (:attr:`order`), so its start overlaps this model's tests.
+
+        Only on topologies without GPUs (a GPU placement holds one stack at a time). Its workers are
+        owned and watched from the moment a test takes the stack (:meth:`pd`); a start that failed
+        fails that test with the start's error, as a start in the test itself would.
+        """
+        if self.topology.needs_gpus or model_name not in self.order:
+            return
+        later = [m for m in self.order[self.order.index(model_name) + 1:] if m != model_name]
+        if not later:
+            return
+        nxt = later[0]
+        key = self._pd_key(nxt, None)
+        if key in self._pd or key in self._ahead or missing_stack_modules():
+            return
+        from harness.targets.sglang.server.stack import start_pd_stack
+
+        # Its own placement: a CPU topology's bundles hold one stack's workers, and the running
+        # model may still need a fresh stack of its own (a test that spent one on purpose).
+        placement = self.cluster.place(self.layout.placement, label=f"ahead-{len(self._more_placements) + 1}")
+        self._more_placements.append(placement)
+        names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
+        plain_key = self._plain_key(nxt, None)
+        plain_name = self._state.unique_name("plain") if self._live_plain(plain_key) is None else None
+        started: list[Any] = []
+
+        def start() -> tuple[Any, Any]:
+            model = self.model(nxt)
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-ahead") as pool:
+                baseline = pool.submit(self._start_plain, model, plain_name, None, started.append) if plain_name else None
+                stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=placement, names=names,
+                                       on_start=started.append, ready_timeout=self.ready_timeout, forkserver=self.forkserver,
+                                       extra_args={k: self.role_args(k) for k in ("prefill", "decode")})
+            return stack, (baseline.result() if baseline else None)
+
+        if self._ahead_pool is None:
+            self._ahead_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stack-ahead")
+        log.info("starting the %s stack ahead of its tests", nxt)
+        self._ahead[key] = (self._ahead_pool.submit(start), started)
+
+    def _take_ahead(self, key: tuple) -> None:
+        """Wait for the stack started ahead under ``key`` (if any) and hand it to the tests: owned,
+        watched, and registered (its plain baseline too).
+
+        Raises:
+            Exception: what its start raised (everything it had started is stopped).
+        """
+        ahead = self._ahead.pop(key, None)
+        if ahead is None:
+            return
+        future, started = ahead
+        try:
+            stack, baseline = future.result()
+        except BaseException:
+            self._stop_unowned(started)
+            raise
+        for w in started:
+            self._watch(w)
+        self._pd[key] = stack
+        if baseline is not None:
+            self._plain[self._plain_key(key[0], None)] = baseline
+        self.taken_ahead.append(key[0])
+        log.info("the %s stack started ahead was taken (ready %.1f s after its start)", key[0], stack.started_s)
+
+    def _drop_ahead(self, model_name: str | None = None) -> None:
+        """Stop what was started ahead for ``model_name`` (every model: None) and no test took."""
+        for key in [k for k in self._ahead if model_name is None or k[0] == model_name]:
+            future, started = self._ahead.pop(key)
+            try:
+                future.result()
+            except BaseException as e:  # noqa: BLE001 - no test asked for it: log, stop what started
+                log.warning("the %s stack started ahead failed and no test took it: %s", key[0], e)
+            self._stop_unowned(started)
+
+    def _stop_unowned(self, workers: Sequence[Any]) -> None:
+        from harness.targets.sglang.server.stack import stop_all
+
+        for w in workers:
+            self._own(w)  # for close()'s leftover check
+        stop_all(workers)
+        for w in workers:
+            if w in self.workers:
+                self.workers.remove(w)
+
+    def _start_plain(self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Any], None]) -> Any:
+        from harness.targets.sglang.server.layout import PLAIN_ROLE
+        from harness.targets.sglang.server.stack import start_plain_server
+
+        return start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
+                                  ready_timeout=self.ready_timeout, probe=True, forkserver=self.forkserver,
+                                  compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE), on_start=on_start)
 
     def forget(self, model_name: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
         """Stop the PD stack of ``model_name`` (and ``extra_args``) now; a test that broke it on purpose calls this.
@@ -229,20 +340,17 @@ class ServerStacks:
 
         ``watch=False`` keeps it out of the fail-fast watchdog: for a test that expects it may crash.
         """
-        from harness.targets.sglang.server.layout import PLAIN_ROLE
-        from harness.targets.sglang.server.stack import start_plain_server
-
         key = self._plain_key(model_name, compat_patches)
+        if compat_patches is None:
+            self._take_ahead(self._pd_key(model_name, None))
         w = self._live_plain(key)
         if w is None:
             model = self.model(model_name)
             name = self._state.unique_name("plain")
-            w = start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
-                                   ready_timeout=self.ready_timeout, probe=True, forkserver=self.forkserver,
-                                   compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE),
-                                   on_start=self._watch if watch else self._own)
+            w = self._start_plain(model, name, compat_patches, self._watch if watch else self._own)
             self._plain[key] = w
         self._used.add(("plain", key))
+        self.prestart_next(model_name)
         return w
 
     def forget_plain(self, model_name: str, compat_patches: Sequence[str] | None = None) -> None:
@@ -279,6 +387,7 @@ class ServerStacks:
 
     def stop_model(self, model_name: str) -> None:
         """Stop every stack and plain server of ``model_name`` (no later test needs them)."""
+        self._drop_ahead(model_name)
         for key in [k for k in self._pd if k[0] == model_name]:
             self._stop(self._pd.pop(key).workers)
         for key in [k for k in self._plain if k[0] == model_name]:
@@ -301,12 +410,16 @@ class ServerStacks:
         """Stop everything; return the server process ids that are still alive afterwards."""
         from harness.targets.sglang.server.stack import leftover_processes
 
+        self._drop_ahead()
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=True)
         self._pd.clear()
         self._plain.clear()
         self._stop(list(reversed(self.workers)))
-        if self._placement is not None:
-            self.cluster.release(self._placement)
-            self._placement = None
+        for placement in [self._placement, *self._more_placements]:
+            if placement is not None:
+                self.cluster.release(placement)
+        self._placement, self._more_placements = None, []
         return leftover_processes(self._pids)
 
 
@@ -323,8 +436,10 @@ class SessionServers:
         """The stacks on ``topology`` whose servers get ``server_args`` (created on first use)."""
         key = (topology.name, tuple(server_args))
         if key not in self._stacks:
-            self._stacks[key] = ServerStacks(self._config, self._cluster, topology, self._run_dir,
-                                             models=self._config.stash[models_key], server_args=server_args)
+            stacks = self._stacks[key] = ServerStacks(self._config, self._cluster, topology, self._run_dir,
+                                                      models=self._config.stash[models_key], server_args=server_args)
+            stacks.order = [m for m, args, names in self._config.stash.get(_order_key, [])
+                            if args == tuple(server_args) and (not names or topology.name in names)]
         return self._stacks[key]
 
     def stop_model(self, model_name: str) -> None:
@@ -339,12 +454,21 @@ class SessionServers:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Remember, per model, the last test that names it: its servers are stopped after that test."""
+    """Remember, per model, the last test that names it (its servers are stopped after that test),
+    and the order the models are served in (the next one's stack starts ahead of its tests)."""
     last: dict[str, str] = {}
+    order: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
     for item in items:
-        for name in server_kwargs(item).get("models", ()):
+        kwargs = server_kwargs(item)
+        marker = item.get_closest_marker("topology")
+        topologies = tuple(marker.args) if marker else ()
+        for name in kwargs.get("models", ()):
             last[name] = item.nodeid
+            entry = (name, tuple(kwargs.get("server_args", ())), topologies)
+            if not order or order[-1] != entry:
+                order.append(entry)
     config.stash[_last_use_key] = last
+    config.stash[_order_key] = order
 
 
 def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequence[str]) -> str | None:
