@@ -2,7 +2,9 @@
 suites through ``rerun-test --sglang TREE``, and the untouched tree passes.
 
 The tree is the venv's installed release unpacked into a directory as links to its files (cheap
-enough for CI: nothing is downloaded or copied), with the one edited file a real file.
+enough for CI: nothing is downloaded or copied), byte-code caches included (still valid: the
+sources are the same files, so an import compiles nothing), with the one edited file a real file
+whose cached byte-code is dropped.
 """
 
 from __future__ import annotations
@@ -26,8 +28,7 @@ PAGE_FLOOR = "        window_start = (window_start // page_size) * page_size\n"
 def unpack_release(dest: Path) -> Path:
     """The installed sglang as a source tree at ``dest`` (every file a link to the release's file)."""
     installed = Path(target.resolve("installed").root)
-    shutil.copytree(installed / "sglang", dest / "sglang", copy_function=os.symlink,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(installed / "sglang", dest / "sglang", copy_function=os.symlink)
     for info in installed.glob("sglang-*.dist-info"):
         shutil.copytree(info, dest / info.name)
     return dest
@@ -40,6 +41,8 @@ def edit(tree: Path, rel: str, old: str, new: str) -> None:
     assert text.count(old) == 1, f"{rel}: the text to edit is not there exactly once"
     path.unlink()
     path.write_text(text.replace(old, new))
+    for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        pyc.unlink()  # a link to the release's byte-code of the file before the edit
 
 
 def rerun(tree: Path, run_dir: Path) -> subprocess.CompletedProcess:
