@@ -57,15 +57,19 @@ class _Started:
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}  # only what this test injects
         cmd = [sys.executable, "-m", "pytest", *SUITES, "-q", "-p", "no:warnings", f"--junitxml={self.junit}",
                f"--run-dir={tmp_path / 'run'}", *extra]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Output to a file, not a pipe: a run nobody reads yet must not block on a full pipe.
+        self.log = tmp_path / "pytest.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         self._run: SuiteRun | None = None
 
     def result(self) -> SuiteRun:
         if self._run is None:
             try:
-                output, _ = self.proc.communicate(timeout=900)
+                self.proc.wait(timeout=900)
             finally:
                 self.stop()
+            output = self.log.read_text(errors="replace")
             outcomes: dict[str, str] = {}
             if self.junit.exists():
                 for case in ET.parse(self.junit).iter("testcase"):
@@ -81,7 +85,7 @@ class _Started:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+            self.proc.wait()
 
 
 CLEAN = "clean"

@@ -57,24 +57,27 @@ class Rerun:
         self.run_dir = run_dir
         self.tree = tree
         env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "rerun-test"), "--sglang", target_spec,
-                                      "--run-dir", str(run_dir), spec], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        # Output to files, not pipes: a run nobody reads yet must not block on a full pipe.
+        self.out, self.err = run_dir.with_name("stdout.log"), run_dir.with_name("stderr.log")
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "rerun-test"), "--sglang", target_spec,
+                                          "--run-dir", str(run_dir), spec], cwd=REPO, env=env, stdout=out, stderr=err)
         self._done: subprocess.CompletedProcess | None = None
 
     def result(self) -> subprocess.CompletedProcess:
         if self._done is None:
             try:
-                out, err = self.proc.communicate(timeout=1500)
+                self.proc.wait(timeout=1500)
             finally:
                 self.stop()
-            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode,
+                                                     self.out.read_text(errors="replace"), self.err.read_text(errors="replace"))
         return self._done
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+            self.proc.wait()
 
 
 #: The runs each test needs (started together by the ``reruns`` fixture).
