@@ -300,13 +300,14 @@ class Cluster:
         return self
 
     @classmethod
-    def join(cls, address: str, *, probe_timeout: float = join_mod.PROBE_TIMEOUT_S, survey: bool = True) -> "Cluster":
+    def join(cls, address: str, *, probe_timeout: float | None = None, survey: bool = True) -> "Cluster":
         """Connect to an existing cluster at ``address`` (``host:port``); it is never stopped by us.
 
         Args:
             address: the head's GCS address.
             probe_timeout: seconds for the GCS to answer the up-front probe (Ray itself would retry
-                for minutes, or abort this process when token auth has no token).
+                for minutes, or abort this process when token auth has no token); default
+                :func:`harness.join.probe_timeout` (``HARNESS_JOIN_TIMEOUT``, else 15).
             survey: ask every node for its versions and GPU devices (``cluster.facts``).
 
         Raises:

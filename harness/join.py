@@ -4,6 +4,7 @@
 :class:`JoinError` whose message is one line, what failed and the fix. In order:
 
 ``address``     not ``host:port``.
+``setting``     ``HARNESS_JOIN_TIMEOUT`` is set but is not a number of seconds > 0.
 ``auth``        this process's own auth settings are unusable (``RAY_AUTH_MODE=token`` without a
                 token, ``RAY_AUTH_TOKEN_PATH`` naming no readable file).
 ``unreachable`` nothing accepts TCP connections at the address.
@@ -22,8 +23,9 @@ The harness changes none of these variables; every process it starts inherits th
 processes of ``rerun-test`` and gates from it; Ray workers and the servers they start from their
 node, which has its own).
 
-The GCS is asked in a child process with a deadline: Ray's client retries a silent address for
-about 40 s and aborts its process when token mode has no token.
+The GCS is asked in a child process with a deadline (``HARNESS_JOIN_TIMEOUT`` seconds, default 15):
+Ray's client retries a silent address for about 40 s and aborts its process when token mode has no
+token.
 
 Once joined, :func:`survey` asks every node (one small task pinned to it) for its package versions
 and its real GPU devices: :func:`skew` names a node whose sglang, Ray, Python or torch differs from
@@ -51,6 +53,9 @@ TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 #: The node label naming a Ray node's topology node index (``ray start --labels pd-harness/node=1``).
 NODE_LABEL = "pd-harness/node"
 PROBE_TIMEOUT_S = 15.0  # the child's GCS round trip takes ~2 s; other runs share the CPUs
+#: Env var: the probe's deadline in seconds instead of :data:`PROBE_TIMEOUT_S` (a slow link to the
+#: head wants more; a check that only tells a wrong port from a GCS, less).
+TIMEOUT_ENV = "HARNESS_JOIN_TIMEOUT"
 SURVEY_TIMEOUT_S = 60.0  # a node may have to start a Ray worker process for the task
 #: What :func:`skew` compares between this process and every node.
 SKEW_PACKAGES = ("python", "ray", "sglang", "torch")
@@ -149,12 +154,34 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def probe(address: str, *, timeout: float = PROBE_TIMEOUT_S, environ: Mapping[str, str] | None = None) -> ClusterMeta:
+def probe_timeout(address: str, environ: Mapping[str, str] | None = None) -> float:
+    """The probe's deadline: ``HARNESS_JOIN_TIMEOUT`` seconds when set, else :data:`PROBE_TIMEOUT_S`.
+
+    Raises:
+        JoinError: the variable is set but is not a number of seconds > 0 (kind ``setting``).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return PROBE_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise JoinError(address, "setting", f"{TIMEOUT_ENV}={raw} is not a number of seconds > 0",
+                        f"set {TIMEOUT_ENV} to the seconds the head's GCS may take to answer (default "
+                        f"{PROBE_TIMEOUT_S:g}), or unset it")
+    return seconds
+
+
+def probe(address: str, *, timeout: float | None = None, environ: Mapping[str, str] | None = None) -> ClusterMeta:
     """Check that this process can join the cluster at ``address``; join nothing.
 
     Args:
         address: the head's GCS address, ``host:port``.
-        timeout: seconds for the GCS to answer (the TCP check takes at most 5 of them).
+        timeout: seconds for the GCS to answer (the TCP check takes at most 5 of them); default
+            :func:`probe_timeout`.
         environ: the environment the join will run with (default ``os.environ``).
 
     Returns:
@@ -165,6 +192,8 @@ def probe(address: str, *, timeout: float = PROBE_TIMEOUT_S, environ: Mapping[st
     """
     env = dict(os.environ if environ is None else environ)
     host, port = split_address(address)
+    if timeout is None:
+        timeout = probe_timeout(address, env)
     auth = auth_settings(env)
     if auth.problem:
         raise JoinError(address, "auth", auth.problem,
@@ -437,14 +466,14 @@ class Preflight:
                 f"{self.meta.python_version}, {len(self.nodes)} node(s): {describe(list(self.nodes))}")
 
 
-def preflight(address: str, *, timeout: float = PROBE_TIMEOUT_S) -> Preflight:
+def preflight(address: str, *, timeout: float | None = None) -> Preflight:
     """Everything a run on a joined cluster checks before it places a worker: probe, join, survey, skew.
 
     Joins from this process (and leaves again), so the runs it then starts find the same answers.
 
     Args:
         address: the head's GCS address.
-        timeout: the probe's deadline.
+        timeout: the probe's deadline (default :func:`probe_timeout`).
 
     Returns:
         The :class:`Preflight`.

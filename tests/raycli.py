@@ -20,6 +20,9 @@ API (Ray's ``cluster_utils.Cluster`` shape)::
     cluster.kill_raylet(worker)                  # node loss: SIGKILL its raylet
     cluster.remove_node(worker)                  # stop it and verify nothing is left
     cluster.shutdown()                           # every node, workers first
+
+    with two_nodes("pj-", env={"RAY_AUTH_MODE": "disabled"}) as cluster:   # a module's cluster
+        ...
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from harness import procs
 from harness.clock import wait_for
@@ -246,3 +252,35 @@ def _node_ip() -> str:
     from ray._private.services import get_node_ip_address
 
     return get_node_ip_address()
+
+
+@contextmanager
+def two_nodes(prefix: str, *, env: dict[str, str] | None = None, token: str | None = None,
+              worker_env: dict[str, str] | None = None) -> Iterator[CliCluster]:
+    """A head (topology node 0) and one worker node (node 1), one logical GPU each, under a fresh
+    short temp dir (Ray's sockets live under it) with a home directory of their own; both stopped
+    and the dir removed afterwards.
+
+    Args:
+        prefix: the temp dir's name prefix (short).
+        env: extra environment of both nodes (``HOME`` is the cluster's own home dir).
+        token: written to the home dir's ``.ray/auth_token`` (Ray then turns token auth on for a
+            head whose ``RAY_AUTH_MODE`` is unset).
+        worker_env: the worker node's own extra environment.
+    """
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    home = root / "home"
+    home.mkdir()
+    if token is not None:
+        (home / ".ray").mkdir()
+        (home / ".ray" / "auth_token").write_text(token)
+    cluster = CliCluster(root, env={"HOME": str(home), **(env or {})})
+    try:
+        cluster.add_node(num_gpus=1)
+        cluster.add_node(num_gpus=1, env=worker_env)
+        yield cluster
+    finally:
+        try:
+            cluster.shutdown()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)

@@ -2,14 +2,18 @@
 environment (a topology that does not fit, a port already bound, a probe that hangs, an unsupported
 sglang version, wrong or busy GPUs from a fake device source) fails the right check with a fix hint.
 
-The scenarios run in a child process (this file executed as a script) with its own Ray cluster, so
+The scenarios run in a child process (this file executed as a script) with its own Ray clusters, so
 they never meet a Ray session another test of this pytest process holds; the child prints one JSON
-report per scenario. A bounded wait on the child keeps a hang from hanging the test run.
+report per scenario. The healthy one is ``harness doctor 2-gpu-h100 --simulate --json`` as the
+command runs it (its own cluster, started and stopped by the command); the broken ones share one
+cluster the child starts. A bounded wait on the child keeps a hang from hanging the test run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import os
 import signal
@@ -116,10 +120,11 @@ def test_fake_gpus_wrong_model_and_foreign_process_fail(scenarios):
     assert not _rows(rep, "gpu.model", "simulated")
 
 
-def test_cli_doctor_simulate_json():
-    done = _run_child([sys.executable, "-m", "harness.cli", "doctor", "2-gpu-h100", "--simulate", "--json"], _CHILD_TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    doc = json.loads(done.stdout)
+def test_cli_doctor_simulate_json(scenarios):
+    cli_run = scenarios["cli"]
+    assert cli_run["rc"] == 0, cli_run["stdout"][-3000:]
+    doc = json.loads(cli_run["stdout"])
+    assert doc == scenarios["healthy"]
     assert doc["ok"] and doc["simulated"] and doc["topology"] == "2-gpu-h100"
     assert doc["counts"]["simulated"] > 0 and "failed" not in doc["counts"]
 
@@ -161,8 +166,14 @@ def _scenarios(run_dir: Path) -> dict[str, Any]:
         out[name] = json.loads(to_json(rep))
         return out[name]
 
+    # The command as a user runs it, on a cluster of its own: the healthy report.
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = cli.main(["doctor", "2-gpu-h100", "--simulate", "--json", "--run-dir", str(run_dir / "cli")])
+    out["cli"] = {"rc": rc, "stdout": stdout.getvalue()}
+    out["healthy"] = json.loads(stdout.getvalue())
+
     with Cluster.start(h100, simulate=True) as cluster:
-        report("healthy", h100)
         report("no_fit", topology.get("8-gpu-h200"))
         with socket.socket() as s:
             s.bind(("0.0.0.0", 0))

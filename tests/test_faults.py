@@ -74,16 +74,35 @@ def test_activate_from_env_reads_harness_faults(clean_faults):
         faults.activate_from_env({faults.ENV_VAR: "typo"})
 
 
+class _PatchedRun:
+    """``code`` running in a subprocess whose sglang is a scratch copy with ``names`` applied."""
+
+    def __init__(self, tmp_path, names, code):
+        scratch = source.scratch_copy(names, tmp_path / "scratch")
+        self.fired_path = tmp_path / "fired.txt"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scratch), os.environ.get("PYTHONPATH", "")]),
+               faults.ENV_VAR: ",".join(names), source.FIRED_ENV: str(self.fired_path)}
+        self.proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+
+    def result(self) -> tuple[str, set[str]]:
+        """Wait for it: its output and the faults that fired."""
+        try:
+            out, err = self.proc.communicate(timeout=600)
+        finally:
+            self.stop()
+        assert self.proc.returncode == 0, err[-3000:]
+        return out.strip(), source.fired(self.fired_path)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
 def _on_patched_copy(tmp_path, names, code):
     """Run ``code`` in a subprocess whose sglang is a scratch copy with ``names`` applied."""
-    scratch = source.scratch_copy(names, tmp_path / "scratch")
-    fired = tmp_path / "fired.txt"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scratch), os.environ.get("PYTHONPATH", "")]),
-           faults.ENV_VAR: ",".join(names), source.FIRED_ENV: str(fired)}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip(), source.fired(fired)
+    return _PatchedRun(tmp_path, names, code).result()
 
 
 def test_swa_tail_patches_move_the_window_start(tmp_path):
@@ -91,9 +110,15 @@ def test_swa_tail_patches_move_the_window_start(tmp_path):
         from harness.targets.sglang import DecodeConfig, DecodeSide
         print(DecodeSide(DecodeConfig(page_size=64, window=100)).swa_tail_len(300))
     """
-    # window start 200: floored to 192 (installed), left at 200 (unaligned), rounded up to 256 (short)
-    assert _on_patched_copy(tmp_path / "u", ["swa-tail-unaligned"], code) == ("100", {"swa-tail-unaligned"})
-    assert _on_patched_copy(tmp_path / "s", ["swa-tail-short"], code) == ("44", {"swa-tail-short"})
+    # Both copies at once: each child mostly imports sglang, on one core.
+    runs = [_PatchedRun(tmp_path / "u", ["swa-tail-unaligned"], code), _PatchedRun(tmp_path / "s", ["swa-tail-short"], code)]
+    try:
+        # window start 200: floored to 192 (installed), left at 200 (unaligned), rounded up to 256 (short)
+        assert runs[0].result() == ("100", {"swa-tail-unaligned"})
+        assert runs[1].result() == ("44", {"swa-tail-short"})
+    finally:
+        for run in runs:
+            run.stop()
 
 
 def test_release_leaks_swa_keeps_the_swa_pages(tmp_path):

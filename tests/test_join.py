@@ -142,3 +142,13 @@ def test_pytest_on_a_cluster_it_cannot_join_is_one_error_for_the_session(pyteste
     out = result.stdout.str() + result.stderr.str()
     assert out.count(f"cannot join the Ray cluster at {address}: unreachable: ") == 1, out
     assert "passed" not in out and " failed" not in out and " error" not in out, out
+
+
+def test_the_probe_deadline_comes_from_harness_join_timeout(tmp_path):
+    assert join.probe_timeout("h:1", {}) == join.PROBE_TIMEOUT_S
+    assert join.probe_timeout("h:1", {join.TIMEOUT_ENV: " 2.5 "}) == 2.5
+    for bad in ("0", "-3", "soon", "inf", "nan"):
+        with pytest.raises(JoinError) as e:  # before anything is asked: port 1 is never tried
+            join.probe("127.0.0.1:1", environ={"HOME": str(tmp_path), join.TIMEOUT_ENV: bad})
+        assert e.value.kind == "setting" and f"{join.TIMEOUT_ENV}={bad} is not a number" in str(e.value)
+        assert "\n" not in str(e.value)

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import importlib.util
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from harness.targets.sglang.version import read_version
 from joined import REPO, TOPOLOGY, Done, clean_env, harness, rerun_test
-from raycli import CliCluster
+from raycli import two_nodes
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -39,20 +37,10 @@ SYSTEM_PYTHON = Path("/usr/bin/python3.11")
 
 @pytest.fixture(scope="module")
 def token_cluster():
-    root = Path(tempfile.mkdtemp(prefix="pa-"))  # short: Ray's sockets live under it
-    home = root / "home"
-    (home / ".ray").mkdir(parents=True)
-    (home / ".ray" / "auth_token").write_text(TOKEN)
-    cluster = CliCluster(root, env={"HOME": str(home)})
-    try:
-        cluster.add_node(num_gpus=1)  # RAY_AUTH_MODE unset + a token file: Ray turns token auth on
-        cluster.add_node(num_gpus=1, env={"RAY_AUTH_MODE": "token"})
+    # RAY_AUTH_MODE unset on the head + a token file: Ray turns token auth on; a node joining by
+    # address must be told RAY_AUTH_MODE=token.
+    with two_nodes("pa-", token=TOKEN, worker_env={"RAY_AUTH_MODE": "token"}) as cluster:
         yield cluster
-    finally:
-        try:
-            cluster.shutdown()
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ import pytest
 from harness import procs
 from harness.clock import wait_for
 from joined import REPO, TOPOLOGY, clean_env, harness, rerun_test, worker_actors
-from raycli import CliCluster, free_ports
+from raycli import CliCluster, free_ports, two_nodes
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +36,8 @@ CROSS_NODE = "suites/smoke/test_cross_node.py"
 
 @pytest.fixture(scope="module")
 def cli_cluster():
-    # Ray puts AF_UNIX sockets under each node's temp dir: keep the path short.
-    root = Path(tempfile.mkdtemp(prefix="pj-"))
-    home = root / "home"
-    home.mkdir()
-    cluster = CliCluster(root, env={"RAY_AUTH_MODE": "disabled", "HOME": str(home)})
-    try:
-        cluster.add_node(num_gpus=1)
-        cluster.add_node(num_gpus=1)
+    with two_nodes("pj-", env={"RAY_AUTH_MODE": "disabled"}) as cluster:
         yield cluster
-    finally:
-        try:
-            cluster.shutdown()
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -141,10 +127,12 @@ def test_an_address_that_is_not_ray_is_one_line_and_exit_2(cli_cluster, env, tmp
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        done = harness(env, "doctor", TOPOLOGY, "--ray-address", address)
+        # Silence is waited out: a 3 s deadline instead of the default 15 s (HARNESS_JOIN_TIMEOUT).
+        done = harness({**env, "HARNESS_JOIN_TIMEOUT": "3"}, "doctor", TOPOLOGY, "--ray-address", address)
     assert done.rc == 2
     [line] = done.lines()
     assert line.startswith(f"harness: cannot join the Ray cluster at {address}: not-ray: "), line
+    assert "no Ray GCS answered within 3 s" in line, line
 
 
 BLOCKING_SUITE = '''

@@ -140,10 +140,14 @@ def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
     here, child, spec = done.stdout.split()
     assert here == child == str(tree.resolve() / "sglang" / "__init__.py")
     assert spec == str(tree)
+    # Another sglang imported first (a second small tree: the refusal does not depend on which one,
+    # and the installed package would take seconds to import).
+    other = fake_tree(tmp_path / "other", "0.5.22")
     late = ("import sglang, sys; from harness.targets.sglang import target as t; t.select(sys.argv[1])")
-    done = subprocess.run([sys.executable, "-c", late, str(tree)], env=_env(), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0 and "before the target sglang 0.5.21 (tree" in done.stderr.splitlines()[-1]
+    done = subprocess.run([sys.executable, "-c", late, str(tree)], capture_output=True, text=True, timeout=120,
+                          env=_env(PYTHONPATH=os.pathsep.join([str(other), _env()["PYTHONPATH"]])))
+    last = done.stderr.splitlines()[-1]
+    assert done.returncode != 0 and f"sglang was imported from {other.resolve()} before the target sglang 0.5.21 (tree" in last, last
 
 
 # ---------------------------------------------------------------------------------------- compat

@@ -2,7 +2,10 @@
 suites through ``rerun-test --sglang TREE``, and the untouched tree passes.
 
 The tree is the venv's installed release unpacked into a directory as links to its files (cheap
-enough for CI: nothing is downloaded or copied), with the one edited file a real file.
+enough for CI: nothing is downloaded or copied), byte-code caches included (still valid: the
+sources are the same files, so an import compiles nothing), with the one edited file a real file
+whose cached byte-code is dropped. The module's runs start together (each is one process
+importing sglang on one core), each test waiting for its own.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -26,8 +30,7 @@ PAGE_FLOOR = "        window_start = (window_start // page_size) * page_size\n"
 def unpack_release(dest: Path) -> Path:
     """The installed sglang as a source tree at ``dest`` (every file a link to the release's file)."""
     installed = Path(target.resolve("installed").root)
-    shutil.copytree(installed / "sglang", dest / "sglang", copy_function=os.symlink,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(installed / "sglang", dest / "sglang", copy_function=os.symlink)
     for info in installed.glob("sglang-*.dist-info"):
         shutil.copytree(info, dest / info.name)
     return dest
@@ -40,46 +43,96 @@ def edit(tree: Path, rel: str, old: str, new: str) -> None:
     assert text.count(old) == 1, f"{rel}: the text to edit is not there exactly once"
     path.unlink()
     path.write_text(text.replace(old, new))
+    for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        pyc.unlink()  # a link to the release's byte-code of the file before the edit
 
 
-def rerun(tree: Path, run_dir: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
-    return subprocess.run([str(Path(sys.executable).parent / "rerun-test"), "--sglang", str(tree), "--run-dir",
-                           str(run_dir), SUITE], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+OLDER = "0.5.22"
+
+
+class Rerun:
+    """One ``rerun-test --sglang TARGET SPEC`` started; :meth:`result` waits for it."""
+
+    def __init__(self, target_spec: str, spec: str, run_dir: Path, tree: Path | None = None):
+        self.run_dir = run_dir
+        self.tree = tree
+        env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
+        # Output to files, not pipes: a run nobody reads yet must not block on a full pipe.
+        self.out, self.err = run_dir.with_name("stdout.log"), run_dir.with_name("stderr.log")
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "rerun-test"), "--sglang", target_spec,
+                                          "--run-dir", str(run_dir), spec], cwd=REPO, env=env, stdout=out, stderr=err)
+        self._done: subprocess.CompletedProcess | None = None
+
+    def result(self) -> subprocess.CompletedProcess:
+        if self._done is None:
+            try:
+                self.proc.wait(timeout=1500)
+            finally:
+                self.stop()
+            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode,
+                                                     self.out.read_text(errors="replace"), self.err.read_text(errors="replace"))
+        return self._done
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+#: The runs each test needs (started together by the ``reruns`` fixture).
+NEEDS = {"test_a_tree_without_the_page_floor_fails_naming_the_invariant_and_the_untouched_tree_passes": ("pr", "release"),
+         "test_an_older_release_installs_on_demand_and_runs_the_suites": (OLDER,)}
+
+
+@pytest.fixture(scope="module")
+def reruns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rerun]]:
+    """The rerun-test runs the module's selected tests need, all started at once (each group is one
+    pytest process importing sglang on one core; the machine has more), each test waiting for its own."""
+    wanted = [name for item in request.session.items if item.module is request.module
+              for name in NEEDS.get(getattr(item, "originalname", item.name), ())]
+    runs: dict[str, Rerun] = {}
+    try:
+        for name in dict.fromkeys(wanted):
+            base = tmp_path_factory.mktemp(name)
+            if name == OLDER:
+                runs[name] = Rerun(OLDER, "test_decode_reservation.py", base / "run")
+                continue
+            tree = unpack_release(base / name)
+            if name == "pr":
+                edit(tree, "sglang/srt/disaggregation/decode.py", PAGE_FLOOR, "")
+            runs[name] = Rerun(str(tree), SUITE, base / "run", tree)
+        yield runs
+    finally:
+        for run in runs.values():
+            run.stop()
 
 
 @pytest.mark.timeout(2400)
-def test_a_tree_without_the_page_floor_fails_naming_the_invariant_and_the_untouched_tree_passes(tmp_path):
-    untouched = unpack_release(tmp_path / "release")
-    broken = unpack_release(tmp_path / "pr")
-    edit(broken, "sglang/srt/disaggregation/decode.py", PAGE_FLOOR, "")
-
-    bad = rerun(broken, tmp_path / "run-pr")
+def test_a_tree_without_the_page_floor_fails_naming_the_invariant_and_the_untouched_tree_passes(reruns):
+    broken = reruns["pr"].tree
+    bad, good = reruns["pr"].result(), reruns["release"].result()
     assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-2000:]
     assert f"(tree {broken.resolve()})" in bad.stdout, "the run names the tree it tested"
     failures = [ln for ln in bad.stdout.splitlines() if ln.startswith("FAILED ")]
     assert any("is not a multiple of page" in ln for ln in failures), failures
 
-    good = rerun(untouched, tmp_path / "run-release")
     assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-2000:]
     assert "passed" in good.stdout and not [ln for ln in good.stdout.splitlines() if ln.startswith("FAILED ")]
 
 
 @pytest.mark.timeout(1800)
-def test_an_older_release_installs_on_demand_and_runs_the_suites(tmp_path):
+def test_an_older_release_installs_on_demand_and_runs_the_suites(reruns):
     # The CI-sized check that releases install from the package index on first use (into .venv's
     # cache, reused by later runs) and that the suites then run on them: one older release, one file.
-    env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
-    run_dir = tmp_path / "run"
-    done = subprocess.run([str(Path(sys.executable).parent / "rerun-test"), "--sglang", "0.5.22", "--run-dir",
-                           str(run_dir), "test_decode_reservation.py"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=1500)
+    run = reruns[OLDER]
+    done = run.result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     import json
 
-    summary = json.loads((run_dir / "report" / "summary.json").read_text())
-    assert (summary["sglang"]["origin"], summary["sglang"]["version"]) == ("release", "0.5.22")
-    assert Path(summary["sglang"]["root"]).resolve() == (target.cache_dir() / "0.5.22").resolve()
-    junit = (run_dir / "report" / "junit.xml").read_text()
-    assert 'name="sglang_version" value="0.5.22"' in junit
+    summary = json.loads((run.run_dir / "report" / "summary.json").read_text())
+    assert (summary["sglang"]["origin"], summary["sglang"]["version"]) == ("release", OLDER)
+    assert Path(summary["sglang"]["root"]).resolve() == (target.cache_dir() / OLDER).resolve()
+    junit = (run.run_dir / "report" / "junit.xml").read_text()
+    assert f'name="sglang_version" value="{OLDER}"' in junit
     assert sum(g["counts"]["passed"] for g in summary["groups"]) >= 1

@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from harness import procs
+from harness.clock import wait_for
 from harness.worker import (CallCheck, HttpCheck, InProcess, PortCheck, Probe, Subprocess, Watchdog, WorkerDied,
                             WorkerSpec, allocate_ports, start_worker)
 
@@ -131,7 +132,8 @@ def test_sigkill_of_the_actor_raises_worker_died_and_leaves_no_orphans(started, 
 def test_stop_escalates_to_sigkill_for_a_group_ignoring_sigterm(started, tmp_path):
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('stubborn', flush=True); time.sleep(300)"
     w = started(WorkerSpec("stubborn", Subprocess((sys.executable, "-c", code)), run_dir=tmp_path))
-    time.sleep(0.5)
+    # Its line (not the exec line quoting the code): the SIGTERM handler is installed.
+    wait_for(lambda: "stubborn" in w.log_path.read_text().splitlines(), 30, "the payload ignoring SIGTERM")
     w.stop(grace=0.5)
     assert procs.wait_gone([w.info.payload_pid], 10) == []
     assert procs.group_members(w.info.payload_pid) == []
@@ -178,14 +180,18 @@ def test_non_contiguous_gpu_ids_reach_cuda_visible_devices(started, cluster, tmp
         pytest.skip("needs the simulated session cluster (--simulate on a machine without GPUs)")
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    import ray
+
     pin = {"CPU": 0.1, "harness_node_0": 0.001}
     singles = [placement_group([{**pin, "GPU": 1}], strategy="STRICT_PACK") for _ in range(3)]
     pair = None
     try:
         for pg in singles:
             assert pg.wait(30)
+        held = ray.available_resources().get("GPU", 0)
         remove_placement_group(singles[1])  # frees the middle GPU only
-        time.sleep(0.5)
+        # The pair must be placed after that GPU is back, or it takes two contiguous free ones.
+        wait_for(lambda: ray.available_resources().get("GPU", 0) >= held + 1, 30, "the middle GPU freed")
         pair = placement_group([{**pin, "GPU": 2}], strategy="STRICT_PACK")
         assert pair.wait(30)
         w = started(WorkerSpec("two-gpus", InProcess(Probe), run_dir=tmp_path), pair)

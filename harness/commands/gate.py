@@ -129,7 +129,7 @@ def _verdict(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from harness.gates import render, runner
-    from harness.rerun.cli import detect_gpus
+    from harness.rerun.execute import detect_gpus
     from harness.rerun.plan import PlanError
     from harness.rerun.registry import RegistryError
 

@@ -6,7 +6,8 @@ the bundle's ``--hypothesis-seed``, ``--workload-seed`` and ``--engine``. The an
 ``REPRODUCED`` (it failed again; the class is compared with the recorded one) or ``NOT REPRODUCED``
 (it passed), followed by the environment differences that might explain a difference.
 
-Exit status follows rerun-test's: 1 when the test failed (reproduced), 0 when it passed.
+Exit status follows rerun-test's: 1 when the test failed (reproduced), 0 when it passed; the command
+line (defaults, the one-line errors) is ``rerun-test``'s (:mod:`harness.rerun.cli`).
 """
 
 from __future__ import annotations
@@ -78,9 +79,7 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
         f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}")
     start = time.monotonic()
     res, att = run_one(group, item_for(group, data["spec"]), opts, reg, live_lines("repro", out))
-    from harness.rerun import cli as rerun_cli  # the same report files as any rerun
-
-    rerun_cli.write_reports(run_dir, [res], target=target)
+    execute.write_reports(run_dir, [res], target=target)  # the same report files as any rerun
     took = time.monotonic() - start
     if att.outcome in ("failed", "error"):
         same = "same class" if att.failure_class == failure.get("class") else f"class {att.failure_class}, recorded {failure.get('class')}"
@@ -103,27 +102,3 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
         out(f"  differs: {d}")
     out(f"evidence: {run_dir}")
     return code
-
-
-def main_from_args(args) -> int:
-    """``rerun-test --from FILE`` (called by :mod:`harness.rerun.cli` with its parsed arguments).
-
-    Returns:
-        1 reproduced, 0 not reproduced, 2 an unusable bundle (one line on stderr).
-    """
-    import os
-    import sys
-
-    from harness.rerun.cli import PROG, detect_gpus
-
-    root = args.repo_root.resolve()
-    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-repro").resolve()
-    gpus = detect_gpus() if args.gpus is None else args.gpus
-    from harness.targets.sglang.target import TargetError
-
-    try:
-        return reproduce(args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir),
-                         sglang=getattr(args, "sglang", None))
-    except (repro.ReproError, TargetError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2

@@ -25,17 +25,15 @@ import argparse
 import json
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import html_report, report
-from harness.results import GroupResult
+from harness import report
 from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
+from harness.rerun.execute import detect_gpus, write_reports
 from harness.rerun import registry
 from harness.rerun.registry import RegistryError
 from harness.targets.sglang import target as target_mod
@@ -92,18 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="URL for the comment's logs links")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
-
-
-def detect_gpus() -> int:
-    """Real GPUs on this machine (``nvidia-smi -L``), 0 when there is none."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return 0
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
 
 
 def joined_preflight(address: str) -> Any:
@@ -255,35 +241,6 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, ta
     return 0 if all(r.ok for r in results) else 1
 
 
-def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0,
-                  target: target_mod.Target | None = None) -> Path:
-    """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``; the
-    sglang ``target`` (when given) is stamped on every JUnit suite and is ``sglang`` in ``summary.json``.
-
-    Returns:
-        The page (``report/index.html``).
-    """
-    out = run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = target.properties() if target is not None else {}
-    parts = []
-    for r in results:
-        xml = run_dir / "junit" / f"{r.name}.xml"
-        text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
-        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
-    (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
-    (out / "summary.md").write_text(report.markdown(results, link if link != comment.LINK_PLACEHOLDER else ""), encoding="utf-8")
-    summary = report.to_json(results)
-    if target is not None:
-        summary["sglang"] = target.to_dict()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    failed = [f"{r.name}: {r.note}" for r in results if r.note]
-    failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
-    header = html_report.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time)
-    return html_report.write(out, header, results)
-
-
 def save_durations(path: Path, measured: dict[str, float]) -> None:
     """Merge ``measured`` into the repository's durations file (new values win; keys sorted)."""
     merged = registry.load_durations([path]) if path.exists() else {}
@@ -295,6 +252,25 @@ def save_durations(path: Path, measured: dict[str, float]) -> None:
     merged.update({k: round(v, 3) for k, v in sums.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(sorted(merged.items())), indent=2) + "\n", encoding="utf-8")
+
+
+def _from_repro(args: argparse.Namespace) -> int:
+    """``rerun-test --from REPRO``: :func:`harness.gates.reproduce.reproduce` with this command's defaults.
+
+    Returns:
+        1 reproduced, 0 not reproduced, 2 an unusable bundle or target (one line on stderr).
+    """
+    from harness.gates import reproduce
+    from harness.gates.repro import ReproError
+
+    root = args.repo_root.resolve()
+    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-repro").resolve()
+    gpus = detect_gpus() if args.gpus is None else args.gpus
+    try:
+        return reproduce.reproduce(args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir),
+                                   sglang=args.sglang)
+    except ReproError as e:
+        raise UsageError(str(e)) from None
 
 
 def _list(reg: collector.Registry) -> int:
@@ -329,8 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 _write_comment(args.comment_out, [])
             return 0
         if args.from_repro:
-            from harness.gates import reproduce
-            return reproduce.main_from_args(args)
+            return _from_repro(args)
         if args.list:
             return _list(collector.collect(args.repo_root.resolve(), args.suites_dir, args.durations))
         reg, p, default = _plan(args)

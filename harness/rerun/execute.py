@@ -9,6 +9,10 @@ simulated (Ray logical GPUs) if the topology allows it, else it is reported as n
 
 Lifecycle per group (Dynamo's shape): spawn in its own session → poll → on timeout or interrupt
 SIGTERM the group, bounded wait, SIGKILL → reap. Nothing is left running when :func:`run_plan` returns.
+
+The run directory is this module's: :func:`write_reports` merges the groups' JUnit files into
+``report/`` with the markdown, JSON and HTML views (for ``rerun-test`` and ``rerun-test --from``
+alike), and :func:`detect_gpus` says how many real GPUs the groups may take.
 """
 
 from __future__ import annotations
@@ -16,16 +20,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+from harness import html_report, report
 from harness.results import CaseResult, GroupResult, one_line
+from harness.rerun.comment import LINK_PLACEHOLDER
 from harness.rerun.plan import Group, Item, Plan, compact
+
+if TYPE_CHECKING:
+    from harness.targets.sglang.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -336,3 +346,51 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
             log.warning("stopping %s (pid %d)", r.group.name, r.proc.pid)
             r.stop()
     return [results[g.name] for g in plan.groups]
+
+
+def detect_gpus() -> int:
+    """Real GPUs on this machine (``nvidia-smi -L``), 0 when there is none."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+
+
+def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0,
+                  target: Target | None = None) -> Path:
+    """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``; the
+    sglang ``target`` (when given) is stamped on every JUnit suite and is ``sglang`` in ``summary.json``.
+
+    Args:
+        run_dir: the run's directory (the groups' JUnit files are ``junit/<group>.xml`` in it).
+        results: the groups' results.
+        link: the URL of the run's logs for the markdown summary ("" or the comment's placeholder: none).
+        wall_time: the run's wall time, for the page's header.
+        target: the sglang under test.
+
+    Returns:
+        The page (``report/index.html``).
+    """
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = target.properties() if target is not None else {}
+    parts = []
+    for r in results:
+        xml = run_dir / "junit" / f"{r.name}.xml"
+        text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
+        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
+    (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
+    (out / "summary.md").write_text(report.markdown(results, link if link != LINK_PLACEHOLDER else ""), encoding="utf-8")
+    summary = report.to_json(results)
+    if target is not None:
+        summary["sglang"] = target.to_dict()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    failed = [f"{r.name}: {r.note}" for r in results if r.note]
+    failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
+    header = html_report.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time)
+    return html_report.write(out, header, results)
