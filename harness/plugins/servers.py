@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import itertools
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -57,6 +58,8 @@ RESET_TIMEOUT_S = 30.0
 
 _last_use_key = pytest.StashKey[dict]()
 _order_key = pytest.StashKey[list]()
+#: Placement group names are unique in a Ray cluster: one number per placement started ahead, per process.
+_AHEAD_LABELS = itertools.count(1)
 
 
 JOINED_LOGICAL_REASON = ("real sglang servers need real GPUs: the Ray cluster at {address} has logical ones "
@@ -234,7 +237,7 @@ class ServerStacks:
 
         # Its own placement: a CPU topology's bundles hold one stack's workers, and the running
         # model may still need a fresh stack of its own (a test that spent one on purpose).
-        placement = self.cluster.place(self.layout.placement, label=f"ahead-{len(self._more_placements) + 1}")
+        placement = self.cluster.place(self.layout.placement, label=f"ahead-{next(_AHEAD_LABELS)}")
         self._more_placements.append(placement)
         names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
         plain_key = self._plain_key(nxt, None)
