@@ -16,11 +16,12 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -244,3 +245,22 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
         time.sleep(0.05)
         left = [p for p in left if alive(p)]
     return left
+
+
+def run_logged(cmd: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], log: Path,
+               timeout_s: float | None) -> tuple[int, bool]:
+    """Run ``cmd`` in a session of its own, stdout and stderr into ``log``; past ``timeout_s`` kill
+    its whole process group (it and everything it started, nothing else).
+
+    Returns:
+        ``(exit status, timed out)``; a killed run's status is ``-SIGKILL``.
+    """
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(list(cmd), cwd=cwd, env=dict(env), stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return -signal.SIGKILL, True

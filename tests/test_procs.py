@@ -88,3 +88,21 @@ def test_descendants_and_group_members():
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def test_run_logged_returns_the_status_with_output_in_the_log(tmp_path):
+    log = tmp_path / "run.log"
+    code, timed_out = procs.run_logged([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+                                       cwd=tmp_path, env=os.environ, log=log, timeout_s=60)
+    assert (code, timed_out) == (3, False)
+    assert log.read_text().split() == ["out", "err"]
+
+
+def test_run_logged_kills_the_whole_group_past_its_limit(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    code = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    code, timed_out = procs.run_logged([sys.executable, "-c", code], cwd=tmp_path, env=os.environ,
+                                       log=tmp_path / "run.log", timeout_s=3)
+    assert (code, timed_out) == (-signal.SIGKILL, True)
+    assert procs.wait_gone([int(pid_file.read_text())], timeout=10) == [], "the command's child outlived the kill"

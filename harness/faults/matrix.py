@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from harness import faults as fault_catalog
-from harness import html_report, results
+from harness import html_report, procs, results
 from harness.faults import source
 from harness.results import GroupResult
 
@@ -301,16 +300,9 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
         cmd += ["--inject-fault", fault]
     logger.info("run %s: %s", label, " ".join(cmd))
     start = time.monotonic()
-    with open(log, "wb") as fh:
-        # Own session so a timeout kills pytest and everything it started, and nothing else.
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.error("run %s passed its %.0f s limit; killing its process group", label, timeout_s)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            returncode = -signal.SIGKILL
+    returncode, timed_out = procs.run_logged(cmd, cwd=root, env=env, log=log, timeout_s=timeout_s)
+    if timed_out:
+        logger.error("run %s passed its %.0f s limit; its process group was killed", label, timeout_s)
     wall = time.monotonic() - start
     return SuiteRun(label=label, suites=suites, returncode=returncode, outcomes=parse_junit(junit, root),
                     wall_s=wall, junit=junit, log=log, fired=frozenset(source.fired(fired_file)))

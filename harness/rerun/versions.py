@@ -19,12 +19,13 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from harness import procs
 
 logger = logging.getLogger(__name__)
 
@@ -147,14 +148,7 @@ def run_target(spec: str, label: str, specs: list[str], run_dir: Path, *, repo_r
     log = run_dir / "rerun-test.log"
     out(f"matrix: {label}: {' '.join(specs)} (run dir {run_dir})")
     start = time.monotonic()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=repo_root, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            code = -9
+    code, _ = procs.run_logged(cmd, cwd=repo_root, env=env, log=log, timeout_s=timeout_s)
     wall = time.monotonic() - start
     summary_path = run_dir / "report" / "summary.json"
     if not summary_path.is_file():
