@@ -46,16 +46,15 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from harness import procs
+from harness import forkserver_client, procs
 
 log = logging.getLogger(__name__)
 
 CLIENT = Path(__file__).resolve().parent / "forkserver_client.py"
-#: The env var naming the server's socket to the client (``harness.forkserver_client.ENV``).
-SOCKET_ENV = "HARNESS_FORKSERVER"
+#: The env var naming the server's socket to the client, and the file beside the socket naming the
+#: env values a client must share to be forked: defined by the (stdlib-only) client.
+SOCKET_ENV, MATCH_FILE = forkserver_client.ENV, forkserver_client.MATCH_FILE
 READY = "forkserver ready"
-#: Beside the socket: the env values a client must share to be forked (``harness.forkserver_client``).
-MATCH_FILE = "match.json"
 DEFAULT_START_TIMEOUT_S = 300.0
 _POLL_S = 0.2
 

@@ -171,8 +171,6 @@ class ServerStacks:
         the placement holds one PD stack: other PD stacks are stopped first, and so are the plain
         servers where none fits beside a PD stack.
         """
-        from harness.targets.sglang.server.stack import start_pd_stack
-
         self._require_stack()
         key = self._pd_key(model_name, extra_args)
         if not mini_lb:
@@ -197,13 +195,9 @@ class ServerStacks:
                 pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-start")
                 baseline = pool.submit(self.plain, model_name)
                 pool.shutdown(wait=False)
-            more = dict(extra_args or {})
             names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
             try:
-                stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=placement,
-                                       names=names, mini_lb=mini_lb, on_start=self._watch, ready_timeout=self.ready_timeout,
-                                       forkserver=self.forkserver,
-                                       extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
+                stack = self._start_pd(model, placement, names, self._watch, mini_lb=mini_lb, extra_args=extra_args)
             finally:
                 if baseline is not None:
                     concurrent.futures.wait([baseline])
@@ -233,8 +227,6 @@ class ServerStacks:
         key = self._pd_key(nxt, None)
         if key in self._pd or key in self._ahead or missing_stack_modules():
             return
-        from harness.targets.sglang.server.stack import start_pd_stack
-
         # Its own placement: a CPU topology's bundles hold one stack's workers, and the running
         # model may still need a fresh stack of its own (a test that spent one on purpose).
         placement = self.cluster.place(self.layout.placement, label=f"ahead-{next(_AHEAD_LABELS)}")
@@ -248,9 +240,7 @@ class ServerStacks:
             model = self.model(nxt)
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-ahead") as pool:
                 baseline = pool.submit(self._start_plain, model, plain_name, None, started.append) if plain_name else None
-                stack = start_pd_stack(self.topology, model, self.run_dir.root, placement=placement, names=names,
-                                       on_start=started.append, ready_timeout=self.ready_timeout, forkserver=self.forkserver,
-                                       extra_args={k: self.role_args(k) for k in ("prefill", "decode")})
+                stack = self._start_pd(model, placement, names, started.append)
             return stack, (baseline.result() if baseline else None)
 
         if self._ahead_pool is None:
@@ -293,14 +283,18 @@ class ServerStacks:
             self._stop_unowned(started)
 
     def _stop_unowned(self, workers: Sequence[Any]) -> None:
-        from harness.targets.sglang.server.stack import stop_all
-
         for w in workers:
             self._own(w)  # for close()'s leftover check
-        stop_all(workers)
-        for w in workers:
-            if w in self.workers:
-                self.workers.remove(w)
+        self._stop(workers)
+
+    def _start_pd(self, model: Path, placement: Any, names: tuple[str, str, str], on_start: Callable[[Any], None], *,
+                  mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None) -> Any:
+        from harness.targets.sglang.server.stack import start_pd_stack
+
+        more = dict(extra_args or {})
+        return start_pd_stack(self.topology, model, self.run_dir.root, placement=placement, names=names, mini_lb=mini_lb,
+                              on_start=on_start, ready_timeout=self.ready_timeout, forkserver=self.forkserver,
+                              extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
 
     def _start_plain(self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Any], None]) -> Any:
         from harness.targets.sglang.server.layout import PLAIN_ROLE
