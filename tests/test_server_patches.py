@@ -6,6 +6,7 @@ so what is checked is exactly what a real server gets, without starting one.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import textwrap
 import pytest
 
 from harness import topology
+from harness.targets.sglang import target
 from harness.targets.sglang.server import compat, hooks
 from harness.targets.sglang.server.launcher import ServerPorts, server_command
 
@@ -176,3 +178,19 @@ def test_probe_config_comes_from_the_queue_and_an_unreadable_field_is_named(monk
     broken = type("Queue", (), {"token_to_kv_pool_allocator": side.allocator, "scheduler": object()})()
     with pytest.raises(probe.ProbeReadError, match="scheduler.sliding_window_size"):
         probe._config_of(broken)
+
+
+def test_mooncake_patch_has_nothing_to_do_on_a_release_before_the_host_tensor_path(monkeypatch):
+    """0.5.22's Mooncake sender has no pinned-host-tensor path (first in 0.5.23): the CPU patch says it
+    is not needed there instead of refusing the server; on 0.5.23 it is applied (test above)."""
+    older = target.resolve("0.5.22")  # on first use installed into the targets cache (the trees test runs it too)
+    monkeypatch.setenv(target.ENV_VAR, older.spec)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*older.paths, os.environ.get("PYTHONPATH", "")]))
+    r = run_like_server("""
+        import sglang.srt.disaggregation.mooncake.conn as mc
+        assert not hasattr(mc.MooncakeKVSender, "supports_host_tensor_indices")
+        print(mc.__file__)
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().startswith(older.root), r.stdout
+    assert "compat patch mooncake-host-tensor-indices not needed" in r.stderr

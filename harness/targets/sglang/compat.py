@@ -257,6 +257,22 @@ def _pre_alloc_reclaims_swa() -> str | None:
 
 
 @functools.cache
+def mooncake_host_tensor_send() -> bool:
+    """Whether prefill's Mooncake sender should have the pinned-host-tensor send path
+    (``supports_host_tensor_indices``: pinned memory and a ``torch.cuda.Event``, first in 0.5.23)
+    that the CPU compat patch ``mooncake-host-tensor-indices`` turns off.
+
+    Releases before 0.5.23 have no such path (the patch has nothing to do); from 0.5.23 on the
+    attribute must be there, and a tree without it is a change the patch must follow. A tree
+    without a version counts as a current one.
+    """
+    from harness.targets.sglang import target
+    from harness.targets.sglang.version import release_tuple
+
+    release = release_tuple(target.current().version)
+    return release is None or release >= (0, 5, 23)
+
+
 def missing(name: str) -> str | None:
     """Why the running target lacks a capability, or None when it has it.
 

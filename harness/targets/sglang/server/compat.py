@@ -54,11 +54,16 @@ class CompatPatch:
     name: str
     target: str
     why: str
-    apply: Callable[[ModuleType], None]
+    #: Changes the module; returns False where the release lacks what the patch changes.
+    apply: Callable[[ModuleType], bool | None]
 
 
-def _mooncake_host_tensor_indices(mod: ModuleType) -> None:
+def _mooncake_host_tensor_indices(mod: ModuleType) -> bool | None:
+    from harness.targets.sglang import compat as release_compat
+
     cls = mod.MooncakeKVSender
+    if not hasattr(cls, "supports_host_tensor_indices") and not release_compat.mooncake_host_tensor_send():
+        return False  # a release before the host-tensor path: nothing to turn off
     if not hasattr(cls, "supports_host_tensor_indices"):
         raise CompatError("mooncake-host-tensor-indices: MooncakeKVSender.supports_host_tensor_indices is gone; "
                           "drop or update the patch")
@@ -160,8 +165,10 @@ PATCHES: dict[str, CompatPatch] = {
 
 def _applier(patch: CompatPatch) -> Callable[[ModuleType], None]:
     def run(module: ModuleType) -> None:
-        patch.apply(module)
         # Also on stderr (the server log), so a run's log shows which patches it ran under.
+        if patch.apply(module) is False:
+            log.info("compat patch %s not needed in pid %d: this release lacks what it changes", patch.name, os.getpid())
+            return
         log.info("compat patch %s applied in pid %d (%s)", patch.name, os.getpid(), patch.why)
 
     return run
