@@ -23,6 +23,8 @@ adds):
     faults     ``--inject-fault``
     record     ``<run_dir>/tests.jsonl``: per test its outcome, seeds, workers and the bytes of
                their logs and ledgers it wrote (what the run report shows per test)
+    parallel   pytest-xdist groups: tests sharing the session's servers or PD pairs run in one
+               worker process, the others with their module; ``-n auto`` workers
 
 Order matters: ``options`` first (it creates the ``pd-harness`` option group the others add to);
 the core concerns before the others, so their hooks keep their place (pytest calls the last
@@ -45,4 +47,5 @@ pytest_plugins: list[str] = [
     "harness.plugins.seeds",
     "harness.plugins.faults",
     "harness.plugins.record",
+    "harness.plugins.parallel",
 ]

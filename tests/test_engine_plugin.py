@@ -178,26 +178,29 @@ def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_p
 
 def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_after_its_last_test(pytester):
     """Stacks are session-wide: one ServerStacks per (topology, module server_args); the last test
-    naming a model is remembered at collection (its servers are stopped after it)."""
+    taking the servers and naming a model is remembered at collection (its servers are stopped
+    after it); a test that names the model but takes no servers does not count."""
     pytester.makepyfile(test_a="""
         import pytest
         pytestmark = pytest.mark.engine("sglang-server", models=("tiny-llama",))
-        def test_one(): pass
+        def test_one(sglang_servers): pass
         @pytest.mark.engine("sglang-server", models=("tiny-llama", "tiny-mellum-swa"))
-        def test_two(): pass
-        def test_three(): pass
+        def test_two(sglang_servers): pass
+        def test_three(sglang_servers): pass
+        def test_names_it_without_servers(): pass
     """, test_b="""
         import pytest
         pytestmark = pytest.mark.engine("sglang-server", models=("tiny-mellum-swa",))
-        def test_four(): pass
-        def test_plain_sim(): pass
+        def test_four(sglang_servers): pass
+        def test_plain_sim(sglang_servers): pass
+        def test_after_the_last_server_test(): pass
     """, conftest="""
         import pytest
         from harness.plugins import servers
 
         def pytest_collection_finish(session):
-            last = session.config.stash[servers._last_use_key]
-            print("LAST", sorted(last.items()))
+            last = [(sorted(i.stash[servers._last_use_key]), i.nodeid) for i in session.items if servers._last_use_key in i.stash]
+            print("LAST", last)
             from harness import topology
             s = servers.SessionServers(session.config, None, None)
             cpu, h100 = topology.get("cpu"), topology.get("2-gpu-h100")
@@ -205,5 +208,5 @@ def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_af
             print("SAME", a is b, a is not s.on(cpu, ()), a is not s.on(h100, ("--page-size", "64")))
     """)
     result = pytester.runpytest("--collect-only", "-q", "-s")
-    result.stdout.fnmatch_lines(["LAST [('tiny-llama', 'test_a.py::test_three'), ('tiny-mellum-swa', 'test_b.py::test_plain_sim')]",
+    result.stdout.fnmatch_lines(["LAST [(['tiny-llama'], 'test_a.py::test_three'), (['tiny-mellum-swa'], 'test_b.py::test_plain_sim')]",
                                  "SAME True True True"])

@@ -48,7 +48,8 @@ def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
 def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cluster, run_dir):
     """While one model's tests run, the next model's PD stack and baseline start in the background,
     in a placement of their own (the running model keeps its bundles for a fresh stack); the test
-    that asks for them gets that stack, and closing stops everything and frees every placement."""
+    that asks for them gets that stack; stopping the last model frees every placement, and closing
+    leaves nothing."""
     from harness import topology
     from harness.plugins.servers import ServerStacks
 
@@ -64,6 +65,10 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
         assert stack.client("router").generate(ids, 4).output_ids
         stacks.prestart_next("tiny-mellum-swa")  # the last model: nothing to start
         assert len(stacks._more_placements) == 1
+        # Its last test done, nothing runs in the placements: they are given back (a later test of
+        # the session may place the same topology, and Ray's group names are unique).
+        stacks.stop_model("tiny-mellum-swa")
+        assert stacks._more_placements == [] and stacks._placement is None
     finally:
         left = stacks.close()
     assert left == [], f"server processes left: {left}"

@@ -36,7 +36,8 @@ from harness.plugins.state import state
 
 log = logging.getLogger(__name__)
 
-_last_of_group_key = pytest.StashKey[set]()
+#: On the last test of each topology group using ``pd_pair``: that group's workers stop after it.
+_last_of_group_key = pytest.StashKey[bool]()
 _failed_key = pytest.StashKey[bool]()
 
 
@@ -74,10 +75,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for i, item in zip(slots, chosen):
         items[i] = item
     # The last test of each topology group stops that group's workers (they hold GPUs and memory).
-    config.stash[_last_of_group_key] = {
-        item.nodeid for item, nxt in zip(chosen, chosen[1:] + [None])
-        if nxt is None or _topology_of(nxt) != _topology_of(item)
-    }
+    for item, nxt in zip(chosen, chosen[1:] + [None]):
+        item.stash[_last_of_group_key] = nxt is None or _topology_of(nxt) != _topology_of(item)
 
 
 class PdPairs:
@@ -151,7 +150,7 @@ def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
     yield get
     if request.node.stash.get(_failed_key, False):
         _pd_pairs_session.dirty = True
-    if request.node.nodeid in request.config.stash.get(_last_of_group_key, set()):
+    if request.node.stash.get(_last_of_group_key, False):
         _pd_pairs_session.close()
 
 

@@ -56,7 +56,8 @@ REAL_GPU_REASON = ("real sglang servers need real GPUs: run with --topology {top
 #: Seconds a reset may wait for a server to go idle (a request still finishing) and flush.
 RESET_TIMEOUT_S = 30.0
 
-_last_use_key = pytest.StashKey[dict]()
+#: On the last test that names a model (per model): the models whose servers stop after it.
+_last_use_key = pytest.StashKey[set]()
 _order_key = pytest.StashKey[list]()
 #: Placement group names are unique in a Ray cluster: one number per placement started ahead, per process.
 _AHEAD_LABELS = itertools.count(1)
@@ -389,6 +390,16 @@ class ServerStacks:
             self._stop(self._pd.pop(key).workers)
         for key in [k for k in self._plain if k[0] == model_name]:
             self._stop([self._plain.pop(key)])
+        if not (self._pd or self._plain or self._ahead):
+            self._release_placements()
+
+    def _release_placements(self) -> None:
+        """Give back every placement this holds (nothing runs in them): a later test of the session
+        may place the same topology, and Ray's group names are unique."""
+        for placement in [self._placement, *self._more_placements]:
+            if placement is not None:
+                self.cluster.release(placement)
+        self._placement, self._more_placements = None, []
 
     def _stop(self, workers: Sequence[Any]) -> None:
         from harness.targets.sglang.server.stack import stop_all
@@ -413,10 +424,7 @@ class ServerStacks:
         self._pd.clear()
         self._plain.clear()
         self._stop(list(reversed(self.workers)))
-        for placement in [self._placement, *self._more_placements]:
-            if placement is not None:
-                self.cluster.release(placement)
-        self._placement, self._more_placements = None, []
+        self._release_placements()
         return leftover_processes(self._pids)
 
 
@@ -451,20 +459,24 @@ class SessionServers:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Remember, per model, the last test that names it (its servers are stopped after that test),
-    and the order the models are served in (the next one's stack starts ahead of its tests)."""
-    last: dict[str, str] = {}
+    """Remember, per model, the last test that takes the servers and names it (its servers are
+    stopped after that test), and the order the models are served in (the next one's stack starts
+    ahead of its tests)."""
+    last: dict[str, pytest.Item] = {}
     order: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
     for item in items:
+        if "sglang_servers" not in getattr(item, "fixturenames", ()):
+            continue
         kwargs = server_kwargs(item)
         marker = item.get_closest_marker("topology")
         topologies = tuple(marker.args) if marker else ()
         for name in kwargs.get("models", ()):
-            last[name] = item.nodeid
+            last[name] = item
             entry = (name, tuple(kwargs.get("server_args", ())), topologies)
             if not order or order[-1] != entry:
                 order.append(entry)
-    config.stash[_last_use_key] = last
+    for name, item in last.items():
+        item.stash.setdefault(_last_use_key, set()).add(name)
     config.stash[_order_key] = order
 
 
@@ -533,8 +545,6 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
     own_workers(request.node, stacks.workers)
     yield stacks
     problems = stacks.reset_used()
-    last = request.config.stash.get(_last_use_key, {})
-    for name in models:
-        if last.get(name) == request.node.nodeid:
-            session.stop_model(name)
+    for name in request.node.stash.get(_last_use_key, set()) & set(models):
+        session.stop_model(name)
     assert not problems, "server reset after the test failed (the servers were stopped):\n" + "\n".join(problems)
