@@ -78,8 +78,9 @@ def main() -> int:
                 child.append(int(value))
             elif word == "exit":
                 code = int(value)
-                if code < 0:  # mirror a death by signal
-                    signal.signal(-code, signal.SIG_DFL)
+                if code < 0:  # mirror a death by signal (SIGKILL and SIGSTOP take no handler)
+                    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+                        signal.signal(-code, signal.SIG_DFL)
                     os.kill(os.getpid(), -code)
                 return code
 

@@ -59,6 +59,21 @@ def test_child_runs_the_script_with_the_clients_argv_env_and_exit_status(tmp_pat
     assert not server.alive()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_child_killed_by_a_signal_ends_its_client_by_the_same_signal(tmp_path, sig):
+    # An sglang server whose scheduler failed kills its own process tree, itself included, with SIGKILL.
+    script = tmp_path / "suicide.py"
+    script.write_text(f"import os\nos.kill(os.getpid(), {int(sig)})\n")
+    server = ForkServer.start("os")
+    try:
+        p = _client(server, [str(script)], stderr=subprocess.PIPE)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == -sig, err.decode()
+        assert b"Traceback" not in err
+    finally:
+        server.stop()
+
+
 def test_child_dies_with_its_client(tmp_path):
     script = tmp_path / "sleeper.py"
     pidfile = tmp_path / "pid"
