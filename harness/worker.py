@@ -62,7 +62,6 @@ Example (an in-process payload, and a server subprocess)::
 
 from __future__ import annotations
 
-import fcntl
 import importlib
 import importlib.util
 import logging
@@ -80,6 +79,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 from harness import procs
+from harness.ports import allocate_ports
 from harness.clock import DEFAULT as DEFAULT_CLOCK
 from harness.clock import Clock
 from harness.join import node_index, raylet_answers
@@ -289,46 +289,6 @@ def tail_file(path: str | Path, n: int = TAIL_LINES) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(data.splitlines()[-n:])
-
-
-def allocate_ports(names: tuple[str, ...], run_dir: str | Path) -> dict[str, int]:
-    """Ask the OS for one free TCP port per name, never one already handed out in ``run_dir``.
-
-    The ports handed out are appended to ``<run_dir>/ports`` under a file lock, so workers started
-    one after another (or concurrently) never get the same port twice in one run.
-
-    Returns:
-        name -> port.
-    """
-    if not names:
-        return {}
-    ledger = Path(run_dir) / "ports"
-    ledger.parent.mkdir(parents=True, exist_ok=True)
-    with open(ledger, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        used = {int(x) for x in f.read().split() if x.isdigit()}
-        held, out = [], {}
-        try:
-            for name in names:
-                for _ in range(1000):
-                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    s.bind(("", 0))
-                    held.append(s)  # keep it bound so the OS gives a different one next time
-                    port = s.getsockname()[1]
-                    if port not in used:
-                        used.add(port)
-                        out[name] = port
-                        break
-                else:
-                    raise RuntimeError(f"no unused port found for {name!r}")
-            f.seek(0, os.SEEK_END)
-            f.write("".join(f"{p}\n" for p in out.values()))
-            f.flush()
-        finally:
-            for s in held:
-                s.close()
-    return out
 
 
 def _fill(text: str, ports: dict[str, int]) -> str:

@@ -14,7 +14,7 @@ import pytest
 from harness import procs
 from harness.clock import wait_for
 from harness.worker import (CallCheck, HttpCheck, InProcess, PortCheck, Probe, Subprocess, Watchdog, WorkerDied,
-                            WorkerSpec, allocate_ports, start_worker)
+                            WorkerSpec, start_worker)
 
 HTTP_SERVER = ("import http.server, sys; print('serving', flush=True); "
                "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()")
@@ -165,14 +165,6 @@ def test_no_port_is_handed_out_twice_in_20_back_to_back_starts(started, tmp_path
         w.stop(grace=0.5)
     assert len(set(seen)) == 20, seen
     assert sorted(int(x) for x in (tmp_path / "ports").read_text().split()) == sorted(seen)
-
-
-def test_allocate_ports_skips_ports_already_handed_out(tmp_path):
-    first = allocate_ports(("a", "b"), tmp_path)
-    (tmp_path / "ports").write_text("".join(f"{p}\n" for p in range(1024, 65536)) )
-    with pytest.raises(RuntimeError, match="no unused port found for 'c'"):
-        allocate_ports(("c",), tmp_path)
-    assert len(set(first.values())) == 2
 
 
 def test_non_contiguous_gpu_ids_reach_cuda_visible_devices(started, cluster, tmp_path):

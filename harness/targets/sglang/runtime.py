@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -72,15 +71,16 @@ def published() -> RuntimeSettings | None:
 def ensure_process_group() -> None:
     """Initialise a world-size-1 gloo process group if none exists (HiSparseCoordinator needs one).
 
-    The rendezvous port comes from the OS (bound then released), never from arithmetic.
+    The rendezvous port is leased from :mod:`harness.ports` (outside the range any outgoing
+    connection may take), never from arithmetic.
     """
     import torch.distributed as dist
 
+    from harness.ports import allocate_ports
+
     if dist.is_initialized():
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = allocate_ports(("gloo",))["gloo"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     logger.debug("initialised gloo process group (world size 1) on port %d, pid %d", port, os.getpid())
 

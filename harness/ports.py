@@ -1,0 +1,160 @@
+"""Ports for the processes the harness starts: free when chosen, and never handed out twice.
+
+A server's port is chosen before the server starts (it is on its command line), so between the
+choice and the server's ``bind`` another process can take it. Two kinds of process do:
+
+* any outgoing connection: the kernel gives it a source port from its ephemeral range
+  (``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default). A port the OS picked for a
+  ``bind`` to port 0 comes from that range too, and once that socket is closed any ``connect`` on
+  the machine may take it (seen: a server's ``--nccl-port`` taken before torch could listen on it);
+* another harness process choosing ports at the same time: two pytest-xdist workers, two CI jobs.
+
+So ports come from :func:`port_range`: above Ray's worker ports (10002-19999 unless configured) and
+below the ephemeral range, chosen at random, checked free with a ``bind``, and leased in a ledger
+every harness process on the machine shares (:data:`LEASES`, under a file lock): a port leased in
+the last :data:`LEASE_S` seconds is not handed out again, by any process. The run directory's
+``ports`` file keeps one run from handing out any port twice. Where the range is too small (an
+ephemeral range that starts low), the OS picks, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Iterator
+
+#: Ray's default worker ports end here (``--max-worker-port``); ours start above.
+RAY_MAX_WORKER_PORT = 19999
+#: Below this many candidate ports, the OS picks instead (fewer would be found taken too often).
+MIN_RANGE = 1000
+#: A leased port is not handed out again for this long: the time a server may take to bind it.
+LEASE_S = 900.0
+#: The leases of the harness processes on this machine (``port expiry`` per line; one file per user,
+#: so no one's file is unwritable to another).
+LEASES = Path(tempfile.gettempdir()) / f"pdh-port-leases-{os.getuid()}"
+_TRIES = 1000
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range for ports it picks (``connect`` source ports, ``bind`` to 0)."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def port_range(ephemeral: tuple[int, int] | None = None) -> range | None:
+    """Ports above Ray's worker ports and below the ephemeral range, or None when too few."""
+    lo, _ = ephemeral or ephemeral_range()
+    ports = range(RAY_MAX_WORKER_PORT + 1, lo)
+    return ports if len(ports) >= MIN_RANGE else None
+
+
+def is_free(port: int) -> bool:
+    """Nothing is bound to ``port`` (TCP, any address), not even a socket in TIME_WAIT."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[IO[str]]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        yield f
+
+
+def _leased(f: IO[str], now: float) -> dict[int, float]:
+    out = {}
+    for line in f.read().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                expiry = float(parts[1])
+            except ValueError:
+                continue
+            if expiry > now:
+                out[int(parts[0])] = expiry
+    return out
+
+
+def _os_port(taken: set[int], held: list[socket.socket]) -> int | None:
+    for _ in range(_TRIES):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("", 0))
+        held.append(s)  # kept bound so the OS gives a different one next time
+        port = s.getsockname()[1]
+        if port not in taken:
+            return port
+    return None
+
+
+def allocate_ports(names: tuple[str, ...], run_dir: str | Path | None = None, *, leases: Path | None = None,
+                   lease_s: float = LEASE_S, ports: range | None = None) -> dict[str, int]:
+    """One free TCP port per name: never one this run handed out, nor one any harness process on
+    the machine leased in the last ``lease_s`` seconds.
+
+    Args:
+        names: what the ports are for (the keys of the result).
+        run_dir: the run directory (its ``ports`` file lists every port the run handed out); None:
+            only the machine's leases count.
+        leases: the machine's lease ledger (default :data:`LEASES`).
+        lease_s: how long a port handed out here stays leased.
+        ports: where to choose (default :func:`port_range`; None there: the OS picks).
+
+    Returns:
+        name -> port.
+
+    Raises:
+        RuntimeError: no port left to hand out for a name.
+    """
+    if not names:
+        return {}
+    ports = ports if ports is not None else port_range()
+    now = time.time()
+    held: list[socket.socket] = []
+    with contextlib.ExitStack() as stack:
+        run = stack.enter_context(_locked(Path(run_dir) / "ports")) if run_dir is not None else None
+        machine = stack.enter_context(_locked(leases or LEASES))
+        used = {int(x) for x in run.read().split() if x.isdigit()} if run is not None else set()
+        active = _leased(machine, now)
+        taken = used | set(active)
+        out: dict[str, int] = {}
+        try:
+            for name in names:
+                port = None
+                if ports is None:
+                    port = _os_port(taken, held)
+                else:
+                    for _ in range(_TRIES):
+                        p = random.choice(ports)
+                        if p not in taken and is_free(p):
+                            port = p
+                            break
+                if port is None:
+                    raise RuntimeError(f"no unused port found for {name!r}")
+                taken.add(port)
+                out[name] = port
+        finally:
+            for s in held:
+                s.close()
+        if run is not None:
+            run.seek(0, os.SEEK_END)
+            run.write("".join(f"{p}\n" for p in out.values()))
+        active.update({p: now + lease_s for p in out.values()})
+        machine.seek(0)
+        machine.truncate()
+        machine.write("".join(f"{p} {t:.3f}\n" for p, t in sorted(active.items())))
+    return out
