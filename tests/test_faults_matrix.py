@@ -260,6 +260,33 @@ def test_clean_run_taken_from_an_earlier_junit_report(tmp_path: Path):
     assert not uncovered.clean.passed and uncovered.runs == {}
 
 
+def test_fault_runs_go_ahead_while_the_clean_report_is_still_being_written(tmp_path: Path):
+    """--wait-for: the test run writing the clean report runs beside the check; the fault runs do
+    not wait for it, and the report is read once it has exited."""
+    root = _project(tmp_path)
+    junit = tmp_path / "tests.xml"
+    # The "test run": writes its report after a pause long enough for a fault run to finish first.
+    writer = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(8); "
+                               "sys.exit(__import__('pytest').main(['suites', '-q', '-p', 'no:cacheprovider', "
+                               f"'--junitxml={junit}', '-o', 'junit_family=xunit1']))"], cwd=root)
+    try:
+        result = matrix.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
+                              timeout_s=120, root=root, clean_junit=junit, clean_writer=writer.pid)
+        assert writer.wait(5) == 0
+    finally:
+        writer.kill()
+    assert result.clean.passed and len(result.clean.outcomes) == 2
+    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", matrix.CAUGHT)]
+    fault_done = (tmp_path / "out" / "junit" / "corrupt-kv-page.xml").stat().st_mtime
+    assert fault_done < junit.stat().st_mtime, "the fault run waited for the clean report"
+    # A writer that exits without a report fails the clean run (the faults ran, but are not judged).
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    missing = matrix.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "o2",
+                           timeout_s=120, root=root, clean_junit=tmp_path / "never.xml", clean_writer=gone.pid)
+    assert not missing.clean.passed and missing.runs == {} and not missing.ok
+
+
 def test_a_run_past_its_limit_is_killed_and_broken(tmp_path: Path):
     root = _project(tmp_path, "import time\n\ndef test_slow():\n    time.sleep(60)\n")
 
@@ -292,6 +319,8 @@ def test_cli_list_names_every_fault_and_its_upstream_issue():
     (("--jobs", "0"), "--jobs must be >= 1"),
     (("--clean-junit", "no/such.xml"), "--clean-junit no/such.xml: no such file"),
     (("--all", "--suite", "suites/unit"), "--all and --suite exclude each other"),
+    (("--wait-for", "123"), "--wait-for PID needs --clean-junit XML"),
+    (("--clean-junit", "x.xml", "--wait-for", "0"), "--wait-for takes the pid of the process writing the report"),
 ])
 def test_cli_check_bad_input_is_one_line_and_exit_2(args, says):
     out = _harness("faults", "check", *args)

@@ -3,7 +3,8 @@
 ``list`` prints the fault catalog: name, the upstream issue it mirrors, its form (source patch or
 runtime wrapper), the evidence a catch must show, the suites it targets and a one-line description.
 ``check`` runs the kill matrix (``harness.faults.matrix``): the clean run of every selected suite
-(or ``--clean-junit``), then each fault in a fresh pytest subprocess, and writes the run's HTML page
+(or ``--clean-junit``; with ``--wait-for PID`` the report is still being written by that process, and
+the fault runs go ahead meanwhile), then each fault in a fresh pytest subprocess, and writes the run's HTML page
 (``<run-dir>/report/index.html``: the fault × suite table, each run's tests with their KV-pool
 timelines); it exits 0 when the clean run passed and no fault was missed or broken, 1 otherwise, 2
 on bad input. ``--all`` runs every fault against every suite that asserts accounting; ``--table``
@@ -40,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--clean-junit", metavar="XML", type=Path,
                        help="take the clean run from this JUnit report (pytest --junitxml=XML -o junit_family=xunit1) "
                             "of a run that already ran the targeted suites, instead of running them again")
+    check.add_argument("--wait-for", metavar="PID", type=int, dest="clean_writer",
+                       help="the --clean-junit report is still being written by process PID (a test run started "
+                            "beside this check): the fault runs start at once, the report is read once PID exits")
     check.add_argument("--all", action="store_true", dest="all_suites",
                        help="run every fault against every suite that asserts accounting (slow: real servers too)")
     check.add_argument("--json", action="store_true", help="print the matrix as JSON")
@@ -76,7 +80,11 @@ def _validate(args: argparse.Namespace) -> None:
         if Path(suite).is_absolute() or not (matrix.REPO_ROOT / matrix.suite_file(suite)).exists():
             raise UsageError(f"suite {suite!r} not found; pass a path relative to the repository root, "
                              "e.g. suites/unit")
-    if args.clean_junit is not None and not args.clean_junit.is_file():
+    if args.clean_writer is not None and args.clean_junit is None:
+        raise UsageError("--wait-for PID needs --clean-junit XML: the report that process writes")
+    if args.clean_writer is not None and args.clean_writer <= 0:
+        raise UsageError(f"--wait-for takes the pid of the process writing the report, got {args.clean_writer}")
+    if args.clean_junit is not None and args.clean_writer is None and not args.clean_junit.is_file():
         raise UsageError(f"--clean-junit {args.clean_junit}: no such file; pass the --junitxml report of the test run")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
@@ -100,7 +108,7 @@ def _check(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     suites = matrix.ACCOUNTING_SUITES if args.all_suites else tuple(args.suites) if args.suites else None
     result = matrix.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,
-                          clean_junit=args.clean_junit)
+                          clean_junit=args.clean_junit, clean_writer=args.clean_writer)
     page = matrix.write_page(result, out_dir)
     if args.json:
         print(json.dumps({**matrix.to_dict(result), "report": str(page)}, indent=2))

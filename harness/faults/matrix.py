@@ -85,6 +85,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
 
 #: Seconds one pytest subprocess may run before it is killed (and its run counted as broken).
 DEFAULT_TIMEOUT_S = 900.0
+#: How long a check waits for the process writing its clean report (``clean_writer``) to finish.
+CLEAN_WRITER_TIMEOUT_S = 3600.0
 #: Hypothesis and workload seeds of every run, so the sweep draws the same cases and the PD suites
 #: the same workloads, clean and broken.
 HYPOTHESIS_SEED = 0
@@ -443,6 +445,19 @@ def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT
                     outcomes=outcomes if not missing else (), wall_s=0.0, junit=path, log=path)
 
 
+def _clean_when_written(path: Path | None, writer: int | None, suites: tuple[str, ...], root: Path) -> SuiteRun:
+    """The clean run from ``path`` once process ``writer`` has exited (a missing report fails it)."""
+    assert path is not None and writer is not None
+    logger.info("waiting for process %d to finish the clean report %s", writer, path)
+    left = procs.wait_gone([writer], CLEAN_WRITER_TIMEOUT_S)
+    if left or not path.is_file():
+        why = (f"process {writer} still runs after {CLEAN_WRITER_TIMEOUT_S:.0f} s" if left
+               else f"process {writer} exited without writing it")
+        logger.error("no clean report at %s: %s", path, why)
+        return SuiteRun(label=CLEAN, suites=suites, returncode=1, outcomes=(), wall_s=0.0, junit=path, log=path)
+    return clean_from_junit(path, suites, root)
+
+
 def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
                  timeout_s: float = 300.0) -> dict[str, str]:
     """Which faults cannot apply to the sglang target this process selected, and why.
@@ -484,7 +499,7 @@ def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
 
 def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None = None, out_dir: Path,
           jobs: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT,
-          clean_junit: Path | None = None, tree: Path | None = None) -> Matrix:
+          clean_junit: Path | None = None, clean_writer: int | None = None, tree: Path | None = None) -> Matrix:
     """Run the clean run, then every fault against its suites, and build the kill matrix.
 
     Args:
@@ -495,6 +510,9 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
         timeout_s: limit of each pytest subprocess.
         root: the repository root.
         clean_junit: take the clean run from this JUnit report instead of running it (:func:`clean_from_junit`).
+        clean_writer: the pid of the process still writing ``clean_junit`` (the test run beside this
+            check): the fault runs start at once, and the report is read once that process has
+            exited (waiting at most :data:`CLEAN_WRITER_TIMEOUT_S`).
         tree: the target's directory holding ``sglang`` (default: :func:`source.target_tree`).
 
     Returns:
@@ -514,17 +532,23 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
                 logger.warning("fault %s does not apply to the target: %s", name, not_applied[name])
     plan = {name: (suites if suites is not None else targets_for(name)) for name in names if name not in not_applied}
     union = tuple(dict.fromkeys(s for targeted in plan.values() for s in targeted))
-    if clean_junit is not None:
+    clean: SuiteRun | None = None
+    if clean_junit is not None and clean_writer is None:
         clean = clean_from_junit(clean_junit, union, root)
-    else:
+    elif clean_junit is None:
         clean = run_clean(union, out_dir, jobs=jobs, timeout_s=timeout_s, root=root)
-    if not clean.passed:
+    if clean is not None and not clean.passed:
         logger.error("clean run failed (exit %d); faults not run", clean.returncode)
         return Matrix(clean=clean, wall_s=time.monotonic() - start)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {name: pool.submit(run_suites, name, plan[name], out_dir, fault=name, timeout_s=timeout_s, root=root)
                    for name in plan}
+        if clean is None:  # the fault runs need nothing of the clean run: it is read while they run
+            clean = _clean_when_written(clean_junit, clean_writer, union, root)
         runs = {name: future.result() for name, future in futures.items()}
+    if not clean.passed:
+        logger.error("clean run failed (exit %d); faults ran but are not judged", clean.returncode)
+        return Matrix(clean=clean, wall_s=time.monotonic() - start)
     cells: list[Cell] = []
     verdicts = []
     for name in names:
