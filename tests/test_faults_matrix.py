@@ -265,8 +265,13 @@ def test_fault_runs_go_ahead_while_the_clean_report_is_still_being_written(tmp_p
     not wait for it, and the report is read once it has exited."""
     root = _project(tmp_path)
     junit = tmp_path / "tests.xml"
-    # The "test run": writes its report after a pause long enough for a fault run to finish first.
-    writer = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(8); "
+    fault_junit = tmp_path / "out" / "junit" / "corrupt-kv-page.xml"
+    # The "test run": writes its report once the fault run has written its own (at most a minute: a
+    # check that waited for this process before its fault runs would get the report late, and fail below).
+    writer = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                               "end = time.monotonic() + 60\n"
+                               f"while not os.path.exists({str(fault_junit)!r}) and time.monotonic() < end:\n"
+                               "    time.sleep(0.1)\n"
                                "sys.exit(__import__('pytest').main(['suites', '-q', '-p', 'no:cacheprovider', "
                                f"'--junitxml={junit}', '-o', 'junit_family=xunit1']))"], cwd=root)
     try:
@@ -277,8 +282,7 @@ def test_fault_runs_go_ahead_while_the_clean_report_is_still_being_written(tmp_p
         writer.kill()
     assert result.clean.passed and len(result.clean.outcomes) == 2
     assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", matrix.CAUGHT)]
-    fault_done = (tmp_path / "out" / "junit" / "corrupt-kv-page.xml").stat().st_mtime
-    assert fault_done < junit.stat().st_mtime, "the fault run waited for the clean report"
+    assert fault_junit.stat().st_mtime < junit.stat().st_mtime, "the fault run waited for the clean report"
     # A writer that exits without a report fails the clean run (the faults ran, but are not judged).
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -309,9 +309,16 @@ def test_ctrl_c_runs_teardown(pytester, tmp_path):
             assert proc.poll() is None, proc.stdout.read().decode()
             assert time.monotonic() < deadline, "the held test never got ready"
             time.sleep(0.2)
+        time.sleep(0.2)
         held = json.loads((out / "ready.json").read_text())
         proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=120)[0].decode()
+        try:
+            output = proc.communicate(timeout=120)[0].decode()
+        except subprocess.TimeoutExpired:
+            # Say where it hangs: pytest's faulthandler prints every thread's stack on SIGABRT.
+            proc.send_signal(signal.SIGABRT)
+            tail = proc.communicate(timeout=60)[0].decode()[-6000:]
+            pytest.fail(f"pytest did not finish within 120 s of Ctrl-C; its output and stacks:\n{tail}")
     finally:
         if proc.poll() is None:
             proc.kill()
