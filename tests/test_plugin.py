@@ -300,9 +300,12 @@ def test_ctrl_c_runs_teardown(pytester, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "HARNESS_TEST_OUT": str(out)}
+    # Ctrl-C as a terminal delivers it: a run started in the background of a script (CI) inherits
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--simulate", "-q",
                              "--run-dir", str(tmp_path / "run"), "test_hold.py"],
-                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not (out / "ready.json").exists():
