@@ -39,6 +39,9 @@ LEASE_S = 900.0
 #: so no one's file is unwritable to another).
 LEASES = Path(tempfile.gettempdir()) / f"pdh-port-leases-{os.getuid()}"
 _TRIES = 1000
+#: Not the module-level generator: tests seed that one (Hypothesis, workload seeds), and forked
+#: children share its state, so two processes would try the same ports in the same order.
+_RANDOM = random.SystemRandom()
 
 
 def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
@@ -139,7 +142,7 @@ def allocate_ports(names: tuple[str, ...], run_dir: str | Path | None = None, *,
                     port = _os_port(taken, held)
                 else:
                     for _ in range(_TRIES):
-                        p = random.choice(ports)
+                        p = _RANDOM.choice(ports)
                         if p not in taken and is_free(p):
                             port = p
                             break

@@ -325,6 +325,7 @@ def test_cli_list_names_every_fault_and_its_upstream_issue():
     (("--all", "--suite", "suites/unit"), "--all and --suite exclude each other"),
     (("--wait-for", "123"), "--wait-for PID needs --clean-junit XML"),
     (("--clean-junit", "x.xml", "--wait-for", "0"), "--wait-for takes the pid of the process writing the report"),
+    (("--clean-junit", "x.xml", "--wait-for", "4194304"), "--wait-for 4194304: no such process, and no report at x.xml"),
 ])
 def test_cli_check_bad_input_is_one_line_and_exit_2(args, says):
     out = _harness("faults", "check", *args)

@@ -89,5 +89,27 @@ def test_one_process_and_other_dist_modes_are_left_alone(pytester, monkeypatch):
 
 @pytest.mark.parametrize(("cpus", "workers"), [(1, 1), (2, 2), (16, parallel.MAX_AUTO_WORKERS)])
 def test_auto_is_one_worker_per_usable_cpu_up_to_the_cap(monkeypatch, pytestconfig, cpus, workers):
+    from harness import cluster
+
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(cluster, "local_gpus", lambda: 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     assert parallel.pytest_xdist_auto_num_workers(pytestconfig) == workers
+    # Real GPUs: every worker's own Ray cluster would hand out the same devices.
+    monkeypatch.setattr(cluster, "local_gpus", lambda: 8)
+    assert parallel.pytest_xdist_auto_num_workers(pytestconfig) == 1
+    # xdist's own variable decides first (its implementation reads it).
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert parallel.pytest_xdist_auto_num_workers(pytestconfig) is None
+
+
+def test_auto_on_a_joined_cluster_is_one_worker(pytester):
+    # Placement group names are unique per Ray cluster: two workers joining one would clash.
+    pytester.makeconftest("""
+        from harness.plugins import parallel
+        def pytest_configure(config):
+            print("AUTO", parallel.pytest_xdist_auto_num_workers(config))
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--ray-address", "127.0.0.1:1",
+                                           "--collect-only", "-q", "-p", "no:xdist")
+    result.stdout.fnmatch_lines(["AUTO 1"])

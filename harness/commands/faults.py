@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import faults
+from harness import faults, procs
 from harness.cli import UsageError
 from harness.faults import matrix
 from harness.targets.sglang import target as sglang_target
@@ -84,6 +84,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("--wait-for PID needs --clean-junit XML: the report that process writes")
     if args.clean_writer is not None and args.clean_writer <= 0:
         raise UsageError(f"--wait-for takes the pid of the process writing the report, got {args.clean_writer}")
+    if args.clean_writer is not None and not procs.alive(args.clean_writer) and not args.clean_junit.is_file():
+        raise UsageError(f"--wait-for {args.clean_writer}: no such process, and no report at {args.clean_junit}; "
+                         "pass the pid of the running test run")
     if args.clean_junit is not None and args.clean_writer is None and not args.clean_junit.is_file():
         raise UsageError(f"--clean-junit {args.clean_junit}: no such file; pass the --junitxml report of the test run")
     if args.jobs < 1:

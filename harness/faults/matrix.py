@@ -445,14 +445,20 @@ def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT
                     outcomes=outcomes if not missing else (), wall_s=0.0, junit=path, log=path)
 
 
-def _clean_when_written(path: Path | None, writer: int | None, suites: tuple[str, ...], root: Path) -> SuiteRun:
-    """The clean run from ``path`` once process ``writer`` has exited (a missing report fails it)."""
+def _clean_when_written(path: Path | None, writer: tuple[int, int | None] | None, suites: tuple[str, ...],
+                        root: Path) -> SuiteRun:
+    """The clean run from ``path`` once process ``writer`` (pid, start time) has exited (a missing
+    report fails it)."""
     assert path is not None and writer is not None
-    logger.info("waiting for process %d to finish the clean report %s", writer, path)
-    left = procs.wait_gone([writer], CLEAN_WRITER_TIMEOUT_S)
+    pid, start = writer
+    logger.info("waiting for process %d to finish the clean report %s", pid, path)
+    deadline = time.monotonic() + CLEAN_WRITER_TIMEOUT_S
+    while start is not None and procs.alive(pid, start) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = start is not None and procs.alive(pid, start)
     if left or not path.is_file():
-        why = (f"process {writer} still runs after {CLEAN_WRITER_TIMEOUT_S:.0f} s" if left
-               else f"process {writer} exited without writing it")
+        why = (f"process {pid} still runs after {CLEAN_WRITER_TIMEOUT_S:.0f} s" if left
+               else f"process {pid} exited without writing it")
         logger.error("no clean report at %s: %s", path, why)
         return SuiteRun(label=CLEAN, suites=suites, returncode=1, outcomes=(), wall_s=0.0, junit=path, log=path)
     return clean_from_junit(path, suites, root)
@@ -533,6 +539,8 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
     plan = {name: (suites if suites is not None else targets_for(name)) for name in names if name not in not_applied}
     union = tuple(dict.fromkeys(s for targeted in plan.values() for s in targeted))
     clean: SuiteRun | None = None
+    # The writer is known by pid and start time: a pid reused by another process is not waited on.
+    writer = (clean_writer, procs.start_time(clean_writer)) if clean_writer is not None else None
     if clean_junit is not None and clean_writer is None:
         clean = clean_from_junit(clean_junit, union, root)
     elif clean_junit is None:
@@ -544,7 +552,7 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
         futures = {name: pool.submit(run_suites, name, plan[name], out_dir, fault=name, timeout_s=timeout_s, root=root)
                    for name in plan}
         if clean is None:  # the fault runs need nothing of the clean run: it is read while they run
-            clean = _clean_when_written(clean_junit, clean_writer, union, root)
+            clean = _clean_when_written(clean_junit, writer, union, root)
         runs = {name: future.result() for name, future in futures.items()}
     if not clean.passed:
         logger.error("clean run failed (exit %d); faults ran but are not judged", clean.returncode)

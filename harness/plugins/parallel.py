@@ -11,7 +11,7 @@ that last uses it (which the plugin that owns it marks at collection) runs there
 
 A test with an ``xdist_group`` marker runs in that group; every other test in its module's group,
 so module-scoped fixtures start once. Without ``--dist loadgroup`` (one process, ``-n 0``, or
-another ``--dist``) nothing here changes anything.
+another ``--dist``) the groups change nothing.
 
 How the groups reach the scheduler: which fixtures a test takes is known only where tests are
 collected (the workers), and the scheduler runs in the controller, which sees node ids. Each
@@ -22,7 +22,8 @@ worker has collected. (xdist's own ``loadgroup`` puts the group into the node id
 nodes no longer allow: its groups never formed.)
 
 ``-n auto`` is one worker per usable CPU, at most :data:`MAX_AUTO_WORKERS` (each worker starts its
-own Ray cluster, fork servers and, for its groups, server stacks).
+own Ray cluster, fork servers and, for its groups, server stacks), and one on a joined cluster or a
+machine with GPUs (:func:`pytest_xdist_auto_num_workers`).
 """
 
 from __future__ import annotations
@@ -115,10 +116,10 @@ def _scheduling_class() -> type:
 
         def _split_scope(self, nodeid: str) -> str:
             if self._groups is None:  # first called once every worker reported its collection
-                self._groups = {}
-                for f in sorted(self._groups_dir.glob("*.json")):
-                    self._groups = json.loads(f.read_text())
-                    break
+                written = sorted(self._groups_dir.glob("*.json"))
+                if not written:  # tests sharing a session's servers would spread over workers
+                    raise RuntimeError(f"no pytest-xdist worker wrote its test groups to {self._groups_dir}")
+                self._groups = json.loads(written[0].read_text())
             return self._groups.get(nodeid) or module_of(nodeid)
 
     return GroupScheduling
@@ -133,8 +134,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per CPU this process may use, at most :data:`MAX_AUTO_WORKERS`."""
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per CPU this process may use, at most :data:`MAX_AUTO_WORKERS`; one
+    where workers would share what only one session may hold: a joined cluster (``--ray-address``:
+    placement group names are unique per cluster) or real GPUs (each worker's own Ray cluster
+    would hand out the same devices). xdist's ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides first."""
+    from harness.cluster import local_gpus
+    from harness.plugins.options import settings
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own implementation reads it
+    if settings(config).ray_address or local_gpus():
+        return 1
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
