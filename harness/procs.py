@@ -237,13 +237,18 @@ def reap_owned(kinds: tuple[str, ...] = ("pgid", "pid", "dir")) -> list[Entry]:
     return killed
 
 
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Wait until none of ``pids`` runs; return those still running at the deadline."""
+def wait_gone(pids: list[int], timeout: float, starts: Mapping[int, int] | None = None) -> list[int]:
+    """Wait until none of ``pids`` runs; return those still running at the deadline.
+
+    ``starts`` (pid -> start time, :func:`start_time`) tells a process apart from a later one that
+    reused its pid: that one does not count as running.
+    """
+    starts = starts or {}
     deadline = time.monotonic() + timeout
-    left = [p for p in pids if alive(p)]
+    left = [p for p in pids if alive(p, starts.get(p))]
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = [p for p in left if alive(p)]
+        left = [p for p in left if alive(p, starts.get(p))]
     return left
 
 

@@ -106,3 +106,12 @@ def test_run_logged_kills_the_whole_group_past_its_limit(tmp_path):
                                        log=tmp_path / "run.log", timeout_s=3)
     assert (code, timed_out) == (-signal.SIGKILL, True)
     assert procs.wait_gone([int(pid_file.read_text())], timeout=10) == [], "the command's child outlived the kill"
+
+
+def test_wait_gone_tells_a_process_from_a_later_one_with_its_pid():
+    me = os.getpid()
+    start = procs.start_time(me)
+    # Known by its start time, this process still runs ...
+    assert procs.wait_gone([me], 0.2, {me: start}) == [me]
+    # ... and a process that started at another time under this pid is gone (its pid was reused).
+    assert procs.wait_gone([me], 0.2, {me: start + 1}) == []

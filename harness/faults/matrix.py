@@ -452,10 +452,8 @@ def _clean_when_written(path: Path | None, writer: tuple[int, int | None] | None
     assert path is not None and writer is not None
     pid, start = writer
     logger.info("waiting for process %d to finish the clean report %s", pid, path)
-    deadline = time.monotonic() + CLEAN_WRITER_TIMEOUT_S
-    while start is not None and procs.alive(pid, start) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = start is not None and procs.alive(pid, start)
+    # No start time: it was gone before the check began.
+    left = procs.wait_gone([pid], CLEAN_WRITER_TIMEOUT_S, {pid: start}) if start is not None else []
     if left or not path.is_file():
         why = (f"process {pid} still runs after {CLEAN_WRITER_TIMEOUT_S:.0f} s" if left
                else f"process {pid} exited without writing it")

@@ -11,9 +11,10 @@ Fixtures:
                     through sglang's own ``/flush_cache`` and the server's accounting probe must show
                     that the flush found every pool back at baseline (the ledger's ``reset-leak``
                     rule); a server that fails the reset is stopped (the next test gets a fresh one)
-                    and the test errors naming it. After the last test that names a model (its
-                    ``engine`` marker's ``models``), that model's servers are stopped, so two models'
-                    stacks never hold memory at once; at session end everything is stopped and
+                    and the test errors naming it. After the last test that takes the servers and
+                    names a model (its ``engine`` marker's ``models``), that model's servers are
+                    stopped, so two models' stacks never hold memory at once (after the last
+                    model, the placements are given back too); at session end everything is stopped and
                     teardown asserts that no server process is left. On a topology without
                     GPUs, when a test first takes a model's servers, the stack and baseline of the
                     model the next tests serve start in the background, so that start overlaps
