@@ -20,6 +20,16 @@ Limits, each enforced:
 * nothing that touches a GPU may run before the fork (a CUDA context does not survive one): callers
   use it only for ranks without real GPUs (:func:`harness.pd.deploy.start` decides).
 
+The same server starts the harness's own Python subprocesses (:func:`python_command`: the fault
+check's pytest runs, ``rerun-test``'s groups). Such a child must behave as the fresh interpreter it
+replaces, and does: it gets the client's argv, environment, working directory, stdio, priority and
+SIGINT disposition (KeyboardInterrupt); what the preload's imports set in the environment; its own
+torch and numpy seeds; on exit, its threads joined and its ``atexit`` handlers run, and a death by
+signal for an uncaught KeyboardInterrupt. A client leading its own session (started with
+``start_new_session``) has its child lead one too, so a signal or a kill of that session reaches
+everything the command started. Whatever the preload read from the environment (recorded while it
+runs) and every variable of :data:`SCANNED_PREFIXES` must be equal for a client to be forked.
+
 The server stops with :meth:`ForkServer.stop` (and at interpreter exit for :func:`shared` ones); it
 also exits when its parent is gone, and it is registered in :mod:`harness.procs` so a run killed
 with SIGKILL has it reaped by the next one. A child dies with its client (Ray's stand-in process).
@@ -111,11 +121,16 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
     or ``-m MODULE`` and its arguments.
     """
     code = 1
+    session = bool(req.get("session"))
     try:
+        if session:  # the client leads a session of its own: so does the command (its tree is the session)
+            os.setsid()
         for s in others:
             s.close()
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        # SIGINT as a fresh interpreter has it: KeyboardInterrupt, or ignored when it was inherited ignored.
+        signal.signal(signal.SIGINT, signal.SIG_IGN if req.get("sigint_ignored") else signal.default_int_handler)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             if fd > 2:
@@ -130,6 +145,12 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
         _title(argv)  # before the environment changes: setproctitle needs the initial environ block
         os.environ.clear()
         os.environ.update(req["env"])
+        os.environ.update(_PRELOAD_SET)
+        for name in _PRELOAD_UNSET:
+            os.environ.pop(name, None)
+        for name in [m for m in sys.modules if m.split(".")[0] in _REIMPORT]:
+            del sys.modules[name]
+        _as_fresh_interpreter()
         module = argv[1] if argv[:1] == ["-m"] else None
         if module is not None:
             sys.argv = argv[1:]  # run_module puts the module's file in argv[0], as ``python -m`` does
@@ -148,6 +169,8 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
                     continue
                 except OSError:
                     break
+            if session and os.getpgid(0) == os.getpid():  # never the server's group
+                os.killpg(0, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=die_with_client, name="forkserver-client-watch", daemon=True).start()
@@ -158,23 +181,134 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
             runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = _exit_code(e)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT
     except BaseException:  # noqa: BLE001 - the child's own failure: print it to its (Ray's) log
         traceback.print_exc()
     finally:
+        _finalize(code)
+
+
+def _as_fresh_interpreter() -> None:
+    """What a fresh interpreter would have that the fork did not give: its own seeds for torch's and
+    numpy's global generators (``random`` reseeds itself after a fork), and stdout and stderr
+    line-buffered when they are a terminal."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "seed"):
+        torch.seed()
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None and hasattr(np_random, "seed"):
+        np_random.seed()
+    for stream in (sys.stdout, sys.stderr):
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+            if stream.isatty() and not stream.line_buffering:
+                stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
-def serve(socket_path: str, preload: str) -> int:
+def _exit_code(e: SystemExit) -> int:
+    """The exit status ``raise SystemExit(code)`` gives a fresh interpreter (a message is printed, status 1)."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _finalize(code: int) -> None:
+    """End the child as a fresh interpreter ends: wait for its non-daemon threads, run its ``atexit``
+    handlers, flush, and exit with ``code`` (negative: die by that signal, as an uncaught
+    KeyboardInterrupt does). Never returns."""
+    try:
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]  # what interpreter shutdown calls
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        if code < 0:
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        os._exit(code if code >= 0 else 1)
+
+
+class _EnvReads:
+    """Records the names of the env vars Python code reads (``os.environ[k]``, ``.get``, ``in``,
+    ``os.getenv``) while it is active. Code that scans the environment by iterating it is not
+    recorded: :data:`SCANNED_PREFIXES` names the families the preloads scan."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def __enter__(self) -> "_EnvReads":
+        cls = type(os.environ)
+        self._saved = (cls.__getitem__, cls.__contains__)
+        getitem, contains = self._saved
+        names = self.names
+
+        def recorded_getitem(env, key):
+            names.add(key)
+            return getitem(env, key)
+
+        def recorded_contains(env, key):
+            names.add(key)
+            return contains(env, key)
+
+        cls.__getitem__, cls.__contains__ = recorded_getitem, recorded_contains  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        cls = type(os.environ)
+        cls.__getitem__, cls.__contains__ = self._saved  # type: ignore[method-assign]
+
+
+#: Env families read where Python code cannot see it (the interpreter at start, native libraries
+#: when they load: OpenMP, BLAS, the allocator, torch's C++ side) or by preloaded modules that scan
+#: the environment by prefix (tqdm, networkx, fsspec): with ``record_env``, every variable of these
+#: families must be equal (or absent) on both sides.
+SCANNED_PREFIXES: tuple[str, ...] = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "GOTO_", "BLIS_",
+                                     "LD_", "MALLOC_", "CUDA_", "TORCH_", "PYTORCH_", "TQDM_", "NETWORKX_", "FSSPEC_")
+
+
+#: What the preload added to (or changed in) this server's environment, and what it removed.
+_PRELOAD_SET: dict[str, str] = {}
+_PRELOAD_UNSET: list[str] = []
+#: Packages each child imports afresh (``serve``'s ``reimport``).
+_REIMPORT: list[str] = []
+
+
+def _write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: Mapping[str, str]) -> None:
+    """Write :data:`MATCH_FILE` beside the socket ``path``: the values in ``env`` (``""``: unset) of
+    ``names`` and of every variable of ``prefixes``."""
+    match = {"env": {k: env.get(k, "") for k in sorted(set(names))},
+             "prefixes": {p: {k: v for k, v in env.items() if k.startswith(p)} for p in prefixes}}
+    tmp = os.path.join(os.path.dirname(path), f".{MATCH_FILE}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(match, f)
+    os.replace(tmp, os.path.join(os.path.dirname(path), MATCH_FILE))
+
+
+def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record_env: bool = False,
+          reimport: Sequence[str] = ()) -> int:
     """The server's main loop: run ``preload``, then fork one child per client request.
 
     Args:
         socket_path: where to listen (an AF_UNIX path).
         preload: ``"module:function"`` called once before serving (or ``"module"``, only imported).
+        must_match: env vars a client must share with this process to be forked (written to
+            :data:`MATCH_FILE` beside the socket before serving).
+        record_env: also require every env var ``preload`` read, and every one of
+            :data:`SCANNED_PREFIXES`: for a preload whose modules' import-time environment is not
+            known in advance.
+        reimport: packages each child imports afresh (they are dropped from its ``sys.modules``):
+            a pytest plugin's own package, which pytest rewrites only when it imports it itself.
 
     Returns:
         The exit status (0 when the parent went away or SIGTERM arrived).
@@ -183,12 +317,27 @@ def serve(socket_path: str, preload: str) -> int:
         ForkServerError: ``preload`` left more than one thread running.
     """
     mod, _, func = preload.partition(":")
-    module = importlib.import_module(mod)
-    if func:
-        getattr(module, func)()
+    before = dict(os.environ)
+    reads = _EnvReads()
+    if record_env:
+        reads.__enter__()
+    try:
+        module = importlib.import_module(mod)
+        if func:
+            getattr(module, func)()
+    finally:
+        if record_env:
+            reads.__exit__(None, None, None)
     if _threads() != 1:
         raise ForkServerError(f"preload {preload!r} left {_threads()} threads; a fork would copy only one "
-                              "(set OMP_NUM_THREADS=1 or import less)")
+                              "(set OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1, or import less)")
+    # What the preload itself set (torch, Ray set a few variables when imported): a fresh interpreter
+    # has them after its imports, so each child gets them on top of its client's environment; the
+    # clients are compared with the environment the preload started from.
+    _PRELOAD_SET.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+    _PRELOAD_UNSET.extend(k for k in before if k not in os.environ)
+    _REIMPORT.extend(reimport)
+    _write_match(socket_path, [*must_match, *reads.names], SCANNED_PREFIXES if record_env else (), before)
     parent = os.getppid()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(socket_path)
@@ -254,7 +403,8 @@ class ForkServer:
 
     @classmethod
     def start(cls, preload: str, env: Mapping[str, str] | None = None,
-              timeout: float = DEFAULT_START_TIMEOUT_S, must_match: Sequence[str] = ()) -> "ForkServer":
+              timeout: float = DEFAULT_START_TIMEOUT_S, must_match: Sequence[str] = (),
+              record_env: bool = False, reimport: Sequence[str] = ()) -> "ForkServer":
         """Start a server that runs ``preload`` and wait until it serves.
 
         Args:
@@ -265,6 +415,9 @@ class ForkServer:
             must_match: env vars whose values decide what the preloaded modules are (the import
                 path, thread counts read at import): a client whose values differ from ``env``'s is
                 not forked; it runs its command as a fresh interpreter instead (and says so).
+            record_env: the server also requires equal every env var the preload read and every
+                one of :data:`SCANNED_PREFIXES` (see :func:`serve`).
+            reimport: packages each child imports afresh (see :func:`serve`).
 
         Returns:
             The serving :class:`ForkServer`.
@@ -276,12 +429,11 @@ class ForkServer:
         socket_path = os.path.join(tmpdir, "s")
         log_path = Path(tmpdir) / "server.log"
         full = dict(os.environ if env is None else env)
-        with open(os.path.join(tmpdir, MATCH_FILE), "w") as f:
-            json.dump({k: full.get(k, "") for k in must_match}, f)
+        cmd = [sys.executable, "-m", "harness.forkserver", "--socket", socket_path, "--preload", preload]
+        cmd += [f"--must-match={name}" for name in must_match] + (["--record-env"] if record_env else [])
+        cmd += [f"--reimport={name}" for name in reimport]
         with open(log_path, "wb") as logf:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.forkserver", "--socket", socket_path,
-                                     "--preload", preload], stdout=subprocess.PIPE, stderr=logf,
-                                    stdin=subprocess.DEVNULL, env=full)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=full)
         procs.register(proc.pid, label="fork server")
         server = cls(proc, socket_path, log_path, tmpdir)
         deadline = time.monotonic() + timeout
@@ -318,6 +470,10 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def serves(self, env: Mapping[str, str]) -> bool:
+        """Whether a client with environment ``env`` would be forked (not run as a fresh interpreter)."""
+        return not forkserver_client.differing(self.socket_path, env)
+
     def tail(self, n: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -336,7 +492,7 @@ class ForkServer:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         procs.unregister(self.proc.pid)
-        for name in ("s", "server.log", MATCH_FILE):
+        for name in ("s", "server.log", MATCH_FILE, f".{MATCH_FILE}.tmp"):
             try:
                 os.unlink(os.path.join(self._tmpdir, name))
             except OSError:
@@ -378,33 +534,109 @@ def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | No
     with _SHARED_LOCK:
         server = _SHARED.get(key)
         if server is None or not server.alive():
-            if not _SHARED:
-                atexit.register(stop_shared)
+            _stop_at_exit()
             server = _SHARED[key] = ForkServer.start(preload, full, must_match=must_match)
         return server
 
 
+_AT_EXIT: list[bool] = []
+
+
+def _stop_at_exit() -> None:
+    if not _AT_EXIT:
+        atexit.register(stop_shared)
+        _AT_EXIT.append(True)
+
+
 def running_shared() -> list[ForkServer]:
-    """The fork servers :func:`shared` started that are still serving."""
+    """The fork servers :func:`shared` and :func:`python_command` started that are still serving."""
     with _SHARED_LOCK:
-        return [s for s in _SHARED.values() if s.alive()]
+        return [s for s in [*_SHARED.values(), *_PYTHON] if s.alive()]
 
 
 def stop_shared() -> None:
-    """Stop every fork server :func:`shared` started."""
+    """Stop every fork server :func:`shared` and :func:`python_command` started."""
     with _SHARED_LOCK:
-        for server in _SHARED.values():
+        for server in [*_SHARED.values(), *_PYTHON]:
             server.stop()
         _SHARED.clear()
+        _PYTHON.clear()
+
+
+#: ``0``: :func:`python_command` leaves every command a fresh interpreter.
+FORK_PYTHON_ENV = "HARNESS_FORK_PYTHON"
+_PYTHON: list[ForkServer] = []
+_PYTHON_FAILED: set[tuple] = set()
+
+
+def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str, requires: Mapping[str, str] = {},
+                   refuses: Sequence[str] = (), must_match: Sequence[str] = (),
+                   reimport: Sequence[str] = ("harness",)) -> tuple[list[str], dict[str, str]]:
+    """``argv`` and ``env`` that run a Python subprocess as a fork of a server that ran ``preload``.
+
+    The server is started on first use with ``env`` (``record_env``: a later ``env`` that differs in
+    any variable the preload read, or in :data:`SCANNED_PREFIXES`, gets a server of its own), and
+    stopped at interpreter exit. The child runs as a fresh interpreter would (see
+    :func:`_run_child`), so this changes the start-up cost, not the result. A command is returned
+    unchanged (a fresh interpreter) when:
+
+    * ``argv`` is not ``[sys.executable, "-m", MODULE, ...]`` or ``[sys.executable, SCRIPT, ...]``
+      (interpreter options need a fresh interpreter);
+    * ``$HARNESS_FORK_PYTHON`` is ``0`` (in ``env`` or here);
+    * ``env`` lacks a value of ``requires`` (what the preload needs to leave one thread, such as
+      ``OMP_NUM_THREADS=1``) or sets one of ``refuses`` (what the preload must not run with);
+    * the server cannot start (logged once per environment).
+
+    Args:
+        argv: the command, starting with this interpreter.
+        env: its whole environment.
+        preload, must_match, reimport: as :meth:`ForkServer.start` (by default the harness's own
+            modules are imported afresh in each child: pytest rewrites its plugin's asserts).
+        requires: env values the child must have to be forked.
+        refuses: env vars the child must not set to be forked.
+
+    Returns:
+        ``(argv, env)`` to start (e.g. with :class:`subprocess.Popen`).
+    """
+    argv, env = list(argv), dict(env)
+    plain = (argv, env)
+    if len(argv) < 2 or argv[0] != sys.executable or (argv[1].startswith("-") and argv[1] != "-m"):
+        return plain
+    if env.get(FORK_PYTHON_ENV, os.environ.get(FORK_PYTHON_ENV, "1")) == "0":
+        return plain
+    if any(env.get(k) != v for k, v in requires.items()) or any(env.get(k) for k in refuses):
+        return plain
+    base = {k: v for k, v in env.items() if k not in VOLATILE_ENV}
+    with _SHARED_LOCK:
+        server = next((s for s in _PYTHON if s.alive() and s.serves(env)), None)
+        if server is None:
+            key = (preload, tuple(sorted(base.items())))
+            if key in _PYTHON_FAILED:
+                return plain
+            try:
+                server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
+            except ForkServerError as e:
+                _PYTHON_FAILED.add(key)
+                log.warning("%s; Python subprocesses run as fresh interpreters", e)
+                return plain
+            _stop_at_exit()
+            _PYTHON.append(server)
+    return server.command(argv), {**env, SOCKET_ENV: server.socket_path}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.forkserver", description=__doc__.splitlines()[0])
     p.add_argument("--socket", required=True, help="AF_UNIX path to listen on")
     p.add_argument("--preload", required=True, help="module:function to run once before serving")
+    p.add_argument("--must-match", action="append", default=[], metavar="NAME",
+                   help="an env var a client must share to be forked (repeatable)")
+    p.add_argument("--record-env", action="store_true",
+                   help="also require every env var the preload read, and the scanned families")
+    p.add_argument("--reimport", action="append", default=[], metavar="PACKAGE",
+                   help="a package each child imports afresh (repeatable)")
     args = p.parse_args(argv)
     try:
-        return serve(args.socket, args.preload)
+        return serve(args.socket, args.preload, args.must_match, args.record_env, args.reimport)
     except ForkServerError as e:
         print(f"forkserver: {e}", file=sys.stderr, flush=True)
         return 3

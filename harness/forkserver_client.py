@@ -10,9 +10,16 @@ child sees its connection close and kills itself. It imports nothing but the sta
 it costs a few milliseconds of CPU.
 
 The server may name env vars its children must share with it (``match.json`` beside its socket:
-what decided the modules it imported, such as the import path). A client whose values differ is
-not forked: it says so on stderr and runs its command as a fresh interpreter (the same process,
-by ``exec``), so a mismatch costs the start-up it would have saved and never runs the wrong code.
+what decided the modules it imported, such as the import path; ``env`` names single variables,
+``prefixes`` whole families, such as ``OMP_``, where a variable only one side has differs too). A
+client whose values differ is not forked: it says so on stderr and runs its command as a fresh
+interpreter (the same process, by ``exec``), so a mismatch costs the start-up it would have saved
+and never runs the wrong code.
+
+A client that leads its own session (its caller started it with ``start_new_session``, so that a
+signal to the group or a kill of the group ends everything the command started) has its child lead
+a session too: what it forwards goes to the child's whole group, and the child's group dies with
+the client, as the command's process tree would in the client's own session.
 """
 
 import json
@@ -25,14 +32,20 @@ ENV = "HARNESS_FORKSERVER"
 MATCH_FILE = "match.json"
 
 
-def differing(path: str) -> list:
-    """Env vars the server at socket ``path`` needs equal whose values here differ (none named: [])."""
+def differing(path: str, environ=None) -> list:
+    """Env vars the server at socket ``path`` needs equal whose values in ``environ`` (default: this
+    process's) differ from the server's (none named: [])."""
+    environ = os.environ if environ is None else environ
     try:
         with open(os.path.join(os.path.dirname(path), MATCH_FILE)) as f:
             must = json.load(f)
     except FileNotFoundError:
         return []
-    return sorted(k for k, v in must.items() if os.environ.get(k, "") != v)
+    out = {k for k, v in must.get("env", {}).items() if environ.get(k, "") != v}
+    for prefix, theirs in must.get("prefixes", {}).items():
+        mine = {k: v for k, v in environ.items() if k.startswith(prefix)}
+        out |= {k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)}
+    return sorted(out)
 
 
 def main() -> int:
@@ -51,13 +64,26 @@ def main() -> int:
     except OSError as e:
         print(f"forkserver client: cannot reach the fork server at {path}: {e}", file=sys.stderr)
         return 2
-    payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "nice": os.nice(0)}).encode()
+    session = os.getsid(0) == os.getpid()
+    sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "nice": os.nice(0),
+                          "session": session, "sigint_ignored": sigint_ignored}).encode()
     socket.send_fds(sock, [len(payload).to_bytes(8, "big") + payload], [0, 1, 2])
     child = []
 
     def forward(signum, _frame):
-        if child:
+        if not child:
+            return
+        try:
+            if session:  # the child leads its own session (as this process does): signal its group
+                os.killpg(child[0], signum)
+                return
+        except (ProcessLookupError, PermissionError):
+            pass  # not yet its own group leader
+        try:
             os.kill(child[0], signum)
+        except ProcessLookupError:
+            pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)

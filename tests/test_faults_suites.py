@@ -22,6 +22,7 @@ from typing import Iterator
 import pytest
 
 from harness.faults import ENV_VAR
+from harness.targets.sglang import preload
 
 REPO = Path(__file__).resolve().parent.parent
 SUITES = (
@@ -57,6 +58,8 @@ class _Started:
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}  # only what this test injects
         cmd = [sys.executable, "-m", "pytest", *SUITES, "-q", "-p", "no:warnings", f"--junitxml={self.junit}",
                f"--run-dir={tmp_path / 'run'}", *extra]
+        # As the fault check runs them: one thread each, forked from the preloaded interpreter.
+        cmd, env = preload.python_command(cmd, {**preload.ONE_THREAD_ENV, **env})
         # Output to a file, not a pipe: a run nobody reads yet must not block on a full pipe.
         self.log = tmp_path / "pytest.log"
         with open(self.log, "wb") as out:

@@ -224,3 +224,130 @@ def test_server_preload_list_is_current():
     now = set(preload.list_server_modules())
     missing = sorted(now - listed)
     assert not missing, f"{len(missing)} third-party modules of the server graph are not preloaded, e.g. {missing[:5]}"
+
+
+# ------------------------------------------------------------------- Python subprocesses (python_command)
+
+_PRELOAD_MODULE = """
+    import os
+    MODE = os.environ.get("FS_MODE", "")          # read at import: decides what this module is
+    os.environ.setdefault("FS_SET_BY_IMPORT", "yes")  # as torch and Ray set variables when imported
+"""
+
+
+@pytest.fixture
+def python_servers():
+    yield
+    for server in list(forkserver._PYTHON):
+        server.stop()
+    forkserver._PYTHON.clear()
+    forkserver._PYTHON_FAILED.clear()
+
+
+def _wait_file(path, proc, timeout=60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the child did not start"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def test_a_python_subprocess_is_a_fork_that_ends_as_a_fresh_interpreter_ends(tmp_path, python_servers):
+    env = {**_module(tmp_path, "fs_pymod", _PRELOAD_MODULE), "FS_MODE": "a"}
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""
+        import atexit, os, signal, sys
+        import fs_pymod
+        atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, "w").write("ran"))
+        print(os.getppid(), fs_pymod.MODE, os.environ.get("FS_SET_BY_IMPORT"),
+              signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+        sys.exit("a message")
+    """))
+    argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
+    assert argv[:4] == [sys.executable, "-I", "-S", str(CLIENT)] and cenv[SOCKET_ENV]
+    p = subprocess.Popen(argv, env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    ppid, mode, set_by_import, sigint_default = out.split()
+    assert int(ppid) == forkserver._PYTHON[0].pid, "not forked from the server"
+    # What the import set is there, SIGINT raises KeyboardInterrupt, atexit ran, SystemExit's message
+    # was printed with status 1: as `python child.py` does.
+    assert (mode, set_by_import, sigint_default) == ("a", "yes", "True")
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (p.returncode, err.strip()) == (1, "a message")
+
+
+def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(tmp_path, python_servers):
+    env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
+    script = tmp_path / "child.py"
+    script.write_text("import os, fs_pymod\nprint(os.getppid(), fs_pymod.MODE)\n")
+    seen = []
+    for mode in ("a", "b", "a"):
+        argv, cenv = forkserver.python_command([sys.executable, str(script)], {**env, "FS_MODE": mode}, preload="fs_pymod")
+        out = subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split()
+        seen.append((int(out[0]), out[1]))
+    servers = [s.pid for s in forkserver._PYTHON]
+    # FS_MODE was read by the preload: "b" cannot share "a"'s server; the second "a" reuses the first.
+    assert seen == [(servers[0], "a"), (servers[1], "b"), (servers[0], "a")]
+    # A variable the preload did not read is the child's own business.
+    argv, cenv = forkserver.python_command([sys.executable, str(script)], {**env, "FS_MODE": "a", "FS_OTHER": "x"},
+                                           preload="fs_pymod")
+    assert subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split() == [str(servers[0]), "a"]
+    # A client of a server whose preload read another value is not forked.
+    p = _client(forkserver._PYTHON[0], [str(script)], {**env, "FS_MODE": "c"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    assert out.split()[1] == b"c" and b"FS_MODE differ from the fork server's" in err
+    # Options before the script, and HARNESS_FORK_PYTHON=0, keep the command as it is.
+    assert forkserver.python_command([sys.executable, "-X", "dev", str(script)], env, preload="fs_pymod")[0][1] == "-X"
+    off = {**env, forkserver.FORK_PYTHON_ENV: "0"}
+    assert forkserver.python_command([sys.executable, str(script)], off, preload="fs_pymod")[0] == [sys.executable, str(script)]
+
+
+def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, python_servers):
+    env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
+    script = tmp_path / "tree.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open({str(tmp_path / 'pids')!r}, "w").write(f"{{os.getpid()}} {{grandchild.pid}}")
+        try:
+            time.sleep(600)
+        except KeyboardInterrupt:
+            open({str(tmp_path / 'interrupted')!r}, "w").write("yes")
+            raise
+    """))
+    argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
+    # ^C to the session (as a terminal or rerun-test's stop sends it): KeyboardInterrupt in the child,
+    # which then dies by SIGINT, and its client with it.
+    p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL)
+    child, grandchild = map(int, _wait_file(tmp_path / "pids", p).split())
+    assert psutil.Process(child).ppid() == forkserver._PYTHON[0].pid
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(30) == -signal.SIGINT
+    assert (tmp_path / "interrupted").read_text() == "yes"
+    # A timeout's SIGKILL of the session (procs.run_logged): the child and what it started are gone
+    # too, as they would be had the command run in the session itself.
+    (tmp_path / "pids").unlink()
+    p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL)
+    child, grandchild = map(int, _wait_file(tmp_path / "pids", p).split())
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(10)
+    gone, alive = psutil.wait_procs([psutil.Process(child), psutil.Process(grandchild)], timeout=15)
+    assert not alive, f"outlived the session's kill: {alive}"
+
+
+def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_path, python_servers):
+    from harness.targets.sglang import preload
+
+    (tmp_path / "test_fork.py").write_text(textwrap.dedent(f"""
+        import os, sys
+        def test_it():
+            open({str(tmp_path / 'ppid')!r}, "w").write(str(os.getppid()))
+            assert type(sys.modules["harness"].__loader__).__name__ == "AssertionRewritingHook"
+    """))
+    cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_fork.py"), "-q", "-p", "no:cacheprovider",
+           "-W", "error::pytest.PytestAssertRewriteWarning"]
+    argv, env = preload.python_command(cmd, {**os.environ, **preload.ONE_THREAD_ENV})
+    p = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert "warning" not in p.stdout.lower(), p.stdout[-2000:]
+    assert int((tmp_path / "ppid").read_text()) == forkserver._PYTHON[0].pid, "not forked"

@@ -43,6 +43,7 @@ from harness import faults as fault_catalog
 from harness import html_report, procs, results
 from harness.faults import source
 from harness.results import GroupResult
+from harness.targets.sglang import preload
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +296,11 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     fired_file.parent.mkdir(parents=True, exist_ok=True)
     fired_file.unlink(missing_ok=True)
     env[source.FIRED_ENV] = str(fired_file)
+    # The runs go side by side (and beside the tests in CI): one OpenMP / BLAS thread each, unless the
+    # caller chose otherwise; so pinned, each starts as a fork of an interpreter that already imported
+    # sglang's third-party graph (preload.python_command), and imports sglang (patched or not) itself.
+    for key, value in preload.ONE_THREAD_ENV.items():
+        env.setdefault(key, value)
     cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label),
            f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"]
@@ -302,7 +308,8 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
         cmd += ["--inject-fault", fault]
     logger.info("run %s: %s", label, " ".join(cmd))
     start = time.monotonic()
-    returncode, timed_out = procs.run_logged(cmd, cwd=root, env=env, log=log, timeout_s=timeout_s)
+    argv, env = preload.python_command(cmd, env)
+    returncode, timed_out = procs.run_logged(argv, cwd=root, env=env, log=log, timeout_s=timeout_s)
     if timed_out:
         logger.error("run %s passed its %.0f s limit; its process group was killed", label, timeout_s)
     wall = time.monotonic() - start

@@ -33,6 +33,7 @@ from harness import html_report, report
 from harness.results import CaseResult, GroupResult, one_line
 from harness.rerun.comment import LINK_PLACEHOLDER
 from harness.rerun.plan import Group, Item, Plan, compact
+from harness.targets.sglang import preload
 
 if TYPE_CHECKING:
     from harness.targets.sglang.target import Target
@@ -205,9 +206,17 @@ class _Running:
         self.log_path = gdir / "pytest.log"
         env = {**os.environ, PROGRESS_ENV: str(self.events_path), "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
         (gdir / "command.json").write_text(json.dumps(cmd))
+        argv = cmd
+        if not opts.gpus:
+            # Without GPUs the groups share this machine's cores: one OpenMP / BLAS thread each (unless
+            # set), and so each starts as a fork of an interpreter that already imported sglang's
+            # third-party graph (it imports sglang, from the selected target, itself).
+            for key, value in preload.ONE_THREAD_ENV.items():
+                env.setdefault(key, value)
+            argv, env = preload.python_command(cmd, env)
         self._log = open(self.log_path, "wb")
         # Own session: a timeout or ^C can end pytest and everything it started, and nothing else.
-        self.proc = subprocess.Popen(cmd, cwd=opts.repo_root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(argv, cwd=opts.repo_root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.started = time.monotonic()
         self._offset = 0

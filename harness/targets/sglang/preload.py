@@ -18,6 +18,11 @@ interpreter does. The list (:data:`SERVER_MODULES_FILE`) is written by
 ``python -m harness.targets.sglang.preload --write-server-modules`` from a real import of the
 server graph; ``tests/test_forkserver.py`` fails when it is stale.
 
+The harness's own Python subprocesses (the fault check's pytest runs, ``rerun-test``'s groups)
+import the same third-party graph before they import sglang, from whichever tree the run selects
+(a patched scratch copy, a PR's tree). :func:`python_command` starts them as forks of a server that
+ran :func:`python` (the server preload, plus pytest, Ray and Hypothesis) with their environment.
+
 Nothing here changes sglang: the modules are imported, not stubbed or patched (the adapter's own
 import still applies ``HARNESS_FAULTS`` from the server's environment, as in any rank). Nothing here
 touches a device either: no tensor is created, no process group, no CUDA call, so the process
@@ -33,11 +38,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping, Sequence
 
 #: The fork server's ``preload`` for PD ranks.
 RANK_PRELOAD = "harness.targets.sglang.preload:rank"
 #: The fork server's ``preload`` for real sglang servers on CPU.
 SERVER_PRELOAD = "harness.targets.sglang.preload:server"
+#: The fork server's ``preload`` for the harness's Python subprocesses (:func:`python_command`).
+PYTHON_PRELOAD = "harness.targets.sglang.preload:python"
+#: What a Python subprocess needs to be forked: the preload leaves one thread only with one OpenMP
+#: and one OpenBLAS thread (numpy's OpenBLAS starts its pool when it loads).
+ONE_THREAD_ENV: dict[str, str] = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 #: The third-party modules a server imports (one per line), in import order.
 SERVER_MODULES_FILE = Path(__file__).resolve().parent / "server_modules.txt"
 #: What a server process and its scheduler and detokenizer import: the graph :func:`server` covers.
@@ -153,6 +164,48 @@ def server() -> None:
     if leaked:
         raise PreloadError(f"the server preload imported {leaked[0]} (and {len(leaked) - 1} more sglang modules): "
                            "forked servers would import sglang before their sitecustomize hooks")
+
+
+def python() -> None:
+    """The server preload, and pytest and Ray: still nothing of sglang, and no pytest plugin
+    (pytest rewrites a plugin's asserts only when it imports the plugin itself); the harness's own
+    modules imported here are imported afresh by each child (:func:`python_command`)."""
+    server()
+    for name in ("pytest", "ray"):
+        importlib.import_module(name)
+    # A pytest plugin's distribution that sglang's graph imports (anyio) cannot be rewritten once
+    # imported; pytest says so in every run unless the module declares it is not to be rewritten.
+    # Say it: its asserts stay as imported here, which is all that changes for it.
+    for name in _pytest_plugin_packages() & set(sys.modules):
+        module = sys.modules[name]
+        module.__doc__ = f"{module.__doc__ or ''}\n\nPYTEST_DONT_REWRITE (preloaded by the harness's fork server)"
+
+
+def _pytest_plugin_packages() -> set[str]:
+    """Top-level packages of the distributions that register pytest plugins: pytest marks them all
+    for assertion rewriting. The harness's own is left out (its children import it afresh)."""
+    from importlib.metadata import entry_points
+
+    tops: set[str] = set()
+    for ep in entry_points(group="pytest11"):
+        for f in ep.dist.files or () if ep.dist is not None else ():
+            first = f.parts[0]
+            if first.endswith((".dist-info", ".egg-info", ".pth")) or first in ("..", "__pycache__"):
+                continue
+            tops.add(first[:-3] if first.endswith(".py") else first)
+    return tops - {"harness"}
+
+
+def python_command(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """``argv`` and ``env`` that run a harness Python subprocess (``[sys.executable, "-m", ...]``) as
+    a fork of the :func:`python` preload (:func:`harness.forkserver.python_command`), when ``env``
+    has :data:`ONE_THREAD_ENV` and names no fault (faults apply when sglang is imported, and a fork
+    server imports none): otherwise unchanged."""
+    from harness import faults, forkserver
+    from harness.targets.sglang.target import ENV_VAR, OVERLAY_ENV
+
+    return forkserver.python_command(argv, env, preload=PYTHON_PRELOAD, requires=ONE_THREAD_ENV,
+                                     refuses=(faults.ENV_VAR,), must_match=(ENV_VAR, OVERLAY_ENV))
 
 
 _LIST_SERVER_MODULES = """
