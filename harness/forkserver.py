@@ -241,24 +241,52 @@ def _finalize(code: int) -> None:
 
 class _EnvReads:
     """Records the names of the env vars Python code reads (``os.environ[k]``, ``.get``, ``in``,
-    ``os.getenv``) while it is active. Code that scans the environment by iterating it is not
-    recorded: :data:`SCANNED_PREFIXES` names the families the preloads scan."""
+    ``os.getenv``) while it is active, except reads by modules of the ``skip`` packages (imported
+    afresh by each child, so what they read here does not matter).
 
-    def __init__(self) -> None:
-        self.names: set[str] = set()
+    Code that scans the environment (iterates it, copies it) reads every variable from one place;
+    such a place (one that read only variables that are set, and more than half of them) is a scan,
+    not a read of each (a helper that reads many names also reads unset ones):
+    :data:`SCANNED_PREFIXES` names the families the preloads scan for (tqdm's ``TQDM_``, networkx's,
+    fsspec's); ``wsgiref`` keeps a copy of the whole environment for CGI, which the harness never runs.
+    """
+
+    def __init__(self, skip: Sequence[str] = ()) -> None:
+        self.by_place: dict[tuple[str, int], set[str]] = {}
+        self.skip = frozenset(skip)
+
+    def names(self, before: Mapping[str, str]) -> set[str]:
+        """The variables read, scans left out (``before``: the environment when recording began;
+        a scan may also see what the recorded code set since)."""
+        were_set = set(before) | set(os.environ)
+
+        def is_scan(keys: set[str]) -> bool:
+            return len(keys) > len(before) // 2 and keys <= were_set
+
+        return {k for keys in self.by_place.values() if not is_scan(keys) for k in keys}
+
+    def _record(self, key: str) -> None:
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc"):
+            frame = frame.f_back
+        if frame is None:
+            return
+        if str(frame.f_globals.get("__name__", "")).split(".")[0] in self.skip:
+            return
+        self.by_place.setdefault((frame.f_code.co_filename, frame.f_lineno), set()).add(key)
 
     def __enter__(self) -> "_EnvReads":
         cls = type(os.environ)
         self._saved = (cls.__getitem__, cls.__contains__)
         getitem, contains = self._saved
-        names = self.names
+        record = self._record
 
         def recorded_getitem(env, key):
-            names.add(key)
+            record(key)
             return getitem(env, key)
 
         def recorded_contains(env, key):
-            names.add(key)
+            record(key)
             return contains(env, key)
 
         cls.__getitem__, cls.__contains__ = recorded_getitem, recorded_contains  # type: ignore[method-assign]
@@ -318,7 +346,7 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
     """
     mod, _, func = preload.partition(":")
     before = dict(os.environ)
-    reads = _EnvReads()
+    reads = _EnvReads(skip=reimport)
     if record_env:
         reads.__enter__()
     try:
@@ -337,7 +365,7 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
     _PRELOAD_SET.update({k: v for k, v in os.environ.items() if before.get(k) != v})
     _PRELOAD_UNSET.extend(k for k in before if k not in os.environ)
     _REIMPORT.extend(reimport)
-    _write_match(socket_path, [*must_match, *reads.names], SCANNED_PREFIXES if record_env else (), before)
+    _write_match(socket_path, [*must_match, *reads.names(before)], SCANNED_PREFIXES if record_env else (), before)
     parent = os.getppid()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(socket_path)

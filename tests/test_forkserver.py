@@ -232,6 +232,7 @@ _PRELOAD_MODULE = """
     import os
     MODE = os.environ.get("FS_MODE", "")          # read at import: decides what this module is
     os.environ.setdefault("FS_SET_BY_IMPORT", "yes")  # as torch and Ray set variables when imported
+    SNAPSHOT = dict(os.environ)                       # a scan (wsgiref keeps one): not a read of each
 """
 
 
@@ -277,7 +278,7 @@ def test_a_python_subprocess_is_a_fork_that_ends_as_a_fresh_interpreter_ends(tmp
 
 
 def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(tmp_path, python_servers):
-    env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
+    env = {**_module(tmp_path, "fs_pymod", _PRELOAD_MODULE), "FS_SCANNED": "1"}
     script = tmp_path / "child.py"
     script.write_text("import os, fs_pymod\nprint(os.getppid(), fs_pymod.MODE)\n")
     seen = []
@@ -288,9 +289,10 @@ def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(t
     servers = [s.pid for s in forkserver._PYTHON]
     # FS_MODE was read by the preload: "b" cannot share "a"'s server; the second "a" reuses the first.
     assert seen == [(servers[0], "a"), (servers[1], "b"), (servers[0], "a")]
-    # A variable the preload did not read is the child's own business.
-    argv, cenv = forkserver.python_command([sys.executable, str(script)], {**env, "FS_MODE": "a", "FS_OTHER": "x"},
-                                           preload="fs_pymod")
+    # A variable the preload did not read, or only saw in a scan of the whole environment, is the
+    # child's own business.
+    argv, cenv = forkserver.python_command([sys.executable, str(script)],
+                                           {**env, "FS_MODE": "a", "FS_OTHER": "x", "FS_SCANNED": "2"}, preload="fs_pymod")
     assert subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split() == [str(servers[0]), "a"]
     # A client of a server whose preload read another value is not forked.
     p = _client(forkserver._PYTHON[0], [str(script)], {**env, "FS_MODE": "c"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
