@@ -238,11 +238,14 @@ _PRELOAD_MODULE = """
 
 @pytest.fixture
 def python_servers():
-    yield
-    for server in list(forkserver._PYTHON):
-        server.stop()
+    """The test's own Python fork servers (``forkserver._PYTHON``), stopped after it; the process's
+    others are put back."""
+    saved = list(forkserver._PYTHON)
     forkserver._PYTHON.clear()
-    forkserver._PYTHON_FAILED.clear()
+    yield
+    for server in forkserver._PYTHON:
+        server.stop()
+    forkserver._PYTHON[:] = saved
 
 
 def _wait_file(path, proc, timeout=60.0) -> str:
