@@ -141,6 +141,8 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
         nicer = int(req.get("nice", 0)) - os.nice(0)
         if nicer > 0:
             os.nice(nicer)
+        if session:
+            forkserver_client.autogroup_nice()
         argv = list(req["argv"])
         _title(argv)  # before the environment changes: setproctitle needs the initial environ block
         os.environ.clear()
@@ -303,6 +305,9 @@ class _EnvReads:
 #: families must be equal (or absent) on both sides.
 SCANNED_PREFIXES: tuple[str, ...] = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "GOTO_", "BLIS_",
                                      "LD_", "MALLOC_", "CUDA_", "TORCH_", "PYTORCH_", "TQDM_", "NETWORKX_", "FSSPEC_")
+#: Variables of those families read only when used, by the child itself (``breakpoint()`` reads
+#: ``PYTHONBREAKPOINT`` at each call; a Ray driver sets it): never compared.
+READ_WHEN_USED: tuple[str, ...] = ("PYTHONBREAKPOINT",)
 
 
 #: What the preload added to (or changed in) this server's environment, and what it removed.
@@ -314,9 +319,13 @@ _REIMPORT: list[str] = []
 
 def _write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: Mapping[str, str]) -> None:
     """Write :data:`MATCH_FILE` beside the socket ``path``: the values in ``env`` (``""``: unset) of
-    ``names`` and of every variable of ``prefixes``."""
-    match = {"env": {k: env.get(k, "") for k in sorted(set(names))},
-             "prefixes": {p: {k: v for k, v in env.items() if k.startswith(p)} for p in prefixes}}
+    ``names`` and of every variable of ``prefixes`` (but :data:`READ_WHEN_USED`), and the values the
+    preload itself set: a client that already has those (its parent imported the same modules) is
+    where a fresh interpreter would be after the same imports."""
+    match = {"env": {k: env.get(k, "") for k in sorted(set(names)) if k not in READ_WHEN_USED},
+             "prefixes": {p: {k: v for k, v in env.items() if k.startswith(p) and k not in READ_WHEN_USED}
+                          for p in prefixes},
+             "ignore": list(READ_WHEN_USED), "set_by_preload": dict(_PRELOAD_SET)}
     tmp = os.path.join(os.path.dirname(path), f".{MATCH_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(match, f)

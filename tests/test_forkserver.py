@@ -292,10 +292,12 @@ def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(t
     servers = [s.pid for s in forkserver._PYTHON]
     # FS_MODE was read by the preload: "b" cannot share "a"'s server; the second "a" reuses the first.
     assert seen == [(servers[0], "a"), (servers[1], "b"), (servers[0], "a")]
-    # A variable the preload did not read, or only saw in a scan of the whole environment, is the
-    # child's own business.
+    # A variable the preload did not read, or only saw in a scan of the whole environment, or one read
+    # only when used (PYTHONBREAKPOINT) is the child's own business; a value the preload's imports set
+    # themselves (the client's parent made the same imports) is where the server's ended up too.
     argv, cenv = forkserver.python_command([sys.executable, str(script)],
-                                           {**env, "FS_MODE": "a", "FS_OTHER": "x", "FS_SCANNED": "2"}, preload="fs_pymod")
+                                           {**env, "FS_MODE": "a", "FS_OTHER": "x", "FS_SCANNED": "2",
+                                            "PYTHONBREAKPOINT": "0", "FS_SET_BY_IMPORT": "yes"}, preload="fs_pymod")
     assert subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split() == [str(servers[0]), "a"]
     # A client of a server whose preload read another value is not forked.
     p = _client(forkserver._PYTHON[0], [str(script)], {**env, "FS_MODE": "c"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -313,6 +315,8 @@ def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, p
     script.write_text(textwrap.dedent(f"""
         import os, subprocess, sys, time
         grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        if os.path.exists("/proc/self/autogroup"):
+            open({str(tmp_path / 'autogroup')!r}, "w").write(open("/proc/self/autogroup").read())
         open({str(tmp_path / 'pids')!r}, "w").write(f"{{os.getpid()}} {{grandchild.pid}}")
         try:
             time.sleep(600)
@@ -323,9 +327,15 @@ def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, p
     argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
     # ^C to the session (as a terminal or rerun-test's stop sends it): KeyboardInterrupt in the child,
     # which then dies by SIGINT, and its client with it.
-    p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL)
+    # Started niced (as CI starts the fault check): the session's scheduling group gets that priority
+    # too, where the kernel groups by session (autogroups), or a niced command would take a full share.
+    p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL,
+                         preexec_fn=lambda: os.nice(4))
     child, grandchild = map(int, _wait_file(tmp_path / "pids", p).split())
     assert psutil.Process(child).ppid() == forkserver._PYTHON[0].pid
+    assert psutil.Process(child).nice() == os.nice(0) + 4
+    if (tmp_path / "autogroup").exists():
+        assert (tmp_path / "autogroup").read_text().split()[-1] == str(os.nice(0) + 4)
     os.killpg(p.pid, signal.SIGINT)
     assert p.wait(30) == -signal.SIGINT
     assert (tmp_path / "interrupted").read_text() == "yes"
