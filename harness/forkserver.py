@@ -120,7 +120,7 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
     ``argv`` is what follows the interpreter on its command line: a script path and its arguments,
     or ``-m MODULE`` and its arguments.
     """
-    code = 1
+    code, by_signal = 1, 0
     session = bool(req.get("session"))
     try:
         if session:  # the client leads a session of its own: so does the command (its tree is the session)
@@ -131,6 +131,7 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
             signal.signal(sig, signal.SIG_DFL)
         # SIGINT as a fresh interpreter has it: KeyboardInterrupt, or ignored when it was inherited ignored.
         signal.signal(signal.SIGINT, signal.SIG_IGN if req.get("sigint_ignored") else signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             if fd > 2:
@@ -186,11 +187,11 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict, others: list[sock
         code = _exit_code(e)
     except KeyboardInterrupt:
         traceback.print_exc()
-        code = -signal.SIGINT
+        code, by_signal = 1, signal.SIGINT
     except BaseException:  # noqa: BLE001 - the child's own failure: print it to its (Ray's) log
         traceback.print_exc()
     finally:
-        _finalize(code)
+        _finalize(code, by_signal)
 
 
 def _as_fresh_interpreter() -> None:
@@ -219,10 +220,10 @@ def _exit_code(e: SystemExit) -> int:
     return 1
 
 
-def _finalize(code: int) -> None:
+def _finalize(code: int, by_signal: int = 0) -> None:
     """End the child as a fresh interpreter ends: wait for its non-daemon threads, run its ``atexit``
-    handlers, flush, and exit with ``code`` (negative: die by that signal, as an uncaught
-    KeyboardInterrupt does). Never returns."""
+    handlers, flush, and exit with ``code`` (an int as ``sys.exit`` takes it: the status is its low
+    byte), or die by ``by_signal`` (an uncaught KeyboardInterrupt: SIGINT). Never returns."""
     try:
         try:
             threading._shutdown()  # type: ignore[attr-defined]  # what interpreter shutdown calls
@@ -235,10 +236,11 @@ def _finalize(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
-        if code < 0:
-            signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
-        os._exit(code if code >= 0 else 1)
+        if by_signal:
+            signal.signal(by_signal, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {by_signal})
+            os.kill(os.getpid(), by_signal)
+        os._exit(code & 0xFF)
 
 
 class _EnvReads:
@@ -269,7 +271,8 @@ class _EnvReads:
 
     def _record(self, key: str) -> None:
         frame = sys._getframe(2)
-        while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc"):
+        while frame is not None and (frame.f_globals.get("__name__") in ("os", "_collections_abc")
+                                     or frame.f_globals is globals()):  # past os, the ABCs and these wrappers
             frame = frame.f_back
         if frame is None:
             return
@@ -332,6 +335,23 @@ def _write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: 
     os.replace(tmp, os.path.join(os.path.dirname(path), MATCH_FILE))
 
 
+#: What the server blocks across a fork, and a child unblocks once its own handlers are set.
+_CHILD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def _client_gone(pid: int, session: bool) -> None:
+    """A child's client is gone (killed): the child goes too, with its session's whole group, as the
+    command would have in the client's place. The child's own watch thread does the same, but needs
+    the GIL, which a hung extension may hold."""
+    try:
+        if session and os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record_env: bool = False,
           reimport: Sequence[str] = ()) -> int:
     """The server's main loop: run ``preload``, then fork one child per client request.
@@ -369,10 +389,12 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
         raise ForkServerError(f"preload {preload!r} left {_threads()} threads; a fork would copy only one "
                               "(set OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1, or import less)")
     # What the preload itself set (torch, Ray set a few variables when imported): a fresh interpreter
-    # has them after its imports, so each child gets them on top of its client's environment; the
-    # clients are compared with the environment the preload started from.
-    _PRELOAD_SET.update({k: v for k, v in os.environ.items() if before.get(k) != v})
-    _PRELOAD_UNSET.extend(k for k in before if k not in os.environ)
+    # has them after its imports, so each child of a server that compares its clients' environments
+    # (record_env) gets them on top of its client's; the clients are compared with the environment
+    # the preload started from.
+    if record_env:
+        _PRELOAD_SET.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+        _PRELOAD_UNSET.extend(k for k in before if k not in os.environ)
     _REIMPORT.extend(reimport)
     _write_match(socket_path, [*must_match, *reads.names(before)], SCANNED_PREFIXES if record_env else (), before)
     parent = os.getppid()
@@ -381,14 +403,20 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
     srv.listen(64)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    children: dict[int, socket.socket] = {}
+    children: dict[int, tuple[socket.socket, bool]] = {}  # pid -> (its client's connection, leads a session)
+    gone: set[int] = set()  # children whose client went away (killed, being reaped)
     print(READY, flush=True)
     while not stopping and os.getppid() == parent:
+        conns = {c.fileno(): pid for pid, (c, _) in children.items() if pid not in gone}
         try:
-            ready, _, _ = select.select([srv], [], [], _POLL_S)
+            ready, _, _ = select.select([srv, *conns], [], [], _POLL_S)
         except InterruptedError:
             ready = []
-        if ready:
+        for fd in ready:
+            if fd in conns:  # a client sends nothing after its request: readable means it is gone
+                gone.add(conns[fd])
+                _client_gone(conns[fd], children[conns[fd]][1])
+        if srv in ready:
             conn, _ = srv.accept()
             try:
                 req, fds = _recv_request(conn)
@@ -398,18 +426,34 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = os.fork()
+            # Signals stay blocked across the fork: one meant for the child before it has set its own
+            # handlers is delivered after (not to this server's SIGTERM handler).
+            signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_SIGNALS)
+            try:
+                pid = os.fork()
+            except OSError as e:  # the client sees its connection close with no pid: it runs the command itself
+                print(f"forkserver: fork failed: {e!r}", file=sys.stderr, flush=True)
+                pid = -1
             if pid == 0:
-                _run_child(conn, fds, req, [srv, *children.values()])
+                _run_child(conn, fds, req, [srv, *(c for c, _ in children.values())])
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)
             for fd in fds:
                 os.close(fd)
-            children[pid] = conn
-            conn.sendall(f"pid {pid}\n".encode())
+            if pid < 0:
+                conn.close()
+                continue
+            children[pid] = (conn, bool(req.get("session")))
+            try:
+                conn.sendall(f"pid {pid}\n".encode())
+            except OSError:
+                gone.add(pid)
+                _client_gone(pid, children[pid][1])
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            conn = children.pop(pid, None)
+            conn, _ = children.pop(pid, (None, False))
+            gone.discard(pid)
             if conn is not None:
                 try:
                     conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
@@ -428,8 +472,9 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
 class ForkServer:
     """A started fork server (see the module docstring); use :meth:`runtime_env` on Ray actors."""
 
-    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: Path, tmpdir: str) -> None:
+    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: Path, tmpdir: str, preload: str = "") -> None:
         self.proc = proc
+        self.preload = preload
         self.socket_path = socket_path
         self.log_path = log_path
         self._tmpdir = tmpdir
@@ -472,7 +517,7 @@ class ForkServer:
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=full)
         procs.register(proc.pid, label="fork server")
-        server = cls(proc, socket_path, log_path, tmpdir)
+        server = cls(proc, socket_path, log_path, tmpdir, preload)
         deadline = time.monotonic() + timeout
         assert proc.stdout is not None
         while True:
@@ -603,7 +648,7 @@ def stop_shared() -> None:
 #: ``0``: :func:`python_command` leaves every command a fresh interpreter.
 FORK_PYTHON_ENV = "HARNESS_FORK_PYTHON"
 _PYTHON: list[ForkServer] = []
-_PYTHON_FAILED: set[tuple] = set()
+_PYTHON_FAILED: set[str] = set()
 
 
 def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str, requires: Mapping[str, str] = {},
@@ -622,7 +667,10 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
     * ``$HARNESS_FORK_PYTHON`` is ``0`` (in ``env`` or here);
     * ``env`` lacks a value of ``requires`` (what the preload needs to leave one thread, such as
       ``OMP_NUM_THREADS=1``) or sets one of ``refuses`` (what the preload must not run with);
-    * the server cannot start (logged once per environment).
+    * the server cannot start (logged; not tried again for this ``preload``).
+
+    The forks of one server share its hash seed (``PYTHONHASHSEED`` unset: one random draw per
+    server, not per command); set ``PYTHONHASHSEED``, or ``HARNESS_FORK_PYTHON=0``, to vary or pin it.
 
     Args:
         argv: the command, starting with this interpreter.
@@ -645,16 +693,15 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
         return plain
     base = {k: v for k, v in env.items() if k not in VOLATILE_ENV}
     with _SHARED_LOCK:
-        server = next((s for s in _PYTHON if s.alive() and s.serves(env)), None)
+        server = next((s for s in _PYTHON if s.preload == preload and s.alive() and s.serves(env)), None)
         if server is None:
-            key = (preload, tuple(sorted(base.items())))
-            if key in _PYTHON_FAILED:
+            if preload in _PYTHON_FAILED:  # once: a preload that failed would fail again, at its full cost
                 return plain
             try:
                 server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
             except ForkServerError as e:
-                _PYTHON_FAILED.add(key)
-                log.warning("%s; Python subprocesses run as fresh interpreters", e)
+                _PYTHON_FAILED.add(preload)
+                log.warning("%s; Python subprocesses of this process run as fresh interpreters", e)
                 return plain
             _stop_at_exit()
             _PYTHON.append(server)

@@ -51,19 +51,35 @@ def differing(path: str, environ=None) -> list:
     return sorted(k for k in out if k not in preset or environ.get(k) != preset[k])
 
 
-def autogroup_nice() -> None:
+def autogroup_nice(tries: int = 20) -> None:
     """Give this session's scheduling group this process's priority. With the kernel's autogroups
     (``/proc/sys/kernel/sched_autogroup_enabled``) each session is scheduled as one group of equal
     weight whatever its processes' nice values: a niced caller's command in a session of its own
-    would otherwise take a whole share beside everything else (the fault check beside the tests)."""
+    would otherwise take a whole share beside everything else (the fault check beside the tests).
+    Without CAP_SYS_ADMIN the kernel takes one such change per 100 ms machine-wide (EAGAIN): tried
+    again, ``tries`` times at most."""
+    import errno
+    import time
+
     nice = os.nice(0)
     if nice <= 0:
         return
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(nice))
-    except OSError:
-        pass  # no autogroups here: the process's own nice value is what counts
+    for _ in range(tries):
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(nice))
+            return
+        except OSError as e:
+            if e.errno != errno.EAGAIN:
+                return  # no autogroups here: the process's own nice value is what counts
+            time.sleep(0.02)
+
+
+def fresh(session: bool) -> None:
+    """Run the command as a fresh interpreter, in this process (never returns)."""
+    if session:
+        autogroup_nice()  # as the fork server's child would have
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 
 
 def main() -> int:
@@ -72,19 +88,18 @@ def main() -> int:
         print(f"forkserver client: ${ENV} is not set; run workers through harness.forkserver", file=sys.stderr)
         return 2
     session = os.getsid(0) == os.getpid()
-    if session:
-        autogroup_nice()  # what a fresh interpreter run in its place (below) gets too
     differ = differing(path)
     if differ:
         print(f"forkserver client: {', '.join(differ)} differ from the fork server's; starting a fresh interpreter",
               file=sys.stderr, flush=True)
-        os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+        fresh(session)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError as e:
-        print(f"forkserver client: cannot reach the fork server at {path}: {e}", file=sys.stderr)
-        return 2
+        print(f"forkserver client: cannot reach the fork server at {path} ({e}); starting a fresh interpreter",
+              file=sys.stderr, flush=True)
+        fresh(session)
     sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "nice": os.nice(0),
                           "session": session, "sigint_ignored": sigint_ignored}).encode()
@@ -114,6 +129,11 @@ def main() -> int:
         except InterruptedError:
             continue
         if not data:
+            if not child:  # never forked (the server could not, or is gone): run it here instead
+                print("forkserver client: the fork server did not start the command; starting a fresh interpreter",
+                      file=sys.stderr, flush=True)
+                sock.close()
+                fresh(session)
             print("forkserver client: the fork server went away", file=sys.stderr)
             return 1
         buf += data

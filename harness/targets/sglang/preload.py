@@ -21,7 +21,7 @@ server graph; ``tests/test_forkserver.py`` fails when it is stale.
 The harness's own Python subprocesses (the fault check's pytest runs, ``rerun-test``'s groups)
 import the same third-party graph before they import sglang, from whichever tree the run selects
 (a patched scratch copy, a PR's tree). :func:`python_command` starts them as forks of a server that
-ran :func:`python` (the server preload, plus pytest, Ray and Hypothesis) with their environment.
+ran :func:`python` (the server preload, plus pytest and Ray) with their environment.
 
 Nothing here changes sglang: the modules are imported, not stubbed or patched (the adapter's own
 import still applies ``HARNESS_FAULTS`` from the server's environment, as in any rank). Nothing here
