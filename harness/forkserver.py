@@ -320,7 +320,8 @@ _PRELOAD_UNSET: list[str] = []
 _REIMPORT: list[str] = []
 
 
-def _write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: Mapping[str, str]) -> None:
+def _write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: Mapping[str, str],
+                 preload: str = "") -> None:
     """Write :data:`MATCH_FILE` beside the socket ``path``: the values in ``env`` (``""``: unset) of
     ``names`` and of every variable of ``prefixes`` (but :data:`READ_WHEN_USED`), and the values the
     preload itself set: a client that already has those (its parent imported the same modules) is
@@ -328,7 +329,8 @@ def _write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: 
     match = {"env": {k: env.get(k, "") for k in sorted(set(names)) if k not in READ_WHEN_USED},
              "prefixes": {p: {k: v for k, v in env.items() if k.startswith(p) and k not in READ_WHEN_USED}
                           for p in prefixes},
-             "ignore": list(READ_WHEN_USED), "set_by_preload": dict(_PRELOAD_SET)}
+             "ignore": list(READ_WHEN_USED), "set_by_preload": dict(_PRELOAD_SET),
+             "preload": preload, "pid": os.getpid()}
     tmp = os.path.join(os.path.dirname(path), f".{MATCH_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(match, f)
@@ -396,7 +398,8 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
         _PRELOAD_SET.update({k: v for k, v in os.environ.items() if before.get(k) != v})
         _PRELOAD_UNSET.extend(k for k in before if k not in os.environ)
     _REIMPORT.extend(reimport)
-    _write_match(socket_path, [*must_match, *reads.names(before)], SCANNED_PREFIXES if record_env else (), before)
+    _write_match(socket_path, [*must_match, *reads.names(before)], SCANNED_PREFIXES if record_env else (), before,
+                 preload)
     parent = os.getppid()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(socket_path)
@@ -647,6 +650,8 @@ def stop_shared() -> None:
 
 #: ``0``: :func:`python_command` leaves every command a fresh interpreter.
 FORK_PYTHON_ENV = "HARNESS_FORK_PYTHON"
+#: Sockets of the Python fork servers a process started, for its descendants' :func:`python_command`.
+ADVERTISE_ENV = "HARNESS_PYTHON_FORKSERVERS"
 _PYTHON: list[ForkServer] = []
 _PYTHON_FAILED: set[str] = set()
 
@@ -658,7 +663,8 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
 
     The server is started on first use with ``env`` (``record_env``: a later ``env`` that differs in
     any variable the preload read, or in :data:`SCANNED_PREFIXES`, gets a server of its own), and
-    stopped at interpreter exit. The child runs as a fresh interpreter would (see
+    stopped at interpreter exit; this process's environment names it (:data:`ADVERTISE_ENV`), so a
+    descendant (a ``rerun-test`` a test runs) forks from it too when its environment fits. The child runs as a fresh interpreter would (see
     :func:`_run_child`), so this changes the start-up cost, not the result. A command is returned
     unchanged (a fresh interpreter) when:
 
@@ -691,10 +697,13 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
         return plain
     if any(env.get(k) != v for k, v in requires.items()) or any(env.get(k) for k in refuses):
         return plain
-    base = {k: v for k, v in env.items() if k not in VOLATILE_ENV}
+    base = {k: v for k, v in env.items() if k not in VOLATILE_ENV and k != ADVERTISE_ENV}
     with _SHARED_LOCK:
         server = next((s for s in _PYTHON if s.preload == preload and s.alive() and s.serves(env)), None)
         if server is None:
+            inherited = next((path for path in _advertised(preload) if not forkserver_client.differing(path, env)), None)
+            if inherited is not None:  # an ancestor's server (the test run's, for a rerun-test it started)
+                return [sys.executable, "-I", "-S", str(CLIENT), *argv[1:]], {**env, SOCKET_ENV: inherited}
             if preload in _PYTHON_FAILED:  # once: a preload that failed would fail again, at its full cost
                 return plain
             try:
@@ -705,7 +714,25 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
                 return plain
             _stop_at_exit()
             _PYTHON.append(server)
+            # This process's Python subprocesses (a rerun-test a test starts) may fork from it too.
+            os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
     return server.command(argv), {**env, SOCKET_ENV: server.socket_path}
+
+
+def _advertised(preload: str | None = None) -> list[str]:
+    """Sockets of the Python fork servers this process or an ancestor started (``$HARNESS_PYTHON_FORKSERVERS``)
+    that still serve (their process alive) ``preload`` (any, when None)."""
+    out = []
+    for path in filter(None, os.environ.get(ADVERTISE_ENV, "").split(os.pathsep)):
+        try:
+            with open(os.path.join(os.path.dirname(path), MATCH_FILE)) as f:
+                match = json.load(f)
+            os.kill(int(match["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # stopped, or not a fork server
+        if preload is None or match.get("preload") == preload:
+            out.append(path)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -240,12 +240,16 @@ _PRELOAD_MODULE = """
 def python_servers():
     """The test's own Python fork servers (``forkserver._PYTHON``), stopped after it; the process's
     others are put back."""
-    saved = list(forkserver._PYTHON)
+    saved = list(forkserver._PYTHON), os.environ.get(forkserver.ADVERTISE_ENV)
     forkserver._PYTHON.clear()
     yield
     for server in forkserver._PYTHON:
         server.stop()
-    forkserver._PYTHON[:] = saved
+    forkserver._PYTHON[:] = saved[0]
+    if saved[1] is None:
+        os.environ.pop(forkserver.ADVERTISE_ENV, None)
+    else:
+        os.environ[forkserver.ADVERTISE_ENV] = saved[1]
 
 
 def _wait_file(path, proc, timeout=60.0) -> str:
@@ -366,3 +370,58 @@ def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_pa
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert "warning" not in p.stdout.lower(), p.stdout[-2000:]
     assert int((tmp_path / "ppid").read_text()) == forkserver._PYTHON[0].pid, "not forked"
+
+
+def test_a_child_stuck_holding_the_gil_goes_with_its_killed_client(tmp_path, python_servers):
+    # sum() over a huge range runs in C and never lets another thread take the GIL: the child's own
+    # watch thread cannot act; the server must.
+    env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
+    script = tmp_path / "stuck.py"
+    script.write_text(f"import os\nopen({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\nsum(range(10**15))\n")
+    argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
+    p = subprocess.Popen(argv, env=cenv, start_new_session=True)
+    child = psutil.Process(int(_wait_file(tmp_path / "pid", p)))
+    time.sleep(0.5)  # well inside sum()
+    os.killpg(p.pid, signal.SIGKILL)  # a timeout's kill of the session
+    p.wait(10)
+    assert psutil.wait_procs([child], timeout=15)[1] == [], "the child outlived its client"
+
+
+def test_a_client_its_server_cannot_serve_runs_the_command_itself(tmp_path, python_servers):
+    env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
+    script = tmp_path / "child.py"
+    script.write_text("import os\nprint(os.getpid())\n")
+    argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
+    forkserver._PYTHON[0].stop()  # gone before the command starts
+    p = subprocess.Popen(argv, env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and "starting a fresh interpreter" in err, err
+    assert int(out) == p.pid  # the client became the command (exec), as Python would have run it
+
+
+def test_a_descendant_forks_from_its_ancestors_server(tmp_path, python_servers):
+    env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
+    script = tmp_path / "child.py"
+    script.write_text("import os\nprint(os.getppid())\n")
+    forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
+    [server] = forkserver._PYTHON
+    # A process this one starts (as a test starts rerun-test) builds its own command: it takes the
+    # server this process advertises, starts none, and its command runs as that server's child.
+    code = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from harness import forkserver
+        argv, env = forkserver.python_command([sys.executable, {str(script)!r}], dict(os.environ), preload="fs_pymod")
+        print(env[forkserver.SOCKET_ENV], len(forkserver._PYTHON), subprocess.run(argv, env=env, capture_output=True,
+              text=True, timeout=60).stdout.strip())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env={**env, **{k: v for k, v in os.environ.items()
+                                                                      if k == forkserver.ADVERTISE_ENV}},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [server.socket_path, "0", str(server.pid)]
+    # Once it is gone, a descendant starts its own.
+    server.stop()
+    out = subprocess.run([sys.executable, "-c", code], env={**env, forkserver.ADVERTISE_ENV: server.socket_path},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1] == "1"
