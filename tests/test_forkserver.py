@@ -384,7 +384,11 @@ def test_a_child_stuck_holding_the_gil_goes_with_its_killed_client(tmp_path, pyt
     time.sleep(0.5)  # well inside sum()
     os.killpg(p.pid, signal.SIGKILL)  # a timeout's kill of the session
     p.wait(10)
-    assert psutil.wait_procs([child], timeout=15)[1] == [], "the child outlived its client"
+    try:
+        assert psutil.wait_procs([child], timeout=15)[1] == [], "the child outlived its client"
+    finally:
+        if child.is_running():  # never leave it spinning
+            child.kill()
 
 
 def test_a_client_its_server_cannot_serve_runs_the_command_itself(tmp_path, python_servers):
