@@ -85,11 +85,11 @@ def test_child_dies_with_its_client(tmp_path):
         while not pidfile.exists() or not pidfile.read_text():
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.05)
-        child = int(pidfile.read_text())
-        assert psutil.Process(child).ppid() == server.pid
+        child = psutil.Process(int(pidfile.read_text()))  # before it can go
+        assert child.ppid() == server.pid
         p.kill()  # what a raylet's SIGKILL of the process it started does
         p.wait(10)
-        assert psutil.wait_procs([psutil.Process(child)], timeout=10)[1] == [], "the child outlived its client"
+        assert psutil.wait_procs([child], timeout=10)[1] == [], "the child outlived its client"
     finally:
         server.stop()
 
@@ -347,10 +347,10 @@ def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, p
     # too, as they would be had the command run in the session itself.
     (tmp_path / "pids").unlink()
     p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL)
-    child, grandchild = map(int, _wait_file(tmp_path / "pids", p).split())
+    tree = [psutil.Process(int(pid)) for pid in _wait_file(tmp_path / "pids", p).split()]  # before they can go
     os.killpg(p.pid, signal.SIGKILL)
     p.wait(10)
-    gone, alive = psutil.wait_procs([psutil.Process(child), psutil.Process(grandchild)], timeout=15)
+    gone, alive = psutil.wait_procs(tree, timeout=15)
     assert not alive, f"outlived the session's kill: {alive}"
 
 
