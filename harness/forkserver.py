@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import json
 import logging
@@ -378,15 +379,10 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
     mod, _, func = preload.partition(":")
     before = dict(os.environ)
     reads = _EnvReads(skip=reimport)
-    if record_env:
-        reads.__enter__()
-    try:
+    with reads if record_env else contextlib.nullcontext():
         module = importlib.import_module(mod)
         if func:
             getattr(module, func)()
-    finally:
-        if record_env:
-            reads.__exit__(None, None, None)
     if _threads() != 1:
         raise ForkServerError(f"preload {preload!r} left {_threads()} threads; a fork would copy only one "
                               "(set OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1, or import less)")
@@ -472,6 +468,14 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
 # --------------------------------------------------------------------------------------------
 
 
+def client_command(argv: Sequence[str]) -> list[str]:
+    """The command that runs ``argv`` (``[python, *args]``, this interpreter) as a fork of the
+    server whose socket :data:`SOCKET_ENV` names in its env: the client."""
+    if not argv or argv[0] != sys.executable:
+        raise ValueError(f"a fork server runs commands of its own interpreter ({sys.executable}), not {argv[:1]}")
+    return [sys.executable, "-I", "-S", str(CLIENT), *argv[1:]]
+
+
 class ForkServer:
     """A started fork server (see the module docstring); use :meth:`runtime_env` on Ray actors."""
 
@@ -544,9 +548,7 @@ class ForkServer:
     def command(self, argv: Sequence[str]) -> list[str]:
         """The command that runs ``argv`` (``[python, *args]``, this interpreter) as a fork of this
         server: the client, which needs :data:`SOCKET_ENV` set to :attr:`socket_path` in its env."""
-        if not argv or argv[0] != sys.executable:
-            raise ValueError(f"a fork server runs commands of its own interpreter ({sys.executable}), not {argv[:1]}")
-        return [sys.executable, "-I", "-S", str(CLIENT), *argv[1:]]
+        return client_command(argv)
 
     def runtime_env(self) -> dict[str, Any]:
         """Ray ``runtime_env`` that starts an actor's worker process as a fork of this server."""
@@ -703,7 +705,7 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
         if server is None:
             inherited = next((path for path in _advertised(preload) if not forkserver_client.differing(path, env)), None)
             if inherited is not None:  # an ancestor's server (the test run's, for a rerun-test it started)
-                return [sys.executable, "-I", "-S", str(CLIENT), *argv[1:]], {**env, SOCKET_ENV: inherited}
+                return client_command(argv), {**env, SOCKET_ENV: inherited}
             if preload in _PYTHON_FAILED:  # once: a preload that failed would fail again, at its full cost
                 return plain
             try:

@@ -365,7 +365,7 @@ def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_pa
     """))
     cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_fork.py"), "-q", "-p", "no:cacheprovider",
            "-W", "error::pytest.PytestAssertRewriteWarning"]
-    argv, env = preload.python_command(cmd, {**os.environ, **preload.ONE_THREAD_ENV})
+    argv, env = preload.python_command(cmd, dict(os.environ))  # one thread each by default: forkable
     p = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert "warning" not in p.stdout.lower(), p.stdout[-2000:]

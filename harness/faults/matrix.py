@@ -296,11 +296,6 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     fired_file.parent.mkdir(parents=True, exist_ok=True)
     fired_file.unlink(missing_ok=True)
     env[source.FIRED_ENV] = str(fired_file)
-    # The runs go side by side (and beside the tests in CI): one OpenMP / BLAS thread each, unless the
-    # caller chose otherwise; so pinned, each starts as a fork of an interpreter that already imported
-    # sglang's third-party graph (preload.python_command), and imports sglang (patched or not) itself.
-    for key, value in preload.ONE_THREAD_ENV.items():
-        env.setdefault(key, value)
     cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label),
            f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"]
@@ -308,6 +303,8 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
         cmd += ["--inject-fault", fault]
     logger.info("run %s: %s", label, " ".join(cmd))
     start = time.monotonic()
+    # One OpenMP / BLAS thread (the runs go side by side, and beside the tests in CI), started as a fork
+    # of an interpreter that imported sglang's third-party graph; each imports sglang (patched or not) itself.
     argv, env = preload.python_command(cmd, env)
     returncode, timed_out = procs.run_logged(argv, cwd=root, env=env, log=log, timeout_s=timeout_s)
     if timed_out:

@@ -209,10 +209,8 @@ class _Running:
         argv = cmd
         if not opts.gpus:
             # Without GPUs the groups share this machine's cores: one OpenMP / BLAS thread each (unless
-            # set), and so each starts as a fork of an interpreter that already imported sglang's
+            # set), each started as a fork of an interpreter that already imported sglang's
             # third-party graph (it imports sglang, from the selected target, itself).
-            for key, value in preload.ONE_THREAD_ENV.items():
-                env.setdefault(key, value)
             argv, env = preload.python_command(cmd, env)
         self._log = open(self.log_path, "wb")
         # Own session: a timeout or ^C can end pytest and everything it started, and nothing else.

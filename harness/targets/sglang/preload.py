@@ -197,14 +197,15 @@ def _pytest_plugin_packages() -> set[str]:
 
 
 def python_command(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """``argv`` and ``env`` that run a harness Python subprocess (``[sys.executable, "-m", ...]``) as
-    a fork of the :func:`python` preload (:func:`harness.forkserver.python_command`), when ``env``
-    has :data:`ONE_THREAD_ENV` and names no fault (faults apply when sglang is imported, and a fork
-    server imports none): otherwise unchanged."""
+    """``argv`` and ``env`` that run a harness Python subprocess (``[sys.executable, "-m", ...]``),
+    with :data:`ONE_THREAD_ENV` where ``env`` sets no other value (the harness runs such subprocesses
+    side by side, and beside its tests), as a fork of the :func:`python` preload
+    (:func:`harness.forkserver.python_command`) when it then has those values and names no fault
+    (faults apply when sglang is imported, and a fork server imports none); otherwise a fresh one."""
     from harness import faults, forkserver
     from harness.targets.sglang.target import ENV_VAR, OVERLAY_ENV
 
-    return forkserver.python_command(argv, env, preload=PYTHON_PRELOAD, requires=ONE_THREAD_ENV,
+    return forkserver.python_command(argv, {**ONE_THREAD_ENV, **env}, preload=PYTHON_PRELOAD, requires=ONE_THREAD_ENV,
                                      refuses=(faults.ENV_VAR,), must_match=(ENV_VAR, OVERLAY_ENV))
 
 
