@@ -29,6 +29,8 @@ CPU_ENV = {
     "SGLANG_HOST_IP": "127.0.0.1",
     "MOONCAKE_PROTOCOL": "tcp",
     "MC_FORCE_TCP": "1",
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
     "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read,cpu-fork-children",
 }
 

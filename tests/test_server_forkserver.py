@@ -17,7 +17,7 @@ MODEL = "tiny-llama"
 
 pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
                                  server_args=("--page-size", "64")),
-              pytest.mark.topology("cpu"), pytest.mark.est_time(30), pytest.mark.timeout(900)]
+              pytest.mark.topology("cpu"), pytest.mark.est_time(45), pytest.mark.timeout(900)]
 
 
 def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
@@ -45,11 +45,12 @@ def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
     assert stack.client("router").generate(list(range(4, 70)), 4).output_ids
 
 
-def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cluster, run_dir):
+def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cluster, run_dir, caplog):
     """While one model's tests run, the next model's PD stack and baseline start in the background,
     in a placement of their own (the running model keeps its bundles for a fresh stack); the test
     that asks for them gets that stack; stopping the last model frees every placement, and closing
-    leaves nothing."""
+    leaves nothing. Each server exits on the stop's SIGTERM: none waits out the grace to be killed
+    (sglang's crash diagnostics, a 5 s sleep, are off on CPU)."""
     from harness import topology
     from harness.plugins.servers import ServerStacks
 
@@ -72,4 +73,6 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
     finally:
         left = stacks.close()
     assert left == [], f"server processes left: {left}"
+    killed = [r.getMessage() for r in caplog.records if "ignored SIGTERM" in r.getMessage()]
+    assert not killed, f"servers had to be killed: {killed}"
     assert stacks._more_placements == [] and stacks._placement is None

@@ -61,6 +61,11 @@ CPU_ENV: Mapping[str, str] = {
     "SGLANG_HOST_IP": "127.0.0.1",
     "MOONCAKE_PROTOCOL": "tcp",
     "MC_FORCE_TCP": "1",
+    # A stop (SIGTERM to the server's process group) ends its scheduler first, which sglang's watchdog
+    # takes for a crash: by default it then sleeps 5 s "to let GPU activity settle" before a py-spy
+    # dump and a CUDA coredump, neither of which a CPU server has, and the stop waits that out.
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
 }
 #: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
 CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read", "cpu-fork-children")
