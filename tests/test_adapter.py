@@ -11,6 +11,8 @@ import pytest
 
 from harness.faults import ENV_VAR
 
+pytestmark = pytest.mark.est_time(6)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -13,7 +13,7 @@ import pytest
 from harness import topology
 from harness.cluster import PlacementError
 
-pytestmark = pytest.mark.topology("2-node-16-gpu-h200")
+pytestmark = [pytest.mark.topology("2-node-16-gpu-h200"), pytest.mark.est_time(8)]
 
 SHIPPED = ["cpu", "2-gpu-h100", "8-gpu-h200", "2-node-16-gpu-h200", "2-node-2-gpu-h100"]
 

@@ -28,6 +28,8 @@ import pytest
 
 from harness import cli
 
+pytestmark = pytest.mark.est_time(25)
+
 REPO = Path(__file__).resolve().parent.parent
 HANG_TIMEOUT_S = 3.0
 _CHILD_TIMEOUT_S = 240

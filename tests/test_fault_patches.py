@@ -14,6 +14,8 @@ import pytest
 from harness import faults
 from harness.faults import matrix, source
 
+pytestmark = pytest.mark.est_time(12)
+
 PKG_FILE = """def tail(seq, window, page):
     start = max(0, seq - window)
     start = start // page * page

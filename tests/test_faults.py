@@ -13,6 +13,8 @@ import pytest
 from harness import faults
 from harness.faults import source
 
+pytestmark = pytest.mark.est_time(20)
+
 
 @pytest.fixture
 def clean_faults():

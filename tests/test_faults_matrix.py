@@ -17,6 +17,8 @@ import pytest
 from harness import faults
 from harness.faults import matrix
 
+pytestmark = pytest.mark.est_time(45)
+
 #: The upstream fixes the catalog must cover (issues 8 and 14), each fault with the issue it mirrors.
 REQUIRED_FAULTS = ("swa-tail-unaligned", "swa-tail-short", "prealloc-no-swa-evict", "release-leaks-swa",
                    "swa-full-length", "decode-reserve-unaligned", "hisparse-budget-swa", "decode-skips-swa-evict")

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from harness.faults import ENV_VAR
+
+pytestmark = pytest.mark.est_time(12)
 
 pytest_plugins = ["pytester"]
 

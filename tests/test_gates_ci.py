@@ -17,6 +17,8 @@ from harness.rerun import collector
 
 from rerun_tree import make_repo
 
+pytestmark = pytest.mark.est_time(8)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 GATE = '''

@@ -21,6 +21,8 @@ from harness.gates import plan as gate_plan
 from harness.rerun import cli as rerun_cli
 from harness.rerun import collector, resolve
 
+pytestmark = pytest.mark.est_time(20)
+
 _COUNT = '''
 import os
 from pathlib import Path
@@ -303,6 +305,7 @@ def _testcase_properties(junit_dir: Path, nodeid_tail: str) -> dict[str, str]:
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.est_time(45)
 def test_a_failing_e2e_seed_replays_with_the_same_seed_and_workload(tmp_path, monkeypatch, capsys):
     """For real: the e2e workload on the simulated 2-GPU topology fails (one corrupted KV page, the
     harness's runtime fault, reaches the Ray ranks through HARNESS_FAULTS); the gate stores the seed

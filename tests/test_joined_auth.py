@@ -25,7 +25,7 @@ from harness.targets.sglang.version import read_version
 from joined import REPO, TOPOLOGY, Done, clean_env, harness, rerun_test
 from raycli import two_nodes
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.est_time(40)]
 
 # The driver's sglang (the installed target): the skew test gives a node another release.
 SUPPORTED_VERSION = read_version(Path(importlib.util.find_spec("sglang").origin).parents[1])

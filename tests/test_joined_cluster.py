@@ -29,7 +29,7 @@ from raycli import CliCluster, free_ports, two_nodes
 
 log = logging.getLogger(__name__)
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.est_time(60)]
 
 CROSS_NODE = "suites/smoke/test_cross_node.py"
 

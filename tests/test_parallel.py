@@ -15,6 +15,8 @@ import pytest
 
 from harness.plugins import parallel
 
+pytestmark = pytest.mark.est_time(8)
+
 pytest_plugins = ["pytester"]
 
 MODULES = 6
@@ -113,3 +115,54 @@ def test_auto_on_a_joined_cluster_is_one_worker(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--ray-address", "127.0.0.1:1",
                                            "--collect-only", "-q", "-p", "no:xdist")
     result.stdout.fnmatch_lines(["AUTO 1"])
+
+
+ESTIMATED = """
+import pytest
+pytestmark = pytest.mark.est_time(10)
+
+def test_a(): pass
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_b(n): pass
+
+@pytest.mark.est_time(3)
+def test_c(): pass
+
+class TestD:
+    pytestmark = pytest.mark.est_time(4)
+    def test_e(self): pass
+    def test_f(self): pass
+"""
+
+
+def test_estimates_share_a_marker_as_the_rerun_registry_does(pytester):
+    items = pytester.getitems(ESTIMATED)
+    est = {item.nodeid.split("::", 1)[1]: v for item, v in zip(items, parallel.estimates(items).values())}
+    # The module's 10 s: half to test_a, half to test_b's two cases; test_c and the class have their own.
+    assert est == {"test_a": 5.0, "test_b[1]": 2.5, "test_b[2]": 2.5, "test_c": 3.0,
+                   "TestD::test_e": 2.0, "TestD::test_f": 2.0}
+    plain = pytester.makepyfile(test_plain="def test_x(): pass")
+    assert list(parallel.estimates(pytester.getitems(plain)).values()) == [parallel.UNMARKED_EST_S]
+
+
+SLOW = """
+import pytest
+@pytest.mark.est_time(60)
+def test_slow(): pass
+"""
+
+
+def test_the_longest_group_goes_first_even_with_the_fewest_tests(pytester, monkeypatch):
+    """xdist's own order (most tests first) would start the one-test module last."""
+    pytester.makeconftest(CONFTEST)
+    for i in range(MODULES):
+        pytester.makepyfile(**{f"test_m{i}": MODULE})
+    pytester.makepyfile(test_z_slow=SLOW)
+    where = pytester.path / "where.jsonl"
+    monkeypatch.setenv("WHERE", str(where))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup")
+    result.assert_outcomes(passed=6 * MODULES + 1)
+    ran = [json.loads(line) for line in where.read_text().splitlines()]
+    slow_pid = dict(ran)["test_z_slow.py::test_slow"]
+    assert [n for n, p in ran if p == slow_pid][0] == "test_z_slow.py::test_slow", ran

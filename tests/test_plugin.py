@@ -18,6 +18,8 @@ import pytest
 
 from harness import procs
 
+pytestmark = pytest.mark.est_time(30)
+
 pytest_plugins = ["pytester"]
 
 

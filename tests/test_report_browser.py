@@ -27,6 +27,8 @@ from harness import faults, ledger, results
 from harness.faults import source
 from harness.targets.sglang import target
 
+pytestmark = pytest.mark.est_time(25)
+
 REPO = Path(__file__).resolve().parents[1]
 FAULT = "decode-skips-swa-evict"
 

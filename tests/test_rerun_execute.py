@@ -14,6 +14,8 @@ from harness.rerun import cli, execute
 from harness.rerun.plan import Group, Item
 from rerun_tree import make_repo, make_upstream
 
+pytestmark = pytest.mark.est_time(40)
+
 HEADLINE = ["test_hisparse_allocator.py", "test_disaggregation_basic.py", "test_disaggregation_dsv4.py"]
 
 

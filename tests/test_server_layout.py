@@ -20,6 +20,8 @@ from harness.targets.sglang.server.launcher import (
 from harness.targets.sglang.server.layout import PLAIN_ROLE, SHARED_GPU_MEM_FRACTION, server_layout
 from harness.targets.sglang.server.stack import PLACEHOLDER_PORTS, pd_commands
 
+pytestmark = pytest.mark.est_time(6)
+
 PY = "/venv/bin/python"
 MODEL = "/models/dsv4"
 CPU_BUNDLE = {"CPU": 0.1}

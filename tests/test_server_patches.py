@@ -18,6 +18,8 @@ from harness.targets.sglang import target
 from harness.targets.sglang.server import compat, hooks
 from harness.targets.sglang.server.launcher import ServerPorts, server_command
 
+pytestmark = pytest.mark.est_time(30)
+
 
 def run_like_server(code: str, role: str = "decode", **launcher_kwargs) -> subprocess.CompletedProcess:
     cmd = server_command(topology.get("cpu"), role, model="/m", ports=ServerPorts(1, 2, 3), **launcher_kwargs)

@@ -20,6 +20,8 @@ from harness.rerun import versions
 from harness.targets.sglang import compat, target
 from harness.targets.sglang.version import UNKNOWN, read_version
 
+pytestmark = pytest.mark.est_time(20)
+
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]
 BIN = Path(sys.executable).parent

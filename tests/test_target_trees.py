@@ -21,6 +21,8 @@ import pytest
 
 from harness.targets.sglang import target
 
+pytestmark = pytest.mark.est_time(35)
+
 REPO = Path(__file__).resolve().parent.parent
 SUITE = "test_swa_prealloc_accounting.py"
 # The page floor of the SWA window start in DecodePreallocQueue._swa_tail_len (sglang#35286 / #35396).

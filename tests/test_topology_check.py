@@ -9,6 +9,8 @@ import pytest
 
 from harness import cli
 
+pytestmark = pytest.mark.est_time(10)
+
 
 def _harness(*args):
     return subprocess.Popen([sys.executable, "-m", "harness.cli", "topology", "check", *args],

@@ -16,6 +16,8 @@ from harness.clock import wait_for
 from harness.worker import (CallCheck, HttpCheck, InProcess, PortCheck, Probe, Subprocess, Watchdog, WorkerDied,
                             WorkerSpec, start_worker)
 
+pytestmark = pytest.mark.est_time(20)
+
 HTTP_SERVER = ("import http.server, sys; print('serving', flush=True); "
                "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()")
 # 80 numbered lines, then a child in the same process group, then wait: the leader's death orphans the child.

@@ -13,6 +13,11 @@ A test with an ``xdist_group`` marker runs in that group; every other test in it
 so module-scoped fixtures start once. Without ``--dist loadgroup`` (one process, ``-n 0``, or
 another ``--dist``) the groups change nothing.
 
+Groups are handed out longest first (:func:`estimates`: the ``est_time`` markers, read as the rerun
+registry reads them; an unmarked test counts :data:`UNMARKED_EST_S`), so the groups left for the end
+are short ones and the workers finish together. (xdist's own order, most tests first, left the
+slowest single-test modules for last, with one worker running them alone.)
+
 How the groups reach the scheduler: which fixtures a test takes is known only where tests are
 collected (the workers), and the scheduler runs in the controller, which sees node ids. Each
 worker writes ``{node id: group}`` to a file in a directory the controller hands it
@@ -32,8 +37,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
@@ -43,7 +49,10 @@ MAX_AUTO_WORKERS = 4
 #: Session fixtures whose tests must share one worker process, and the group each gives them.
 SHARED_FIXTURES = (("sglang_servers", "sglang-servers"), ("pd_pair", "pd-pairs"))
 
-#: ``workerinput`` key: the directory the workers write their ``{node id: group}`` maps to.
+#: Seconds an unmarked test counts for when groups are ordered: small, so marked (slow) groups go first.
+UNMARKED_EST_S = 0.2
+
+#: ``workerinput`` key: the directory the workers write their ``{node id: [group, est]}`` maps to.
 GROUPS_INPUT = "harness_groups_dir"
 
 _groups_dir_key = pytest.StashKey[Path]()
@@ -60,6 +69,35 @@ def group_of(item: pytest.Item) -> str:
         if fixture in names:
             return group
     return module_of(item.nodeid)
+
+
+def estimates(items: Sequence[pytest.Item]) -> dict[str, float]:
+    """Each test's estimated seconds, from the closest ``est_time`` marker covering it, read as the
+    rerun registry reads it: a module's or class's estimate is shared equally by the test functions
+    it covers that have none of their own, and a function's by its parametrized cases;
+    :data:`UNMARKED_EST_S` for a test no marker covers."""
+    covered: dict[str, tuple[str, str, float]] = {}  # node id -> (marked node, function, seconds)
+    for item in items:
+        for node, mark in item.iter_markers_with_node("est_time"):
+            try:
+                seconds = float(mark.args[0])
+            except (IndexError, TypeError, ValueError):
+                break  # the rerun registry names a malformed marker; here it only counts as unmarked
+            function = item.nodeid.split("[", 1)[0]
+            covered[item.nodeid] = (function if node is item else node.nodeid, function, seconds)
+            break
+    functions: dict[str, set[str]] = {}
+    for marked, function, _ in covered.values():
+        functions.setdefault(marked, set()).add(function)
+    cases = Counter(function for _, function, _ in covered.values())
+    out = {}
+    for item in items:
+        if item.nodeid in covered:
+            marked, function, seconds = covered[item.nodeid]
+            out[item.nodeid] = seconds / len(functions[marked]) / cases[function]
+        else:
+            out[item.nodeid] = UNMARKED_EST_S
+    return out
 
 
 def module_of(nodeid: str) -> str:
@@ -99,7 +137,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     out = Path(workerinput[GROUPS_INPUT]) / f"{workerinput.get('workerid', os.getpid())}.json"
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({item.nodeid: group_of(item) for item in session.items}))
+    est = estimates(session.items)
+    tmp.write_text(json.dumps({item.nodeid: [group_of(item), est[item.nodeid]] for item in session.items}))
     tmp.replace(out)
 
 
@@ -107,20 +146,32 @@ def _scheduling_class() -> type:
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
-        """xdist's ``loadscope`` whose scopes are the groups the workers wrote (:func:`group_of`)."""
+        """xdist's ``loadscope`` whose scopes are the groups the workers wrote (:func:`group_of`),
+        handed out longest first (:func:`estimates`)."""
 
         def __init__(self, config: pytest.Config, log: Any, groups_dir: Path) -> None:
             super().__init__(config, log)
             self._groups_dir = groups_dir
-            self._groups: dict[str, str] | None = None
+            self._groups: dict[str, tuple[str, float]] | None = None
 
-        def _split_scope(self, nodeid: str) -> str:
-            if self._groups is None:  # first called once every worker reported its collection
+        def _written(self) -> dict[str, tuple[str, float]]:
+            if self._groups is None:  # first needed once every worker reported its collection
                 written = sorted(self._groups_dir.glob("*.json"))
                 if not written:  # tests sharing a session's servers would spread over workers
                     raise RuntimeError(f"no pytest-xdist worker wrote its test groups to {self._groups_dir}")
-                self._groups = json.loads(written[0].read_text())
-            return self._groups.get(nodeid) or module_of(nodeid)
+                self._groups = {nodeid: (group, est) for nodeid, (group, est) in json.loads(written[0].read_text()).items()}
+            return self._groups
+
+        def _split_scope(self, nodeid: str) -> str:
+            return self._written().get(nodeid, (module_of(nodeid), 0.0))[0]
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The longest group left goes next (ties: xdist's order, most tests first).
+            written = self._written()
+            longest = max(self.workqueue, key=lambda scope: sum(written.get(n, ("", UNMARKED_EST_S))[1]
+                                                                for n in self.workqueue[scope]))
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
 
     return GroupScheduling
 
