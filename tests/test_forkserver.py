@@ -239,9 +239,11 @@ _PRELOAD_MODULE = """
 @pytest.fixture
 def python_servers():
     """The test's own Python fork servers (``forkserver._PYTHON``), stopped after it; the process's
-    others are put back."""
+    others (started by earlier tests of this worker, and advertised in its environment) are hidden
+    meanwhile and put back."""
     saved = list(forkserver._PYTHON), os.environ.get(forkserver.ADVERTISE_ENV)
     forkserver._PYTHON.clear()
+    os.environ.pop(forkserver.ADVERTISE_ENV, None)
     yield
     for server in forkserver._PYTHON:
         server.stop()
