@@ -151,11 +151,17 @@ class InProcess:
 
 @dataclass(frozen=True)
 class Subprocess:
-    """A command run by the actor in its own process group. ``{port}`` placeholders are filled."""
+    """A command run by the actor in its own process group. ``{port}`` placeholders are filled.
+
+    ``fatal``: text that, on a line of the worker's log, means the payload no longer works though
+    its process runs (a thread it cannot serve without died): the worker is dead from then on, as if
+    the process had exited.
+    """
 
     argv: tuple[str, ...]
     env: dict = field(default_factory=dict)
     cwd: str | None = None
+    fatal: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -345,6 +351,7 @@ class _WorkerActor:
         self.proc_start: int | None = None
         self.obj: Any = None
         self.stopped = False
+        self._read_to = 0  # how far poll() has read the log for the payload's fatal lines
         procs.register(os.getpid(), label=f"worker {spec.name}")
         _CURRENT = WorkerContext(spec.name, self.gpu_ids, dict(self.ports), str(self.log_path), str(spec.run_dir))
         self._note(f"worker {spec.name} pid {os.getpid()} gpus [{self.cuda}] ports {self.ports}")
@@ -367,6 +374,7 @@ class _WorkerActor:
                    "CUDA_VISIBLE_DEVICES": self.cuda}
             # Noted before the start: once it runs, the payload owns the log (our line would land among its).
             self._note(f"exec {' '.join(argv)}")
+            self._read_to = os.fstat(self._log_fd).st_size  # the payload's fatal lines are looked for in its own output
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log_fd, stderr=self._log_fd,
                                          env=env, cwd=p.cwd, start_new_session=True, preexec_fn=_pdeathsig)
             self.proc_start = procs.start_time(self.proc.pid)
@@ -388,6 +396,23 @@ class _WorkerActor:
             code = self.proc.poll()
             if code is not None:
                 return f"subprocess pid {self.proc.pid} ({self.spec.payload.argv[0]}) {_exit_cause(code)}"
+            return self._fatal_line()
+        return None
+
+    def _fatal_line(self) -> str | None:
+        """The cause when a complete log line written since the last poll holds one of the payload's
+        ``fatal`` texts."""
+        fatal = getattr(self.spec.payload, "fatal", ())
+        if not fatal:
+            return None
+        with open(self.log_path, "rb") as f:
+            f.seek(self._read_to)
+            new = f.read()
+        complete = new[:new.rfind(b"\n") + 1]
+        self._read_to += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if any(text in line for text in fatal):
+                return f"its log says it no longer serves: {line.strip()[:300]}"
         return None
 
     def ready(self) -> bool:

@@ -119,6 +119,24 @@ def test_sigkill_of_the_payload_raises_worker_died_with_the_last_50_lines(starte
     assert procs.wait_gone([child], 10) == []  # ... which kills the whole group
 
 
+def test_a_fatal_line_in_the_log_is_the_payloads_death_though_it_runs(started, tmp_path):
+    """A server whose serving thread died keeps running: the line it logs (a Subprocess's ``fatal``)
+    makes the worker dead, with that line as the cause; text before it, or on a line not yet ended, is not."""
+    script = ("echo 'Transfer thread starting'; printf 'Transfer thread failed because of 42'; sleep 1; "
+              "echo '. Prefill instance is dead.'; exec sleep 300")
+    w = started(WorkerSpec("server", Subprocess(("sh", "-c", script), fatal=("Transfer thread failed because of",)),
+                           run_dir=tmp_path))
+    assert w.poll() is None  # the fatal text is written, its line not yet ended
+    with pytest.raises(WorkerDied) as e:
+        for _ in range(200):
+            w.check()
+            time.sleep(0.05)
+    assert e.value.cause == "its log says it no longer serves: Transfer thread failed because of 42. Prefill instance is dead."
+    assert procs.alive(w.info.payload_pid), "the process itself still runs"
+    w.stop(grace=1.0)
+    assert procs.wait_gone([w.info.payload_pid], 10) == []
+
+
 def test_sigkill_of_the_actor_raises_worker_died_and_leaves_no_orphans(started, tmp_path):
     w = started(WorkerSpec("victim", Subprocess(("sh", "-c", CHATTY)), run_dir=tmp_path))
     child = _child_pid(w.log_path)

@@ -120,6 +120,13 @@ def stop_all(workers: Sequence[Any]) -> None:
         f.result()
 
 
+#: Lines of a server's log that mean it no longer serves though its process runs, so the stack is
+#: dead (the running test fails at once, the next gets a fresh stack): sglang's mooncake transfer
+#: thread ends on any exception (sglang#27162), after which every P→D transfer of that prefill
+#: hangs; one it meets is a race of that thread with the scheduler clearing a finished request
+#: (``KeyError`` in ``check_status``), seen on a loaded 2-core machine.
+SERVER_FATAL: tuple[str, ...] = ("Transfer thread failed because of",)
+
 #: ``0``: every CPU server starts as a fresh interpreter, never as a fork of the fork server.
 FORKSERVER_ENV = "HARNESS_SERVER_FORKSERVER"
 #: What decides which modules the fork server imported, and how: a server whose values differ is not forked.
@@ -167,7 +174,7 @@ def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_ti
         argv, env = _forked(argv, env)
     return WorkerSpec(
         name=name,
-        payload=Subprocess(argv, env=env),
+        payload=Subprocess(argv, env=env, fatal=SERVER_FATAL),
         run_dir=run_dir,
         ports=tuple(ports),
         ready=(HttpCheck("http://127.0.0.1:{http}" + ready_path),),
