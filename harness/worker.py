@@ -352,6 +352,7 @@ class _WorkerActor:
         self.obj: Any = None
         self.stopped = False
         self._read_to = 0  # how far poll() has read the log for the payload's fatal lines
+        self._fatal: str | None = None  # the fatal line's cause, once seen
         procs.register(os.getpid(), label=f"worker {spec.name}")
         _CURRENT = WorkerContext(spec.name, self.gpu_ids, dict(self.ports), str(self.log_path), str(spec.run_dir))
         self._note(f"worker {spec.name} pid {os.getpid()} gpus [{self.cuda}] ports {self.ports}")
@@ -396,13 +397,15 @@ class _WorkerActor:
             code = self.proc.poll()
             if code is not None:
                 return f"subprocess pid {self.proc.pid} ({self.spec.payload.argv[0]}) {_exit_cause(code)}"
-            return self._fatal_line()
+            if self._fatal is None:
+                self._fatal = self._fatal_line()
+            return self._fatal
         return None
 
     def _fatal_line(self) -> str | None:
         """The cause when a complete log line written since the last poll holds one of the payload's
         ``fatal`` texts."""
-        fatal = getattr(self.spec.payload, "fatal", ())
+        fatal = self.spec.payload.fatal
         if not fatal:
             return None
         with open(self.log_path, "rb") as f:

@@ -153,6 +153,7 @@ def _scheduling_class() -> type:
             super().__init__(config, log)
             self._groups_dir = groups_dir
             self._groups: dict[str, tuple[str, float]] | None = None
+            self._scope_est: dict[str, float] = {}
 
         def _written(self) -> dict[str, tuple[str, float]]:
             if self._groups is None:  # first needed once every worker reported its collection
@@ -167,9 +168,11 @@ def _scheduling_class() -> type:
 
         def _assign_work_unit(self, node: Any) -> None:
             # The longest group left goes next (ties: xdist's order, most tests first).
-            written = self._written()
-            longest = max(self.workqueue, key=lambda scope: sum(written.get(n, ("", UNMARKED_EST_S))[1]
-                                                                for n in self.workqueue[scope]))
+            if not self._scope_est:  # the work queue holds every group before the first is handed out
+                written = self._written()
+                self._scope_est = {scope: sum(written.get(n, ("", UNMARKED_EST_S))[1] for n in tests)
+                                   for scope, tests in self.workqueue.items()}
+            longest = max(self.workqueue, key=lambda scope: self._scope_est.get(scope, 0.0))
             self.workqueue.move_to_end(longest, last=False)
             super()._assign_work_unit(node)
 
