@@ -152,26 +152,26 @@ def _scheduling_class() -> type:
         def __init__(self, config: pytest.Config, log: Any, groups_dir: Path) -> None:
             super().__init__(config, log)
             self._groups_dir = groups_dir
-            self._groups: dict[str, tuple[str, float]] | None = None
+            self._groups: dict[str, list] | None = None
             self._scope_est: dict[str, float] = {}
 
-        def _written(self) -> dict[str, tuple[str, float]]:
+        def _written(self, nodeid: str) -> tuple[str, float]:
+            """The group and estimate a worker wrote for ``nodeid`` (its module's group, unmarked, if none)."""
             if self._groups is None:  # first needed once every worker reported its collection
                 written = sorted(self._groups_dir.glob("*.json"))
                 if not written:  # tests sharing a session's servers would spread over workers
                     raise RuntimeError(f"no pytest-xdist worker wrote its test groups to {self._groups_dir}")
-                self._groups = {nodeid: (group, est) for nodeid, (group, est) in json.loads(written[0].read_text()).items()}
-            return self._groups
+                self._groups = json.loads(written[0].read_text())
+            group, est = self._groups.get(nodeid) or (module_of(nodeid), UNMARKED_EST_S)
+            return group, est
 
         def _split_scope(self, nodeid: str) -> str:
-            return self._written().get(nodeid, (module_of(nodeid), 0.0))[0]
+            return self._written(nodeid)[0]
 
         def _assign_work_unit(self, node: Any) -> None:
             # The longest group left goes next (ties: xdist's order, most tests first).
             if not self._scope_est:  # the work queue holds every group before the first is handed out
-                written = self._written()
-                self._scope_est = {scope: sum(written.get(n, ("", UNMARKED_EST_S))[1] for n in tests)
-                                   for scope, tests in self.workqueue.items()}
+                self._scope_est = {scope: sum(self._written(n)[1] for n in tests) for scope, tests in self.workqueue.items()}
             longest = max(self.workqueue, key=lambda scope: self._scope_est.get(scope, 0.0))
             self.workqueue.move_to_end(longest, last=False)
             super()._assign_work_unit(node)
