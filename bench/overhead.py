@@ -5,7 +5,7 @@ Each measurement runs in a fresh Python process (one Ray per process), timed fro
 * baseline: ``ray.init`` (dashboard off, same temp-dir style) + one actor with ``num_cpus=0.1`` answering
   a call ("ready"), then ``ray.shutdown`` ("total");
 * harness API: ``Cluster.start(topology, simulate=True)`` + ``place`` + the first worker ready
-  (``start_worker`` of a :class:`harness.worker.Probe` in the first prefill group), then a worker per role
+  (``start_worker`` of a :class:`harness.workers.Probe` in the first prefill group), then a worker per role
   group and ``shutdown`` ("total");
 * no-op test: ``pytest`` running one test that starts one worker per role through ``pd_workers`` and
   does nothing else ("total" = the whole pytest process).
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ("cpu", "2-gpu-h100", "8-gpu-h200", "2-node-16-gpu-h200")
 
 NOOP_TEST = textwrap.dedent("""
-    from harness.worker import Probe, InProcess
+    from harness.workers import Probe, InProcess
 
     def test_noop(pd_workers, topology):
         for role in topology.roles:
@@ -67,7 +67,7 @@ def _child_harness(name: str) -> dict:
     t0 = float(os.environ["BENCH_T0"])
     from harness import rundir, topology
     from harness.cluster import Cluster
-    from harness.worker import InProcess, Probe, WorkerSpec, start_worker
+    from harness.workers import InProcess, Probe, WorkerSpec, start_worker
 
     topo = topology.get(name)
     run = rundir.create(Path(tempfile.mkdtemp(prefix="bench-run-")))

@@ -3,7 +3,7 @@
 A run directory is built with the ledger a real 1P1D run of ``--requests`` requests leaves (per
 request: prefill prealloc/transfer/release; decode prealloc, transfer, one ``decode_alloc`` per
 decode step with an SWA eviction each time the window slides past a page, release), in one test,
-then :func:`harness.html_report.write` renders it and headless Chromium opens it
+then :func:`harness.report.page.write` renders it and headless Chromium opens it
 (``tests/browser.py``: DevTools protocol). Printed as JSON:
 
 * ``write_s``: rendering the page and its timeline PNG;
@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness import html_report, ledger, results  # noqa: E402
+from harness import ledger  # noqa: E402
+from harness.report import page as html_report
+from harness.report import results
 
 PAGE, WINDOW = 64, 100
 

@@ -8,7 +8,7 @@ pools, page 64, window 100) through the full P→D path with the ledger checked 
 Ranks start two ways (``--rank-start``, default both, measured in the same run):
 
 * ``fork`` — the default of :mod:`harness.pd.deploy`: each rank's Ray worker is a fork of a
-  :mod:`harness.forkserver` that imported what a rank runs once (its preload CPU is printed on its
+  :mod:`harness.workers.forkserver` that imported what a rank runs once (its preload CPU is printed on its
   own line: paid once per driver process, shared by every deployment after it);
 * ``fresh`` — every rank's process imports torch and sglang itself (``HARNESS_RANK_FORKSERVER=0``).
 
@@ -91,7 +91,7 @@ def _standins(sockets: set[str]) -> list[int]:
     """Pids of the fork-server clients (Ray's stand-ins for forked ranks) of our servers."""
     import psutil
 
-    from harness.forkserver import CLIENT, SOCKET_ENV
+    from harness.workers.forkserver import CLIENT, SOCKET_ENV
 
     out = []
     for p in psutil.process_iter(["cmdline"]):
@@ -104,7 +104,8 @@ def _standins(sockets: set[str]) -> list[int]:
 
 
 def measure(name: str, requests: int, seed: int, mode: str) -> Measured:
-    from harness import forkserver, topology
+    from harness import topology
+    from harness.workers import forkserver
     from harness.cluster import Cluster
     from harness.pd import deploy
     from harness.pd.run import run
@@ -139,7 +140,7 @@ def measure(name: str, requests: int, seed: int, mode: str) -> Measured:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.WARNING)
-    from harness import forkserver
+    from harness.workers import forkserver
 
     modes = MODES if args.rank_start == "both" else (args.rank_start,)
     got = {(mode, name): measure(name, args.requests, args.seed, mode) for mode in modes for name in (SMALL, LARGE)}

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from harness import procs
-from harness.ports import allocate_ports
+from harness.workers import procs
+from harness.workers.ports import allocate_ports
 from harness.clock import wait_for
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ START_TIMEOUT_S = 90.0  # a node registers in ~6 s alone; other engineers' runs 
 STOP_GRACE_S = 10.0
 
 _DEFAULTS = {"num_cpus": 2, "num_gpus": 1, "object_store_mb": 128}
-# Every port a node listens on, besides the worker range: leased (harness.ports), so no two clusters on
+# Every port a node listens on, besides the worker range: leased (harness.workers.ports), so no two clusters on
 # the machine (nor the head and a worker here) collide on Ray's fixed defaults (10001, 52365, ...).
 _NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
                "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
@@ -62,7 +62,7 @@ _HEAD_PORTS = ("--port", "--dashboard-port")
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports, free now and leased for this machine's harness processes (:mod:`harness.ports`)."""
+    """``n`` distinct TCP ports, free now and leased for this machine's harness processes (:mod:`harness.workers.ports`)."""
     return list(allocate_ports(tuple(f"p{i}" for i in range(n))).values())
 
 

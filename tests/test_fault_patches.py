@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness import faults
-from harness.faults import matrix, source
+from harness.faults import source
+from harness.faultcheck import matrix
 
 pytestmark = pytest.mark.est_time(12)
 

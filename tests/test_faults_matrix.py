@@ -1,4 +1,4 @@
-"""The kill matrix (``harness.faults.matrix``) and ``harness faults``.
+"""The kill matrix (``harness.faultcheck.matrix``) and ``harness faults``.
 
 The matrix logic is tested on hand-written JUnit XML and on tiny pytest projects in ``tmp_path``
 whose tests, when a given fault is injected, write its marker and fail with (or without) its
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import faults
-from harness.faults import matrix
+from harness.faultcheck import matrix
 
 pytestmark = pytest.mark.est_time(45)
 

@@ -17,8 +17,9 @@ import time
 import psutil
 import pytest
 
-from harness import forkserver, topology
-from harness.forkserver import CLIENT, SOCKET_ENV, ForkServer, ForkServerError
+from harness import topology
+from harness.workers import forkserver
+from harness.workers.forkserver import CLIENT, SOCKET_ENV, ForkServer, ForkServerError
 from harness.pd import deploy
 from harness.pd.run import run
 from harness.pd.spec import KVSpec, PDRequest
@@ -415,7 +416,7 @@ def test_a_descendant_forks_from_its_ancestors_server(tmp_path, python_servers):
     # server this process advertises, starts none, and its command runs as that server's child.
     code = textwrap.dedent(f"""
         import os, subprocess, sys
-        from harness import forkserver
+        from harness.workers import forkserver
         argv, env = forkserver.python_command([sys.executable, {str(script)!r}], dict(os.environ), preload="fs_pymod")
         print(env[forkserver.SOCKET_ENV], len(forkserver._PYTHON), subprocess.run(argv, env=env, capture_output=True,
               text=True, timeout=60).stdout.strip())

@@ -18,7 +18,7 @@ import pytest
 from harness import cli as harness_cli
 from harness.gates import history, model, runner
 from harness.gates import plan as gate_plan
-from harness.rerun import cli as rerun_cli
+from harness.commands import rerun as rerun_cli
 from harness.rerun import collector, resolve
 
 pytestmark = pytest.mark.est_time(20)

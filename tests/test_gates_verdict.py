@@ -6,7 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness.gates import classify, history, render, repro
+from harness.gates import classify, history, render
+from harness.gates import bundle as repro
 from harness.gates.verdict import SuiteOutcome, TestOutcome, judge, judge_suite
 
 
@@ -18,7 +19,7 @@ def T(nodeid, outcome, attempts=None, cls="", msg="", group="cpu"):
 
 
 @pytest.mark.parametrize("kind, message, text, expected", [
-    ("failure", "harness.worker.WorkerDied: decode-0 died (SIGKILL)", "", "crash"),
+    ("failure", "harness.workers.WorkerDied: decode-0 died (SIGKILL)", "", "crash"),
     ("failure", "RuntimeError: boom", "E   Fatal Python error: Segmentation fault", "crash"),
     ("error", "collection failure", "E   ModuleNotFoundError: No module named 'sgl_kernel'", "import"),
     ("failure", "Failed: Timeout >300.0s", "", "timeout"),

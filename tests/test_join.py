@@ -1,4 +1,4 @@
-"""harness.join without a cluster: Ray's auth rules, the join errors' classes, skew and GPU kinds.
+"""harness.cluster.join without a cluster: Ray's auth rules, the join errors' classes, skew and GPU kinds.
 
 The same paths run for real against ``ray start`` clusters in ``test_joined_cluster.py`` and
 ``test_joined_auth.py``; here every branch is driven with hand-built inputs.
@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from harness import join
-from harness.join import Auth, ClusterMeta, JoinError, NodeFacts
+from harness.cluster import join
+from harness.cluster.join import Auth, ClusterMeta, JoinError, NodeFacts
 
 pytest_plugins = ["pytester"]
 
@@ -124,7 +124,7 @@ def test_pytest_on_a_cluster_it_cannot_join_is_one_error_for_the_session(pyteste
     """Two tests that need the cluster: the session ends at the first with one line and exit 2."""
     pytester.makepyfile(test_two="""
         import pytest
-        from harness.worker import InProcess
+        from harness.workers import InProcess
 
         pytestmark = pytest.mark.topology("2-gpu-h100")
 

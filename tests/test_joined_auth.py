@@ -114,7 +114,7 @@ def test_a_client_python_other_than_the_clusters_is_one_line_with_both(token_clu
     site = Path(ray.__file__).resolve().parent.parent  # the venv's packages, under the system interpreter
     env = clean_env(home_with_token, tmp_path / "procs", RAY_AUTH_MODE="token",
                     PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
-    done = subprocess.run([str(SYSTEM_PYTHON), "-m", "harness.rerun.cli", "--ray-address", token_cluster.address,
+    done = subprocess.run([str(SYSTEM_PYTHON), "-m", "harness.commands.rerun", "--ray-address", token_cluster.address,
                            "--run-dir", str(tmp_path / "run"), CROSS_NODE], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     line = _one_line(Done(done.returncode, done.stdout + done.stderr), "rerun-test")

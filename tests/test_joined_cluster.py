@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import procs
+from harness.workers import procs
 from harness.clock import wait_for
 from joined import REPO, TOPOLOGY, clean_env, harness, rerun_test, worker_actors
 from raycli import CliCluster, free_ports, two_nodes
@@ -142,7 +142,7 @@ from pathlib import Path
 import pytest
 
 from harness.plugins.state import FAILFAST_SIGNAL
-from harness.worker import InProcess
+from harness.workers import InProcess
 
 pytestmark = pytest.mark.topology("{topology}")
 

@@ -13,7 +13,7 @@ from harness import topology
 from harness.pd import deploy
 from harness.pd.run import run
 from harness.pd.spec import KVSpec, PDRequest
-from harness.worker import WorkerDied
+from harness.workers import WorkerDied
 
 pytestmark = [pytest.mark.est_time(120), pytest.mark.timeout(600)]
 

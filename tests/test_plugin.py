@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import procs
+from harness.workers import procs
 
 pytestmark = pytest.mark.est_time(30)
 
@@ -117,7 +117,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.worker import Subprocess, WorkerDied
+from harness.workers import Subprocess, WorkerDied
 
 OUT = Path(os.environ["HARNESS_TEST_OUT"])
 CHATTY = "for i in $(seq 1 80); do echo line-$i; done; sleep 300 & echo child=$!; wait"
@@ -247,8 +247,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import procs
-from harness.worker import Subprocess
+from harness.workers import procs
+from harness.workers import Subprocess
 
 OUT = Path(os.environ["HARNESS_TEST_OUT"])
 

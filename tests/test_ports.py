@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness import ports
+from harness.workers import ports
 
 
 def test_ports_sit_between_rays_worker_ports_and_the_ephemeral_range():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness import procs
+from harness.workers import procs
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def _spawn_owner_with_group() -> tuple[subprocess.Popen, int, int]:
     """A stand-in 'pytest' (owner) that started a process group with two members, registered it, and
     exits; returns (owner, group leader pid, child pid)."""
     code = (
-        "import os, subprocess, sys; from harness import procs; procs.claim();"
+        "import os, subprocess, sys; from harness.workers import procs; procs.claim();"
         "p = subprocess.Popen(['sh', '-c', 'sleep 300 & echo $!; wait'], stdout=subprocess.PIPE, start_new_session=True);"
         "child = int(p.stdout.readline());"
         "procs.register(p.pid, kind='pgid', label='test group');"

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 
 import browser
-from harness import faults, ledger, results
+from harness import faults, ledger
+from harness.report import results
 from harness.faults import source
-from harness.targets.sglang import target
+from harness.targets.sglang import selection as target
 
 pytestmark = pytest.mark.est_time(25)
 
@@ -86,7 +87,7 @@ def faulted_run(chromium_exe: str, tmp_path_factory: pytest.TempPathFactory) -> 
     source.scratch_copy([FAULT], patched)
     env = {**os.environ, faults.ENV_VAR: FAULT, "RAY_DEDUP_LOGS": "0", target.OVERLAY_ENV: str(patched),
            "PYTHONPATH": os.pathsep.join(p for p in (str(patched), os.environ.get("PYTHONPATH", "")) if p)}
-    cmd = [sys.executable, "-m", "harness.rerun.cli", "--suites-dir", str(tree), "--run-dir", str(run_dir), "--jobs", "1",
+    cmd = [sys.executable, "-m", "harness.commands.rerun", "--suites-dir", str(tree), "--run-dir", str(run_dir), "--jobs", "1",
            "test_tiny_pd.py"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
     return run_dir, proc

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from harness import html_report, ledger, results, timeline
+from harness import ledger
+from harness.report import page as html_report
+from harness.report import results
+from harness.report import timeline
 from harness.gates import render
 from harness.gates.verdict import SuiteOutcome, TestOutcome, judge
 from harness.rerun import comment

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from harness import cli as harness_cli
-from harness.rerun import cli, github
+from harness.rerun import github
+from harness.commands import rerun as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((ROOT / "ci" / "workflows").glob("*.yml"))
@@ -65,7 +66,7 @@ def _check_command(tokens: list[str]) -> None:
     module = args[2]
     assert module.startswith("harness.") and importlib.util.find_spec(module) is not None, module
     rest = args[3:]
-    if module == "harness.rerun.cli":
+    if module == "harness.commands.rerun":
         parser = cli.build_parser()
     elif module == "harness.rerun.github":
         subs = _subparsers(github.build_parser())
@@ -252,7 +253,7 @@ def test_rerun_matrix_comes_from_dry_run_and_runs_on_runner_label():
     for job in (plan, run):  # the PR's code: the commit the slash command checked
         assert job["steps"][0]["with"]["ref"] == "${{ inputs.sha }}"
     plan_cmd = next(s["run"] for s in plan["steps"] if s.get("id") == "plan")
-    assert "harness.rerun.cli --dry-run --github-output" in plan_cmd
+    assert "harness.commands.rerun --dry-run --github-output" in plan_cmd
     assert plan["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
     assert run["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     assert run["runs-on"] == "${{ matrix.runner }}"
@@ -274,12 +275,12 @@ def test_bot_side_needs_only_the_standard_library(tmp_path):
     from rerun_tree import make_repo
 
     repo = make_repo(tmp_path / "repo")
-    plan = subprocess.run([sys.executable, "-S", "-m", "harness.rerun.cli", "--dry-run", "--repo-root", str(repo),
+    plan = subprocess.run([sys.executable, "-S", "-m", "harness.commands.rerun", "--dry-run", "--repo-root", str(repo),
                            "/rerun-test test_hisparse_allocator.py test_disaggregation_dsv4.py"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0, plan.stderr
     assert {e["runner"] for e in __import__("json").loads(plan.stdout)["include"]} == {"ubuntu-latest", "8-gpu-h200"}
-    for argv in (["harness.rerun.github", "--help"], ["harness.rerun.cli", "--parse-only", "test_a.py"]):
+    for argv in (["harness.rerun.github", "--help"], ["harness.commands.rerun", "--parse-only", "test_a.py"]):
         r = subprocess.run([sys.executable, "-S", "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from harness.results import CaseResult, GroupResult
-from harness.rerun import cli, comment, github
+from harness.report.results import CaseResult, GroupResult
+from harness.rerun import comment, github
+from harness.commands import rerun as cli
 from harness.rerun.comment import GroupStatus
 from harness.rerun.permission import may_rerun
 

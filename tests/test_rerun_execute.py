@@ -8,9 +8,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness import report, results
-from harness.results import CaseResult, GroupResult
-from harness.rerun import cli, execute
+from harness import report
+from harness.report import results
+from harness.report.results import CaseResult, GroupResult
+from harness.rerun import execute
+from harness.commands import rerun as cli
 from harness.rerun.plan import Group, Item
 from rerun_tree import make_repo, make_upstream
 
@@ -224,7 +226,7 @@ def test_report_parse_merge_markdown_json():
 def test_report_does_not_import_ray():
     import subprocess
     import sys
-    code = "import sys, harness.report, harness.rerun.cli; sys.exit('ray' in sys.modules or 'sglang' in sys.modules)"
+    code = "import sys, harness.report, harness.commands.rerun; sys.exit('ray' in sys.modules or 'sglang' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from harness.rerun import cli, collector, plan
+from harness.rerun import collector, plan
+from harness.commands import rerun as cli
 from harness.rerun.resolve import resolve
 from harness.rerun.spec import parse_specs
 from rerun_tree import make_repo, make_upstream
@@ -184,7 +185,7 @@ def test_dry_run_pairs_files_and_engine_narrows(capsys):
     into the cpu group; --engine sim leaves them out; --engine sglang-server keeps only them."""
     import json
 
-    from harness.rerun.cli import main
+    from harness.commands.rerun import main
 
     def groups(*args):
         assert main(["--dry-run", *args, "test_disaggregation_basic.py"]) == 0

@@ -1,4 +1,4 @@
-"""The one reader of results (``harness.results``) and the per-test record plugin that feeds it.
+"""The one reader of results (``harness.report.results``) and the per-test record plugin that feeds it.
 
 JUnit is hand-written; the record is produced by the real plugin in a pytester session whose test
 writes a ledger and a worker log into the run directory (no Ray needed for that).
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, results
+from harness import ledger
+from harness.report import results
 from harness.gates import classify
-from harness.faults import matrix
+from harness.faultcheck import matrix
 
 pytest_plugins = ["pytester"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from harness import forkserver
+from harness.workers import forkserver
 from harness.targets.sglang.preload import SERVER_PRELOAD
 
 MODEL = "tiny-llama"

@@ -99,7 +99,7 @@ def test_dp_replicas_without_attention_dp_multiply_the_gpus():
 
 
 def _start_probe(name, group, run_dir):
-    from harness.worker import InProcess, Probe, WorkerSpec, start_worker
+    from harness.workers import InProcess, Probe, WorkerSpec, start_worker
 
     return start_worker(WorkerSpec(name, InProcess(Probe), run_dir=run_dir), group)
 
@@ -108,7 +108,7 @@ def _start_probe(name, group, run_dir):
 def test_each_server_process_sees_every_gpu_of_its_group(ray_cluster, tmp_path, name):
     if not ray_cluster.simulate:
         pytest.skip("needs the simulated session cluster (--simulate on a machine without GPUs)")
-    from harness import procs
+    from harness.workers import procs
 
     topo = topology.get(name)
     layout = server_layout(topo)

@@ -14,8 +14,9 @@ import textwrap
 import pytest
 
 from harness import topology
-from harness.targets.sglang import target
-from harness.targets.sglang.server import compat, hooks
+from harness.targets.sglang import selection as target
+from harness.targets.sglang.server import hooks
+from harness.targets.sglang.server import patches as compat
 from harness.targets.sglang.server.launcher import ServerPorts, server_command
 
 pytestmark = pytest.mark.est_time(30)

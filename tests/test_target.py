@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.rerun import versions
-from harness.targets.sglang import compat, target
+from harness.rerun import matrix as versions
+from harness.targets.sglang import compat
+from harness.targets.sglang import selection as target
 from harness.targets.sglang.version import UNKNOWN, read_version
 
 pytestmark = pytest.mark.est_time(20)
@@ -132,7 +133,7 @@ def test_a_release_the_index_does_not_have_is_refused(tmp_path, monkeypatch):
 
 def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
     tree = fake_tree(tmp_path / "tree", "0.5.21")
-    code = ("import os, sys; from harness.targets.sglang import target as t; found = t.select(sys.argv[1]); "
+    code = ("import os, sys; from harness.targets.sglang import selection as t; found = t.select(sys.argv[1]); "
             "import sglang; print(sglang.__file__); "
             "import subprocess; print(subprocess.run([sys.executable, '-c', 'import sglang; print(sglang.__file__)'], "
             "capture_output=True, text=True).stdout.strip()); print(os.environ['HARNESS_SGLANG'])")
@@ -145,7 +146,7 @@ def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
     # Another sglang imported first (a second small tree: the refusal does not depend on which one,
     # and the installed package would take seconds to import).
     other = fake_tree(tmp_path / "other", "0.5.22")
-    late = ("import sglang, sys; from harness.targets.sglang import target as t; t.select(sys.argv[1])")
+    late = ("import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1])")
     done = subprocess.run([sys.executable, "-c", late, str(tree)], capture_output=True, text=True, timeout=120,
                           env=_env(PYTHONPATH=os.pathsep.join([str(other), _env()["PYTHONPATH"]])))
     last = done.stderr.splitlines()[-1]
@@ -254,7 +255,7 @@ def test_matrix_tables_count_outcomes_per_target_and_file(tmp_path):
 def test_a_ray_worker_imports_the_target_the_driver_selected(pytester, tmp_path):
     tree = fake_tree(tmp_path / "tree", "0.5.21")
     pytester.makepyfile(f"""
-        from harness.worker import InProcess, Probe, WorkerSpec, start_worker
+        from harness.workers import InProcess, Probe, WorkerSpec, start_worker
 
         def test_worker_sees_the_tree(ray_cluster, tmp_path):
             w = start_worker(WorkerSpec("probe", InProcess(Probe), run_dir=tmp_path, ready_timeout=120))

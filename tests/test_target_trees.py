@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from harness.targets.sglang import target
+from harness.targets.sglang import selection as target
 
 pytestmark = pytest.mark.est_time(35)
 

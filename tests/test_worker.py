@@ -11,9 +11,9 @@ import urllib.request
 
 import pytest
 
-from harness import procs
+from harness.workers import procs
 from harness.clock import wait_for
-from harness.worker import (CallCheck, HttpCheck, InProcess, PortCheck, Probe, Subprocess, Watchdog, WorkerDied,
+from harness.workers import (CallCheck, HttpCheck, InProcess, PortCheck, Probe, Subprocess, Watchdog, WorkerDied,
                             WorkerSpec, start_worker)
 
 pytestmark = pytest.mark.est_time(20)
@@ -57,7 +57,7 @@ def _child_pid(log_path) -> int:
 
 
 def test_in_process_payload_runs_in_the_actor(started, tmp_path):
-    w = started(WorkerSpec("probe", InProcess("harness.worker:Probe"), run_dir=tmp_path, ports=("http",),
+    w = started(WorkerSpec("probe", InProcess("harness.workers:Probe"), run_dir=tmp_path, ports=("http",),
                            ready=(CallCheck("pid"),)))
     assert w.call("pid") == w.info.pid != os.getpid()
     ctx = w.call("context")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness import rundir, topology
 from harness.cli import UsageError
-from harness.targets.sglang import target as sglang_target
+from harness.targets.sglang import selection as sglang_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     from harness import doctor
-    from harness.join import JoinError
+    from harness.cluster.join import JoinError
 
     try:
         topo = topology.get(args.topology)

@@ -2,7 +2,7 @@
 
 ``list`` prints the fault catalog: name, the upstream issue it mirrors, its form (source patch or
 runtime wrapper), the evidence a catch must show, the suites it targets and a one-line description.
-``check`` runs the kill matrix (``harness.faults.matrix``): the clean run of every selected suite
+``check`` runs the kill matrix (``harness.faultcheck.matrix``): the clean run of every selected suite
 (or ``--clean-junit``; with ``--wait-for PID`` the report is still being written by that process, and
 the fault runs go ahead meanwhile), then each fault in a fresh pytest subprocess, and writes the run's HTML page
 (``<run-dir>/report/index.html``: the fault × suite table, each run's tests with their KV-pool
@@ -20,10 +20,11 @@ import os
 import time
 from pathlib import Path
 
-from harness import faults, procs
+from harness import faults
+from harness.workers import procs
 from harness.cli import UsageError
-from harness.faults import matrix
-from harness.targets.sglang import target as sglang_target
+from harness.faultcheck import matrix
+from harness.targets.sglang import selection as sglang_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from harness import rundir
 from harness.cli import UsageError
 from harness.gates import model
-from harness.targets.sglang import target as sglang_target
+from harness.targets.sglang import selection as sglang_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     gpus = detect_gpus() if args.gpus is None else args.gpus
     joined = None
     if args.ray_address:  # one line and exit 2 when the cluster cannot be used, before any suite starts
-        from harness import join
+        from harness.cluster import join
 
         try:
             joined = join.preflight(args.ray_address)

@@ -2,7 +2,7 @@
 
 Every target is resolved before anything runs (an unknown release, a missing path, a directory
 without ``sglang/``, a release older than the supported range: one line, exit 2); then each runs in
-its own rerun-test, one after another (:mod:`harness.rerun.versions`). Exit 0 when every target's
+its own rerun-test, one after another (:mod:`harness.rerun.matrix`). Exit 0 when every target's
 run passed, 1 otherwise, 2 on bad input.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from harness import rundir
 from harness.cli import UsageError
-from harness.rerun import versions
-from harness.targets.sglang import target as sglang_target
+from harness.rerun import matrix as versions
+from harness.targets.sglang import selection as sglang_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:

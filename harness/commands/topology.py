@@ -50,7 +50,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from harness.cluster import Cluster
-    from harness.join import JoinError
+    from harness.cluster.join import JoinError
 
     topo = _load(args.name)
     if args.simulate and args.ray_address:

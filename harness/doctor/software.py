@@ -18,7 +18,7 @@ from typing import Callable
 
 from harness.doctor.result import CheckResult, Status
 
-_SGLANG_ENV = "HARNESS_SGLANG"  # harness.targets.sglang.target.ENV_VAR
+_SGLANG_ENV = "HARNESS_SGLANG"  # harness.targets.sglang.selection.ENV_VAR
 
 def _adapter_range() -> tuple[str, Callable[[str], "str | None"]]:
     # The adapter's compat module reads no sglang at import, so doctor can ask it directly.
@@ -78,7 +78,7 @@ def installed_versions(version_of: Callable[[str], str] = importlib.metadata.ver
 def _sglang_tree_version() -> str | None:
     """The version of the sglang this interpreter runs: the selected target (``$HARNESS_SGLANG``), else
     the tree an import would find (its own version file), else None (metadata decides)."""
-    from harness.targets.sglang import target
+    from harness.targets.sglang import selection as target
 
     if os.environ.get(_SGLANG_ENV):
         return target.current().version  # the target under test, not the venv's install
@@ -142,12 +142,12 @@ def check_driver(nodes: list) -> list[CheckResult]:
     """Every node of a joined cluster against this machine (the driver): python, ray, sglang, torch.
 
     Args:
-        nodes: :class:`harness.join.NodeFacts` of every alive node (what they answered when joined).
+        nodes: :class:`harness.cluster.join.NodeFacts` of every alive node (what they answered when joined).
 
     Returns:
         One ``software.driver`` row (node ``all``) naming each differing node and both versions.
     """
-    from harness.join import skew
+    from harness.cluster.join import skew
 
     problems = skew(nodes)
     if problems:

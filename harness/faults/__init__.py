@@ -19,7 +19,7 @@ it imports carries every named patch), and by the pytest option ``--inject-fault
 Each :class:`Fault` names the *evidence* its catch must show — the ledger rules or general
 invariants (``[swa-tail-short]``, ``KVCorruption``, ...) of which one must appear in a failing test's
 report — and the suite selections that carry it (``suites``), which the kill matrix
-(:mod:`harness.faults.matrix`) runs.
+(:mod:`harness.faultcheck.matrix`) runs.
 
 Failure modes: an unknown name raises :class:`FaultError` naming it and the known names; a runtime
 target missing from the engine, or a patch fault whose patch is not in the imported sglang, raises

@@ -93,7 +93,7 @@ def target_tree() -> Path:
     Raises:
         PatchError: no ``sglang`` package is importable.
     """
-    from harness.targets.sglang import target  # here: the adapter package imports harness.faults
+    from harness.targets.sglang import selection as target
 
     try:
         return target.sglang_root().resolve()

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from harness import results
+from harness.report import results
 
 CLASSES = ("crash", "import", "timeout", "accounting", "accuracy", "timing", "assertion", "error")
 
@@ -48,7 +48,7 @@ class Failure:
     """One failing case as JUnit recorded it.
 
     Attributes:
-        nodeid: the test's node id (as :func:`harness.results.parse_junit` rebuilds it).
+        nodeid: the test's node id (as :func:`harness.report.results.parse_junit` rebuilds it).
         kind: ``failure`` (the test body) or ``error`` (setup/teardown/collection).
         message: the element's ``message`` attribute.
         text: the element's text (the traceback).
@@ -95,14 +95,14 @@ def classify(kind: str, message: str, text: str = "") -> str:
 
 
 def failures(cases: Iterable[results.CaseResult]) -> list[Failure]:
-    """Every failed or errored case of a JUnit report read by :mod:`harness.results`, classified."""
+    """Every failed or errored case of a JUnit report read by :mod:`harness.report.results`, classified."""
     tags = {"failed": "failure", "error": "error"}
     return [Failure(c.nodeid, tags[c.outcome], c.reason, c.traceback, classify(tags[c.outcome], c.reason, c.traceback))
             for c in cases if c.outcome in tags]
 
 
 def failures_from_junit(xml_text: str) -> list[Failure]:
-    """:func:`failures` of a JUnit document (node ids as :func:`harness.results.parse_junit` rebuilds them).
+    """:func:`failures` of a JUnit document (node ids as :func:`harness.report.results.parse_junit` rebuilds them).
 
     Raises:
         ValueError: not XML.

@@ -1,5 +1,5 @@
 """Reports of a gate run: the verdict block, ``summary.md``, ``result.json``, the merged JUnit and the
-tables of its HTML page (:mod:`harness.html_report`). Pure.
+tables of its HTML page (:mod:`harness.report.page`). Pure.
 
 ``summary.md`` is what a release manager reads: the verdict and its reasons, one row per suite
 (required or informational, passed / failed / skipped / flaky, pass rate against the threshold),
@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness import html_report, report
+from harness import report
+from harness.report import page
 from harness.gates.verdict import Verdict
 
 
@@ -172,7 +173,7 @@ def jobs_md(gate: str, jobs: list[tuple[str, dict | None]], passed: bool, reason
     return "\n".join(lines) + "\n"
 
 
-def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[str, float, int, int]]) -> list[html_report.Table]:
+def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[str, float, int, int]]) -> list[page.Table]:
     """The gate's own tables on its HTML page: the verdict table and the flaky record.
 
     Args:
@@ -191,7 +192,7 @@ def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[st
         rows.append((s.name, "required" if s.required else "informational", str(s.passed), str(s.failed), str(s.skipped),
                      str(s.flaky), _rate(s.pass_rate), f"{s.min_pass_rate:.0%}", "; ".join(sv.reasons) or "ok"))
         status.append("ok" if sv.ok else ("bad" if s.required else "warn"))
-    verdict_table = html_report.Table(
+    verdict_table = page.Table(
         "Gate verdict", ("suite", "kind", "passed", "failed", "skipped", "flaky", "pass rate", "needed", "status"),
         tuple(rows), tuple(status))
     frows, fstatus = [], []
@@ -205,7 +206,7 @@ def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[st
     for nodeid, rate, passed, attempts in flaky_history:
         frows.append((nodeid, "history", f"{passed}/{attempts} passed", f"flaky over recent runs ({rate:.0%})", "-", "-"))
         fstatus.append("warn")
-    flaky_table = html_report.Table(
+    flaky_table = page.Table(
         "Flaky record", ("test", "suite / group", "attempts", "result", "failure class", "repro"), tuple(frows), tuple(fstatus),
         note="this run's reruns and failures, then the tests the flaky history shows as flaky"
              if frows else "no test needed a rerun or failed in this run, and the history shows none flaky")

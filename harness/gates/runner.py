@@ -26,18 +26,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from harness import html_report, ledger, report, results
-from harness.stamp import git_state
+from harness import ledger, report
+from harness.report import page
+from harness.report import results
+from harness.report.stamp import git_state
 from harness import topology as topo_mod
-from harness.gates import classify, history, render, repro
+from harness.gates import classify, history, render
+from harness.gates import bundle as repro
 from harness.gates.model import Gate, GateSuite
 from harness.gates.plan import entry_plan, runner_label
 from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
 from harness.plugins import seeds as seeds_mod
-from harness.results import CaseResult, GroupResult
+from harness.report.results import CaseResult, GroupResult
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 from harness.rerun.registry import RegistryError
-from harness.targets.sglang import target as sglang_target
+from harness.targets.sglang import selection as sglang_target
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ class GateOptions:
         runner: run only the groups of this CI runner label (:func:`harness.gates.plan.runner_label`);
             entries with none there are left out of the run and its verdict (None: every group).
         joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
-            (:func:`harness.join.gpu_kind`), stamped on the report.
+            (:func:`harness.cluster.join.gpu_kind`), stamped on the report.
     """
 
     repo_root: Path
@@ -469,9 +472,9 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
 
 
 def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repros: dict[str, str], run_dir: Path,
-                  repo_root: Path = html_report.REPO_ROOT) -> None:
+                  repo_root: Path = page.REPO_ROOT) -> None:
     """``report/``: ``junit.xml`` (every group and rerun, stamped), ``summary.md``, ``result.json``,
-    ``durations.json`` and ``index.html`` (:mod:`harness.html_report`: the verdict table, the flaky
+    ``durations.json`` and ``index.html`` (:mod:`harness.report.page`: the verdict table, the flaky
     record — this run's reruns and the history's flaky tests, read before this run is appended)."""
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -489,7 +492,7 @@ def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repro
             part(res, rdir / "junit", f"{r.entry.name}/{res.name}/rerun-{k}", suite=r.entry.name,
                  required=str(r.entry.required).lower(), rerun_of=nodeid)
     (out / "junit.xml").write_text(render.merged_junit(info, parts), encoding="utf-8")
-    (out / "summary.md").write_text(render.summary_md(info, v, repros, page=html_report.INDEX), encoding="utf-8")
+    (out / "summary.md").write_text(render.summary_md(info, v, repros, page=page.INDEX), encoding="utf-8")
     (out / "result.json").write_text(json.dumps(render.result_json(info, v, repros), indent=2) + "\n", encoding="utf-8")
     # measured durations: the next plan's est_time (and so the live ETA) comes from them
     measured = report.durations([res for r in runs for res in r.results])
@@ -497,7 +500,7 @@ def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repro
     groups = [replace(res, name=f"{r.entry.name}/{res.name}") for r in runs for res in r.results]
     groups += [replace(res, name=f"{r.entry.name}/{res.name}/rerun-{k}") for r in runs for k, (_, res, _) in enumerate(r.reruns, 1)]
     recent = history.flaky(history.read(run_dir.parent / history.FILE_NAME), FLAKY_WINDOW)
-    header = html_report.Header(f"gate {info.gate}", v.passed, tuple(v.reasons), tuple(v.warnings), info.wall_time,
+    header = page.Header(f"gate {info.gate}", v.passed, tuple(v.reasons), tuple(v.warnings), info.wall_time,
                                 {"hypothesis": info.hypothesis_seed, "workload": info.workload_seed})
     tables = render.page_tables(v, repros, [(t.nodeid, t.pass_rate, t.passed, t.attempts) for t in recent])
-    html_report.write(out, header, groups, tables, repo_root=repo_root)
+    page.write(out, header, groups, tables, repo_root=repo_root)

@@ -7,7 +7,7 @@ never in the driver). Workers get any ``HARNESS_FAULTS`` of the driver, so a fau
 test reaches the ranks (the SWA eviction interval comes with each configuration, ``KVSpec``).
 
 Ranks without a real GPU (CPU topologies, simulated GPUs) start as forks of a
-:mod:`harness.forkserver` that already imported what a rank runs
+:mod:`harness.workers.forkserver` that already imported what a rank runs
 (:data:`harness.targets.sglang.preload.RANK_PRELOAD`), one per driver process and rank environment:
 each rank is still its own Ray actor in its placement-group bundle, but pays a fork instead of
 sglang's import. ``HARNESS_RANK_FORKSERVER=0`` turns it off (every rank imports for itself).
@@ -106,11 +106,11 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
         PlacementError: the topology does not fit.
         WorkerDied / TimeoutError: a worker did not start (the others are stopped).
     """
-    from harness.worker import InProcess, WorkerSpec, start_worker
+    from harness.workers import InProcess, WorkerSpec, start_worker
 
     runtime_env = None
     if uses_forkserver(cluster, topology):
-        from harness import forkserver
+        from harness.workers import forkserver
         from harness.targets.sglang.preload import RANK_PRELOAD
 
         # The ranks' own environment, so what modules read at import is what the ranks would read.

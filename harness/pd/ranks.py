@@ -1,8 +1,8 @@
 """A role's TP ranks as one callable group: the same method on every rank, in parallel.
 
 Members are either payload objects in this process (tests without Ray) or started harness workers
-(:class:`harness.worker.Worker`, one Ray actor per rank). Calls on workers run concurrently on all
-ranks and always wait with a timeout; a dead worker surfaces as :class:`harness.worker.WorkerDied`
+(:class:`harness.workers.Worker`, one Ray actor per rank). Calls on workers run concurrently on all
+ranks and always wait with a timeout; a dead worker surfaces as :class:`harness.workers.WorkerDied`
 with its log tail.
 """
 
@@ -18,12 +18,12 @@ class Ranks:
     """The ranks of one role.
 
     Args:
-        members: payload objects (local) or :class:`harness.worker.Worker` handles (Ray), rank order.
+        members: payload objects (local) or :class:`harness.workers.Worker` handles (Ray), rank order.
         timeout: seconds any one call may take.
     """
 
     def __init__(self, members: Sequence[Any], timeout: float = 120.0):
-        from harness.worker import Worker
+        from harness.workers import Worker
 
         if not members:
             raise ValueError("a role needs at least one rank")

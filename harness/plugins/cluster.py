@@ -53,7 +53,7 @@ class PdWorkers:
     """Start workers of a topology's roles in its placement groups; everything is stopped after the test.
 
     ``pd_workers(role, payload, group=0, rank=0, name=None, **spec)`` starts one worker (``spec``:
-    the other :class:`harness.worker.WorkerSpec` fields: ports, ready, ready_timeout, env, ...);
+    the other :class:`harness.workers.WorkerSpec` fields: ports, ready, ready_timeout, env, ...);
     ``pd_workers.role(role, payload, **spec)`` starts one per rank of every group of the role
     (``payload`` may be a function ``(group, rank) -> payload``).
     """
@@ -75,7 +75,7 @@ class PdWorkers:
 
     def __call__(self, role: str, payload: Any, *, group: int = 0, rank: int = 0, name: str | None = None,
                  **spec: Any) -> Any:
-        from harness.worker import WorkerSpec, start_worker
+        from harness.workers import WorkerSpec, start_worker
 
         groups = self.placement.of(role)
         if not 0 <= group < len(groups):

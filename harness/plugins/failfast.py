@@ -2,7 +2,7 @@
 
 A watchdog thread (:class:`harness.plugins.state.HarnessState`) polls every started worker; if one
 (or its subprocess) dies while a test body runs, the test fails within about a second with
-:class:`harness.worker.WorkerDied` (name, cause, last 50 log lines), raised in the test's main
+:class:`harness.workers.WorkerDied` (name, cause, last 50 log lines), raised in the test's main
 thread through SIGUSR2 — never ``os._exit``. Inside a blocking ``ray.get`` the death arrives as
 ``KeyboardInterrupt`` (the only exception Ray's get loop lets through) and is turned back into the
 ``WorkerDied`` here. A death the test swallowed, or one just after it ended, still fails it.
@@ -119,7 +119,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def _is_worker_died(e: Any) -> bool:
-    from harness.worker import WorkerDied
+    from harness.workers import WorkerDied
 
     return isinstance(e, WorkerDied)
 
@@ -132,7 +132,7 @@ def _owns(item: pytest.Item, died: Any) -> bool:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
     report = yield
     if report.failed:
-        from harness.worker import TAIL_LINES
+        from harness.workers import TAIL_LINES
 
         for w in owned_workers(item):
             tail = w.tail(TAIL_LINES)

@@ -31,7 +31,7 @@ import pytest
 
 from harness import faults
 from harness.faults import source
-from harness.targets.sglang import target as target_mod
+from harness.targets.sglang import selection as target_mod
 
 log = logging.getLogger(__name__)
 

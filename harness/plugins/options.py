@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-# The help text lives with the target resolver (harness/targets/sglang/target.py), which imports no sglang.
+# The help text lives with the target resolver (harness/targets/sglang/selection.py), which imports no sglang.
 SGLANG_HELP = ("the sglang under test: 'installed' (default), a release like 0.5.21 (installed on demand), "
                "a source tree (a checkout's python/ dir or any dir holding sglang/) or a wheel file; "
                "env HARNESS_SGLANG")

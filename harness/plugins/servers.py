@@ -28,7 +28,7 @@ Servers on a machine without the CPU stack's packages (``sglang_router``, moonca
 message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
 without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the test saying what it
 needs, and so it does on a joined cluster whose GPU nodes lack the devices (logical GPUs: ``ray start
---num-gpus`` on a machine without them; the nodes are asked, :mod:`harness.join`); otherwise the
+--num-gpus`` on a machine without them; the nodes are asked, :mod:`harness.cluster.join`); otherwise the
 topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
 Servers are placed by :func:`harness.targets.sglang.server.layout.server_layout` (one bundle with all
 of a server's GPUs). Which engine and which models: :mod:`harness.plugins.engine`.

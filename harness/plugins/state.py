@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from harness import procs, rundir
+from harness import rundir
+from harness.workers import procs
 from harness import topology as topology_mod
 from harness.plugins.options import Settings, settings
 
@@ -90,7 +91,7 @@ class HarnessState:
         Cannot use: not joinable (unreachable, refused auth, Ray/Python mismatch) or a node whose
         versions differ from this process's. One error for the session, not one per test.
         """
-        from harness import join
+        from harness.cluster import join
         from harness.cluster import Cluster
 
         try:
@@ -150,7 +151,7 @@ class HarnessState:
         return name if n == 1 else f"{name}-{n}"
 
     def watch(self, worker: Any) -> None:
-        from harness.worker import Watchdog
+        from harness.workers import Watchdog
 
         if self._watchdog is None:
             self._watchdog = Watchdog(self._on_death).start()

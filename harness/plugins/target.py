@@ -3,7 +3,7 @@
 
 The target is resolved and activated in ``pytest_load_initial_conftests``, before any conftest or
 test module can import sglang, so this process, the Ray workers it starts and every server
-subprocess import the same tree (:mod:`harness.targets.sglang.target`). A bad TARGET stops the
+subprocess import the same tree (:mod:`harness.targets.sglang.selection`). A bad TARGET stops the
 session before collection with one line (pytest's usage error). The target is named in the report
 header and, as ``sglang_*`` properties, in the JUnit XML.
 """
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from harness.targets.sglang import target as target_mod
+from harness.targets.sglang import selection as target_mod
 
 target_key = pytest.StashKey[target_mod.Target]()
 
@@ -40,7 +40,7 @@ def target(config: pytest.Config) -> target_mod.Target:
         config: the session's config.
 
     Returns:
-        The :class:`~harness.targets.sglang.target.Target` selected at start-up.
+        The :class:`~harness.targets.sglang.selection.Target` selected at start-up.
     """
     if target_key not in config.stash:  # a config built without the initial-conftest hook (pytester inline)
         config.stash[target_key] = target_mod.select(_spec(config))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from harness.results import GroupResult
+from harness.report.results import GroupResult
 
 STATUS_MARKER = "<!-- rerun-test:status -->"
 LINK_PLACEHOLDER = "{run_url}"

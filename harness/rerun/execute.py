@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from harness import html_report, report
-from harness.results import CaseResult, GroupResult, one_line
+from harness import report
+from harness.report import page
+from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.comment import LINK_PLACEHOLDER
 from harness.rerun.plan import Group, Item, Plan, compact
 from harness.targets.sglang import preload
 
 if TYPE_CHECKING:
-    from harness.targets.sglang.target import Target
+    from harness.targets.sglang.selection import Target
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class ExecOptions:
         timeout: seconds per group (None: no limit).
         pytest_args: extra pytest arguments (e.g. ``-x``).
         joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
-            (``real``, ``logical``, ``none``; :func:`harness.join.gpu_kind`), for the plan and report.
+            (``real``, ``logical``, ``none``; :func:`harness.cluster.join.gpu_kind`), for the plan and report.
     """
 
     repo_root: Path
@@ -399,5 +400,5 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
     (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     failed = [f"{r.name}: {r.note}" for r in results if r.note]
     failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
-    header = html_report.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time)
-    return html_report.write(out, header, results)
+    header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time)
+    return page.write(out, header, results)

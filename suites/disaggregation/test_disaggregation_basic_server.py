@@ -31,7 +31,7 @@ import requests
 
 from harness import ledger
 from harness.targets.sglang.server.client import ServerHTTPError
-from harness.worker import WorkerDied
+from harness.workers import WorkerDied
 
 MODEL = "tiny-llama"
 PAGE = 64

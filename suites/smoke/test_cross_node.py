@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.worker import InProcess
+from harness.workers import InProcess
 
 pytestmark = [pytest.mark.topology("2-node-2-gpu-h100"), pytest.mark.est_time(20)]
 

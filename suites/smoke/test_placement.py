@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from harness.worker import InProcess
+from harness.workers import InProcess
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(15)]
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from harness.targets.sglang import DecodeConfig, DecodeSide
-from harness.targets.sglang.inworker import DEVICE_ENV
+from harness.workers.suiterun import DEVICE_ENV
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.worker import InProcess
+from harness.workers import InProcess
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(150), pytest.mark.timeout(900)]
 
@@ -18,7 +18,7 @@ SUITES = [
 
 
 def test_unit_suites_pass_inside_a_decode_worker(pd_workers):
-    worker = pd_workers("decode", InProcess("harness.targets.sglang.inworker:SuiteRunner"))
+    worker = pd_workers("decode", InProcess("harness.workers.suiterun:SuiteRunner"))
 
     result = worker.call("run", SUITES, timeout=800)
 

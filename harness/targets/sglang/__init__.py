@@ -3,10 +3,10 @@
 Importing it
 
 1. is cheap: the sglang under test (``TARGET``; ``--sglang`` / env ``HARNESS_SGLANG``: installed, a
-   release, a source tree or a wheel, see :mod:`~harness.targets.sglang.target`) is resolved and put
+   release, a source tree or a wheel, see :mod:`~harness.targets.sglang.selection`) is resolved and put
    first on the import path on first use of the API below, before any sglang import (entry points
    select it earlier; subprocesses inherit it through ``PYTHONPATH``); a target lacking the core the
-   adapter drives raises :class:`~harness.targets.sglang.target.TargetError` (one line);
+   adapter drives raises :class:`~harness.targets.sglang.selection.TargetError` (one line);
 2. applies the faults named in env ``HARNESS_FAULTS`` (``harness.faults``), so in-process tests,
    Ray workers and server subprocesses all run the same deliberately broken code when asked.
 
@@ -31,11 +31,11 @@ stays cheap for code that only needs the target or a subpackage::
     make_req(rid, prompt_len, output_len=1, *, max_new_tokens=16) -> Req;  mark_finished(req)
     PoolSizes(full_tokens=12288, swa_tokens=6144, req_slots=8, max_context_len=8192)
 
-Modules: ``target`` (which sglang: resolve, activate, :func:`~harness.targets.sglang.target.sglang_root`),
+Modules: ``target`` (which sglang: resolve, activate, :func:`~harness.targets.sglang.selection.sglang_root`),
 ``version`` (a tree's version, read from its files), ``compat`` (every per-release difference and the
 capability probes), ``runtime`` (published context, process group, host-pool environment),
 ``pools`` (builders), ``requests``, ``snapshot``, ``decode`` (:class:`DecodeSide`), ``inworker``
-(:class:`~harness.targets.sglang.inworker.SuiteRunner`: run suites inside a Ray worker on its device).
+(:class:`~harness.workers.suiterun.SuiteRunner`: run suites inside a Ray worker on its device).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import os
 from typing import Any
 
 from harness import faults as _faults
-from harness.targets.sglang import target as _target
-from harness.targets.sglang.target import TargetError
+from harness.targets.sglang import selection as _target
+from harness.targets.sglang.selection import TargetError
 
 if os.environ.get(_faults.ENV_VAR):
     _target.current()  # applying a fault imports sglang: the selected target goes first

@@ -243,7 +243,7 @@ def _pre_alloc_reclaims_swa() -> str | None:
     # Where the reclaim lives is a property of the release (#40309 moved it into _pre_alloc in
     # 0.5.21), decided by the version once: a 0.5.21+ tree whose _pre_alloc lost the call is a
     # regression the suites must see, not a reason for the caller-side shim to reclaim on its behalf.
-    from harness.targets.sglang import target
+    from harness.targets.sglang import selection as target
     from harness.targets.sglang.version import release_tuple
 
     release = release_tuple(target.current().version)
@@ -266,7 +266,7 @@ def mooncake_host_tensor_send() -> bool:
     attribute must be there, and a tree without it is a change the patch must follow. A tree
     without a version counts as a current one.
     """
-    from harness.targets.sglang import target
+    from harness.targets.sglang import selection as target
     from harness.targets.sglang.version import release_tuple
 
     release = release_tuple(target.current().version)
@@ -305,7 +305,7 @@ class CapabilityMissing(_skip_base()):  # type: ignore[misc]
     and the target."""
 
     def __init__(self, name: str, reason: str):
-        from harness.targets.sglang import target
+        from harness.targets.sglang import selection as target
 
         super().__init__(f"{target.current().label()} lacks capability {name!r}: {reason}", allow_module_level=True)
         self.capability = name
@@ -349,7 +349,7 @@ def device_missing(device: str, *, page_size: int, hisparse: bool, root: Path | 
     if not device.startswith("cpu"):
         return None
     if root is None:
-        from harness.targets.sglang import target
+        from harness.targets.sglang import selection as target
 
         root = Path(target.current().root)
     if (page_size > 1 and "use_triton_kernels" not in _source(root, "mem_cache/allocator/paged.py")

@@ -5,7 +5,7 @@ sglang's real memory paths: pools, allocators, the radix cache, the decode preal
 objects. Importing them pulls a large part of sglang's import graph (quantization, model loading,
 transformers, torch's compiler stack), about six CPU seconds on a small machine, and every rank
 paid it. :func:`rank` imports exactly the modules the rank code imports (at module level and inside
-its functions) in a :mod:`harness.forkserver` process, so each rank is a fork that already has
+its functions) in a :mod:`harness.workers.forkserver` process, so each rank is a fork that already has
 them: the same modules, executed the same way, once.
 
 A real sglang server on CPU (:mod:`harness.targets.sglang.server.stack`) is a different case: its
@@ -64,7 +64,7 @@ SERVER_GRAPH = (
 
 #: The harness modules a rank runs (they import sglang's at module level).
 HARNESS_MODULES = (
-    "harness.worker",
+    "harness.workers",
     "harness.targets.sglang",
     "harness.targets.sglang.decode",
     "harness.targets.sglang.pd_decode",
@@ -200,10 +200,11 @@ def python_command(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
     """``argv`` and ``env`` that run a harness Python subprocess (``[sys.executable, "-m", ...]``),
     with :data:`ONE_THREAD_ENV` where ``env`` sets no other value (the harness runs such subprocesses
     side by side, and beside its tests), as a fork of the :func:`python` preload
-    (:func:`harness.forkserver.python_command`) when it then has those values and names no fault
+    (:func:`harness.workers.forkserver.python_command`) when it then has those values and names no fault
     (faults apply when sglang is imported, and a fork server imports none); otherwise a fresh one."""
-    from harness import faults, forkserver
-    from harness.targets.sglang.target import ENV_VAR, OVERLAY_ENV
+    from harness import faults
+    from harness.workers import forkserver
+    from harness.targets.sglang.selection import ENV_VAR, OVERLAY_ENV
 
     return forkserver.python_command(argv, {**ONE_THREAD_ENV, **env}, preload=PYTHON_PRELOAD, requires=ONE_THREAD_ENV,
                                      refuses=(faults.ENV_VAR,), must_match=(ENV_VAR, OVERLAY_ENV))

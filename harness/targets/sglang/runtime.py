@@ -71,12 +71,12 @@ def published() -> RuntimeSettings | None:
 def ensure_process_group() -> None:
     """Initialise a world-size-1 gloo process group if none exists (HiSparseCoordinator needs one).
 
-    The rendezvous port is leased from :mod:`harness.ports` (outside the range any outgoing
+    The rendezvous port is leased from :mod:`harness.workers.ports` (outside the range any outgoing
     connection may take), never from arithmetic.
     """
     import torch.distributed as dist
 
-    from harness.ports import allocate_ports
+    from harness.workers.ports import allocate_ports
 
     if dist.is_initialized():
         return

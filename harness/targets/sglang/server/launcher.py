@@ -16,7 +16,7 @@ says what to run and with which environment.
 On a topology without GPUs (``cpu``) the servers get the measured CPU recipe (reference README, "A
 real prefill + decode + router stack on CPU"): :data:`CPU_SERVER_ARGS`, :data:`CPU_ENV`, the
 import-only ``sgl_kernel`` shim on ``PYTHONPATH``, and the CPU compat patches of
-:mod:`harness.targets.sglang.server.compat`. Role ``engine_args`` come last, and a flag they already
+:mod:`harness.targets.sglang.server.patches`. Role ``engine_args`` come last, and a flag they already
 set is not added again, so the topology file wins over these defaults.
 """
 
@@ -95,7 +95,7 @@ class LaunchError(ValueError):
 class ServerPorts:
     """Ports of one server, each obtained from the OS by the harness (never computed from a base).
 
-    A port may also be a ``"{name}"`` placeholder that :mod:`harness.worker` fills with the port
+    A port may also be a ``"{name}"`` placeholder that :mod:`harness.workers` fills with the port
     the OS gave the worker.
     """
 

@@ -3,12 +3,12 @@
 :func:`start_pd_stack` starts prefill and decode (concurrently: each needs tens of seconds on a
 CPU) in the topology's placement groups, then the router over their URLs. Each worker's command
 comes from :mod:`.launcher`; its ports are chosen by the OS inside the worker actor and filled into
-the ``{http}``/``{nccl}``/``{bootstrap}`` placeholders (:mod:`harness.worker`).
+the ``{http}``/``{nccl}``/``{bootstrap}`` placeholders (:mod:`harness.workers`).
 
 Readiness, with one deadline for the whole stack: every server answers ``/health`` while its
 process is alive (the worker checks liveness on each poll), and the router answers ``/health`` *and*
 lists both servers as registered and healthy (it registers them in the background after it is
-up). A death while starting raises :class:`harness.worker.WorkerDied` naming the worker (its name
+up). A death while starting raises :class:`harness.workers.WorkerDied` naming the worker (its name
 starts with the role) with its log tail; a timeout raises ``TimeoutError`` with the log tails. In both
 cases everything already started is stopped before the error propagates.
 
@@ -18,7 +18,7 @@ cases everything already started is stopped before the error propagates.
 and checks, in the server's probe ledger, that the flush found every pool back at baseline.
 
 Servers on a cluster this process started, without real GPUs (``forkserver=True``; the caller
-decides with :func:`uses_forkserver`), start as forks of a :mod:`harness.forkserver` that imported
+decides with :func:`uses_forkserver`), start as forks of a :mod:`harness.workers.forkserver` that imported
 the third-party half of sglang's server graph once (:func:`harness.targets.sglang.preload.server`):
 the Ray worker runs the fork server's client, which hands over its command, environment and log
 files; the forked child runs ``sitecustomize`` with that environment and then ``-m
@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from harness import ledger, procs
+from harness import ledger
+from harness.workers import procs
 from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
 from harness.targets.sglang.server.launcher import (
     COMPAT_ENV,
@@ -50,7 +51,7 @@ from harness.targets.sglang.server.launcher import (
     server_command,
 )
 from harness.targets.sglang.server.probe import COMPONENT_ENV, LEDGER_ENV, WORKER_ENV
-from harness.targets.sglang.target import OVERLAY_ENV
+from harness.targets.sglang.selection import OVERLAY_ENV
 from harness.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ OnStart = Callable[[Any], None]
 
 @dataclass(frozen=True)
 class PdStack:
-    """A started PD stack: three :class:`harness.worker.Worker` handles and their clients."""
+    """A started PD stack: three :class:`harness.workers.Worker` handles and their clients."""
 
     prefill: Any
     decode: Any
@@ -90,7 +91,7 @@ class PdStack:
         return ServerClient(getattr(self, which).url("http"), timeout_s)
 
     def check(self) -> None:
-        """Raise :class:`harness.worker.WorkerDied` for the first dead worker."""
+        """Raise :class:`harness.workers.WorkerDied` for the first dead worker."""
         for w in self.workers:
             w.check()
 
@@ -154,7 +155,7 @@ def _env(cmd: Command) -> dict[str, str]:
 
 def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
     """``argv`` and ``env`` of a server started as a fork of the (shared) server fork server."""
-    from harness import forkserver
+    from harness.workers import forkserver
     from harness.targets.sglang.preload import SERVER_PRELOAD
 
     # The environment the server will have (the Ray worker's: ours, one OpenMP thread, no GPU),
@@ -167,7 +168,7 @@ def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], 
 
 def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_timeout: float, ready_path: str = "/health",
           forkserver: bool = False):
-    from harness.worker import HttpCheck, Subprocess, WorkerSpec
+    from harness.workers import HttpCheck, Subprocess, WorkerSpec
 
     argv, env = tuple(cmd.argv), _env(cmd)
     if forkserver and argv[:1] == (sys.executable,):
@@ -183,7 +184,7 @@ def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_ti
 
 
 def _start(spec: Any, group: Any, on_start: OnStart | None) -> Any:
-    from harness.worker import start_worker
+    from harness.workers import start_worker
 
     w = start_worker(spec, group, 0)
     if on_start is not None:
@@ -362,7 +363,7 @@ def start_plain_server(
         extra_args: more server flags (they win over defaults).
 
     Returns:
-        The ready :class:`harness.worker.Worker`.
+        The ready :class:`harness.workers.Worker`.
 
     Raises:
         WorkerDied: it died while starting. TimeoutError: not ready in time.
@@ -395,7 +396,7 @@ def reset_server(worker: Any, ledger_path: str | Path, timeout_s: float = 30.0) 
     cached on an idle server; and the decode books of every request since the start).
 
     Args:
-        worker: the server's :class:`harness.worker.Worker` (started with the probe).
+        worker: the server's :class:`harness.workers.Worker` (started with the probe).
         ledger_path: its ledger file (``<run_dir>/ledger/<worker name>.jsonl``).
         timeout_s: seconds to wait for the server to be idle and flushed.
 

@@ -5,7 +5,7 @@ It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat p
 by importing the adapter). A failure here must stop the server rather than let it run without what
 the harness asked for, so errors are printed and the process exits.
 
-A server forked from :mod:`harness.forkserver` runs this file a second time, with its own
+A server forked from :mod:`harness.workers.forkserver` runs this file a second time, with its own
 environment (the fork server's first run, without these variables, did nothing).
 """
 
@@ -25,7 +25,7 @@ if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LED
             _log.setLevel(logging.INFO)
             _log.propagate = False
         if os.environ.get("HARNESS_COMPAT_PATCHES"):
-            from harness.targets.sglang.server import compat
+            from harness.targets.sglang.server import patches as compat
 
             compat.install_from_env()
         if os.environ.get("HARNESS_PROBE_LEDGER"):
@@ -35,10 +35,10 @@ if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LED
         if os.environ.get("HARNESS_FAULTS"):
             import harness.targets.sglang  # noqa: F401  (applies HARNESS_FAULTS on its first import)
             from harness import faults as _faults
-            from harness.targets.sglang import target as _target
+            from harness.targets.sglang import selection as _target
 
             # Again, for a server forked from a process that imported the adapter before this
-            # environment was set (harness.forkserver runs this file again): both are idempotent.
+            # environment was set (harness.workers.forkserver runs this file again): both are idempotent.
             _target.current()
             _faults.activate_from_env()
     except Exception as e:  # noqa: BLE001 - any failure must stop the server, loudly

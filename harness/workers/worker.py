@@ -41,7 +41,7 @@ API::
 
 Example (an in-process payload, and a server subprocess)::
 
-    from harness.worker import InProcess, Subprocess, HttpCheck, WorkerSpec, start_worker
+    from harness.workers import InProcess, Subprocess, HttpCheck, WorkerSpec, start_worker
 
     placement = cluster.place(topo)
     g = placement.of("decode")[0]
@@ -78,11 +78,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Union
 
-from harness import procs
-from harness.ports import allocate_ports
+from harness.workers import procs
+from harness.workers.ports import allocate_ports
 from harness.clock import DEFAULT as DEFAULT_CLOCK
 from harness.clock import Clock
-from harness.join import node_index, raylet_answers
+from harness.cluster.join import node_index, raylet_answers
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class WorkerSpec:
     env: dict = field(default_factory=dict)
     num_cpus: float = 0.1
     stop_grace: float = 5.0
-    #: Ray ``runtime_env`` of the actor (e.g. :meth:`harness.forkserver.ForkServer.runtime_env`).
+    #: Ray ``runtime_env`` of the actor (e.g. :meth:`harness.workers.forkserver.ForkServer.runtime_env`).
     runtime_env: dict | None = None
 
     @property
@@ -248,7 +248,7 @@ def current() -> WorkerContext:
         RuntimeError: not inside a harness worker.
     """
     if _CURRENT is None:
-        raise RuntimeError("harness.worker.current() called outside a harness worker")
+        raise RuntimeError("harness.workers.current() called outside a harness worker")
     return _CURRENT
 
 
@@ -330,7 +330,7 @@ class _WorkerActor:
         if os.environ.get(_SGLANG_ENV):
             # The driver's sglang target first on this actor's import path (a joined cluster's workers
             # do not inherit the driver's PYTHONPATH), and on its server subprocesses' PYTHONPATH.
-            from harness.targets.sglang import target as sglang_target
+            from harness.targets.sglang import selection as sglang_target
 
             sglang_target.current()
         self.spec = spec
@@ -488,7 +488,7 @@ def _stop_group(pgid: int, start: int | None, grace: float, proc: subprocess.Pop
 
 
 _REMOTE: Any = None
-#: The sglang target (``harness.targets.sglang.target.ENV_VAR``) every actor is given, so it imports
+#: The sglang target (``harness.targets.sglang.selection.ENV_VAR``) every actor is given, so it imports
 #: the driver's sglang on any node (named here so starting a worker imports nothing of the adapter).
 _SGLANG_ENV = "HARNESS_SGLANG"
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness import procs
+from harness.workers import procs
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +140,10 @@ def run_target(spec: str, label: str, specs: list[str], run_dir: Path, *, repo_r
     Returns:
         The :class:`TargetRun`.
     """
-    from harness.targets.sglang import target as target_mod
+    from harness.targets.sglang import selection as target_mod
 
     env = {k: v for k, v in os.environ.items() if k != target_mod.ENV_VAR}
-    cmd = [sys.executable, "-m", "harness.rerun.cli", "--sglang", spec, "--run-dir", str(run_dir), *extra_args, *specs]
+    cmd = [sys.executable, "-m", "harness.commands.rerun", "--sglang", spec, "--run-dir", str(run_dir), *extra_args, *specs]
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "rerun-test.log"
     out(f"matrix: {label}: {' '.join(specs)} (run dir {run_dir})")

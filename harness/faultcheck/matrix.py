@@ -39,16 +39,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from harness.rundir import REPO_ROOT
 from harness import faults as fault_catalog
-from harness import html_report, procs, results
+from harness.report import page
+from harness.workers import procs
+from harness.report import results
 from harness.faults import source
-from harness.results import GroupResult
+from harness.report.results import GroupResult
 from harness.targets.sglang import preload
 
 logger = logging.getLogger(__name__)
 
 #: The repository root (parent of the ``harness`` package); subprocesses run here.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 #: Every suite that asserts accounting (``harness faults check --all``): the unit sweep, ledger,
 #: reservation, reclaim and hisparse suites, the in-worker run of the unit suites, the PD pair and
@@ -244,7 +247,7 @@ def suite_file(selection: str) -> str:
 
 
 def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
-    """Read the test cases of a pytest JUnit XML report through :func:`harness.results.read_junit`.
+    """Read the test cases of a pytest JUnit XML report through :func:`harness.report.results.read_junit`.
 
     Args:
         path: the XML file (``junit_family=xunit1``, which carries files).
@@ -488,7 +491,7 @@ def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
     caps = sorted({c for needs in wanted.values() for c in needs})
     if not caps:
         return {}
-    code = ("import json, sys; from harness.targets.sglang import compat, target; target.current(); "
+    code = ("import json, sys; from harness.targets.sglang import compat, selection; selection.current(); "
             "print(json.dumps({c: compat.missing(c) for c in sys.argv[1:]}))")
     env = {k: v for k, v in os.environ.items() if k != fault_catalog.ENV_VAR}
     done = subprocess.run([sys.executable, "-c", code, *caps], cwd=root, env=env, capture_output=True, text=True,
@@ -670,7 +673,7 @@ def table(matrix: Matrix) -> str:
     return "\n".join(lines)
 
 
-def page_table(matrix: Matrix) -> html_report.Table:
+def page_table(matrix: Matrix) -> page.Table:
     """The fault × suite table of the run's HTML page: one row per fault, one column per suite.
 
     Args:
@@ -697,7 +700,7 @@ def page_table(matrix: Matrix) -> html_report.Table:
             f"with the evidence the fault names")
     if not clean.passed:
         note += "; faults not run: the clean run must pass first"
-    return html_report.Table("Fault × suite", ("fault", "upstream", "verdict", *suites), tuple(rows), tuple(status), note)
+    return page.Table("Fault × suite", ("fault", "upstream", "verdict", *suites), tuple(rows), tuple(status), note)
 
 
 def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[GroupResult]:
@@ -738,7 +741,7 @@ def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[G
 
 
 def write_page(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> Path:
-    """Write the check's HTML page, ``out_dir/report/index.html`` (:mod:`harness.html_report`).
+    """Write the check's HTML page, ``out_dir/report/index.html`` (:mod:`harness.report.page`).
 
     Args:
         matrix: the result of :func:`check`.
@@ -751,5 +754,5 @@ def write_page(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> Path:
     reasons = [f"{v.fault}: {v.status}" + (f" ({v.reason})" if v.reason else "") for v in matrix.verdicts if v.status != CAUGHT]
     if not matrix.clean.passed:
         reasons.insert(0, f"the clean run failed (exit {matrix.clean.returncode}); faults not run")
-    header = html_report.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s)
-    return html_report.write(out_dir / "report", header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)
+    header = page.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s)
+    return page.write(out_dir / "report", header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)

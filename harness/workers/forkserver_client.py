@@ -85,7 +85,7 @@ def fresh(session: bool) -> None:
 def main() -> int:
     path = os.environ.get(ENV)
     if not path:
-        print(f"forkserver client: ${ENV} is not set; run workers through harness.forkserver", file=sys.stderr)
+        print(f"forkserver client: ${ENV} is not set; run workers through harness.workers.forkserver", file=sys.stderr)
         return 2
     session = os.getsid(0) == os.getpid()
     differ = differing(path)

@@ -18,7 +18,7 @@ Resolving never imports sglang: the version is read from the tree's ``sglang/_ve
 
 :func:`activate` puts the target first on ``sys.path`` and on ``PYTHONPATH`` and records the TARGET
 in ``HARNESS_SGLANG``: pytest subprocesses, Ray workers (a local cluster inherits the driver's
-environment; :mod:`harness.worker` re-activates in each actor for a joined one) and real server
+environment; :mod:`harness.workers` re-activates in each actor for a joined one) and real server
 subprocesses all import the same tree. Importing :mod:`harness.targets.sglang` activates the
 target named in the environment before anything imports sglang.
 

@@ -4,7 +4,7 @@ A simulated PD rank is a Ray actor whose process imports torch and sglang's memo
 of CPU per rank, paid again by every rank of every deployment. A :class:`ForkServer` is one
 process that imported them once (``preload``: ``"module:function"``, called once) and then only
 forks. A Ray actor started with :meth:`ForkServer.runtime_env` (Ray's documented ``py_executable``
-runtime-env field) is launched by Ray through :mod:`harness.forkserver_client`, which hands the
+runtime-env field) is launched by Ray through :mod:`harness.workers.forkserver_client`, which hands the
 worker's argv, environment, working directory and stdio to the server; the forked child runs Ray's
 own ``default_worker.py`` with them. The child *is* the Ray worker: the actor is still created by
 Ray, placed in its placement-group bundle, and runs the same code, on modules that were imported
@@ -31,7 +31,7 @@ everything the command started. Whatever the preload read from the environment (
 runs) and every variable of :data:`SCANNED_PREFIXES` must be equal for a client to be forked.
 
 The server stops with :meth:`ForkServer.stop` (and at interpreter exit for :func:`shared` ones); it
-also exits when its parent is gone, and it is registered in :mod:`harness.procs` so a run killed
+also exits when its parent is gone, and it is registered in :mod:`harness.workers.procs` so a run killed
 with SIGKILL has it reaped by the next one. A child dies with its client (Ray's stand-in process).
 """
 
@@ -57,7 +57,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from harness import forkserver_client, procs
+from harness.workers import forkserver_client
+from harness.workers import procs
 
 log = logging.getLogger(__name__)
 
@@ -518,7 +519,7 @@ class ForkServer:
         socket_path = os.path.join(tmpdir, "s")
         log_path = Path(tmpdir) / "server.log"
         full = dict(os.environ if env is None else env)
-        cmd = [sys.executable, "-m", "harness.forkserver", "--socket", socket_path, "--preload", preload]
+        cmd = [sys.executable, "-m", "harness.workers.forkserver", "--socket", socket_path, "--preload", preload]
         cmd += [f"--must-match={name}" for name in must_match] + (["--record-env"] if record_env else [])
         cmd += [f"--reimport={name}" for name in reimport]
         with open(log_path, "wb") as logf:
@@ -738,7 +739,7 @@ def _advertised(preload: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.forkserver", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m harness.workers.forkserver", description=__doc__.splitlines()[0])
     p.add_argument("--socket", required=True, help="AF_UNIX path to listen on")
     p.add_argument("--preload", required=True, help="module:function to run once before serving")
     p.add_argument("--must-match", action="append", default=[], metavar="NAME",

@@ -7,7 +7,7 @@ the bundle's ``--hypothesis-seed``, ``--workload-seed`` and ``--engine``. The an
 (it passed), followed by the environment differences that might explain a difference.
 
 Exit status follows rerun-test's: 1 when the test failed (reproduced), 0 when it passed; the command
-line (defaults, the one-line errors) is ``rerun-test``'s (:mod:`harness.rerun.cli`).
+line (defaults, the one-line errors) is ``rerun-test``'s (:mod:`harness.commands.rerun`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from harness.gates import repro
+from harness.gates import bundle as repro
 from harness.gates.runner import item_for, live_lines, run_one
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 
@@ -52,7 +52,7 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
         repro.ReproError: an unusable bundle, or its test or topology is not found here.
         TargetError: the sglang target cannot be used here.
     """
-    from harness.targets.sglang import target as target_mod
+    from harness.targets.sglang import selection as target_mod
 
     data = repro.load(bundle_path)
     target = target_mod.select_for_cli(sglang or bundle_target(data), "rerun-test")

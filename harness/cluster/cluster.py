@@ -13,9 +13,9 @@ label ``pd-harness/node=<i>`` (``ray start --labels pd-harness/node=1``; pinned 
 placement group's ``bundle_label_selector``); otherwise pinning uses the i-th node's ``node:<ip>``
 resource.
 
-Joining (``Cluster.join``) is checked first by :func:`harness.join.probe` (one classified
-:class:`harness.join.JoinError` when it cannot work: unreachable, refused auth, version mismatch),
-and then every node is asked for its versions and GPU devices (:func:`harness.join.survey`:
+Joining (``Cluster.join``) is checked first by :func:`harness.cluster.join.probe` (one classified
+:class:`harness.cluster.join.JoinError` when it cannot work: unreachable, refused auth, version mismatch),
+and then every node is asked for its versions and GPU devices (:func:`harness.cluster.join.survey`:
 ``cluster.facts``, ``cluster.gpu_kind`` says whether its GPUs are ``real`` or ``logical``).
 
 Placement: one placement group per role group (``RoleSpec.groups`` = count × dp), one bundle per TP
@@ -47,7 +47,7 @@ Example::
         fit = cluster.check(topo)            # Fit(ok=True, state='CREATED', ...)
         placement = cluster.place(topo)
         prefill = placement.of("prefill")[0] # GroupPlacement: .pg, .bundles, .strategy
-        ...                                  # start workers in it (harness.worker.start_worker)
+        ...                                  # start workers in it (harness.workers.start_worker)
         cluster.release(placement)
 """
 
@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import join as join_mod
-from harness import procs
+from harness.cluster import join as join_mod
+from harness.workers import procs
 from harness.topology import RoleSpec, Topology
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class Cluster:
         self._pids: list[int] = []
         self._closed = False
         self._saved_tmpdir: str | None = os.environ.get("RAY_TMPDIR")
-        #: What each node said when joined (:func:`harness.join.survey`); empty for a started cluster.
+        #: What each node said when joined (:func:`harness.cluster.join.survey`); empty for a started cluster.
         self.facts: tuple[Any, ...] = ()
 
     # ---------------------------------------------------------------- construction
@@ -307,12 +307,12 @@ class Cluster:
             address: the head's GCS address.
             probe_timeout: seconds for the GCS to answer the up-front probe (Ray itself would retry
                 for minutes, or abort this process when token auth has no token); default
-                :func:`harness.join.probe_timeout` (``HARNESS_JOIN_TIMEOUT``, else 15).
+                :func:`harness.cluster.join.probe_timeout` (``HARNESS_JOIN_TIMEOUT``, else 15).
             survey: ask every node for its versions and GPU devices (``cluster.facts``).
 
         Raises:
             RuntimeError: this process is already connected to a Ray cluster.
-            harness.join.JoinError: cannot join, classified (a ``ConnectionError``; its message is
+            harness.cluster.join.JoinError: cannot join, classified (a ``ConnectionError``; its message is
                 one line with the fix).
         """
         for k, v in _RAY_ENV.items():

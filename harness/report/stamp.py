@@ -1,7 +1,7 @@
 """What a run is stamped with: the harness commit and the sglang target it tested.
 
 :func:`sglang_target` is the one place reports ask which sglang a run tested. It describes the target
-the run selected (``--sglang`` / ``HARNESS_SGLANG``; :mod:`harness.targets.sglang.target`, which
+the run selected (``--sglang`` / ``HARNESS_SGLANG``; :mod:`harness.targets.sglang.selection`, which
 resolves it from the tree's files, never by importing sglang): a release, a source tree (its git
 commit and dirty state) or a wheel; for the installed distribution, where it was installed from and,
 for a VCS or local install, its commit, from its metadata (PEP 610 ``direct_url.json``).
@@ -45,7 +45,7 @@ def sglang_target(dist: str = "sglang") -> Target:
     Returns:
         Its :class:`Target` (``Target("not installed", "-")`` when no sglang can be found).
     """
-    from harness.targets.sglang import target as target_mod
+    from harness.targets.sglang import selection as target_mod
 
     try:
         selected = target_mod.current()

@@ -1,6 +1,6 @@
 """The run report people look at: ``<run_dir>/report/index.html``, one static page per run.
 
-:func:`write` takes a run's results — its verdict, its groups (:class:`harness.results.GroupResult`,
+:func:`write` takes a run's results — its verdict, its groups (:class:`harness.report.results.GroupResult`,
 each with its pytest run directory) and any tables of its own (a gate's verdict table and flaky
 record, the fault × suite matrix) — and writes the page with one PNG per ledger-writing test beside
 it in ``report/timelines/``. ``rerun-test``, ``harness gate run`` and ``harness faults check`` call
@@ -8,7 +8,7 @@ it; so can any other runner of groups.
 
 The page: a header (verdict and reasons, the sglang target, the harness commit, seeds, wall times,
 topology and runner per group), the run's own tables, then per test its outcome, duration and
-failure message, the KV-pool timeline of every rank it used (:mod:`harness.timeline`) with the
+failure message, the KV-pool timeline of every rank it used (:mod:`harness.report.timeline`) with the
 ledger violations listed beside it at the event that broke each rule, a per-request table, and the
 log tail each worker wrote while the test ran. No script, no network: it reads the same from a CI
 artifact download or a file browser. Links are relative to the report directory.
@@ -26,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from harness import results, stamp, timeline
-from harness.results import CaseResult, GroupResult, TestRecord
+from harness.rundir import REPO_ROOT
+from harness.report import results
+from harness.report import stamp
+from harness.report import timeline
+from harness.report.results import CaseResult, GroupResult, TestRecord
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +38,6 @@ INDEX = "index.html"
 TIMELINES = "timelines"
 LOG_TAIL_LINES = 40
 #: Repository root: the harness commit is read from here.
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)

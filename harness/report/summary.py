@@ -1,7 +1,7 @@
 """Pure functions from test results to JUnit XML, markdown and JSON. No Ray, no I/O.
 
-The results themselves (:class:`~harness.results.CaseResult` / :class:`~harness.results.GroupResult`)
-are read by :mod:`harness.results`; the HTML page is :mod:`harness.html_report`.
+The results themselves (:class:`~harness.report.results.CaseResult` / :class:`~harness.report.results.GroupResult`)
+are read by :mod:`harness.report.results`; the HTML page is :mod:`harness.report.page`.
 ``merge_junit`` folds per-group JUnit files into one, stamping each ``<testsuite>`` with
 ``<property>`` elements (topology, runner, group, …) so a merged file still says where each test ran.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from harness.results import OUTCOMES, GroupResult
+from harness.report.results import OUTCOMES, GroupResult
 
 
 # ---------------------------------------------------------------------------------------------

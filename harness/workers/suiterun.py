@@ -1,6 +1,6 @@
 """Run pytest suites inside a harness Ray worker, on the device the worker was given.
 
-:class:`SuiteRunner` is an in-process worker payload (``InProcess("harness.targets.sglang.inworker:
+:class:`SuiteRunner` is an in-process worker payload (``InProcess("harness.workers.suiterun:
 SuiteRunner")``). Its :meth:`SuiteRunner.run` picks the device from the worker (``cuda:0`` when the
 worker sees a CUDA device: Ray set ``CUDA_VISIBLE_DEVICES`` to its GPU; ``cpu`` when its GPUs are
 Ray logical GPUs of a simulated topology), exports it as ``HARNESS_DEVICE`` (which the unit suites'
@@ -16,12 +16,12 @@ import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from harness.rundir import REPO_ROOT
 
 logger = logging.getLogger(__name__)
 
 #: Env var the unit suites read their device from (``suites/unit/conftest.py``).
 DEVICE_ENV = "HARNESS_DEVICE"
-_REPO = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class SuiteRunner:
         """
         import pytest
 
-        from harness.worker import current
+        from harness.workers import current
 
         context = current()
         device = worker_device()
@@ -76,9 +76,9 @@ class SuiteRunner:
         with tempfile.TemporaryDirectory(prefix="suite-") as tmp:
             junit = Path(tmp) / "junit.xml"
             args = [*paths, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                    f"--rootdir={_REPO}", *(extra_args or [])]
+                    f"--rootdir={REPO_ROOT}", *(extra_args or [])]
             cwd = os.getcwd()
-            os.chdir(_REPO)
+            os.chdir(REPO_ROOT)
             try:
                 exit_code = int(pytest.main(args))
             finally:

@@ -15,7 +15,7 @@ parse → resolve → plan → run → report, one module each. Bad input: one l
 nothing run. Exit 0 only when every group passed; 1 when any failed; 130 when interrupted.
 
 ``--sglang TARGET`` (env ``HARNESS_SGLANG``) picks the sglang under test (installed, a release, a
-source tree, a wheel; :mod:`harness.targets.sglang.target`): resolved once before any group starts
+source tree, a wheel; :mod:`harness.targets.sglang.selection`): resolved once before any group starts
 (a bad one: one line, exit 2) and inherited by every pytest subprocess; the reports name it.
 """
 
@@ -31,16 +31,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.rundir import REPO_ROOT
 from harness import report
 from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
 from harness.rerun.execute import detect_gpus, write_reports
 from harness.rerun import registry
 from harness.rerun.registry import RegistryError
-from harness.targets.sglang import target as target_mod
+from harness.targets.sglang import selection as target_mod
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+
 PROG = "rerun-test"
 
 
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "($GITHUB_OUTPUT); with --parse-only: specs=<the specs on one line>")
     p.add_argument("--list", action="store_true", help="list registered suite files and exit")
     p.add_argument("--from", dest="from_repro", type=Path, metavar="REPRO", help="rerun the failing test of a repro.json "
-                   "(from `harness gate run`) with its seeds; exit 1 if it fails again (harness/gates/reproduce.py)")
+                   "(from `harness gate run`) with its seeds; exit 1 if it fails again (harness/gates/replay.py)")
     p.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR",
                    help="an extra test tree (e.g. sglang's test/registered); repeatable")
     p.add_argument("--repo-root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
@@ -93,16 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def joined_preflight(address: str) -> Any:
-    """Check the cluster at ``address`` before any group starts (:func:`harness.join.preflight`).
+    """Check the cluster at ``address`` before any group starts (:func:`harness.cluster.join.preflight`).
 
     Returns:
-        The :class:`harness.join.Preflight` (the nodes, their GPU kind).
+        The :class:`harness.cluster.join.Preflight` (the nodes, their GPU kind).
 
     Raises:
         UsageError: cannot join (unreachable, refused auth, Ray/Python mismatch) or a node's versions
             differ from this machine's: one line with the fix, instead of one failure per test.
     """
-    from harness import join
+    from harness.cluster import join
 
     try:
         return join.preflight(address)
@@ -255,13 +256,13 @@ def save_durations(path: Path, measured: dict[str, float]) -> None:
 
 
 def _from_repro(args: argparse.Namespace) -> int:
-    """``rerun-test --from REPRO``: :func:`harness.gates.reproduce.reproduce` with this command's defaults.
+    """``rerun-test --from REPRO``: :func:`harness.gates.replay.reproduce` with this command's defaults.
 
     Returns:
         1 reproduced, 0 not reproduced, 2 an unusable bundle or target (one line on stderr).
     """
-    from harness.gates import reproduce
-    from harness.gates.repro import ReproError
+    from harness.gates import replay as reproduce
+    from harness.gates.bundle import ReproError
 
     root = args.repo_root.resolve()
     run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-repro").resolve()
