@@ -11,6 +11,8 @@ import importlib
 import logging
 import sys
 
+from harness.commands import UsageError
+
 # Sub-command modules, in help order. Add a line here when a concern gains a command.
 COMMANDS = (
     "harness.commands.topology",
@@ -20,10 +22,6 @@ COMMANDS = (
     "harness.commands.flaky",
     "harness.commands.matrix",
 )
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""The sglang adapter: fault activation at import, configuration validation (targets: tests/test_target.py)."""
+"""The sglang adapter: no fault applied at import, the rank payload applies them; configuration validation
+(targets: tests/test_target.py)."""
 
 from __future__ import annotations
 
@@ -25,32 +26,35 @@ def _python(code: str, env_extra: dict[str, str], *, pythonpath: Path | None = N
                           timeout=300)
 
 
-def test_import_applies_faults_from_env():
-    code = ("import harness.targets.sglang as a; from harness.pd import kvfill; "
-            "print(a.ACTIVE_FAULTS, kvfill.pack_pages.__module__)")
+def test_importing_the_adapter_applies_no_fault():
+    # Faults apply where engine code runs (plugin, rank payload, server sitecustomize), never on import.
+    code = ("import harness.targets.sglang; from harness import faults; from harness.pd import kvfill; "
+            "print(faults.active(), kvfill.pack_pages.__module__)")
+    done = _python(code, {ENV_VAR: "corrupt-kv-page"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[] harness.pd.kvfill"
+
+
+def test_a_rank_payload_applies_the_runs_faults(tmp_path):
+    code = ("from harness.pd.payload import RankPayload; from harness import faults; from harness.pd import kvfill; "
+            f"RankPayload('r0', 0, 1, {str(tmp_path)!r}, 'prefill'); print(faults.active(), kvfill.pack_pages.__module__)")
     done = _python(code, {ENV_VAR: "corrupt-kv-page"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "['corrupt-kv-page'] harness.faults.pd"
 
 
-def test_import_refuses_a_patch_fault_the_imported_sglang_does_not_carry():
+def test_activation_refuses_a_patch_fault_the_imported_sglang_does_not_carry():
     # A source-patch fault lives in a patched copy of sglang (--inject-fault builds it): named in the
     # env while the installed sglang is imported, it must stop the process, not run unbroken.
-    done = _python("import harness.targets.sglang", {ENV_VAR: "swa-tail-unaligned"})
+    done = _python("from harness import faults; faults.activate_from_env()", {ENV_VAR: "swa-tail-unaligned"})
     assert done.returncode != 0
     assert "does not carry them; inject them with --inject-fault" in done.stderr
 
 
-def test_import_rejects_unknown_fault_in_env():
-    done = _python("import harness.targets.sglang", {ENV_VAR: "no-such-fault"})
+def test_activation_rejects_unknown_fault_in_env():
+    done = _python("from harness import faults; faults.activate_from_env()", {ENV_VAR: "no-such-fault"})
     assert done.returncode != 0
     assert "unknown fault 'no-such-fault'" in done.stderr
-
-
-def test_no_fault_active_without_injection():
-    done = _python("import harness.targets.sglang as a; print(a.ACTIVE_FAULTS)", {})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(

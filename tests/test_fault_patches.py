@@ -14,6 +14,7 @@ import pytest
 from harness import faults
 from harness.faults import source
 from harness.faultcheck import matrix
+from harness.targets.sglang import selection
 
 pytestmark = pytest.mark.est_time(12)
 
@@ -84,7 +85,7 @@ def test_scratch_copy_links_the_tree_patches_a_copy_and_leaves_the_original(tmp_
 
 
 def test_every_catalog_patch_applies_to_the_target_and_marks_itself():
-    tree = source.target_tree()
+    tree = selection.sglang_root().resolve()
     for name, fault in faults.catalog().items():
         if not fault.is_patch:
             continue
@@ -118,8 +119,8 @@ def test_inject_fault_runs_a_suite_on_the_patched_copy_and_the_ledger_names_the_
     assert "faults injected for this session: swa-tail-unaligned" in out.stderr
     installed = textwrap.dedent("""
         from pathlib import Path
-        from harness.faults import source
-        text = (source.target_tree() / "sglang/srt/disaggregation/decode.py").read_text()
+        from harness.targets.sglang import selection
+        text = (selection.sglang_root().resolve() / "sglang/srt/disaggregation/decode.py").read_text()
         print("window_start = (window_start // page_size) * page_size" in text)
     """)
     check = subprocess.run([sys.executable, "-c", installed], cwd=matrix.REPO_ROOT, capture_output=True, text=True,

@@ -12,6 +12,7 @@ import pytest
 
 from harness import faults
 from harness.faults import source
+from harness.targets.sglang import selection
 
 pytestmark = pytest.mark.est_time(20)
 
@@ -80,7 +81,7 @@ class _PatchedRun:
     """``code`` running in a subprocess whose sglang is a scratch copy with ``names`` applied."""
 
     def __init__(self, tmp_path, names, code):
-        scratch = source.scratch_copy(names, tmp_path / "scratch")
+        scratch = source.scratch_copy(names, tmp_path / "scratch", selection.sglang_root().resolve())
         self.fired_path = tmp_path / "fired.txt"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scratch), os.environ.get("PYTHONPATH", "")]),
                faults.ENV_VAR: ",".join(names), source.FIRED_ENV: str(self.fired_path)}

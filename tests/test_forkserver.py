@@ -206,7 +206,7 @@ def test_a_client_whose_import_path_differs_runs_a_fresh_interpreter(tmp_path):
 def test_server_preload_imports_no_sglang_and_leaves_one_thread():
     code = textwrap.dedent("""
         import os, sys
-        from harness.targets.sglang import preload
+        from harness.targets.sglang.server import preload
         preload.server()
         assert not [m for m in sys.modules if m.split(".")[0] == "sglang"]
         print(len(os.listdir("/proc/self/task")), "torch" in sys.modules, "transformers.modeling_utils" in sys.modules)
@@ -218,8 +218,8 @@ def test_server_preload_imports_no_sglang_and_leaves_one_thread():
 
 
 def test_server_preload_list_is_current():
-    """Regenerate with ``python -m harness.targets.sglang.preload --write-server-modules`` when this fails."""
-    from harness.targets.sglang import preload
+    """Regenerate with ``python -m harness.targets.sglang.server.preload --write-server-modules`` when this fails."""
+    from harness.targets.sglang.server import preload
 
     listed = set(preload.SERVER_MODULES_FILE.read_text().split())
     now = set(preload.list_server_modules())

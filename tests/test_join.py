@@ -1,4 +1,4 @@
-"""harness.cluster.join without a cluster: Ray's auth rules, the join errors' classes, skew and GPU kinds.
+"""harness.cluster.join and .nodes without a cluster: Ray's auth rules, the join errors' classes, skew and GPU kinds.
 
 The same paths run for real against ``ray start`` clusters in ``test_joined_cluster.py`` and
 ``test_joined_auth.py``; here every branch is driven with hand-built inputs.
@@ -11,7 +11,10 @@ import socket
 import pytest
 
 from harness.cluster import join
-from harness.cluster.join import Auth, ClusterMeta, JoinError, NodeFacts
+from harness.cluster import nodes as node_facts
+from harness.cluster.join import Auth, ClusterMeta, JoinError
+from harness.cluster.nodes import NodeFacts
+from harness.workers.nodes import node_index
 
 pytest_plugins = ["pytester"]
 
@@ -98,9 +101,9 @@ def _node(i, gpus=1.0, devices=0, error=None, **versions):
 
 def test_skew_names_the_node_and_both_versions_and_skips_silent_nodes():
     nodes = [_node(0), _node(1, sglang="0.5.22", torch="2.13.0"), _node(2, error="did not answer")]
-    assert join.skew(nodes, OURS) == ["node1/10.0.0.1: sglang 0.5.22 there, 0.5.23 here, torch 2.13.0 there, 2.14.1 here"]
-    assert join.skew([_node(0, mooncake="0.4")], OURS) == []  # only what must match everywhere
-    assert "did not answer" in join.describe(nodes)
+    assert node_facts.skew(nodes, OURS) == ["node1/10.0.0.1: sglang 0.5.22 there, 0.5.23 here, torch 2.13.0 there, 2.14.1 here"]
+    assert node_facts.skew([_node(0, mooncake="0.4")], OURS) == []  # only what must match everywhere
+    assert "did not answer" in node_facts.describe(nodes)
 
 
 @pytest.mark.parametrize("nodes, kind", [
@@ -111,13 +114,13 @@ def test_skew_names_the_node_and_both_versions_and_skips_silent_nodes():
     ([_node(0, gpus=1.0, error="gone")], "unknown"),
 ])
 def test_gpu_kind_asks_every_gpu_node(nodes, kind):
-    assert join.gpu_kind(nodes) == kind
+    assert node_facts.gpu_kind(nodes) == kind
 
 
 def test_node_index_from_resource_or_label():
-    assert join.node_index({"harness_node_3": 1000.0}, {}) == 3
-    assert join.node_index({"CPU": 2.0}, {"pd-harness/node": "1"}) == 1
-    assert join.node_index({"CPU": 2.0}, {"pd-harness/node": "x"}) is None
+    assert node_index({"harness_node_3": 1000.0}, {}) == 3
+    assert node_index({"CPU": 2.0}, {"pd-harness/node": "1"}) == 1
+    assert node_index({"CPU": 2.0}, {"pd-harness/node": "x"}) is None
 
 
 def test_pytest_on_a_cluster_it_cannot_join_is_one_error_for_the_session(pytester, tmp_path):

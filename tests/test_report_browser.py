@@ -84,7 +84,7 @@ def faulted_run(chromium_exe: str, tmp_path_factory: pytest.TempPathFactory) -> 
     # The fault is a source patch: its scratch copy goes first on every process's import path, as
     # --inject-fault does (rerun-test passes the environment to its pytest and Ray workers).
     patched = base / "patched"
-    source.scratch_copy([FAULT], patched)
+    source.scratch_copy([FAULT], patched, target.sglang_root().resolve())
     env = {**os.environ, faults.ENV_VAR: FAULT, "RAY_DEDUP_LOGS": "0", target.OVERLAY_ENV: str(patched),
            "PYTHONPATH": os.pathsep.join(p for p in (str(patched), os.environ.get("PYTHONPATH", "")) if p)}
     cmd = [sys.executable, "-m", "harness.commands.rerun", "--suites-dir", str(tree), "--run-dir", str(run_dir), "--jobs", "1",

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from harness.workers import forkserver
-from harness.targets.sglang.preload import SERVER_PRELOAD
+from harness.targets.sglang.server.preload import SERVER_PRELOAD
 
 MODEL = "tiny-llama"
 

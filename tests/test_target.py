@@ -255,10 +255,12 @@ def test_matrix_tables_count_outcomes_per_target_and_file(tmp_path):
 def test_a_ray_worker_imports_the_target_the_driver_selected(pytester, tmp_path):
     tree = fake_tree(tmp_path / "tree", "0.5.21")
     pytester.makepyfile(f"""
+        from harness.targets.sglang import selection
         from harness.workers import InProcess, Probe, WorkerSpec, start_worker
 
         def test_worker_sees_the_tree(ray_cluster, tmp_path):
-            w = start_worker(WorkerSpec("probe", InProcess(Probe), run_dir=tmp_path, ready_timeout=120))
+            spec = selection.worker_spec(WorkerSpec("probe", InProcess(Probe), run_dir=tmp_path, ready_timeout=120))
+            w = start_worker(spec)
             try:
                 assert w.call("module_file", "sglang") == {str(tree.resolve() / "sglang" / "__init__.py")!r}
                 assert w.call("env", "HARNESS_SGLANG") == {str(tree)!r}

@@ -15,7 +15,7 @@ resource.
 
 Joining (``Cluster.join``) is checked first by :func:`harness.cluster.join.probe` (one classified
 :class:`harness.cluster.join.JoinError` when it cannot work: unreachable, refused auth, version mismatch),
-and then every node is asked for its versions and GPU devices (:func:`harness.cluster.join.survey`:
+and then every node is asked for its versions and GPU devices (:func:`harness.cluster.nodes.survey`:
 ``cluster.facts``, ``cluster.gpu_kind`` says whether its GPUs are ``real`` or ``logical``).
 
 Placement: one placement group per role group (``RoleSpec.groups`` = count × dp), one bundle per TP
@@ -63,12 +63,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.cluster import join as join_mod
-from harness.workers import procs
+from harness.cluster import nodes as node_facts
+from harness.cluster.nodes import local_gpus
 from harness.topology import RoleSpec, Topology
+from harness.workers import procs
+from harness.workers.nodes import NODE_LABEL, NODE_RESOURCE, node_index
 
 log = logging.getLogger(__name__)
 
-NODE_RESOURCE = "harness_node_{}"
 #: Amount of ``harness_node_<i>`` each harness-started node has; bundles take a tiny slice of it.
 _NODE_RESOURCE_AMOUNT = 1000.0
 _NODE_RESOURCE_SLICE = 0.001
@@ -174,12 +176,6 @@ class NodeInfo:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def local_gpus() -> int:
-    """NVIDIA GPUs on this machine, from the driver's ``/proc`` entries (no CUDA import)."""
-    d = Path("/proc/driver/nvidia/gpus")
-    return len(list(d.iterdir())) if d.is_dir() else 0
-
-
 def _short_temp_dir() -> Path:
     # Ray puts AF_UNIX sockets under it: the path must stay far below 107 bytes.
     return Path(tempfile.mkdtemp(prefix="ph-", dir="/tmp" if Path("/tmp").is_dir() else None))
@@ -200,8 +196,8 @@ class Cluster:
         self._pids: list[int] = []
         self._closed = False
         self._saved_tmpdir: str | None = os.environ.get("RAY_TMPDIR")
-        #: What each node said when joined (:func:`harness.cluster.join.survey`); empty for a started cluster.
-        self.facts: tuple[Any, ...] = ()
+        #: What each node said when joined (:func:`harness.cluster.nodes.survey`); empty for a started cluster.
+        self.facts: tuple[node_facts.NodeFacts, ...] = ()
 
     # ---------------------------------------------------------------- construction
 
@@ -326,7 +322,7 @@ class Cluster:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         self = cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
         if survey:
-            self.facts = tuple(join_mod.survey())
+            self.facts = tuple(node_facts.survey())
         return self
 
     @property
@@ -337,7 +333,7 @@ class Cluster:
             return "logical"
         if self.owned:
             return "real" if local_gpus() else "none"
-        return join_mod.gpu_kind(list(self.facts)) if self.facts else "unknown"
+        return node_facts.gpu_kind(list(self.facts)) if self.facts else "unknown"
 
     def _register_ray_processes(self) -> None:
         import ray
@@ -369,7 +365,7 @@ class Cluster:
             res = dict(n.get("Resources", {}))
             labels = dict(n.get("Labels") or {})
             out.append(NodeInfo(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""),
-                                index=join_mod.node_index(res, labels), total=res, labels=labels))
+                                index=node_index(res, labels), total=res, labels=labels))
         return sorted(out, key=lambda n: (n.index is None, n.index if n.index is not None else 0, n.node_id))
 
     def node_index(self, node_id: str) -> int | None:
@@ -383,7 +379,7 @@ class Cluster:
         if any(NODE_RESOURCE.format(node) in n.total for n in indexed):
             return NODE_RESOURCE.format(node)
         if indexed:
-            return (join_mod.NODE_LABEL, str(node))
+            return (NODE_LABEL, str(node))
         if node < len(nodes):
             return f"node:{nodes[node].ip}"
         raise PlacementError(Fit(self.topology.name if self.topology else "?", False, "INFEASIBLE",

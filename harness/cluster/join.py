@@ -27,10 +27,11 @@ The GCS is asked in a child process with a deadline (``HARNESS_JOIN_TIMEOUT`` se
 Ray's client retries a silent address for about 40 s and aborts its process when token mode has no
 token.
 
-Once joined, :func:`survey` asks every node (one small task pinned to it) for its package versions
-and its real GPU devices: :func:`skew` names a node whose sglang, Ray, Python or torch differs from
-this process's, and :attr:`NodeFacts.gpu_kind` says whether its Ray GPUs are devices or only
-logical resources (``ray start --num-gpus`` on a machine without them).
+Once joined, :func:`harness.cluster.nodes.survey` asks every node (one small task pinned to it) for its
+package versions and its real GPU devices: :func:`harness.cluster.nodes.skew` names a node whose sglang,
+Ray, Python or torch differs from this process's, and :attr:`~harness.cluster.nodes.NodeFacts.gpu_kind`
+says whether its Ray GPUs are devices or only logical resources (``ray start --num-gpus`` on a machine
+without them).
 """
 
 from __future__ import annotations
@@ -41,24 +42,21 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from harness.cluster.nodes import NodeFacts, describe, gpu_kind, skew, survey
 
 log = logging.getLogger(__name__)
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
-#: The node label naming a Ray node's topology node index (``ray start --labels pd-harness/node=1``).
-NODE_LABEL = "pd-harness/node"
 PROBE_TIMEOUT_S = 15.0  # the child's GCS round trip takes ~2 s; other runs share the CPUs
 #: Env var: the probe's deadline in seconds instead of :data:`PROBE_TIMEOUT_S` (a slow link to the
 #: head wants more; a check that only tells a wrong port from a GCS, less).
 TIMEOUT_ENV = "HARNESS_JOIN_TIMEOUT"
-SURVEY_TIMEOUT_S = 60.0  # a node may have to start a Ray worker process for the task
-#: What :func:`skew` compares between this process and every node.
-SKEW_PACKAGES = ("python", "ray", "sglang", "torch")
 
 _DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 
@@ -296,155 +294,6 @@ def check_versions(meta: ClusterMeta, match_level: str = "patch", *, environ: Ma
 
 
 # ------------------------------------------------------------------ what the nodes hold
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """One alive node, as it answered :func:`survey`.
-
-    ``gpus`` are the node's Ray GPU resources, ``devices`` the NVIDIA devices the node itself sees
-    (None: it did not answer, see ``error``).
-    """
-
-    node_id: str
-    ip: str
-    index: int | None
-    gpus: float
-    devices: int | None = None
-    versions: dict[str, str | None] = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def label(self) -> str:
-        """``node1/10.0.0.2`` (harness index known) or ``10.0.0.2/1a2b3c``."""
-        return f"node{self.index}/{self.ip}" if self.index is not None else f"{self.ip}/{self.node_id[:6]}"
-
-    @property
-    def gpu_kind(self) -> str:
-        """``none`` (no Ray GPUs), ``real`` (as many devices as Ray GPUs), ``logical`` or ``unknown``."""
-        if not self.gpus:
-            return "none"
-        if self.devices is None:
-            return "unknown"
-        return "real" if self.devices >= self.gpus else "logical"
-
-
-def node_index(resources: Mapping[str, float], labels: Mapping[str, str]) -> int | None:
-    """A Ray node's topology node index: its ``harness_node_<i>`` resource, else its ``pd-harness/node`` label."""
-    for key in resources:
-        if key.startswith("harness_node_") and key.rsplit("_", 1)[1].isdigit():
-            return int(key.rsplit("_", 1)[1])
-    value = labels.get(NODE_LABEL, "")
-    return int(value) if value.isdigit() else None
-
-
-def raylet_answers(ip: str, port: int, timeout: float = 1.0) -> str | None:
-    """None while a node's raylet accepts TCP connections, else why not (refused, timed out).
-
-    Ray learns that a node is lost only when the GCS health check gives up on it (about 15 s with
-    Ray's defaults) and lists it as alive until then; a raylet that is gone refuses connections at once.
-    """
-    try:
-        socket.create_connection((ip, port), timeout=timeout).close()
-        return None
-    except OSError as e:
-        return e.strerror or type(e).__name__
-
-
-def _node_answer() -> tuple[dict[str, str | None], int]:
-    # Runs on the node, in a Ray worker: its interpreter and its machine.
-    from harness.cluster import local_gpus
-    from harness.doctor.software import installed_versions
-
-    return installed_versions(), local_gpus()
-
-
-def survey(timeout: float = SURVEY_TIMEOUT_S) -> list[NodeFacts]:
-    """Ask every alive node of the connected cluster for its versions and devices (one task each).
-
-    Args:
-        timeout: one deadline for all nodes; a node that did not answer gets ``error``.
-
-    Returns:
-        One :class:`NodeFacts` per alive node, harness-indexed nodes first in index order.
-    """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0.01, max_retries=0)(_node_answer)
-    asks = []
-    lost: list[NodeFacts] = []
-    for n in ray.nodes():
-        if not n.get("Alive"):
-            continue
-        res = dict(n.get("Resources", {}))
-        base = NodeFacts(n["NodeID"], n.get("NodeManagerAddress", ""), node_index(res, n.get("Labels") or {}), res.get("GPU", 0.0))
-        gone = raylet_answers(base.ip, int(n.get("NodeManagerPort") or 0))
-        if gone:  # listed as alive until the GCS health check gives up; a task there would never start
-            lost.append(replace(base, error=f"its raylet {base.ip}:{n.get('NodeManagerPort')}: {gone}"))
-            continue
-        ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-        asks.append((base, ref))
-    ready, _ = ray.wait([r for _, r in asks], num_returns=len(asks), timeout=timeout) if asks else ([], [])
-    out = lost
-    for base, ref in asks:
-        if ref not in ready:
-            ray.cancel(ref, force=True)
-            out.append(replace(base, error=f"did not answer within {timeout:g} s"))
-            continue
-        try:
-            versions, devices = ray.get(ref, timeout=5.0)
-        except Exception as e:  # the node died or the task failed there: reported, not raised
-            out.append(replace(base, error=" ".join(str(e).split())[:200]))
-            continue
-        out.append(replace(base, versions=versions, devices=devices))
-    return sorted(out, key=lambda f: (f.index is None, f.index or 0, f.node_id))
-
-
-def skew(nodes: list[NodeFacts], ours: Mapping[str, str | None] | None = None) -> list[str]:
-    """Nodes whose :data:`SKEW_PACKAGES` differ from this process's, one line each (empty: none).
-
-    Args:
-        nodes: the survey.
-        ours: this process's versions (default: :func:`harness.doctor.software.installed_versions`).
-
-    Returns:
-        ``"node1/10.0.0.2: sglang 0.5.22 there, 0.5.23 here"`` lines (nodes that did not answer are
-        left out: :func:`describe` names them).
-    """
-    if ours is None:
-        from harness.doctor.software import installed_versions
-
-        ours = installed_versions()
-    out = []
-    for n in nodes:
-        if n.error:  # cannot be judged; describe() shows it, and a run placed there fails on its own
-            continue
-        diffs = [f"{pkg} {n.versions.get(pkg) or 'missing'} there, {ours.get(pkg) or 'missing'} here"
-                 for pkg in SKEW_PACKAGES if n.versions.get(pkg) != ours.get(pkg)]
-        if diffs:
-            out.append(f"{n.label}: {', '.join(diffs)}")
-    return out
-
-
-def gpu_kind(nodes: list[NodeFacts]) -> str:
-    """The cluster's GPUs in one word: ``real``, ``logical`` (any GPU node without its devices), ``none``, ``unknown``."""
-    kinds = {n.gpu_kind for n in nodes} - {"none"}
-    if not kinds:
-        return "none"
-    for k in ("logical", "unknown"):
-        if k in kinds:
-            return k
-    return "real"
-
-
-def describe(nodes: list[NodeFacts]) -> str:
-    """One line: every node with its GPUs and their kind, e.g. ``node0/10.0.0.1 1 logical GPU; ...``."""
-    parts = []
-    for n in nodes:
-        gpus = f"{n.gpus:g} {n.gpu_kind} GPU(s)" if n.gpus else "no GPUs"
-        parts.append(f"{n.label} {gpus}" + (f" (did not answer: {n.error})" if n.error else ""))
-    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------ the preflight

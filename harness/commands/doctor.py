@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from harness import rundir, topology
-from harness.cli import UsageError
+from harness.commands import UsageError
 from harness.targets.sglang import selection as sglang_target
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from harness import faults
 from harness.workers import procs
-from harness.cli import UsageError
+from harness.commands import UsageError
 from harness.faultcheck import matrix
 from harness.targets.sglang import selection as sglang_target
 

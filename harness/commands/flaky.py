@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from harness import rundir
-from harness.cli import UsageError
+from harness.commands import UsageError
 from harness.gates import history
 
 

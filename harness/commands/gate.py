@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from harness import rundir
-from harness.cli import UsageError
+from harness.commands import UsageError
 from harness.gates import model
 from harness.targets.sglang import selection as sglang_target
 

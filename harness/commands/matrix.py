@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from harness import rundir
-from harness.cli import UsageError
+from harness.commands import UsageError
 from harness.rerun import matrix as versions
 from harness.targets.sglang import selection as sglang_target
 

@@ -10,7 +10,7 @@ import argparse
 import json
 
 from harness import topology
-from harness.cli import UsageError
+from harness.commands import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -255,7 +255,7 @@ def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: 
                 extra_ports: tuple[int, ...], facts: tuple[Any, ...] = ()) -> list[CheckResult]:
     """Software, host, GPU and fixed-port reads, all in flight together under one deadline.
 
-    ``facts``: on a joined cluster, what every node answered when joined (:func:`harness.cluster.join.survey`):
+    ``facts``: on a joined cluster, what every node answered when joined (:func:`harness.cluster.nodes.survey`):
     each node's versions against this machine's, and which nodes' GPUs are only logical.
     """
     first_on_node: dict[str, _Seat] = {}

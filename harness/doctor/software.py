@@ -1,94 +1,24 @@
 """Software checks: python, torch, ray, sglang (and the transfer engine) identical on every node, and
 sglang within the range the adapter supports.
 
-Versions come from package metadata (``importlib.metadata``): reading them imports nothing, so a
-probe never pays torch's or sglang's import time, and a broken install still reports its version.
-The sglang version is the *target's* (``--sglang`` / ``HARNESS_SGLANG``; the installed one by
-default), read from its files by the adapter's resolver, which imports no sglang either.
+What each node holds comes from :func:`harness.cluster.nodes.installed_versions` (package metadata;
+the sglang version is the *target's*: ``--sglang`` / ``HARNESS_SGLANG``, the installed one by default,
+read from its files by the adapter's resolver, which imports no sglang either).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
-import platform
-from pathlib import Path
 from typing import Callable
 
+from harness.cluster.nodes import PACKAGES, NodeFacts, Versions, installed_versions, skew
 from harness.doctor.result import CheckResult, Status
+from harness.targets.sglang.releases import SUPPORTED_RANGE, release_refused
 
-_SGLANG_ENV = "HARNESS_SGLANG"  # harness.targets.sglang.selection.ENV_VAR
+__all__ = ["REQUIRED", "SUPPORTED_RANGE", "check_driver", "check_versions", "installed_versions"]
 
-def _adapter_range() -> tuple[str, Callable[[str], "str | None"]]:
-    # The adapter's compat module reads no sglang at import, so doctor can ask it directly.
-    from harness.targets.sglang import compat
-
-    return compat.SUPPORTED_RANGE, compat.release_refused
-
-
-SUPPORTED_RANGE, _release_refused = _adapter_range()
-
-#: What is compared across nodes, in table order: name -> the distributions that provide it (the
-#: first installed one counts; "python" is the interpreter itself).
-PACKAGES: dict[str, tuple[str, ...]] = {
-    "python": (),
-    "torch": ("torch",),
-    "ray": ("ray",),
-    "sglang": ("sglang",),
-    "mooncake": ("mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda"),
-}
 #: Distributions that must be installed (the rest are reported when present; the network check
 #: already fails when the topology's transfer backend cannot be imported).
 REQUIRED = ("python", "torch", "ray", "sglang")
-
-Versions = dict[str, "str | None"]
-
-
-def installed_versions(version_of: Callable[[str], str] = importlib.metadata.version) -> Versions:
-    """The versions of :data:`PACKAGES` in this interpreter (None: not installed), from metadata.
-
-    Args:
-        version_of: the metadata reader (``importlib.metadata.version``; tests pass a dict's getter).
-
-    Returns:
-        package name -> version or None.
-    """
-    out: Versions = {"python": platform.python_version()}
-    for name, dists in PACKAGES.items():
-        if not dists:
-            continue
-        if name == "sglang":
-            found = _sglang_tree_version()
-            if found is not None:  # the tree this interpreter imports, not whatever metadata lies beside it
-                out[name] = found
-                continue
-        out[name] = None
-        for dist in dists:
-            try:
-                version = version_of(dist)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-            # Which distribution provides it matters too (the CUDA and non-CUDA mooncake builds differ).
-            out[name] = version if dist == name else f"{version} ({dist})"
-            break
-    return out
-
-
-def _sglang_tree_version() -> str | None:
-    """The version of the sglang this interpreter runs: the selected target (``$HARNESS_SGLANG``), else
-    the tree an import would find (its own version file), else None (metadata decides)."""
-    from harness.targets.sglang import selection as target
-
-    if os.environ.get(_SGLANG_ENV):
-        return target.current().version  # the target under test, not the venv's install
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    from harness.targets.sglang.version import UNKNOWN, read_version
-
-    found = read_version(Path(list(spec.submodule_search_locations)[0]).resolve().parent)
-    return None if found == UNKNOWN else found
 
 
 _FIX_SAME = ("install the same versions on every node: run `./dev install` from the same commit on each "
@@ -96,7 +26,7 @@ _FIX_SAME = ("install the same versions on every node: run `./dev install` from 
 
 
 def check_versions(per_node: dict[str, Versions],
-                   refused: Callable[[str], "str | None"] = _release_refused) -> list[CheckResult]:
+                   refused: Callable[[str], "str | None"] = release_refused) -> list[CheckResult]:
     """Compare versions across nodes and sglang against the adapter's supported range.
 
     Args:
@@ -138,17 +68,15 @@ def check_versions(per_node: dict[str, Versions],
     return rows
 
 
-def check_driver(nodes: list) -> list[CheckResult]:
+def check_driver(nodes: list[NodeFacts]) -> list[CheckResult]:
     """Every node of a joined cluster against this machine (the driver): python, ray, sglang, torch.
 
     Args:
-        nodes: :class:`harness.cluster.join.NodeFacts` of every alive node (what they answered when joined).
+        nodes: :class:`~harness.cluster.nodes.NodeFacts` of every alive node (what they answered when joined).
 
     Returns:
         One ``software.driver`` row (node ``all``) naming each differing node and both versions.
     """
-    from harness.cluster.join import skew
-
     problems = skew(nodes)
     if problems:
         return [CheckResult("software.driver", Status.FAILED, "differs from this machine: " + "; ".join(problems), _FIX_SAME,

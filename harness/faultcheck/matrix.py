@@ -39,14 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from harness.rundir import REPO_ROOT
 from harness import faults as fault_catalog
-from harness.report import page
-from harness.workers import procs
-from harness.report import results
 from harness.faults import source
+from harness.report import page, results
 from harness.report.results import GroupResult
-from harness.targets.sglang import preload
+from harness.rundir import REPO_ROOT
+from harness.targets.sglang import preload, selection
+from harness.workers import procs
 
 logger = logging.getLogger(__name__)
 
@@ -524,7 +523,7 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
         clean_writer: the pid of the process still writing ``clean_junit`` (the test run beside this
             check): the fault runs start at once, and the report is read once that process has
             exited (waiting at most :data:`CLEAN_WRITER_TIMEOUT_S`).
-        tree: the target's directory holding ``sglang`` (default: :func:`source.target_tree`).
+        tree: the target's directory holding ``sglang`` (default: the selected target's).
 
     Returns:
         The :class:`Matrix`; its ``runs`` is empty when the clean run did not pass.
@@ -533,6 +532,7 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
         FaultError: an unknown fault name.
     """
     start = time.monotonic()
+    tree = tree if tree is not None else selection.sglang_root().resolve()
     names = list(fault_catalog.catalog()) if names is None else [fault_catalog.get(n).name for n in names]
     not_applied: dict[str, str] = dict(target_lacks(names, root=root))
     for name in names:
@@ -754,5 +754,5 @@ def write_page(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> Path:
     reasons = [f"{v.fault}: {v.status}" + (f" ({v.reason})" if v.reason else "") for v in matrix.verdicts if v.status != CAUGHT]
     if not matrix.clean.passed:
         reasons.insert(0, f"the clean run failed (exit {matrix.clean.returncode}); faults not run")
-    header = page.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s)
+    header = page.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s, sglang=selection.stamp())
     return page.write(out_dir / "report", header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)

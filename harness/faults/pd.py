@@ -1,7 +1,7 @@
 """The runtime fault of the harness's own PD transfer: a prefill that ships one corrupted KV page.
 
 A patch cannot express it (the transfer is the harness's, not sglang's), so it replaces
-``harness.pd.kvfill:pack_pages`` in the running prefill worker. Registered in :mod:`harness.faults.catalog`.
+``harness.pd.kvfill:pack_pages`` in the running prefill worker. Registered in :mod:`harness.faults.names`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from harness.faults import Fault
+from harness.faults.model import Fault
 from harness.faults.source import FIRED_ENV
 
 NAME = "corrupt-kv-page"

@@ -13,8 +13,8 @@ Every patch adds a marker: a line that appends the fault's name to the file name
 (:func:`fired`). :func:`patch_errors` says why a patch does not apply to a tree (context lines
 differ), without changing anything; nothing is applied half-way.
 
-The target tree comes from one function, :func:`target_tree`: the directory holding the importable
-``sglang`` package, found without importing it (the place target selection will point elsewhere).
+The tree a patch applies to is given by the caller: the directory holding the selected target's
+``sglang`` package (:func:`harness.targets.sglang.selection.sglang_root`).
 """
 
 from __future__ import annotations
@@ -81,24 +81,6 @@ def imported_tree() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise PatchError("no importable sglang package: install the target sglang (./dev install) first")
     return Path(list(spec.submodule_search_locations)[0]).resolve().parent
-
-
-def target_tree() -> Path:
-    """The directory holding the selected target's ``sglang`` package (``--sglang`` / ``HARNESS_SGLANG``;
-    found without importing it).
-
-    Returns:
-        E.g. ``.../site-packages``; ``<it>/sglang`` is the package.
-
-    Raises:
-        PatchError: no ``sglang`` package is importable.
-    """
-    from harness.targets.sglang import selection as target
-
-    try:
-        return target.sglang_root().resolve()
-    except target.TargetError as e:
-        raise PatchError(str(e)) from e
 
 
 def parse(text: str, where: str = "patch") -> tuple[FilePatch, ...]:
@@ -198,14 +180,13 @@ def load(name: str) -> tuple[FilePatch, ...]:
     return parse(text, path.name)
 
 
-def patch_errors(name: str, tree: Path | None = None) -> list[str]:
+def patch_errors(name: str, tree: Path) -> list[str]:
     """Why fault ``name``'s patch does not apply to ``tree`` (empty: it applies). Changes nothing.
 
     Args:
         name: a patch fault.
-        tree: the directory holding ``sglang`` (default :func:`target_tree`).
+        tree: the directory holding ``sglang``.
     """
-    tree = tree or target_tree()
     errors = []
     try:
         for fp in load(name):
@@ -219,7 +200,7 @@ def patch_errors(name: str, tree: Path | None = None) -> list[str]:
     return errors
 
 
-def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path | None = None) -> Path:
+def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path) -> Path:
     """Build ``dest/sglang``: the target's package with the named faults' patches applied.
 
     Only the directories on the way to a patched file are real; every other file or subtree is a
@@ -230,7 +211,7 @@ def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path | No
     Args:
         names: patch faults, applied in order (two patching one file stack).
         dest: an empty or missing directory; put it first on the import path afterwards.
-        tree: the directory holding ``sglang`` (default :func:`target_tree`).
+        tree: the directory holding ``sglang``.
 
     Returns:
         ``dest``.
@@ -238,7 +219,6 @@ def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path | No
     Raises:
         PatchError: a patch does not apply (nothing is left at ``dest/sglang``).
     """
-    tree = tree or target_tree()
     patched: dict[str, str] = {}
     for name in names:
         for fp in load(name):

@@ -67,7 +67,7 @@ class GateOptions:
         runner: run only the groups of this CI runner label (:func:`harness.gates.plan.runner_label`);
             entries with none there are left out of the run and its verdict (None: every group).
         joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
-            (:func:`harness.cluster.join.gpu_kind`), stamped on the report.
+            (:func:`harness.cluster.nodes.gpu_kind`), stamped on the report.
     """
 
     repo_root: Path
@@ -501,6 +501,7 @@ def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repro
     groups += [replace(res, name=f"{r.entry.name}/{res.name}/rerun-{k}") for r in runs for k, (_, res, _) in enumerate(r.reruns, 1)]
     recent = history.flaky(history.read(run_dir.parent / history.FILE_NAME), FLAKY_WINDOW)
     header = page.Header(f"gate {info.gate}", v.passed, tuple(v.reasons), tuple(v.warnings), info.wall_time,
-                                {"hypothesis": info.hypothesis_seed, "workload": info.workload_seed})
+                         {"hypothesis": info.hypothesis_seed, "workload": info.workload_seed},
+                         sglang=sglang_target.stamp())
     tables = render.page_tables(v, repros, [(t.nodeid, t.pass_rate, t.passed, t.attempts) for t in recent])
     page.write(out, header, groups, tables, repo_root=repo_root)

@@ -25,6 +25,8 @@ from typing import Any, Callable
 from harness.pd.ranks import Ranks
 from harness.pd.run import PDPair
 from harness.pd.spec import KVSpec
+from harness.targets.sglang import selection
+from harness.targets.sglang.selection import Target
 from harness.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,7 @@ class Deployment:
 def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *, name_prefix: str = "",
           env: dict[str, str] | None = None, on_start: Callable[[Any], None] | None = None,
           on_stop: Callable[[Any], None] | None = None, ready_timeout: float = 300.0,
-          call_timeout: float = 120.0) -> Deployment:
+          call_timeout: float = 120.0, target: Target | None = None) -> Deployment:
     """Place ``topology`` and start one prefill and one decode worker per TP rank.
 
     Args:
@@ -98,6 +100,7 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
         on_start / on_stop: called with each worker after start / before stop (fail-fast watch).
         ready_timeout: seconds for a worker to build its payload (sglang import included).
         call_timeout: seconds any one payload call may take.
+        target: the sglang the ranks run (default: this process's, :func:`harness.targets.sglang.selection.current`).
 
     Returns:
         The :class:`Deployment`.
@@ -124,10 +127,11 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
         group = placement.of(role.name)[0]
         for rank in range(role.tp):
             name = f"{name_prefix}{role.name}-0-r{rank}"
-            ws = WorkerSpec(name=name, run_dir=str(run_dir), num_cpus=role.cpus_per_rank, env=worker_env(env),
-                            ready_timeout=ready_timeout, runtime_env=runtime_env,
-                            payload=InProcess(cls, kwargs={"name": name, "shard": rank, "tp": role.tp,
-                                                           "spec": spec, "run_dir": str(run_dir)}))
+            ws = selection.worker_spec(WorkerSpec(
+                name=name, run_dir=str(run_dir), num_cpus=role.cpus_per_rank, env=worker_env(env),
+                ready_timeout=ready_timeout, runtime_env=runtime_env,
+                payload=InProcess(cls, kwargs={"name": name, "shard": rank, "tp": role.tp, "spec": spec,
+                                               "run_dir": str(run_dir)})), target)
             jobs.append((role.kind, ws, group, rank))
     started: list[Any] = []
     try:

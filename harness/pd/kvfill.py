@@ -2,7 +2,8 @@
 
 Every token's KV bytes in every buffer are ``content(seed(rid, shard), buffer, position)``, so the
 decode side can verify each byte it received or kept without seeing the prefill side. A buffer is
-viewed as ``[pages, page_bytes]`` uint8 (a view, never a copy); token ``s`` of a page owns bytes
+viewed as ``[pages, page_bytes]`` uint8 (a view, never a copy: the adapter's
+:func:`harness.targets.sglang.prefill.byte_view`); token ``s`` of a page owns bytes
 ``[s * token_bytes, (s + 1) * token_bytes)`` with ``token_bytes = page_bytes // page_size`` (any
 padding at the end of a page is not content).
 
@@ -44,24 +45,6 @@ Seeds = Union[int, torch.Tensor]
 def seed_of(rid: str, shard: int) -> int:
     """The content seed of one request on one TP shard (a rank→rank mix-up shows as a mismatch)."""
     return zlib.crc32(f"{rid}|{shard}".encode()) & 0x7FFFFFFF
-
-
-def byte_view(buf: torch.Tensor, page_size: int) -> torch.Tensor:
-    """View a KV buffer as ``[pages, page_bytes]`` uint8 (no copy).
-
-    Args:
-        buf: a contiguous buffer whose first dimension is token rows (a multiple of ``page_size``)
-            or pages (2-D uint8 page buffers).
-        page_size: tokens per page.
-
-    Returns:
-        The byte view.
-    """
-    b = buf.view(torch.uint8) if buf.dtype != torch.uint8 else buf
-    if buf.dim() == 2 and buf.dtype == torch.uint8:
-        return b  # already page rows
-    rows = buf.shape[0]
-    return b.reshape(rows // page_size, -1)
 
 
 def _token_view(view: torch.Tensor, page_size: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness import faults
 from harness.ledger import CONFIG_RID, LedgerConfig, LedgerWriter, config_event
 from harness.pd.spec import KVSpec
 
@@ -14,6 +15,8 @@ class RankPayload:
     ``<run_dir>/ledger/<name>.jsonl``.
 
     The driver calls the ledger methods through the rank's worker (``worker.call("ledger_events", since)``).
+    A rank runs engine code, so it applies the faults named for the run (``HARNESS_FAULTS``, which
+    :mod:`harness.pd.deploy` gives every rank) before it builds anything.
 
     Args:
         name: worker name.
@@ -24,11 +27,13 @@ class RankPayload:
 
     Raises:
         ValueError: ``shard`` is not a rank of ``tp``.
+        FaultError: ``HARNESS_FAULTS`` names an unknown fault, or a patch the imported sglang lacks.
     """
 
     def __init__(self, name: str, shard: int, tp: int, run_dir: str, component: str):
         if not 0 <= shard < tp:
             raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
+        faults.activate_from_env()
         self.name, self.shard, self.tp = name, shard, tp
         self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component=component)
 

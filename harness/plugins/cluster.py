@@ -28,6 +28,9 @@ from harness import rundir
 from harness import topology as topology_mod
 from harness.plugins.failfast import own_workers
 from harness.plugins.state import HarnessState, state
+from harness.plugins.target import target
+from harness.targets.sglang import selection
+from harness.targets.sglang.selection import Target
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +55,17 @@ def ray_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
 class PdWorkers:
     """Start workers of a topology's roles in its placement groups; everything is stopped after the test.
 
-    ``pd_workers(role, payload, group=0, rank=0, name=None, **spec)`` starts one worker (``spec``:
+    ``pd_workers(role, payload, group=0, rank=0, name=None, **spec)`` starts one worker running the
+    session's sglang target (``spec``:
     the other :class:`harness.workers.WorkerSpec` fields: ports, ready, ready_timeout, env, ...);
     ``pd_workers.role(role, payload, **spec)`` starts one per rank of every group of the role
     (``payload`` may be a function ``(group, rank) -> payload``).
     """
 
-    def __init__(self, state: HarnessState, cluster: Any, topology: topology_mod.Topology, run_dir: rundir.RunDir):
+    def __init__(self, state: HarnessState, cluster: Any, topology: topology_mod.Topology, run_dir: rundir.RunDir,
+                 sglang: Target):
         self._state = state
+        self.sglang = sglang
         self.cluster = cluster
         self.topology = topology
         self.run_dir = run_dir
@@ -84,7 +90,8 @@ class PdWorkers:
         if not 0 <= rank < len(g.bundles):
             raise IndexError(f"group {g.name} has {len(g.bundles)} rank(s); rank={rank} does not exist")
         wname = self._state.unique_name(name or f"{role}-{group}-{rank}")
-        ws = WorkerSpec(name=wname, payload=payload, run_dir=self.run_dir.root, **spec)
+        ws = selection.worker_spec(WorkerSpec(name=wname, payload=payload, run_dir=self.run_dir.root, **spec),
+                                   self.sglang)
         w = start_worker(ws, g, rank)
         self.workers.append(w)
         self._state.watch(w)
@@ -118,7 +125,7 @@ def pd_workers(request: pytest.FixtureRequest, topology: topology_mod.Topology, 
     if reason:
         pytest.skip(reason)
     cluster = request.getfixturevalue("ray_cluster")
-    factory = PdWorkers(st, cluster, topology, run_dir)
+    factory = PdWorkers(st, cluster, topology, run_dir, target(request.config))
     own_workers(request.node, factory.workers)
     try:
         yield factory

@@ -8,8 +8,10 @@ How: source-patch faults are applied to a scratch copy of the target's sglang tr
 (:func:`harness.faults.source.scratch_copy`, in a temporary directory) put first on ``sys.path`` and
 env ``PYTHONPATH``; env ``HARNESS_FAULT_FIRED`` names the file their marker lines append to (kept
 if the caller set it, as the kill matrix does). The names are added to env ``HARNESS_FAULTS`` for the
-session, so the sglang adapter applies runtime faults (and checks the patched copy is the sglang it
-imports) here and in every process the tests start (Ray workers, server subprocesses). At the end
+session and applied here (:func:`harness.faults.activate`: runtime wrappers put in place, the patched
+copy checked to be the sglang this process imports), and in every process the tests start that runs
+engine code: PD ranks (their payload) and server subprocesses (their ``sitecustomize``). Faults named
+in ``HARNESS_FAULTS`` by the caller (a pytest run that a worker or the kill matrix started) apply too. At the end
 of the session the faults are undone, the copy removed and the variables restored. Active faults are
 printed in the report header, so a failing run says it was deliberately broken.
 
@@ -41,7 +43,6 @@ previous_env_key = pytest.StashKey["dict[str, str | None]"]()
 scratch_key = pytest.StashKey["Path | None"]()
 _SAVED = (faults.ENV_VAR, "PYTHONPATH", source.FIRED_ENV, target_mod.OVERLAY_ENV)
 
-_ADAPTER = "harness.targets.sglang"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,14 +62,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[previous_env_key] = {k: os.environ.get(k) for k in _SAVED}
     config.stash[scratch_key] = None
     if not names:
+        try:
+            faults.activate_from_env()  # the caller's HARNESS_FAULTS (its patched copy is already first)
+        except faults.FaultError as exc:
+            raise pytest.UsageError(f"{faults.ENV_VAR}: {exc}") from None
         return
     merged = faults.parse_names(",".join([os.environ.get(faults.ENV_VAR, ""), *names]))
     patches = [n for n in merged if faults.get(n).is_patch]
     if patches:
         config.stash[scratch_key] = _put_patched_copy_first(patches)
     os.environ[faults.ENV_VAR] = ",".join(merged)
-    if _ADAPTER in sys.modules:  # already imported (and so past its own activation): apply now
-        faults.activate(merged)
+    faults.activate(merged)
     log.warning("faults injected for this session: %s", ", ".join(names))
 
 
@@ -80,7 +84,7 @@ def _put_patched_copy_first(patches: list[str]) -> Path:
                                 "so a patched copy cannot take its place; pass --inject-fault on the command line")
     scratch = Path(tempfile.mkdtemp(prefix="harness-fault-"))
     try:
-        source.scratch_copy(patches, scratch)
+        source.scratch_copy(patches, scratch, target_mod.sglang_root().resolve())
     except source.PatchError as exc:
         shutil.rmtree(scratch, ignore_errors=True)
         raise pytest.UsageError(f"--inject-fault: {exc}; the patch does not apply to this sglang") from None

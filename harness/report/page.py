@@ -70,6 +70,8 @@ class Header:
         warnings: what did not change the verdict but should be read.
         wall_time: seconds for the whole run.
         seeds: run-wide seeds (a gate's); per-group seeds are read from the test records.
+        sglang: the sglang target the run tested (its runner's
+            :func:`harness.targets.sglang.selection.stamp`).
     """
 
     kind: str
@@ -78,6 +80,7 @@ class Header:
     warnings: tuple[str, ...] = ()
     wall_time: float = 0.0
     seeds: Mapping[str, object] = field(default_factory=dict)
+    sglang: stamp.Target = stamp.UNRECORDED
 
     @property
     def word(self) -> str:
@@ -155,7 +158,7 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
     """
     report_dir.mkdir(parents=True, exist_ok=True)
     sha, dirty = stamp.git_state(repo_root)
-    target = stamp.sglang_target()
+    target = header.sglang
     per_group = [(g, results.read_records(g.run_dir) if g.run_dir else []) for g in groups]
     body = [_header(header, target, sha, dirty, per_group, report_dir)]
     body += [_table(t) for t in tables]

@@ -1,16 +1,12 @@
 """What a run is stamped with: the harness commit and the sglang target it tested.
 
-:func:`sglang_target` is the one place reports ask which sglang a run tested. It describes the target
-the run selected (``--sglang`` / ``HARNESS_SGLANG``; :mod:`harness.targets.sglang.selection`, which
-resolves it from the tree's files, never by importing sglang): a release, a source tree (its git
-commit and dirty state) or a wheel; for the installed distribution, where it was installed from and,
-for a VCS or local install, its commit, from its metadata (PEP 610 ``direct_url.json``).
+:class:`Target` is how a report names the sglang a run tested; the runner builds it from the target it
+selected (:func:`harness.targets.sglang.selection.stamp`) and hands it to the page in its
+:class:`~harness.report.page.Header`, so nothing here asks which sglang is selected.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,38 +32,8 @@ class Target:
         return f"sglang {self.version} ({where})"
 
 
-def sglang_target(dist: str = "sglang") -> Target:
-    """The sglang target of this run.
-
-    Args:
-        dist: the distribution name (for the installed target).
-
-    Returns:
-        Its :class:`Target` (``Target("not installed", "-")`` when no sglang can be found).
-    """
-    from harness.targets.sglang import selection as target_mod
-
-    try:
-        selected = target_mod.current()
-    except target_mod.TargetError:
-        return Target("not installed", "-")
-    if selected.origin != target_mod.INSTALLED:
-        dirty = ", dirty" if selected.dirty else ""
-        return Target(selected.version, f"{selected.origin} {selected.root}{dirty}", selected.commit or "")
-    try:
-        d = importlib.metadata.distribution(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return Target("not installed", "-")
-    origin, commit = "package index", ""
-    raw = d.read_text("direct_url.json")
-    if raw:
-        try:
-            info = json.loads(raw)
-            origin = str(info.get("url") or origin)
-            commit = str((info.get("vcs_info") or {}).get("commit_id") or "")
-        except (json.JSONDecodeError, AttributeError):
-            pass  # a broken PEP 610 file: the version alone still says what ran
-    return Target(d.version, origin, commit)
+#: What a report says when its runner did not name the target.
+UNRECORDED = Target("not recorded", "-")
 
 
 def git_state(repo_root: Path) -> tuple[str, bool]:

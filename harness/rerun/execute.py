@@ -34,7 +34,7 @@ from harness.report import page
 from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.comment import LINK_PLACEHOLDER
 from harness.rerun.plan import Group, Item, Plan, compact
-from harness.targets.sglang import preload
+from harness.targets.sglang import preload, selection
 
 if TYPE_CHECKING:
     from harness.targets.sglang.selection import Target
@@ -63,7 +63,7 @@ class ExecOptions:
         timeout: seconds per group (None: no limit).
         pytest_args: extra pytest arguments (e.g. ``-x``).
         joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
-            (``real``, ``logical``, ``none``; :func:`harness.cluster.join.gpu_kind`), for the plan and report.
+            (``real``, ``logical``, ``none``; :func:`harness.cluster.nodes.gpu_kind`), for the plan and report.
     """
 
     repo_root: Path
@@ -400,5 +400,6 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
     (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     failed = [f"{r.name}: {r.note}" for r in results if r.note]
     failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
-    header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time)
+    header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time,
+                         sglang=selection.stamp(target))
     return page.write(out, header, results)

@@ -82,7 +82,7 @@ from harness.workers import procs
 from harness.workers.ports import allocate_ports
 from harness.clock import DEFAULT as DEFAULT_CLOCK
 from harness.clock import Clock
-from harness.cluster.join import node_index, raylet_answers
+from harness.workers.nodes import NodeRef, node_of, raylet_answers
 
 log = logging.getLogger(__name__)
 
@@ -105,32 +105,6 @@ class WorkerDied(RuntimeError):
 
     def __reduce__(self):
         return (WorkerDied, (self.name, self.cause, self.tail, self.log_path))
-
-
-@dataclass(frozen=True)
-class NodeRef:
-    """The Ray node a worker runs on: its id, its raylet's address and a readable label."""
-
-    node_id: str
-    ip: str
-    port: int
-    label: str
-
-    def __str__(self) -> str:
-        return f"{self.label} (Ray node {self.node_id[:12]}, raylet {self.ip}:{self.port})"
-
-
-def node_of(node_id: str) -> NodeRef | None:
-    """The :class:`NodeRef` of an alive Ray node (None when Ray does not list it as alive)."""
-    import ray
-
-    for n in ray.nodes():
-        if n.get("NodeID") == node_id and n.get("Alive"):
-            ip = n.get("NodeManagerAddress", "")
-            index = node_index(dict(n.get("Resources", {})), n.get("Labels") or {})
-            label = f"node{index}/{ip}" if index is not None else f"{ip}/{node_id[:6]}"
-            return NodeRef(node_id, ip, int(n.get("NodeManagerPort") or 0), label)
-    return None
 
 
 class WorkerStartError(RuntimeError):
@@ -205,6 +179,10 @@ class WorkerSpec:
     stop_grace: float = 5.0
     #: Ray ``runtime_env`` of the actor (e.g. :meth:`harness.workers.forkserver.ForkServer.runtime_env`).
     runtime_env: dict | None = None
+    #: Functions (``"module:function"``) the actor calls first, in order, before it builds or starts
+    #: its payload: what makes the worker's process import the run's engine under test on whichever
+    #: node it runs (the sglang adapter's :func:`harness.targets.sglang.selection.worker_spec` adds its own).
+    setup: tuple[str, ...] = ()
 
     @property
     def log_path(self) -> Path:
@@ -297,6 +275,12 @@ def tail_file(path: str | Path, n: int = TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-n:])
 
 
+def _load(name: str) -> Any:
+    """The object an import string ``"package.module:Attr"`` names."""
+    mod, _, attr = name.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
 def _fill(text: str, ports: dict[str, int]) -> str:
     return text.format(**ports) if ports and "{" in text else text
 
@@ -327,12 +311,8 @@ class _WorkerActor:
 
         os.environ.update(owner_env)
         os.environ.update({k: str(v) for k, v in spec.env.items()})
-        if os.environ.get(_SGLANG_ENV):
-            # The driver's sglang target first on this actor's import path (a joined cluster's workers
-            # do not inherit the driver's PYTHONPATH), and on its server subprocesses' PYTHONPATH.
-            from harness.targets.sglang import selection as sglang_target
-
-            sglang_target.current()
+        for hook in spec.setup:  # e.g. the run's sglang first on this actor's import path (any node)
+            _load(hook)()
         self.spec = spec
         self.log_path = spec.log_path
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -364,10 +344,7 @@ class _WorkerActor:
     def start(self) -> WorkerInfo:
         p = self.spec.payload
         if isinstance(p, InProcess):
-            cls = p.cls
-            if isinstance(cls, str):
-                mod, _, attr = cls.partition(":")
-                cls = getattr(importlib.import_module(mod), attr)
+            cls = _load(p.cls) if isinstance(p.cls, str) else p.cls
             self.obj = cls(*p.args, **p.kwargs)
         else:
             argv = [_fill(a, self.ports) for a in p.argv]
@@ -488,9 +465,6 @@ def _stop_group(pgid: int, start: int | None, grace: float, proc: subprocess.Pop
 
 
 _REMOTE: Any = None
-#: The sglang target (``harness.targets.sglang.selection.ENV_VAR``) every actor is given, so it imports
-#: the driver's sglang on any node (named here so starting a worker imports nothing of the adapter).
-_SGLANG_ENV = "HARNESS_SGLANG"
 
 
 def _remote_class() -> Any:
@@ -758,8 +732,7 @@ def start_worker(spec: WorkerSpec, group: Any = None, bundle_index: int = 0, *, 
             placement_group=pg, placement_group_bundle_index=bundle_index)
     budget = spec.ready_timeout if timeout is None else timeout
     Path(spec.run_dir, "workers").mkdir(parents=True, exist_ok=True)
-    carried = {k: os.environ[k] for k in (_SGLANG_ENV,) if os.environ.get(k)}
-    actor = _remote_class().options(**opts).remote(spec, {**procs.owner_env(), **carried})
+    actor = _remote_class().options(**opts).remote(spec, procs.owner_env())
     w = Worker(spec, actor, clock)
     try:
         try:

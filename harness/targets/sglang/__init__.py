@@ -1,14 +1,13 @@
 """The sglang adapter: the only package that imports sglang internals.
 
-Importing it
-
-1. is cheap: the sglang under test (``TARGET``; ``--sglang`` / env ``HARNESS_SGLANG``: installed, a
-   release, a source tree or a wheel, see :mod:`~harness.targets.sglang.selection`) is resolved and put
-   first on the import path on first use of the API below, before any sglang import (entry points
-   select it earlier; subprocesses inherit it through ``PYTHONPATH``); a target lacking the core the
-   adapter drives raises :class:`~harness.targets.sglang.selection.TargetError` (one line);
-2. applies the faults named in env ``HARNESS_FAULTS`` (``harness.faults``), so in-process tests,
-   Ray workers and server subprocesses all run the same deliberately broken code when asked.
+Importing it is cheap and changes nothing: the sglang under test (``TARGET``; ``--sglang`` / env
+``HARNESS_SGLANG``: installed, a release, a source tree or a wheel, see
+:mod:`~harness.targets.sglang.selection`) is resolved and put first on the import path on first use
+of the API below, before any sglang import (entry points select it earlier; subprocesses inherit it
+through ``PYTHONPATH``; a worker actor selects it through :func:`~harness.targets.sglang.selection.worker_spec`);
+a target lacking the core the adapter drives raises :class:`~harness.targets.sglang.selection.TargetError`
+(one line). Faults (``HARNESS_FAULTS``) are applied by the processes that run engine code, not by
+this import: the pytest plugin, a PD rank's payload, a server's ``sitecustomize`` (:mod:`harness.faults`).
 
 The public API is loaded lazily (sglang's import takes seconds), so ``import harness.targets.sglang``
 stays cheap for code that only needs the target or a subpackage::
@@ -31,26 +30,21 @@ stays cheap for code that only needs the target or a subpackage::
     make_req(rid, prompt_len, output_len=1, *, max_new_tokens=16) -> Req;  mark_finished(req)
     PoolSizes(full_tokens=12288, swa_tokens=6144, req_slots=8, max_context_len=8192)
 
-Modules: ``target`` (which sglang: resolve, activate, :func:`~harness.targets.sglang.selection.sglang_root`),
-``version`` (a tree's version, read from its files), ``compat`` (every per-release difference and the
-capability probes), ``runtime`` (published context, process group, host-pool environment),
-``pools`` (builders), ``requests``, ``snapshot``, ``decode`` (:class:`DecodeSide`), ``inworker``
-(:class:`~harness.workers.suiterun.SuiteRunner`: run suites inside a Ray worker on its device).
+Modules: ``selection`` (which sglang: resolve, activate, :func:`~harness.targets.sglang.selection.sglang_root`),
+``version`` (a tree's version, read from its files), ``releases`` and ``compat`` (every per-release
+difference: the static table, the capability probes and shims), ``runtime`` (published context,
+process group, host-pool environment), ``pools`` (builders), ``requests``, ``snapshot``, ``decode``
+(:class:`DecodeSide`), ``pd_decode`` and ``prefill`` (the PD ranks' sglang halves), ``preload``
+(what the fork servers import ahead), ``server/`` (real sglang servers).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
-from harness import faults as _faults
 from harness.targets.sglang import selection as _target
 from harness.targets.sglang.selection import TargetError
-
-if os.environ.get(_faults.ENV_VAR):
-    _target.current()  # applying a fault imports sglang: the selected target goes first
-_faults.activate_from_env()
 
 _LAZY = {
     "DecodeConfig": "decode",
@@ -68,12 +62,10 @@ _LAZY = {
     "RuntimeSettings": "runtime",
 }
 
-__all__ = ["TARGET", "TargetError", "ACTIVE_FAULTS", *_LAZY]
+__all__ = ["TARGET", "TargetError", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ACTIVE_FAULTS":  # read live: the pytest plugin may activate faults after this import
-        return _faults.active()
     # TARGET: the sglang under test, resolved from the environment and activated on first use (an
     # entry point has already selected it; a bare process gets $HARNESS_SGLANG or the installed one).
     if name == "TARGET":

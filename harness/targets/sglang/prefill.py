@@ -78,6 +78,24 @@ def build_dsv4_pools(page_size: int, window: int, sizes: pool_builders.PoolSizes
     return kv_pool, allocator
 
 
+def byte_view(buf: torch.Tensor, page_size: int) -> torch.Tensor:
+    """View a KV buffer as ``[pages, page_bytes]`` uint8 (no copy).
+
+    Args:
+        buf: a contiguous buffer whose first dimension is token rows (a multiple of ``page_size``)
+            or pages (2-D uint8 page buffers).
+        page_size: tokens per page.
+
+    Returns:
+        The byte view.
+    """
+    b = buf.view(torch.uint8) if buf.dtype != torch.uint8 else buf
+    if buf.dim() == 2 and buf.dtype == torch.uint8:
+        return b  # already page rows
+    rows = buf.shape[0]
+    return b.reshape(rows // page_size, -1)
+
+
 def page_buffers(kv_pool: Any, page_size: int, full_pages: int) -> PageBuffers:
     """The buffers a PD transfer moves page by page.
 
@@ -93,8 +111,6 @@ def page_buffers(kv_pool: Any, page_size: int, full_pages: int) -> PageBuffers:
     Returns:
         The :class:`PageBuffers`.
     """
-    from harness.pd.kvfill import byte_view  # pure torch
-
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
     if isinstance(kv_pool, DeepSeekV4TokenToKVPool):

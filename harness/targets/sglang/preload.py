@@ -1,4 +1,5 @@
-"""What a simulated PD rank or a CPU server imports, imported ahead of time: the fork servers' preloads.
+"""What a simulated PD rank or a harness Python subprocess imports, imported ahead of time: the fork
+servers' preloads.
 
 A rank (:class:`harness.pd.prefill.PrefillWorker`, :class:`harness.pd.decode.DecodeWorker`) runs
 sglang's real memory paths: pools, allocators, the radix cache, the decode prealloc queue, request
@@ -8,23 +9,17 @@ paid it. :func:`rank` imports exactly the modules the rank code imports (at modu
 its functions) in a :mod:`harness.workers.forkserver` process, so each rank is a fork that already has
 them: the same modules, executed the same way, once.
 
-A real sglang server on CPU (:mod:`harness.targets.sglang.server.stack`) is a different case: its
-``sitecustomize`` installs the compat patches, the accounting probe and the faults as import hooks
-that must fire when *sglang* is first imported, with that server's environment. So :func:`server`
-imports the third-party modules sglang's server graph pulls in (torch, transformers, fastapi,
-aiohttp, ... : about 85% of its import time) and nothing of sglang or the harness adapter: each
-forked server imports sglang itself, after its own ``sitecustomize`` ran, exactly as a fresh
-interpreter does. The list (:data:`SERVER_MODULES_FILE`) is written by
-``python -m harness.targets.sglang.preload --write-server-modules`` from a real import of the
-server graph; ``tests/test_forkserver.py`` fails when it is stale.
+A real sglang server on CPU is a different case: it imports sglang itself, after its own
+``sitecustomize`` ran, so its fork server preloads only sglang's third-party graph
+(:mod:`harness.targets.sglang.server.preload`).
 
 The harness's own Python subprocesses (the fault check's pytest runs, ``rerun-test``'s groups)
 import the same third-party graph before they import sglang, from whichever tree the run selects
 (a patched scratch copy, a PR's tree). :func:`python_command` starts them as forks of a server that
 ran :func:`python` (the server preload, plus pytest and Ray) with their environment.
 
-Nothing here changes sglang: the modules are imported, not stubbed or patched (the adapter's own
-import still applies ``HARNESS_FAULTS`` from the server's environment, as in any rank). Nothing here
+Nothing here changes sglang: the modules are imported, not stubbed or patched (a rank applies
+``HARNESS_FAULTS`` itself once forked: :class:`harness.pd.payload.RankPayload`). Nothing here
 touches a device either: no tensor is created, no process group, no CUDA call, so the process
 forks safely. ``tests/test_forkserver.py`` checks that a rank built after :func:`rank` imports no
 further sglang module (the list below covers what ranks run).
@@ -32,35 +27,22 @@ further sglang module (the list below covers what ranks run).
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Mapping, Sequence
+
+from harness import faults
+from harness.targets.sglang.selection import ENV_VAR, OVERLAY_ENV
+from harness.targets.sglang.server import preload as server_preload
+from harness.workers import forkserver
 
 #: The fork server's ``preload`` for PD ranks.
 RANK_PRELOAD = "harness.targets.sglang.preload:rank"
-#: The fork server's ``preload`` for real sglang servers on CPU.
-SERVER_PRELOAD = "harness.targets.sglang.preload:server"
 #: The fork server's ``preload`` for the harness's Python subprocesses (:func:`python_command`).
 PYTHON_PRELOAD = "harness.targets.sglang.preload:python"
 #: What a Python subprocess needs to be forked: the preload leaves one thread only with one OpenMP
 #: and one OpenBLAS thread (numpy's OpenBLAS starts its pool when it loads).
 ONE_THREAD_ENV: dict[str, str] = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-#: The third-party modules a server imports (one per line), in import order.
-SERVER_MODULES_FILE = Path(__file__).resolve().parent / "server_modules.txt"
-#: What a server process and its scheduler and detokenizer import: the graph :func:`server` covers.
-SERVER_GRAPH = (
-    "sglang.launch_server",
-    "sglang.srt.entrypoints.http_server",
-    "sglang.srt.managers.scheduler",
-    "sglang.srt.managers.detokenizer_manager",
-    "sglang.srt.model_executor.model_runner",
-    "sglang.srt.models.llama",
-    "sglang.srt.disaggregation.mooncake.conn",
-)
 
 #: The harness modules a rank runs (they import sglang's at module level).
 HARNESS_MODULES = (
@@ -143,34 +125,11 @@ def rank() -> None:
             continue
 
 
-class PreloadError(RuntimeError):
-    """The server preload imported sglang or the adapter: forked servers would miss their hooks."""
-
-
-def server() -> None:
-    """Import the third-party modules of sglang's server graph, and none of sglang's (see the module
-    docstring). A module this environment cannot import is skipped: the server imports it (or not)
-    as it would without the fork server.
-
-    Raises:
-        PreloadError: a listed module imported sglang (the list must name third-party modules only).
-    """
-    for name in SERVER_MODULES_FILE.read_text().split():
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - an optional preload, as in rank()
-            continue
-    leaked = sorted(m for m in sys.modules if m == "sglang" or m.startswith("sglang."))
-    if leaked:
-        raise PreloadError(f"the server preload imported {leaked[0]} (and {len(leaked) - 1} more sglang modules): "
-                           "forked servers would import sglang before their sitecustomize hooks")
-
-
 def python() -> None:
     """The server preload, and pytest and Ray: still nothing of sglang, and no pytest plugin
     (pytest rewrites a plugin's asserts only when it imports the plugin itself); the harness's own
     modules imported here are imported afresh by each child (:func:`python_command`)."""
-    server()
+    server_preload.server()
     for name in ("pytest", "ray"):
         importlib.import_module(name)
     # A pytest plugin's distribution that sglang's graph imports (anyio) cannot be rewritten once
@@ -202,51 +161,5 @@ def python_command(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[st
     side by side, and beside its tests), as a fork of the :func:`python` preload
     (:func:`harness.workers.forkserver.python_command`) when it then has those values and names no fault
     (faults apply when sglang is imported, and a fork server imports none); otherwise a fresh one."""
-    from harness import faults
-    from harness.workers import forkserver
-    from harness.targets.sglang.selection import ENV_VAR, OVERLAY_ENV
-
     return forkserver.python_command(argv, {**ONE_THREAD_ENV, **env}, preload=PYTHON_PRELOAD, requires=ONE_THREAD_ENV,
                                      refuses=(faults.ENV_VAR,), must_match=(ENV_VAR, OVERLAY_ENV))
-
-
-_LIST_SERVER_MODULES = """
-import sys
-before = set(sys.modules)
-for name in sys.argv[1:]:
-    __import__(name)
-stdlib = set(sys.stdlib_module_names)
-for m in sys.modules:
-    top = m.split(".")[0]
-    if m not in before and top not in stdlib and not top.startswith("_") and top not in ("sglang", "harness", "sgl_kernel"):
-        print(m)
-"""
-
-
-def list_server_modules(env: dict[str, str] | None = None) -> list[str]:
-    """The third-party modules importing :data:`SERVER_GRAPH` pulls in, in import order (a real
-    import, in a subprocess with a CPU server's environment)."""
-    from harness.targets.sglang.server.launcher import CPU_ENV, CPU_SHIM_DIR
-
-    run_env = {**os.environ, **CPU_ENV, "OMP_NUM_THREADS": "1", **(env or {})}
-    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_SHIM_DIR), run_env.get("PYTHONPATH", "")) if p)
-    r = subprocess.run([sys.executable, "-c", _LIST_SERVER_MODULES, *SERVER_GRAPH], env=run_env,
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise PreloadError(f"importing sglang's server graph failed: {r.stderr.strip().splitlines()[-1:]}")
-    return r.stdout.split()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.targets.sglang.preload",
-                                description="Write the server preload's module list from a real import.")
-    p.add_argument("--write-server-modules", action="store_true", required=True)
-    p.parse_args(argv)
-    mods = list_server_modules()
-    SERVER_MODULES_FILE.write_text("\n".join(mods) + "\n")
-    print(f"{len(mods)} modules -> {SERVER_MODULES_FILE.name}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,14 +7,14 @@ TARGET (option ``--sglang`` of every entry point, env ``HARNESS_SGLANG``) is one
 * a release, ``0.5.21``: installed once from the package index with ``pip install --no-deps --target``
   into a cache keyed by version (``<sys.prefix>/sglang-targets/<version>/``, i.e. inside ``.venv``;
   env ``HARNESS_SGLANG_CACHE`` moves it), plus the module-level dependencies that release pins where
-  the venv's differ (:data:`harness.targets.sglang.compat.RELEASE_DEPS`), then reused;
+  the venv's differ (:data:`harness.targets.sglang.releases.RELEASE_DEPS`), then reused;
 * a directory: a sglang checkout's ``python/`` directory, the checkout itself, or any directory
   holding ``sglang/`` (an unpacked wheel), used in place, so an edit to the tree is what runs;
 * a wheel file, installed into the cache keyed by the wheel's content hash.
 
 Resolving never imports sglang: the version is read from the tree's ``sglang/_version.py``, its
 ``*.dist-info`` or ``git describe``, and the core the adapter drives is checked by reading source
-(:func:`harness.targets.sglang.compat.core_missing`), so a target lacking it is refused up front.
+(:func:`harness.targets.sglang.releases.core_missing`), so a target lacking it is refused up front.
 
 :func:`activate` puts the target first on ``sys.path`` and on ``PYTHONPATH`` and records the TARGET
 in ``HARNESS_SGLANG``: pytest subprocesses, Ray workers (a local cluster inherits the driver's
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -38,12 +39,16 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from harness.targets.sglang import compat
+from harness.report import stamp as report_stamp
+from harness.targets.sglang import releases
 from harness.targets.sglang.version import read_version, release_tuple
+
+if TYPE_CHECKING:
+    from harness.workers import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -174,10 +179,10 @@ def resolve(spec: str | None = None, *, progress: Callable[[str], None] | None =
         target = _wheel(spec, say)
     else:
         target = _tree(spec, say)
-    missing = compat.core_missing(Path(target.root))
+    missing = releases.core_missing(Path(target.root))
     if missing:
         raise TargetError(f"{target.label()} lacks the core the harness drives ({missing}); supported: "
-                          f"sglang {compat.SUPPORTED_RANGE} or a source tree of one")
+                          f"sglang {releases.SUPPORTED_RANGE} or a source tree of one")
     return target
 
 
@@ -226,13 +231,13 @@ def _git_state(root: Path) -> tuple[str | None, bool | None]:
 
 
 def _release(version: str, say: Callable[[str], None]) -> Target:
-    refusal = compat.release_refused(version)
+    refusal = releases.release_refused(version)
     if refusal:
         raise TargetError(refusal)
     root = cache_dir() / version
     _install(root, [f"sglang=={version}"], f"sglang {version}", say,
              missing=f"sglang {version} is not on the package index; pass a released version "
-                     f"({compat.SUPPORTED_RANGE}), a source tree or a wheel")
+                     f"({releases.SUPPORTED_RANGE}), a source tree or a wheel")
     found = read_version(root)
     return Target(spec=version, origin="release", version=found, root=str(root), deps=_deps(found, say))
 
@@ -257,7 +262,7 @@ def _deps(version: str, say: Callable[[str], None]) -> tuple[str, ...]:
     release into ``<cache>/deps-<release>``), or nothing when the venv's serve it."""
     parsed = release_tuple(version)
     release = ".".join(map(str, parsed)) if parsed else version
-    reqs = compat.release_deps(release)
+    reqs = releases.release_deps(release)
     if not reqs:
         return ()
     into = cache_dir() / f"deps-{release}"
@@ -307,7 +312,7 @@ def activate(target: Target) -> None:
     Puts its directories first on ``sys.path`` and ``PYTHONPATH`` (after ``$HARNESS_SGLANG_OVERLAY``,
     a patched copy of it, when set), records its TARGET in
     ``HARNESS_SGLANG`` (a child re-resolves it from the cache, which is cheap) and sets the
-    environment the release needs here (:func:`harness.targets.sglang.compat.process_env`). Idempotent.
+    environment the release needs here (:func:`harness.targets.sglang.releases.process_env`). Idempotent.
 
     Args:
         target: the resolved target.
@@ -317,7 +322,7 @@ def activate(target: Target) -> None:
             must be activated before anything imports sglang).
     """
     os.environ[ENV_VAR] = target.spec
-    for key, value in compat.process_env(Path(target.root)).items():
+    for key, value in releases.process_env(Path(target.root)).items():
         os.environ.setdefault(key, value)  # inherited by every process this one starts
     loaded = sys.modules.get("sglang")
     if loaded is not None and target.origin != INSTALLED:
@@ -407,3 +412,63 @@ def sglang_root(spec: str | None = None) -> Path:
         TargetError: the TARGET cannot be used.
     """
     return Path((current() if spec is None else resolve(spec)).root)
+
+
+#: The setup a worker actor runs before its payload (``WorkerSpec.setup``): :func:`current` there.
+WORKER_SETUP = f"{__name__}:current"
+
+
+def worker_spec(spec: "WorkerSpec", target: Target | None = None) -> "WorkerSpec":
+    """``spec`` for a worker that runs ``target``: its actor gets the TARGET in its environment and
+    selects it first (:func:`current`, resolved on the actor's own node: a release from that node's
+    cache, installed there on first use), so its payload and any server it starts import that tree
+    and get the environment the release needs (:func:`harness.targets.sglang.releases.process_env`).
+
+    Args:
+        spec: the worker's spec.
+        target: the target (default: the one this process runs, :func:`current`).
+
+    Returns:
+        A copy of ``spec`` with the TARGET in ``env`` (the spec's own value wins) and
+        :data:`WORKER_SETUP` in ``setup``.
+    """
+    target = current() if target is None else target
+    setup = spec.setup if WORKER_SETUP in spec.setup else (WORKER_SETUP, *spec.setup)
+    return replace(spec, env={ENV_VAR: target.spec, **spec.env}, setup=setup)
+
+
+def stamp(target: Target | None = None, dist: str = "sglang") -> report_stamp.Target:
+    """How a run's reports name the sglang it tested (:class:`harness.report.stamp.Target`).
+
+    A release, a source tree (its git commit and dirty state) or a wheel is named by its version and
+    root; the installed distribution by where it was installed from and, for a VCS or local install,
+    its commit, from its metadata (PEP 610 ``direct_url.json``).
+
+    Args:
+        target: the run's target (default: the one this process runs, :func:`current`).
+        dist: the distribution name (for the installed target).
+
+    Returns:
+        The stamp (``Target("not installed", "-")`` when no sglang can be found).
+    """
+    try:
+        selected = current() if target is None else target
+    except TargetError:
+        return report_stamp.Target("not installed", "-")
+    if selected.origin != INSTALLED:
+        dirty = ", dirty" if selected.dirty else ""
+        return report_stamp.Target(selected.version, f"{selected.origin} {selected.root}{dirty}", selected.commit or "")
+    try:
+        d = importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return report_stamp.Target("not installed", "-")
+    origin, commit = "package index", ""
+    raw = d.read_text("direct_url.json")
+    if raw:
+        try:
+            info = json.loads(raw)
+            origin = str(info.get("url") or origin)
+            commit = str((info.get("vcs_info") or {}).get("commit_id") or "")
+        except (json.JSONDecodeError, AttributeError):
+            pass  # a broken PEP 610 file: the version alone still says what ran
+    return report_stamp.Target(d.version, origin, commit)

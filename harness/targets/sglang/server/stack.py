@@ -19,7 +19,7 @@ and checks, in the server's probe ledger, that the flush found every pool back a
 
 Servers on a cluster this process started, without real GPUs (``forkserver=True``; the caller
 decides with :func:`uses_forkserver`), start as forks of a :mod:`harness.workers.forkserver` that imported
-the third-party half of sglang's server graph once (:func:`harness.targets.sglang.preload.server`):
+the third-party half of sglang's server graph once (:func:`harness.targets.sglang.server.preload.server`):
 the Ray worker runs the fork server's client, which hands over its command, environment and log
 files; the forked child runs ``sitecustomize`` with that environment and then ``-m
 sglang.launch_server`` as a fresh interpreter would, importing sglang itself. A server whose
@@ -51,6 +51,7 @@ from harness.targets.sglang.server.launcher import (
     server_command,
 )
 from harness.targets.sglang.server.probe import COMPONENT_ENV, LEDGER_ENV, WORKER_ENV
+from harness.targets.sglang import selection
 from harness.targets.sglang.selection import OVERLAY_ENV
 from harness.topology import Topology
 
@@ -156,7 +157,7 @@ def _env(cmd: Command) -> dict[str, str]:
 def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
     """``argv`` and ``env`` of a server started as a fork of the (shared) server fork server."""
     from harness.workers import forkserver
-    from harness.targets.sglang.preload import SERVER_PRELOAD
+    from harness.targets.sglang.server.preload import SERVER_PRELOAD
 
     # The environment the server will have (the Ray worker's: ours, one OpenMP thread, no GPU),
     # without what its sitecustomize reads: the fork server must import no sglang.
@@ -173,14 +174,14 @@ def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_ti
     argv, env = tuple(cmd.argv), _env(cmd)
     if forkserver and argv[:1] == (sys.executable,):
         argv, env = _forked(argv, env)
-    return WorkerSpec(
+    return selection.worker_spec(WorkerSpec(
         name=name,
         payload=Subprocess(argv, env=env, fatal=SERVER_FATAL),
         run_dir=run_dir,
         ports=tuple(ports),
         ready=(HttpCheck("http://127.0.0.1:{http}" + ready_path),),
         ready_timeout=ready_timeout,
-    )
+    ))
 
 
 def _start(spec: Any, group: Any, on_start: OnStart | None) -> Any:

@@ -1,8 +1,8 @@
 """Loaded by every sglang server process the harness starts (this directory is on its PYTHONPATH).
 
 It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat patches),
-``HARNESS_PROBE_LEDGER`` (the accounting probe) and ``HARNESS_FAULTS`` (the fault catalog, applied
-by importing the adapter). A failure here must stop the server rather than let it run without what
+``HARNESS_PROBE_LEDGER`` (the accounting probe) and ``HARNESS_FAULTS`` (the fault catalog:
+:func:`harness.faults.activate_from_env` checks that the sglang this server imports carries them). A failure here must stop the server rather than let it run without what
 the harness asked for, so errors are printed and the process exits.
 
 A server forked from :mod:`harness.workers.forkserver` runs this file a second time, with its own
@@ -33,12 +33,12 @@ if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LED
 
             probe.install_from_env()
         if os.environ.get("HARNESS_FAULTS"):
-            import harness.targets.sglang  # noqa: F401  (applies HARNESS_FAULTS on its first import)
             from harness import faults as _faults
             from harness.targets.sglang import selection as _target
 
-            # Again, for a server forked from a process that imported the adapter before this
-            # environment was set (harness.workers.forkserver runs this file again): both are idempotent.
+            # The selected target first, then check that the sglang it imports carries every named
+            # patch (and apply runtime faults). A server forked from harness.workers.forkserver runs
+            # this file again with its own environment: both are idempotent.
             _target.current()
             _faults.activate_from_env()
     except Exception as e:  # noqa: BLE001 - any failure must stop the server, loudly

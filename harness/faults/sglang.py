@@ -1,4 +1,4 @@
-"""The fault catalog: one :class:`~harness.faults.Fault` entry per deliberate breakage.
+"""The sglang faults of the catalog: one :class:`~harness.faults.model.Fault` entry per deliberate breakage.
 
 sglang faults are source patches (``harness/faults/patches/<name>.diff``, what a bad PR would do,
 each with a marker line proving it ran); the harness's own KV transfer keeps its runtime wrapper
@@ -14,7 +14,7 @@ appending the name to ``$HARNESS_FAULT_FIRED`` where the broken code runs) and a
 
 from __future__ import annotations
 
-from harness.faults import Fault
+from harness.faults.model import Fault
 
 _LEDGER = "suites/unit/disaggregation/test_decode_prealloc_ledger.py"
 _SWEEP = "suites/unit/disaggregation/test_swa_prealloc_accounting.py::test_swa_prealloc_accounting_sweep"
@@ -86,7 +86,3 @@ FAULTS: tuple[Fault, ...] = (
         suites=(_PD_CONCURRENT,),
     ),
 )
-
-from harness.faults.pd import FAULTS as _PD_FAULTS  # noqa: E402  (needs Fault defined first)
-
-FAULTS = FAULTS + _PD_FAULTS

@@ -1,0 +1,46 @@
+"""What a fault is: one named breakage of engine code, the evidence its catch must show and the suites
+that carry it (:class:`Fault`); the catalog itself is :mod:`harness.faults.names`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: Env var holding the comma-separated names of the faults of a run (every process it starts inherits it).
+ENV_VAR = "HARNESS_FAULTS"
+
+
+class FaultError(ValueError):
+    """An unknown fault name, or a fault target that does not exist in the running engine."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One named breakage of engine code.
+
+    Attributes:
+        name: kebab-case name used on the command line and in ``HARNESS_FAULTS``.
+        description: one line saying what is broken.
+        upstream: the upstream issue / PR the fault mirrors (e.g. ``"sglang#35286"``).
+        evidence: what a catch must show: substrings of a failing test's report, each a ledger rule
+            (``[rule]``) or a general invariant's exception; one of them must appear.
+        suites: the smallest selections (rerun-test / pytest node ids or files, relative to the
+            repository) whose tests carry the evidence; the kill matrix runs them.
+        target: runtime faults only: ``"package.module:Attr"`` or ``"package.module:Class.attr"``.
+        make: runtime faults only: ``make(original) -> replacement``.
+        requires: names of faults applied before this one; undone with it only if named too.
+    """
+
+    name: str
+    description: str
+    upstream: str
+    evidence: tuple[str, ...] = ()
+    suites: tuple[str, ...] = ()
+    target: str = ""
+    make: Callable[[Any], Any] | None = None
+    requires: tuple[str, ...] = ()
+
+    @property
+    def is_patch(self) -> bool:
+        """A source-patch fault (no runtime target): ``harness/faults/patches/<name>.diff``."""
+        return self.make is None

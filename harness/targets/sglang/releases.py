@@ -1,0 +1,125 @@
+"""What the harness knows of each sglang release before it imports one: the static half of the adapter's
+version differences (the capability probes and shims, which import sglang, are :mod:`.compat`).
+
+Read while a target is resolved (:mod:`.selection`), so nothing here imports sglang: the supported
+range and the oldest release (:func:`release_refused`), the core the adapter cannot run without
+(:func:`core_missing`, read from a tree's source), the module-level dependency pins a release needs
+where the venv's differ (:data:`RELEASE_DEPS`) and the environment a release needs on this machine
+(:func:`process_env`). Entries cite the release or upstream PR that made them necessary and say when
+they can go.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+#: The supported releases, as shown in messages.
+SUPPORTED_RANGE = "0.5.19 … 0.5.23"
+
+#: The oldest release the adapter drives: 0.5.19 is the first with the page-floored SWA tail on
+#: both decode prealloc paths (sglang#35286 / #35396) and ``runtime_context``; older ones lack the core.
+OLDEST_RELEASE = (0, 5, 19)
+
+#: The newest release checked against; newer ones are tried (capabilities decide what runs).
+NEWEST_CHECKED = (0, 5, 23)
+
+#: Module-level dependency pins a release needs where the venv's (sglang 0.5.23's set) differ,
+#: found by importing each release on the venv. Installed with the release into its cache.
+RELEASE_DEPS: dict[str, tuple[str, ...]] = {
+    # 0.5.19 registers its own ``qwen3_asr`` config, which transformers >= 5.13 also defines
+    # ("'qwen3_asr' is already used by a Transformers config" at import); its own pin 5.12.1
+    # needs huggingface_hub 1.x (httpx-based) and tokenizers <= 0.23.0. 0.5.20 renamed the config.
+    "0.5.19": ("transformers==5.12.1", "huggingface_hub==1.33.0", "httpx==0.28.1", "httpcore==1.0.9",
+               "h11==0.16.0", "tokenizers==0.22.2"),
+}
+
+
+# (file under sglang/srt, source pattern, what it is) the adapter cannot run without.
+_CORE: tuple[tuple[str, str, str], ...] = (
+    ("disaggregation/decode.py", r"^class DecodePreallocQueue\b", "PD decode DecodePreallocQueue"),
+    ("disaggregation/decode.py", r"^\s+def _swa_tail_len\(", "DecodePreallocQueue._swa_tail_len"),
+    ("disaggregation/decode.py", r"^def alloc_for_decode_prealloc\(", "alloc_for_decode_prealloc"),
+    ("mem_cache/allocator/swa.py", r"^class SWATokenToKVPoolAllocator\b", "SWATokenToKVPoolAllocator"),
+    ("runtime_context.py", r"^def get_context\(", "runtime_context.get_context"),
+)
+
+
+def core_missing(root: Path) -> str | None:
+    """What of the adapter's core the tree at ``root`` lacks (reads source; imports nothing).
+
+    Args:
+        root: the directory holding ``sglang/``.
+
+    Returns:
+        A short description of the first missing piece, or None when the core is there.
+    """
+    srt = Path(root) / "sglang" / "srt"
+    texts: dict[str, str | None] = {}
+    for rel, pattern, what in _CORE:
+        if rel not in texts:
+            path = srt / rel
+            texts[rel] = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+        text = texts[rel]
+        if text is None:
+            return f"no sglang/srt/{rel}"
+        if not re.search(pattern, text, re.MULTILINE):
+            return f"no {what} in sglang/srt/{rel}"
+    return None
+
+
+def release_refused(version: str) -> str | None:
+    """Why a release cannot be a target (before anything is downloaded), or None.
+
+    Args:
+        version: a release like ``0.5.21``.
+
+    Returns:
+        One line, or None when the release is in (or above) the supported range.
+    """
+    found = re.match(r"^(\d+)\.(\d+)\.(\d+)", version)
+    if found and tuple(int(p) for p in found.groups()) < OLDEST_RELEASE:
+        return (f"sglang {version} is older than the supported range {SUPPORTED_RANGE}: it lacks the core the "
+                "harness drives (the page-floored SWA tail on PD decode prealloc); pass 0.5.19 or newer")
+    return None
+
+
+def release_deps(version: str) -> tuple[str, ...]:
+    """The pinned module-level dependencies to install next to a release (see :data:`RELEASE_DEPS`).
+
+    Args:
+        version: the release.
+
+    Returns:
+        pip requirement strings (empty when the venv's serve).
+    """
+    return RELEASE_DEPS.get(version, ())
+
+
+def source_text(root: Path, rel: str) -> str:
+    path = root / "sglang" / "srt" / rel
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+
+
+def process_env(root: Path, *, gpu_driver: bool | None = None) -> dict[str, str]:
+    """Environment a process needs, set before it imports the target at ``root`` (read from its source).
+
+    ``TRITON_INTERPRET=1`` for releases whose paged allocator runs only Triton kernels (up to
+    0.5.21; see :func:`device_missing`) on a machine with no GPU driver: Triton decorates sglang's
+    kernels at import time, and in interpreter mode runs the real kernels on CPU tensors, so the
+    suites drive sglang's own allocation code there. Never set where a GPU driver is present.
+    Remove with 0.5.21.
+
+    Args:
+        root: the target's root.
+        gpu_driver: whether this machine has an NVIDIA driver (default: ``/dev/nvidiactl`` exists).
+
+    Returns:
+        Variables to set (empty when none is needed).
+    """
+    if gpu_driver is None:
+        gpu_driver = Path("/dev/nvidiactl").exists()
+    if gpu_driver or "use_triton_kernels" in source_text(root, "mem_cache/allocator/paged.py"):
+        return {}
+    return {"TRITON_INTERPRET": "1"}
