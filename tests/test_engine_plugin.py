@@ -159,7 +159,7 @@ def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
 
 def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_path):
     from harness import topology
-    from harness.plugins.servers import ServerStacks
+    from harness.plugins.stacks import ServerStacks
 
     h100 = ServerStacks(pytestconfig, None, topology.get("2-gpu-h100"), None, server_args=("--page-size", "64"))
     with pytest.raises(pytest.fail.Exception, match="topology 2-gpu-h100 runs real models: give model 'tiny-llama' "

@@ -13,7 +13,7 @@ import pytest
 
 from harness import faults
 from harness.faults import source
-from harness.faultcheck import matrix
+from harness import faultcheck
 from harness.targets.sglang import selection
 
 pytestmark = pytest.mark.est_time(12)
@@ -110,10 +110,10 @@ def test_inject_fault_runs_a_suite_on_the_patched_copy_and_the_ledger_names_the_
     out = subprocess.run([sys.executable, "-m", "pytest", "suites/unit/disaggregation/test_decode_prealloc_ledger.py",
                           "-q", "-p", "no:cacheprovider", "-k", "page64", "--inject-fault", "swa-tail-unaligned",
                           f"--junitxml={junit}", "-o", "junit_family=xunit1", "--run-dir", str(tmp_path / "run")],
-                         cwd=matrix.REPO_ROOT, env=env, capture_output=True, text=True, timeout=850)
+                         cwd=faultcheck.REPO_ROOT, env=env, capture_output=True, text=True, timeout=850)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
-    [case] = matrix.parse_junit(junit)
-    assert case.outcome == "failed" and matrix.has_evidence(case, faults.get("swa-tail-unaligned").evidence)
+    [case] = faultcheck.parse_junit(junit)
+    assert case.outcome == "failed" and faultcheck.has_evidence(case, faults.get("swa-tail-unaligned").evidence)
     assert "[evicted-unaligned]" in case.text
     assert source.fired(fired) == {"swa-tail-unaligned"}
     assert "faults injected for this session: swa-tail-unaligned" in out.stderr
@@ -123,6 +123,6 @@ def test_inject_fault_runs_a_suite_on_the_patched_copy_and_the_ledger_names_the_
         text = (selection.sglang_root().resolve() / "sglang/srt/disaggregation/decode.py").read_text()
         print("window_start = (window_start // page_size) * page_size" in text)
     """)
-    check = subprocess.run([sys.executable, "-c", installed], cwd=matrix.REPO_ROOT, capture_output=True, text=True,
+    check = subprocess.run([sys.executable, "-c", installed], cwd=faultcheck.REPO_ROOT, capture_output=True, text=True,
                            timeout=120)
     assert check.stdout.strip() == "True", check.stderr

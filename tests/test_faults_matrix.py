@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import faults
-from harness.faultcheck import matrix
+from harness import faultcheck
 
 pytestmark = pytest.mark.est_time(45)
 
@@ -39,12 +39,12 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 
 
 def _run(label: str, outcomes: dict[str, str], returncode: int = 1, texts: dict[str, str] | None = None,
-         fired: tuple[str, ...] = ("f",)) -> matrix.SuiteRun:
+         fired: tuple[str, ...] = ("f",)) -> faultcheck.SuiteRun:
     texts = texts or {}
-    cases = tuple(matrix.TestOutcome(test_id=t, file=t.split("::")[0], outcome=o,
+    cases = tuple(faultcheck.TestOutcome(test_id=t, file=t.split("::")[0], outcome=o,
                                      text=texts.get(t, "E   [page-leak] d0: pool 'swa' ..." if o == "failed" else ""))
                   for t, o in outcomes.items())
-    return matrix.SuiteRun(label=label, suites=(), returncode=returncode, outcomes=cases, wall_s=1.0,
+    return faultcheck.SuiteRun(label=label, suites=(), returncode=returncode, outcomes=cases, wall_s=1.0,
                            junit=Path("j.xml"), log=Path("l.log"), fired=frozenset(fired))
 
 
@@ -58,7 +58,7 @@ def test_parse_junit_reads_ids_files_and_outcomes(tmp_path: Path):
     path = tmp_path / "r.xml"
     path.write_text(JUNIT)
 
-    got = {o.test_id: o for o in matrix.parse_junit(path, root=tmp_path)}
+    got = {o.test_id: o for o in faultcheck.parse_junit(path, root=tmp_path)}
 
     assert {t: o.outcome for t, o in got.items()} == {
         "suites/unit/test_a.py::test_ok": "passed",
@@ -72,27 +72,27 @@ def test_parse_junit_reads_ids_files_and_outcomes(tmp_path: Path):
 
 
 def test_parse_junit_of_a_killed_run_is_empty(tmp_path: Path):
-    assert matrix.parse_junit(tmp_path / "missing.xml") == ()
+    assert faultcheck.parse_junit(tmp_path / "missing.xml") == ()
     (tmp_path / "cut.xml").write_text("<testsuites><testsuite>")
-    assert matrix.parse_junit(tmp_path / "cut.xml") == ()
+    assert faultcheck.parse_junit(tmp_path / "cut.xml") == ()
 
 
 def test_cells_count_only_tests_that_passed_clean():
     clean = _run("clean", {"s/a.py::t1": "passed", "s/a.py::t2": "skipped", "s/b.py::t3": "passed"}, 0)
     run = _run("f", {"s/a.py::t1": "failed", "s/a.py::t2": "error", "s/b.py::t3": "passed"})
 
-    cells = matrix.build_cells("f", ("s/a.py", "s/b.py::t3"), clean, run, EVIDENCE)
+    cells = faultcheck.build_cells("f", ("s/a.py", "s/b.py::t3"), clean, run, EVIDENCE)
 
-    assert cells == (matrix.Cell("f", "s/a.py", matrix.CAUGHT, ("s/a.py::t1",)),
-                     matrix.Cell("f", "s/b.py", matrix.MISSED))
-    assert matrix.verdict("f", cells, run).status == matrix.CAUGHT
+    assert cells == (faultcheck.Cell("f", "s/a.py", faultcheck.CAUGHT, ("s/a.py::t1",)),
+                     faultcheck.Cell("f", "s/b.py", faultcheck.MISSED))
+    assert faultcheck.verdict("f", cells, run).status == faultcheck.CAUGHT
 
 
 def test_a_directory_suite_owns_the_files_under_it():
     clean = _run("clean", {"s/unit/x/a.py::t": "passed"}, 0)
     run = _run("f", {"s/unit/x/a.py::t": "failed"})
-    assert matrix.build_cells("f", ("s/unit",), clean, run, EVIDENCE)[0].status == matrix.CAUGHT
-    assert matrix.build_cells("f", ("s/un",), clean, run, EVIDENCE)[0].status == matrix.NOT_APPLICABLE
+    assert faultcheck.build_cells("f", ("s/unit",), clean, run, EVIDENCE)[0].status == faultcheck.CAUGHT
+    assert faultcheck.build_cells("f", ("s/un",), clean, run, EVIDENCE)[0].status == faultcheck.NOT_APPLICABLE
 
 
 def test_a_failure_without_the_evidence_is_broken_not_caught():
@@ -101,62 +101,62 @@ def test_a_failure_without_the_evidence_is_broken_not_caught():
     run = _run("f", {"s/a.py::t": "failed", "s/a.py::u": "passed"},
                texts={"s/a.py::t": "E   AssertionError: swa_evicted_seqlen % page_size == 0"})
 
-    [cell] = matrix.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
+    [cell] = faultcheck.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
 
-    assert cell.status == matrix.BROKEN and "failed without the evidence" in cell.reason
-    assert matrix.verdict("f", [cell], run).status == matrix.BROKEN
+    assert cell.status == faultcheck.BROKEN and "failed without the evidence" in cell.reason
+    assert faultcheck.verdict("f", [cell], run).status == faultcheck.BROKEN
 
 
 def test_an_error_outside_the_test_body_is_broken_even_with_the_evidence():
     clean = _run("clean", {"s/a.py::t": "passed"}, 0)
     run = _run("f", {"s/a.py::t": "error"}, texts={"s/a.py::t": "E   [page-leak] in teardown"})
-    [cell] = matrix.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
-    assert cell.status == matrix.BROKEN and "outside the test body" in cell.reason
+    [cell] = faultcheck.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
+    assert cell.status == faultcheck.BROKEN and "outside the test body" in cell.reason
 
 
 def test_a_catch_by_one_suite_wins_over_a_broken_one():
     clean = _run("clean", {"s/a.py::t": "passed", "s/b.py::t": "passed"}, 0)
     run = _run("f", {"s/a.py::t": "failed", "s/b.py::t": "failed"}, texts={"s/b.py::t": "E   TypeError"})
-    cells = matrix.build_cells("f", ("s/a.py", "s/b.py"), clean, run, EVIDENCE)
-    assert [c.status for c in cells] == [matrix.CAUGHT, matrix.BROKEN]
-    assert matrix.verdict("f", cells, run).status == matrix.CAUGHT
+    cells = faultcheck.build_cells("f", ("s/a.py", "s/b.py"), clean, run, EVIDENCE)
+    assert [c.status for c in cells] == [faultcheck.CAUGHT, faultcheck.BROKEN]
+    assert faultcheck.verdict("f", cells, run).status == faultcheck.CAUGHT
 
 
 def test_a_fault_whose_code_never_ran_is_broken():
     clean = _run("clean", {"s/a.py::t": "passed"}, 0)
     run = _run("f", {"s/a.py::t": "failed"}, fired=())
-    cells = matrix.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
-    got = matrix.verdict("f", cells, run)
-    assert got.status == matrix.BROKEN and "never ran" in got.reason
+    cells = faultcheck.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
+    got = faultcheck.verdict("f", cells, run)
+    assert got.status == faultcheck.BROKEN and "never ran" in got.reason
 
 
 def test_all_skipped_is_not_applicable_and_a_missed_fault_fails_the_check():
     clean = _run("clean", {"s/gpu.py::t": "skipped", "s/a.py::t": "passed"}, 0)
     run = _run("f", {"s/gpu.py::t": "skipped", "s/a.py::t": "passed"})
-    cells = matrix.build_cells("f", ("s/gpu.py", "s/a.py"), clean, run, EVIDENCE)
-    assert [c.status for c in cells] == [matrix.NOT_APPLICABLE, matrix.MISSED]
-    v = matrix.verdict("f", cells, run)
-    assert v.status == matrix.MISSED
-    assert not matrix.Matrix(clean=clean, runs={"f": run}, cells=cells, verdicts=(v,)).ok
-    assert "| f | missed | n/a | missed |" in matrix.table(matrix.Matrix(clean=clean, cells=cells, verdicts=(v,)))
+    cells = faultcheck.build_cells("f", ("s/gpu.py", "s/a.py"), clean, run, EVIDENCE)
+    assert [c.status for c in cells] == [faultcheck.NOT_APPLICABLE, faultcheck.MISSED]
+    v = faultcheck.verdict("f", cells, run)
+    assert v.status == faultcheck.MISSED
+    assert not faultcheck.Matrix(clean=clean, runs={"f": run}, cells=cells, verdicts=(v,)).ok
+    assert "| f | missed | n/a | missed |" in faultcheck.table(faultcheck.Matrix(clean=clean, cells=cells, verdicts=(v,)))
 
 
 def test_a_run_that_did_not_finish_is_broken_not_caught():
     clean = _run("clean", {"s/a.py::t": "passed"}, 0)
     run = _run("f", {"s/a.py::t": "error"}, returncode=2)  # e.g. a collection error
 
-    cells = matrix.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
+    cells = faultcheck.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
 
-    assert cells[0].status == matrix.BROKEN
-    assert matrix.verdict("f", cells, run).status == matrix.BROKEN
+    assert cells[0].status == faultcheck.BROKEN
+    assert faultcheck.verdict("f", cells, run).status == faultcheck.BROKEN
 
 
 def test_a_patch_that_does_not_apply_is_said_and_not_counted():
     clean = _run("clean", {"s/a.py::t": "passed"}, 0)
-    caught = matrix.Verdict("g", matrix.CAUGHT)
-    skipped = matrix.Verdict("f", matrix.NOT_APPLIED, "patch does not apply: decode.py: hunk 1 ...")
-    assert matrix.Matrix(clean=clean, verdicts=(caught, skipped)).ok
-    assert not matrix.Matrix(clean=clean, verdicts=(skipped,)).ok  # nothing counted: no evidence at all
+    caught = faultcheck.Verdict("g", faultcheck.CAUGHT)
+    skipped = faultcheck.Verdict("f", faultcheck.NOT_APPLIED, "patch does not apply: decode.py: hunk 1 ...")
+    assert faultcheck.Matrix(clean=clean, verdicts=(caught, skipped)).ok
+    assert not faultcheck.Matrix(clean=clean, verdicts=(skipped,)).ok  # nothing counted: no evidence at all
 
 
 # ---------------------------------------------------------------------------- catalog
@@ -170,14 +170,14 @@ def test_catalog_covers_the_upstream_fixes_with_evidence_and_selections():
         assert "sglang#" in fault.upstream
         assert fault.is_patch, f"{name}: sglang faults are source patches"
         assert fault.evidence and fault.suites, f"{name} must name its evidence and the suites carrying it"
-        assert all((matrix.REPO_ROOT / matrix.suite_file(t)).exists() for t in fault.suites), fault.suites
+        assert all((faultcheck.REPO_ROOT / faultcheck.suite_file(t)).exists() for t in fault.suites), fault.suites
     covered = " ".join(f.upstream for f in known.values())
     assert all(issue in covered for issue in UPSTREAM)
     assert not known["corrupt-kv-page"].is_patch  # the harness's own transfer keeps its runtime wrapper
 
 
 def test_every_accounting_suite_module_exists():
-    assert all((matrix.REPO_ROOT / s).is_file() for s in matrix.ACCOUNTING_SUITES)
+    assert all((faultcheck.REPO_ROOT / s).is_file() for s in faultcheck.ACCOUNTING_SUITES)
 
 
 # ---------------------------------------------------------------------------- subprocess runs
@@ -206,25 +206,25 @@ def _project(tmp_path: Path, body: str = CATCHER) -> Path:
 def test_check_catches_a_fault_and_reports_a_miss(tmp_path: Path):
     root = _project(tmp_path)
 
-    result = matrix.check(["corrupt-kv-page", "decode-reserve-unaligned"], suites=("suites/test_catcher.py",),
+    result = faultcheck.check(["corrupt-kv-page", "decode-reserve-unaligned"], suites=("suites/test_catcher.py",),
                           out_dir=tmp_path / "out", jobs=2, timeout_s=300, root=root)
 
     assert result.clean.passed and len(result.clean.outcomes) == 2
     # decode-reserve-unaligned's patch goes on the import path, but nothing here imports sglang
-    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", matrix.CAUGHT),
-                                                              ("decode-reserve-unaligned", matrix.BROKEN)]
+    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", faultcheck.CAUGHT),
+                                                              ("decode-reserve-unaligned", faultcheck.BROKEN)]
     assert "never ran" in result.verdicts[1].reason
     caught = result.cells[0]
     assert caught.tests == ("suites/test_catcher.py::test_prealloc",)
     assert not result.ok
     assert (tmp_path / "out" / "junit" / "corrupt-kv-page.xml").is_file()
-    text = matrix.render(result)
+    text = faultcheck.render(result)
     assert "corrupt-kv-page" in text and "1/2 faults caught" in text
-    data = matrix.to_dict(result)
+    data = faultcheck.to_dict(result)
     assert data["ok"] is False and data["faults"][0]["suites"][0]["tests"] == ["suites/test_catcher.py::test_prealloc"]
     assert data["faults"][0]["fired"] is True
     # the run's HTML page: the fault × suite table, then each run's tests
-    page = matrix.write_page(result, tmp_path / "out", root).read_text()
+    page = faultcheck.write_page(result, tmp_path / "out", root).read_text()
     assert "faults check: FAIL" in page and "decode-reserve-unaligned: broken (its broken code never ran" in page
     assert "<th>suites/test_catcher.py</th>" in page and "<td>caught (1)</td>" in page
     assert "Tests of corrupt-kv-page" in page and 'href="../workers/corrupt-kv-page.log"' in page
@@ -235,29 +235,29 @@ def test_check_stops_when_the_clean_run_fails(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv(faults.ENV_VAR, "corrupt-kv-page")
     root = _project(tmp_path, CATCHER + "\ndef test_broken_anyway():\n    assert False\n")
 
-    result = matrix.check(["corrupt-kv-page"], suites=("suites",), out_dir=tmp_path / "out",
+    result = faultcheck.check(["corrupt-kv-page"], suites=("suites",), out_dir=tmp_path / "out",
                           timeout_s=120, root=root)
 
     assert not result.clean.passed and result.runs == {} and not result.ok
     assert set(result.clean.failing()) == {"suites/test_catcher.py::test_broken_anyway"}
-    assert "clean run must pass first" in matrix.render(result)
+    assert "clean run must pass first" in faultcheck.render(result)
 
 
 def test_clean_run_taken_from_an_earlier_junit_report(tmp_path: Path):
     """--clean-junit: the clean results come from the test run's report; the faults still run."""
     root = _project(tmp_path)
-    earlier = matrix.run_suites("earlier", ("suites",), tmp_path / "earlier", root=root)
+    earlier = faultcheck.run_suites("earlier", ("suites",), tmp_path / "earlier", root=root)
     assert earlier.passed
 
-    result = matrix.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
+    result = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
                           timeout_s=120, root=root, clean_junit=earlier.junit)
 
     assert result.clean.passed and result.clean.wall_s == 0 and len(result.clean.outcomes) == 2
     assert not (tmp_path / "out" / "junit" / "clean.xml").exists(), "the clean run ran again"
-    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", matrix.CAUGHT)]
+    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", faultcheck.CAUGHT)]
     # A report that does not cover a targeted suite is no clean run.
     (root / "suites" / "test_other.py").write_text("def test_x():\n    pass\n")
-    uncovered = matrix.check(["corrupt-kv-page"], suites=("suites/test_other.py",), out_dir=tmp_path / "o2",
+    uncovered = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_other.py",), out_dir=tmp_path / "o2",
                              timeout_s=120, root=root, clean_junit=earlier.junit)
     assert not uncovered.clean.passed and uncovered.runs == {}
 
@@ -277,18 +277,18 @@ def test_fault_runs_go_ahead_while_the_clean_report_is_still_being_written(tmp_p
                                "sys.exit(__import__('pytest').main(['suites', '-q', '-p', 'no:cacheprovider', "
                                f"'--junitxml={junit}', '-o', 'junit_family=xunit1']))"], cwd=root)
     try:
-        result = matrix.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
+        result = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
                               timeout_s=120, root=root, clean_junit=junit, clean_writer=writer.pid)
         assert writer.wait(5) == 0
     finally:
         writer.kill()
     assert result.clean.passed and len(result.clean.outcomes) == 2
-    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", matrix.CAUGHT)]
+    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", faultcheck.CAUGHT)]
     assert fault_junit.stat().st_mtime < junit.stat().st_mtime, "the fault run waited for the clean report"
     # A writer that exits without a report fails the clean run (the faults ran, but are not judged).
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    missing = matrix.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "o2",
+    missing = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "o2",
                            timeout_s=120, root=root, clean_junit=tmp_path / "never.xml", clean_writer=gone.pid)
     assert not missing.clean.passed and missing.runs == {} and not missing.ok
 
@@ -296,7 +296,7 @@ def test_fault_runs_go_ahead_while_the_clean_report_is_still_being_written(tmp_p
 def test_a_run_past_its_limit_is_killed_and_broken(tmp_path: Path):
     root = _project(tmp_path, "import time\n\ndef test_slow():\n    time.sleep(60)\n")
 
-    run = matrix.run_suites("slow", ("suites",), tmp_path / "out", timeout_s=3, root=root)
+    run = faultcheck.run_suites("slow", ("suites",), tmp_path / "out", timeout_s=3, root=root)
 
     assert not run.ran and run.wall_s < 30
 
@@ -308,7 +308,7 @@ def _harness(*args: str) -> subprocess.CompletedProcess:
     # Through main() as the console script does (``-m harness.cli`` would make a second UsageError class).
     code = "import sys; from harness.cli import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
-                          cwd=matrix.REPO_ROOT)
+                          cwd=faultcheck.REPO_ROOT)
 
 
 def test_cli_list_names_every_fault_and_its_upstream_issue():
@@ -340,14 +340,14 @@ def test_clean_run_of_two_suite_groups_runs_both_and_merges(tmp_path: Path):
     (root / "other").mkdir()
     (root / "other" / "test_more.py").write_text("def test_more():\n    pass\n")
 
-    clean = matrix.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
+    clean = faultcheck.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
 
-    assert clean.passed and clean.label == matrix.CLEAN
+    assert clean.passed and clean.label == faultcheck.CLEAN
     assert {o.test_id for o in clean.outcomes} == {"suites/test_catcher.py::test_prealloc",
                                                     "suites/test_catcher.py::test_unrelated",
                                                     "other/test_more.py::test_more"}
     assert len(list((tmp_path / "out" / "junit").glob("clean-*.xml"))) == 2
 
     (root / "other" / "test_more.py").write_text("def test_more():\n    assert False\n")
-    clean = matrix.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
+    clean = faultcheck.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
     assert not clean.passed and set(clean.failing()) == {"other/test_more.py::test_more"}

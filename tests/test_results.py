@@ -14,7 +14,7 @@ import pytest
 from harness import ledger
 from harness.report import results
 from harness.gates import classify
-from harness.faultcheck import matrix
+from harness import faultcheck
 
 pytest_plugins = ["pytester"]
 
@@ -64,7 +64,7 @@ def test_every_consumer_reads_the_same_cases(tmp_path: Path):
     path.write_text(JUNIT.format(root=tmp_path))
     cases = results.read_junit(path, root=tmp_path)
 
-    fault_view = matrix.parse_junit(path, root=tmp_path)
+    fault_view = faultcheck.parse_junit(path, root=tmp_path)
     gate_view = classify.failures(cases)
 
     assert [(o.test_id, o.outcome, o.message) for o in fault_view] == [(c.nodeid, c.outcome, c.message) for c in cases]

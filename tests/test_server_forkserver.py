@@ -29,7 +29,7 @@ def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
     parents = set()
     for w in (stack.prefill, stack.decode):
         client = psutil.Process(w.info.payload_pid)
-        assert "forkserver_client.py" in " ".join(client.cmdline()), client.cmdline()
+        assert "forkserver/client.py" in " ".join(client.cmdline()), client.cmdline()
         log = open(w.info.log_path, errors="replace").read()
         assert "differ from the fork server's" not in log, f"{w.name} ran as a fresh interpreter"
         # The process serving is a fork-server child named by the real command, at the worker's priority.
@@ -52,7 +52,7 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
     leaves nothing. Each server exits on the stop's SIGTERM: none waits out the grace to be killed
     (sglang's crash diagnostics, a 5 s sleep, are off on CPU)."""
     from harness import topology
-    from harness.plugins.servers import ServerStacks
+    from harness.plugins.stacks import ServerStacks
 
     stacks = ServerStacks(request.config, ray_cluster, topology.get("cpu"), run_dir, server_args=("--page-size", "64"))
     stacks.order = ["tiny-llama", "tiny-mellum-swa"]

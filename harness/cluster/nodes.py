@@ -1,5 +1,6 @@
-"""What the nodes of a cluster hold: their GPUs (real devices or only Ray resources) and the versions
-they would import, asked of every node at once.
+"""What the nodes of a cluster hold: Ray's view of each (:func:`alive_nodes`: resources, labels, the
+harness index), their GPUs (real devices or only Ray resources) and the versions they would import,
+asked of every node at once.
 
 :func:`survey` runs one small task pinned to each alive node of the connected cluster; each answers
 with :func:`installed_versions` (python, torch, ray, sglang, the transfer engine; the sglang version
@@ -29,6 +30,32 @@ from harness.workers.nodes import node_index, raylet_answers
 SURVEY_TIMEOUT_S = 60.0  # a node may have to start a Ray worker process for the task
 #: What :func:`skew` compares between this process and every node.
 SKEW_PACKAGES = ("python", "ray", "sglang", "torch")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One alive Ray node, with its harness index (``harness_node_<i>``) when it has one."""
+
+    node_id: str
+    ip: str
+    index: int | None
+    total: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def alive_nodes() -> list[NodeInfo]:
+    """The alive nodes, harness-indexed ones first in index order."""
+    import ray
+
+    out = []
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        res = dict(n.get("Resources", {}))
+        labels = dict(n.get("Labels") or {})
+        out.append(NodeInfo(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""),
+                            index=node_index(res, labels), total=res, labels=labels))
+    return sorted(out, key=lambda n: (n.index is None, n.index if n.index is not None else 0, n.node_id))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from harness import faults
 from harness.workers import procs
 from harness.commands import UsageError
-from harness.faultcheck import matrix
+from harness import faultcheck
 from harness.targets.sglang import selection as sglang_target
 
 
@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--json", action="store_true", help="print the matrix as JSON")
     check.add_argument("--table", action="store_true", help="also print the fault x suite table (markdown)")
     check.add_argument("--jobs", type=int, default=2, help="fault runs at a time (default 2)")
-    check.add_argument("--timeout", type=float, default=matrix.DEFAULT_TIMEOUT_S,
-                       help=f"seconds one pytest run may take (default {matrix.DEFAULT_TIMEOUT_S:.0f})")
+    check.add_argument("--timeout", type=float, default=faultcheck.DEFAULT_TIMEOUT_S,
+                       help=f"seconds one pytest run may take (default {faultcheck.DEFAULT_TIMEOUT_S:.0f})")
     check.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
     check.add_argument("--run-dir", metavar="DIR",
                        help="where JUnit XML and logs go (default runs/faults-<timestamp>-<pid>)")
@@ -66,7 +66,7 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}  {fault.upstream}  [{form}]")
         print(f"{'':<{width}}  {fault.description}")
         print(f"{'':<{width}}  evidence: {' | '.join(fault.evidence)}")
-        print(f"{'':<{width}}  suites: {' '.join(matrix.targets_for(name))}")
+        print(f"{'':<{width}}  suites: {' '.join(faultcheck.targets_for(name))}")
     return 0
 
 
@@ -78,7 +78,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.all_suites and args.suites:
         raise UsageError("--all and --suite exclude each other; pass one")
     for suite in args.suites or ():
-        if Path(suite).is_absolute() or not (matrix.REPO_ROOT / matrix.suite_file(suite)).exists():
+        if Path(suite).is_absolute() or not (faultcheck.REPO_ROOT / faultcheck.suite_file(suite)).exists():
             raise UsageError(f"suite {suite!r} not found; pass a path relative to the repository root, "
                              "e.g. suites/unit")
     if args.clean_writer is not None and args.clean_junit is None:
@@ -108,18 +108,18 @@ def _check(args: argparse.Namespace) -> int:
         out_dir = Path(args.run_dir)
     else:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        out_dir = matrix.REPO_ROOT / "runs" / f"faults-{stamp}-{os.getpid()}"
+        out_dir = faultcheck.REPO_ROOT / "runs" / f"faults-{stamp}-{os.getpid()}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    suites = matrix.ACCOUNTING_SUITES if args.all_suites else tuple(args.suites) if args.suites else None
-    result = matrix.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,
+    suites = faultcheck.ACCOUNTING_SUITES if args.all_suites else tuple(args.suites) if args.suites else None
+    result = faultcheck.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,
                           clean_junit=args.clean_junit, clean_writer=args.clean_writer)
-    page = matrix.write_page(result, out_dir)
+    page = faultcheck.write_page(result, out_dir)
     if args.json:
-        print(json.dumps({**matrix.to_dict(result), "report": str(page)}, indent=2))
+        print(json.dumps({**faultcheck.to_dict(result), "report": str(page)}, indent=2))
     else:
-        print(matrix.render(result))
+        print(faultcheck.render(result))
         if args.table:
-            print(matrix.table(result))
+            print(faultcheck.table(result))
         print(f"evidence: {out_dir}")
         print(f"report: {page}")
     return 0 if result.ok else 1

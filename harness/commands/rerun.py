@@ -34,7 +34,8 @@ from typing import Any
 from harness.rundir import REPO_ROOT
 from harness import report
 from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
-from harness.rerun.execute import detect_gpus, write_reports
+from harness.rerun.execute import detect_gpus
+from harness.rerun.reports import write_reports
 from harness.rerun import registry
 from harness.rerun.registry import RegistryError
 from harness.targets.sglang import selection as target_mod

@@ -1,29 +1,7 @@
-"""The kill matrix: which suites catch which catalog fault, measured by running them.
-
-:func:`check` first runs every selected suite once with no fault (the clean run, which must pass),
-or takes the clean results from a JUnit report of a run that already ran them (``--clean-junit``:
-CI's test run, so the check does not run the same tests twice, :func:`clean_from_junit`), then once
-per fault, each in a fresh ``python -m pytest --inject-fault NAME`` subprocess (the plugin builds the
-patched sglang copy and puts it first on the import path of every process the run starts, or
-applies a runtime fault), at most ``jobs`` at a time. Results are read from each run's JUnit XML,
-never from its output; a fault's marker lines (env ``HARNESS_FAULT_FIRED``) say whether its broken
-code ran.
-
-Per fault and suite file (a *cell*):
-
-* ``caught``: a test that passed in the clean run *failed in its body* with one of the fault's
-  expected evidence strings (:attr:`harness.faults.Fault.evidence`) in its report;
-* ``broken``: no test caught it, but a test failed with other evidence (a different exception,
-  sglang's own assert), errored outside its body (setup / teardown), or the run did not finish;
-* ``missed``: every selected test passed;
-* ``n/a``: the suite was not run for this fault, or every selected test skipped.
-
-A fault is ``caught`` when its code ran (a marker fired) and a cell caught it; ``broken`` when its
-code never ran, or no cell caught it and one is broken; ``missed`` otherwise; ``not-applied`` when its
-patch does not apply to the target (said, run nowhere, and not counted). Each fault runs its
-catalog selections (``Fault.suites``, the smallest that carry the evidence) unless the caller names
-suites (``--suite``, or ``--all`` for every suite that asserts accounting: :data:`ACCOUNTING_SUITES`).
-Paths are relative to the repository root.
+"""The kill matrix's runs: the clean run (or the clean results of a test run that already ran the
+suites), then one ``python -m pytest --inject-fault NAME`` subprocess per fault, at most ``jobs`` at a
+time; each fault's verdict comes from :mod:`.verdicts`. The whole method is :mod:`harness.faultcheck`'s
+docstring.
 """
 
 from __future__ import annotations
@@ -35,21 +13,31 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 from harness import faults as fault_catalog
 from harness.faults import source
-from harness.report import page, results
-from harness.report.results import GroupResult
+from harness.report import results
 from harness.rundir import REPO_ROOT
 from harness.targets.sglang import preload, selection
+from harness.faultcheck.verdicts import (
+    CLEAN,
+    FAILING,
+    NOT_APPLIED,
+    Cell,
+    Matrix,
+    SuiteRun,
+    TestOutcome,
+    Verdict,
+    build_cells,
+    in_suite,
+    suite_group,
+    verdict,
+)
 from harness.workers import procs
 
 logger = logging.getLogger(__name__)
-
-#: The repository root (parent of the ``harness`` package); subprocesses run here.
 
 
 #: Every suite that asserts accounting (``harness faults check --all``): the unit sweep, ledger,
@@ -95,129 +83,6 @@ CLEAN_WRITER_TIMEOUT_S = 3600.0
 HYPOTHESIS_SEED = 0
 WORKLOAD_SEED = 0
 
-CLEAN = "clean"
-CAUGHT, MISSED, BROKEN, NOT_APPLICABLE, NOT_APPLIED = "caught", "missed", "broken", "n/a", "not-applied"
-_FAILING = ("failed", "error")
-
-
-@dataclass(frozen=True)
-class TestOutcome:
-    """One test case of a JUnit report.
-
-    Attributes:
-        test_id: ``path::name`` (``path::Class::name`` inside a class), like a pytest node id.
-        file: the test file, relative to the repository root ("" for a collection error).
-        outcome: ``passed``, ``failed`` (in the test body), ``error`` (setup, teardown,
-            collection) or ``skipped``.
-        message: the failure / error message (first line), "" when it passed.
-        text: the whole message and traceback, where the evidence is looked for.
-    """
-
-    test_id: str
-    file: str
-    outcome: str
-    message: str = ""
-    text: str = ""
-
-
-@dataclass(frozen=True)
-class SuiteRun:
-    """One pytest subprocess: the suites it ran, with or without a fault, and its results.
-
-    Attributes:
-        label: the fault name, or ``"clean"``.
-        suites: the suite paths passed to pytest.
-        returncode: pytest's exit code (-9 when killed at the timeout).
-        outcomes: every test case of its JUnit report.
-        wall_s: seconds it ran.
-        junit: its JUnit XML file.
-        log: its stdout + stderr.
-        fired: the fault names its marker lines wrote (empty for the clean run).
-    """
-
-    label: str
-    suites: tuple[str, ...]
-    returncode: int
-    outcomes: tuple[TestOutcome, ...]
-    wall_s: float
-    junit: Path
-    log: Path
-    fired: frozenset[str] = frozenset()
-
-    @property
-    def ran(self) -> bool:
-        """pytest ran the tests to the end (exit 0: all passed, 1: some failed)."""
-        return self.returncode in (0, 1)
-
-    @property
-    def passed(self) -> bool:
-        """Every test passed (or was skipped) and at least one test ran."""
-        return self.returncode == 0 and bool(self.outcomes)
-
-    def failing(self) -> dict[str, TestOutcome]:
-        """Failed or errored tests by id."""
-        return {o.test_id: o for o in self.outcomes if o.outcome in _FAILING}
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One fault x suite entry of the matrix.
-
-    Attributes:
-        fault: the fault name.
-        suite: the suite file.
-        status: ``caught``, ``missed``, ``broken`` or ``n/a``.
-        tests: the ids of the tests that caught it (broken: the tests that failed otherwise).
-        reason: for ``broken``, the first such test's message.
-    """
-
-    fault: str
-    suite: str
-    status: str
-    tests: tuple[str, ...] = ()
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One fault's overall result.
-
-    Attributes:
-        fault: the fault name.
-        status: ``caught``, ``missed``, ``broken`` or ``not-applied`` (see the module docstring).
-        reason: why it is not caught ("" when caught).
-    """
-
-    fault: str
-    status: str
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Matrix:
-    """The whole check: the clean run, one run per fault, the cells and the verdicts.
-
-    Attributes:
-        clean: the clean run.
-        runs: fault name -> its run (empty when the clean run failed).
-        cells: fault x suite entries, in fault then suite order.
-        verdicts: one per fault, in catalog order.
-        wall_s: seconds the whole check took.
-    """
-
-    clean: SuiteRun
-    runs: Mapping[str, SuiteRun] = field(default_factory=dict)
-    cells: tuple[Cell, ...] = ()
-    verdicts: tuple[Verdict, ...] = ()
-    wall_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """The clean run passed, no fault was missed or broken, and at least one was caught
-        (a patch that does not apply to the target is said and not counted)."""
-        counted = [v for v in self.verdicts if v.status != NOT_APPLIED]
-        return self.clean.passed and bool(counted) and all(v.status == CAUGHT for v in counted)
-
 
 def targets_for(name: str) -> tuple[str, ...]:
     """The selections a fault is checked against: its catalog entry's ``suites``.
@@ -235,11 +100,6 @@ def targets_for(name: str) -> tuple[str, ...]:
     if not fault.suites:
         raise fault_catalog.FaultError(f"fault {name} names no suite that carries its evidence; add Fault.suites")
     return fault.suites
-
-
-def suite_file(selection: str) -> str:
-    """The file (or directory) part of a selection (``path::test[id]`` -> ``path``)."""
-    return selection.split("::", 1)[0].rstrip("/")
 
 
 # ------------------------------------------------------------------------------------- JUnit
@@ -319,88 +179,9 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
 # ------------------------------------------------------------------------------------- matrix
 
 
-def _in_suite(outcome: TestOutcome, suite: str) -> bool:
-    suite = suite_file(suite)
-    return outcome.file == suite or outcome.file.startswith(suite + "/")
-
-
-def has_evidence(outcome: TestOutcome, evidence: Iterable[str]) -> bool:
-    """Whether a failing test's report shows one of the expected evidence strings."""
-    return any(e in outcome.text or e in outcome.message for e in evidence)
-
-
-def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteRun,
-                evidence: tuple[str, ...] = ()) -> tuple[Cell, ...]:
-    """The matrix row of one fault, one cell per suite file (pure; see the module docstring).
-
-    Args:
-        name: the fault.
-        suites: the selections it ran (node ids or files).
-        clean: the clean run.
-        run: the fault's run.
-        evidence: what a catch must show (default: the fault's catalog entry).
-
-    Returns:
-        One :class:`Cell` per suite file, in first-selected order.
-    """
-    evidence = evidence or fault_catalog.get(name).evidence
-    clean_passed = {o.test_id for o in clean.outcomes if o.outcome == "passed"}
-    cells = []
-    for suite in dict.fromkeys(suite_file(s) for s in suites):
-        mine = [o for o in run.outcomes if _in_suite(o, suite)]
-        if not run.ran:
-            cells.append(Cell(name, suite, BROKEN, reason=f"pytest exited {run.returncode}"))
-            continue
-        counted = [o for o in mine if o.test_id in clean_passed]
-        caught = tuple(sorted(o.test_id for o in counted if o.outcome == "failed" and has_evidence(o, evidence)))
-        other = [o for o in counted if o.outcome in _FAILING and o.test_id not in caught]
-        if caught:
-            cells.append(Cell(name, suite, CAUGHT, caught))
-        elif other:
-            first = other[0]
-            where = "errored outside the test body" if first.outcome == "error" else "failed without the evidence"
-            cells.append(Cell(name, suite, BROKEN, tuple(o.test_id for o in other),
-                              f"{first.test_id} {where}: {first.message}"))
-        elif counted:
-            cells.append(Cell(name, suite, MISSED))
-        else:
-            cells.append(Cell(name, suite, NOT_APPLICABLE, reason="no test of it ran (all skipped)"))
-    return tuple(cells)
-
-
-def verdict(name: str, cells: Iterable[Cell], run: SuiteRun) -> Verdict:
-    """One fault's overall result (pure; see the module docstring).
-
-    Args:
-        name: the fault.
-        cells: its matrix row.
-        run: its run.
-
-    Returns:
-        The :class:`Verdict`.
-    """
-    cells = list(cells)
-    if not run.ran:
-        return Verdict(name, BROKEN, f"pytest exited {run.returncode} (see {run.log})")
-    if name not in run.fired:
-        return Verdict(name, BROKEN, "its broken code never ran (no marker fired): the selection does not reach it")
-    if any(c.status == CAUGHT for c in cells):
-        return Verdict(name, CAUGHT)
-    broken = [c for c in cells if c.status == BROKEN]
-    if broken:
-        return Verdict(name, BROKEN, broken[0].reason)
-    return Verdict(name, MISSED, "no selected test failed with the expected evidence")
-
-
-def _suite_group(suite: str) -> str:
-    # Suites under one directory of suites/ share a process; e.g. the unit suites and the PD suites
-    # run side by side (both pay their own imports; Ray start-up dominates the PD ones).
-    return "/".join(Path(suite).parts[:2])
-
-
 def run_clean(suites: tuple[str, ...], out_dir: Path, *, jobs: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
               root: Path = REPO_ROOT) -> SuiteRun:
-    """The clean run of ``suites``: one subprocess per group of suites (:func:`_suite_group`), ``jobs``
+    """The clean run of ``suites``: one subprocess per group of suites (:func:`~harness.faultcheck.verdicts.suite_group`), ``jobs``
     at a time, merged into one :class:`SuiteRun`.
 
     Args:
@@ -416,7 +197,7 @@ def run_clean(suites: tuple[str, ...], out_dir: Path, *, jobs: int = 2, timeout_
     """
     groups: dict[str, list[str]] = {}
     for suite in suites:
-        groups.setdefault(_suite_group(suite), []).append(suite)
+        groups.setdefault(suite_group(suite), []).append(suite)
     if len(groups) <= 1:
         return run_suites(CLEAN, suites, out_dir, timeout_s=timeout_s, root=root)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -442,9 +223,9 @@ def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT
     Returns:
         A :class:`SuiteRun` labelled ``clean`` holding the suites' outcomes (wall time 0).
     """
-    outcomes = tuple(o for o in parse_junit(path, root) if any(_in_suite(o, s) for s in suites))
-    missing = [s for s in suites if not any(_in_suite(o, s) and o.outcome == "passed" for o in outcomes)]
-    failing = any(o.outcome in _FAILING for o in outcomes)
+    outcomes = tuple(o for o in parse_junit(path, root) if any(in_suite(o, s) for s in suites))
+    missing = [s for s in suites if not any(in_suite(o, s) and o.outcome == "passed" for o in outcomes)]
+    failing = any(o.outcome in FAILING for o in outcomes)
     if missing:
         logger.error("%s has no passing test of %s: run them there, or drop --clean-junit", path, ", ".join(missing))
     return SuiteRun(label=CLEAN, suites=suites, returncode=1 if (missing or failing) else 0,
@@ -579,180 +360,3 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
 # ------------------------------------------------------------------------------------- output
 
 
-def to_dict(matrix: Matrix) -> dict[str, Any]:
-    """The matrix as JSON-able data.
-
-    Args:
-        matrix: the result of :func:`check`.
-
-    Returns:
-        ``{"ok", "wall_s", "clean": {...}, "faults": [{"name", "upstream", "evidence", "status", "reason",
-        "fired", "wall_s", "suites": [{"suite", "status", "tests", "reason"}]}]}``.
-    """
-    known = fault_catalog.catalog()
-    cells_by_fault: dict[str, list[Cell]] = {}
-    for cell in matrix.cells:
-        cells_by_fault.setdefault(cell.fault, []).append(cell)
-
-    def run_dict(run: SuiteRun) -> dict[str, Any]:
-        return {"returncode": run.returncode, "wall_s": round(run.wall_s, 1), "tests": len(run.outcomes),
-                "failing": sorted(run.failing()), "junit": str(run.junit), "log": str(run.log)}
-
-    def fault_dict(v: Verdict) -> dict[str, Any]:
-        run = matrix.runs.get(v.fault)
-        fault = known.get(v.fault)
-        return {"name": v.fault, "upstream": fault.upstream if fault else "",
-                "evidence": list(fault.evidence) if fault else [], "status": v.status, "reason": v.reason,
-                "fired": bool(run and v.fault in run.fired), "wall_s": round(run.wall_s, 1) if run else 0.0,
-                "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests), "reason": c.reason}
-                           for c in cells_by_fault.get(v.fault, [])]}
-
-    return {
-        "ok": matrix.ok,
-        "wall_s": round(matrix.wall_s, 1),
-        "clean": {"passed": matrix.clean.passed, "suites": list(matrix.clean.suites), **run_dict(matrix.clean)},
-        "faults": [fault_dict(v) for v in matrix.verdicts],
-    }
-
-
-def render(matrix: Matrix) -> str:
-    """The matrix as text: one block per fault, one line per suite with the catching tests.
-
-    Args:
-        matrix: the result of :func:`check`.
-
-    Returns:
-        Lines for a terminal (no trailing newline).
-    """
-    clean = matrix.clean
-    lines = [f"clean run: {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, "
-             f"exit {clean.returncode}, {clean.wall_s:.0f} s) {' '.join(clean.suites)}"]
-    if not clean.passed:
-        lines += [f"  {t}: {o.message}" for t, o in sorted(clean.failing().items())]
-        lines.append(f"  log: {clean.log}")
-        lines.append("faults not run: the clean run must pass first")
-        return "\n".join(lines)
-    cells_by_fault: dict[str, list[Cell]] = {}
-    for cell in matrix.cells:
-        cells_by_fault.setdefault(cell.fault, []).append(cell)
-    width = max(len(v.fault) for v in matrix.verdicts) if matrix.verdicts else 0
-    for v in matrix.verdicts:
-        run = matrix.runs.get(v.fault)
-        took = f"({run.wall_s:.0f} s)" if run else ""
-        head = f"{v.fault:<{width}}  {v.status.upper():<11} {took}"
-        lines.append(head + (f"  {v.reason}" if v.reason else ""))
-        for cell in cells_by_fault.get(v.fault, []):
-            lines.append(f"  {cell.status:<6} {cell.suite}" + (f"  ({cell.reason})" if cell.reason else ""))
-            if cell.status == CAUGHT:
-                lines.extend(f"           {t.split('::', 1)[-1]}" for t in cell.tests)
-    counted = [v for v in matrix.verdicts if v.status != NOT_APPLIED]
-    caught = sum(v.status == CAUGHT for v in counted)
-    lines.append(f"{caught}/{len(counted)} faults caught ({len(matrix.verdicts) - len(counted)} not applied); "
-                 f"wall time {matrix.wall_s:.0f} s")
-    return "\n".join(lines)
-
-
-def table(matrix: Matrix) -> str:
-    """The fault x suite table in markdown: one row per fault, one column per suite file run,
-    each cell ``caught`` / ``missed`` / ``broken`` / ``n/a`` (``not run`` where the fault's
-    selection left that suite out).
-
-    Args:
-        matrix: the result of :func:`check`.
-
-    Returns:
-        The table (no trailing newline).
-    """
-    suites = list(dict.fromkeys(c.suite for c in matrix.cells))
-    by = {(c.fault, c.suite): c.status for c in matrix.cells}
-    short = [Path(s).stem.removeprefix("test_") for s in suites]
-    lines = ["| fault | verdict | " + " | ".join(short) + " |", "|---|---|" + "---|" * len(suites)]
-    for v in matrix.verdicts:
-        row = [by.get((v.fault, s), "not run") for s in suites]
-        lines.append(f"| {v.fault} | {v.status} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
-def page_table(matrix: Matrix) -> page.Table:
-    """The fault × suite table of the run's HTML page: one row per fault, one column per suite.
-
-    Args:
-        matrix: the result of :func:`check`.
-
-    Returns:
-        The table (cells: ``caught (N)``, ``missed``, ``broken``, blank where the fault does not target the suite).
-    """
-    suites = list(dict.fromkeys(c.suite for c in matrix.cells))
-    known = fault_catalog.catalog()
-    by = {(c.fault, c.suite): c for c in matrix.cells}
-    rows, status = [], []
-    for v in matrix.verdicts:
-        cells = []
-        for s in suites:
-            c = by.get((v.fault, s))
-            cells.append("" if c is None else f"{c.status} ({len(c.tests)})" if c.tests else c.status)
-        rows.append((v.fault, known[v.fault].upstream if v.fault in known else "", v.status + (f": {v.reason}" if v.reason else ""),
-                     *cells))
-        status.append("ok" if v.status == CAUGHT else "bad")
-    clean = matrix.clean
-    note = (f"clean run {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, exit {clean.returncode}); "
-            f"a fault is caught by a suite when its code ran and a test that passed clean fails in its body "
-            f"with the evidence the fault names")
-    if not clean.passed:
-        note += "; faults not run: the clean run must pass first"
-    return page.Table("Fault × suite", ("fault", "upstream", "verdict", *suites), tuple(rows), tuple(status), note)
-
-
-def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[GroupResult]:
-    """The runs of a check as groups of the HTML page: one per JUnit report under ``out_dir/junit``.
-
-    Each group's run directory is the run's ``out_dir/pytest/<label>`` (its test records, worker
-    logs and ledgers); its log is ``out_dir/workers/<label>.log``.
-
-    Args:
-        matrix: the result of :func:`check`.
-        out_dir: the check's run directory.
-        root: the repository root (test files are relative to it).
-
-    Returns:
-        The clean run's parts first, then one group per fault run, in catalog order.
-    """
-    runs = {CLEAN: matrix.clean, **matrix.runs}
-    labels = sorted((p.stem for p in (out_dir / "junit").glob("*.xml")),
-                    key=lambda s: (s not in runs and not s.startswith(CLEAN), list(runs).index(s) if s in runs else 0, s))
-    groups = []
-    for label in labels:
-        try:
-            cases = tuple(results.read_junit(out_dir / "junit" / f"{label}.xml", root))
-        except ValueError as e:
-            cases, note = (), str(e)
-        else:
-            note = ""
-        run = runs.get(label)
-        failing = any(c.outcome in _FAILING for c in cases)
-        code = run.returncode if run is not None else (1 if failing else 0)
-        what = "clean run" if label.startswith(CLEAN) else f"with fault {label} (a failing test caught it)"
-        groups.append(GroupResult(name=label, topology="per test", runner=what, cases=cases,
-                                  wall_time=run.wall_s if run is not None else matrix.clean.wall_s, returncode=code,
-                                  note=note or ("" if code in (0, 1) else f"pytest exited {code}"),
-                                  properties=(("run_dir", str(out_dir / "pytest" / label)),
-                                              ("log", str(out_dir / "workers" / f"{label}.log")))))
-    return groups
-
-
-def write_page(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> Path:
-    """Write the check's HTML page, ``out_dir/report/index.html`` (:mod:`harness.report.page`).
-
-    Args:
-        matrix: the result of :func:`check`.
-        out_dir: the check's run directory.
-        root: the repository root.
-
-    Returns:
-        The page's path.
-    """
-    reasons = [f"{v.fault}: {v.status}" + (f" ({v.reason})" if v.reason else "") for v in matrix.verdicts if v.status != CAUGHT]
-    if not matrix.clean.passed:
-        reasons.insert(0, f"the clean run failed (exit {matrix.clean.returncode}); faults not run")
-    header = page.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s, sglang=selection.stamp())
-    return page.write(out_dir / "report", header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)

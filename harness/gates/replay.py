@@ -18,7 +18,7 @@ from typing import Callable
 
 from harness.gates import bundle as repro
 from harness.gates.runner import item_for, live_lines, run_one
-from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
+from harness.rerun import collector, execute, plan as plan_mod, reports, resolve, spec as spec_mod
 
 
 def bundle_target(data: dict) -> str | None:
@@ -79,7 +79,7 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
         f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}")
     start = time.monotonic()
     res, att = run_one(group, item_for(group, data["spec"]), opts, reg, live_lines("repro", out))
-    execute.write_reports(run_dir, [res], target=target)  # the same report files as any rerun
+    reports.write_reports(run_dir, [res], target=target)  # the same report files as any rerun
     took = time.monotonic() - start
     if att.outcome in ("failed", "error"):
         same = "same class" if att.failure_class == failure.get("class") else f"class {att.failure_class}, recorded {failure.get('class')}"

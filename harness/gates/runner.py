@@ -18,25 +18,23 @@ from __future__ import annotations
 import json
 import logging
 import random
-import re
-import shutil
-import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from harness import ledger, report
+from harness import report
 from harness.report import page
 from harness.report import results
 from harness.report.stamp import git_state
 from harness import topology as topo_mod
 from harness.gates import classify, history, render
 from harness.gates import bundle as repro
+from harness.gates.evidence import collect_evidence, repro_key, safe_name
 from harness.gates.model import Gate, GateSuite
 from harness.gates.plan import entry_plan, runner_label
+from harness.gates.runs import Attempt, EntryRun, GateOptions, GateRun
 from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
-from harness.plugins import seeds as seeds_mod
 from harness.report.results import CaseResult, GroupResult
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 from harness.rerun.registry import RegistryError
@@ -45,69 +43,8 @@ from harness.targets.sglang import selection as sglang_target
 log = logging.getLogger(__name__)
 
 LIVE_EVERY_S = 5.0
-LEDGER_TAIL = 20
 #: Recent gate runs whose history the page's flaky record reads (as ``harness flaky``'s default).
 FLAKY_WINDOW = 20
-
-
-@dataclass(frozen=True)
-class GateOptions:
-    """How to run a gate.
-
-    Attributes:
-        repo_root: the repository (its ``suites/``; pytest's rootdir).
-        run_dir: this run's directory.
-        simulate: let groups whose GPUs are missing run on Ray logical GPUs (if their topology allows it).
-        ray_address: join this Ray cluster.
-        gpus: real GPUs on this machine.
-        jobs: most groups at once within a suite.
-        python: interpreter for pytest.
-        suites_dirs: extra test trees (rerun-test's ``--suites-dir``).
-        hypothesis_seed, workload_seed: override the gate's seeds (None: the gate's, else random).
-        runner: run only the groups of this CI runner label (:func:`harness.gates.plan.runner_label`);
-            entries with none there are left out of the run and its verdict (None: every group).
-        joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
-            (:func:`harness.cluster.nodes.gpu_kind`), stamped on the report.
-    """
-
-    repo_root: Path
-    run_dir: Path
-    simulate: bool = False
-    ray_address: str | None = None
-    gpus: int = 0
-    jobs: int = 1
-    python: str = sys.executable
-    suites_dirs: tuple[Path, ...] = ()
-    hypothesis_seed: int | None = None
-    workload_seed: int | None = None
-    runner: str | None = None
-    joined_gpus: str | None = None
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One run of one test: its outcome, failure class and where its evidence is."""
-
-    outcome: str
-    failure_class: str
-    message: str
-    run_dir: Path  # the group's --run-dir of this attempt
-    log: Path  # its pytest.log
-
-
-@dataclass(frozen=True)
-class GateRun:
-    """A finished gate run."""
-
-    gate: Gate
-    info: render.RunInfo
-    verdict: Verdict
-    run_dir: Path
-    repros: dict[str, str]
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.verdict.passed else 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,10 +85,6 @@ def _to_rel(reg: collector.Registry) -> Callable[[str], str]:
             return path
 
     return to_rel
-
-
-def _safe(nodeid: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:120]
 
 
 def _failures(junit: Path) -> dict[str, classify.Failure]:
@@ -213,19 +146,8 @@ def _blocked_note(group: plan_mod.Group, opts: GateOptions) -> str:
     return f"needs {group.gpus} GPUs, this machine has {opts.gpus}; {fix} on runner {group.runner}"
 
 
-@dataclass(frozen=True)
-class _EntryRun:
-    entry: GateSuite
-    outcome: SuiteOutcome
-    dir: Path
-    results: tuple[GroupResult, ...]
-    plan: plan_mod.Plan | None
-    attempts: dict[tuple[str, str], tuple[Attempt, ...]]  # (group, nodeid) → attempts (tests that failed)
-    reruns: tuple[tuple[str, GroupResult, Path], ...]  # (nodeid, result, rerun dir)
-
-
 def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateOptions, info: render.RunInfo,
-              out: Callable[[str], None]) -> _EntryRun | None:
+              out: Callable[[str], None]) -> EntryRun | None:
     """Run one suite entry with its flaky reruns (never raises for failing tests).
 
     Returns:
@@ -240,7 +162,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
                 return None
     except (resolve.ResolveError, plan_mod.PlanError, spec_mod.SpecError, RegistryError, topo_mod.TopologyError) as e:
         out(f"[{entry.name}] cannot run: {e}")
-        return _EntryRun(entry, SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, error=str(e)), edir, (), None, {}, ())
+        return EntryRun(entry, SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, error=str(e)), edir, (), None, {}, ())
     seeds = (f"--hypothesis-seed={info.hypothesis_seed}", f"--workload-seed={info.workload_seed}")
     exec_opts = execute.ExecOptions(repo_root=opts.repo_root, run_dir=edir, python=opts.python, ray_address=opts.ray_address,
                                     gpus=opts.gpus, jobs=opts.jobs, timeout=entry.timeout,
@@ -268,7 +190,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
             tries = [first]
             while tries[-1].outcome in ("failed", "error") and gate.flaky.may_rerun(tries[-1].failure_class, len(tries)):
                 k = len(tries)
-                rdir = edir / "reruns" / f"{_safe(case.nodeid)}-{k}"
+                rdir = edir / "reruns" / f"{safe_name(case.nodeid)}-{k}"
                 out(f"[{entry.name}/{res.name}] rerun {k}/{gate.flaky.reruns} of {case.nodeid} ({tries[-1].failure_class})")
                 rres, att = run_one(g, item_for(g, case.nodeid), replace(exec_opts, run_dir=rdir), reg)
                 tries.append(att)
@@ -284,7 +206,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
     notes = tuple(f"[{r.name}] {r.note}" for r in results if r.note)
     outcome = SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, tuple(tests), notes,
                            require=_required_here(entry, p))
-    return _EntryRun(entry, outcome, edir, tuple(results), p, attempts, tuple(reruns))
+    return EntryRun(entry, outcome, edir, tuple(results), p, attempts, tuple(reruns))
 
 
 def _required_here(entry: GateSuite, p: plan_mod.Plan) -> tuple[str, ...]:
@@ -292,129 +214,6 @@ def _required_here(entry: GateSuite, p: plan_mod.Plan) -> tuple[str, ...]:
     another runner is that runner's to prove."""
     planned = [it.nodeid for g in p.groups for it in g.items]
     return tuple(r for r in entry.require if any(r.startswith(n) or n.startswith(r) for n in planned))
-
-
-# --------------------------------------------------------------------------------------------
-# evidence: failing tests' logs, ledgers and repro bundles
-# --------------------------------------------------------------------------------------------
-
-
-def _records(group_dir: Path) -> dict[tuple[str, str], dict]:
-    path = group_dir / seeds_mod.RECORD_FILE
-    out: dict[tuple[str, str], dict] = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-                out[(Path(rec["path"]).name, rec["suffix"])] = rec
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-    return out
-
-
-def _touched_workers(group_dir: Path, since: float) -> list[str]:
-    """Workers whose log or ledger was written after ``since`` (a test that recorded no owned workers).
-
-    A fixture may own workers without telling the harness; the files it wrote while the test ran
-    are the best evidence left. Workers idle during the test are left out.
-    """
-    names: set[str] = set()
-    for sub, ext in (("workers", ".log"), ("ledger", ".jsonl")):
-        for p in (group_dir / sub).glob(f"*{ext}"):
-            try:
-                if p.stat().st_mtime >= since:
-                    names.add(p.name[: -len(ext)])
-            except OSError:
-                continue
-    return sorted(names)
-
-
-def _ledger_excerpt(path: Path) -> dict:
-    try:
-        events = ledger.read(path)
-        violations = [str(v) for v in ledger.check(events)]
-    except (OSError, ValueError, TypeError) as e:
-        return {"error": f"unreadable ledger: {e}"}
-    tail = []
-    for line in path.read_text(encoding="utf-8").splitlines()[-LEDGER_TAIL:]:
-        try:
-            tail.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return {"events": len(events), "violations": violations[:LEDGER_TAIL], "tail": tail}
-
-
-def _copy_test_reports(group_dir: Path, nodeid: str, dest: Path) -> list[str]:
-    """Copy per-test reports that suites wrote under ``<group run dir>/report/`` (e.g. ``pd/<test>.json``).
-
-    Suites name such files after the node id with every other character replaced by ``_``.
-    """
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid)
-    copied = []
-    base = group_dir / "report"
-    for p in sorted(base.rglob(f"{stem}.*")) if base.is_dir() else []:
-        rel = p.relative_to(group_dir)
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(p, dest / rel)
-        copied.append(str(rel))
-    return copied
-
-
-def repro_key(suite: str, test: TestOutcome) -> str:
-    """How reports name a failing test's bundle: ``suite/group::nodeid`` (a test may run in several groups)."""
-    return f"{suite}/{test.group}::{test.nodeid}"
-
-
-def collect_evidence(gate: Gate, run: _EntryRun, test: TestOutcome, info: render.RunInfo, opts: GateOptions,
-                     env: dict) -> Path:
-    """Copy a failing test's worker logs, ledgers and pytest log, and write its ``repro.json``.
-
-    Returns:
-        The ``repro.json`` path.
-    """
-    nodeid = test.nodeid
-    tries = run.attempts[(test.group, nodeid)]
-    last = next(a for a in reversed(tries) if a.outcome in ("failed", "error"))
-    group = next(g for g in run.plan.groups if g.name == test.group) if run.plan else None
-    dest = opts.run_dir / "report" / "failures" / _safe(f"{run.entry.name}-{test.group}-{nodeid}")
-    dest.mkdir(parents=True, exist_ok=True)
-    files: list[str] = []
-    if last.log.is_file():
-        shutil.copy2(last.log, dest / "pytest.log")
-        files.append("pytest.log")
-    file_rel = group and next((i.file_rel for i in group.items if nodeid.startswith(i.file_rel)), "")
-    suffix = nodeid[len(file_rel):] if file_rel else ""
-    rec = _records(last.run_dir).get((Path(file_rel or nodeid.split("::", 1)[0]).name, suffix), {})
-    workers = list(rec.get("workers", []))
-    if not workers and rec.get("start"):
-        workers = _touched_workers(last.run_dir, float(rec["start"]))
-    excerpt = {}
-    for w in workers:
-        for sub, ext in (("workers", ".log"), ("ledger", ".jsonl")):
-            src = last.run_dir / sub / f"{w}{ext}"
-            if src.is_file():
-                (dest / sub).mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dest / sub / src.name)
-                files.append(f"{sub}/{src.name}")
-        lp = last.run_dir / "ledger" / f"{w}.jsonl"
-        if lp.is_file():
-            excerpt[w] = _ledger_excerpt(lp)
-    files += _copy_test_reports(last.run_dir, nodeid, dest)
-    topo = test.group if group is None else group.topology
-    try:
-        engine_args = {r.name: list(r.engine_args) for r in topo_mod.get(topo).roles}
-    except topo_mod.TopologyError:
-        engine_args = {}
-    simulated = bool(group and execute.simulation(group, opts.gpus, joined=bool(opts.ray_address)))
-    name = Path(file_rel or nodeid.split("::", 1)[0]).name
-    data = repro.bundle(
-        spec=nodeid, gate=gate.name, suite=run.entry.name, topology=topo, simulated=simulated, engine=run.entry.engine,
-        hypothesis_seed=info.hypothesis_seed, workload_base=info.workload_seed,
-        workload_seed=seeds_mod.derive(info.workload_seed, name, suffix), engine_args=engine_args, env=env,
-        sglang_version=info.sglang_version, git_sha=info.git_sha, sglang=dict(info.sglang) or None,
-        failure={"class": test.failure_class, "outcome": test.outcome, "message": test.message, "attempts": list(test.attempts)},
-        workers=workers, files=files, ledger_excerpt=excerpt)
-    return repro.write(dest / "repro.json", data)
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,7 +270,7 @@ def run_gate(gate: Gate, opts: GateOptions, out: Callable[[str], None] = print,
     return GateRun(gate=gate, info=info, verdict=v, run_dir=opts.run_dir, repros=repros)
 
 
-def write_reports(runs: list[_EntryRun], info: render.RunInfo, v: Verdict, repros: dict[str, str], run_dir: Path,
+def write_reports(runs: list[EntryRun], info: render.RunInfo, v: Verdict, repros: dict[str, str], run_dir: Path,
                   repo_root: Path = page.REPO_ROOT) -> None:
     """``report/``: ``junit.xml`` (every group and rerun, stamped), ``summary.md``, ``result.json``,
     ``durations.json`` and ``index.html`` (:mod:`harness.report.page`: the verdict table, the flaky

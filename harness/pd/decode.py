@@ -13,6 +13,10 @@
 
 Every prealloc, failed prealloc, transfer, decode allocation, eviction and release is a ledger
 event whose pages are the ids that left or joined the allocator's free lists.
+
+Why one module of more than 400 lines: it is one object, the decode rank, whose steps (admit,
+write, commit, step, release) all read and change the same live requests, pools and ledger books;
+split, each part would reach into the others' state. Its errors are :mod:`harness.pd.errors`.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 
 from harness.pd import kvfill
+from harness.pd.errors import KVCorruption, PreallocError, WindowLost
 from harness.pd.payload import RankPayload
 from harness.pd.prefill import pick_device
 from harness.pd.spec import SGLANG_EVICTION_INTERVAL, KVSpec
@@ -36,27 +40,6 @@ logger = logging.getLogger(__name__)
 
 #: sglang's SWA eviction cadence variable; each decode rank sets it from ``KVSpec.eviction_interval``.
 EVICTION_INTERVAL_ENV = "SGLANG_SWA_EVICTION_INTERVAL"
-
-
-class KVCorruption(AssertionError):
-    """Received or kept KV differs from what prefill wrote: names the request, pool, page and position."""
-
-    def __init__(self, rid: str, pool: str, where: kvfill.Mismatch, when: str):
-        super().__init__(f"KV corruption in request {rid}: {pool} {where} ({when})")
-        self.rid, self.pool, self.where, self.when = rid, pool, where, when
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Raised in a Ray worker and re-raised in the driver: pickle the constructor's arguments,
-        # not the message (the default), or Ray reports an undeserializable exception instead.
-        return type(self), (self.rid, self.pool, self.where, self.when)
-
-
-class WindowLost(AssertionError):
-    """A token inside the sliding window has no SWA slot (evicted too early)."""
-
-
-class PreallocError(AssertionError):
-    """sglang's prealloc raised for a request (e.g. the page-alignment assertion); pages it took stay."""
 
 
 @dataclass

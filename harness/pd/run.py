@@ -17,15 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from harness import ledger
+from harness.pd.errors import PDError
 from harness.pd.ranks import Ranks
 from harness.pd.spec import KVSpec, PDRequest
 from harness.pd.transfer import plan, transfer
 
 logger = logging.getLogger(__name__)
-
-
-class PDError(AssertionError):
-    """The PD run broke an end-to-end expectation (ranks disagree, a request can never fit, not idle)."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ simulated (Ray logical GPUs) if the topology allows it, else it is reported as n
 Lifecycle per group (Dynamo's shape): spawn in its own session → poll → on timeout or interrupt
 SIGTERM the group, bounded wait, SIGKILL → reap. Nothing is left running when :func:`run_plan` returns.
 
-The run directory is this module's: :func:`write_reports` merges the groups' JUnit files into
+The run directory is this module's: :func:`harness.rerun.reports.write_reports` merges the groups' JUnit files into
 ``report/`` with the markdown, JSON and HTML views (for ``rerun-test`` and ``rerun-test --from``
 alike), and :func:`detect_gpus` says how many real GPUs the groups may take.
 """
@@ -27,17 +27,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from harness import report
-from harness.report import page
 from harness.report.results import CaseResult, GroupResult, one_line
-from harness.rerun.comment import LINK_PLACEHOLDER
 from harness.rerun.plan import Group, Item, Plan, compact
-from harness.targets.sglang import preload, selection
-
-if TYPE_CHECKING:
-    from harness.targets.sglang.selection import Target
+from harness.targets.sglang import preload
 
 log = logging.getLogger(__name__)
 
@@ -368,38 +362,3 @@ def detect_gpus() -> int:
     return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
 
 
-def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0,
-                  target: Target | None = None) -> Path:
-    """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``; the
-    sglang ``target`` (when given) is stamped on every JUnit suite and is ``sglang`` in ``summary.json``.
-
-    Args:
-        run_dir: the run's directory (the groups' JUnit files are ``junit/<group>.xml`` in it).
-        results: the groups' results.
-        link: the URL of the run's logs for the markdown summary ("" or the comment's placeholder: none).
-        wall_time: the run's wall time, for the page's header.
-        target: the sglang under test.
-
-    Returns:
-        The page (``report/index.html``).
-    """
-    out = run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = target.properties() if target is not None else {}
-    parts = []
-    for r in results:
-        xml = run_dir / "junit" / f"{r.name}.xml"
-        text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
-        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
-    (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
-    (out / "summary.md").write_text(report.markdown(results, link if link != LINK_PLACEHOLDER else ""), encoding="utf-8")
-    summary = report.to_json(results)
-    if target is not None:
-        summary["sglang"] = target.to_dict()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    failed = [f"{r.name}: {r.note}" for r in results if r.note]
-    failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
-    header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time,
-                         sglang=selection.stamp(target))
-    return page.write(out, header, results)

@@ -67,7 +67,7 @@ class SuiteRunner:
         """
         import pytest
 
-        from harness.workers import current
+        from harness.workers.actor import current
 
         context = current()
         device = worker_device()

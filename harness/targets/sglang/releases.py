@@ -11,7 +11,6 @@ they can go.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 

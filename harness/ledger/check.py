@@ -1,0 +1,230 @@
+"""The walk over one run's events that :func:`check` is: per worker and component, books of which
+request holds which pages of which pool, kept event by event, with every rule of :mod:`.rules` applied
+where it belongs (the rules and their sentences are listed there). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Iterable
+
+from harness.ledger.events import (
+    ADMITTED,
+    CACHE_OWNER,
+    FREE_KINDS,
+    KINDS,
+    SWA_POOL,
+    TAKE_KINDS,
+    UNREADABLE,
+    Event,
+    LedgerConfig,
+    Violation,
+    ceil_div,
+)
+from harness.ledger.rules import check_decode_window, check_eviction_floor, prealloc_violations
+
+class _Books:
+    """Live pages of one (worker, component): per pool, page id -> owner rid, and counted pages."""
+
+    def __init__(self) -> None:
+        self.owner: dict[str, dict[int, str]] = defaultdict(dict)
+        self.counted: dict[tuple[str, str], int] = defaultdict(int)  # (pool, rid) -> pages
+        self.live_rids: set[str] = set()
+        self.baseline: dict[str, int] = {}
+        self.span: dict[str, tuple[int, int]] = {}  # rid -> (seq length, SWA floor) last seen
+
+    def held(self, pool: str, rid: str) -> int:
+        return sum(1 for o in self.owner[pool].values() if o == rid) + self.counted[(pool, rid)]
+
+    def total_held(self) -> int:
+        return sum(len(m) for m in self.owner.values()) + sum(self.counted.values())
+
+
+def check(events: Iterable[Event]) -> list[Violation]:
+    """Check the accounting invariants (see the module docstring) over the events of one run.
+
+    Events are processed per worker in ``seq`` order; workers are independent books.
+
+    Args:
+        events: events of any number of workers, in any order.
+
+    Returns:
+        The violations found, in event order per worker (empty when everything balances).
+    """
+    out: list[Violation] = []
+    by_worker: dict[tuple[str, str], list[Event]] = defaultdict(list)
+    for ev in events:
+        by_worker[(ev.worker, ev.component)].append(ev)
+    for (worker, _component), evs in sorted(by_worker.items()):
+        out.extend(_check_worker(worker, sorted(evs, key=lambda e: e.seq)))
+    return out
+
+
+def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
+    out: list[Violation] = []
+    books = _Books()
+    config: LedgerConfig | None = None
+
+    def bad(rule: str, ev: Event | None, msg: str) -> None:
+        out.append(Violation(rule, msg, ev.seq if ev else None, worker, ev.rid if ev else ""))
+
+    for ev in evs:
+        if ev.kind not in KINDS:
+            bad("unknown-kind", ev, f"kind {ev.kind!r} is not one of {', '.join(KINDS)}")
+            continue
+        if ev.note.startswith(UNREADABLE):
+            bad("probe-unreadable", ev, f"the probe could not read {ev.note.removeprefix(UNREADABLE).strip()}")
+        if ev.kind == "config":
+            try:
+                config = LedgerConfig.from_dict(ev.config)
+            except TypeError as e:
+                bad("no-config", ev, f"config event unreadable ({e})")
+                config = None
+            books.baseline = dict(ev.free_after)
+            continue
+        # A flush's free_before counts cached slots too; what it leaves free is the real baseline.
+        for pool, free in (ev.free_after if ev.kind == "reset" else ev.free_before).items():
+            books.baseline.setdefault(pool, free)
+        check_eviction_floor(ev, bad)
+        if ev.kind == "prealloc" and ev.swa_tail_len is not None and config is None:
+            bad("no-config", ev, "SWA-tail prealloc but the worker wrote no config event: no bound can be derived")
+        if config is not None:
+            if ev.kind == "prealloc":
+                for v in prealloc_violations(config, ev):
+                    bad(v.rule, ev, v.message)
+            elif ev.kind in ("decode_alloc", "evict"):
+                check_decode_window(config, ev, bad)
+        if ev.kind == "alloc_fail" and ev.note.startswith(ADMITTED):
+            bad("alloc-after-admit", ev, f"prealloc failed after admission accepted the request: {ev.note}")
+        if ev.kind in TAKE_KINDS:
+            books.live_rids.add(ev.rid)
+            _take(books, ev, bad)
+        elif ev.kind in FREE_KINDS:
+            _free(books, ev, bad)
+            if ev.kind == "release":
+                books.live_rids.discard(ev.rid)
+                books.span.pop(ev.rid, None)
+                _hand_to_cache(books, ev.rid)
+        elif ev.kind == "transfer":
+            _check_transfer(books, ev, bad)
+        elif ev.kind == "reset":
+            _reset(books, ev, bad)
+        _check_free_delta(ev, bad)
+        if config is not None:
+            _check_swa_held(config, books, ev, bad)
+        if not books.live_rids and books.total_held() == 0 and ev.free_after:
+            for pool, base in books.baseline.items():
+                now = ev.free_after.get(pool)
+                if now is not None and now != base:
+                    bad("not-baseline", ev, f"worker idle but pool {pool!r} has {now} free, started with {base}")
+    for pool, owners in books.owner.items():
+        for owner, n in sorted(Counter(owners.values()).items()):
+            example = sorted(p for p, o in owners.items() if o == owner)[:4]
+            rid = owner.removeprefix(CACHE_OWNER)
+            where = " (still held after its release)" if owner != rid else ""
+            out.append(Violation("page-leak", f"pool {pool!r}: {n} page(s) never freed{where} (e.g. {example})",
+                                 None, worker, rid))
+    for (pool, rid), n in sorted(books.counted.items()):
+        if n:
+            out.append(Violation("page-leak", f"pool {pool!r}: {n} counted page(s) never freed", None, worker, rid))
+    return out
+
+
+def _take(books: _Books, ev: Event, bad) -> None:
+    for pool, pages in ev.pages.items():
+        if isinstance(pages, int):
+            books.counted[(pool, ev.rid)] += pages
+            continue
+        live = books.owner[pool]
+        for p in pages:
+            if p in live:
+                bad("page-double-alloc", ev, f"pool {pool!r} page {p} allocated while held by {live[p]}")
+            live[p] = ev.rid
+
+
+def _free(books: _Books, ev: Event, bad) -> None:
+    for pool, pages in ev.pages.items():
+        if isinstance(pages, int):
+            key = (pool, ev.rid)
+            if books.counted[key] < pages and books.counted[(pool, CACHE_OWNER)] + books.counted[key] < pages:
+                bad("page-double-free", ev, f"pool {pool!r}: frees {pages} counted page(s), {books.counted[key]} held")
+            take = min(pages, books.counted[key])
+            books.counted[key] -= take
+            books.counted[(pool, CACHE_OWNER)] -= min(pages - take, books.counted[(pool, CACHE_OWNER)])
+            continue
+        live = books.owner[pool]
+        for p in pages:
+            owner = live.get(p)
+            if owner is None:
+                bad("page-double-free", ev, f"pool {pool!r} page {p} freed but not allocated (double free?)")
+            elif owner != ev.rid and not owner.startswith(CACHE_OWNER):
+                bad("page-double-free", ev, f"pool {pool!r} page {p} freed by {ev.rid} but held by {owner}")
+            else:
+                del live[p]
+
+
+def _hand_to_cache(books: _Books, rid: str) -> None:
+    for live in books.owner.values():
+        for p, o in live.items():
+            if o == rid:
+                live[p] = CACHE_OWNER + rid
+    for (pool, r), n in list(books.counted.items()):
+        if r == rid and n:
+            books.counted[(pool, CACHE_OWNER)] += n
+            books.counted[(pool, r)] = 0
+
+
+def _reset(books: _Books, ev: Event, bad) -> None:
+    """A flush of an idle server: whatever was neither free nor cached before it had leaked."""
+    for pool, before in ev.free_before.items():
+        after = ev.free_after.get(pool)
+        if after is not None and after != before:
+            bad("reset-leak", ev, f"pool {pool!r}: {after - before} slot(s) neither free nor cached before the "
+                                  f"flush ({before} free or cached, {after} free after it)")
+    for live in books.owner.values():  # the flush dropped the cache's pages
+        for p in [p for p, o in live.items() if o.startswith(CACHE_OWNER)]:
+            del live[p]
+    for key in [k for k in books.counted if k[1] == CACHE_OWNER]:
+        books.counted[key] = 0
+
+
+def _check_transfer(books: _Books, ev: Event, bad) -> None:
+    for pool, pages in ev.pages.items():
+        if isinstance(pages, int):
+            continue
+        live = books.owner[pool]
+        stray = [p for p in pages if live.get(p) != ev.rid and not str(live.get(p)).startswith(CACHE_OWNER)]
+        if stray:
+            bad("transfer-unowned", ev, f"pool {pool!r}: transfer names page(s) {stray[:4]} the request does not hold")
+
+
+def _check_free_delta(ev: Event, bad) -> None:
+    sign = -1 if ev.kind in TAKE_KINDS else 1 if ev.kind in FREE_KINDS else 0
+    if not sign:
+        return
+    for pool, pages in ev.pages.items():
+        if pool not in ev.free_before or pool not in ev.free_after:
+            continue
+        n = pages if isinstance(pages, int) else len(pages)
+        delta = ev.free_after[pool] - ev.free_before[pool]
+        # Free sizes are in pages or tokens; accept either unit.
+        if delta not in (sign * n, sign * n * ev.page_size):
+            bad("free-mismatch", ev, f"pool {pool!r}: free moved by {delta} but the event names {n} page(s)")
+
+
+def _check_swa_held(config: LedgerConfig, books: _Books, ev: Event, bad) -> None:
+    """``swa-over-window``: a request holds no more SWA pages than its live span ``[floor, fill)`` covers."""
+    if ev.rid in books.live_rids:
+        fill, floor = books.span.get(ev.rid, (None, 0))
+        fill = ev.fill_len if ev.fill_len is not None else fill
+        floor = ev.evicted_seqlen if ev.evicted_seqlen is not None else floor
+        if fill is not None:
+            books.span[ev.rid] = (fill, floor)
+    if ev.kind not in TAKE_KINDS or not config.swa_tail or ev.rid not in books.span:
+        return
+    fill, floor = books.span[ev.rid]
+    P = config.page_size
+    limit = ceil_div(fill, P) - floor // P
+    held = books.held(SWA_POOL, ev.rid)
+    if held > limit:
+        bad("swa-over-window", ev, f"request holds {held} SWA pages, its live span [{floor}, {fill}) covers {limit}")

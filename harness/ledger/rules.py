@@ -1,0 +1,203 @@
+"""The rules the ledger's checker enforces (:data:`RULES`, the sentence a report shows beside each),
+and those that judge one event on its own (:func:`prealloc_violations`).
+
+:func:`harness.ledger.check.check` is pure (no I/O): given the events of one run it returns the broken invariants as
+:class:`Violation` objects (empty list = the books balance). Invariants (``W_eff`` is W, or
+``max(W, P) + 1`` with the decode radix cache, as sglang keeps a whole window before the cached key):
+
+``page-double-alloc`` / ``page-double-free`` / ``page-leak``
+    every page allocated is freed exactly once, per (worker, component, pool). Pages are tracked by
+    id when an event lists ids, by count when it gives a number.
+``transfer-unowned``
+    a transfer names only pages the request holds on that worker.
+``no-config``
+    an SWA-tail prealloc on a worker that wrote no ``config`` event: nothing to derive bounds from.
+``swa-tail-short`` / ``swa-tail-long``
+    a preallocated SWA tail keeps the window and at most one page more: ``min(W_eff, fill) <= tail < W_eff + P``.
+``evicted-negative`` / ``evicted-unaligned`` / ``evicted-mismatch``
+    an SWA eviction floor is >= 0, a multiple of P, and on a prealloc equals ``fill - tail``.
+``swa-charge`` / ``full-charge`` / ``host-charge``
+    a prealloc takes ``ceil(tail / P)`` SWA pages, ``ceil(fill / P) - prefix / P`` full pages, and
+    (hisparse) ``ceil((fill // compression) / host_page)`` host pages.
+``reserve-short``
+    the admission reservation sglang reports for a prealloc (decode reserve excluded) covers the
+    whole pages it charges: ``ceil(fill / P) * P`` full and ``ceil(tail / P) * P`` SWA tokens.
+``swa-window-lost``
+    at decode, every position of the window ``[fill - W, fill)`` keeps its SWA slot: floor <= fill - W.
+``swa-evict-late``
+    at decode, nothing before the window survives longer than the eviction interval I allows:
+    ``fill - 1 - floor <= max(W_eff + P, W + I, ceil(max(W, P) / P) * P + P) - 1``.
+``swa-over-window``
+    a request never holds more SWA pages than its live span ``[floor, fill)`` covers.
+``alloc-after-admit``
+    a prealloc failed for a request admission had accepted (its pages were promised).
+``probe-unreadable``
+    the writer could not read a field of the event (never a silent None): the note names it.
+``not-baseline``
+    whenever a worker holds no live request and no cached page, every pool's free size equals the
+    baseline of its ``config`` event (else the free size the worker started with).
+``free-mismatch``
+    on an event that lists page ids and both free sizes, the pool's free size moved by exactly the
+    pages taken or returned.
+``reset-leak``
+    on a ``reset`` (sglang's own cache flush, recorded by the server probe), every pool's free size
+    before the flush plus what its cache held equals its free size after: a slot neither free nor
+    cached while the server was idle is a leak the flush would otherwise hide.
+``unknown-kind``
+    an event's kind is not one of :data:`KINDS`.
+
+Pages still held by a request when it is released (a radix cache keeping them) move to the
+worker's cache; a later ``evict`` under any rid frees them.
+"""
+
+from __future__ import annotations
+
+
+from harness.ledger.events import (
+    FULL_POOL,
+    HOST_POOL,
+    SWA_POOL,
+    Event,
+    LedgerConfig,
+    Violation,
+    ceil_div,
+)
+
+
+#: Each rule :func:`check` enforces, with the sentence a report shows beside a violation of it.
+RULES: dict[str, str] = {
+    "page-double-alloc": "a page is allocated only while it is free (never twice without a free between)",
+    "page-double-free": "a page is freed once, by the request that holds it (or from the prefix cache)",
+    "page-leak": "every page allocated is freed exactly once, per worker and pool",
+    "transfer-unowned": "a transfer names only pages the request holds on that worker",
+    "evicted-negative": "an SWA eviction floor (evicted_seqlen) is never negative",
+    "evicted-unaligned": "an SWA eviction floor is a multiple of the page size",
+    "evicted-mismatch": "on a prealloc the SWA eviction floor equals fill_len - swa_tail_len",
+    "swa-over-window": "one request never holds more SWA pages than its live span [floor, seq) covers",
+    "no-config": "a worker with SWA-tail preallocs states its configuration first (the bounds come from it)",
+    "swa-tail-short": "a preallocated SWA tail keeps the window: tail >= min(W_eff, fill)",
+    "swa-tail-long": "a preallocated SWA tail keeps at most a page more than the window: tail < W_eff + page",
+    "swa-charge": "a prealloc takes ceil(tail / page) SWA pages (past any cached prefix)",
+    "full-charge": "a prealloc takes ceil(fill / page) - prefix / page full pages",
+    "host-charge": "a hisparse prealloc takes ceil((fill // compression) / host_page) host pages",
+    "reserve-short": "admission's reservation, less the decode reserve, covers the whole pages a prealloc charges",
+    "swa-window-lost": "while decoding, every position of the window keeps its SWA slot (floor <= seq - window)",
+    "swa-evict-late": "while decoding, no SWA slot before the window outlives what the eviction interval allows",
+    "alloc-after-admit": "a prealloc admission accepted never fails",
+    "probe-unreadable": "the probe read every field it records (none is silently missing)",
+    "not-baseline": "a worker holding no request and no cached page has every pool back at its starting free size",
+    "free-mismatch": "a pool's free size moves by exactly the pages an event takes or returns",
+    "unknown-kind": "every event's kind is one of the known kinds",
+    "reset-leak": "a cache flush finds every slot free or cached (nothing still held by a finished request)",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# writing and reading
+# --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# checking (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def swa_page_bound(window: int, page_size: int) -> int:
+    """Most SWA pages one request may hold: ``ceil((window + page) / page)``."""
+    return ceil_div(window + page_size, page_size)
+
+
+def _count(pages: "tuple[int, ...] | int") -> int:
+    return pages if isinstance(pages, int) else len(pages)
+
+
+def prealloc_violations(config: LedgerConfig, ev: Event) -> list[Violation]:
+    """The configuration-derived rules of one prealloc (pure; see the module docstring).
+
+    Usable on its own by a suite that checks one allocation: build the event with
+    ``Event(..., kind="prealloc", fill_len=, swa_tail_len=, evicted_seqlen=, prefix_len=, pages=, reserved=)``.
+
+    Args:
+        config: the worker's configuration.
+        ev: the prealloc event (pages may be ids or counts; pools it does not name are not checked).
+
+    Returns:
+        The violations (``swa-tail-short``, ``swa-tail-long``, ``swa-charge``, ``full-charge``,
+        ``host-charge``, ``reserve-short``), empty when the prealloc obeys every rule.
+    """
+    out: list[Violation] = []
+    fill, tail = ev.fill_len, ev.swa_tail_len
+    if fill is None:
+        return out
+    P = config.page_size
+
+    def bad(rule: str, msg: str) -> None:
+        out.append(Violation(rule, msg, ev.seq, ev.worker, ev.rid))
+
+    swa_tail = config.swa_tail and bool(config.window) and P > 1
+    if swa_tail and tail is not None:
+        lo, hi = config.tail_bounds(fill)
+        if tail < lo:
+            bad("swa-tail-short", f"fill {fill}: tail {tail} < min(W_eff {config.w_eff}, fill) = {lo}: the window loses KV")
+        elif tail >= hi:
+            bad("swa-tail-long", f"fill {fill}: tail {tail} >= W_eff {config.w_eff} + page {P} = {hi}")
+    prefix = ev.prefix_len or 0
+    floor = ev.evicted_seqlen if ev.evicted_seqlen is not None else (fill - tail if swa_tail and tail is not None else 0)
+    if FULL_POOL in ev.pages:
+        want = ceil_div(fill, P) - prefix // P
+        got = _count(ev.pages[FULL_POOL])
+        if got != want:
+            bad("full-charge", f"fill {fill} (prefix {prefix}): {got} full page(s) charged, config says {want}")
+    if SWA_POOL in ev.pages and swa_tail and tail is not None:
+        want = ceil_div(fill, P) - max(floor, prefix) // P
+        got = _count(ev.pages[SWA_POOL])
+        if got != want:
+            bad("swa-charge", f"fill {fill}, tail {tail}: {got} SWA page(s) charged, config says {want}")
+    if HOST_POOL in ev.pages and config.host_page and config.compression:
+        want = ceil_div(fill // config.compression, config.host_page)
+        got = _count(ev.pages[HOST_POOL])
+        if got != want:
+            bad("host-charge", f"fill {fill}: {got} host page(s) charged, config says ceil({fill} // "
+                f"{config.compression} / {config.host_page}) = {want}")
+    if ev.reserved:
+        need = {FULL_POOL: ceil_div(fill, P) * P,
+                SWA_POOL: ceil_div(tail if swa_tail and tail is not None else fill, P) * P}
+        minus = {FULL_POOL: config.decode_reserve, SWA_POOL: config.swa_decode_reserve}
+        for pool, reserved in ev.reserved.items():
+            if pool in need and reserved - minus[pool] < need[pool]:
+                bad("reserve-short", f"pool {pool!r}: reservation {reserved} - decode reserve {minus[pool]} < "
+                    f"{need[pool]} tokens of whole pages the prealloc charges")
+    return out
+
+
+def check_decode_window(config: LedgerConfig, ev: Event, bad) -> None:
+    """``swa-window-lost`` / ``swa-evict-late`` on a decode event carrying the seq length and floor."""
+    if not config.window or ev.fill_len is None or ev.evicted_seqlen is None or ev.rid.startswith("<"):
+        return
+    fill, floor = ev.fill_len, ev.evicted_seqlen
+    if floor > max(0, fill - config.window):
+        bad("swa-window-lost", ev, f"seq {fill}: SWA floor {floor} > {fill} - window {config.window}: "
+            "a position inside the window lost its SWA slot")
+    bound = config.decode_span_bound()
+    if fill - 1 - floor > bound:
+        bad("swa-evict-late", ev, f"seq {fill}: {fill - 1 - floor} tokens before the new one keep SWA slots "
+            f"(floor {floor}); window {config.window}, page {config.page_size}, eviction interval "
+            f"{config.eviction_interval} allow {bound}")
+
+
+def check_eviction_floor(ev: Event, bad) -> None:
+    e = ev.evicted_seqlen
+    if e is None:
+        return
+    if e < 0:
+        bad("evicted-negative", ev, f"evicted_seqlen {e} < 0")
+    elif ev.page_size and e % ev.page_size:
+        bad("evicted-unaligned", ev, f"evicted_seqlen {e} is not a multiple of page {ev.page_size}")
+    if ev.kind == "prealloc" and ev.fill_len is not None and ev.swa_tail_len is not None:
+        if e != ev.fill_len - ev.swa_tail_len:
+            bad("evicted-mismatch", ev, f"evicted_seqlen {e} != fill_len {ev.fill_len} - swa_tail_len {ev.swa_tail_len}")
+
+
+# --------------------------------------------------------------------------------------------
+# summary
+# --------------------------------------------------------------------------------------------

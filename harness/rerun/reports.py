@@ -1,0 +1,55 @@
+"""A rerun-test run's report files under ``<run_dir>/report/``: the groups' JUnit merged (each suite
+stamped with its group, topology, runner and the sglang target), ``summary.md`` (what the
+``/rerun-test`` status comment links), ``summary.json``, the measured ``durations.json`` and the HTML
+page (:mod:`harness.report.page`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness import report
+from harness.report import page
+from harness.report.results import GroupResult
+from harness.rerun.comment import LINK_PLACEHOLDER
+from harness.targets.sglang import selection
+
+if TYPE_CHECKING:
+    from harness.targets.sglang.selection import Target
+
+def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0,
+                  target: Target | None = None) -> Path:
+    """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``; the
+    sglang ``target`` (when given) is stamped on every JUnit suite and is ``sglang`` in ``summary.json``.
+
+    Args:
+        run_dir: the run's directory (the groups' JUnit files are ``junit/<group>.xml`` in it).
+        results: the groups' results.
+        link: the URL of the run's logs for the markdown summary ("" or the comment's placeholder: none).
+        wall_time: the run's wall time, for the page's header.
+        target: the sglang under test.
+
+    Returns:
+        The page (``report/index.html``).
+    """
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = target.properties() if target is not None else {}
+    parts = []
+    for r in results:
+        xml = run_dir / "junit" / f"{r.name}.xml"
+        text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
+        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
+    (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
+    (out / "summary.md").write_text(report.markdown(results, link if link != LINK_PLACEHOLDER else ""), encoding="utf-8")
+    summary = report.to_json(results)
+    if target is not None:
+        summary["sglang"] = target.to_dict()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    failed = [f"{r.name}: {r.note}" for r in results if r.note]
+    failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
+    header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time,
+                         sglang=selection.stamp(target))
+    return page.write(out, header, results)
