@@ -10,7 +10,7 @@ Ranks start two ways (``--rank-start``, default both, measured in the same run):
 * ``fork`` — the default of :mod:`harness.pd.deploy`: each rank's Ray worker is a fork of a
   :mod:`harness.workers.forkserver` that imported what a rank runs once (its preload CPU is printed on its
   own line: paid once per driver process, shared by every deployment after it);
-* ``fresh`` — every rank's process imports torch and sglang itself (``HARNESS_RANK_FORKSERVER=0``).
+* ``fresh`` — every rank's process imports torch and sglang itself (``HARNESS_FORK_START=0``).
 
 Prints, per mode and topology: rank start-up seconds, workload seconds, requests/s, the CPU seconds
 of the rank processes (start-up and workload) and **CPU seconds per rank start** — the rank process
@@ -111,7 +111,7 @@ def measure(name: str, requests: int, seed: int, mode: str) -> Measured:
     from harness.pd.run import run
     from harness.pd.spec import KVSpec, workload
 
-    os.environ[deploy.FORKSERVER_ENV] = "1" if mode == "fork" else "0"
+    os.environ[forkserver.OFF_ENV] = "1" if mode == "fork" else "0"
     spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=24 * PAGE, swa_tokens=10 * PAGE, req_slots=8)
     reqs = workload(seed, requests, page_size=PAGE, max_prompt=6 * PAGE, max_steps=12, abort_rate=0.05, prefix=f"{name}-")
     topo = topology.get(name)

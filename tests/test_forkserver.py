@@ -133,7 +133,7 @@ def test_preload_covers_every_sglang_module_a_rank_imports():
 
 def test_forked_ranks_are_ray_actors_in_their_bundles_running_real_pools(ray_cluster, run_dir):
     topo = topology.get("cpu")
-    assert deploy.uses_forkserver(ray_cluster, topo)
+    assert ray_cluster.starts_forked("rank", topo)
     dep = deploy.start(ray_cluster, topo, run_dir.root, SPEC, name_prefix="fork-test-")
     try:
         servers = {s.pid for s in forkserver.running_shared()}
@@ -310,10 +310,10 @@ def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(t
     p = _client(forkserver.handle._PYTHON[0], [str(script)], {**env, "FS_MODE": "c"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = p.communicate(timeout=60)
     assert out.split()[1] == b"c" and b"FS_MODE differ from the fork server's" in err
-    # Options before the script, and HARNESS_FORK_PYTHON=0, keep the command as it is.
+    # Options before the script, and HARNESS_FORK_START=0 (or the old HARNESS_FORK_PYTHON=0), keep the command as it is.
     assert forkserver.python_command([sys.executable, "-X", "dev", str(script)], env, preload="fs_pymod")[0][1] == "-X"
-    off = {**env, forkserver.FORK_PYTHON_ENV: "0"}
-    assert forkserver.python_command([sys.executable, str(script)], off, preload="fs_pymod")[0] == [sys.executable, str(script)]
+    for off in ({**env, forkserver.OFF_ENV: "0"}, {**env, "HARNESS_FORK_PYTHON": "0"}):
+        assert forkserver.python_command([sys.executable, str(script)], off, preload="fs_pymod")[0] == [sys.executable, str(script)]
 
 
 def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, python_servers):
@@ -432,3 +432,39 @@ def test_a_descendant_forks_from_its_ancestors_server(tmp_path, python_servers):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "1"
+
+
+# ------------------------------------------------------------------- which processes start as forks (policy)
+
+
+@pytest.mark.parametrize(("kind", "kwargs", "env", "want"), [
+    ("rank", {}, {}, True),
+    ("server", {}, {}, True),
+    ("python", {}, {}, True),
+    ("rank", {"real_devices": True}, {}, False),      # a CUDA context does not survive a fork
+    ("server", {"local": False}, {}, False),          # a joined cluster's workers run elsewhere
+    ("rank", {}, {"HARNESS_FORK_START": "0"}, False),  # the one switch, for every kind
+    ("server", {}, {"HARNESS_FORK_START": "0"}, False),
+    ("python", {}, {"HARNESS_FORK_START": "0"}, False),
+    ("rank", {}, {"HARNESS_RANK_FORKSERVER": "0"}, False),   # the old per-kind switches still work...
+    ("server", {}, {"HARNESS_RANK_FORKSERVER": "0"}, True),  # ...for their own kind only
+    ("server", {}, {"HARNESS_SERVER_FORKSERVER": "0"}, False),
+    ("python", {}, {"HARNESS_FORK_PYTHON": "0"}, False),
+])
+def test_one_rule_decides_which_processes_start_as_forks(kind, kwargs, env, want):
+    assert forkserver.forks(kind, env=env, **kwargs) is want
+
+
+def test_an_old_switch_warns_with_the_new_one(caplog):
+    from harness.workers.forkserver import policy
+
+    policy._WARNED.discard("HARNESS_SERVER_FORKSERVER")
+    with caplog.at_level("WARNING"):
+        assert not forkserver.forks("server", env={"HARNESS_SERVER_FORKSERVER": "0"})
+    assert "HARNESS_SERVER_FORKSERVER=0 is deprecated: set HARNESS_FORK_START=0" in caplog.text
+
+
+def test_a_cluster_forks_simulated_ranks_and_servers_only_without_real_gpus(ray_cluster):
+    assert ray_cluster.starts_forked("rank", topology.get("cpu")) and ray_cluster.starts_forked("server", topology.get("cpu"))
+    # Logical GPUs: a simulated GPU topology's processes drive no device.
+    assert ray_cluster.starts_forked("rank", topology.get("8-gpu-h200")) is ray_cluster.simulate

@@ -71,6 +71,7 @@ from harness.cluster.placement import (
 )
 from harness.topology import Topology
 from harness.workers import procs
+from harness.workers.forkserver.policy import Kind, forks
 from harness.workers.nodes import NODE_RESOURCE
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,12 @@ class Cluster:
         if self.owned:
             return "real" if local_gpus() else "none"
         return node_facts.gpu_kind(list(self.facts)) if self.facts else "unknown"
+
+    def starts_forked(self, kind: Kind, topology: Topology) -> bool:
+        """Whether processes of ``kind`` (``rank``, ``server``) for ``topology`` start on this cluster as
+        forks of a preloaded fork server (:func:`harness.workers.forkserver.policy.forks`): this
+        machine started the cluster, and they drive no real GPU (simulated GPUs are logical)."""
+        return forks(kind, real_devices=topology.needs_gpus and not self.simulate, local=self.owned)
 
     def _register_ray_processes(self) -> None:
         import ray

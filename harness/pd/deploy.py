@@ -10,7 +10,7 @@ Ranks without a real GPU (CPU topologies, simulated GPUs) start as forks of a
 :mod:`harness.workers.forkserver` that already imported what a rank runs
 (:data:`harness.targets.sglang.preload.RANK_PRELOAD`), one per driver process and rank environment:
 each rank is still its own Ray actor in its placement-group bundle, but pays a fork instead of
-sglang's import. ``HARNESS_RANK_FORKSERVER=0`` turns it off (every rank imports for itself).
+sglang's import (the rule, and its switch ``HARNESS_FORK_START=0``: :mod:`harness.workers.forkserver.policy`).
 """
 
 from __future__ import annotations
@@ -32,20 +32,6 @@ from harness.topology import Topology
 logger = logging.getLogger(__name__)
 
 FAULTS_ENV = "HARNESS_FAULTS"
-#: ``0`` starts every rank as a fresh process (no fork server).
-FORKSERVER_ENV = "HARNESS_RANK_FORKSERVER"
-
-
-def uses_forkserver(cluster: Any, topology: Topology) -> bool:
-    """Whether ranks of ``topology`` start from the fork server: none of them drives a real GPU
-    (a CUDA context does not survive a fork), the cluster runs on this machine (the server is a
-    local process), and ``HARNESS_RANK_FORKSERVER`` is not ``0``."""
-    if os.environ.get(FORKSERVER_ENV, "1") == "0":
-        return False
-    local = getattr(cluster, "owned", False)
-    return local and (getattr(cluster, "simulate", False) or not topology.needs_gpus)
-
-
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of a PD rank worker: the driver's faults, ``extra``. (The SWA eviction interval is
     per configuration: each decode rank sets it from ``KVSpec.eviction_interval``.)"""
@@ -112,7 +98,7 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
     from harness.workers import InProcess, WorkerSpec, start_worker
 
     runtime_env = None
-    if uses_forkserver(cluster, topology):
+    if cluster.starts_forked("rank", topology):
         from harness.workers import forkserver
         from harness.targets.sglang.preload import RANK_PRELOAD
 

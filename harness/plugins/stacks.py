@@ -44,7 +44,7 @@ class ServerStacks:
                  models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
         from harness.plugins.state import state
         from harness.targets.sglang.server.layout import server_layout
-        from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S, uses_forkserver
+        from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
 
         self._state = state(config)
         self.cluster = cluster
@@ -55,7 +55,7 @@ class ServerStacks:
         self.layout = server_layout(topology)
         self.ready_timeout = GPU_READY_TIMEOUT_S if topology.needs_gpus else DEFAULT_READY_TIMEOUT_S
         #: Servers start as forks of a process that imported their third-party modules once.
-        self.forkserver = uses_forkserver(cluster, topology)
+        self.forkserver = cluster is not None and cluster.starts_forked("server", topology)
         self._placement: Any = None
         self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], Any] = {}
         self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pd.run import run
-from harness.pd.spec import KVSpec, PDRequest
+from harness.api import KVSpec, PDRequest, run
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(90), pytest.mark.timeout(900)]
 

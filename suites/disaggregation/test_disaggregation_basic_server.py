@@ -29,9 +29,7 @@ import psutil
 import pytest
 import requests
 
-from harness import ledger
-from harness.targets.sglang.server.client import ServerHTTPError
-from harness.workers import WorkerDied
+from harness.api import ServerHTTPError, WorkerDied, ledger
 
 MODEL = "tiny-llama"
 PAGE = 64
@@ -60,7 +58,7 @@ def stack(sglang_servers):
 
 @pytest.fixture
 def plain(sglang_servers):
-    from harness.targets.sglang.server.client import ServerClient
+    from harness.api import ServerClient
 
     return ServerClient(sglang_servers.plain(MODEL).url("http"))
 
@@ -141,15 +139,14 @@ def test_health_and_idle_pools_back_to_baseline(stack):
 
 @pytest.mark.est_time(60)
 def test_death_during_startup_names_the_role_with_its_log_tail(ray_cluster, run_dir, tmp_path):
-    from harness import topology
-    from harness.targets.sglang.server.stack import start_pd_stack, uses_forkserver
+    from harness.api import start_pd_stack, topology
 
     missing = tmp_path / "no-such-model"
     started: list = []
     cpu = topology.get("cpu")
     with pytest.raises(WorkerDied) as exc:
         start_pd_stack(cpu, missing, run_dir.root, names=("prefill-broken", "decode-broken", "router-broken"),
-                       on_start=started.append, forkserver=uses_forkserver(ray_cluster, cpu))
+                       on_start=started.append, forkserver=ray_cluster.starts_forked("server", cpu))
     died = exc.value
     assert died.name == "prefill-broken", died.name
     assert "exit code" in died.cause and died.tail.strip()
@@ -207,6 +204,6 @@ def test_server_killed_mid_workload_fails_fast_naming_it(sglang_servers, role, r
     record_property(f"{role}_kill_to_worker_died_s", round(latency, 3))
     pids = stack.payload_pids()
     sglang_servers.forget(MODEL)
-    from harness.targets.sglang.server.stack import leftover_processes
+    from harness.api import leftover_processes
 
     assert leftover_processes(pids) == [], "server processes left after stopping the stack"

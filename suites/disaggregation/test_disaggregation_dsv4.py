@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pd.run import run
-from harness.pd.spec import KVSpec, PDRequest
+from harness.api import KVSpec, PDRequest, run
 
 pytestmark = [pytest.mark.topology("8-gpu-h200"), pytest.mark.est_time(240), pytest.mark.timeout(900)]
 

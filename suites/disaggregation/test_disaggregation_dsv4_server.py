@@ -28,8 +28,7 @@ import time
 
 import pytest
 
-from harness import ledger
-from harness.targets.sglang.server.launcher import HISPARSE_DECODE_ARGS
+from harness.api import HISPARSE_DECODE_ARGS, ledger
 
 MODEL = "dsv4"
 # est_time: the module: three DeepSeek-V4 server starts (PD off, plain, PD on; minutes each) and the requests.
@@ -128,8 +127,7 @@ def test_health_and_idle_pools_back_to_baseline(stack):
 
 
 def test_pd_matches_plain_server_and_stops_clean(sglang_servers, stack, decode_args, baseline):
-    from harness.targets.sglang.server.client import ServerClient
-    from harness.targets.sglang.server.stack import leftover_processes
+    from harness.api import ServerClient, leftover_processes
 
     router = stack.client("router")
     got = {n: router.generate(ids, MAX_NEW).output_ids for n, ids in PROMPTS.items()}

@@ -26,9 +26,7 @@ import random
 import pytest
 import requests
 
-from harness import ledger
-from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
-from harness.targets.sglang.server.launcher import CPU_COMPAT_PATCHES
+from harness.api import CPU_COMPAT_PATCHES, ServerClient, ServerHTTPError, ledger
 
 MODEL = "tiny-mellum-swa"
 PAGE = WINDOW = 64

@@ -13,8 +13,7 @@ import hashlib
 
 import pytest
 
-from harness.pd.run import run
-from harness.pd.spec import KVSpec, workload
+from harness.api import KVSpec, run, workload
 
 pytestmark = [pytest.mark.topology("2-gpu-h100", "8-gpu-h200"), pytest.mark.est_time(180), pytest.mark.timeout(900)]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.workers import InProcess
+from harness.api import InProcess
 
 pytestmark = [pytest.mark.topology("2-node-2-gpu-h100"), pytest.mark.est_time(20)]
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from harness.workers import InProcess
+from harness.api import InProcess
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(15)]
 

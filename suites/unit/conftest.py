@@ -12,8 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from harness.targets.sglang import DecodeConfig, DecodeSide
-from harness.workers.suiterun import DEVICE_ENV
+from harness.api import DecodeConfig, DecodeSide, DEVICE_ENV
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.workers import InProcess
+from harness.api import InProcess, SuiteRunner
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(150), pytest.mark.timeout(900)]
 
@@ -18,7 +18,7 @@ SUITES = [
 
 
 def test_unit_suites_pass_inside_a_decode_worker(pd_workers):
-    worker = pd_workers("decode", InProcess("harness.workers.suiterun:SuiteRunner"))
+    worker = pd_workers("decode", InProcess(SuiteRunner))
 
     result = worker.call("run", SUITES, timeout=800)
 

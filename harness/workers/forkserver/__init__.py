@@ -35,6 +35,7 @@ also exits when its parent is gone, and it is registered in :mod:`harness.worker
 with SIGKILL has it reaped by the next one. A child dies with its client (Ray's stand-in process).
 
 Modules: :mod:`.handle` (the driver's :class:`ForkServer`, :func:`shared`, :func:`python_command`),
+:mod:`.policy` (which processes start as forks, and the one switch ``HARNESS_FORK_START=0``),
 :mod:`.serve` (the server process), :mod:`.child` (what a forked child does to become its client's
 process), :mod:`.envmatch` (which environment a client must share), :mod:`.client` (the stdlib-only
 client Ray runs as a worker's ``py_executable``).
@@ -45,7 +46,6 @@ from harness.workers.forkserver.handle import (
     ADVERTISE_ENV,
     CLIENT,
     DEFAULT_START_TIMEOUT_S,
-    FORK_PYTHON_ENV,
     MATCH_FILE,
     SOCKET_ENV,
     VOLATILE_ENV,
@@ -56,6 +56,7 @@ from harness.workers.forkserver.handle import (
     shared,
     stop_shared,
 )
+from harness.workers.forkserver.policy import OFF_ENV, forks
 from harness.workers.forkserver.serve import READY, ForkServerError
 
-__all__ = ["READY", "SCANNED_PREFIXES", "ForkServerError", "ADVERTISE_ENV", "CLIENT", "DEFAULT_START_TIMEOUT_S", "FORK_PYTHON_ENV", "MATCH_FILE", "SOCKET_ENV", "VOLATILE_ENV", "ForkServer", "client_command", "python_command", "running_shared", "shared", "stop_shared"]
+__all__ = ["OFF_ENV", "READY", "forks", "SCANNED_PREFIXES", "ForkServerError", "ADVERTISE_ENV", "CLIENT", "DEFAULT_START_TIMEOUT_S", "MATCH_FILE", "SOCKET_ENV", "VOLATILE_ENV", "ForkServer", "client_command", "python_command", "running_shared", "shared", "stop_shared"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from harness.workers import procs
-from harness.workers.forkserver import client
+from harness.workers.forkserver import client, policy
 from harness.workers.forkserver.serve import READY, ForkServerError
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,6 @@ def stop_shared() -> None:
 
 
 #: ``0``: :func:`python_command` leaves every command a fresh interpreter.
-FORK_PYTHON_ENV = "HARNESS_FORK_PYTHON"
 #: Sockets of the Python fork servers a process started, for its descendants' :func:`python_command`.
 ADVERTISE_ENV = "HARNESS_PYTHON_FORKSERVERS"
 _PYTHON: list[ForkServer] = []
@@ -235,13 +234,13 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
 
     * ``argv`` is not ``[sys.executable, "-m", MODULE, ...]`` or ``[sys.executable, SCRIPT, ...]``
       (interpreter options need a fresh interpreter);
-    * ``$HARNESS_FORK_PYTHON`` is ``0`` (in ``env`` or here);
+    * fork starts are switched off (``HARNESS_FORK_START=0`` in ``env`` or here: :mod:`.policy`);
     * ``env`` lacks a value of ``requires`` (what the preload needs to leave one thread, such as
       ``OMP_NUM_THREADS=1``) or sets one of ``refuses`` (what the preload must not run with);
     * the server cannot start (logged; not tried again for this ``preload``).
 
     The forks of one server share its hash seed (``PYTHONHASHSEED`` unset: one random draw per
-    server, not per command); set ``PYTHONHASHSEED``, or ``HARNESS_FORK_PYTHON=0``, to vary or pin it.
+    server, not per command); set ``PYTHONHASHSEED``, or ``HARNESS_FORK_START=0``, to vary or pin it.
 
     Args:
         argv: the command, starting with this interpreter.
@@ -258,7 +257,7 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
     plain = (argv, env)
     if len(argv) < 2 or argv[0] != sys.executable or (argv[1].startswith("-") and argv[1] != "-m"):
         return plain
-    if env.get(FORK_PYTHON_ENV, os.environ.get(FORK_PYTHON_ENV, "1")) == "0":
+    if not policy.forks("python", env={**os.environ, **env}):
         return plain
     if any(env.get(k) != v for k, v in requires.items()) or any(env.get(k) for k in refuses):
         return plain

@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness import ledger
-from harness.targets.sglang import DecodeSide, PreallocResult, make_req
+from harness.api import DecodeSide, PreallocResult, ledger, make_req
 
 # (page size, window, prompt lengths of requests live together). The lengths put the window start
 # off a page boundary, so a tail without sglang's floor to a page shows.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.targets.sglang import PoolSizes, PreallocFailed, compat, make_req
+from harness.api import PoolSizes, PreallocFailed, make_req, require_capability
 
 PAGE, WINDOW = 64, 100
 # Three SWA pages: one stays cached after the first request, the second request's tail needs all three.
@@ -21,7 +21,7 @@ SIZES = PoolSizes(full_tokens=48 * PAGE, swa_tokens=3 * PAGE, req_slots=4, max_c
 
 
 def test_prealloc_reclaims_evictable_swa_pages(decode_side):
-    compat.require("decode-radix-swa-reclaim")  # the fix under test: a release before it has nothing to check
+    require_capability("decode-radix-swa-reclaim")  # the fix under test: a release before it has nothing to check
     side = decode_side(page_size=PAGE, window=WINDOW, radix_cache=True, sizes=SIZES)
     first = make_req("cached", prompt_len=300)
     side.prealloc(first)

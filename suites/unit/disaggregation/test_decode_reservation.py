@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import ledger
-from harness.targets.sglang import make_req
+from harness.api import ledger, make_req
 
 # (page size, window, prompt length): each fill ends mid-page and each tail is unaligned.
 CASES = [

@@ -38,8 +38,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness import ledger
-from harness.targets.sglang import SWA_PAGE_SIZES, DecodeSide, PoolSizes, PreallocFailed, compat, make_req
+from harness.api import DecodeSide, PoolSizes, PreallocFailed, SWA_PAGE_SIZES, device_missing, ledger, make_req
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +211,7 @@ def run_scenario(scenario: Scenario, device: str) -> None:
 
 
 def _config(scenario: Scenario, device: str):
-    from harness.targets.sglang import DecodeConfig
+    from harness.api import DecodeConfig
 
     return DecodeConfig(hisparse=scenario.hisparse, page_size=scenario.page, window=scenario.window,
                         radix_cache=scenario.radix_cache, sizes=scenario.sizes, device=device)
@@ -221,7 +220,7 @@ def _config(scenario: Scenario, device: str):
 def test_swa_prealloc_accounting_sweep(device, record_property):
     # A target that cannot build the hisparse graph on this device (the adapter says which
     # capability) still sweeps the SWAKVPool path; the hisparse cases are left out and recorded.
-    with_hisparse = compat.device_missing(device, page_size=HISPARSE_PAGE, hisparse=True) is None
+    with_hisparse = device_missing(device, page_size=HISPARSE_PAGE, hisparse=True) is None
     record_property("hisparse_swept", with_hisparse)
     # Warm-up outside the timing: the first build imports sglang's pool and decode modules.
     for warm in (Scenario(False, 64, 100, False, PoolSizes(), ((300, 1),)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.targets.sglang import make_req
+from harness.api import make_req
 
 pytestmark = [pytest.mark.topology("cpu"), pytest.mark.est_time(3)]
 

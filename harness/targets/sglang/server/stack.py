@@ -17,13 +17,13 @@ cases everything already started is stopped before the error propagates.
 Between tests a started server is reset through sglang's own ``/flush_cache`` (:mod:`.reset`).
 
 Servers on a cluster this process started, without real GPUs (``forkserver=True``; the caller
-decides with :func:`uses_forkserver`), start as forks of a :mod:`harness.workers.forkserver` that imported
+decides with :meth:`harness.cluster.Cluster.starts_forked`), start as forks of a :mod:`harness.workers.forkserver` that imported
 the third-party half of sglang's server graph once (:func:`harness.targets.sglang.server.preload.server`):
 the Ray worker runs the fork server's client, which hands over its command, environment and log
 files; the forked child runs ``sitecustomize`` with that environment and then ``-m
 sglang.launch_server`` as a fresh interpreter would, importing sglang itself. A server whose
 import-deciding environment (:data:`IMPORT_ENV`) differs from the fork server's runs as a fresh
-interpreter instead. ``HARNESS_SERVER_FORKSERVER=0`` turns it off.
+interpreter instead. ``HARNESS_FORK_START=0`` turns it off (:mod:`harness.workers.forkserver.policy`).
 """
 
 from __future__ import annotations
@@ -127,23 +127,12 @@ def stop_all(workers: Sequence[Any]) -> None:
 #: (``KeyError`` in ``check_status``), seen on a loaded 2-core machine.
 SERVER_FATAL: tuple[str, ...] = ("Transfer thread failed because of",)
 
-#: ``0``: every CPU server starts as a fresh interpreter, never as a fork of the fork server.
-FORKSERVER_ENV = "HARNESS_SERVER_FORKSERVER"
 #: What decides which modules the fork server imported, and how: a server whose values differ is not forked.
 IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", OVERLAY_ENV, "HARNESS_SGLANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                "TRITON_INTERPRET", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES",
                                "PROMETHEUS_MULTIPROC_DIR", *CPU_ENV)
 #: What the servers' ``sitecustomize`` reads: per server, so never in the fork server's environment.
 SITE_ENV: tuple[str, ...] = (COMPAT_ENV, LEDGER_ENV, WORKER_ENV, COMPONENT_ENV, "HARNESS_FAULTS")
-
-
-def uses_forkserver(cluster: Any, topology: Topology) -> bool:
-    """Whether servers of ``topology`` on ``cluster`` start from the fork server: the cluster runs on
-    this machine (the fork server is a local process), no server drives a GPU (a CUDA context does
-    not survive a fork), and ``HARNESS_SERVER_FORKSERVER`` is not ``0``."""
-    if os.environ.get(FORKSERVER_ENV, "1") == "0":
-        return False
-    return bool(getattr(cluster, "owned", False)) and not topology.needs_gpus
 
 
 def _env(cmd: Command) -> dict[str, str]:
@@ -288,7 +277,7 @@ def start_pd_stack(
         ready_timeout: one deadline for the whole stack, in seconds.
         on_start: called with each worker once it started.
         forkserver: start prefill and decode as forks of the server fork server (the caller
-            decides: :func:`uses_forkserver`).
+            decides: :meth:`harness.cluster.Cluster.starts_forked`).
 
     Returns:
         The ready :class:`PdStack`.

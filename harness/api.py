@@ -1,0 +1,88 @@
+"""The one surface the suites import from (as ``pytest`` re-exports ``_pytest``): every name a suite
+needs of the harness, so the modules behind it can move without breaking a suite.
+
+Importing it is cheap and changes nothing: it imports neither sglang nor Ray nor torch, and applies
+no fault; each name is loaded on first use from the module that defines it (:data:`NAMES`).
+``tests/test_api.py`` checks both, and that ``suites/`` imports nothing else of ``harness``.
+
+The names, by what they are for:
+
+* the simulated PD engine over Ray: :func:`run`, :class:`KVSpec`, :class:`PDRequest`, :func:`workload`;
+* its checks and evidence: ``ledger`` (the accounting ledger module: ``ledger.check``, ``ledger.read``,
+  ``ledger.LedgerWriter``, ...), :class:`KVCorruption`, :class:`WindowLost`, :class:`PreallocError`,
+  :class:`PDError`;
+* topologies: ``topology`` (the module: ``topology.get("cpu")``);
+* workers: :class:`InProcess`, :class:`WorkerDied`, :class:`SuiteRunner` (pytest inside a worker),
+  :data:`DEVICE_ENV` (the device a worker's suites build their pools on);
+* the sglang adapter, in process: :class:`DecodeConfig`, :class:`DecodeSide`, :class:`PreallocResult`,
+  :class:`PreallocFailed`, :class:`PoolSizes`, :data:`SWA_PAGE_SIZES`, :func:`make_req`, and the
+  capability checks :func:`require_capability` and :func:`device_missing`;
+* real sglang servers: :class:`ServerClient`, :class:`ServerHTTPError`, :func:`start_pd_stack`,
+  :func:`leftover_processes`, :data:`HISPARSE_DECODE_ARGS`, :data:`CPU_COMPAT_PATCHES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Each name of the surface -> ``module:attribute`` it is (``module:`` alone: the module itself).
+NAMES: dict[str, str] = {
+    # the simulated PD engine over Ray
+    "run": "harness.pd.run:run",
+    "KVSpec": "harness.pd.spec:KVSpec",
+    "PDRequest": "harness.pd.spec:PDRequest",
+    "workload": "harness.pd.spec:workload",
+    # checks and evidence
+    "ledger": "harness.ledger:",
+    "KVCorruption": "harness.pd.errors:KVCorruption",
+    "WindowLost": "harness.pd.errors:WindowLost",
+    "PreallocError": "harness.pd.errors:PreallocError",
+    "PDError": "harness.pd.errors:PDError",
+    # topologies
+    "topology": "harness.topology:",
+    # workers
+    "InProcess": "harness.workers.spec:InProcess",
+    "WorkerDied": "harness.workers.spec:WorkerDied",
+    "SuiteRunner": "harness.workers.suiterun:SuiteRunner",
+    "DEVICE_ENV": "harness.workers.suiterun:DEVICE_ENV",
+    # the sglang adapter, in process
+    "DecodeConfig": "harness.targets.sglang.decode:DecodeConfig",
+    "DecodeSide": "harness.targets.sglang.decode:DecodeSide",
+    "PreallocResult": "harness.targets.sglang.decode:PreallocResult",
+    "PreallocFailed": "harness.targets.sglang.decode:PreallocFailed",
+    "PoolSizes": "harness.targets.sglang.pools:PoolSizes",
+    "SWA_PAGE_SIZES": "harness.targets.sglang.pools:SWA_PAGE_SIZES",
+    "make_req": "harness.targets.sglang.requests:make_req",
+    "require_capability": "harness.targets.sglang.compat.capabilities:require",
+    "device_missing": "harness.targets.sglang.compat.capabilities:device_missing",
+    # real sglang servers
+    "ServerClient": "harness.targets.sglang.server.client:ServerClient",
+    "ServerHTTPError": "harness.targets.sglang.server.client:ServerHTTPError",
+    "start_pd_stack": "harness.targets.sglang.server.stack:start_pd_stack",
+    "leftover_processes": "harness.targets.sglang.server.stack:leftover_processes",
+    "HISPARSE_DECODE_ARGS": "harness.targets.sglang.server.launcher:HISPARSE_DECODE_ARGS",
+    "CPU_COMPAT_PATCHES": "harness.targets.sglang.server.launcher:CPU_COMPAT_PATCHES",
+}
+
+__all__ = sorted(NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    where = NAMES.get(name)
+    if where is None:
+        raise AttributeError(f"harness.api has no {name!r}; a suite needs of the harness only the names of "
+                             f"harness.api.NAMES (add one there for a new need)")
+    module_name, _, attr = where.partition(":")
+    if module_name.startswith("harness.targets.sglang"):
+        from harness.targets.sglang import selection
+
+        selection.current()  # the selected sglang first on the import path, before the adapter runs
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *NAMES])
