@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from harness import ledger  # noqa: E402
 from harness.report import page as html_report
+from harness import rundir
 from harness.report import results
 
 PAGE, WINDOW = 64, 100
@@ -97,7 +98,7 @@ def _run_dir(base: Path, events: dict[str, list[ledger.Event]]) -> results.Group
         spans[f"ledger/{worker}.jsonl"] = [0, p.stat().st_size]
     rec = {"path": "/x/suites/pd/test_bench.py", "suffix": "::test_200_requests", "outcome": "passed", "start": 0, "stop": 1,
            "ledgers": spans}
-    (gdir / results.RECORD_FILE).write_text(json.dumps(rec) + "\n")
+    (gdir / rundir.RECORD_FILE).write_text(json.dumps(rec) + "\n")
     case = results.CaseResult("suites/pd/test_bench.py::test_200_requests", "passed", 1.0)
     return results.GroupResult("cpu", "cpu", "ubuntu-latest", (case,), 1.0, 0, properties=(("run_dir", str(gdir)),))
 

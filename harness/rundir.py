@@ -7,6 +7,7 @@ Layout (a cross-team contract)::
     <run_dir>/junit/*.xml                  JUnit results
     <run_dir>/report/                      rendered reports
     <run_dir>/ports                        ports handed out in this run (never twice)
+    <run_dir>/tests.jsonl                  one line per test: what it wrote (harness.plugins.record)
 
 The default is ``runs/<UTC timestamp>-<pid>`` under the repository root (``runs/`` is git-ignored).
 """
@@ -22,11 +23,19 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = REPO_ROOT / "runs"
 SUBDIRS = ("workers", "ledger", "junit", "report")
+#: The per-test record file of a pytest run directory (:mod:`harness.plugins.record` writes it).
+RECORD_FILE = "tests.jsonl"
 
 
 @dataclass(frozen=True)
 class RunDir:
-    """A created run directory (all sub-directories exist)."""
+    """A run directory's layout: every path of one is built here (:func:`create` also makes the
+    sub-directories; ``RunDir(path)`` only names them).
+
+    >>> run = RunDir(Path("/runs/r1"))
+    >>> run.worker_log("decode-0"), run.ledger_file("decode-0"), run.junit_file("cpu")
+    (PosixPath('/runs/r1/workers/decode-0.log'), PosixPath('/runs/r1/ledger/decode-0.jsonl'), PosixPath('/runs/r1/junit/cpu.xml'))
+    """
 
     root: Path
 
@@ -53,6 +62,20 @@ class RunDir:
     def ledger_file(self, name: str) -> Path:
         """``ledger/<name>.jsonl``."""
         return self.ledger / f"{name}.jsonl"
+
+    def junit_file(self, name: str) -> Path:
+        """``junit/<name>.xml`` (one pytest run's, e.g. a group's)."""
+        return self.junit / f"{name}.xml"
+
+    @property
+    def ports(self) -> Path:
+        """``ports``: the ports handed out in this run."""
+        return self.root / "ports"
+
+    @property
+    def records(self) -> Path:
+        """``tests.jsonl``: the per-test records."""
+        return self.root / RECORD_FILE
 
     def __fspath__(self) -> str:
         return str(self.root)

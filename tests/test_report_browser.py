@@ -24,7 +24,7 @@ import pytest
 
 import browser
 from harness import faults, ledger
-from harness.report import results
+from harness.report import records as run_records
 from harness.faults import source
 from harness.targets.sglang import selection as target
 
@@ -100,13 +100,13 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
     assert proc.returncode == 1, f"rerun-test exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert proc.stdout.strip().splitlines()[-1] == f"report: {page_path}"  # what ./dev run ends with
     [group_dir] = (run_dir / "groups").iterdir()
-    records = {r.suffix: r for r in results.read_records(group_dir)}
+    records = {r.suffix: r for r in run_records.read_records(group_dir)}
     writers = sorted(s for s, r in records.items() if r.ledgers)
     assert writers == ["::test_long_decode", "::test_short_prompts"] and not records["::test_no_ledger"].ledgers
 
     # The event the page must mark: the first violation the ledger checker finds in the failing test
     # (one of the rules the fault's evidence names).
-    long_events = [e for span in records["::test_long_decode"].ledgers for e in results.span_events(span)]
+    long_events = [e for span in records["::test_long_decode"].ledgers for e in run_records.span_events(span)]
     first = ledger.check(long_events)[0]
     assert f"[{first.rule}]" in faults.get(FAULT).evidence, first
     event = next(e for e in long_events if e.worker == first.worker and e.seq == first.seq)

@@ -17,6 +17,7 @@ from PIL import Image
 
 from harness import ledger
 from harness.report import page as html_report
+from harness import rundir
 from harness.report import results
 from harness.report import timeline
 from harness.gates import render
@@ -110,7 +111,7 @@ def _run_dir(tmp_path: Path) -> tuple[Path, results.GroupResult]:
              "ledgers": spans, "logs": {"workers/dec-r0.log": [16, log.stat().st_size]}},
             {"path": "/abs/suites/pd/test_a.py", "suffix": "::test_plain", "outcome": "passed", "start": 2, "stop": 3,
              "seeds": {"workload_base": 7, "workload": 9, "hypothesis": None}}]
-    (gdir / results.RECORD_FILE).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (gdir / rundir.RECORD_FILE).write_text("".join(json.dumps(r) + "\n" for r in recs))
     cases = (results.CaseResult("suites/pd/test_a.py::test_long_decode", "failed", 1.5, "PDError: 1 ledger violation(s)",
                                 reason="PDError: 1 ledger violation(s)", traceback="E   PDError"),
              results.CaseResult("suites/pd/test_a.py::test_plain", "passed", 0.1))

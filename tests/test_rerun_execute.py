@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from harness import report
-from harness.report import results
+from harness.report import junit
 from harness.report.results import CaseResult, GroupResult
 from harness.rerun import execute
 from harness.commands import rerun as cli
@@ -195,7 +195,7 @@ def test_report_parse_merge_markdown_json():
            '<failure message="AssertionError: x&#10;more">tb</failure></testcase>'
            '<testcase classname="suites.pd.test_a" name="test_skip" file="suites/pd/test_a.py" time="0">'
            '<skipped message="needs GPU"/></testcase></testsuite></testsuites>')
-    cases = results.parse_junit(xml)
+    cases = junit.parse_junit(xml)
     assert [(c.nodeid, c.outcome, c.message) for c in cases] == [
         ("suites/pd/test_a.py::TestC::test_ok", "passed", ""),
         ("suites/pd/test_a.py::test_bad[p1]", "failed", "AssertionError: x"),

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness import ledger
-from harness.report import results
+from harness import rundir
+from harness.report import records
+from harness.report import junit
 from harness.gates import classify
 from harness import faultcheck
 
@@ -34,7 +36,7 @@ def test_junit_node_ids_messages_and_details(tmp_path: Path):
     path = tmp_path / "j.xml"
     path.write_text(JUNIT.format(root=tmp_path))
 
-    cases = results.read_junit(path, root=tmp_path)
+    cases = junit.read_junit(path, root=tmp_path)
 
     assert [(c.nodeid, c.outcome) for c in cases] == [
         ("suites/pd/test_a.py::TestC::TestInner::test_nested", "passed"),
@@ -53,16 +55,16 @@ def test_junit_node_ids_messages_and_details(tmp_path: Path):
 
 def test_unreadable_junit_is_one_value_error(tmp_path: Path):
     with pytest.raises(ValueError, match="cannot read JUnit"):
-        results.read_junit(tmp_path / "missing.xml")
+        junit.read_junit(tmp_path / "missing.xml")
     (tmp_path / "cut.xml").write_text("<testsuites><testsuite>")
     with pytest.raises(ValueError, match="not JUnit XML"):
-        results.read_junit(tmp_path / "cut.xml")
+        junit.read_junit(tmp_path / "cut.xml")
 
 
 def test_every_consumer_reads_the_same_cases(tmp_path: Path):
     path = tmp_path / "j.xml"
     path.write_text(JUNIT.format(root=tmp_path))
-    cases = results.read_junit(path, root=tmp_path)
+    cases = junit.read_junit(path, root=tmp_path)
 
     fault_view = faultcheck.parse_junit(path, root=tmp_path)
     gate_view = classify.failures(cases)
@@ -85,13 +87,13 @@ def test_spans_read_the_bytes_a_test_wrote(tmp_path: Path):
     with open(path, "a") as f:
         f.write('{"seq": 3, "kind": "rel')  # a worker killed mid-line
 
-    evs = results.span_events(results.Span(path, mark, path.stat().st_size))
+    evs = records.span_events(records.Span(path, mark, path.stat().st_size))
 
     assert [(e.seq, e.rid) for e in evs] == [(1, "r1"), (2, "r1")]
     log = tmp_path / "w.log"
     log.write_text("old\n" + "".join(f"line {i}\n" for i in range(50)))
-    assert results.span_tail(results.Span(log, 4, log.stat().st_size), 3) == "line 47\nline 48\nline 49"
-    assert results.span_events(results.Span(path, 0, 0)) == [] and end > mark
+    assert records.span_tail(records.Span(log, 4, log.stat().st_size), 3) == "line 47\nline 48\nline 49"
+    assert records.span_events(records.Span(path, 0, 0)) == [] and end > mark
 
 
 def test_record_plugin_writes_what_each_test_wrote(pytester, tmp_path: Path):
@@ -120,18 +122,18 @@ def test_record_plugin_writes_what_each_test_wrote(pytester, tmp_path: Path):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--run-dir", str(run_dir), "--workload-seed", "7")
     result.assert_outcomes(passed=2, failed=1, skipped=1)
 
-    recs = results.read_records(run_dir)
+    recs = records.read_records(run_dir)
 
     assert [(r.suffix, r.outcome) for r in recs] == [("::test_writes", "passed"), ("::test_quiet", "passed"),
                                                     ("::test_fails", "failed"), ("::test_skipped", "skipped")]
     first, quiet, fails, _ = recs
     assert [s.name for s in first.ledgers] == ["dec-r0"] and [s.name for s in first.logs] == ["dec-r0"]
-    assert [e.rid for s in first.ledgers for e in results.span_events(s)] == ["a"]
+    assert [e.rid for s in first.ledgers for e in records.span_events(s)] == ["a"]
     assert quiet.ledgers == () and quiet.logs == ()
-    assert results.span_tail(fails.logs[0]) == "second test line"  # only the bytes this test wrote
+    assert records.span_tail(fails.logs[0]) == "second test line"  # only the bytes this test wrote
     assert dict(first.seeds)["workload_base"] == 7 and first.start <= first.stop <= quiet.start
-    assert results.record_for("sub/test_rec.py::test_fails", recs) is fails  # any spelling of the file's path
-    assert results.record_for("test_rec.py::test_nope", recs) is None
+    assert records.record_for("sub/test_rec.py::test_fails", recs) is fails  # any spelling of the file's path
+    assert records.record_for("test_rec.py::test_nope", recs) is None
 
 
 def test_no_record_without_a_run_directory(pytester):
@@ -144,6 +146,6 @@ def test_no_record_without_a_run_directory(pytester):
 def test_torn_record_lines_are_skipped(tmp_path: Path):
     line = {"path": "/x/test_a.py", "suffix": "::t", "outcome": "passed", "start": 1.0, "stop": 2.0,
             "ledgers": {"ledger/w.jsonl": [0, 10]}}
-    (tmp_path / results.RECORD_FILE).write_text(json.dumps(line) + "\n" + '{"path": "/x/te')
-    [rec] = results.read_records(tmp_path)
-    assert rec.ledgers == (results.Span(tmp_path / "ledger" / "w.jsonl", 0, 10),)
+    (tmp_path / rundir.RECORD_FILE).write_text(json.dumps(line) + "\n" + '{"path": "/x/te')
+    [rec] = records.read_records(tmp_path)
+    assert rec.ledgers == (records.Span(tmp_path / "ledger" / "w.jsonl", 0, 10),)

@@ -112,7 +112,7 @@ def _verdict(args: argparse.Namespace) -> int:
     jobs: list[tuple[str, dict | None]] = []
     details: list[tuple[str, str]] = []
     for label, artifact in labels:
-        report = args.reports / artifact / "report"
+        report = rundir.RunDir(args.reports / artifact).report
         try:
             result = json.loads((report / "result.json").read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):

@@ -24,6 +24,7 @@ from harness.doctor import gpu, host, network, placement, software
 from harness.doctor.gather import Outcome, gather
 from harness.doctor.probe import MAX_CONCURRENCY, Probe, ProbeInfo, Sources, Target
 from harness.doctor.result import CheckResult, Limits, Report, Status
+from harness.rundir import RunDir
 from harness.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def _start_probes(placed: Any, simulate: bool, run_dir: str, sources: Sources) -
                 num_cpus=bundle.get("CPU", 0.1), num_gpus=bundle.get("GPU", 0), max_concurrency=MAX_CONCURRENCY,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(g.pg, placement_group_bundle_index=rank),
                 name=None,
-            ).remote(label, simulate, run_dir, sources, str(Path(run_dir) / "workers" / f"doctor-{label}.log"))
+            ).remote(label, simulate, run_dir, sources, str(RunDir(Path(run_dir)).worker_log(f"doctor-{label}")))
             seats.append(_Seat(label, g.role, g.kind, g.name, rank, handle))
     return seats
 

@@ -18,8 +18,8 @@ from typing import Iterable
 
 from harness import faults as fault_catalog
 from harness.faults import source
-from harness.report import results
-from harness.rundir import REPO_ROOT
+from harness.report import junit
+from harness.rundir import REPO_ROOT, RunDir
 from harness.targets.sglang import preload, selection
 from harness.faultcheck.verdicts import (
     CLEAN,
@@ -106,7 +106,7 @@ def targets_for(name: str) -> tuple[str, ...]:
 
 
 def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
-    """Read the test cases of a pytest JUnit XML report through :func:`harness.report.results.read_junit`.
+    """Read the test cases of a pytest JUnit XML report through :func:`harness.report.junit.read_junit`.
 
     Args:
         path: the XML file (``junit_family=xunit1``, which carries files).
@@ -117,7 +117,7 @@ def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
         killed before pytest wrote it).
     """
     try:
-        cases = results.read_junit(path, root)
+        cases = junit.read_junit(path, root)
     except ValueError:
         return ()
     # the evidence is looked for in the whole message and traceback, not only the first line
@@ -145,8 +145,8 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
         The :class:`SuiteRun`.
     """
     suites = tuple(suites)
-    junit = out_dir / "junit" / f"{label}.xml"
-    log = out_dir / "workers" / f"{label}.log"
+    junit = RunDir(out_dir).junit_file(label)
+    log = RunDir(out_dir).worker_log(label)
     junit.parent.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     junit.unlink(missing_ok=True)
@@ -232,7 +232,7 @@ def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT
                     outcomes=outcomes if not missing else (), wall_s=0.0, junit=path, log=path)
 
 
-def _clean_when_written(path: Path | None, writer: tuple[int, int | None] | None, suites: tuple[str, ...],
+def _clean_when_written(path: Path | None, writer: tuple[int, float | None] | None, suites: tuple[str, ...],
                         root: Path) -> SuiteRun:
     """The clean run from ``path`` once process ``writer`` (pid, start time) has exited (a missing
     report fails it)."""

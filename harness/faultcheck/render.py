@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.report import junit
 from harness import faults as fault_catalog
 from harness.faultcheck.verdicts import CAUGHT, CLEAN, FAILING, NOT_APPLIED, Cell, Matrix, SuiteRun, Verdict
-from harness.report import page, results
+from harness.report import page
 from harness.report.results import GroupResult
-from harness.rundir import REPO_ROOT
+from harness.rundir import REPO_ROOT, RunDir
 from harness.targets.sglang import selection
 
 def to_dict(matrix: Matrix) -> dict[str, Any]:
@@ -152,12 +153,12 @@ def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[G
         The clean run's parts first, then one group per fault run, in catalog order.
     """
     runs = {CLEAN: matrix.clean, **matrix.runs}
-    labels = sorted((p.stem for p in (out_dir / "junit").glob("*.xml")),
+    labels = sorted((p.stem for p in RunDir(out_dir).junit.glob("*.xml")),
                     key=lambda s: (s not in runs and not s.startswith(CLEAN), list(runs).index(s) if s in runs else 0, s))
     groups = []
     for label in labels:
         try:
-            cases = tuple(results.read_junit(out_dir / "junit" / f"{label}.xml", root))
+            cases = tuple(junit.read_junit(RunDir(out_dir).junit_file(label), root))
         except ValueError as e:
             cases, note = (), str(e)
         else:
@@ -170,7 +171,7 @@ def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[G
                                   wall_time=run.wall_s if run is not None else matrix.clean.wall_s, returncode=code,
                                   note=note or ("" if code in (0, 1) else f"pytest exited {code}"),
                                   properties=(("run_dir", str(out_dir / "pytest" / label)),
-                                              ("log", str(out_dir / "workers" / f"{label}.log")))))
+                                              ("log", str(RunDir(out_dir).worker_log(label))))))
     return groups
 
 
@@ -189,4 +190,4 @@ def write_page(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> Path:
     if not matrix.clean.passed:
         reasons.insert(0, f"the clean run failed (exit {matrix.clean.returncode}); faults not run")
     header = page.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s, sglang=selection.stamp())
-    return page.write(out_dir / "report", header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)
+    return page.write(RunDir(out_dir).report, header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from harness.report import junit
 from harness.report import results
 
 CLASSES = ("crash", "import", "timeout", "accounting", "accuracy", "timing", "assertion", "error")
@@ -48,7 +49,7 @@ class Failure:
     """One failing case as JUnit recorded it.
 
     Attributes:
-        nodeid: the test's node id (as :func:`harness.report.results.parse_junit` rebuilds it).
+        nodeid: the test's node id (as :func:`harness.report.junit.parse_junit` rebuilds it).
         kind: ``failure`` (the test body) or ``error`` (setup/teardown/collection).
         message: the element's ``message`` attribute.
         text: the element's text (the traceback).
@@ -102,9 +103,9 @@ def failures(cases: Iterable[results.CaseResult]) -> list[Failure]:
 
 
 def failures_from_junit(xml_text: str) -> list[Failure]:
-    """:func:`failures` of a JUnit document (node ids as :func:`harness.report.results.parse_junit` rebuilds them).
+    """:func:`failures` of a JUnit document (node ids as :func:`harness.report.junit.parse_junit` rebuilds them).
 
     Raises:
         ValueError: not XML.
     """
-    return failures(results.parse_junit(xml_text))
+    return failures(junit.parse_junit(xml_text))

@@ -19,6 +19,7 @@ from harness.gates.runs import EntryRun, GateOptions
 from harness.gates.verdict import TestOutcome
 from harness.plugins import seeds as seeds_mod
 from harness.rerun import execute
+from harness.rundir import RunDir
 
 LEDGER_TAIL = 20
 
@@ -47,8 +48,9 @@ def _touched_workers(group_dir: Path, since: float) -> list[str]:
     are the best evidence left. Workers idle during the test are left out.
     """
     names: set[str] = set()
-    for sub, ext in (("workers", ".log"), ("ledger", ".jsonl")):
-        for p in (group_dir / sub).glob(f"*{ext}"):
+    run = RunDir(group_dir)
+    for sub, ext in ((run.workers, ".log"), (run.ledger, ".jsonl")):
+        for p in sub.glob(f"*{ext}"):
             try:
                 if p.stat().st_mtime >= since:
                     names.add(p.name[: -len(ext)])
@@ -79,7 +81,7 @@ def _copy_test_reports(group_dir: Path, nodeid: str, dest: Path) -> list[str]:
     """
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid)
     copied = []
-    base = group_dir / "report"
+    base = RunDir(group_dir).report
     for p in sorted(base.rglob(f"{stem}.*")) if base.is_dir() else []:
         rel = p.relative_to(group_dir)
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +106,7 @@ def collect_evidence(gate: Gate, run: EntryRun, test: TestOutcome, info: render.
     tries = run.attempts[(test.group, nodeid)]
     last = next(a for a in reversed(tries) if a.outcome in ("failed", "error"))
     group = next(g for g in run.plan.groups if g.name == test.group) if run.plan else None
-    dest = opts.run_dir / "report" / "failures" / safe_name(f"{run.entry.name}-{test.group}-{nodeid}")
+    dest = RunDir(opts.run_dir).report / "failures" / safe_name(f"{run.entry.name}-{test.group}-{nodeid}")
     dest.mkdir(parents=True, exist_ok=True)
     files: list[str] = []
     if last.log.is_file():
@@ -118,13 +120,13 @@ def collect_evidence(gate: Gate, run: EntryRun, test: TestOutcome, info: render.
         workers = _touched_workers(last.run_dir, float(rec["start"]))
     excerpt = {}
     for w in workers:
-        for sub, ext in (("workers", ".log"), ("ledger", ".jsonl")):
-            src = last.run_dir / sub / f"{w}{ext}"
+        for src in (RunDir(last.run_dir).worker_log(w), RunDir(last.run_dir).ledger_file(w)):
             if src.is_file():
+                sub = src.parent.name  # the same layout beside the bundle
                 (dest / sub).mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest / sub / src.name)
                 files.append(f"{sub}/{src.name}")
-        lp = last.run_dir / "ledger" / f"{w}.jsonl"
+        lp = RunDir(last.run_dir).ledger_file(w)
         if lp.is_file():
             excerpt[w] = _ledger_excerpt(lp)
     files += _copy_test_reports(last.run_dir, nodeid, dest)

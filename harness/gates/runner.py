@@ -25,7 +25,7 @@ from typing import Callable
 
 from harness import report
 from harness.report import page
-from harness.report import results
+from harness.report.junit import read_junit
 from harness.report.stamp import git_state
 from harness import topology as topo_mod
 from harness.gates import classify, history, render
@@ -39,6 +39,7 @@ from harness.report.results import CaseResult, GroupResult
 from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
 from harness.rerun.registry import RegistryError
 from harness.targets.sglang import selection as sglang_target
+from harness.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def _to_rel(reg: collector.Registry) -> Callable[[str], str]:
 
 def _failures(junit: Path) -> dict[str, classify.Failure]:
     try:
-        return {f.nodeid: f for f in classify.failures(results.read_junit(junit))}
+        return {f.nodeid: f for f in classify.failures(read_junit(junit))}
     except ValueError:  # no report (the group never ran or was killed): its cases say what happened
         return {}
 
@@ -128,7 +129,7 @@ def run_one(group: plan_mod.Group, item: plan_mod.Item, exec_opts: execute.ExecO
     single = plan_mod.Plan((replace(group, items=(item,), shards=1, shard_index=None),))
     [res] = execute.run_plan(single, exec_opts, {}, _to_rel(reg), on_update)
     gdir = exec_opts.run_dir / "groups" / res.name
-    junit = _failures(exec_opts.run_dir / "junit" / f"{res.name}.xml")
+    junit = _failures(RunDir(exec_opts.run_dir).junit_file(res.name))
     case = next((c for c in res.cases if c.nodeid == item.nodeid), None)
     if case is None:
         msg = res.note or f"{item.nodeid} did not report a result"
@@ -183,7 +184,7 @@ def run_entry(gate: Gate, entry: GateSuite, reg: collector.Registry, opts: GateO
     attempts: dict[tuple[str, str], tuple[Attempt, ...]] = {}
     reruns: list[tuple[str, GroupResult, Path]] = []
     for g, res in zip(p.groups, results):
-        junit = _failures(edir / "junit" / f"{res.name}.xml")
+        junit = _failures(RunDir(edir).junit_file(res.name))
         gdir = edir / "groups" / res.name
         for case in res.cases:
             first = _attempt(case, junit, gdir)
@@ -275,7 +276,7 @@ def write_reports(runs: list[EntryRun], info: render.RunInfo, v: Verdict, repros
     """``report/``: ``junit.xml`` (every group and rerun, stamped), ``summary.md``, ``result.json``,
     ``durations.json`` and ``index.html`` (:mod:`harness.report.page`: the verdict table, the flaky
     record — this run's reruns and the history's flaky tests, read before this run is appended)."""
-    out = run_dir / "report"
+    out = RunDir(run_dir).report
     out.mkdir(parents=True, exist_ok=True)
     parts: list[tuple[str, dict[str, str]]] = []
 
@@ -286,9 +287,9 @@ def write_reports(runs: list[EntryRun], info: render.RunInfo, v: Verdict, repros
 
     for r in runs:
         for res in r.results:
-            part(res, r.dir / "junit", f"{r.entry.name}/{res.name}", suite=r.entry.name, required=str(r.entry.required).lower())
+            part(res, RunDir(r.dir).junit, f"{r.entry.name}/{res.name}", suite=r.entry.name, required=str(r.entry.required).lower())
         for k, (nodeid, res, rdir) in enumerate(r.reruns, 1):
-            part(res, rdir / "junit", f"{r.entry.name}/{res.name}/rerun-{k}", suite=r.entry.name,
+            part(res, RunDir(rdir).junit, f"{r.entry.name}/{res.name}/rerun-{k}", suite=r.entry.name,
                  required=str(r.entry.required).lower(), rerun_of=nodeid)
     (out / "junit.xml").write_text(render.merged_junit(info, parts), encoding="utf-8")
     (out / "summary.md").write_text(render.summary_md(info, v, repros, page=page.INDEX), encoding="utf-8")

@@ -7,6 +7,7 @@ from typing import Any
 
 from harness import faults
 from harness.ledger import CONFIG_RID, LedgerConfig, LedgerWriter, config_event
+from harness.rundir import RunDir
 from harness.pd.spec import KVSpec
 
 
@@ -35,7 +36,7 @@ class RankPayload:
             raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
         faults.activate_from_env()
         self.name, self.shard, self.tp = name, shard, tp
-        self.ledger = LedgerWriter(Path(run_dir) / "ledger" / f"{name}.jsonl", worker=name, component=component)
+        self.ledger = LedgerWriter(RunDir(Path(run_dir)).ledger_file(name), worker=name, component=component)
 
     def pool_sizes(self, spec: KVSpec) -> Any:
         """This rank's :class:`~harness.targets.sglang.pools.PoolSizes` for ``spec`` (its KV head shard).

@@ -161,7 +161,7 @@ def pd_report(request: pytest.FixtureRequest, run_dir: Any, record_property: Cal
     def report(result: Any) -> dict:
         summary = result.summary()
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
-        out = run_dir.root / "report" / "pd" / f"{name}.json"
+        out = run_dir.report / "pd" / f"{name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(summary, indent=2, sort_keys=True))
         text = ledger.format_summary(summary["ledger"])

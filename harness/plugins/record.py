@@ -1,7 +1,7 @@
 """pytest plugin concern: a record of every test, so the run report can show what each test did.
 
 After each test's teardown, one JSON line goes to ``<run_dir>/tests.jsonl`` (read back by
-:func:`harness.report.results.read_records`)::
+:func:`harness.report.records.read_records`)::
 
     {"path": "/abs/suites/x/test_a.py", "suffix": "::test_b[p]", "outcome": "failed",
      "start": 1796000000.1, "stop": 1796000003.4, "seeds": {"workload_base": 7, "workload": 123, "hypothesis": null},
@@ -27,7 +27,7 @@ import pytest
 from harness.plugins.failfast import owned_workers
 from harness.plugins.seeds import base_seed_key, derive
 from harness.plugins.state import state_key
-from harness.report.results import RECORD_FILE
+from harness.rundir import RunDir
 
 _sizes_key = pytest.StashKey[dict]()
 _start_key = pytest.StashKey[float]()
@@ -106,5 +106,5 @@ def _write(item: pytest.Item, run_dir: Path, stop: float) -> None:
     rec = {"path": str(Path(item.path).resolve()), "suffix": suffix,
            "outcome": item.stash.get(_outcome_key, "passed"), "start": item.stash.get(_start_key, stop), "stop": stop,
            "seeds": seeds, "workers": item.stash.get(_workers_key, []), **spans}
-    with open(run_dir / RECORD_FILE, "a", encoding="utf-8") as f:
+    with open(RunDir(run_dir).records, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")

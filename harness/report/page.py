@@ -17,24 +17,41 @@ artifact download or a file browser. Links are relative to the report directory.
 from __future__ import annotations
 
 import hashlib
-import html
 import logging
 import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from harness.rundir import REPO_ROOT
-from harness.report import results
+from harness.report import records as run_records
 from harness.report import stamp
 from harness.report import timeline
-from harness.report.results import CaseResult, GroupResult, TestRecord
+from harness.report.records import TestRecord
+from harness.report.results import CaseResult, GroupResult
 
 log = logging.getLogger(__name__)
 
 INDEX = "index.html"
+#: The page's template (``harness/report/templates/``), rendered with autoescape on: every value is
+#: escaped where the template writes it, so no value can open a tag in a CI artifact.
+TEMPLATE = "page.html.j2"
+
+if TYPE_CHECKING:
+    import jinja2
+
+
+@cache
+def _templates() -> "jinja2.Environment":
+    # jinja2 is imported when a page is written, not with this module: rerun-test plans (and writes
+    # no page) on a bare interpreter, which imports this module through the rerun package.
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("harness.report", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 TIMELINES = "timelines"
 LOG_TAIL_LINES = 40
 #: Repository root: the harness commit is read from here.
@@ -85,10 +102,6 @@ class Header:
     @property
     def word(self) -> str:
         return "PASS" if self.passed else "FAIL"
-
-
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def _safe(text: str) -> str:
@@ -142,7 +155,7 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
 
     Args:
         report_dir: the run's ``report/`` directory (created).
-        header: verdict, reasons, wall time and run-wide seeds.
+        header: verdict, reasons, wall time, run-wide seeds and the sglang target.
         groups: the run's groups; a group's ``run_dir`` property points at its pytest run
             directory (``tests.jsonl``, ``workers/``, ``ledger/``; its ``log`` property, if any,
             the pytest output, else ``<run_dir>/pytest.log``). Groups without one show their JUnit
@@ -158,178 +171,107 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
     """
     report_dir.mkdir(parents=True, exist_ok=True)
     sha, dirty = stamp.git_state(repo_root)
-    target = header.sglang
-    per_group = [(g, results.read_records(g.run_dir) if g.run_dir else []) for g in groups]
-    body = [_header(header, target, sha, dirty, per_group, report_dir)]
-    body += [_table(t) for t in tables]
-    body.append(_failures_index(per_group))
-    for g, records in per_group:
-        body.append(_group_tests(g, records, report_dir))
-    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_e(header.kind)}: {header.word}</title>"
-            f"<style>{CSS}</style></head>\n<body><main>\n" + "\n".join(body) + "\n</main></body></html>\n")
+    per_group = [(g, run_records.read_records(g.run_dir) if g.run_dir else []) for g in groups]
+    page = _templates().get_template(TEMPLATE).render(
+        css=CSS, h=header, stamp_rows=_stamp_rows(header, sha, dirty, report_dir),
+        groups=[_group_row(g, records, report_dir) for g, records in per_group],
+        tables=[{"title": t.title, "note": t.note, "head": t.head,
+                 "rows": [(t.status[i] if i < len(t.status) else "", row) for i, row in enumerate(t.rows)]} for t in tables],
+        notes=[g for g, _ in per_group if g.note],
+        failures=[{"anchor": _anchor(g, c), "nodeid": c.nodeid, "group": g.name, "message": c.message or c.outcome}
+                  for g, _ in per_group for c in g.failures],
+        test_groups=[{"name": g.name, "topology": g.topology, "runner": g.runner, "note": g.note,
+                      "tests": [_test(g, c, run_records.record_for(c.nodeid, records), report_dir) for c in g.cases]}
+                     for g, records in per_group],
+        log_tail_lines=LOG_TAIL_LINES)
     out = report_dir / INDEX
     out.write_text(page, encoding="utf-8")
     log.info("report page: %s", out)
     return out
 
 
-def _header(h: Header, target: stamp.Target, sha: str, dirty: bool,
-            per_group: list[tuple[GroupResult, list[TestRecord]]], report_dir: Path) -> str:
-    cls = "pass" if h.passed else "fail"
-    out = [f'<h1 id="verdict" class="verdict {cls}">{_e(h.kind)}: {h.word}</h1>']
-    if h.reasons:
-        out.append('<ul class="reasons">' + "".join(f"<li>{_e(r)}</li>" for r in h.reasons) + "</ul>")
-    if h.warnings:
-        out.append('<details><summary>warnings</summary><ul class="reasons">'
-                   + "".join(f"<li>{_e(w)}</li>" for w in h.warnings) + "</ul></details>")
+def _stamp_rows(h: Header, sha: str, dirty: bool, report_dir: Path) -> list[tuple[str, str]]:
+    target = h.sglang
     seeds = ", ".join(f"{k}={v}" for k, v in h.seeds.items())
-    rows = [("sglang target", f"{target.version} · origin {target.origin}" + (f" · commit {target.commit}" if target.commit else "")),
+    return [("sglang target", f"{target.version} · origin {target.origin}" + (f" · commit {target.commit}" if target.commit else "")),
             ("harness commit", f"{sha}{' (uncommitted changes)' if dirty else ''}"),
             ("seeds", seeds or "per group, below"),
             ("wall time", duration(h.wall_time)),
             ("run directory", report_dir.parent.name),
             ("written", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))]
-    out.append('<table class="stamp">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>")
-    out.append("<h2>Groups</h2><table class=\"groups\"><tr><th>group</th><th>topology</th><th>runner</th><th>simulated</th>"
-               "<th>tests</th><th>passed</th><th>failed</th><th>skipped</th><th>wall</th><th>seeds</th><th>note</th></tr>")
-    for g, records in per_group:
-        props = dict(g.properties)
-        state = "ok" if g.ok else "bad"
-        bases = sorted({str(dict(r.seeds).get("workload_base")) for r in records if dict(r.seeds).get("workload_base") is not None})
-        hyp = sorted({str(dict(r.seeds).get("hypothesis")) for r in records if dict(r.seeds).get("hypothesis") is not None})
-        seed_text = ", ".join([f"workload base {'/'.join(bases)}"] * bool(bases) + [f"hypothesis {'/'.join(hyp)}"] * bool(hyp))
-        pytest_log = Path(props["log"]) if props.get("log") else (g.run_dir / "pytest.log" if g.run_dir else None)
-        note = _e(g.note)
-        if pytest_log is not None and pytest_log.is_file():
-            note += f' <a href="{_e(_rel(pytest_log, report_dir))}">{_e(pytest_log.name)}</a>'
-        out.append(f'<tr class="{state}"><td>{_e(g.name)}</td><td>{_e(g.topology)}</td><td>{_e(g.runner)}</td>'
-                   f"<td>{_e(props.get('simulated', '-'))}</td><td class=num>{len(g.cases)}</td>"
-                   f"<td class=num>{g.count('passed')}</td><td class=num>{g.count('failed') + g.count('error')}</td>"
-                   f"<td class=num>{g.count('skipped')}</td><td class=num>{_e(duration(g.wall_time))}</td>"
-                   f"<td>{_e(seed_text or '-')}</td><td>{note}</td></tr>")
-    out.append("</table>")
-    return "\n".join(out)
 
 
-def _table(t: Table) -> str:
-    out = [f"<h2>{_e(t.title)}</h2>"]
-    if t.note:
-        out.append(f'<p class="meta">{_e(t.note)}</p>')
-    out.append('<table class="run-table"><tr>' + "".join(f"<th>{_e(h)}</th>" for h in t.head) + "</tr>")
-    for i, row in enumerate(t.rows):
-        cls = t.status[i] if i < len(t.status) else ""
-        out.append(f'<tr class="{cls}">' + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
+def _group_row(g: GroupResult, records: list[TestRecord], report_dir: Path) -> dict[str, Any]:
+    props = dict(g.properties)
+    bases = sorted({str(dict(r.seeds).get("workload_base")) for r in records if dict(r.seeds).get("workload_base") is not None})
+    hyp = sorted({str(dict(r.seeds).get("hypothesis")) for r in records if dict(r.seeds).get("hypothesis") is not None})
+    seed_text = ", ".join([f"workload base {'/'.join(bases)}"] * bool(bases) + [f"hypothesis {'/'.join(hyp)}"] * bool(hyp))
+    pytest_log = Path(props["log"]) if props.get("log") else (g.run_dir / "pytest.log" if g.run_dir else None)
+    log_link = ({"href": _rel(pytest_log, report_dir), "name": pytest_log.name}
+                if pytest_log is not None and pytest_log.is_file() else None)
+    return {"state": "ok" if g.ok else "bad", "name": g.name, "topology": g.topology, "runner": g.runner,
+            "simulated": props.get("simulated", "-"), "tests": len(g.cases), "passed": g.count("passed"),
+            "failed": g.count("failed") + g.count("error"), "skipped": g.count("skipped"),
+            "wall": duration(g.wall_time), "seeds": seed_text or "-", "note": g.note, "log": log_link}
 
 
 def _anchor(group: GroupResult, case: CaseResult) -> str:
     return "t-" + _safe(f"{group.name}-{case.nodeid}")
 
 
-def _failures_index(per_group: list[tuple[GroupResult, list[TestRecord]]]) -> str:
-    failing = [(g, c) for g, _ in per_group for c in g.failures]
-    notes = [g for g, _ in per_group if g.note]
-    if not failing and not notes:
-        return ""
-    out = ["<h2>Failures</h2><ul>"]
-    out += [f"<li><b>{_e(g.name)}</b>: {_e(g.note)}</li>" for g in notes]
-    out += [f'<li><a href="#{_anchor(g, c)}"><code>{_e(c.nodeid)}</code></a> ({_e(g.name)}): {_e(c.message or c.outcome)}</li>'
-            for g, c in failing]
-    out.append("</ul>")
-    return "\n".join(out)
-
-
-def _group_tests(g: GroupResult, records: list[TestRecord], report_dir: Path) -> str:
-    out = [f"<h2>Tests of {_e(g.name)} <span class=meta>({_e(g.topology)} on {_e(g.runner)})</span></h2>"]
-    if not g.cases:
-        out.append(f'<p class="meta">no test results{": " + _e(g.note) if g.note else ""}</p>')
-    for case in g.cases:
-        out.append(_test(g, case, results.record_for(case.nodeid, records), report_dir))
-    return "\n".join(out)
-
-
 def _rel(path: Path, report_dir: Path) -> str:
     return Path(os.path.relpath(path, report_dir)).as_posix()
 
 
-def _test(g: GroupResult, case: CaseResult, rec: TestRecord | None, report_dir: Path) -> str:
+def _test(g: GroupResult, case: CaseResult, rec: TestRecord | None, report_dir: Path) -> dict[str, Any]:
     bad = case.outcome in ("failed", "error")
-    out = [f'<section class="test{" bad" if bad else ""}" id="{_anchor(g, case)}" data-outcome="{case.outcome}">',
-           f'<div class="head"><span class="badge {case.outcome}">{case.outcome}</span><h3>{_e(case.nodeid)}</h3>'
-           f'<span class="meta">{_e(duration(case.duration))}'
-           + (f" · workload seed {_e(dict(rec.seeds).get('workload'))}" if rec and dict(rec.seeds).get("workload") is not None else "")
-           + "</span></div>"]
-    if case.outcome != "passed" and (case.reason or case.message):
-        out.append(f'<div class="msg">{_e(case.reason or case.message)}</div>')
-    if rec is not None and rec.ledgers:
-        out.append(_timeline(g, case, rec, report_dir))
-    if rec is not None and rec.logs:
-        out.append(_logs(rec, report_dir, open_=bad))
-    if bad and case.traceback:
-        out.append(f"<details><summary>traceback</summary><pre>{_e(case.traceback)}</pre></details>")
-    out.append("</section>")
-    return "\n".join(out)
+    seed = dict(rec.seeds).get("workload") if rec else None
+    return {"bad": bad, "anchor": _anchor(g, case), "outcome": case.outcome, "nodeid": case.nodeid,
+            "duration": duration(case.duration), "workload_seed": seed,
+            "message": (case.reason or case.message) if case.outcome != "passed" else "",
+            "timeline": _timeline(g, case, rec, report_dir) if rec is not None and rec.ledgers else None,
+            "logs": _logs(rec, report_dir) if rec is not None and rec.logs else [],
+            "traceback": case.traceback if bad else ""}
 
 
-def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Path) -> str:
+def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Path) -> dict[str, Any]:
     try:
-        events = [ev for span in rec.ledgers for ev in results.span_events(span)]
+        events = [ev for span in rec.ledgers for ev in run_records.span_events(span)]
         ranks = timeline.build(timeline.events_by_worker(events))
     except (ValueError, TypeError) as e:
-        return f'<p class="meta">ledger unreadable: {_e(e)}</p>'
+        return {"error": str(e), "ranks": 0}
     if not ranks:
-        return ""
+        return {"error": "", "ranks": 0}
     png = report_dir / TIMELINES / f"{_file_name(g.name + '-' + case.nodeid)}.png"
+    img_error = ""
     try:
         timeline.plot(ranks, png, title=case.nodeid)
     except ImportError as e:  # matplotlib missing: the page still has the tables
         log.warning("no timeline plot for %s: %s", case.nodeid, e)
-        img = f'<p class="meta">timeline not drawn: {_e(e)}; install requirements/base.txt</p>'
-    else:
-        img = (f'<img class="timeline" src="{_e(_rel(png, report_dir))}" '
-               f'alt="KV-pool timeline of {_e(case.nodeid)}: pages in use per pool on {len(ranks)} rank(s)">')
-    marks = sorted((m for r in ranks for m in r.marks), key=lambda m: int(m.label[1:]))
-    peaks = "; ".join(f"{r.worker}: " + ", ".join(f"{p} {n}" for p, n in r.peak.items()) for r in ranks)
-    out = ['<div class="timeline-block">',
-           f'<p class="meta">ledger: {len(events)} event(s) on {len(ranks)} rank(s) · peak pages in use — {_e(peaks)}'
-           f" · {sum(len(r.violation_t) for r in ranks)} violating event(s)</p>", img]
-    if marks:
-        out.append('<table class="violations"><tr><th></th><th>rule</th><th>at event (first)</th><th>request</th>'
-                   "<th>pages the event named</th><th>pages the request held</th><th>what the rule demands</th>"
-                   "<th>what broke it</th></tr>")
-        for m in marks:
-            at = f"{m.worker} #{m.seq} {m.kind} at {m.t:.3f} s" if m.seq is not None else f"{m.worker} (at the end)"
-            if m.repeats:
-                at += f"; {m.repeats} more event(s) to #{m.last_seq}"
-            out.append(f'<tr class="violation" data-rule="{_e(m.rule)}" data-worker="{_e(m.worker)}" '
-                       f'data-seq="{_e(m.seq if m.seq is not None else "")}" data-rid="{_e(m.rid)}">'
-                       f"<td>{_e(m.label)}</td><td>{_e(m.rule)}</td><td>{_e(at)}</td><td>{_e(m.rid or '-')}</td>"
-                       f"<td>{_e(m.pages or '-')}</td><td>{_e(m.held or '-')}</td><td>{_e(m.rule_text)}</td>"
-                       f"<td>{_e(m.message)}</td></tr>")
-        out.append("</table>")
+        img_error = str(e)
+    marks = []
+    for m in sorted((m for r in ranks for m in r.marks), key=lambda m: int(m.label[1:])):
+        at = f"{m.worker} #{m.seq} {m.kind} at {m.t:.3f} s" if m.seq is not None else f"{m.worker} (at the end)"
+        if m.repeats:
+            at += f"; {m.repeats} more event(s) to #{m.last_seq}"
+        marks.append({"rule": m.rule, "worker": m.worker, "seq": m.seq if m.seq is not None else "", "rid": m.rid,
+                      "label": m.label, "at": at, "pages": m.pages, "held": m.held, "rule_text": m.rule_text,
+                      "message": m.message})
     rows = [(r.worker, q) for r in ranks for q in r.requests]
     pools = [p for p in timeline.POOLS if any(p in r.used for r in ranks)]
-    out.append(f"<details><summary>pages per request ({len({q.rid for _, q in rows})} request(s))</summary>"
-               '<table class="requests"><tr><th>request</th><th>rank</th><th>first</th><th>last</th><th>events</th>'
-               + "".join(f"<th>peak {p}</th>" for p in pools) + "<th>still held at the end</th></tr>")
-    for worker, q in rows:
-        held = ", ".join(f"{p} {n}" for p, n in q.held.items() if n)
-        out.append(f"<tr{' class=bad' if held else ''}><td>{_e(q.rid)}</td><td>{_e(worker)}</td>"
-                   f"<td class=num>{q.first:.3f}</td><td class=num>{q.last:.3f}</td><td class=num>{q.events}</td>"
-                   + "".join(f"<td class=num>{q.peak.get(p, 0)}</td>" for p in pools) + f"<td>{_e(held or '-')}</td></tr>")
-    out.append("</table></details></div>")
-    return "\n".join(out)
+    return {"error": "", "events": len(events), "ranks": len(ranks), "violating": sum(len(r.violation_t) for r in ranks),
+            "peaks": "; ".join(f"{r.worker}: " + ", ".join(f"{p} {n}" for p, n in r.peak.items()) for r in ranks),
+            "png": _rel(png, report_dir), "img_error": img_error, "marks": marks, "pools": pools,
+            "request_count": len({q.rid for _, q in rows}),
+            "requests": [{"rid": q.rid, "worker": worker, "first": f"{q.first:.3f}", "last": f"{q.last:.3f}",
+                          "events": q.events, "peaks": [q.peak.get(p, 0) for p in pools],
+                          "held": ", ".join(f"{p} {n}" for p, n in q.held.items() if n)} for worker, q in rows]}
 
 
-def _logs(rec: TestRecord, report_dir: Path, open_: bool) -> str:
+def _logs(rec: TestRecord, report_dir: Path) -> list[dict[str, str]]:
     out = []
     for span in rec.logs:
-        tail = results.span_tail(span, LOG_TAIL_LINES)
-        if not tail.strip():
-            continue
-        out.append(f"<details{' open' if open_ else ''}><summary>log of {_e(span.name)} while the test ran "
-                   f'(last {LOG_TAIL_LINES} lines; <a href="{_e(_rel(span.path, report_dir))}">whole log</a>)</summary>'
-                   f"<pre>{_e(tail)}</pre></details>")
-    return "\n".join(out)
+        tail = run_records.span_tail(span, LOG_TAIL_LINES)
+        if tail.strip():
+            out.append({"name": span.name, "href": _rel(span.path, report_dir), "tail": tail})
+    return out

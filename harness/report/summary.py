@@ -1,69 +1,12 @@
-"""Pure functions from test results to JUnit XML, markdown and JSON. No Ray, no I/O.
+"""Pure functions from test results to a text table, markdown and JSON. No Ray, no I/O.
 
 The results themselves (:class:`~harness.report.results.CaseResult` / :class:`~harness.report.results.GroupResult`)
-are read by :mod:`harness.report.results`; the HTML page is :mod:`harness.report.page`.
-``merge_junit`` folds per-group JUnit files into one, stamping each ``<testsuite>`` with
-``<property>`` elements (topology, runner, group, …) so a merged file still says where each test ran.
+are read by :mod:`harness.report.junit`; the HTML page is :mod:`harness.report.page`.
 """
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-
 from harness.report.results import OUTCOMES, GroupResult
-
-
-# ---------------------------------------------------------------------------------------------
-# JUnit
-# ---------------------------------------------------------------------------------------------
-
-
-def merge_junit(parts: list[tuple[str, dict[str, str]]]) -> str:
-    """Merge JUnit documents into one ``<testsuites>``, stamping properties on each suite.
-
-    Args:
-        parts: (xml text, properties) per group, e.g. ``{"topology": "cpu", "runner": "ubuntu-latest"}``.
-            Unparsable texts become an empty suite with an ``error`` property (the group's failure is
-            reported elsewhere; the merge itself never fails).
-
-    Returns:
-        The merged XML document (with totals on ``<testsuites>``).
-    """
-    merged = ET.Element("testsuites")
-    totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
-    total_time = 0.0
-    for xml_text, props in parts:
-        try:
-            root = ET.fromstring(xml_text)
-            suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-        except ET.ParseError as e:
-            suites = [ET.Element("testsuite", {"name": props.get("group", "?"), "tests": "0"})]
-            props = {**props, "error": f"unreadable JUnit: {e}"}
-        for s in suites:
-            if props.get("group"):
-                s.set("name", f"{props['group']}")
-            pe = s.find("properties")
-            if pe is None:
-                pe = ET.Element("properties")
-                s.insert(0, pe)
-            for k, v in props.items():
-                for old in [p for p in pe.findall("property") if p.get("name") == k]:
-                    pe.remove(old)  # re-merging a merged file does not duplicate properties
-                ET.SubElement(pe, "property", {"name": k, "value": str(v)})
-            for k in totals:
-                totals[k] += int(s.get(k) or 0)
-            total_time += float(s.get("time") or 0)
-            merged.append(s)
-    for k, v in totals.items():
-        merged.set(k, str(v))
-    merged.set("time", f"{total_time:.3f}")
-    ET.indent(merged)
-    return ET.tostring(merged, encoding="unicode", xml_declaration=True) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# tables, markdown, JSON
-# ---------------------------------------------------------------------------------------------
 
 
 def table(results: list[GroupResult]) -> str:

@@ -32,6 +32,7 @@ from typing import Callable
 from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan, compact
 from harness.targets.sglang import preload
+from harness.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: 
            "-p", "harness.rerun.progress",
            "--topology", group.topology,
            "--run-dir", str(opts.run_dir / "groups" / group.name),
-           "--junitxml", str(opts.run_dir / "junit" / f"{group.name}.xml"),
+           "--junitxml", str(RunDir(opts.run_dir).junit_file(group.name)),
            "-o", "junit_family=xunit1", "-o", f"junit_suite_name={group.name}",
            "--rootdir", str(opts.repo_root), "-q", "-rfE"]
     ini = opts.repo_root / "pyproject.toml"
@@ -290,7 +291,7 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
     Returns:
         One :class:`GroupResult` per group, in plan order. Never raises for a failing group.
     """
-    (opts.run_dir / "junit").mkdir(parents=True, exist_ok=True)
+    RunDir(opts.run_dir).junit.mkdir(parents=True, exist_ok=True)
     progress = {g.name: Progress(g) for g in plan.groups}
     sim = {g.name: simulation(g, opts.gpus, joined=bool(opts.ray_address)) for g in plan.groups}
     results: dict[str, GroupResult] = {}

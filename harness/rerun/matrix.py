@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.workers import procs
+from harness.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def run_target(spec: str, label: str, specs: list[str], run_dir: Path, *, repo_r
     start = time.monotonic()
     code, _ = procs.run_logged(cmd, cwd=repo_root, env=env, log=log, timeout_s=timeout_s)
     wall = time.monotonic() - start
-    summary_path = run_dir / "report" / "summary.json"
+    summary_path = RunDir(run_dir).report / "summary.json"
     if not summary_path.is_file():
         tail = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()][-1:]
         return TargetRun(spec, label, run_dir, code, wall, {}, note=f"rerun-test exited {code}: {''.join(tail)}")

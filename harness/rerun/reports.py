@@ -14,6 +14,7 @@ from harness.report import page
 from harness.report.results import GroupResult
 from harness.rerun.comment import LINK_PLACEHOLDER
 from harness.targets.sglang import selection
+from harness.rundir import RunDir
 
 if TYPE_CHECKING:
     from harness.targets.sglang.selection import Target
@@ -33,12 +34,12 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
     Returns:
         The page (``report/index.html``).
     """
-    out = run_dir / "report"
+    out = RunDir(run_dir).report
     out.mkdir(parents=True, exist_ok=True)
     stamp = target.properties() if target is not None else {}
     parts = []
     for r in results:
-        xml = run_dir / "junit" / f"{r.name}.xml"
+        xml = RunDir(run_dir).junit_file(r.name)
         text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
         parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
     (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")

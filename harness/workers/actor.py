@@ -107,7 +107,7 @@ class _WorkerActor:
         os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda
         self.ports = allocate_ports(spec.ports, spec.run_dir)
         self.proc: subprocess.Popen | None = None
-        self.proc_start: int | None = None
+        self.proc_start: float | None = None
         self.obj: Any = None
         self.stopped = False
         self._read_to = 0  # how far poll() has read the log for the payload's fatal lines
@@ -216,7 +216,7 @@ class _WorkerActor:
         return problem
 
 
-def stop_group(pgid: int, start: int | None, grace: float, proc: subprocess.Popen | None = None) -> str | None:
+def stop_group(pgid: int, start: float | None, grace: float, proc: subprocess.Popen | None = None) -> str | None:
     """SIGTERM the process group ``pgid``, wait up to ``grace`` s for all members, then SIGKILL."""
     if not procs.group_members(pgid) and (proc is None or proc.poll() is not None):
         return None

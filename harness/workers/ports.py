@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import IO, Iterator
 
+from harness.rundir import RunDir
+
 #: Ray's default worker ports end here (``--max-worker-port``); ours start above.
 RAY_MAX_WORKER_PORT = 19999
 #: Below this many candidate ports, the OS picks instead (fewer would be found taken too often).
@@ -129,7 +131,7 @@ def allocate_ports(names: tuple[str, ...], run_dir: str | Path | None = None, *,
     now = time.time()
     held: list[socket.socket] = []
     with contextlib.ExitStack() as stack:
-        run = stack.enter_context(_locked(Path(run_dir) / "ports")) if run_dir is not None else None
+        run = stack.enter_context(_locked(RunDir(Path(run_dir)).ports)) if run_dir is not None else None
         machine = stack.enter_context(_locked(leases or LEASES))
         used = {int(x) for x in run.read().split() if x.isdigit()} if run is not None else set()
         active = _leased(machine, now)

@@ -6,7 +6,8 @@ server subprocesses and their process groups) is recorded as one small JSON file
 the pid + start time of its *owner*: the process that ran the harness (pytest, ``harness``).
 :func:`reap_stale` kills the entries whose owner is gone; it touches nothing else on the machine.
 
-Linux only (it reads ``/proc``).
+Processes are read with psutil (pid, parent, start time, status); their process group and session
+with ``os.getpgid`` / ``os.getsid``. Linux only (process groups and sessions as Linux has them).
 """
 
 from __future__ import annotations
@@ -39,50 +40,51 @@ class Entry:
 
     kind: str
     pid: int
-    start: int
+    start: float
     owner: int
-    owner_start: int
+    owner_start: float
     label: str = ""
     path: str = ""
 
 
-def start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None when it does not exist (or is a zombie)."""
+def start_time(pid: int) -> float | None:
+    """When ``pid`` started (psutil's create time), or None when it does not exist or is a zombie.
+
+    With the pid it names one process: a later process that reuses the pid has another start time.
+    """
+    import psutil  # here, not at the top: rerun-test plans on a bare interpreter, which imports this module
+
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    # The command name (field 2) may contain spaces or parens: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
-def alive(pid: int, start: int | None = None) -> bool:
+def alive(pid: int, start: float | None = None) -> bool:
     """True if ``pid`` runs (not a zombie) and, when given, was started at ``start``."""
     st = start_time(pid)
     return st is not None and (start is None or st == start)
 
 
-def _live_stats() -> Iterator[tuple[int, int, int, int]]:
-    """(pid, ppid, pgid, sid) of every live (non-zombie) process, read from ``/proc/<pid>/stat``."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+def _live() -> Iterator[tuple[int, int, int, int]]:
+    """(pid, ppid, pgid, sid) of every live (non-zombie) process."""
+    import psutil
+
+    for proc in psutil.process_iter(["ppid", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         try:
-            stat = (d / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue  # gone between listing and reading, or not ours to read
-        # Fields after the command name (which may contain spaces and parentheses): state ppid pgrp session ...
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z":
-            yield int(d.name), int(fields[1]), int(fields[2]), int(fields[3])
+            yield proc.pid, proc.info["ppid"], os.getpgid(proc.pid), os.getsid(proc.pid)
+        except (ProcessLookupError, PermissionError):
+            continue  # gone since it was listed
 
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is ``pgid``."""
-    return [pid for pid, _, group, _ in _live_stats() if group == pgid]
+    return [pid for pid, _, group, _ in _live() if group == pgid]
 
 
 def session_members(sid: int) -> list[int]:
@@ -91,28 +93,33 @@ def session_members(sid: int) -> list[int]:
     A ``ray start`` node started in its own session keeps every process of that node in it: Ray's
     worker processes take process groups of their own, but never leave the session.
     """
-    return [pid for pid, _, _, session in _live_stats() if session == sid]
+    return [pid for pid, _, _, session in _live() if session == sid]
 
 
 def descendants(pid: int) -> list[int]:
-    """Live pids below ``pid`` in the process tree (children, grandchildren, ...)."""
-    children: dict[int, list[int]] = {}
-    for child, parent, _, _ in _live_stats():
-        children.setdefault(parent, []).append(child)
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
+    """Live (non-zombie) pids below ``pid`` in the process tree (children, grandchildren, ...)."""
+    import psutil
+
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for proc in below:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
     return out
 
 
-def owner() -> tuple[int, int]:
+def owner() -> tuple[int, float]:
     """The owner of processes started from here: ``$HARNESS_OWNER`` if set, else this process."""
     env = os.environ.get(OWNER_ENV)
     if env:
         pid, start = env.split(":")
-        return int(pid), int(start)
+        return int(pid), float(start)
     return os.getpid(), start_time(os.getpid()) or 0
 
 
@@ -237,7 +244,7 @@ def reap_owned(kinds: tuple[str, ...] = ("pgid", "pid", "dir")) -> list[Entry]:
     return killed
 
 
-def wait_gone(pids: list[int], timeout: float, starts: Mapping[int, int] | None = None) -> list[int]:
+def wait_gone(pids: list[int], timeout: float, starts: Mapping[int, float] | None = None) -> list[int]:
     """Wait until none of ``pids`` runs; return those still running at the deadline.
 
     ``starts`` (pid -> start time, :func:`start_time`) tells a process apart from a later one that

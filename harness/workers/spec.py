@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
+from harness.rundir import RunDir
+
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
@@ -111,7 +113,7 @@ class WorkerSpec:
 
     @property
     def log_path(self) -> Path:
-        return Path(self.run_dir) / "workers" / f"{self.name}.log"
+        return RunDir(Path(self.run_dir)).worker_log(self.name)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class WorkerInfo:
     ports: dict
     log_path: str
     payload_pid: int | None = None
-    payload_start: int | None = None
+    payload_start: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from harness.report.junit import read_junit
 from harness.rundir import REPO_ROOT
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class SuiteRunner:
         logger.warning("running %s in worker %s on %s", paths, context.name, device)
         with tempfile.TemporaryDirectory(prefix="suite-") as tmp:
             junit = Path(tmp) / "junit.xml"
-            args = [*paths, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+            args = [*paths, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1",
                     f"--rootdir={REPO_ROOT}", *(extra_args or [])]
             cwd = os.getcwd()
             os.chdir(REPO_ROOT)
@@ -83,22 +83,13 @@ class SuiteRunner:
                 exit_code = int(pytest.main(args))
             finally:
                 os.chdir(cwd)
-            outcomes = _outcomes(junit)
+            outcomes = _outcomes(junit) if junit.exists() else {}
         return SuiteResult(exit_code=exit_code, device=device, gpu_ids=tuple(context.gpu_ids),
                            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), pid=os.getpid(),
                            outcomes=outcomes)
 
 
 def _outcomes(junit: Path) -> dict[str, str]:
-    outcomes: dict[str, str] = {}
-    if not junit.exists():
-        return outcomes
-    for case in ET.parse(junit).iter("testcase"):
-        outcome = "passed"
-        for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
-            found = case.find(tag)
-            if found is not None:
-                # an expected failure (a strict xfail of a known upstream bug) is not a skip
-                outcome = "xfailed" if found.get("type") == "pytest.xfail" else name
-        outcomes[f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"] = outcome
-    return outcomes
+    """``file::test -> outcome`` of a JUnit report; an expected failure (a strict xfail of a known
+    upstream bug) is ``xfailed``, not a skip."""
+    return {case.nodeid: "xfailed" if case.xfail else case.outcome for case in read_junit(junit, REPO_ROOT)}

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from harness.rundir import RunDir
 from harness.topology import RoleSpec, Topology
 
 #: Directory put on every server's PYTHONPATH: its ``sitecustomize`` installs the compat patches,
@@ -164,7 +165,7 @@ def _probe_env(run_dir: str | Path | None, worker: str, component: str) -> dict[
     if run_dir is None:
         return {}
     return {
-        PROBE_LEDGER_ENV: str(Path(run_dir) / "ledger" / f"{worker}.jsonl"),
+        PROBE_LEDGER_ENV: str(RunDir(Path(run_dir)).ledger_file(worker)),
         PROBE_WORKER_ENV: worker,
         PROBE_COMPONENT_ENV: component,
     }
