@@ -37,7 +37,7 @@ API::
     cluster.shutdown(timeout=15.0)                        # stops what we started; verifies no process is left
     placement.of("prefill") -> tuple[GroupPlacement, ...] # one per group; .pg, .bundles, .node_ids()
 
-Example::
+Example (run by ``tests/test_examples.py``)::
 
     from harness import topology
     from harness.cluster import Cluster
@@ -45,10 +45,11 @@ Example::
     topo = topology.get("2-gpu-h100")
     with Cluster.start(topo, simulate=True) as cluster:
         fit = cluster.check(topo)            # Fit(ok=True, state='CREATED', ...)
+        assert fit.ok, fit
         placement = cluster.place(topo)
         prefill = placement.of("prefill")[0] # GroupPlacement: .pg, .bundles, .strategy
-        ...                                  # start workers in it (harness.workers.start_worker)
-        cluster.release(placement)
+        assert len(prefill.bundles) == topo.role("prefill").tp  # one bundle per TP rank
+        cluster.release(placement)           # (start workers in it first: harness.workers.start_worker)
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cluster import join as join_mod
 from harness.cluster import nodes as node_facts
@@ -73,6 +74,9 @@ from harness.topology import Topology
 from harness.workers import procs
 from harness.workers.forkserver.policy import Kind, forks
 from harness.workers.nodes import NODE_RESOURCE
+
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster as RayCluster
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +107,7 @@ class Cluster:
     """A Ray cluster the harness started or joined. Build it with :meth:`start` or :meth:`join`."""
 
     def __init__(self, *, address: str, owned: bool, simulate: bool, temp_dir: Path | None,
-                 sim_cluster: Any = None, topology: Topology | None = None):
+                 sim_cluster: RayCluster | None = None, topology: Topology | None = None) -> None:
         self.address = address
         self.owned = owned
         self.simulate = simulate

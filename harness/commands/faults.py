@@ -20,11 +20,10 @@ import os
 import time
 from pathlib import Path
 
-from harness import faults
-from harness.workers import procs
+from harness import faultcheck, faults
 from harness.commands import UsageError
-from harness import faultcheck
 from harness.targets.sglang import selection as sglang_target
+from harness.workers import procs
 
 
 def register(sub: argparse._SubParsersAction) -> None:

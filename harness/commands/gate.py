@@ -85,7 +85,8 @@ def _show(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from harness import topology
     from harness.gates import plan
-    from harness.rerun import collector, plan as plan_mod, resolve, spec
+    from harness.rerun import collector, resolve, spec
+    from harness.rerun import plan as plan_mod
     from harness.rerun.registry import RegistryError
 
     gate = _load(args.name)

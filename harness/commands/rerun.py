@@ -31,13 +31,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness.rundir import REPO_ROOT
 from harness import report
-from harness.rerun import comment, collector, execute, plan as plan_mod, resolve, spec
+from harness.rerun import collector, comment, execute, registry, resolve, spec
+from harness.rerun import plan as plan_mod
 from harness.rerun.execute import detect_gpus
-from harness.rerun.reports import write_reports
-from harness.rerun import registry
 from harness.rerun.registry import RegistryError
+from harness.rerun.reports import write_reports
+from harness.rundir import REPO_ROOT
 from harness.targets.sglang import selection as target_mod
 
 log = logging.getLogger(__name__)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Hashable
 
+
 @dataclass(frozen=True)
 class Outcome:
     """One probe call's answer: ``value``, or ``error`` (it raised / the actor died), or ``hung``."""

@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Any, Hashable
 
 from harness.doctor import gpu, host, network, placement, software
 from harness.doctor.gather import Outcome, gather
@@ -26,6 +26,9 @@ from harness.doctor.probe import MAX_CONCURRENCY, Probe, ProbeInfo, Sources, Tar
 from harness.doctor.result import CheckResult, Limits, Report, Status
 from harness.rundir import RunDir
 from harness.topology import Topology
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ def _bad_call(check: str, seat: _Seat, o: Outcome, what: str, timeout_s: float) 
 
 def run(topology: Topology, *, simulate: bool = False, ray_address: str | None = None,
         run_dir: str | Path | None = None, limits: Limits = Limits(), ports: tuple[int, ...] = (),
-        sources: Sources = Sources(), cluster: Any = None) -> Report:
+        sources: Sources = Sources(), cluster: Cluster | None = None) -> Report:
     """Check a cluster against ``topology``.
 
     Args:
@@ -186,7 +189,7 @@ def _node_label(ip: str, node_id: str, index: int | None) -> str:
     return f"node{index}/{ip}" if index is not None else f"{ip}/{node_id[:6]}"
 
 
-def _identify(cluster: Any, topology: Topology, seats: list[_Seat], limits: Limits) -> list[CheckResult]:
+def _identify(cluster: Cluster, topology: Topology, seats: list[_Seat], limits: Limits) -> list[CheckResult]:
     answers = gather({s.label: s.handle.info.remote() for s in seats}, limits.start_timeout_s)
     index = {n.node_id: n.index for n in cluster.nodes()}
     rows, found = [], []

@@ -17,10 +17,6 @@ from pathlib import Path
 from typing import Iterable
 
 from harness import faults as fault_catalog
-from harness.faults import source
-from harness.report import junit
-from harness.rundir import REPO_ROOT, RunDir
-from harness.targets.sglang import preload, selection
 from harness.faultcheck.verdicts import (
     CLEAN,
     FAILING,
@@ -35,6 +31,10 @@ from harness.faultcheck.verdicts import (
     suite_group,
     verdict,
 )
+from harness.faults import source
+from harness.report import junit
+from harness.rundir import REPO_ROOT, RunDir
+from harness.targets.sglang import preload, selection
 from harness.workers import procs
 
 logger = logging.getLogger(__name__)

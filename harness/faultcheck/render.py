@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.report import junit
 from harness import faults as fault_catalog
 from harness.faultcheck.verdicts import CAUGHT, CLEAN, FAILING, NOT_APPLIED, Cell, Matrix, SuiteRun, Verdict
-from harness.report import page
+from harness.report import junit, page
 from harness.report.results import GroupResult
 from harness.rundir import REPO_ROOT, RunDir
 from harness.targets.sglang import selection
+
 
 def to_dict(matrix: Matrix) -> dict[str, Any]:
     """The matrix as JSON-able data.

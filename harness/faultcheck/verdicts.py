@@ -9,6 +9,7 @@ from typing import Iterable, Mapping
 
 from harness import faults as fault_catalog
 
+
 def suite_file(selection: str) -> str:
     """The file (or directory) part of a selection (``path::test[id]`` -> ``path``)."""
     return selection.split("::", 1)[0].rstrip("/")

@@ -24,8 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from harness.report import junit
-from harness.report import results
+from harness.report import junit, results
 
 CLASSES = ("crash", "import", "timeout", "accounting", "accuracy", "timing", "assertion", "error")
 

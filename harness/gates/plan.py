@@ -17,7 +17,9 @@ from typing import Callable
 
 from harness import topology as topo_mod
 from harness.gates.model import Gate, GateSuite
-from harness.rerun import collector, plan as plan_mod, resolve, spec as spec_mod
+from harness.rerun import collector, resolve
+from harness.rerun import plan as plan_mod
+from harness.rerun import spec as spec_mod
 
 #: The topology whose runner takes the simulated groups of a ``--simulate`` plan.
 CPU_TOPOLOGY = "cpu"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness import report
-from harness.report import page
 from harness.gates.verdict import Verdict
+from harness.report import page
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from typing import Callable
 
 from harness.gates import bundle as repro
 from harness.gates.runner import item_for, live_lines, run_one
-from harness.rerun import collector, execute, plan as plan_mod, reports, resolve, spec as spec_mod
+from harness.rerun import collector, execute, reports, resolve
+from harness.rerun import plan as plan_mod
+from harness.rerun import spec as spec_mod
 
 
 def bundle_target(data: dict) -> str | None:

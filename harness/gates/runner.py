@@ -24,22 +24,24 @@ from pathlib import Path
 from typing import Callable
 
 from harness import report
-from harness.report import page
-from harness.report.junit import read_junit
-from harness.report.stamp import git_state
 from harness import topology as topo_mod
-from harness.gates import classify, history, render
 from harness.gates import bundle as repro
+from harness.gates import classify, history, render
 from harness.gates.evidence import collect_evidence, repro_key, safe_name
 from harness.gates.model import Gate, GateSuite
 from harness.gates.plan import entry_plan, runner_label
 from harness.gates.runs import Attempt, EntryRun, GateOptions, GateRun
 from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
+from harness.report import page
+from harness.report.junit import read_junit
 from harness.report.results import CaseResult, GroupResult
-from harness.rerun import collector, execute, plan as plan_mod, resolve, spec as spec_mod
+from harness.report.stamp import git_state
+from harness.rerun import collector, execute, resolve
+from harness.rerun import plan as plan_mod
+from harness.rerun import spec as spec_mod
 from harness.rerun.registry import RegistryError
-from harness.targets.sglang import selection as sglang_target
 from harness.rundir import RunDir
+from harness.targets.sglang import selection as sglang_target
 
 log = logging.getLogger(__name__)
 

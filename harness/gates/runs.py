@@ -13,6 +13,7 @@ from harness.gates.verdict import SuiteOutcome, Verdict
 from harness.report.results import GroupResult
 from harness.rerun import plan as plan_mod
 
+
 @dataclass(frozen=True)
 class GateOptions:
     """How to run a gate.

@@ -16,6 +16,7 @@ and those of one event), :mod:`.check` (the pure checker :func:`check`), :mod:`.
 re-exported here (``ledger.check(events)``).
 """
 
+from harness.ledger.check import check
 from harness.ledger.events import (
     ADMITTED,
     CACHE_OWNER,
@@ -35,7 +36,6 @@ from harness.ledger.events import (
     config_event,
 )
 from harness.ledger.io import LedgerWriter, read, read_dir
-from harness.ledger.check import check
 from harness.ledger.rules import RULES, prealloc_violations, swa_page_bound
 from harness.ledger.summary import format_summary, summarise
 

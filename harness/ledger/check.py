@@ -23,6 +23,7 @@ from harness.ledger.events import (
 )
 from harness.ledger.rules import check_decode_window, check_eviction_floor, prealloc_violations
 
+
 class _Books:
     """Live pages of one (worker, component): per pool, page id -> owner rid, and counted pages."""
 

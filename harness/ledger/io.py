@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.ledger.events import Event
 
+
 class LedgerWriter:
     """Appends events of one worker to one JSONL file, one flushed line per event.
 

@@ -52,7 +52,6 @@ worker's cache; a later ``evict`` under any rid frees them.
 
 from __future__ import annotations
 
-
 from harness.ledger.events import (
     FULL_POOL,
     HOST_POOL,
@@ -62,7 +61,6 @@ from harness.ledger.events import (
     Violation,
     ceil_div,
 )
-
 
 #: Each rule :func:`check` enforces, with the sentence a report shows beside a violation of it.
 RULES: dict[str, str] = {

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from harness.ledger.events import CACHE_OWNER, FREE_KINDS, TAKE_KINDS, Event
 from harness.ledger.check import check
+from harness.ledger.events import CACHE_OWNER, FREE_KINDS, TAKE_KINDS, Event
+
 
 def summarise(events: Iterable[Event]) -> dict[str, Any]:
     """A JSON-able summary per worker: event counts, requests, pages taken per pool, violations.

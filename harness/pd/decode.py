@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -161,7 +161,7 @@ class DecodeWorker(RankPayload):
         ev = max(0, self._evicted(live.req) - live.prefix)
         return {"full": set((full // P).tolist()), "swa": set((swa[ev:] // P).tolist()) - {0}}
 
-    def _record_cache_eviction(self, pages: dict[str, set[int]], free_before: dict[str, int] | None = None) -> None:
+    def _record_cache_eviction(self, pages: Mapping[str, set[int] | frozenset[int]], free_before: dict[str, int] | None = None) -> None:
         # Pages the radix cache gave back inside an allocation (sglang evicts the tree before it
         # allocates): freed by the cache, possibly handed straight to the request.
         if any(pages.values()):

@@ -20,7 +20,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from harness.pd.ranks import Ranks
 from harness.pd.run import PDPair
@@ -28,6 +28,10 @@ from harness.pd.spec import KVSpec
 from harness.targets.sglang import selection
 from harness.targets.sglang.selection import Target
 from harness.topology import Topology
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster, Placement
+    from harness.workers import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +52,10 @@ class Deployment:
 
     topology: Topology
     pair: PDPair
-    workers: list[Any]
-    placement: Any
-    cluster: Any
-    on_stop: Callable[[Any], None] | None = None
+    workers: list[Worker]
+    placement: Placement | None
+    cluster: Cluster
+    on_stop: Callable[[Worker], None] | None = None
     stopped: bool = field(default=False)
 
     def stop(self) -> None:
@@ -70,9 +74,9 @@ class Deployment:
             self.cluster.release(self.placement)
 
 
-def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *, name_prefix: str = "",
-          env: dict[str, str] | None = None, on_start: Callable[[Any], None] | None = None,
-          on_stop: Callable[[Any], None] | None = None, ready_timeout: float = 300.0,
+def start(cluster: Cluster, topology: Topology, run_dir: str | Path, spec: KVSpec, *, name_prefix: str = "",
+          env: dict[str, str] | None = None, on_start: Callable[[Worker], None] | None = None,
+          on_stop: Callable[[Worker], None] | None = None, ready_timeout: float = 300.0,
           call_timeout: float = 120.0, target: Target | None = None) -> Deployment:
     """Place ``topology`` and start one prefill and one decode worker per TP rank.
 
@@ -99,8 +103,8 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
 
     runtime_env = None
     if cluster.starts_forked("rank", topology):
-        from harness.workers import forkserver
         from harness.targets.sglang.preload import RANK_PRELOAD
+        from harness.workers import forkserver
 
         # The ranks' own environment, so what modules read at import is what the ranks would read.
         server_env = {**worker_env(env), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -119,7 +123,7 @@ def start(cluster: Any, topology: Topology, run_dir: str | Path, spec: KVSpec, *
                 payload=InProcess(cls, kwargs={"name": name, "shard": rank, "tp": role.tp, "spec": spec,
                                                "run_dir": str(run_dir)})), target)
             jobs.append((role.kind, ws, group, rank))
-    started: list[Any] = []
+    started: list[tuple[str, Worker]] = []
     try:
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             futures = [(kind, pool.submit(start_worker, ws, group, rank)) for kind, ws, group, rank in jobs]

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.pd import kvfill
 
+
 class KVCorruption(AssertionError):
     """Received or kept KV differs from what prefill wrote: names the request, pool, page and position."""
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from harness import faults
 from harness.ledger import CONFIG_RID, LedgerConfig, LedgerWriter, config_event
-from harness.rundir import RunDir
 from harness.pd.spec import KVSpec
+from harness.rundir import RunDir
 
 
 class RankPayload:

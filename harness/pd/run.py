@@ -110,7 +110,7 @@ class PDPair:
 
     def events_since(self, marks: dict[str, list[int]]) -> list[ledger.Event]:
         """The ledger events every rank wrote after ``marks`` (from :meth:`ledger_marks`)."""
-        events = []
+        events: list[ledger.Event] = []
         for role, ranks in (("prefill", self.prefill), ("decode", self.decode)):
             handles = [ranks.submit(r, "ledger_events", marks[role][r]) for r in range(len(ranks))]
             for batch in ranks.get(handles):

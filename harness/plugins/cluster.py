@@ -20,7 +20,7 @@ leaves behind is reaped at the next run's start (:mod:`harness.plugins.state`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pytest
 
@@ -32,6 +32,12 @@ from harness.plugins.target import target
 from harness.targets.sglang import selection
 from harness.targets.sglang.selection import Target
 
+if TYPE_CHECKING:
+    from harness.cluster import Cluster, Placement
+    from harness.workers import InProcess, Subprocess, Worker
+
+    Payload = InProcess | Subprocess
+
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +48,7 @@ def run_dir(pytestconfig: pytest.Config) -> rundir.RunDir:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
+def ray_cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     """The session's Ray cluster: joined (``--ray-address``) or started here (and stopped at the end)."""
     st = state(pytestconfig)
     cluster = st.get_cluster()
@@ -62,25 +68,25 @@ class PdWorkers:
     (``payload`` may be a function ``(group, rank) -> payload``).
     """
 
-    def __init__(self, state: HarnessState, cluster: Any, topology: topology_mod.Topology, run_dir: rundir.RunDir,
+    def __init__(self, state: HarnessState, cluster: Cluster, topology: topology_mod.Topology, run_dir: rundir.RunDir,
                  sglang: Target):
         self._state = state
         self.sglang = sglang
         self.cluster = cluster
         self.topology = topology
         self.run_dir = run_dir
-        self._placement: Any = None
-        self.workers: list[Any] = []
+        self._placement: Placement | None = None
+        self.workers: list[Worker] = []
 
     @property
-    def placement(self) -> Any:
+    def placement(self) -> Placement:
         """The topology's placement (placed on first use)."""
         if self._placement is None:
             self._placement = self.cluster.place(self.topology)
         return self._placement
 
-    def __call__(self, role: str, payload: Any, *, group: int = 0, rank: int = 0, name: str | None = None,
-                 **spec: Any) -> Any:
+    def __call__(self, role: str, payload: Payload, *, group: int = 0, rank: int = 0, name: str | None = None,
+                 **spec: Any) -> Worker:
         from harness.workers import WorkerSpec, start_worker
 
         groups = self.placement.of(role)
@@ -97,7 +103,7 @@ class PdWorkers:
         self._state.watch(w)
         return w
 
-    def role(self, role: str, payload: Any, **spec: Any) -> list[Any]:
+    def role(self, role: str, payload: Payload | Callable[[int, int], Payload], **spec: Any) -> list[Worker]:
         out = []
         for gi, g in enumerate(self.placement.of(role)):
             for rank in range(len(g.bundles)):

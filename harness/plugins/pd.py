@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pytest
 
@@ -33,6 +33,15 @@ from harness import topology as topology_mod
 from harness.plugins.failfast import own_workers
 from harness.plugins.options import settings
 from harness.plugins.state import state
+from harness.plugins.target import target
+from harness.rundir import RunDir
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster
+    from harness.pd.deploy import Deployment
+    from harness.pd.run import PDPair
+    from harness.pd.spec import KVSpec
+    from harness.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +91,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 class PdPairs:
     """The session's PD deployment (at most one live at a time)."""
 
-    def __init__(self, config: pytest.Config, run_dir: Any) -> None:
+    def __init__(self, config: pytest.Config, run_dir: RunDir) -> None:
         self._state = state(config)
         self.run_dir = run_dir
-        self.deployment: Any = None
-        self.workers: list[Any] = []
+        self.sglang = target(config)  # what the ranks run
+        self.deployment: Deployment | None = None
+        self.workers: list[Worker] = []
         self.dirty = False  # the last test using the pair failed: reset before the next one
 
-    def get(self, cluster: Any, topology: topology_mod.Topology, spec: Any) -> Any:
+    def get(self, cluster: Cluster, topology: topology_mod.Topology, spec: KVSpec) -> PDPair:
         from harness.pd import deploy
 
         if self.deployment is not None and (self.deployment.topology.name != topology.name or self.deployment.stopped):
@@ -106,10 +116,10 @@ class PdPairs:
         if self.deployment is None:
             prefix = self._state.unique_name(f"pd-{topology.name}") + "-"
             self.deployment = deploy.start(cluster, topology, self.run_dir.root, spec, name_prefix=prefix,
-                                           on_start=self._watch, on_stop=self._state.unwatch)
+                                           on_start=self._watch, on_stop=self._state.unwatch, target=self.sglang)
         return self.deployment.pair
 
-    def _watch(self, worker: Any) -> None:
+    def _watch(self, worker: Worker) -> None:
         self.workers.append(worker)
         self._state.watch(worker)
 
@@ -121,7 +131,7 @@ class PdPairs:
 
 
 @pytest.fixture(scope="session")
-def _pd_pairs_session(request: pytest.FixtureRequest, run_dir: Any, ray_cluster: Any) -> Iterator[PdPairs]:
+def _pd_pairs_session(request: pytest.FixtureRequest, run_dir: RunDir, ray_cluster: Cluster) -> Iterator[PdPairs]:
     # Depends on ray_cluster so the workers are stopped before the cluster is.
     pairs = PdPairs(request.config, run_dir)
     yield pairs

@@ -38,13 +38,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import pytest
 
 from harness import topology as topology_mod
 from harness.plugins.engine import MODEL_OPTION, models_key, server_kwargs
 from harness.plugins.stacks import ServerStacks
+from harness.rundir import RunDir
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ def tiny_model() -> Callable[[str], Path]:
 class SessionServers:
     """The session's :class:`ServerStacks`, one per (topology, module ``server_args``)."""
 
-    def __init__(self, config: pytest.Config, cluster: Any, run_dir: Any) -> None:
+    def __init__(self, config: pytest.Config, cluster: Cluster, run_dir: RunDir) -> None:
         self._config = config
         self._cluster = cluster
         self._run_dir = run_dir

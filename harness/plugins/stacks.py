@@ -11,11 +11,17 @@ import importlib.util
 import itertools
 import logging
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import pytest
 
 from harness import topology as topology_mod
+from harness.rundir import RunDir
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster, Placement
+    from harness.targets.sglang.server.stack import PdStack
+    from harness.workers import PlacementBundles, Worker
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ class ServerStacks:
     """Real sglang servers on one topology with one set of module flags, started on first use and
     kept until :meth:`stop_model` or :meth:`close`."""
 
-    def __init__(self, config: pytest.Config, cluster: Any, topology: topology_mod.Topology, run_dir: Any, *,
+    def __init__(self, config: pytest.Config, cluster: Cluster | None, topology: topology_mod.Topology, run_dir: RunDir | None, *,
                  models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
         from harness.plugins.state import state
         from harness.targets.sglang.server.layout import server_layout
@@ -56,29 +62,29 @@ class ServerStacks:
         self.ready_timeout = GPU_READY_TIMEOUT_S if topology.needs_gpus else DEFAULT_READY_TIMEOUT_S
         #: Servers start as forks of a process that imported their third-party modules once.
         self.forkserver = cluster is not None and cluster.starts_forked("server", topology)
-        self._placement: Any = None
-        self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], Any] = {}
-        self._plain: dict[tuple[str, tuple[str, ...] | None], Any] = {}
+        self._placement: Placement | None = None
+        self._pd: dict[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], PdStack] = {}
+        self._plain: dict[tuple[str, tuple[str, ...] | None], Worker] = {}
         #: Keys of the stacks and plain servers handed out since :meth:`reset_used` last ran.
         self._used: set[tuple[str, Any]] = set()
         #: Every worker started and not stopped (shared with each test's stash, so tests own them all).
-        self.workers: list[Any] = []
+        self.workers: list[Worker] = []
         self._pids: list[int] = []
         #: The models later tests serve here, in test order (:meth:`prestart_next` starts the next one).
         self.order: list[str] = []
         #: PD stacks (and their plain baselines) starting ahead of their first test: key -> (future, started).
-        self._ahead: dict[tuple, tuple[concurrent.futures.Future, list[Any]]] = {}
+        self._ahead: dict[tuple, tuple[concurrent.futures.Future, list[Worker]]] = {}
         self._ahead_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._more_placements: list[Any] = []
+        self._more_placements: list[Placement] = []
         #: Models whose stack a test took from a start ahead (a record for the report and tests).
         self.taken_ahead: list[str] = []
 
-    def _own(self, worker: Any) -> None:
+    def _own(self, worker: Worker) -> None:
         self.workers.append(worker)
         if worker.info and worker.info.payload_pid:
             self._pids.append(worker.info.payload_pid)
 
-    def _watch(self, worker: Any) -> None:
+    def _watch(self, worker: Worker) -> None:
         self._own(worker)
         self._state.watch(worker)
 
@@ -100,7 +106,7 @@ class ServerStacks:
         if missing:
             pytest.fail(f"the real CPU PD stack needs {', '.join(missing)}: run ./dev install", pytrace=False)
 
-    def _placed(self) -> Any:
+    def _placed(self) -> Placement:
         if self._placement is None:
             self._placement = self.cluster.place(self.layout.placement)
         return self._placement
@@ -119,7 +125,7 @@ class ServerStacks:
         return (model_name, None if compat_patches is None else tuple(compat_patches))
 
     def pd(self, model_name: str, *, mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None,
-           with_plain: bool = False) -> Any:
+           with_plain: bool = False) -> PdStack:
         """A ready PD stack serving model ``model_name`` (restarted if a worker of it died).
 
         ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of
@@ -191,9 +197,9 @@ class ServerStacks:
         names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
         plain_key = self._plain_key(nxt, None)
         plain_name = self._state.unique_name("plain") if self._live_plain(plain_key) is None else None
-        started: list[Any] = []
+        started: list[Worker] = []
 
-        def start() -> tuple[Any, Any]:
+        def start() -> tuple[PdStack, Worker | None]:
             model = self.model(nxt)
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-ahead") as pool:
                 baseline = pool.submit(self._start_plain, model, plain_name, None, started.append) if plain_name else None
@@ -239,13 +245,13 @@ class ServerStacks:
                 log.warning("the %s stack started ahead failed and no test took it: %s", key[0], e)
             self._stop_unowned(started)
 
-    def _stop_unowned(self, workers: Sequence[Any]) -> None:
+    def _stop_unowned(self, workers: Sequence[Worker]) -> None:
         for w in workers:
             self._own(w)  # for close()'s leftover check
         self._stop(workers)
 
-    def _start_pd(self, model: Path, placement: Any, names: tuple[str, str, str], on_start: Callable[[Any], None], *,
-                  mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None) -> Any:
+    def _start_pd(self, model: Path, placement: Placement | None, names: tuple[str, str, str], on_start: Callable[[Worker], None], *,
+                  mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None) -> PdStack:
         from harness.targets.sglang.server.stack import start_pd_stack
 
         more = dict(extra_args or {})
@@ -253,7 +259,7 @@ class ServerStacks:
                               on_start=on_start, ready_timeout=self.ready_timeout, forkserver=self.forkserver,
                               extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
 
-    def _start_plain(self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Any], None]) -> Any:
+    def _start_plain(self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Worker], None]) -> Worker:
         from harness.targets.sglang.server.layout import PLAIN_ROLE
         from harness.targets.sglang.server.stack import start_plain_server
 
@@ -271,7 +277,7 @@ class ServerStacks:
         if stack is not None:
             self._stop(stack.workers)
 
-    def _plain_group(self) -> Any:
+    def _plain_group(self) -> PlacementBundles | None:
         """Where the plain server runs: unplaced (cpu), its own layout role, or, where it cannot run
         beside a PD stack, the prefill group after every PD stack was stopped."""
         if not self.topology.needs_gpus:

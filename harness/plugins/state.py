@@ -18,14 +18,18 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from harness import rundir
-from harness.workers import procs
 from harness import topology as topology_mod
 from harness.plugins.options import Settings, settings
+from harness.workers import procs
+
+if TYPE_CHECKING:
+    from harness.cluster import Cluster, Fit
+    from harness.workers import Watchdog, Worker, WorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +44,19 @@ class HarnessState:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.cluster: Any = None
+        self.cluster: Cluster | None = None
         self.topologies: set[str] = set()
         self._run_dir: rundir.RunDir | None = None
         self._run_dir_path = settings.run_dir or rundir.default_path()
-        self._watchdog: Any = None
+        self._watchdog: Watchdog | None = None
         self._lock = threading.Lock()
         self._armed = False
-        self._pending: list[Any] = []
-        self._raised: list[Any] = []
-        self.workers: list[Any] = []
+        self._pending: list[WorkerDied] = []
+        self._raised: list[WorkerDied] = []
+        self.workers: list[Worker] = []
         self._names: dict[str, int] = {}
-        self._fits: dict[str, Any] = {}
-        self.ray_interrupt: Any = None  # a death delivered as KeyboardInterrupt through a ray.get
+        self._fits: dict[str, Fit | None] = {}
+        self.ray_interrupt: WorkerDied | None = None  # a death delivered as KeyboardInterrupt through a ray.get
         self.joined: str | None = None  # the joined cluster's nodes and GPU kind, for the summary
 
     @property
@@ -72,7 +76,7 @@ class HarnessState:
 
         return self.settings.simulate and not self.settings.ray_address and local_gpus() == 0
 
-    def get_cluster(self) -> Any:
+    def get_cluster(self) -> Cluster:
         if self.cluster is None:
             from harness.cluster import Cluster
 
@@ -85,14 +89,13 @@ class HarnessState:
                 self.cluster = Cluster.start()
         return self.cluster
 
-    def _join(self, address: str) -> Any:
+    def _join(self, address: str) -> Cluster:
         """Join ``address``; a cluster this session cannot use ends the session with one line, exit 2.
 
         Cannot use: not joinable (unreachable, refused auth, Ray/Python mismatch) or a node whose
         versions differ from this process's. One error for the session, not one per test.
         """
-        from harness.cluster import join
-        from harness.cluster import Cluster
+        from harness.cluster import Cluster, join
 
         try:
             cluster = Cluster.join(address)
@@ -136,11 +139,11 @@ class HarnessState:
             if self.cluster is not None and self.cluster.simulate and not topo.allow_simulation:
                 return reason
         if topo.name not in self._fits:  # INFEASIBLE does not change during a session
-            fit = self.get_cluster().check(topo)
-            self._fits[topo.name] = fit if (not fit.ok and fit.state == "INFEASIBLE") else None
-        fit = self._fits[topo.name]
+            checked = self.get_cluster().check(topo)
+            self._fits[topo.name] = checked if (not checked.ok and checked.state == "INFEASIBLE") else None
+        infeasible = self._fits[topo.name]
         # Reached only with a cluster that should hold it (joined, or simulated): say what Ray said.
-        return f"{reason} ({fit})" if fit is not None else None
+        return f"{reason} ({infeasible})" if infeasible is not None else None
 
     # -- workers and fail-fast
 
@@ -150,7 +153,7 @@ class HarnessState:
         self._names[name] = n
         return name if n == 1 else f"{name}-{n}"
 
-    def watch(self, worker: Any) -> None:
+    def watch(self, worker: Worker) -> None:
         from harness.workers import Watchdog
 
         if self._watchdog is None:
@@ -158,25 +161,25 @@ class HarnessState:
         self.workers.append(worker)
         self._watchdog.add(worker)
 
-    def unwatch(self, worker: Any) -> None:
+    def unwatch(self, worker: Worker) -> None:
         if self._watchdog is not None:
             self._watchdog.remove(worker)
 
-    def _on_death(self, died: Any) -> None:
+    def _on_death(self, died: WorkerDied) -> None:
         # Watchdog thread: record, and interrupt the main thread if a test body is running.
         with self._lock:
             self._pending.append(died)
             if self._armed:
-                signal.pthread_kill(threading.main_thread().ident, FAILFAST_SIGNAL)
+                signal.pthread_kill(threading.main_thread().ident or 0, FAILFAST_SIGNAL)  # the main thread runs
 
-    def arm(self) -> list[Any]:
+    def arm(self) -> list[WorkerDied]:
         """Start a test body: deaths from now on interrupt it. Returns deaths already recorded."""
         with self._lock:
             early, self._pending, self._raised = self._pending, [], []
             self._armed = True
         return early
 
-    def disarm(self) -> list[Any]:
+    def disarm(self) -> list[WorkerDied]:
         """End a test body; return every death during it (raised into it or not)."""
         with self._lock:
             self._armed = False
@@ -184,7 +187,7 @@ class HarnessState:
             self._pending, self._raised = [], []
         return seen
 
-    def take_for_signal(self) -> Any:
+    def take_for_signal(self) -> WorkerDied | None:
         """In the signal handler (main thread): the death to raise, or None. Disarms, so one
         interrupt at most reaches the test (a second one could land inside pytest itself)."""
         with self._lock:

@@ -102,7 +102,7 @@ def merge_junit(parts: list[tuple[str, dict[str, str]]]) -> str:
         The merged XML document (with totals on ``<testsuites>``).
     """
     merged = ET.Element("testsuites")
-    totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
+    totals: dict[str, int] = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
     total_time = 0.0
     for xml_text, props in parts:
         try:
@@ -126,8 +126,8 @@ def merge_junit(parts: list[tuple[str, dict[str, str]]]) -> str:
                 totals[k] += int(s.get(k) or 0)
             total_time += float(s.get("time") or 0)
             merged.append(s)
-    for k, v in totals.items():
-        merged.set(k, str(v))
+    for k, n in totals.items():
+        merged.set(k, str(n))
     merged.set("time", f"{total_time:.3f}")
     ET.indent(merged)
     return ET.tostring(merged, encoding="unicode", xml_declaration=True) + "\n"

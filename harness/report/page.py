@@ -22,16 +22,15 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from harness.rundir import REPO_ROOT
 from harness.report import records as run_records
-from harness.report import stamp
-from harness.report import timeline
+from harness.report import stamp, timeline
 from harness.report.records import TestRecord
 from harness.report.results import CaseResult, GroupResult
+from harness.rundir import REPO_ROOT
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("passed", "failed", "error", "skipped")

@@ -120,7 +120,7 @@ def _count(pages: object) -> int:
     return pages if isinstance(pages, int) else len(pages)  # type: ignore[arg-type]
 
 
-def _pages_text(pages_by_pool: Mapping[str, object], limit: int = 8) -> str:
+def _pages_text(pages_by_pool: Mapping[str, "Sequence[int] | int"], limit: int = 8) -> str:
     parts = []
     for pool, pages in sorted(pages_by_pool.items()):
         if isinstance(pages, int):
@@ -155,7 +155,8 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
         per_req: dict[str, dict] = {}
         held_ids: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))  # rid → pool → ids
         held_after: dict[int, str] = {}  # seq → the request's pages after it
-        ts, marked = [], []
+        ts: list[float] = []
+        marked: list[tuple[float, str]] = []
         violations = ledger.check(evs)
         violating = {v.seq for v in violations}
         for ev in evs:
@@ -185,19 +186,19 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
         last_of = {e.rid: e for e in evs}
         vts = []
         for v in violations:
-            ev = by_seq.get(v.seq) if v.seq is not None else last_of.get(v.rid, evs[-1])
-            t = ev.ts - t0 if ev else ts[-1]
+            hit: ledger.Event | None = by_seq.get(v.seq) if v.seq is not None else last_of.get(v.rid, evs[-1])
+            t = hit.ts - t0 if hit else ts[-1]
             vts.append(t)
-            rid = v.rid or (ev.rid if ev else "")
+            rid = v.rid or (hit.rid if hit else "")
             key = (worker, v.rule, rid)
             if key in firsts:
                 firsts[key]["repeats"] += 1
-                firsts[key]["last_seq"] = ev.seq if ev else v.seq
+                firsts[key]["last_seq"] = hit.seq if hit else v.seq
                 continue
             firsts[key] = {"t": t, "worker": worker, "rule": v.rule, "rule_text": ledger.RULES.get(v.rule, ""),
-                           "message": v.message, "seq": ev.seq if ev else v.seq, "kind": ev.kind if ev else "-",
-                           "rid": rid, "pages": _pages_text(ev.pages) if ev else "",
-                           "held": held_after.get(ev.seq, "") if ev else "", "repeats": 0, "last_seq": None}
+                           "message": v.message, "seq": hit.seq if hit else v.seq, "kind": hit.kind if hit else "-",
+                           "rid": rid, "pages": _pages_text(hit.pages) if hit else "",
+                           "held": held_after.get(hit.seq, "") if hit else "", "repeats": 0, "last_seq": None}
         rows = tuple(RequestRow(rid, r["first"], r["last"], r["events"], dict(r["peak"]), dict(r["held"]))
                      for rid, r in per_req.items())
         order = [p for p in POOLS if p in series] + sorted(p for p in series if p not in POOLS)

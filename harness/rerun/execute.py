@@ -31,8 +31,8 @@ from typing import Callable
 
 from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan, compact
-from harness.targets.sglang import preload
 from harness.rundir import RunDir
+from harness.targets.sglang import preload
 
 log = logging.getLogger(__name__)
 

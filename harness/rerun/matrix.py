@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.workers import procs
 from harness.rundir import RunDir
+from harness.workers import procs
 
 logger = logging.getLogger(__name__)
 

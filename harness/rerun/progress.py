@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.rerun.execute import PROGRESS_ENV as ENV
+
 _state: dict[str, dict] = {}  # nodeid -> outcome being accumulated over setup/call/teardown
 _paths: dict[str, str] = {}  # nodeid -> absolute file (nodeids are relative to a rootdir we do not control)
 

@@ -13,8 +13,8 @@ from harness import report
 from harness.report import page
 from harness.report.results import GroupResult
 from harness.rerun.comment import LINK_PLACEHOLDER
-from harness.targets.sglang import selection
 from harness.rundir import RunDir
+from harness.targets.sglang import selection
 
 if TYPE_CHECKING:
     from harness.targets.sglang.selection import Target

@@ -83,6 +83,7 @@ from harness.workers.spec import (
     InProcess,
     PlacementBundles,
     PortCheck,
+    RolePlacement,
     Subprocess,
     WorkerContext,
     WorkerDied,
@@ -92,6 +93,6 @@ from harness.workers.spec import (
 )
 from harness.workers.watchdog import Watchdog
 
-__all__ = ["TAIL_LINES", "CallCheck", "Check", "HttpCheck", "InProcess", "NodeRef", "PlacementBundles", "PortCheck",
+__all__ = ["TAIL_LINES", "CallCheck", "Check", "HttpCheck", "InProcess", "NodeRef", "PlacementBundles", "PortCheck", "RolePlacement",
            "Probe", "Subprocess", "Watchdog", "Worker", "WorkerContext", "WorkerDied", "WorkerInfo", "WorkerSpec",
            "WorkerStartError", "current", "start_worker", "tail_file"]

@@ -25,7 +25,17 @@ from typing import Any
 
 from harness.workers import procs
 from harness.workers.ports import allocate_ports
-from harness.workers.spec import TAIL_LINES, CallCheck, HttpCheck, InProcess, PortCheck, WorkerContext, WorkerInfo, WorkerSpec
+from harness.workers.spec import (
+    TAIL_LINES,
+    CallCheck,
+    HttpCheck,
+    InProcess,
+    PortCheck,
+    Subprocess,
+    WorkerContext,
+    WorkerInfo,
+    WorkerSpec,
+)
 
 _CURRENT: WorkerContext | None = None
 
@@ -152,7 +162,8 @@ class _WorkerActor:
         if self.proc is not None and not self.stopped:
             code = self.proc.poll()
             if code is not None:
-                return f"subprocess pid {self.proc.pid} ({self.spec.payload.argv[0]}) {_exit_cause(code)}"
+                argv = self.spec.payload.argv if isinstance(self.spec.payload, Subprocess) else ("?",)
+                return f"subprocess pid {self.proc.pid} ({argv[0]}) {_exit_cause(code)}"
             if self._fatal is None:
                 self._fatal = self._fatal_line()
             return self._fatal
@@ -161,7 +172,7 @@ class _WorkerActor:
     def _fatal_line(self) -> str | None:
         """The cause when a complete log line written since the last poll holds one of the payload's
         ``fatal`` texts."""
-        fatal = self.spec.payload.fatal
+        fatal = self.spec.payload.fatal if isinstance(self.spec.payload, Subprocess) else ()
         if not fatal:
             return None
         with open(self.log_path, "rb") as f:

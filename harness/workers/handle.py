@@ -141,6 +141,7 @@ class Worker:
             left = deadline - self._clock.now()
             try:
                 if ray.get(self.actor.ready.remote(), timeout=max(0.1, min(left, _CONTROL_TIMEOUT_S))):
+                    assert self.info is not None, "a worker is started before it is waited on"
                     return self.info
             except RayActorError as e:
                 raise self._actor_error(e) from None
@@ -168,8 +169,9 @@ class Worker:
             return ray.get(self.actor.call.remote(method, args, kwargs), timeout=timeout)
         except SystemError as e:
             # The plugin's fail-fast interrupt landed inside Ray's C code, which wraps it.
-            if isinstance(e.__cause__, WorkerDied) or isinstance(e.__context__, WorkerDied):
-                raise (e.__cause__ or e.__context__) from None
+            died = next((c for c in (e.__cause__, e.__context__) if isinstance(c, WorkerDied)), None)
+            if died is not None:
+                raise died from None
             raise
         except RayActorError as e:
             raise self._actor_error(e) from None
@@ -264,7 +266,7 @@ def start_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | N
     if spec.runtime_env:
         opts["runtime_env"] = spec.runtime_env
     if group is not None:
-        pg = getattr(group, "pg", group)
+        pg: PlacementGroup = getattr(group, "pg", group)
         bundles = getattr(group, "bundles", None) or pg.bundle_specs
         gpus = bundles[bundle_index].get("GPU", 0)
         if gpus:

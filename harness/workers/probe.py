@@ -10,6 +10,7 @@ from typing import Any
 from harness.workers.actor import current
 from harness.workers.spec import WorkerContext
 
+
 class Probe:
     """A payload that reports where it runs (smoke suites, the overhead benchmark, tests)."""
 

@@ -152,3 +152,10 @@ class PlacementBundles(Protocol):
 
     @property
     def bundles(self) -> tuple[dict[str, float], ...]: ...
+
+
+class RolePlacement(Protocol):
+    """A topology's placement as a server stack reads it: the groups of each role
+    (:class:`harness.cluster.Placement` is one)."""
+
+    def of(self, role: str) -> tuple[PlacementBundles, ...]: ...

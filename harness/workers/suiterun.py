@@ -15,6 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from harness.report.junit import read_junit
 from harness.rundir import REPO_ROOT
 

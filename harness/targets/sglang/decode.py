@@ -17,11 +17,14 @@ wants a KV transfer manager and a TP gloo group) and the scheduler is a namespac
 fields ``_pre_alloc`` reads. Allocators, pools, ``_swa_tail_len``, prealloc and release are always
 sglang's own (or a fault from ``harness.faults`` when one is deliberately injected).
 
-Example::
+Example (run by ``tests/test_examples.py``)::
+
+    from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
 
     side = DecodeSide(DecodeConfig(page_size=64, window=100))
     req = make_req("r0", prompt_len=300)
-    result = side.prealloc(req)        # result.swa_tail_len == 108
+    result = side.prealloc(req)
+    assert result.swa_tail_len == 108  # the window start floored to a page: 300 - 192
     side.release(req)
     assert side.snapshot().free() == side.baseline.free()
 
@@ -37,9 +40,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.targets.sglang import compat
+from harness.targets.sglang import compat, runtime
 from harness.targets.sglang import pools as pool_builders
-from harness.targets.sglang import runtime
 from harness.targets.sglang.requests import mark_finished
 from harness.targets.sglang.snapshot import PoolSnapshot, req_state
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from harness.targets.sglang import pools as pool_builders
 from harness.targets.sglang import compat, runtime
+from harness.targets.sglang import pools as pool_builders
 from harness.targets.sglang.decode import DecodeConfig, DecodeSide
 from harness.targets.sglang.prefill import build_dsv4_pools
 

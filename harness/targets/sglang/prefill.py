@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from harness.targets.sglang import pools as pool_builders
 from harness.targets.sglang import compat, runtime
+from harness.targets.sglang import pools as pool_builders
 from harness.targets.sglang.requests import make_req
 
 logger = logging.getLogger(__name__)

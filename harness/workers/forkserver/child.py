@@ -163,7 +163,7 @@ def _as_fresh_interpreter() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream.isatty() and not stream.line_buffering:
-                stream.reconfigure(line_buffering=True)
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper here
         except (AttributeError, ValueError, OSError):
             pass
 

@@ -104,7 +104,7 @@ def main() -> int:
     payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "nice": os.nice(0),
                           "session": session, "sigint_ignored": sigint_ignored}).encode()
     socket.send_fds(sock, [len(payload).to_bytes(8, "big") + payload], [0, 1, 2])
-    child = []
+    child: list = []
 
     def forward(signum, _frame):
         if not child:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from types import FrameType
 from typing import Mapping, Sequence
 
 from harness.workers.forkserver.client import MATCH_FILE
+
 
 class EnvReads:
     """Records the names of the env vars Python code reads (``os.environ[k]``, ``.get``, ``in``,
@@ -45,7 +47,7 @@ class EnvReads:
         return {k for keys in self.by_place.values() if not is_scan(keys) for k in keys}
 
     def _record(self, key: str) -> None:
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None and (frame.f_globals.get("__name__") in ("os", "_collections_abc")
                                      or frame.f_globals is globals()):  # past os, the ABCs and these wrappers
             frame = frame.f_back

@@ -88,7 +88,7 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
     while not stopping and os.getppid() == parent:
         conns = {c.fileno(): pid for pid, (c, _) in children.items() if pid not in gone}
         try:
-            ready, _, _ = select.select([srv, *conns], [], [], _POLL_S)
+            ready, _, _ = select.select([srv, *conns], [], [], _POLL_S)  # type: ignore[type-var]  # sockets and fds
         except InterruptedError:
             ready = []
         for fd in ready:
@@ -131,7 +131,7 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            conn, _ = children.pop(pid, (None, False))
+            conn, _ = children.pop(pid, (None, False))  # type: ignore[assignment]  # None: already gone
             gone.discard(pid)
             if conn is not None:
                 try:

@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.targets.sglang.compat.capabilities import missing
 
+
 def dsv4_pool_kwargs(pool_class: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``DeepSeekV4TokenToKVPool`` arguments the target's constructor takes: ``full_size`` (the
     hisparse pool's full logical size) arrived in 0.5.21; before it the pool sized itself from

@@ -229,7 +229,7 @@ def server_command(
         topology: the topology the role belongs to (its transfer backend; CPU or GPU recipe).
         role_name: a role of ``topology`` whose kind is ``prefill`` or ``decode``.
         model: model directory (or name the server can resolve offline).
-        ports: OS-assigned ports; ``bootstrap`` is required for prefill.
+        ports: the leased ports (or their placeholders); ``bootstrap`` is required for prefill.
         host: address the server binds and advertises.
         python: interpreter to run (default: this one, i.e. the harness's venv).
         compat_patches: compat patch names to enable; ``None`` means the topology's default
@@ -308,8 +308,8 @@ def router_command(
         topology: the topology (must have a router role).
         prefill: ``(url, bootstrap_port)`` of each prefill server.
         decode: URL of each decode server.
-        port: OS-assigned HTTP port of the router.
-        prometheus_port: OS-assigned metrics port (the router's default, 29000, would collide).
+        port: the router's leased HTTP port.
+        prometheus_port: its leased metrics port (the router's default, 29000, would collide).
         host: bind address.
         python: interpreter to run.
         mini_lb: add ``--mini-lb`` (the Python load balancer instead of the Rust router).

@@ -2,7 +2,7 @@
 
 :func:`start_pd_stack` starts prefill and decode (concurrently: each needs tens of seconds on a
 CPU) in the topology's placement groups, then the router over their URLs. Each worker's command
-comes from :mod:`.launcher`; its ports are chosen by the OS inside the worker actor and filled into
+comes from :mod:`.launcher`; its ports are leased inside the worker actor (:mod:`harness.workers.ports`) and filled into
 the ``{http}``/``{nccl}``/``{bootstrap}`` placeholders (:mod:`harness.workers`).
 
 Readiness, with one deadline for the whole stack: every server answers ``/health`` while its
@@ -35,9 +35,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-from harness.workers import procs
+from harness.targets.sglang import selection
+from harness.targets.sglang.selection import OVERLAY_ENV
 from harness.targets.sglang.server.client import ServerClient
 from harness.targets.sglang.server.launcher import (
     COMPAT_ENV,
@@ -49,13 +50,22 @@ from harness.targets.sglang.server.launcher import (
     server_command,
 )
 from harness.targets.sglang.server.probe import COMPONENT_ENV, LEDGER_ENV, WORKER_ENV
-from harness.targets.sglang import selection
-from harness.targets.sglang.selection import OVERLAY_ENV
 from harness.topology import Topology
+from harness.workers import (
+    HttpCheck,
+    PlacementBundles,
+    RolePlacement,
+    Subprocess,
+    Worker,
+    WorkerSpec,
+    procs,
+    start_worker,
+)
+from harness.workers import forkserver as fork_servers
 
 log = logging.getLogger(__name__)
 
-#: Placeholders the worker fills with the OS-assigned ports it reports back.
+#: Placeholders the worker fills with the ports it leased and reports back.
 SERVER_PORT_NAMES = ("http", "nccl")
 PREFILL_PORT_NAMES = ("http", "nccl", "bootstrap")
 ROUTER_PORT_NAMES = ("http", "prometheus")
@@ -68,21 +78,21 @@ GPU_READY_TIMEOUT_S = 1800.0
 _POLL_S = 0.5
 
 #: Called with each worker right after it started (the pytest plugin watches it for fail-fast).
-OnStart = Callable[[Any], None]
+OnStart = Callable[["Worker"], None]
 
 
 @dataclass(frozen=True)
 class PdStack:
     """A started PD stack: three :class:`harness.workers.Worker` handles and their clients."""
 
-    prefill: Any
-    decode: Any
-    router: Any
+    prefill: Worker
+    decode: Worker
+    router: Worker
     model: str
     started_s: float = 0.0
 
     @property
-    def workers(self) -> tuple[Any, ...]:
+    def workers(self) -> tuple[Worker, ...]:
         return (self.prefill, self.decode, self.router)
 
     def client(self, which: str, timeout_s: float = 10.0) -> ServerClient:
@@ -103,7 +113,7 @@ class PdStack:
         stop_all(self.workers)
 
 
-def stop_all(workers: Sequence[Any]) -> None:
+def stop_all(workers: Sequence[Worker]) -> None:
     """Stop workers side by side (each drains and exits on its own: seconds per server on a CPU).
 
     Raises:
@@ -143,21 +153,18 @@ def _env(cmd: Command) -> dict[str, str]:
 
 def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
     """``argv`` and ``env`` of a server started as a fork of the (shared) server fork server."""
-    from harness.workers import forkserver
     from harness.targets.sglang.server.preload import SERVER_PRELOAD
 
     # The environment the server will have (the Ray worker's: ours, one OpenMP thread, no GPU),
     # without what its sitecustomize reads: the fork server must import no sglang.
     will_have = {**os.environ, **env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "CUDA_VISIBLE_DEVICES": ""}
     base = {k: v for k, v in will_have.items() if k not in SITE_ENV}
-    server = forkserver.shared(SERVER_PRELOAD, {}, base=base, must_match=IMPORT_ENV)
-    return tuple(server.command(argv)), {**env, forkserver.SOCKET_ENV: server.socket_path}
+    server = fork_servers.shared(SERVER_PRELOAD, {}, base=base, must_match=IMPORT_ENV)
+    return tuple(server.command(argv)), {**env, fork_servers.SOCKET_ENV: server.socket_path}
 
 
 def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_timeout: float, ready_path: str = "/health",
-          forkserver: bool = False):
-    from harness.workers import HttpCheck, Subprocess, WorkerSpec
-
+          forkserver: bool = False) -> WorkerSpec:
     argv, env = tuple(cmd.argv), _env(cmd)
     if forkserver and argv[:1] == (sys.executable,):
         argv, env = _forked(argv, env)
@@ -171,23 +178,21 @@ def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_ti
     ))
 
 
-def _start(spec: Any, group: Any, on_start: OnStart | None) -> Any:
-    from harness.workers import start_worker
-
+def _start(spec: WorkerSpec, group: PlacementBundles | None, on_start: OnStart | None) -> Worker:
     w = start_worker(spec, group, 0)
     if on_start is not None:
         on_start(w)
     return w
 
 
-def _group(placement: Any, role: str) -> Any:
+def _group(placement: RolePlacement | None, role: str) -> PlacementBundles | None:
     if placement is None:
         return None
     groups = placement.of(role)
     return groups[0] if groups else None
 
 
-def wait_router_registered(router: Any, servers: Sequence[Any], deadline: float, expect: int = 2) -> list[dict]:
+def wait_router_registered(router: Worker, servers: Sequence[Worker], deadline: float, expect: int = 2) -> list[dict]:
     """Poll the router's ``/workers`` until ``expect`` workers are listed healthy.
 
     Each poll first checks that the router and the servers are alive.
@@ -249,7 +254,7 @@ def start_pd_stack(
     model: str | Path,
     run_dir: str | Path,
     *,
-    placement: Any = None,
+    placement: RolePlacement | None = None,
     names: tuple[str, str, str] = ("prefill", "decode", "router"),
     probe: bool = True,
     mini_lb: bool = False,
@@ -292,9 +297,9 @@ def start_pd_stack(
     p_name, d_name, r_name = names
     p_cmd, d_cmd = pd_commands(topology, model, run_dir, names=(p_name, d_name), probe=probe,
                                compat_patches=compat_patches, extra_args=extra_args)
-    started: list[Any] = []
+    started: list[Worker] = []
 
-    def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Any:
+    def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Worker:
         spec = _spec(name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic()), forkserver=forkserver and role != "router")
         w = _start(spec, _group(placement, role), on_start)
         started.append(w)
@@ -331,14 +336,14 @@ def start_plain_server(
     run_dir: str | Path,
     *,
     name: str = "plain",
-    group: Any = None,
+    group: PlacementBundles | None = None,
     compat_patches: Sequence[str] | None = None,
     extra_args: Sequence[str] = (),
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
     probe: bool = False,
     forkserver: bool = False,
-) -> Any:
+) -> Worker:
     """Start a non-disaggregated server (the parity baseline) as a Ray worker and wait until ready.
 
     Args:
