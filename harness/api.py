@@ -9,7 +9,7 @@ The names, by what they are for:
 
 * the simulated PD engine over Ray: :func:`run`, :class:`KVSpec`, :class:`PDRequest`, :func:`workload`;
 * its checks and evidence: ``ledger`` (the accounting ledger module: ``ledger.check``, ``ledger.read``,
-  ``ledger.LedgerWriter``, ...), :class:`KVCorruption`, :class:`WindowLost`, :class:`PreallocError`,
+  ``ledger.assert_clean``, ``ledger.LedgerWriter``, ...), :func:`expect` (named comparisons), :class:`KVCorruption`, :class:`WindowLost`, :class:`PreallocError`,
   :class:`PDError`;
 * topologies: ``topology`` (the module: ``topology.get("cpu")``);
 * workers: :class:`InProcess`, :class:`WorkerDied`, :class:`SuiteRunner` (pytest inside a worker),
@@ -35,6 +35,7 @@ NAMES: dict[str, str] = {
     "workload": "harness.pd.spec:workload",
     # checks and evidence
     "ledger": "harness.ledger:",
+    "expect": "harness.expect:expect",
     "KVCorruption": "harness.pd.errors:KVCorruption",
     "WindowLost": "harness.pd.errors:WindowLost",
     "PreallocError": "harness.pd.errors:PreallocError",

@@ -13,6 +13,8 @@ adds):
                process reaping, the report header
     failfast   a worker's death fails the test that owns it (``WorkerDied`` through SIGUSR2, never
                ``os._exit``), log tails on failure; ``own_workers(item, workers)``
+    explain    every failure's first line from its evidence: the class, the broken rule, the request,
+               the suspect sglang function (pytest's summary line and the JUnit message)
     topology   markers ``topology(*names)`` and ``est_time(seconds)``, parametrization over
                topologies, fixture ``topology``
     cluster    fixtures ``run_dir``, ``ray_cluster``, ``pd_workers``
@@ -39,6 +41,7 @@ pytest_plugins: list[str] = [
     "harness.plugins.target",
     "harness.plugins.state",
     "harness.plugins.failfast",
+    "harness.plugins.explain",
     "harness.plugins.topology",
     "harness.plugins.cluster",
     "harness.plugins.engine",

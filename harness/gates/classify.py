@@ -29,12 +29,13 @@ from harness.report import junit, results
 CLASSES = ("crash", "import", "timeout", "accounting", "accuracy", "timing", "assertion", "error")
 
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("crash", re.compile(r"WorkerDied|Segmentation fault|SIGSEGV|SIGKILL|SIGABRT|core dumped|Fatal Python error|"
+    # A failure headline (harness.plugins.explain) starts with its evidence class; the classes map here.
+    ("crash", re.compile(r"^worker-death\b|WorkerDied|Segmentation fault|SIGSEGV|SIGKILL|SIGABRT|core dumped|Fatal Python error|"
                          r"worker .* died|process .* (died|exited)|RayActorError|ActorDiedError|OutOfMemoryError", re.I)),
     ("import", re.compile(r"\b(ImportError|ModuleNotFoundError)\b|collection error|error collecting", re.I)),
     ("timeout", re.compile(r"Failed: Timeout|Timeout >|GetTimeoutError|\bTimeoutError\b|timed out", re.I)),
     # Ledger rules print as "[rule-name]"; KV content / window checks and PD invariants are accounting too.
-    ("accounting", re.compile(r"ledger|Violation|accounting|page-(leak|double)|not-baseline|free[_ -]?(pages|slots|size)|"
+    ("accounting", re.compile(r"^(kv|prealloc)\b|ledger|Violation|accounting|page-(leak|double)|not-baseline|free[_ -]?(pages|slots|size)|"
                               r"leak(ed)?\b|conservation|swa-over-window|evicted[-_]|\[[a-z]+(?:-[a-z]+)+\]|"
                               r"KVCorruption|WindowLost|PreallocError|PDError|invariant", re.I)),
     ("accuracy", re.compile(r"Accuracy|\bgsm8k\b|\bmmlu\b|score .*(below|<)", re.I)),

@@ -12,10 +12,11 @@ configuration (:class:`LedgerConfig`); it never takes a bound from sglang's own 
 
 Modules: :mod:`.events` (the event types, the configuration, :class:`Violation`), :mod:`.io`
 (:class:`LedgerWriter`, :func:`read`, :func:`read_dir`), :mod:`.rules` (every rule the checker enforces, :data:`RULES`,
-and those of one event), :mod:`.check` (the pure checker :func:`check`), :mod:`.summary` (per-request totals). Every name is
+and those of one event), :mod:`.check` (the pure checker :func:`check`), :mod:`.causes` (root causes first), :mod:`.summary` (per-request totals). Every name is
 re-exported here (``ledger.check(events)``).
 """
 
+from harness.ledger.causes import Cause, LedgerBroken, assert_clean, root_causes
 from harness.ledger.check import check
 from harness.ledger.events import (
     ADMITTED,
@@ -36,7 +37,7 @@ from harness.ledger.events import (
     config_event,
 )
 from harness.ledger.io import LedgerWriter, read, read_dir
-from harness.ledger.rules import RULES, prealloc_violations, swa_page_bound
+from harness.ledger.rules import KNOCK_ONS, RULES, prealloc_violations, swa_page_bound
 from harness.ledger.summary import format_summary, summarise
 
 __all__ = [
@@ -59,7 +60,12 @@ __all__ = [
     "LedgerWriter",
     "read",
     "read_dir",
+    "KNOCK_ONS",
     "RULES",
+    "Cause",
+    "LedgerBroken",
+    "assert_clean",
+    "root_causes",
     "check",
     "prealloc_violations",
     "swa_page_bound",

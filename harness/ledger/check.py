@@ -67,7 +67,7 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
     config: LedgerConfig | None = None
 
     def bad(rule: str, ev: Event | None, msg: str) -> None:
-        out.append(Violation(rule, msg, ev.seq if ev else None, worker, ev.rid if ev else ""))
+        out.append(Violation(rule, msg, ev.seq if ev else None, worker, ev.rid if ev else "", ev.kind if ev else ""))
 
     for ev in evs:
         if ev.kind not in KINDS:

@@ -180,17 +180,30 @@ def config_event(config: LedgerConfig, baseline: Mapping[str, int] | None = None
 
 @dataclass(frozen=True)
 class Violation:
-    """One broken invariant: which rule, where, and a sentence saying what is wrong."""
+    """One broken invariant: which rule, where (the worker, its event and the event's kind, the request),
+    and a sentence saying what is wrong."""
 
     rule: str
     message: str
     seq: int | None = None
     worker: str = ""
     rid: str = ""
+    kind: str = ""
 
     def __str__(self) -> str:
         where = f"{self.worker}#{self.seq}" if self.seq is not None else self.worker
         return f"[{self.rule}] {where} rid={self.rid or '-'}: {self.message}"
+
+    def headline(self) -> str:
+        """One line that names the rule, the worker and request and what broke it, e.g.
+        ``[swa-tail-short] decode-0 prealloc of r0-300: fill 300: tail 44 < min(W_eff 100, fill) = 100``.
+
+        >>> Violation("page-leak", "pool 'swa': 1 page(s) never freed", None, "d0", "r1").headline()
+        "[page-leak] d0 r1: pool 'swa': 1 page(s) never freed"
+        """
+        what = f"{self.kind} of {self.rid}" if self.kind and self.rid else (self.rid or self.kind)
+        where = " ".join(p for p in (self.worker, what) if p)
+        return f"[{self.rule}] {where}: {self.message}" if where else f"[{self.rule}] {self.message}"
 
 
 #: ``note`` prefix of an ``alloc_fail`` event for a request admission had accepted.

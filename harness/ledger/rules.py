@@ -89,15 +89,32 @@ RULES: dict[str, str] = {
     "reset-leak": "a cache flush finds every slot free or cached (nothing still held by a finished request)",
 }
 
-
-# --------------------------------------------------------------------------------------------
-# writing and reading
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# checking (pure)
-# --------------------------------------------------------------------------------------------
+#: What breaking a rule breaks next: rule -> the rules a violation of it makes others break later on
+#: the same worker and request (or the worker's pools). :func:`harness.ledger.causes.root_causes`
+#: reads it, so a report leads with the cause and groups what followed under it.
+_BOOKS = ("page-leak", "not-baseline", "reset-leak", "free-mismatch")
+KNOCK_ONS: dict[str, tuple[str, ...]] = {
+    # a tail of the wrong length: the window's pages are not where prefill's transfer puts them
+    "swa-tail-short": ("swa-window-lost", "evicted-mismatch", "swa-charge", "transfer-unowned", *_BOOKS),
+    "swa-tail-long": ("swa-over-window", "evicted-mismatch", "swa-charge", "transfer-unowned", *_BOOKS),
+    "evicted-unaligned": ("evicted-mismatch", "swa-charge", "swa-window-lost", "transfer-unowned", *_BOOKS),
+    "evicted-negative": ("evicted-mismatch", "swa-charge", "transfer-unowned", *_BOOKS),
+    "evicted-mismatch": ("swa-charge", "swa-window-lost", "transfer-unowned", *_BOOKS),
+    "swa-charge": ("alloc-after-admit", "transfer-unowned", *_BOOKS),
+    "full-charge": ("alloc-after-admit", *_BOOKS),
+    "host-charge": ("alloc-after-admit", *_BOOKS),
+    "reserve-short": ("alloc-after-admit",),
+    "alloc-after-admit": _BOOKS,
+    "page-double-alloc": ("page-double-free", *_BOOKS),
+    "page-double-free": _BOOKS,
+    "page-leak": ("not-baseline", "reset-leak"),
+    "free-mismatch": ("page-leak", "not-baseline", "reset-leak"),
+    "transfer-unowned": ("page-double-free", *_BOOKS),
+    "swa-evict-late": ("swa-over-window",),
+    "swa-window-lost": ("swa-over-window",),
+    "not-baseline": ("reset-leak",),
+    "probe-unreadable": ("evicted-mismatch", "swa-charge", *_BOOKS),
+}
 
 
 def swa_page_bound(window: int, page_size: int) -> int:
@@ -130,7 +147,7 @@ def prealloc_violations(config: LedgerConfig, ev: Event) -> list[Violation]:
     P = config.page_size
 
     def bad(rule: str, msg: str) -> None:
-        out.append(Violation(rule, msg, ev.seq, ev.worker, ev.rid))
+        out.append(Violation(rule, msg, ev.seq, ev.worker, ev.rid, ev.kind))
 
     swa_tail = config.swa_tail and bool(config.window) and P > 1
     if swa_tail and tail is not None:

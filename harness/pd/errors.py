@@ -6,8 +6,9 @@ disagree, a request that can never be admitted, ledger violations at the end). E
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+from harness import ledger
 from harness.pd import kvfill
 
 
@@ -33,4 +34,17 @@ class PreallocError(AssertionError):
 
 
 class PDError(AssertionError):
-    """The PD run broke an end-to-end expectation (ranks disagree, a request can never fit, not idle)."""
+    """The PD run broke an end-to-end expectation (ranks disagree, a request can never fit, not idle), or
+    its ledger broke: ``violations`` (root causes first in the message) and ``problems`` say which."""
+
+    def __init__(self, message: str, *, violations: Sequence[ledger.Violation] = (), problems: Sequence[str] = ()):
+        super().__init__(message)
+        self.violations = tuple(violations)
+        self.problems = tuple(problems)
+
+    def __reduce__(self) -> tuple:
+        return (_pd_error, (self.args[0] if self.args else "", self.violations, self.problems))
+
+
+def _pd_error(message: str, violations: Sequence[ledger.Violation], problems: Sequence[str]) -> PDError:
+    return PDError(message, violations=violations, problems=problems)

@@ -51,10 +51,14 @@ class Ranks:
         if not self.remote:
             return list(handles)
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        from harness.workers import payload_error
 
         try:
             return ray.get(list(handles), timeout=self.timeout)
+        except RayTaskError as exc:
+            raise payload_error(exc) from None
         except (RayActorError, GetTimeoutError) as exc:
             for r in ranks if ranks is not None else range(len(self.members)):
                 self.members[r].check()  # raises WorkerDied with the log tail

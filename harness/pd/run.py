@@ -45,9 +45,10 @@ class RunResult:
     def assert_clean(self) -> None:
         """Raise :class:`PDError` listing idle problems and ledger violations, if any."""
         if self.problems or self.violations:
-            lines = self.problems + [str(v) for v in self.violations[:20]]
+            causes = ledger.root_causes(self.violations)
+            lines = self.problems + [line for c in causes for line in (str(c.root), *(f"  then {v}" for v in c.knock_ons))]
             raise PDError(f"{len(self.problems)} idle problem(s), {len(self.violations)} ledger violation(s):\n"
-                          + "\n".join(lines))
+                          + "\n".join(lines[:40]), violations=self.violations, problems=self.problems)
 
     @property
     def gbps(self) -> float:
@@ -144,7 +145,8 @@ def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, ma
             are returned in ``problems``, not raised).
         KVCorruption / WindowLost / PreallocError: from the decode ranks (the first one raised).
         WorkerDied: a rank's worker died.
-        Any of them carries the ledger's violations up to the failure as a note (``add_note``).
+        Any of them carries the ledger's violations up to the failure: as ``violations`` (so the
+        failure's headline leads with the root cause the ledger names) and as a note (``add_note``).
     """
     marks = pair.ledger_marks()
     try:
@@ -163,6 +165,11 @@ def _note_ledger(error: BaseException, pair: PDPair, marks: dict[str, list[int]]
         logger.warning("no ledger verdict for the failed run: %r", e)
         return
     if violations:
+        if not getattr(error, "violations", None):
+            try:
+                error.violations = tuple(violations)  # type: ignore[attr-defined]
+            except AttributeError:
+                pass  # an exception type without a __dict__: the note still says it
         error.add_note(f"ledger at the failure: {len(violations)} violation(s)\n"
                        + "\n".join(str(v) for v in violations[:20]))
 

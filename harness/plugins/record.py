@@ -89,6 +89,51 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     return report
 
 
+def ledger_violations(item: pytest.Item) -> list:
+    """The ledger violations of what ``item`` made its workers do so far: every ledger file that grew
+    since the test's setup is checked whole (its configuration and earlier requests are context), and
+    the violations at an event the test wrote (or, found at the end, on a request it wrote) are kept.
+    Empty when the session has no run directory or the files cannot be read."""
+    from harness import ledger
+
+    run_dir = _run_dir(item.config)
+    before = item.stash.get(_sizes_key, None)
+    if run_dir is None or before is None:
+        return []
+    found = []
+    for rel, size in _sizes(run_dir).items():
+        if not rel.startswith("ledger/") or size <= before.get(rel, 0):
+            continue
+        try:
+            events = ledger.read(run_dir / rel)
+        except (OSError, ValueError):
+            continue
+        start = before.get(rel, 0)
+        mine = _events_from(run_dir / rel, start)
+        seqs = {(e.worker, e.seq) for e in mine}
+        rids = {(e.worker, e.rid) for e in mine}
+        for v in ledger.check(events):
+            if (v.worker, v.seq) in seqs or (v.seq is None and (v.worker, v.rid) in rids):
+                found.append(v)
+    return found
+
+
+def _events_from(path: Path, start: int) -> list:
+    """The events of a ledger file from byte ``start`` on (a torn last line is skipped)."""
+    from harness import ledger
+
+    with open(path, "rb") as f:
+        f.seek(start)
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    out = []
+    for line in lines:
+        try:
+            out.append(ledger.Event.from_dict(json.loads(line)))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
 def _write(item: pytest.Item, run_dir: Path, stop: float) -> None:
     before = item.stash.get(_sizes_key, {})
     after = _sizes(run_dir)

@@ -72,7 +72,7 @@ Example (an in-process payload and a server subprocess, each in its placement gr
 """
 
 from harness.workers.actor import current, tail_file
-from harness.workers.handle import Worker, start_worker
+from harness.workers.handle import Worker, payload_error, start_worker
 from harness.workers.nodes import NodeRef
 from harness.workers.probe import Probe
 from harness.workers.spec import (
@@ -95,4 +95,4 @@ from harness.workers.watchdog import Watchdog
 
 __all__ = ["TAIL_LINES", "CallCheck", "Check", "HttpCheck", "InProcess", "NodeRef", "PlacementBundles", "PortCheck", "RolePlacement",
            "Probe", "Subprocess", "Watchdog", "Worker", "WorkerContext", "WorkerDied", "WorkerInfo", "WorkerSpec",
-           "WorkerStartError", "current", "start_worker", "tail_file"]
+           "WorkerStartError", "current", "payload_error", "start_worker", "tail_file"]

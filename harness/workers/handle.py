@@ -114,7 +114,11 @@ class Worker:
         why = raylet_answers(self.node.ip, self.node.port) if self.node is not None else None
         if why is not None:
             return self.node_lost(f"raylet {why}")
-        return self._died(_actor_cause(e))
+        died = self._died(_actor_cause(e))
+        _, remote = _creation_error(e)
+        if remote and "(log not readable" in died.tail:  # the creation task's traceback is all there is
+            self._dead = died = WorkerDied(died.name, died.cause, remote, died.log_path)
+        return died
 
     def check(self) -> None:
         """Raise :class:`WorkerDied` if the worker died."""
@@ -158,10 +162,10 @@ class Worker:
         Raises:
             WorkerDied: the actor died (before or during the call).
             TimeoutError: no answer within ``timeout``.
-            Exception: whatever the payload method raised (as Ray's wrapped task error).
+            Exception: whatever the payload method raised, itself (:func:`payload_error`), not Ray's wrapper.
         """
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         if self._dead is not None:
             raise self._dead
@@ -175,6 +179,8 @@ class Worker:
             raise
         except RayActorError as e:
             raise self._actor_error(e) from None
+        except RayTaskError as e:
+            raise payload_error(e, self.name) from None
         except GetTimeoutError:
             cause = self.poll()
             if cause:
@@ -226,8 +232,56 @@ class Worker:
         return f"Worker({self.name!r}, gpus={list(self.gpu_ids)}, ports={self.ports})"
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def payload_error(e: Exception, worker: str = "") -> BaseException:
+    """The exception a payload raised in its worker, out of Ray's ``RayTaskError`` wrapper.
+
+    Ray hands a remote exception back as a wrapper whose text starts with its own colored header
+    (``ray::_WorkerActor.call() (pid=…, actor_id=…, repr=<…>)``) and only then the cause. The cause
+    itself is returned here, rebuilt by Ray, so a test sees what the payload raised (``pytest.raises``,
+    messages and headlines name it), with where it was raised — the worker and the remote traceback,
+    colours stripped — as a note. A wrapper whose cause Ray could not rebuild is returned as it is.
+
+    Args:
+        e: Ray's wrapper (any other exception is returned unchanged).
+        worker: the worker's name, for the note.
+
+    Returns:
+        The payload's exception.
+    """
+    cause = getattr(e, "cause", None)
+    if not isinstance(cause, BaseException) or cause is e:
+        return e
+    lines = _ANSI.sub("", str(e)).splitlines()
+    remote = [ln for ln in lines[1:] if ln.strip()]  # the header line is Ray's, the rest its traceback
+    if remote and hasattr(cause, "add_note"):
+        where = f"worker {worker}" if worker else "a worker"
+        cause.add_note(f"raised in {where}, remote traceback:\n" + "\n".join(remote[-40:]))
+    return cause
+
+
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Died|Lost|Broken)\b.*")
+
+
+def _creation_error(e: Exception) -> tuple[str, str]:
+    """When the actor died raising in its creation task: the exception's last line and the remote
+    traceback (colours stripped); else ``("", "")``."""
+    raw = _ANSI.sub("", str(e))
+    if "error raised in its creation task" not in raw:
+        return "", ""
+    lines = [ln.rstrip() for ln in raw.splitlines() if ln.strip()]
+    found = [ln.strip() for ln in lines[1:] if _EXC_LINE.match(ln.strip())]
+    return (found[-1] if found else ""), "\n".join(lines[1:])
+
+
 def _actor_cause(e: Exception) -> str:
-    """One line from Ray's actor-death error: its exit type and the first sentence of its detail."""
+    """One line from Ray's actor-death error: the exception its creation task raised, or its exit type
+    and the first sentence of its detail."""
+    raised, _ = _creation_error(e)
+    if raised:
+        return f"actor died in its creation task: {raised[:300]}"
     text = " ".join(str(e).split())
     kind = re.search(r"Worker exit type: (\w+)", text)
     detail = re.search(r"Worker exit detail: (.*?\.)(?: |$)", text)

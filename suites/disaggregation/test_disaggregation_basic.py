@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.api import KVSpec, PDRequest, run
+from harness.api import KVSpec, PDRequest, expect, run
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(90), pytest.mark.timeout(900)]
 
@@ -30,11 +30,12 @@ def test_mixed_prompt_lengths_around_page_boundaries(pd_pair, pd_report):
     pd_report(res)
     res.assert_clean()
     assert sorted(res.completed) == _ids(reqs)
-    tails = {e.rid: (e.fill_len, e.swa_tail_len, e.evicted_seqlen) for e in res.events
-             if e.component == "decode" and e.kind == "prealloc"}
+    tails = {e.rid: e for e in res.events if e.component == "decode" and e.kind == "prealloc"}
     # sglang's own numbers for page 64 / window 100 (reference measurements): fill 300 -> tail 108.
-    assert tails["len300"] == (300, 108, 192)
-    assert tails["len1"] == (1, 1, 0)
+    for rid, fill, tail, evicted in (("len300", 300, 108, 192), ("len1", 1, 1, 0)):
+        ev = tails[rid]
+        expect(f"decode prealloc of {rid}", fill_len=(ev.fill_len, fill), swa_tail_len=(ev.swa_tail_len, tail),
+               evicted_seqlen=(ev.evicted_seqlen, evicted))
 
 
 def test_concurrent_requests_decode_together(pd_pair, pd_report):

@@ -112,8 +112,7 @@ def test_probe_ledger_holds_invariants(stack, run_dir):
     assert all(e.component == "decode" and e.worker == stack.decode.name for e in events)
     preallocs = [e for e in events if e.kind == "prealloc"]
     assert all(e.page_size == PAGE and e.fill_len and e.pages.get("full") for e in preallocs)
-    violations = ledger.check(events)
-    assert not violations, "\n".join(map(str, violations))
+    ledger.assert_clean(ledger.check(events), "of the decode server")
 
 
 def _idle(client) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.api import KVSpec, PDRequest, run
+from harness.api import KVSpec, PDRequest, expect, run
 
 pytestmark = [pytest.mark.topology("8-gpu-h200"), pytest.mark.est_time(240), pytest.mark.timeout(900)]
 
@@ -29,8 +29,8 @@ def test_dsv4_tp4_prefill_to_tp4_decode(pd_pair, pd_report, hisparse):
     assert sorted(res.completed) == sorted(r.rid for r in reqs)
     decode_ranks = {e.worker for e in res.events if e.component == "decode"}
     assert len(decode_ranks) == 4
-    tails = {e.rid: (e.swa_tail_len, e.evicted_seqlen) for e in res.events
-             if e.component == "decode" and e.kind == "prealloc"}
+    tails = {e.rid: e for e in res.events if e.component == "decode" and e.kind == "prealloc"}
     # sglang's numbers for page 256 / window 128: fill 385 -> tail 129 (evicted 256); 700 -> 188 (512).
-    assert tails["v385"] == (129, 256)
-    assert tails["v700"] == (188, 512)
+    for rid, tail, evicted in (("v385", 129, 256), ("v700", 188, 512)):
+        expect(f"decode prealloc of {rid}", swa_tail_len=(tails[rid].swa_tail_len, tail),
+               evicted_seqlen=(tails[rid].evicted_seqlen, evicted))

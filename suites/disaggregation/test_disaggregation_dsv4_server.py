@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from harness.api import HISPARSE_DECODE_ARGS, ledger
+from harness.api import HISPARSE_DECODE_ARGS, expect, ledger
 
 MODEL = "dsv4"
 # est_time: the module: three DeepSeek-V4 server starts (PD off, plain, PD on; minutes each) and the requests.
@@ -82,7 +82,7 @@ def test_stack_ready_as_launched(stack, hisparse):
     for role in ("prefill", "decode"):
         info = stack.client(role).server_info()
         assert info.get("disaggregation_mode") == role, info.get("disaggregation_mode")
-        assert (info.get("tp_size"), info.get("attn_dp_size")) == (TP, ATTN_DP), (info.get("tp_size"), info.get("attn_dp_size"))
+        expect(f"{role} server info", tp_size=(info.get("tp_size"), TP), attn_dp_size=(info.get("attn_dp_size"), ATTN_DP))
         assert info.get("page_size") == PAGE, info.get("page_size")
         assert bool(info.get("enable_hisparse")) == (hisparse and role == "decode"), info.get("enable_hisparse")
 
@@ -105,8 +105,7 @@ def test_probe_ledger_holds_invariants(stack, run_dir):
     assert all(e.component == "decode" and e.worker == stack.decode.name for e in events)
     preallocs = [e for e in events if e.kind == "prealloc"]
     assert all(e.page_size == PAGE and e.fill_len and e.pages.get("full") for e in preallocs), preallocs[:3]
-    violations = ledger.check(events)
-    assert not violations, "\n".join(map(str, violations))
+    ledger.assert_clean(ledger.check(events), "of the decode server")
 
 
 def test_health_and_idle_pools_back_to_baseline(stack):

@@ -26,7 +26,7 @@ import random
 import pytest
 import requests
 
-from harness.api import CPU_COMPAT_PATCHES, ServerClient, ServerHTTPError, ledger
+from harness.api import CPU_COMPAT_PATCHES, ServerClient, ServerHTTPError, expect, ledger
 
 MODEL = "tiny-mellum-swa"
 PAGE = WINDOW = 64
@@ -135,12 +135,12 @@ def test_decode_ledger_holds_swa_invariants(stack, run_dir):
     configs = [e for e in events if e.kind == "config"]
     assert configs, "the probe wrote no config event: the checker has no bound to derive"
     config = ledger.LedgerConfig.from_dict(configs[-1].config)
-    assert (config.window, config.page_size, config.swa_tail) == (SGLANG_WINDOW, PAGE, True), config
+    expect("the decode server's ledger config", window=(config.window, SGLANG_WINDOW), page_size=(config.page_size, PAGE),
+           swa_tail=(config.swa_tail, True))
     assert config.eviction_interval == SWA_EVICTION_INTERVAL, "the servers run sglang's default interval"
     pre = [e for e in events if e.kind == "prealloc" and e.fill_len and e.fill_len > WINDOW + PAGE]
     assert pre, "no prealloc longer than a window in the decode ledger"
     assert all(len(e.pages["swa"]) < len(e.pages["full"]) for e in pre), "SWA tail not smaller than the full KV"
     evicts = [e for e in events if e.kind == "evict" and e.pages.get("swa")]
     assert evicts, "decode never evicted SWA pages while decoding"
-    violations = ledger.check(events)
-    assert not violations, "\n".join(map(str, violations))
+    ledger.assert_clean(ledger.check(events), "of the decode server")

@@ -38,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness.api import DecodeSide, PoolSizes, PreallocFailed, SWA_PAGE_SIZES, device_missing, ledger, make_req
+from harness.api import DecodeSide, PoolSizes, PreallocFailed, SWA_PAGE_SIZES, device_missing, expect, ledger, make_req
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def run_scenario(scenario: Scenario, device: str) -> None:
 
         after = side.snapshot([*live, req])
         state = after.request(req.rid)
-        assert (result.fill_len, result.swa_tail_len) == (fill, tail)
+        expect(f"prealloc of {req.rid}", fill_len=(result.fill_len, fill), swa_tail_len=(result.swa_tail_len, tail))
         assert state.kv_allocated_len == fill and state.kv_committed_len == fill
         evicted = fill - tail if side.uses_swa_tail() else 0
         taken = after.taken_since(before)
@@ -267,7 +267,7 @@ def test_swa_tail_len_known_values(decode_side, hisparse, page, window, radix_ca
     side = decode_side(hisparse=hisparse, page_size=page, window=window, radix_cache=radix_cache)
     req = make_req("known", fill)
     result = side.prealloc(req)
-    assert (result.fill_len, result.swa_tail_len) == (fill, tail)
+    expect(f"prealloc of {req.rid}", fill_len=(result.fill_len, fill), swa_tail_len=(result.swa_tail_len, tail))
     assert side.snapshot([req]).request("known").swa_evicted_seqlen == fill - tail
     side.release(req)
     side.evict_cache()
@@ -292,7 +292,8 @@ def test_radix_prefix_hit_charges_new_full_pages_and_a_fresh_swa_tail(decode_sid
     state = after.request("second")
     evicted = result.fill_len - result.swa_tail_len
     # Radix mode keeps max(window, page) + 1 tokens before the floor: 399 - 64 = 335 -> 320.
-    assert (result.prefix_len, result.swa_tail_len, state.swa_evicted_seqlen) == (256, 80, 320)
+    expect("prealloc past the cached prefix", prefix_len=(result.prefix_len, 256), swa_tail_len=(result.swa_tail_len, 80),
+           swa_evicted_seqlen=(state.swa_evicted_seqlen, 320))
     assert after.taken_since(before) == {"full": _pages(400, page) - 256, "swa": _pages(80, page), "req_slots": 1}
     assert all(slot == 0 for slot in state.swa_indices[result.prefix_len:evicted])
     tail = state.swa_indices[evicted:]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.api import make_req
+from harness.api import expect, make_req
 
 pytestmark = [pytest.mark.topology("cpu"), pytest.mark.est_time(3)]
 
@@ -69,9 +69,10 @@ def test_decode_budget_uses_full_logical_capacity_for_swa_tail(hisparse_side):
     req = make_req("budget", prompt_len=512)
     hisparse_side.prealloc(req)
     full_after, swa_after = hisparse_side.admission_budget()
-    assert (full_budget - full_after, swa_budget - swa_after) == (_pages(512), _pages(256))
+    expect("admission budgets spent", full=(full_budget - full_after, _pages(512)), swa=(swa_budget - swa_after, _pages(256)))
     hisparse_side.release(req)
-    assert hisparse_side.admission_budget() == (full_budget, swa_budget)
+    full_back, swa_back = hisparse_side.admission_budget()
+    expect("admission budgets after release", full=(full_back, full_budget), swa=(swa_back, swa_budget))
 
 
 def test_decode_prealloc_direct_to_host(hisparse_side):
@@ -87,7 +88,8 @@ def test_decode_prealloc_direct_to_host(hisparse_side):
     after = hisparse_side.snapshot([req])
     state = after.request("seed")
     host_slots = hisparse_side.coordinator.host_token_len(fill)
-    assert (result.fill_len, result.swa_tail_len, state.swa_evicted_seqlen) == (fill, 256, 256)
+    expect("hisparse prealloc", fill_len=(result.fill_len, fill), swa_tail_len=(result.swa_tail_len, 256),
+           swa_evicted_seqlen=(state.swa_evicted_seqlen, 256))
     assert state.kv_allocated_len == fill
     # Direct-to-host: full and SWA charged from the logical pools, no hisparse device pages, host
     # slots for the compressed (C4) KV as the RDMA destination.

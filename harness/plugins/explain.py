@@ -1,0 +1,233 @@
+"""pytest plugin concern: every failing test's first line says what broke, from the evidence.
+
+For a failing test the plugin builds one headline — the *evidence class*, then what the evidence
+names (the broken rule, the request, the pages, the rule's sentence), then where to look (the sglang
+functions that decide that rule in the target under test, or the last sglang frame) — and makes it
+the failure's message: pytest's short summary line, the JUnit ``message`` (and so ``summary.md``,
+``summary.json``, the run page and the ``/rerun-test`` comment, which read it) all start with it. The
+test's own traceback and output stay in the report body, unchanged.
+
+Evidence classes, first match wins (:func:`headline`):
+
+``ledger``         a broken ledger rule: any exception carrying ledger ``violations``
+                   (:class:`harness.ledger.LedgerBroken`, the PD run's :class:`~harness.pd.errors.PDError`,
+                   or a rank's error the PD run attached the ledger's verdict to); the earliest root cause
+                   leads (:func:`harness.ledger.root_causes`), its knock-ons are counted after it, then
+                   what stopped the run when that was not the ledger check itself
+``kv``             the PD engine's own check of every byte and window position it keeps
+                   (:class:`~harness.pd.errors.KVCorruption`, :class:`~harness.pd.errors.WindowLost`)
+``worker-death``   a worker died (:class:`harness.workers.WorkerDied`): its cause and the last sglang
+                   frame of its log tail
+``timeout``        the test, or a call it made, ran out of time: the last sglang frame of the log
+                   tails of the workers it owned
+``sglang-assert``  an exception raised in sglang's own code (its innermost frame is under ``sglang/``,
+                   locally or in a worker's remote traceback): that frame
+``prealloc``       sglang refused a prealloc (:class:`~harness.pd.errors.PreallocError`)
+``assertion``      the test's own assertion (a named comparison says ``swa_tail_len 44 != 108``)
+``error``          anything else
+
+A test that failed otherwise than by a broken ledger, while the ledgers its workers wrote during it
+break a rule (a real server's probe saw a short tail, and the test then saw PD's tokens differ from
+the plain server's), is a ``ledger`` failure too: the rule leads, then ``the test saw:`` and its own
+headline.
+
+Ray's wrapper never leads (workers hand back the payload's own exception,
+:func:`harness.workers.payload_error`), ANSI colour codes are stripped, and nothing is cut before
+the cause: the headline is one line of at most :data:`MAX_CHARS` characters, cut at its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import traceback
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import pytest
+
+from harness import ledger
+
+log = logging.getLogger(__name__)
+
+#: The longest headline; what is longer is cut at its end (the cause always comes first).
+MAX_CHARS = 400
+#: The classes, in the order :func:`headline` tries them.
+CLASSES = ("ledger", "kv", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FRAME = re.compile(r'File "(?P<path>[^"]*?/sglang/[^"]+\.py)", line (?P<line>\d+), in (?P<func>[\w<>.]+)')
+_TIMEOUT = re.compile(r"Timeout >|GetTimeoutError|TimeoutError|did not return within|timed out", re.I)
+
+
+def clean(text: str) -> str:
+    """``text`` on one line: ANSI colour codes stripped, white space folded.
+
+    >>> clean("\\x1b[36mray::_WorkerActor.call()\\x1b[39m  done\\n  and more")
+    'ray::_WorkerActor.call() done and more'
+    """
+    return " ".join(_ANSI.sub("", text).split())
+
+
+def sglang_frames(text: str) -> list[str]:
+    """Every traceback frame of ``text`` inside an ``sglang/`` package, as ``sglang/<path>:<line> in <func>``.
+
+    >>> sglang_frames('  File "/venv/site-packages/sglang/srt/mem_cache/allocator/swa.py", line 210, in alloc')
+    ['sglang/srt/mem_cache/allocator/swa.py:210 in alloc']
+    """
+    out = []
+    for m in _FRAME.finditer(_ANSI.sub("", text)):
+        path = m.group("path")
+        out.append(f"sglang/{path[path.rindex('/sglang/') + len('/sglang/'):]}:{m.group('line')} in {m.group('func')}")
+    return out
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+
+
+def _message(exc: BaseException) -> str:
+    text = clean(str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _suspect_text(key: str, root: Path | None) -> str:
+    from harness.targets.sglang.compat.suspects import suspects
+
+    found = suspects(key, root)
+    if not found:
+        return ""
+    also = [s.qualname for s in found[1:3]]
+    return f" | suspect: {found[0]}" + (f" (also {', '.join(also)})" if also else "")
+
+
+def _ledger_line(violations: Sequence[ledger.Violation], root: Path | None) -> str:
+    """``ledger <the earliest root cause> (+N more: knock-ons and other roots) | suspect: ...``."""
+    causes = ledger.root_causes(violations)
+    first = causes[0]
+    follow = [k.rule for c in causes for k in c.knock_ons] + [c.root.rule for c in causes[1:]]
+    more = f" (+{len(follow)} more: {', '.join(dict.fromkeys(follow))})" if follow else ""
+    return f"ledger {first.root.headline()}{more}{_suspect_text(first.root.rule, root)}"
+
+
+def _where(frames: Sequence[str]) -> str:
+    return f" | last sglang frame: {frames[-1]}" if frames else ""
+
+
+def _traceback_text(exc: BaseException) -> str:
+    parts = ["".join(traceback.format_tb(exc.__traceback__))]
+    parts += list(getattr(exc, "__notes__", ()) or ())
+    return "\n".join(parts)
+
+
+def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None = None) -> tuple[str, str]:
+    """The evidence class of a failure and its one-line headline.
+
+    Args:
+        exc: what the test raised.
+        logs: the log tails of the workers the test owned (read for sglang frames).
+        root: the directory holding the target's ``sglang/`` (suspects are named in it; None: as
+            mapped, without checking the release has them).
+
+    Returns:
+        ``(class, headline)``; the class is one of :data:`CLASSES`.
+    """
+    chain = list(_chain(exc))
+    broken = next((e for e in chain if getattr(e, "violations", None)), None)
+    if broken is not None:
+        stopped = "" if isinstance(broken, ledger.LedgerBroken) or type(broken).__name__ == "PDError" \
+            else f"; it stopped the run as {_message(broken)}"
+        return "ledger", _fit(_ledger_line(getattr(broken, "violations"), root) + stopped)
+    kv = next((e for e in chain if _is(e, "KVCorruption", "WindowLost")), None)
+    if kv is not None:
+        return "kv", _fit(f"kv {_message(kv)}{_suspect_text(type(kv).__name__, root)}")
+    died = next((e for e in chain if _is(e, "WorkerDied")), None)
+    if died is not None:
+        frames = sglang_frames(died.tail)
+        return "worker-death", _fit(f"worker-death {died.name}: {clean(died.cause)}{_where(frames)}")
+    text = "\n".join(_traceback_text(e) for e in chain)
+    frames = sglang_frames(text)
+    if any(_TIMEOUT.search(_message(e)) for e in chain[:1]) or type(exc).__name__ == "Timeout":
+        log_frames = [f for log in logs for f in sglang_frames(log)]
+        return "timeout", _fit(f"timeout {_message(exc)}{_where(log_frames or frames)}")
+    innermost = frames[-1] if frames else ""
+    if innermost and _last_frame_is_sglang(exc):
+        return "sglang-assert", _fit(f"sglang-assert {_message(exc)} | at {innermost}")
+    pre = next((e for e in chain if _is(e, "PreallocError")), None)
+    if pre is not None:
+        return "prealloc", _fit(f"prealloc {_message(pre)}{_suspect_text('PreallocError', root)}")
+    if isinstance(exc, AssertionError):
+        return "assertion", _fit(f"assertion {_message(exc)}")
+    return "error", _fit(f"error {_message(exc)}{_where(frames)}")
+
+
+def _is(exc: BaseException, *names: str) -> bool:
+    """Whether ``exc`` is one of the harness's error classes ``names`` (by class name along its MRO:
+    the headline must not import the PD engine, numpy or Ray to classify a failure, and a rebuilt
+    remote exception is a subclass of its cause's class)."""
+    return any(cls.__name__ in names and cls.__module__.startswith("harness.") for cls in type(exc).__mro__)
+
+
+def _last_frame_is_sglang(exc: BaseException) -> bool:
+    """Whether the exception was raised inside sglang: its innermost local frame, or the innermost
+    frame of the remote traceback a worker attached."""
+    notes = [n for n in getattr(exc, "__notes__", None) or () if "remote traceback" in n]
+    if notes:  # raised in a worker: its own traceback says where
+        files = re.findall(r'File "([^"]+)", line \d+', notes[-1])
+        return bool(files) and "/sglang/" in files[-1]
+    tb = traceback.extract_tb(exc.__traceback__)
+    return bool(tb) and "/sglang/" in tb[-1].filename
+
+
+def _fit(text: str) -> str:
+    line = clean(text)
+    return line if len(line) <= MAX_CHARS else line[: MAX_CHARS - 1] + "…"
+
+
+def _target_root() -> Path | None:
+    """The directory holding the session's target ``sglang/`` (resolved, not activated: explaining a
+    failure changes nothing of the process)."""
+    import os
+
+    from harness.targets.sglang import selection
+
+    try:
+        return Path(selection.resolve(os.environ.get(selection.ENV_VAR) or selection.INSTALLED).root)
+    except selection.TargetError:
+        return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if not report.failed or call.excinfo is None or crash is None:
+        return report
+    try:
+        kind, line = _explain(item, call, report)
+    except Exception as e:  # noqa: BLE001 - explaining a failure must never turn it into another one
+        log.warning("no failure headline for %s: %r", item.nodeid, e)
+        return report
+    crash.message = line
+    report.user_properties.append(("evidence", kind))
+    return report
+
+
+def _explain(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> tuple[str, str]:
+    assert call.excinfo is not None
+    logs = [text for name, text in report.sections if name.startswith("worker ")]
+    root = _target_root()
+    kind, line = headline(call.excinfo.value, logs=logs, root=root)
+    if kind != "ledger" and report.when == "call":
+        # What the test saw may follow from a rule its workers broke first (a real server's ledger
+        # probe): then that rule is the root cause and leads; what the test saw comes after it.
+        from harness.plugins.record import ledger_violations
+
+        found = ledger_violations(item)
+        if found:
+            kind, line = "ledger", _fit(f"{_ledger_line(found, root)}; the test saw: {line}")
+    return kind, line
