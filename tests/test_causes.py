@@ -8,6 +8,7 @@ import pytest
 
 from harness import ledger
 from harness.ledger.rules import KNOCK_ONS
+from harness.report import timeline
 
 PAIRS = [(rule, follows) for rule, followers in KNOCK_ONS.items() for follows in followers]
 
@@ -55,3 +56,21 @@ def test_a_broken_ledger_says_its_root_cause_first_and_survives_pickling():
     assert str(back) == str(e) and back.violations == e.violations and isinstance(back, AssertionError)
     ledger.assert_clean([], "nothing")  # clean: no error
 
+
+def test_the_report_lists_the_root_cause_first_with_its_knock_ons_under_it():
+    # The leak is found at the request's last event, before the short tail of a later prealloc on
+    # the same request would come first in time: the root still leads and the leak follows it.
+    def ev(seq: int, kind: str, rid: str, ts: float, **kw) -> ledger.Event:
+        return ledger.Event(seq=seq, ts=ts, kind=kind, rid=rid, component="decode", worker="decode-0", page_size=64, **kw)
+
+    config = ledger.LedgerConfig(page_size=64, window=100, swa_tail=True)
+    events = [ev(0, "config", ledger.CONFIG_RID, 0.0, **ledger.config_event(config, {"full": 64, "swa": 64})),
+              ev(1, "prealloc", "r1", 1.0, pages={"full": [1, 2, 3, 4, 5], "swa": [1]}, fill_len=300, swa_tail_len=44,
+                 evicted_seqlen=256, window=100)]
+    violations = ledger.check(events)
+    rules = {v.rule for v in violations}
+    assert "swa-tail-short" in rules and "page-leak" in rules, violations
+    [rank] = timeline.build({"decode-0": events})
+    marks = sorted(rank.marks, key=lambda m: int(m.label[1:]))
+    assert marks[0].rule == "swa-tail-short" and marks[0].follows == ""
+    assert all(m.follows == "V1" for m in marks[1:]), [(m.label, m.rule, m.follows) for m in marks]

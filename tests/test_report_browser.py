@@ -1,12 +1,15 @@
 """The run report of a real run, opened in headless Chromium.
 
 One real ``rerun-test`` run of a tiny PD suite (two ledger-writing tests on the 2-gpu-h100 topology,
-simulated, and one plain test) with the accounting fault ``decode-skips-swa-evict`` injected: the
-short test never slides its window and passes, the long one keeps every SWA page and fails with
-a rule the fault's evidence names (``swa-evict-late`` / ``swa-over-window``). The page is opened in Chromium over the DevTools protocol; the test asserts
-the verdict text, one rendered timeline image per ledger-writing test, the violation marked at the
-event the ledger checker names (request and pages), and no console errors, and keeps a screenshot
-in the run directory (``report/screenshot.png``).
+simulated, and one plain test) with the fault ``swa-tail-short`` injected (``_swa_tail_len`` rounds the
+window start up a page: the tail stays page-aligned, so sglang's own asserts stay quiet, but it loses
+the window): the short test's prompts fit in the window and pass, the long one's decode preallocs keep
+a tail one page short and fail. The page is opened in Chromium over the DevTools protocol; the test
+asserts the verdict text, one rendered timeline image per ledger-writing test, that the first rule row
+of the failing test is the root cause ``swa-tail-short`` (the knock-ons after it, each naming it), marked
+at the event the ledger checker names (request and pages), that the failure's message leads with the
+rule and the suspect sglang function, and no console errors, and keeps a screenshot in the run
+directory (``report/screenshot.png``).
 
 Without chromium the test skips with the install line, except under CI (``CI=true``), where it fails.
 """
@@ -31,7 +34,7 @@ from harness.targets.sglang import selection as target
 pytestmark = pytest.mark.est_time(25)
 
 REPO = Path(__file__).resolve().parents[1]
-FAULT = "decode-skips-swa-evict"
+FAULT = "swa-tail-short"
 
 SUITE = '''
 import pytest
@@ -104,11 +107,12 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
     writers = sorted(s for s, r in records.items() if r.ledgers)
     assert writers == ["::test_long_decode", "::test_short_prompts"] and not records["::test_no_ledger"].ledgers
 
-    # The event the page must mark: the first violation the ledger checker finds in the failing test
-    # (one of the rules the fault's evidence names).
+    # The event the page must mark first: the root cause of the failing test's violations (the
+    # rule the fault's evidence names first), not a knock-on of it.
     long_events = [e for span in records["::test_long_decode"].ledgers for e in run_records.span_events(span)]
-    first = ledger.check(long_events)[0]
-    assert f"[{first.rule}]" in faults.get(FAULT).evidence, first
+    causes = ledger.root_causes(ledger.check(long_events))
+    first = causes[0].root
+    assert first.rule == "swa-tail-short" and f"[{first.rule}]" in faults.get(FAULT).evidence, causes
     event = next(e for e in long_events if e.worker == first.worker and e.seq == first.seq)
 
     with browser.chromium() as page:
@@ -120,8 +124,11 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
             id: s.querySelector('h3').textContent, outcome: s.dataset.outcome,
             imgs: [...s.querySelectorAll('img.timeline')].map(i => [i.complete, i.naturalWidth, i.naturalHeight])}))""")
         marks = page.evaluate("""[...document.querySelectorAll('tr.violation')].map(r => ({rule: r.dataset.rule,
-            worker: r.dataset.worker, seq: r.dataset.seq, rid: r.dataset.rid, text: r.textContent,
+            worker: r.dataset.worker, seq: r.dataset.seq, rid: r.dataset.rid, follows: r.dataset.follows,
+            label: r.cells[0].textContent, text: r.textContent,
             test: r.closest('section.test').querySelector('h3').textContent}))""")
+        message = page.evaluate("""[...document.querySelectorAll('section.test')].filter(s => s.dataset.outcome == 'failed')
+            .map(s => s.querySelector('.msg').textContent)""")
         shot = page.screenshot(run_dir / "report" / "screenshot.png")
         errors = list(page.errors)
 
@@ -133,10 +140,17 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
         [(complete, width, height)] = by_test[name]["imgs"]
         assert complete and width > 500 and height > 200, (name, width, height)
     assert by_test["test_no_ledger"]["imgs"] == []
-    over = [m for m in marks if m["rule"] == first.rule and m["test"].endswith("::test_long_decode")]
-    assert over and (over[0]["worker"], over[0]["seq"], over[0]["rid"]) == (event.worker, str(event.seq), event.rid)
-    assert f"#{event.seq} {event.kind}" in over[0]["text"]
-    assert ledger.RULES[first.rule] in over[0]["text"]
+    rows = [m for m in marks if m["test"].endswith("::test_long_decode")]
+    top = rows[0]  # the first rule row is the root cause, marked at its event
+    assert (top["rule"], top["follows"], top["label"]) == ("swa-tail-short", "", "V1"), rows
+    assert (top["worker"], top["seq"], top["rid"]) == (event.worker, str(event.seq), event.rid)
+    assert f"#{event.seq} {event.kind}" in top["text"] and ledger.RULES[first.rule] in top["text"]
+    knock_ons = [m for m in rows[1:] if m["follows"]]
+    assert all(m["follows"].startswith("V") for m in knock_ons) and {m["follows"] for m in knock_ons} <= {
+        m["label"] for m in rows if not m["follows"]}, rows
+    [failed_message] = message
+    assert failed_message.startswith("ledger [swa-tail-short] "), failed_message
+    assert "suspect: sglang/srt/disaggregation/decode.py DecodePreallocQueue._swa_tail_len" in failed_message
     assert not [m for m in marks if m["test"].endswith("::test_short_prompts")]
     assert errors == [], f"console errors: {errors}"
     assert shot.stat().st_size > 10_000

@@ -131,7 +131,7 @@ def test_page_shows_verdict_timeline_and_the_violation_at_its_event(tmp_path: Pa
     assert "cpu: 1 test(s) failed" in text and "workload base 7" in text
     imgs = re.findall(r'<img class="timeline" src="([^"]+)"', text)
     assert len(imgs) == 1 and re.fullmatch(r"timelines/cpu-suites_pd_test_a.py_test_long_decode-[0-9a-f]{8}\.png", imgs[0])
-    row = re.search(r'<tr class="violation" data-rule="swa-over-window" data-worker="dec-r0" data-seq="3" data-rid="r1">(.*?)</tr>',
+    row = re.search(r'<tr class="violation" data-rule="swa-over-window" data-worker="dec-r0" data-seq="3" data-rid="r1" data-follows="">(.*?)</tr>',
                     text).group(1)
     assert "full [12]; swa [13]" in row and "swa [8, 9, 11, 13]" in row and "1 more event(s) to #4" in row
     assert ledger.RULES["swa-over-window"] in row
@@ -160,7 +160,8 @@ def test_gate_page_tables_and_summary_link():
     v = judge([SuiteOutcome("unit", True, 1.0, tests)], "", None)
     verdict_table, flaky = render.page_tables(v, {"unit/cpu::suites/a.py::t2": "report/failures/x/repro.json"},
                                               [("suites/b.py::t9", 0.5, 1, 2)])
-    assert verdict_table.rows[0][:6] == ("unit", "required", "1", "1", "0", "1") and verdict_table.status == ("bad",)
+    # suite, kind, passed, failed, skipped, xfailed, flaky
+    assert verdict_table.rows[0][:7] == ("unit", "required", "1", "1", "0", "0", "1") and verdict_table.status == ("bad",)
     assert [r[0] for r in flaky.rows] == ["suites/a.py::t1", "suites/a.py::t2", "suites/b.py::t9"]
     assert flaky.rows[0][2] == "failed → passed" and flaky.rows[1][5] == "report/failures/x/repro.json"
     info = render.RunInfo("g", "run", "abc", False, "0.5.23", "", 1, 2)
@@ -184,3 +185,15 @@ def test_an_unreadable_ledger_is_said_on_the_page(tmp_path: Path, bad: str):
     path.write_text(bad + "\n" + path.read_text())
     text = html_report.write(run / "report", html_report.Header("rerun-test", passed=False), [group]).read_text()
     assert "ledger unreadable" in text and "rerun-test: FAIL" in text
+
+
+def test_an_expected_failure_is_shown_as_xfail_with_its_reason(tmp_path: Path):
+    case = results.CaseResult("t.py::test_known_bug", "xfailed", 0.1, message="sglang#40309: never reclaims SWA pages",
+                              reason="sglang#40309: never reclaims SWA pages")
+    group = results.GroupResult("cpu", "cpu", "ubuntu-latest", (case,), 1.0, 0)
+    text = html_report.write(tmp_path / "report", html_report.Header("rerun-test", passed=True), [group]).read_text()
+    assert '<span class="badge xfailed">xfailed</span>' in text
+    assert '<div class="msg xfailed"><span class=why>expected failure: </span>sglang#40309: never reclaims SWA pages</div>' in text
+    assert "Failures" not in text  # an expected failure is not a failure
+    # groups table: tests, passed, failed, skipped, xfailed
+    assert "<td class=num>1</td><td class=num>0</td><td class=num>0</td><td class=num>0</td><td class=num>1</td>" in text

@@ -149,3 +149,47 @@ def test_torn_record_lines_are_skipped(tmp_path: Path):
     (tmp_path / rundir.RECORD_FILE).write_text(json.dumps(line) + "\n" + '{"path": "/x/te')
     [rec] = records.read_records(tmp_path)
     assert rec.ledgers == (records.Span(tmp_path / "ledger" / "w.jsonl", 0, 10),)
+
+
+XFAIL_TESTS = '''
+import pytest
+
+
+@pytest.mark.xfail(reason="sglang#40309: _pre_alloc never reclaims SWA pages", strict=True)
+def test_known_bug():
+    assert False
+
+
+@pytest.mark.xfail(reason="sglang#99999: fixed upstream since", strict=True)
+def test_fixed_bug():
+    assert True
+
+
+def test_plain():
+    assert True
+'''
+
+
+def test_expected_failures_are_counted_and_shown_with_their_reason(pytester, tmp_path: Path):
+    from harness.report import summary
+    from harness.report.results import GroupResult
+    from harness.rerun import comment
+
+    pytester.makepyfile(test_xf=XFAIL_TESTS)
+    xml = tmp_path / "junit.xml"
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit1")
+    cases = {c.nodeid.split("::")[-1]: c for c in junit.read_junit(xml)}
+    assert (cases["test_known_bug"].outcome, cases["test_known_bug"].message) == (
+        "xfailed", "sglang#40309: _pre_alloc never reclaims SWA pages")
+    assert cases["test_known_bug"].xfail and not cases["test_plain"].xfail
+    # an unexpected pass of a strict xfail is a failure that says why
+    assert cases["test_fixed_bug"].outcome == "failed"
+    assert cases["test_fixed_bug"].message == "[XPASS(strict)] sglang#99999: fixed upstream since"
+    group = GroupResult("cpu", "cpu", "ubuntu-latest", tuple(cases.values()), 1.0, 1)
+    md = summary.markdown([group])
+    assert "| ❌ cpu | ubuntu-latest | 3 | 1 | 1 | 0 | 1 | 1.0s |" in md
+    assert "**Expected failures** (xfail)" in md and "sglang#40309: _pre_alloc never reclaims SWA pages" in md
+    assert "[XPASS(strict)] sglang#99999" in md.split("**Expected failures**")[0]
+    assert summary.to_json([group])["groups"][0]["counts"]["xfailed"] == 1
+    assert ", 1 xfailed" in comment.render_line(comment.from_result(group))
+    assert summary.table([group]).splitlines()[0].split()[6] == "xfailed"

@@ -124,7 +124,7 @@ def result_json(info: RunInfo, v: Verdict, repros: dict[str, str]) -> dict[str, 
                 "pass_rate": sv.outcome.pass_rate,
                 "min_pass_rate": sv.outcome.min_pass_rate,
                 "counts": {"passed": sv.outcome.passed, "failed": sv.outcome.failed, "skipped": sv.outcome.skipped,
-                           "flaky": sv.outcome.flaky},
+                           "xfailed": sv.outcome.xfailed, "flaky": sv.outcome.flaky},
                 "notes": list(sv.outcome.notes),
                 "error": sv.outcome.error,
                 "tests": [
@@ -190,10 +190,10 @@ def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[st
     for sv in v.suites:
         s = sv.outcome
         rows.append((s.name, "required" if s.required else "informational", str(s.passed), str(s.failed), str(s.skipped),
-                     str(s.flaky), _rate(s.pass_rate), f"{s.min_pass_rate:.0%}", "; ".join(sv.reasons) or "ok"))
+                     str(s.xfailed), str(s.flaky), _rate(s.pass_rate), f"{s.min_pass_rate:.0%}", "; ".join(sv.reasons) or "ok"))
         status.append("ok" if sv.ok else ("bad" if s.required else "warn"))
     verdict_table = page.Table(
-        "Gate verdict", ("suite", "kind", "passed", "failed", "skipped", "flaky", "pass rate", "needed", "status"),
+        "Gate verdict", ("suite", "kind", "passed", "failed", "skipped", "xfailed", "flaky", "pass rate", "needed", "status"),
         tuple(rows), tuple(status))
     frows, fstatus = [], []
     for sv in v.suites:

@@ -88,6 +88,11 @@ class SuiteOutcome:
         return self.count("skipped")
 
     @property
+    def xfailed(self) -> int:
+        """Expected failures (neither a pass nor a failure in the pass rate)."""
+        return self.count("xfailed")
+
+    @property
     def flaky(self) -> int:
         return sum(1 for t in self.tests if t.flaky)
 

@@ -4,7 +4,8 @@ matrix, the run report, a suite run inside a worker — reads JUnit here and now
 :func:`parse_junit` / :func:`read_junit`
     a pytest JUnit document → :class:`~harness.report.results.CaseResult` per test case (node id
     rebuilt from ``file`` of ``junit_family=xunit1``, else from ``classname`` and ``name``; an
-    expected failure, which JUnit records as a skip of type ``pytest.xfail``, is flagged ``xfail``).
+    expected failure, which JUnit records as a skip of type ``pytest.xfail``, is ``xfailed`` with its
+    reason; a strict xfail that passed is a ``failure`` whose message says ``[XPASS(strict)]`` and why).
 :func:`merge_junit`
     per-group documents folded into one, each ``<testsuite>`` stamped with ``<property>`` elements
     (topology, runner, group, …) so a merged file still says where each test ran.
@@ -19,6 +20,7 @@ from harness.report.results import CaseResult, one_line
 
 #: The ``type`` pytest gives the ``<skipped>`` element of an expected failure.
 XFAIL_TYPE = "pytest.xfail"
+
 
 def _relative(file: str, root: Path | None) -> str:
     path = Path(file)
@@ -64,16 +66,17 @@ def parse_junit(xml_text: str, root: Path | None = None) -> list[CaseResult]:
     for case in doc.iter("testcase"):
         file = _relative(case.get("file") or "", root)
         nodeid = _nodeid(file, case.get("classname", ""), case.get("name", ""))
-        outcome, message, reason, text, xfail = "passed", "", "", "", False
+        outcome, message, reason, text = "passed", "", "", ""
         for tag, kind in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
             el = case.find(tag)
             if el is not None:
                 reason, text = el.get("message") or "", el.text or ""
                 outcome, message = kind, one_line(reason or text)
-                xfail = tag == "skipped" and el.get("type") == XFAIL_TYPE
+                if tag == "skipped" and el.get("type") == XFAIL_TYPE:
+                    outcome = "xfailed"
                 break
         out.append(CaseResult(nodeid=nodeid, outcome=outcome, duration=float(case.get("time") or 0), message=message,
-                              reason=reason, traceback=text, xfail=xfail))
+                              reason=reason, traceback=text))
     return out
 
 

@@ -133,6 +133,7 @@ th,td{border:1px solid #d0d4d9;padding:3px 8px;text-align:left;vertical-align:to
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;margin-right:8px}
 .badge.passed{background:#1a7f37}.badge.failed,.badge.error{background:#cf222e}.badge.skipped{background:#9a6700}
+.badge.xfailed{background:#6e40c9}
 tr.bad{background:#fff4f4} tr.warn{background:#fff8e5}
 tr.ok td:first-child{border-left:4px solid #1a7f37} tr.bad td:first-child{border-left:4px solid #cf222e}
 tr.warn td:first-child{border-left:4px solid #9a6700}
@@ -140,6 +141,8 @@ tr.warn td:first-child{border-left:4px solid #9a6700}
 .test.bad{border-left:5px solid #cf222e} .head{display:flex;align-items:center;gap:6px;flex-wrap:wrap}
 .msg{font-family:ui-monospace,Menlo,Consolas,monospace;background:#fff4f4;border:1px solid #f3c1c1;padding:6px 8px;
 white-space:pre-wrap;margin:8px 0;font-size:12.5px}
+.msg.xfailed,.msg.skipped{background:#f6f8fa;border-color:#d0d4d9} .msg .why{color:#57606a}
+tr.knock-on td:first-child{color:#9a6700;font-weight:400}
 .meta{color:#57606a;font-size:12.5px} img.timeline{max-width:100%;border:1px solid #d0d4d9;margin-top:8px;display:block}
 table.violations td{font-size:12.5px} table.violations tr td:first-child{color:#cf222e;font-weight:700}
 pre{background:#0d1117;color:#e6edf3;padding:8px 10px;overflow-x:auto;font-size:12px;max-height:420px}
@@ -211,7 +214,7 @@ def _group_row(g: GroupResult, records: list[TestRecord], report_dir: Path) -> d
     return {"state": "ok" if g.ok else "bad", "name": g.name, "topology": g.topology, "runner": g.runner,
             "simulated": props.get("simulated", "-"), "tests": len(g.cases), "passed": g.count("passed"),
             "failed": g.count("failed") + g.count("error"), "skipped": g.count("skipped"),
-            "wall": duration(g.wall_time), "seeds": seed_text or "-", "note": g.note, "log": log_link}
+            "xfailed": g.count("xfailed"), "wall": duration(g.wall_time), "seeds": seed_text or "-", "note": g.note, "log": log_link}
 
 
 def _anchor(group: GroupResult, case: CaseResult) -> str:
@@ -255,7 +258,7 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
             at += f"; {m.repeats} more event(s) to #{m.last_seq}"
         marks.append({"rule": m.rule, "worker": m.worker, "seq": m.seq if m.seq is not None else "", "rid": m.rid,
                       "label": m.label, "at": at, "pages": m.pages, "held": m.held, "rule_text": m.rule_text,
-                      "message": m.message})
+                      "message": m.message, "follows": m.follows})
     rows = [(r.worker, q) for r in ranks for q in r.requests]
     pools = [p for p in timeline.POOLS if any(p in r.used for r in ranks)]
     return {"error": "", "events": len(events), "ranks": len(ranks), "violating": sum(len(r.violation_t) for r in ranks),

@@ -11,7 +11,11 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("passed", "failed", "error", "skipped")
+#: Every outcome a test can have. ``xfailed``: an expected failure (a strict ``xfail`` of a known
+#: upstream bug, a canary) that failed as expected, with its reason; its unexpected pass is ``failed``.
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed")
+#: The longest one-line message a report keeps (a failure's headline fits whole).
+MESSAGE_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,6 @@ class CaseResult:
         message: one line (the failure's reason or skip reason), ``""`` when passed.
         reason: the JUnit element's whole ``message`` attribute (not compared).
         traceback: the JUnit element's text (not compared).
-        xfail: a skip that is an expected failure (``pytest.xfail``; not compared).
     """
 
     nodeid: str
@@ -34,7 +37,11 @@ class CaseResult:
     message: str = ""
     reason: str = field(default="", compare=False, repr=False)
     traceback: str = field(default="", compare=False, repr=False)
-    xfail: bool = field(default=False, compare=False, repr=False)
+
+    @property
+    def xfail(self) -> bool:
+        """An expected failure that failed as expected."""
+        return self.outcome == "xfailed"
 
     @property
     def file(self) -> str:
@@ -84,22 +91,10 @@ class GroupResult:
         return Path(value) if value else None
 
 
-def one_line(text: str, limit: int = 160) -> str:
+def one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
     """First meaningful line of ``text``, trimmed to ``limit`` characters."""
     for line in text.splitlines():
         line = line.strip()
         if line:
             return line if len(line) <= limit else line[: limit - 1] + "…"
     return ""
-
-
-# ---------------------------------------------------------------------------------------------
-# JUnit
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# per-test records and what each test wrote
-# ---------------------------------------------------------------------------------------------
-
-

@@ -41,7 +41,7 @@ class Mark:
     """One violation, tied to the event that broke the rule.
 
     Attributes:
-        label: ``V1``, ``V2``… in the order shown.
+        label: ``V1``, ``V2``… in the order shown: each root cause, then the knock-ons that followed it.
         rule: the rule's name; ``rule_text``: what it demands (:data:`harness.ledger.RULES`).
         message: what the checker said was wrong.
         worker: the rank; ``seq``: the event's sequence number on it (None: no event found).
@@ -51,6 +51,8 @@ class Mark:
         t: seconds since the test's first event.
         repeats: further events of the same rule, rank and request after this first one.
         last_seq: the last of those events (None when there are none).
+        follows: for a knock-on, the label of the root cause it followed from
+            (:func:`harness.ledger.root_causes`); ``""`` for a root cause.
     """
 
     label: str
@@ -66,6 +68,7 @@ class Mark:
     held: str = ""
     repeats: int = 0
     last_seq: int | None = None
+    follows: str = ""
 
     def line(self) -> str:
         """One line: ``V1 swa-over-window at decode-r0#17 decode_alloc rid=c3 pages swa [40] held swa [3, 7, 40]: …``."""
@@ -73,6 +76,7 @@ class Mark:
         pages = f" pages {self.pages}" if self.pages else ""
         held = f" held {self.held}" if self.held else ""
         more = f" (+{self.repeats} more events to #{self.last_seq})" if self.repeats else ""
+        more += f" (follows {self.follows})" if self.follows else ""
         return f"{self.label} {self.rule} at {at} {self.kind} rid={self.rid or '-'}{pages}{held}: {self.message}{more}"
 
 
@@ -140,7 +144,8 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
     Returns:
         One :class:`Rank` per worker with events, prefill ranks first, then by name. Violations of
         one rule by one request on one rank are one mark, at the first event that broke the rule
-        (later ones are counted); marks are labelled ``V1``… across all ranks in time order.
+        (later ones are counted); marks are labelled ``V1``… across all ranks: the root causes in time
+        order, each followed by its knock-ons (:func:`harness.ledger.root_causes`).
     """
     streams = {w: sorted(evs, key=lambda e: e.seq) for w, evs in events_by_worker.items() if evs}
     if not streams:
@@ -205,9 +210,25 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
         ranks.append(Rank(worker, evs[0].component, tuple(ts), {p: tuple(series[p]) for p in order}, tuple(marked),
                           requests=rows, violation_t=tuple(vts)))
     marks: dict[str, list[Mark]] = defaultdict(list)
-    for i, f in enumerate(sorted(firsts.values(), key=lambda f: (f["t"], f["worker"], f["rule"], f["rid"])), 1):
-        marks[f["worker"]].append(Mark(label=f"V{i}", **f))
+    for i, (f, root) in enumerate(_root_first(list(firsts.values())), 1):
+        marks[f["worker"]].append(Mark(label=f"V{i}", follows=f"V{root}" if root else "", **f))
     return [replace(r, marks=tuple(marks.get(r.worker, ()))) for r in ranks]
+
+
+def _root_first(firsts: list[dict]) -> list[tuple[dict, int]]:
+    """The first violations of each (rank, rule, request), root causes first: ``(first, n)`` where ``n``
+    is the 1-based position of the root a knock-on follows from (0 for a root)."""
+    in_time = sorted(firsts, key=lambda f: (f["t"], f["worker"], f["rule"], f["rid"]))
+    as_violation = {id(f): ledger.Violation(f["rule"], f["message"], f["seq"], f["worker"], f["rid"]) for f in in_time}
+    back = {id(v): f for f in in_time for v in [as_violation[id(f)]]}
+    causes = ledger.root_causes(as_violation.values())
+    causes.sort(key=lambda c: in_time.index(back[id(c.root)]))
+    out: list[tuple[dict, int]] = []
+    for cause in causes:
+        out.append((back[id(cause.root)], 0))
+        root_at = len(out)
+        out += [(back[id(k)], root_at) for k in cause.knock_ons]
+    return out
 
 
 def downsample(t: Sequence[float], y: Sequence[int], max_points: int = MAX_POINTS) -> tuple[list[float], list[int]]:

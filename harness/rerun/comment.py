@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from harness.report.results import GroupResult
+from harness.report.results import MESSAGE_CHARS, GroupResult
 
 STATUS_MARKER = "<!-- rerun-test:status -->"
 LINK_PLACEHOLDER = "{run_url}"
@@ -34,7 +34,7 @@ class GroupStatus:
         name: group name (``cpu``, ``8-gpu-h200-1of2``).
         runner: runner label.
         state: ``queued`` | ``running`` | ``passed`` | ``failed``.
-        passed, failed, skipped: counts so far.
+        passed, failed, skipped, xfailed: counts so far (``xfailed``: expected failures).
         link: URL of the job's logs (``{run_url}`` placeholder until known).
         failures: (node id, one-line reason) of failing tests.
         note: one line about the group itself (crash, not runnable here).
@@ -47,6 +47,7 @@ class GroupStatus:
     passed: int = 0
     failed: int = 0
     skipped: int = 0
+    xfailed: int = 0
     link: str = LINK_PLACEHOLDER
     failures: tuple[tuple[str, str], ...] = ()
     note: str = ""
@@ -75,6 +76,7 @@ def from_result(result: GroupResult, link: str = LINK_PLACEHOLDER) -> GroupStatu
         passed=result.count("passed"),
         failed=result.count("failed") + result.count("error"),
         skipped=result.count("skipped"),
+        xfailed=result.count("xfailed"),
         link=link,
         failures=tuple((c.nodeid, c.message or c.outcome) for c in result.failures),
         note=result.note,
@@ -86,7 +88,7 @@ def _clean(text: str) -> str:
     """One safe markdown line: no newlines, no HTML comments (they would fake a marker), no pipes."""
     text = " ".join(text.split())
     text = text.replace("<!--", "<!−−").replace("-->", "−−>").replace("`", "'")
-    return text[:200]
+    return text[:MESSAGE_CHARS]
 
 
 def render_line(s: GroupStatus) -> str:
@@ -98,6 +100,8 @@ def render_line(s: GroupStatus) -> str:
     parts = [f"- {ICONS[s.state]} **{_clean(s.name)}** (`{_clean(s.runner)}`): {s.state}"]
     if s.state != "queued":
         parts[0] += f" — {s.passed} passed, {s.failed} failed, {s.skipped} skipped"
+        if s.xfailed:
+            parts[0] += f", {s.xfailed} xfailed"
     parts.append(f"[logs]({_clean(s.link)})")
     if s.report:
         # GitHub links a run's artifacts, not a file inside one: the link goes to the list, the path says where.

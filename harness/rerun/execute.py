@@ -91,8 +91,9 @@ class Progress:
         done = len(self.cases)
         total = f"/{self.collected}" if self.collected is not None else ""
         failed = self.count("failed") + self.count("error")
+        xfailed = f" xfailed {self.count('xfailed')}" if self.count("xfailed") else ""
         return (f"[{self.group.name}] {self.state:7} {done}{total} passed {self.count('passed')} failed {failed} "
-                f"skipped {self.count('skipped')} {self.wall:.1f}s")
+                f"skipped {self.count('skipped')}{xfailed} {self.wall:.1f}s")
 
 
 class LiveLines:

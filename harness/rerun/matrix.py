@@ -30,7 +30,7 @@ from harness.workers import procs
 
 logger = logging.getLogger(__name__)
 
-_OUTCOMES = ("passed", "failed", "error", "skipped")
+_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed")
 
 
 @dataclass(frozen=True)

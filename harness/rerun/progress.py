@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.report.results import one_line
 from harness.rerun.execute import PROGRESS_ENV as ENV
 
 _state: dict[str, dict] = {}  # nodeid -> outcome being accumulated over setup/call/teardown
@@ -34,6 +35,9 @@ def _write(event: dict) -> None:
 
 
 def _message(report: pytest.BaseReport) -> str:
+    if getattr(report, "wasxfail", None) is not None and report.skipped:  # an expected failure: its reason
+        reason = str(getattr(report, "wasxfail"))
+        return one_line(reason[len("reason: "):] if reason.startswith("reason: ") else reason)
     lr = report.longrepr
     if lr is None:
         return ""
@@ -42,11 +46,7 @@ def _message(report: pytest.BaseReport) -> str:
     else:
         crash = getattr(lr, "reprcrash", None)
         text = crash.message if crash is not None else str(lr)
-    for line in text.splitlines():
-        if line.strip():
-            line = line.strip()
-            return line if len(line) <= 200 else line[:199] + "…"
-    return ""
+    return one_line(text)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -67,7 +67,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if report.failed:
             st.update(outcome="failed", message=_message(report))
         elif report.skipped:  # xfail / skip inside the test
-            st.update(outcome="skipped", message=_message(report))
+            xfailed = getattr(report, "wasxfail", None) is not None
+            st.update(outcome="xfailed" if xfailed else "skipped", message=_message(report))
     elif report.failed and st["outcome"] != "failed":
         st.update(outcome="error", message=f"{report.when}: {_message(report)}")
     elif report.skipped and report.when == "setup":
