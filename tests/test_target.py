@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from harness.rerun import matrix as versions
 from harness.targets.sglang import compat
+from harness.targets.sglang import resolve as resolve_mod
 from harness.targets.sglang import selection as target
 from harness.targets.sglang.version import UNKNOWN, read_version
 
@@ -121,11 +123,38 @@ def test_bad_targets_are_refused_in_one_line(tmp_path, make, message):
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_a_release_the_index_does_not_have_is_refused(tmp_path, monkeypatch):
+def _fake_index(root: Path, versions: list[str]) -> str:
+    """A package index (PEP 503 simple layout, as a directory) listing sglang ``versions``."""
+    page = root / "simple" / "sglang" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("".join(f'<a href="sglang-{v}-py3-none-any.whl">sglang-{v}-py3-none-any.whl</a>\n' for v in versions))
+    return (root / "simple").as_uri()
+
+
+def test_a_release_the_index_does_not_have_is_refused_before_installing(tmp_path, monkeypatch):
     monkeypatch.setenv(target.CACHE_ENV, str(tmp_path / "cache"))
-    with pytest.raises(target.TargetError, match=r"sglang 0\.5\.999 is not on the package index"):
-        target.resolve("0.5.999")
-    assert not (tmp_path / "cache" / "0.5.999").exists(), "a failed install leaves nothing to reuse"
+    said: list[str] = []
+    with pytest.raises(target.TargetError, match=r"sglang 0\.5\.999 is not on the package index") as raised:
+        target.resolve("0.5.999", progress=said.append)
+    assert said == [] and "\n" not in str(raised.value), "refused before anything is said or written"
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir()), "no lock file, no directory"
+
+
+def test_a_release_newer_than_checked_is_tried_with_a_warning(tmp_path, monkeypatch):
+    # An index that has 0.5.24 (its wheel file missing, so the install itself fails, leaving nothing).
+    monkeypatch.setenv("PIP_INDEX_URL", _fake_index(tmp_path / "index", ["0.5.23", "0.5.24"]))
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    monkeypatch.setenv(target.CACHE_ENV, str(tmp_path / "cache"))
+    assert resolve_mod.index_versions("sglang") == ("0.5.24", "0.5.23")
+    said: list[str] = []
+    with pytest.raises(target.TargetError, match=r"sglang 0\.5\.24 is not on the package index|could not|pip"):
+        target.resolve("0.5.24", progress=said.append)
+    assert said[0].startswith("warning: sglang 0.5.24 is newer than the newest release the harness was checked against (0.5.23)")
+    assert any("installing" in line for line in said[1:])
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [], "a failed install leaves no lock and no directory"
+    with pytest.raises(target.TargetError, match=r"sglang 0\.5\.22 is not on the package index \(its newest release is 0\.5\.24\)"):
+        target.resolve("0.5.22")
 
 
 # ---------------------------------------------------------------------------------------- activate
@@ -151,6 +180,18 @@ def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
                           env=_env(PYTHONPATH=os.pathsep.join([str(other), _env()["PYTHONPATH"]])))
     last = done.stderr.splitlines()[-1]
     assert done.returncode != 0 and f"sglang was imported from {other.resolve()} before the target sglang 0.5.21 (tree" in last, last
+
+
+def test_a_tree_of_links_imported_first_is_that_tree(tmp_path):
+    # A forked rank imported sglang from the tree before it selects it; the tree's files are links
+    # to another tree's (the tests' unpacked release): it is still the target, not the linked-to tree.
+    real = fake_tree(tmp_path / "real", "0.5.21")
+    links = tmp_path / "links"
+    shutil.copytree(real, links, copy_function=os.symlink)
+    code = "import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1]); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code, str(links)], capture_output=True, text=True, timeout=120,
+                          env=_env(PYTHONPATH=os.pathsep.join([str(links), _env()["PYTHONPATH"]])))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-1500:]
 
 
 # ---------------------------------------------------------------------------------------- compat
@@ -280,6 +321,6 @@ def test_rerun_test_refuses_a_release_the_index_does_not_have(tmp_path):
                           timeout=600)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr[-1500:]
-    # At most the install's progress line, then the one error line.
-    assert len(lines) <= 2 and "sglang 0.5.999 is not on the package index" in lines[-1]
-    assert not (run_dir / "junit").exists()
+    # One error line, before anything is installed or any run directory made.
+    assert len(lines) == 1 and "sglang 0.5.999 is not on the package index" in lines[0], lines
+    assert not run_dir.exists() and not list((tmp_path / "cache").glob(".*lock"))

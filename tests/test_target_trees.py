@@ -1,5 +1,11 @@
 """A sglang source tree is what runs: an edit a PR might make to a release's tree is caught by the
-suites through ``rerun-test --sglang TREE``, and the untouched tree passes.
+suites through ``rerun-test --sglang TREE``, every failure's first line says what caught it and where to
+look, and the untouched tree passes.
+
+The planted bug: ``DecodePreallocQueue._swa_tail_len`` rounds the window start up to a page instead of
+down, so the tail it returns is one page short but still page-aligned (sglang's own asserts stay
+quiet). One simulated PD test (2-gpu-h100, simulated) and two of the real-server suite's (a real
+prefill + decode + router stack of the SWA model on ``cpu``) run on the tree.
 
 The tree is the venv's installed release unpacked into a directory as links to its files (cheap
 enough for CI: nothing is downloaded or copied), byte-code caches included (still valid: the
@@ -10,6 +16,7 @@ importing sglang on one core), each test waiting for its own.
 
 from __future__ import annotations
 
+import html
 import os
 import shutil
 import subprocess
@@ -21,12 +28,18 @@ import pytest
 
 from harness.targets.sglang import selection as target
 
-pytestmark = pytest.mark.est_time(35)
+pytestmark = pytest.mark.est_time(90)
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = "test_swa_prealloc_accounting.py"
-# The page floor of the SWA window start in DecodePreallocQueue._swa_tail_len (sglang#35286 / #35396).
+# The page floor of the SWA window start in DecodePreallocQueue._swa_tail_len (sglang#35286 / #35396),
+# and the planted bug: the start rounded up, the tail one page short.
 PAGE_FLOOR = "        window_start = (window_start // page_size) * page_size\n"
+ONE_PAGE_SHORT = "        window_start = -(-window_start // page_size) * page_size\n"
+PLANTED_SPECS = ("test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",
+                 "test_disaggregation_swa_server.py::test_decode_ledger_holds_swa_invariants",
+                 "test_disaggregation_swa_server.py::test_pd_greedy_matches_plain[300]")
+EVIDENCE = ("ledger", "kv", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
 
 
 def unpack_release(dest: Path) -> Path:
@@ -55,7 +68,7 @@ OLDER = "0.5.22"
 class Rerun:
     """One ``rerun-test --sglang TARGET SPEC`` started; :meth:`result` waits for it."""
 
-    def __init__(self, target_spec: str, spec: str, run_dir: Path, tree: Path | None = None):
+    def __init__(self, target_spec: str, specs: tuple[str, ...], run_dir: Path, tree: Path | None = None):
         self.run_dir = run_dir
         self.tree = tree
         env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
@@ -63,7 +76,7 @@ class Rerun:
         self.out, self.err = run_dir.with_name("stdout.log"), run_dir.with_name("stderr.log")
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen([str(Path(sys.executable).parent / "rerun-test"), "--sglang", target_spec,
-                                          "--run-dir", str(run_dir), spec], cwd=REPO, env=env, stdout=out, stderr=err)
+                                          "--run-dir", str(run_dir), *specs], cwd=REPO, env=env, stdout=out, stderr=err)
         self._done: subprocess.CompletedProcess | None = None
 
     def result(self) -> subprocess.CompletedProcess:
@@ -83,7 +96,7 @@ class Rerun:
 
 
 #: The runs each test needs (started together by the ``reruns`` fixture).
-NEEDS = {"test_a_tree_without_the_page_floor_fails_naming_the_invariant_and_the_untouched_tree_passes": ("pr", "release"),
+NEEDS = {"test_a_tree_with_the_tail_one_page_short_fails_naming_rule_request_and_suspect": ("pr", "release"),
          "test_an_older_release_installs_on_demand_and_runs_the_suites": (OLDER,)}
 
 
@@ -98,12 +111,12 @@ def reruns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         for name in dict.fromkeys(wanted):
             base = tmp_path_factory.mktemp(name)
             if name == OLDER:
-                runs[name] = Rerun(OLDER, "test_decode_reservation.py", base / "run")
+                runs[name] = Rerun(OLDER, ("test_decode_reservation.py",), base / "run")
                 continue
             tree = unpack_release(base / name)
             if name == "pr":
-                edit(tree, "sglang/srt/disaggregation/decode.py", PAGE_FLOOR, "")
-            runs[name] = Rerun(str(tree), SUITE, base / "run", tree)
+                edit(tree, "sglang/srt/disaggregation/decode.py", PAGE_FLOOR, ONE_PAGE_SHORT)
+            runs[name] = Rerun(str(tree), PLANTED_SPECS if name == "pr" else (SUITE,), base / "run", tree)
         yield runs
     finally:
         for run in runs.values():
@@ -111,13 +124,32 @@ def reruns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.mark.timeout(2400)
-def test_a_tree_without_the_page_floor_fails_naming_the_invariant_and_the_untouched_tree_passes(reruns):
+def test_a_tree_with_the_tail_one_page_short_fails_naming_rule_request_and_suspect(reruns):
     broken = reruns["pr"].tree
     bad, good = reruns["pr"].result(), reruns["release"].result()
     assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-2000:]
     assert f"(tree {broken.resolve()})" in bad.stdout, "the run names the tree it tested"
     failures = [ln for ln in bad.stdout.splitlines() if ln.startswith("FAILED ")]
-    assert any("is not a multiple of page" in ln for ln in failures), failures
+    assert failures, bad.stdout[-3000:]
+    # Every failure's first line names its evidence class; none is Ray's wrapper or cut before its cause.
+    heads = [ln.split("): ", 1)[1] for ln in failures]
+    assert all(h.split(" ", 1)[0] in EVIDENCE for h in heads), heads
+    assert not [h for h in heads if "ray::" in h or "repr=<" in h or "\x1b[" in h], heads
+    suspect = "suspect: sglang/srt/disaggregation/decode.py DecodePreallocQueue._swa_tail_len"
+    tail_short = [h for h in heads if h.startswith("ledger [swa-tail-short] ") and suspect in h]
+    assert tail_short, heads
+    simulated = [ln for ln in failures if "test_disaggregation_basic.py::" in ln and "(2-gpu-h100)" in ln]
+    served = [ln for ln in failures if "_server.py::" in ln and "(cpu)" in ln]
+    assert simulated and served, "the planted bug fails the simulated suite and the real-server suite"
+    for ln in simulated + served:  # both lead with the rule the bug breaks, and name the request
+        head = ln.split("): ", 1)[1]
+        assert head.startswith("ledger [swa-tail-short] ") and " prealloc of " in head and suspect in head, ln
+    # The same lines in summary.md (what the /rerun-test comment links) and on the report page.
+    summary = (reruns["pr"].run_dir / "report" / "summary.md").read_text()
+    page = (reruns["pr"].run_dir / "report" / "index.html").read_text()
+    for head in heads:
+        assert head in summary, head
+        assert html.escape(head[:120], quote=True) in page or html.escape(head[:120]) in page, head
 
     assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-2000:]
     assert "passed" in good.stdout and not [ln for ln in good.stdout.splitlines() if ln.startswith("FAILED ")]

@@ -207,11 +207,45 @@ def _release(version: str, say: Callable[[str], None]) -> Target:
     if refusal:
         raise TargetError(refusal)
     root = cache_dir() / version
+    if not (root / ".complete").is_file():
+        _on_index(version, say)  # before anything is written: a refused release leaves nothing behind
     install_once(root, [f"sglang=={version}"], f"sglang {version}", say,
              missing=f"sglang {version} is not on the package index; pass a released version "
                      f"({releases.SUPPORTED_RANGE}), a source tree or a wheel")
     found = read_version(root)
     return Target(spec=version, origin="release", version=found, root=str(root), deps=_deps(found, say))
+
+
+def index_versions(package: str = "sglang") -> tuple[str, ...] | None:
+    """The releases of ``package`` on the package index pip is configured with (``pip index versions``:
+    the same index, mirrors and ``PIP_*`` settings an install would use), newest first; None when
+    the index cannot be asked (offline, an old pip): the install then says what went wrong."""
+    cmd = [sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return () if "No matching distribution" in (done.stderr or "") else None
+    for line in done.stdout.splitlines():
+        if line.startswith("Available versions:"):
+            return tuple(v.strip() for v in line.split(":", 1)[1].split(",") if v.strip())
+    return None
+
+
+def _on_index(version: str, say: Callable[[str], None]) -> None:
+    """Refuse a release the package index does not have (one line naming the newest it has); warn
+    about one newer than the newest the harness was checked against."""
+    available = index_versions("sglang")
+    if available is not None and version not in available:
+        newest = next((v for v in available if release_tuple(v)), "none")
+        raise TargetError(f"sglang {version} is not on the package index (its newest release is {newest}); "
+                          f"pass a released version ({releases.SUPPORTED_RANGE}), a source tree or a wheel")
+    parsed = release_tuple(version)
+    if parsed and parsed[:3] > releases.NEWEST_CHECKED:
+        newest_checked = ".".join(map(str, releases.NEWEST_CHECKED))
+        say(f"warning: sglang {version} is newer than the newest release the harness was checked against "
+            f"({newest_checked}); trying it: a capability it lacks is said when a test needs it")
 
 
 def _wheel(spec: str, say: Callable[[str], None]) -> Target:
@@ -266,7 +300,11 @@ def install_once(dest: Path, reqs: list[str], what: str, say: Callable[[str], No
             return
         shutil.rmtree(dest, ignore_errors=True)
         say(f"{what}: installing into {dest} (once; reused by later runs)")
-        pip_install(reqs, dest, missing)
+        try:
+            pip_install(reqs, dest, missing)
+        except TargetError:
+            Path(lock.name).unlink(missing_ok=True)  # a failed install leaves nothing of itself
+            raise
         marker.write_text(json.dumps({"installed": reqs}) + "\n")
 
 

@@ -72,8 +72,10 @@ def activate(target: Target) -> None:
         os.environ.setdefault(key, value)  # inherited by every process this one starts
     loaded = sys.modules.get("sglang")
     if loaded is not None and target.origin != INSTALLED:
-        where = Path(getattr(loaded, "__file__", "") or "").resolve().parent.parent
-        if where != Path(target.root).resolve():
+        # Where it was imported from as the import system saw it: a tree of links to another tree's
+        # files (the tests' unpacked release) is that tree, not the one its links resolve to.
+        where = Path(os.path.abspath(getattr(loaded, "__file__", "") or "")).parent.parent
+        if where.resolve() != Path(target.root).resolve():
             raise TargetError(f"sglang was imported from {where} before the target {target.label()} was "
                               "selected; pass --sglang (or HARNESS_SGLANG) before anything imports sglang")
     overlay = os.environ.get(OVERLAY_ENV)
