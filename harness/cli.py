@@ -1,7 +1,8 @@
 """The ``harness`` command: one sub-command per concern, each in ``harness/commands/<name>.py``.
 
 A command module exposes ``register(subparsers)`` which adds its parser and sets ``func`` (taking the
-parsed args, returning the exit code). Bad input gets one ``harness: ...`` line on stderr and exit 2.
+parsed args, returning the exit code). Bad input gets one ``harness: ...`` line on stderr and exit 2;
+``--version`` works on every command.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 import logging
 import sys
 
-from harness.commands import UsageError
+from harness.commands import UsageError, add_version
 
 # Sub-command modules, in help order. Add a line here when a concern gains a command.
 COMMANDS = (
@@ -21,6 +22,7 @@ COMMANDS = (
     "harness.commands.gate",
     "harness.commands.flaky",
     "harness.commands.matrix",
+    "harness.commands.runs",
 )
 
 
@@ -31,12 +33,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(name).register(sub)
+    _versioned(parser)
     return parser
+
+
+def _versioned(parser: argparse.ArgumentParser) -> None:
+    """``--version`` on the command and on every sub-command below it."""
+    add_version(parser, "harness")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _versioned(child)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, as run records say it
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)

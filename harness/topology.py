@@ -21,8 +21,8 @@ File shape::
     [roles.prefill]                  # kind defaults to the table name
     count = 1                        # instances
     tp = 1
-    dp = 1
-    gpus_per_rank = 1
+    dp = 1                           # tp, dp and dp_attention are read from engine_args when not given;
+    gpus_per_rank = 1                # given, they must agree with them
     node = 0                         # optional: pin to this node index
     engine_args = []
 """
@@ -79,8 +79,9 @@ class RoleSpec:
 
     @property
     def groups(self) -> int:
-        """Placement groups this role needs: one per instance and DP replica."""
-        return self.count * self.dp
+        """Placement groups this role needs: one per instance and DP replica (attention-DP replicas
+        share their instance's TP group, so then one per instance)."""
+        return self.count * (1 if self.dp_attention else self.dp)
 
     @property
     def gpus_per_group(self) -> int:
@@ -213,21 +214,71 @@ def _parse_role(name: str, table: Any, where: str) -> RoleSpec:
     if node is not None:
         _positive(node, where, f"{ctx}node", minimum=0)
     default_gpus = 0 if kind == "router" else 1
+    tp, dp, dp_attention = _parallelism(table, tuple(engine_args), where, ctx)
     role = RoleSpec(
         name=name,
         kind=kind,
         count=_positive(_take(table, "count", int, 1, where, ctx), where, f"{ctx}count"),
-        tp=_positive(_take(table, "tp", int, 1, where, ctx), where, f"{ctx}tp"),
-        dp=_positive(_take(table, "dp", int, 1, where, ctx), where, f"{ctx}dp"),
+        tp=tp,
+        dp=dp,
         gpus_per_rank=_positive(_take(table, "gpus_per_rank", int, default_gpus, where, ctx), where, f"{ctx}gpus_per_rank", 0),
         cpus_per_rank=float(cpus),
         node=node,
         engine_args=tuple(engine_args),
-        dp_attention=_take(table, "dp_attention", bool, False, where, ctx),
+        dp_attention=dp_attention,
     )
     if role.dp_attention and role.dp < 2:
         raise _fail(where, f"{ctx}dp_attention", "needs dp ≥ 2", f"set {ctx}dp to 2 or more, or drop dp_attention")
     return role
+
+
+#: The engine flags that say a role's parallelism (sglang's spellings), by the role key they must agree with.
+_ENGINE_FLAGS = {"tp": ("--tp", "--tp-size", "--tensor-parallel-size"), "dp": ("--dp", "--dp-size", "--data-parallel-size"),
+                 "dp_attention": ("--enable-dp-attention",)}
+
+
+def engine_flag(args: tuple[str, ...], flags: tuple[str, ...]) -> str | None:
+    """The value ``args`` give the first of ``flags`` (``--dp-size 4`` or ``--dp-size=4``; ``""`` for a
+    switch such as ``--enable-dp-attention``; None: not given). The last occurrence wins, as in argparse.
+
+    >>> engine_flag(("--enable-dp-attention", "--dp-size", "4"), ("--dp", "--dp-size")), engine_flag(("--dp-size=2",), ("--dp-size",))
+    ('4', '2')
+    >>> engine_flag(("--enable-dp-attention",), ("--enable-dp-attention",)), engine_flag((), ("--tp",))
+    ('', None)
+    """
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            found = value if eq else ("" if not nxt or nxt.startswith("--") else nxt)
+    return found
+
+
+def _parallelism(table: dict[str, Any], engine_args: tuple[str, ...], where: str, ctx: str) -> tuple[int, int, bool]:
+    """``(tp, dp, dp_attention)`` of a role: as the table says them, else as its engine arguments do;
+    a table value that its engine arguments contradict is refused (the server would run otherwise
+    than the topology places it)."""
+    out: dict[str, Any] = {}
+    for key, flags in _ENGINE_FLAGS.items():
+        said = engine_flag(engine_args, flags)
+        if key == "dp_attention":
+            derived: Any = None if said is None else True
+        elif said is None:
+            derived = None
+        elif not said.isdigit() or int(said) < 1:
+            raise _fail(where, f"{ctx}engine_args", f"{flags[-1]} {said!r} is not a whole number ≥ 1", f"write e.g. [\"{flags[1]}\", \"2\"]")
+        else:
+            derived = int(said)
+        given = _take(table, key, bool if key == "dp_attention" else int, None, where, ctx)
+        if given is not None and derived is not None and given != derived:
+            flag_text = flags[0] if key == "dp_attention" else f"{flags[1]} {derived}"
+            raise _fail(where, f"{ctx}{key}", f"is {str(given).lower()} but engine_args say {flag_text}",
+                        f"drop {ctx}{key} (it is read from engine_args) or make the two agree")
+        out[key] = given if given is not None else derived
+    tp = _positive(out["tp"] if out["tp"] is not None else 1, where, f"{ctx}tp")
+    dp = _positive(out["dp"] if out["dp"] is not None else 1, where, f"{ctx}dp")
+    return tp, dp, bool(out["dp_attention"])
 
 
 def parse(data: dict[str, Any], where: str) -> Topology:

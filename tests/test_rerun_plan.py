@@ -199,3 +199,48 @@ def test_dry_run_pairs_files_and_engine_narrows(capsys):
     assert "also running suites/disaggregation/test_disaggregation_basic_server.py" in err
     assert groups("--engine", "sim") == ({"2-gpu-h100": ["suites/disaggregation/test_disaggregation_basic.py"]}, "")
     assert groups("--engine", "sglang-server")[0] == {"cpu": both["cpu"]}
+
+
+def test_the_plan_estimates_only_what_can_run_here(tmp_path):
+    from harness.rerun import execute
+
+    def item(name: str, est: float, engine: str = "sim") -> plan.Item:
+        return plan.Item(nodeid=f"suites/{name}.py::t", target=f"/x/{name}.py::t", est_time=est, file_rel=f"suites/{name}.py",
+                         engine=engine)
+
+    gpu = plan.Group("8-gpu-h200", "8-gpu-h200", (item("test_dsv4", 10), item("test_dsv4_server", 1500, "sglang-server")),
+                     gpus=8)
+    cpu = plan.Group("cpu", "ubuntu-latest", (item("test_basic_server", 20, "sglang-server"),))
+    real_only = plan.Group("2-node", "2-node", (item("test_node", 30),), gpus=16, allow_simulation=False)
+    opts = execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path, gpus=0)
+    lines = cli.plan_lines(plan.Plan((gpu, cpu, real_only)), opts, "0 real GPU(s)", 2)
+    assert lines[0] == ("rerun-test: 3 group(s), est 30s here (1530s of tests that cannot run here left out), "
+                        "0 real GPU(s), up to 2 at once")
+    by_group = {ln.split()[0]: ln for ln in lines[1:] if not ln.startswith("    ")}
+    assert "2 test(s) est 10s (simulated; 1 test(s) need real GPUs, skipped here, est 1500s left out)" in by_group["8-gpu-h200"]
+    assert "1 test(s) est 20s (no GPUs)" in by_group["cpu"]  # a real server on CPU runs here
+    assert "est 0s (cannot run here; 1 test(s) cannot run here, est 30s left out)" in by_group["2-node"]
+    assert lines[2] == "    test_dsv4.py, test_dsv4_server.py"  # what it will run: the files of each group
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "0", "test_x.py"], "--jobs 0: must be ≥ 1"),
+    (["--gpus", "-1", "test_x.py"], "--gpus -1: must be ≥ 0"),
+    (["--timeout", "0", "test_x.py"], "--timeout 0: must be > 0"),
+])
+def test_bad_numbers_are_refused_in_one_line(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rerun-test: ") and message in err and "\n" not in err
+
+
+def test_every_command_answers_version(capsys):
+    from harness import cli as harness_cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("rerun-test 0.1.0 (pd-harness, commit ")
+    for argv in (["--version"], ["runs", "--version"], ["topology", "show", "--version"], ["gate", "run", "--version"]):
+        with pytest.raises(SystemExit) as done:
+            harness_cli.main(argv)
+        assert done.value.code == 0 and capsys.readouterr().out.startswith("harness 0.1.0 (pd-harness, commit "), argv

@@ -89,7 +89,8 @@ def test_a_server_larger_than_a_node_is_refused():
 
 def test_dp_replicas_without_attention_dp_multiply_the_gpus():
     topo = topology.get("8-gpu-h200")
-    dp = replace(topo, roles=tuple(replace(r, tp=2, dp=2) if r.kind in ("prefill", "decode") else r for r in topo.roles))
+    dp = replace(topo, roles=tuple(replace(r, tp=2, dp=2, dp_attention=False, engine_args=()) if r.kind in ("prefill", "decode")
+                                   else r for r in topo.roles))
     assert bundles(server_layout(dp), "decode") == [{**CPU_BUNDLE, "GPU": 4.0}]
     attn = replace(dp, roles=tuple(replace(r, dp_attention=True) if r.kind == "decode" else r for r in dp.roles))
     assert bundles(server_layout(attn), "decode") == [{**CPU_BUNDLE, "GPU": 2.0}]

@@ -76,6 +76,31 @@ BAD = [
         "unknown-role-kind.toml: roles.cache.kind: unknown role kind 'kv-cache'; use one of prefill, decode, router",
     ),
     (
+        "dp-contradicts-engine-args",
+        lambda t: t.replace("[roles.decode]\ntp = 1", '[roles.decode]\ntp = 1\ndp = 1\nengine_args = ["--dp-size", "2"]'),
+        "dp-contradicts-engine-args.toml: roles.decode.dp: is 1 but engine_args say --dp-size 2; "
+        "drop roles.decode.dp (it is read from engine_args) or make the two agree",
+    ),
+    (
+        "dp-attention-contradicts-engine-args",
+        lambda t: t.replace("[roles.decode]\ntp = 1", '[roles.decode]\ntp = 1\ndp_attention = false\n'
+                            'engine_args = ["--enable-dp-attention", "--dp-size=2"]'),
+        "dp-attention-contradicts-engine-args.toml: roles.decode.dp_attention: is false but engine_args say "
+        "--enable-dp-attention; drop roles.decode.dp_attention (it is read from engine_args) or make the two agree",
+    ),
+    (
+        "tp-contradicts-engine-args",
+        lambda t: t.replace("[roles.decode]\ntp = 1", '[roles.decode]\ntp = 1\nengine_args = ["--tp-size", "2"]'),
+        "tp-contradicts-engine-args.toml: roles.decode.tp: is 1 but engine_args say --tp-size 2; "
+        "drop roles.decode.tp (it is read from engine_args) or make the two agree",
+    ),
+    (
+        "dp-size-not-a-number",
+        lambda t: t.replace("[roles.decode]\ntp = 1", '[roles.decode]\ntp = 1\nengine_args = ["--dp-size", "many"]'),
+        "dp-size-not-a-number.toml: roles.decode.engine_args: --data-parallel-size 'many' is not a whole number ≥ 1; "
+        'write e.g. ["--dp-size", "2"]',
+    ),
+    (
         "gpus-on-cpu-cluster",
         lambda t: t.replace("gpus_per_node = 2", "gpus_per_node = 0"),
         "gpus-on-cpu-cluster.toml: roles.prefill.gpus_per_rank: asks for 1 GPU(s) on a cluster without GPUs; "
@@ -115,3 +140,36 @@ def test_bad_topology_in_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli.main(["topology", "show", str(p)]) == 2
     err = capsys.readouterr().err
     assert err == f"harness: {BAD[3][2]}\n"
+
+
+def test_parallelism_is_read_from_the_engine_args_when_not_given(tmp_path):
+    p = tmp_path / "derived.toml"
+    p.write_text(GOOD.format(name="derived").replace("gpus_per_node = 2", "gpus_per_node = 4").replace(
+        "[roles.decode]\ntp = 1", '[roles.decode]\nengine_args = ["--tp", "2", "--enable-dp-attention", "--dp-size", "2"]'))
+    decode = topology.load(p).role("decode")
+    assert (decode.tp, decode.dp, decode.dp_attention) == (2, 2, True)
+    assert (decode.groups, decode.total_gpus) == (1, 2)  # attention-DP replicas share their TP group's GPUs
+
+
+def test_the_shipped_8_gpu_topology_says_what_its_engine_args_say():
+    for role in topology.get("8-gpu-h200").roles_of("decode") + topology.get("8-gpu-h200").roles_of("prefill"):
+        assert (role.tp, role.dp, role.dp_attention, role.total_gpus) == (4, 4, True, 4), role
+
+
+def test_topology_show_is_a_table_and_json_on_request(capsys):
+    import json
+
+    from harness import cli
+
+    assert cli.main(["topology", "show", "8-gpu-h200"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("8-gpu-h200: 1 node × 8 H200")
+    assert out[1].strip().startswith("8×H200 (runner 8-gpu-h200) · transfer mooncake")
+    head = out[3].split()
+    assert head[:7] == ["role", "kind", "count", "tp", "dp", "dp-attention", "GPUs/rank"]
+    decode = next(line for line in out[5:] if line.startswith("decode "))
+    assert decode.split()[:8] == ["decode", "decode", "1", "4", "4", "yes", "1", "4"]
+    assert decode.endswith("--enable-dp-attention --dp-size 4")
+    assert cli.main(["topology", "show", "8-gpu-h200", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {r["name"]: (r["dp"], r["dp_attention"]) for r in data["roles"]}["decode"] == (4, True)

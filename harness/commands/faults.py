@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import faultcheck, faults
+from harness import faultcheck, faults, runs
 from harness.commands import UsageError
 from harness.targets.sglang import selection as sglang_target
 from harness.workers import procs
@@ -108,11 +108,12 @@ def _check(args: argparse.Namespace) -> int:
     else:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         out_dir = faultcheck.REPO_ROOT / "runs" / f"faults-{stamp}-{os.getpid()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
     suites = faultcheck.ACCOUNTING_SUITES if args.all_suites else tuple(args.suites) if args.suites else None
-    result = faultcheck.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,
-                          clean_junit=args.clean_junit, clean_writer=args.clean_writer)
-    page = faultcheck.write_page(result, out_dir)
+    with runs.record(out_dir, ["harness", *args.argv], target=target.label()) as rec:
+        result = faultcheck.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,
+                                  clean_junit=args.clean_junit, clean_writer=args.clean_writer)
+        page = faultcheck.write_page(result, out_dir)
+        rec.finish("passed" if result.ok else "failed", report=page)
     if args.json:
         print(json.dumps({**faultcheck.to_dict(result), "report": str(page)}, indent=2))
     else:

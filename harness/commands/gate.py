@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import rundir
+from harness import rundir, runs
 from harness.commands import UsageError
 from harness.gates import model
 from harness.targets.sglang import selection as sglang_target
@@ -161,8 +161,11 @@ def _run(args: argparse.Namespace) -> int:
                               workload_seed=args.workload_seed, runner=args.runner,
                               joined_gpus=joined.gpu_kind if joined else None)
     try:
-        sglang_target.select_for_cli(args.sglang, "harness")
-        result = runner.run_gate(gate, opts)
+        target = sglang_target.select_for_cli(args.sglang, "harness")
+        with runs.record(run_dir, ["harness", *args.argv], target=target.label(),
+                         refused=(RegistryError, PlanError, sglang_target.TargetError)) as rec:
+            result = runner.run_gate(gate, opts)
+            rec.finish("passed" if result.exit_code == 0 else "failed", report=run_dir / "report" / "index.html")
     except (RegistryError, PlanError, sglang_target.TargetError) as e:
         raise UsageError(str(e)) from None
     print()

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from harness import rundir
+from harness import runs as run_record
 from harness.commands import UsageError
 from harness.rerun import matrix as versions
 from harness.targets.sglang import selection as sglang_target
@@ -49,16 +50,19 @@ def _matrix(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from None
     root = args.repo_root.resolve()
     run_dir = (args.run_dir or root / "runs" / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
-    extra = ["--ray-address", args.ray_address] if args.ray_address else []
-    runs = []
-    for i, target in enumerate(resolved):
-        spec = target.root if target.origin == "tree" else target.spec
-        runs.append(versions.run_target(spec, target.label(), list(args.specs),
-                                        run_dir / f"{i + 1}-{versions.slug(target.spec)}", repo_root=root,
-                                        extra_args=extra, timeout_s=args.timeout))
-    (run_dir / "matrix.md").write_text(versions.render_markdown(runs), encoding="utf-8")
-    (run_dir / "matrix.json").write_text(json.dumps(versions.to_json(runs), indent=2) + "\n", encoding="utf-8")
-    print()
-    print(versions.render_text(runs))
-    print(f"\nmatrix: {run_dir / 'matrix.md'}  json: {run_dir / 'matrix.json'}")
-    return 0 if all(r.returncode == 0 and not r.note for r in runs) else 1
+    with run_record.record(run_dir, ["harness", *args.argv], target=", ".join(t.label() for t in resolved)) as rec:
+        extra = ["--ray-address", args.ray_address] if args.ray_address else []
+        runs = []
+        for i, target in enumerate(resolved):
+            spec = target.root if target.origin == "tree" else target.spec
+            runs.append(versions.run_target(spec, target.label(), list(args.specs),
+                                            run_dir / f"{i + 1}-{versions.slug(target.spec)}", repo_root=root,
+                                            extra_args=extra, timeout_s=args.timeout))
+        (run_dir / "matrix.md").write_text(versions.render_markdown(runs), encoding="utf-8")
+        (run_dir / "matrix.json").write_text(json.dumps(versions.to_json(runs), indent=2) + "\n", encoding="utf-8")
+        print()
+        print(versions.render_text(runs))
+        print(f"\nmatrix: {run_dir / 'matrix.md'}  json: {run_dir / 'matrix.json'}")
+        ok = all(r.returncode == 0 and not r.note for r in runs)
+        rec.finish("passed" if ok else "failed", report=run_dir / "matrix.md")
+    return 0 if ok else 1

@@ -31,7 +31,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import report
+from harness import report, runs
+from harness.commands import add_version
 from harness.rerun import collector, comment, execute, registry, resolve, spec
 from harness.rerun import plan as plan_mod
 from harness.rerun.execute import detect_gpus
@@ -57,6 +58,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Run tests by name or from a /rerun-test PR comment on the topologies they declare.")
+    add_version(p, PROG)
     p.add_argument("specs", nargs="*", metavar="SPEC",
                    help="test_x.py, path/test_x.py, file::Class::test, file::Class.test, or a whole '/rerun-test …' comment")
     p.add_argument("--comment-file", type=Path, help="read a /rerun-test comment body from this file")
@@ -177,7 +179,8 @@ def _with_engine(m: dict, engine: str) -> dict:
 def _status(p: execute.Progress, link: str) -> comment.GroupStatus:
     failures = tuple((c.nodeid, c.message or c.outcome) for c in p.cases if c.outcome in ("failed", "error"))
     return comment.GroupStatus(name=p.group.name, runner=p.group.runner, state=p.state, passed=p.count("passed"),
-                               failed=p.count("failed") + p.count("error"), skipped=p.count("skipped"), link=link, failures=failures)
+                               failed=p.count("failed") + p.count("error"), skipped=p.count("skipped"),
+                               xfailed=p.count("xfailed"), link=link, failures=failures)
 
 
 def _write_comment(path: Path, statuses: list[comment.GroupStatus]) -> None:
@@ -190,8 +193,16 @@ def _write_comment(path: Path, statuses: list[comment.GroupStatus]) -> None:
 def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, target: target_mod.Target) -> int:
     root = args.repo_root.resolve()
     run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    joined = joined_preflight(args.ray_address) if args.ray_address else None
+    joined = joined_preflight(args.ray_address) if args.ray_address else None  # refused: no run directory
+    with runs.record(run_dir, [PROG, *getattr(args, "argv", [])], target=target.label()) as rec:
+        code, page = _execute(args, reg, p, target, run_dir, joined)
+        rec.finish("passed" if code == 0 else "failed", report=page)
+    return code
+
+
+def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, target: target_mod.Target,
+             run_dir: Path, joined: Any) -> tuple[int, Path]:
+    root = args.repo_root.resolve()
     gpus = detect_gpus() if args.gpus is None else args.gpus
     jobs = args.jobs or max(1, min(4, os.cpu_count() or 1))
     if args.ray_address and args.gpus is None:
@@ -219,11 +230,9 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, ta
 
     if args.comment_out:
         _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
-    where = f"{joined.summary()}" if joined else f"{gpus} real GPU(s)"
-    print(f"{PROG}: {len(p.groups)} group(s), est {p.est_time:.0f}s, {where}, up to {jobs} at once; run dir {run_dir}")
-    print(f"  {target.label()}, root {target.root}")
-    for g in p.groups:
-        print(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {g.est_time:.0f}s ({execute.gpu_mode(g, opts)})")
+    for line in plan_lines(p, opts, joined.summary() if joined else f"{gpus} real GPU(s)", jobs):
+        print(line)
+    print(f"  {target.label()}, root {target.root}; run dir {run_dir}")
     started = time.monotonic()
     results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
     page = write_reports(run_dir, results, args.link, wall_time=time.monotonic() - started, target=target)
@@ -240,7 +249,34 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, ta
             print(f"GROUP {r.name}: {r.note}")
     print(f"\njunit: {run_dir / 'report' / 'junit.xml'}  summary: {run_dir / 'report' / 'summary.md'}")
     print(f"report: {page}")
-    return 0 if all(r.ok for r in results) else 1
+    return (0 if all(r.ok for r in results) else 1), page
+
+
+def plan_lines(p: plan_mod.Plan, opts: execute.ExecOptions, where: str, jobs: int) -> list[str]:
+    """What a run will do, before it starts: per group its runner, its tests and files, and an
+    estimate of what can run *here* (a simulated group skips the tests that need real GPUs: they are
+    counted apart, not in the estimate; a group that cannot run here estimates nothing)."""
+    lines, here_total, left_total = [], 0.0, 0.0
+    body = []
+    for g in p.groups:
+        sim = None if execute.gpu_mode(g, opts) == "cannot run here" else \
+            (False if opts.ray_address else execute.simulation(g, opts.gpus))
+        runnable = g.runnable(sim)
+        here = sum(i.est_time for i in runnable)
+        left = [i for i in g.items if i not in runnable]
+        here_total += here
+        left_total += sum(i.est_time for i in left)
+        why = ""
+        if left:
+            reason = "cannot run here" if sim is None else "need real GPUs, skipped here"
+            why = f"; {len(left)} test(s) {reason}, est {sum(i.est_time for i in left):.0f}s left out"
+        body.append(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {here:.0f}s "
+                    f"({execute.gpu_mode(g, opts)}{why})")
+        files = list(dict.fromkeys(Path(i.file_rel).name for i in g.items))
+        body.append(f"    {', '.join(files[:8])}{f' and {len(files) - 8} more' if len(files) > 8 else ''}")
+    left_text = f" ({left_total:.0f}s of tests that cannot run here left out)" if left_total else ""
+    lines.append(f"{PROG}: {len(p.groups)} group(s), est {here_total:.0f}s here{left_text}, {where}, up to {jobs} at once")
+    return lines + body
 
 
 def save_durations(path: Path, measured: dict[str, float]) -> None:
@@ -291,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
+        if args.jobs is not None and args.jobs < 1:
+            raise UsageError(f"--jobs {args.jobs}: must be ≥ 1 (the most groups run at once); leave it out for min(4, CPUs)")
+        if args.gpus is not None and args.gpus < 0:
+            raise UsageError(f"--gpus {args.gpus}: must be ≥ 0 (the real GPUs this machine has)")
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"--timeout {args.timeout:g}: must be > 0 seconds per group")
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         if args.shard_index is not None and args.shards < 2:
             raise UsageError("--shard-index needs --shards N with N ≥ 2")

@@ -1,4 +1,7 @@
-"""``harness topology list|show NAME|check NAME [--simulate] [--ray-address ADDR]``.
+"""``harness topology list|show NAME [--json]|check NAME [--simulate] [--ray-address ADDR]``.
+
+``show`` prints the topology as a table (the cluster, then one row per role: instances, TP, DP,
+attention-DP, GPUs, node and engine arguments); ``--json`` prints :meth:`Topology.summary` instead.
 
 ``check`` exits 0 when the cluster can hold the topology, 1 when it cannot (printing Ray's verdict,
 INFEASIBLE or NO_RESOURCES, and the missing resource), 2 on bad input.
@@ -18,8 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = p.add_subparsers(dest="action", metavar="ACTION")
     tsub.required = True
     tsub.add_parser("list", help="list the shipped topologies").set_defaults(func=_list)
-    show = tsub.add_parser("show", help="print one topology as JSON")
+    show = tsub.add_parser("show", help="print one topology as a table (or JSON)")
     show.add_argument("name")
+    show.add_argument("--json", action="store_true", help="print it as JSON")
     show.set_defaults(func=_show)
     check = tsub.add_parser("check", help="say whether a Ray cluster can hold the topology (and what is missing)")
     check.add_argument("name")
@@ -44,8 +48,29 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    print(json.dumps(_load(args.name).summary(), indent=2))
+    topo = _load(args.name)
+    if args.json:
+        print(json.dumps(topo.summary(), indent=2, ensure_ascii=False))
+    else:
+        print(render(topo))
     return 0
+
+
+def render(topo: topology.Topology) -> str:
+    """The topology as text: a header, the cluster, and a table of its roles."""
+    lines = [f"{topo.name}: {topo.description}" if topo.description else topo.name,
+             f"  {topo.requirement} · transfer {topo.transfer_backend}"
+             f" · {'may run simulated' if topo.allow_simulation else 'real GPUs only'}"]
+    if topo.gpu_memory_gb:
+        lines[-1] += f" · {topo.gpu_memory_gb:g} GB per GPU"
+    head = ("role", "kind", "count", "tp", "dp", "dp-attention", "GPUs/rank", "GPUs", "node", "engine args")
+    rows = [head] + [(r.name, r.kind, str(r.count), str(r.tp), str(r.dp), "yes" if r.dp_attention else "no",
+                      str(r.gpus_per_rank), str(r.total_gpus), "any" if r.node is None else str(r.node),
+                      " ".join(r.engine_args) or "-") for r in topo.roles]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    table.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines + [""] + table)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from harness import runs
 from harness.gates import bundle as repro
 from harness.gates.runner import item_for, live_lines, run_one
 from harness.rerun import collector, execute, reports, resolve
@@ -79,17 +80,20 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
     out(f"repro: {data['spec']} on {data['topology']} with {target.label()} "
         f"(seeds hypothesis={seeds['hypothesis']} workload={seeds.get('workload')}); "
         f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}")
-    start = time.monotonic()
-    res, att = run_one(group, item_for(group, data["spec"]), opts, reg, live_lines("repro", out))
-    reports.write_reports(run_dir, [res], target=target)  # the same report files as any rerun
-    took = time.monotonic() - start
-    if att.outcome in ("failed", "error"):
-        same = "same class" if att.failure_class == failure.get("class") else f"class {att.failure_class}, recorded {failure.get('class')}"
-        out(f"REPRODUCED: {data['spec']} {att.outcome} again ({same}) in {took:.1f}s: {att.message}")
-        code = 1
-    else:
-        out(f"NOT REPRODUCED: {data['spec']} {att.outcome} in {took:.1f}s")
-        code = 0
+    with runs.record(run_dir, ["rerun-test", "--from", str(bundle_path)], target=target.label(),
+                     source=str(Path(bundle_path).resolve())) as rec:
+        start = time.monotonic()
+        res, att = run_one(group, item_for(group, data["spec"]), opts, reg, live_lines("repro", out))
+        page = reports.write_reports(run_dir, [res], target=target)  # the same report files as any rerun
+        took = time.monotonic() - start
+        if att.outcome in ("failed", "error"):
+            same = "same class" if att.failure_class == failure.get("class") else f"class {att.failure_class}, recorded {failure.get('class')}"
+            out(f"REPRODUCED: {data['spec']} {att.outcome} again ({same}) in {took:.1f}s: {att.message}")
+            code = 1
+        else:
+            out(f"NOT REPRODUCED: {data['spec']} {att.outcome} in {took:.1f}s")
+            code = 0
+        rec.finish("failed" if code else "passed", report=page)
     diffs = repro.env_differences(data.get("environment") or {}, repro.environment())
     recorded = data.get("sglang") or {}
     if recorded and recorded.get("version") != target.version:

@@ -15,14 +15,16 @@ Header: the topology, Ray address, simulation and run directory (the sglang targ
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness import rundir
+from harness import rundir, runs
 from harness import topology as topology_mod
 from harness.plugins.options import Settings, settings
 from harness.workers import procs
@@ -58,6 +60,8 @@ class HarnessState:
         self._fits: dict[str, Fit | None] = {}
         self.ray_interrupt: WorkerDied | None = None  # a death delivered as KeyboardInterrupt through a ray.get
         self.joined: str | None = None  # the joined cluster's nodes and GPU kind, for the summary
+        self._recording: runs.Recording | None = None  # a run of its own under runs/ (no --run-dir given)
+        self.exitstatus: int | None = None
 
     @property
     def run_dir_path(self) -> Path:
@@ -65,6 +69,9 @@ class HarnessState:
 
     def run_dir(self) -> rundir.RunDir:
         if self._run_dir is None:
+            if self.settings.run_dir is None and not os.environ.get("PYTEST_XDIST_WORKER"):
+                # a run of its own under runs/ (not an xdist worker's share of one): `harness runs` lists it
+                self._recording = runs.begin(self._run_dir_path, ["pytest", *sys.argv[1:]])
             self._run_dir = rundir.create(self._run_dir_path)
         return self._run_dir
 
@@ -209,6 +216,9 @@ class HarnessState:
         if self.cluster is not None:
             cluster, self.cluster = self.cluster, None
             cluster.shutdown()
+        if self._recording is not None:
+            recording, self._recording = self._recording, None
+            recording.end("passed" if self.exitstatus == 0 else "failed" if self.exitstatus in (1, 5) else "error")
 
 
 def state(config: pytest.Config) -> HarnessState:
@@ -239,6 +249,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if st is not None:
         st.close()
         del config.stash[state_key]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    st = session.config.stash.get(state_key, None)
+    if st is not None:
+        st.exitstatus = int(exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -28,12 +28,20 @@ class Item:
         target: what pytest gets (absolute path + ``::`` part).
         est_time: seconds.
         file_rel: the file's display path.
+        engine: the test's engine (its ``engine`` marker): real sglang servers need real GPUs on a GPU
+            topology, so a simulated group skips such a test.
     """
 
     nodeid: str
     target: str
     est_time: float
     file_rel: str
+    engine: str = "sim"
+
+    @property
+    def needs_real_gpus(self) -> bool:
+        """Whether the test, on a GPU topology, runs only on real GPUs (real servers)."""
+        return self.engine != "sim"
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,15 @@ class Group:
     def specs(self) -> list[str]:
         return [i.nodeid for i in self.items]
 
+    def runnable(self, simulated: bool | None) -> tuple[Item, ...]:
+        """The items that can run when the group's GPUs are ``simulated`` (None: it cannot run here at
+        all; False: real GPUs or none needed). On simulated GPUs real servers are skipped."""
+        if simulated is None:
+            return ()
+        if simulated and self.gpus:
+            return tuple(i for i in self.items if not i.needs_real_gpus)
+        return self.items
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -76,12 +93,12 @@ def items_by_topology(selections: list[Selection]) -> dict[str, list[Item]]:
     out: dict[str, list[Item]] = {}
     for sel in selections:
         f = sel.suite
-        entries = [(t.suffix, t.topologies, t.est_time) for t in sel.tests]
+        entries = [(t.suffix, t.topologies, t.est_time, t.engine) for t in sel.tests]
         if not entries:  # nothing visible statically (generated tests): run the whole file
-            entries = [("", (f.topologies or ("cpu",)), 0.0)]
-        for suffix, topologies, est in entries:
+            entries = [("", (f.topologies or ("cpu",)), 0.0, "sim")]
+        for suffix, topologies, est, engine in entries:
             suffix = suffix + sel.param
-            item = Item(nodeid=f.rel + suffix, target=str(f.path) + suffix, est_time=est, file_rel=f.rel)
+            item = Item(nodeid=f.rel + suffix, target=str(f.path) + suffix, est_time=est, file_rel=f.rel, engine=engine)
             for t in topologies:
                 bucket = out.setdefault(t, [])
                 if all(i.nodeid != item.nodeid for i in bucket):
