@@ -69,6 +69,16 @@ def test_importing_the_api_imports_no_engine_and_applies_no_fault():
     assert done.stdout.strip() == "[]"
 
 
+def test_what_a_simulated_suite_imports_at_collection_loads_no_torch():
+    # Collecting a PD suite takes its names from the api; torch (2 s to import on this machine) is
+    # loaded by the workers that run it, not by every pytest process that only collects it.
+    names = "KVSpec, PDRequest, PDError, KVCorruption, WindowLost, expect, ledger, run, topology"
+    done = _python(f"import sys\nfrom harness.api import {names}\n"
+                   "print(sorted(m for m in ('torch', 'numpy', 'ray', 'sglang') if m in sys.modules))")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_every_name_of_the_api_resolves():
     done = _python("import harness.api as api\nfor n in api.__all__:\n    getattr(api, n)\nprint(len(api.__all__))")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -6,10 +6,12 @@ disagree, a request that can never be admitted, ledger violations at the end). E
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harness import ledger
-from harness.pd import kvfill
+
+if TYPE_CHECKING:  # kvfill imports torch: the errors are raised and read where torch is not loaded
+    from harness.pd import kvfill
 
 
 class KVCorruption(AssertionError):
