@@ -35,7 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from harness import tomlcheck
+from harness import engineargs, tomlcheck
 
 #: Where the shipped topologies live (the repository's ``topologies/``).
 TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
@@ -232,46 +232,20 @@ def _parse_role(name: str, table: Any, where: str) -> RoleSpec:
     return role
 
 
-#: The engine flags that say a role's parallelism (sglang's spellings), by the role key they must agree with.
-_ENGINE_FLAGS = {"tp": ("--tp", "--tp-size", "--tensor-parallel-size"), "dp": ("--dp", "--dp-size", "--data-parallel-size"),
-                 "dp_attention": ("--enable-dp-attention",)}
-
-
-def engine_flag(args: tuple[str, ...], flags: tuple[str, ...]) -> str | None:
-    """The value ``args`` give the first of ``flags`` (``--dp-size 4`` or ``--dp-size=4``; ``""`` for a
-    switch such as ``--enable-dp-attention``; None: not given). The last occurrence wins, as in argparse.
-
-    >>> engine_flag(("--enable-dp-attention", "--dp-size", "4"), ("--dp", "--dp-size")), engine_flag(("--dp-size=2",), ("--dp-size",))
-    ('4', '2')
-    >>> engine_flag(("--enable-dp-attention",), ("--enable-dp-attention",)), engine_flag((), ("--tp",))
-    ('', None)
-    """
-    found = None
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in flags:
-            nxt = args[i + 1] if i + 1 < len(args) else ""
-            found = value if eq else ("" if not nxt or nxt.startswith("--") else nxt)
-    return found
-
-
 def _parallelism(table: dict[str, Any], engine_args: tuple[str, ...], where: str, ctx: str) -> tuple[int, int, bool]:
     """``(tp, dp, dp_attention)`` of a role: as the table says them, else as its engine arguments do;
     a table value that its engine arguments contradict is refused (the server would run otherwise
     than the topology places it)."""
+    try:
+        said = engineargs.parallelism(engine_args)
+    except ValueError as e:
+        what, _, fix = str(e).partition("; ")
+        raise _fail(where, f"{ctx}engine_args", what, fix) from None
     out: dict[str, Any] = {}
-    for key, flags in _ENGINE_FLAGS.items():
-        said = engine_flag(engine_args, flags)
-        if key == "dp_attention":
-            derived: Any = None if said is None else True
-        elif said is None:
-            derived = None
-        elif not said.isdigit() or int(said) < 1:
-            raise _fail(where, f"{ctx}engine_args", f"{flags[-1]} {said!r} is not a whole number ≥ 1", f"write e.g. [\"{flags[1]}\", \"2\"]")
-        else:
-            derived = int(said)
+    for key, derived in said.items():
         given = _take(table, key, bool if key == "dp_attention" else int, None, where, ctx)
         if given is not None and derived is not None and given != derived:
+            flags = engineargs.PARALLEL_FLAGS[key]
             flag_text = flags[0] if key == "dp_attention" else f"{flags[1]} {derived}"
             raise _fail(where, f"{ctx}{key}", f"is {str(given).lower()} but engine_args say {flag_text}",
                         f"drop {ctx}{key} (it is read from engine_args) or make the two agree")
