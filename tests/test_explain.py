@@ -78,7 +78,9 @@ def test_a_timeout_names_the_last_sglang_frame_of_the_workers_logs():
 
 
 def test_the_others_and_the_helpers():
-    assert headline(AssertionError("swa_tail_len 44 != 108")) == ("assertion", "assertion AssertionError: swa_tail_len 44 != 108")
+    assert headline(AssertionError("swa_tail_len 44 != 108")) == ("assertion", "assertion swa_tail_len 44 != 108")
+    assert headline(AssertionError("free pages 3 != 4\nassert 3 == 4"))[1] == "assertion free pages 3 != 4 | assert 3 == 4"
+    assert headline(AssertionError())[1] == "assertion AssertionError"
     assert headline(KeyError("x"))[0] == "error"
     assert clean("\x1b[36mray::a\x1b[39m\n b") == "ray::a b"
     assert sglang_frames("nothing here") == []

@@ -173,7 +173,7 @@ def test_flaky_rerun_crash_never_rerun_informational_and_junit(repo, tmp_path):
     assert props["crashy/cpu"]["required"] == "false"
     assert root.get("tests") == "6"  # 4 + 1 rerun + 1 crash
     res = json.loads((run_dir / "report" / "result.json").read_text())
-    assert res["verdict"] == "PASS" and res["suites"][0]["counts"] == {"passed": 4, "failed": 0, "skipped": 0, "flaky": 1}
+    assert res["verdict"] == "PASS" and res["suites"][0]["counts"] == {"passed": 4, "failed": 0, "skipped": 0, "xfailed": 0, "flaky": 1}
     assert "✅ PASS" in (run_dir / "report" / "summary.md").read_text()
     assert "suites/gate/test_ok.py::test_pages[2]" in json.loads((run_dir / "report" / "durations.json").read_text())
     # the flaky record
@@ -209,7 +209,7 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys):
     assert '<h1 id="verdict" class="verdict fail">gate broken: FAIL</h1>' in page
     assert "<h2>Gate verdict</h2>" in page and "<h2>Flaky record</h2>" in page and "hypothesis=5, workload=7" in page
     assert page.count('<img class="timeline"') == 1 and "test_release_balances-" in page
-    assert '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="0" data-rid="r1">' in page
+    assert '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="0" data-rid="r1" data-follows="">' in page  # a root cause: follows none
     assert bundle["workers"] == ["decode-0"] and "ledger/decode-0.jsonl" in bundle["files"]
     assert any("page-leak" in v for v in bundle["ledger_excerpt"]["decode-0"]["violations"])
     assert (bundle_path.parent / "workers" / "decode-0.log").read_text() == "decode-0: prealloc r1\n"

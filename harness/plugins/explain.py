@@ -95,6 +95,18 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _assertion(exc: AssertionError) -> str:
+    """An assertion's message without its class name, pytest's rewritten comparison after a bar.
+
+    >>> _assertion(AssertionError("free pages 3 != 4 after release\\nassert 3 == 4"))
+    'free pages 3 != 4 after release | assert 3 == 4'
+    """
+    if type(exc) is not AssertionError or not str(exc).strip():
+        return _message(exc)
+    said, _, compared = str(exc).strip().partition("\n")
+    return clean(said) + (f" | {clean(compared)}" if compared.strip() else "")
+
+
 def _suspect_text(key: str, root: Path | None) -> str:
     from harness.targets.sglang.compat.suspects import suspects
 
@@ -161,7 +173,7 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
     if pre is not None:
         return "prealloc", _fit(f"prealloc {_message(pre)}{_suspect_text('PreallocError', root)}")
     if isinstance(exc, AssertionError):
-        return "assertion", _fit(f"assertion {_message(exc)}")
+        return "assertion", _fit(f"assertion {_assertion(exc)}")
     return "error", _fit(f"error {_message(exc)}{_where(frames)}")
 
 

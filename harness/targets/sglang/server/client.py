@@ -130,9 +130,9 @@ class ServerClient:
         """``/v1/loads``: per DP rank, running/waiting requests and used/total KV tokens."""
         return list(self._request("GET", "/v1/loads").json().get("loads", []))
 
-    def flush_cache(self) -> None:
+    def flush_cache(self, timeout_s: float | None = None) -> None:
         """``/flush_cache``: drop the radix cache (only succeeds when the server is idle)."""
-        self._request("POST", "/flush_cache")
+        self._request("POST", "/flush_cache", timeout_s=timeout_s)
 
     def workers(self) -> list[dict]:
         """Router ``/workers``: the registered workers (each a dict with url, type, health)."""

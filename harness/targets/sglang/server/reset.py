@@ -8,6 +8,8 @@ import logging
 import time
 from pathlib import Path
 
+import requests
+
 from harness import ledger
 from harness.targets.sglang.server.client import ServerClient, ServerHTTPError
 from harness.workers import Worker
@@ -46,13 +48,17 @@ def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.
     """
     path = Path(ledger_path)
     seen = len(_resets(path))
-    client = ServerClient(worker.url("http"), timeout_s=10.0)
+    client = ServerClient(worker.url("http"))
     deadline = time.monotonic() + timeout_s
     while True:
         worker.check()
         try:
-            client.flush_cache()
+            # The whole time left, not a shorter per-call bound: a loaded machine's scheduler can take
+            # more than 10 s to answer a flush, and the answer is what the reset waits for.
+            client.flush_cache(timeout_s=max(1.0, deadline - time.monotonic()))
             break
+        except requests.Timeout:
+            raise ResetError(f"{worker.name}: /flush_cache did not answer within {timeout_s:g} s") from None
         except ServerHTTPError as e:
             if e.status != 400 or time.monotonic() >= deadline:
                 raise ResetError(f"{worker.name}: /flush_cache did not succeed within {timeout_s:g} s: {e}") from None
