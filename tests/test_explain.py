@@ -84,6 +84,8 @@ def test_the_others_and_the_helpers():
     assert headline(KeyError("x"))[0] == "error"
     assert clean("\x1b[36mray::a\x1b[39m\n b") == "ray::a b"
     assert sglang_frames("nothing here") == []
+    # the harness's own adapter package is not sglang, though its path says sglang/
+    assert sglang_frames('  File "/repo/harness/targets/sglang/server/stack.py", line 162, in _forked') == []
     assert headline(ValueError("y" * 1000))[1].endswith("…") and len(headline(ValueError("y" * 1000))[1]) == 400
     assert set(CLASSES) >= {"ledger", "kv", "worker-death", "timeout", "sglang-assert", "assertion", "error"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness import topology
+from harness.targets.sglang.compat import checks
 from harness.targets.sglang.server import launcher
 from harness.targets.sglang.server.launcher import (
     CPU_SHIM_DIR,
@@ -18,6 +19,8 @@ from harness.targets.sglang.server.launcher import (
 
 PY = "/venv/bin/python"
 MODEL = "/models/m"
+#: sglang's own checks, on in every server (harness/targets/sglang/compat/checks.py).
+CHECKS_ENV = checks.environment(None)
 PREFILL_PORTS = ServerPorts(http=30001, nccl=30002, bootstrap=30003)
 DECODE_PORTS = ServerPorts(http=30011, nccl=30012)
 
@@ -55,7 +58,7 @@ def decode_mode(backend: str = "mooncake") -> list[str]:
 def test_cpu_prefill_exact():
     cmd = server_command(topology.get("cpu"), "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY)
     assert list(cmd.argv) == [*head(PREFILL_PORTS), "--tp", "1", *prefill_mode(), *CPU_FLAGS, "--disable-overlap-schedule"]
-    assert dict(cmd.env) == CPU_ENV
+    assert dict(cmd.env) == {**CPU_ENV, **CHECKS_ENV}
     assert cmd.pythonpath == (str(SITE_DIR), str(CPU_SHIM_DIR))
     assert cmd.role == "prefill"
 
@@ -64,7 +67,7 @@ def test_cpu_decode_exact():
     cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
     assert list(cmd.argv) == [*head(DECODE_PORTS), "--tp", "1", *decode_mode(), *CPU_FLAGS,
                               "--disaggregation-decode-retraction-backup", "cpu_tensor"]
-    assert dict(cmd.env) == CPU_ENV
+    assert dict(cmd.env) == {**CPU_ENV, **CHECKS_ENV}
     assert cmd.pythonpath == (str(SITE_DIR), str(CPU_SHIM_DIR))
 
 
@@ -91,7 +94,7 @@ def test_cpu_plain_server_is_decode_shape_without_disaggregation():
     ports = ServerPorts(http=1, nccl=2)
     cmd = plain_server_command(topology.get("cpu"), model=MODEL, ports=ports, python=PY)
     assert list(cmd.argv) == [*head(ports), "--tp", "1", *CPU_FLAGS]
-    assert dict(cmd.env) == CPU_ENV
+    assert dict(cmd.env) == {**CPU_ENV, **CHECKS_ENV}
 
 
 def test_cpu_compat_patches_and_probe_env():
@@ -115,7 +118,7 @@ def test_2_gpu_h100_roles_exact():
     assert list(d.argv) == [*head(DECODE_PORTS), "--tp", "1", *decode_mode()]
     # GPU runs: no CPU env, no sgl_kernel shim, no compat patch, GPUs only via Ray's CUDA_VISIBLE_DEVICES.
     for cmd in (p, d):
-        assert dict(cmd.env) == {} and cmd.pythonpath == (str(SITE_DIR),)
+        assert dict(cmd.env) == CHECKS_ENV and cmd.pythonpath == (str(SITE_DIR),)
         assert not any(a.startswith("--base-gpu-id") for a in cmd.argv)
 
 

@@ -17,6 +17,7 @@ from harness.targets.sglang.server.launcher import (
     plain_server_command,
     router_command,
 )
+from harness.targets.sglang.compat import checks
 from harness.targets.sglang.server.layout import PLAIN_ROLE, SHARED_GPU_MEM_FRACTION, server_layout
 from harness.targets.sglang.server.stack import PLACEHOLDER_PORTS, pd_commands
 
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.est_time(6)
 
 PY = "/venv/bin/python"
 MODEL = "/models/dsv4"
+#: sglang's own checks, on in every server (harness/targets/sglang/compat/checks.py).
+CHECKS_ENV = checks.environment(None)
 CPU_BUNDLE = {"CPU": 0.1}
 
 
@@ -159,10 +162,10 @@ def test_dsv4_pd_commands_exact(tmp_path, hisparse):
                             *(["--enable-hisparse", "--disable-radix-cache"] if hisparse else [])]
     # GPU recipe: no CPU env, shim or compat patch; the probe writes the decode ledger (prefill's: flushes only).
     assert dict(p.env) == {"HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "prefill.jsonl"),
-                           "HARNESS_PROBE_WORKER": "prefill", "HARNESS_PROBE_COMPONENT": "prefill"}
+                           "HARNESS_PROBE_WORKER": "prefill", "HARNESS_PROBE_COMPONENT": "prefill", **CHECKS_ENV}
     assert p.pythonpath == (str(SITE_DIR),)
     assert dict(d.env) == {"HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "decode.jsonl"),
-                           "HARNESS_PROBE_WORKER": "decode", "HARNESS_PROBE_COMPONENT": "decode"}
+                           "HARNESS_PROBE_WORKER": "decode", "HARNESS_PROBE_COMPONENT": "decode", **CHECKS_ENV}
     assert not any(a.startswith(("--base-gpu-id", "--page-size", "--device")) for a in (*p.argv, *d.argv))
 
 
@@ -170,7 +173,7 @@ def test_dsv4_plain_baseline_and_router_exact():
     topo = topology.get("8-gpu-h200")
     plain = plain_server_command(topo, model=MODEL, ports=PLACEHOLDER_PORTS, python=PY)
     assert list(plain.argv) == [*dsv4_head(), *DSV4_PARALLEL]  # decode's TP4 shape, no disaggregation
-    assert dict(plain.env) == {}
+    assert dict(plain.env) == CHECKS_ENV  # sglang's own checks on: the only environment a GPU server gets
     r = router_command(topo, prefill=[("http://127.0.0.1:1", 2)], decode=["http://127.0.0.1:3"], port=4,
                        prometheus_port=5, python=PY)
     assert list(r.argv) == [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", "4",

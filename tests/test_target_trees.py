@@ -39,7 +39,7 @@ ONE_PAGE_SHORT = "        window_start = -(-window_start // page_size) * page_si
 PLANTED_SPECS = ("test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",
                  "test_disaggregation_swa_server.py::test_decode_ledger_holds_swa_invariants",
                  "test_disaggregation_swa_server.py::test_pd_greedy_matches_plain[300]")
-EVIDENCE = ("ledger", "kv", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
+EVIDENCE = ("ledger", "kv", "sglang-check", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
 
 
 def unpack_release(dest: Path) -> Path:

@@ -40,6 +40,7 @@ from harness.rerun.registry import RegistryError
 from harness.rerun.reports import write_reports
 from harness.rundir import REPO_ROOT
 from harness.targets.sglang import selection as target_mod
+from harness.targets.sglang.compat import checks
 
 log = logging.getLogger(__name__)
 
@@ -367,9 +368,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.comment_out:
                 _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
             return 0
+        checks.selected()  # a bad HARNESS_SGLANG_CHECKS is refused before any group starts
         return _run(args, reg, p, target_mod.select_for_cli(args.sglang, PROG))
     except (UsageError, spec.SpecError, resolve.ResolveError, plan_mod.PlanError, RegistryError,
-            target_mod.TargetError) as e:
+            target_mod.TargetError, checks.UnknownCheck) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -22,7 +22,8 @@ def to_dict(matrix: Matrix) -> dict[str, Any]:
 
     Returns:
         ``{"ok", "wall_s", "clean": {...}, "faults": [{"name", "upstream", "evidence", "status", "reason",
-        "fired", "wall_s", "suites": [{"suite", "status", "tests", "reason"}]}]}``.
+        "fired", "wall_s", "suites": [{"suite", "status", "tests", "reason", "by_sglang_check"}]}]}``
+        (``by_sglang_check``: the failing tests one of sglang's own checks raised or agreed with).
     """
     known = fault_catalog.catalog()
     cells_by_fault: dict[str, list[Cell]] = {}
@@ -39,7 +40,8 @@ def to_dict(matrix: Matrix) -> dict[str, Any]:
         return {"name": v.fault, "upstream": fault.upstream if fault else "",
                 "evidence": list(fault.evidence) if fault else [], "status": v.status, "reason": v.reason,
                 "fired": bool(run and v.fault in run.fired), "wall_s": round(run.wall_s, 1) if run else 0.0,
-                "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests), "reason": c.reason}
+                "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests), "reason": c.reason,
+                            "by_sglang_check": list(c.by_sglang)}
                            for c in cells_by_fault.get(v.fault, [])]}
 
     return {
@@ -80,6 +82,8 @@ def render(matrix: Matrix) -> str:
             lines.append(f"  {cell.status:<6} {cell.suite}" + (f"  ({cell.reason})" if cell.reason else ""))
             if cell.status == CAUGHT:
                 lines.extend(f"           {t.split('::', 1)[-1]}" for t in cell.tests)
+            if cell.by_sglang:
+                lines.append(f"           (sglang's own checks raised or agreed with {len(cell.by_sglang)} failing test(s))")
     counted = [v for v in matrix.verdicts if v.status != NOT_APPLIED]
     caught = sum(v.status == CAUGHT for v in counted)
     lines.append(f"{caught}/{len(counted)} faults caught ({len(matrix.verdicts) - len(counted)} not applied); "

@@ -93,6 +93,9 @@ class Cell:
         status: ``caught``, ``missed``, ``broken`` or ``n/a``.
         tests: the ids of the tests that caught it (broken: the tests that failed otherwise).
         reason: for ``broken``, the first such test's message.
+        by_sglang: the failing tests whose failure one of sglang's own checks raised (alone, or
+            agreeing with the harness's oracle): the catches attributed to sglang's oracle. A cell
+            caught only by them is ``broken``: the evidence must come from the harness's own.
     """
 
     fault: str
@@ -100,6 +103,7 @@ class Cell:
     status: str
     tests: tuple[str, ...] = ()
     reason: str = ""
+    by_sglang: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,15 @@ def has_evidence(outcome: TestOutcome, evidence: Iterable[str]) -> bool:
     return any(e in outcome.text or e in outcome.message for e in evidence)
 
 
+#: How a failure headline (:mod:`harness.plugins.explain`) says one of sglang's own checks raised it.
+SGLANG_CHECK_MARKS = ("sglang-check ", "sglang's check agreed")
+
+
+def by_sglang_check(outcome: TestOutcome) -> bool:
+    """Whether one of sglang's own checks raised (or agreed with) this failure."""
+    return outcome.message.startswith(SGLANG_CHECK_MARKS[0]) or SGLANG_CHECK_MARKS[1] in outcome.message
+
+
 def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteRun,
                 evidence: tuple[str, ...] = ()) -> tuple[Cell, ...]:
     """The matrix row of one fault, one cell per suite file (pure; see the module docstring).
@@ -178,13 +191,15 @@ def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteR
         counted = [o for o in mine if o.test_id in clean_passed]
         caught = tuple(sorted(o.test_id for o in counted if o.outcome == "failed" and has_evidence(o, evidence)))
         other = [o for o in counted if o.outcome in FAILING and o.test_id not in caught]
+        sglang = tuple(sorted(o.test_id for o in counted if o.outcome in FAILING and by_sglang_check(o)))
         if caught:
-            cells.append(Cell(name, suite, CAUGHT, caught))
+            cells.append(Cell(name, suite, CAUGHT, caught, by_sglang=sglang))
         elif other:
             first = other[0]
-            where = "errored outside the test body" if first.outcome == "error" else "failed without the evidence"
+            where = ("was caught by sglang's own check only, not the harness's oracle" if by_sglang_check(first)
+                     else "errored outside the test body" if first.outcome == "error" else "failed without the evidence")
             cells.append(Cell(name, suite, BROKEN, tuple(o.test_id for o in other),
-                              f"{first.test_id} {where}: {first.message}"))
+                              f"{first.test_id} {where}: {first.message}", by_sglang=sglang))
         elif counted:
             cells.append(Cell(name, suite, MISSED))
         else:

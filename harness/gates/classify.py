@@ -1,13 +1,16 @@
 """Classify a test failure from its JUnit element, so the flaky policy reruns only what may be flaky.
 
 Classes, first match wins (order matters: an accounting assertion that mentions a timing word is
-still accounting, and a crash is a crash whatever else its message says):
+still accounting, and a crash is a crash whatever else its message says, unless sglang's own check
+caused it):
 
 ``crash``       a worker or process died (``WorkerDied``, a signal, a segfault, a core dump)
 ``import``      ``ImportError`` / ``ModuleNotFoundError`` / a collection error
 ``timeout``     the test hung past its limit (pytest-timeout, Ray ``GetTimeoutError``)
 ``accounting``  a ledger / page-accounting invariant broke (``Violation``, a ``[rule]`` of the ledger,
-                leaks, free-page balances, KV content or window verification, a PD invariant)
+                leaks, free-page balances, KV content or window verification, a PD invariant), or one
+                of sglang's own checks did (``sglang-check``; first, before ``crash``: it may have
+                taken its server down)
 ``accuracy``    a quality metric fell short (``AccuracyError``, "accuracy", gsm8k/mmlu scores)
 ``timing``      a latency or throughput bound was missed (``TimingError``, "latency", "too slow")
 ``assertion``   any other ``AssertionError``
@@ -30,6 +33,8 @@ CLASSES = ("crash", "import", "timeout", "accounting", "accuracy", "timing", "as
 
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # A failure headline (harness.plugins.explain) starts with its evidence class; the classes map here.
+    # One of sglang's own accounting checks is accounting even when it took its server down with it.
+    ("accounting", re.compile(r"^sglang-check\b")),
     ("crash", re.compile(r"^worker-death\b|WorkerDied|Segmentation fault|SIGSEGV|SIGKILL|SIGABRT|core dumped|Fatal Python error|"
                          r"worker .* died|process .* (died|exited)|RayActorError|ActorDiedError|OutOfMemoryError", re.I)),
     ("import", re.compile(r"\b(ImportError|ModuleNotFoundError)\b|collection error|error collecting", re.I)),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 from harness.pd.ranks import Ranks
 from harness.pd.run import PDPair
 from harness.pd.spec import KVSpec
+from harness.targets.sglang.compat import checks
 from harness.targets.sglang import selection
 from harness.targets.sglang.selection import Target
 from harness.topology import Topology
@@ -37,9 +38,10 @@ logger = logging.getLogger(__name__)
 
 FAULTS_ENV = "HARNESS_FAULTS"
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of a PD rank worker: the driver's faults, ``extra``. (The SWA eviction interval is
-    per configuration: each decode rank sets it from ``KVSpec.eviction_interval``.)"""
-    env: dict[str, str] = {}
+    """Environment of a PD rank worker: sglang's own checks on (the second oracle:
+    :mod:`harness.targets.sglang.compat.checks`), the driver's faults, ``extra``. (The SWA eviction
+    interval is per configuration: each decode rank sets it from ``KVSpec.eviction_interval``.)"""
+    env: dict[str, str] = checks.environment(None)
     if os.environ.get(FAULTS_ENV):
         env[FAULTS_ENV] = os.environ[FAULTS_ENV]
     env.update(extra or {})

@@ -16,6 +16,11 @@ Evidence classes, first match wins (:func:`headline`):
                    what stopped the run when that was not the ledger check itself
 ``kv``             the PD engine's own check of every byte and window position it keeps
                    (:class:`~harness.pd.errors.KVCorruption`, :class:`~harness.pd.errors.WindowLost`)
+``sglang-check``   one of sglang's own checks, which the harness turns on in every server and rank
+                   (:mod:`harness.targets.sglang.compat.checks`), raised: the check, what it names (an
+                   invariant, a pool) and its line, found in the exception, a worker's remote traceback
+                   or log tail; sglang's oracle, not the harness's (a ledger rule broken too leads, and
+                   the check follows it as ``sglang's check agreed``)
 ``worker-death``   a worker died (:class:`harness.workers.WorkerDied`): its cause and the last sglang
                    frame of its log tail
 ``timeout``        the test, or a call it made, ran out of time: the last sglang frame of the log
@@ -53,8 +58,9 @@ log = logging.getLogger(__name__)
 #: The longest headline; what is longer is cut at its end (the cause always comes first).
 MAX_CHARS = 400
 #: The classes, in the order :func:`headline` tries them.
-CLASSES = ("ledger", "kv", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
+CLASSES = ("ledger", "kv", "sglang-check", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
 
+_ADAPTER = "/harness/targets/sglang/"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _FRAME = re.compile(r'File "(?P<path>[^"]*?/sglang/[^"]+\.py)", line (?P<line>\d+), in (?P<func>[\w<>.]+)')
 _TIMEOUT = re.compile(r"Timeout >|GetTimeoutError|TimeoutError|did not return within|timed out", re.I)
@@ -78,6 +84,8 @@ def sglang_frames(text: str) -> list[str]:
     out = []
     for m in _FRAME.finditer(_ANSI.sub("", text)):
         path = m.group("path")
+        if _ADAPTER in path:  # the harness's own adapter package, not sglang
+            continue
         out.append(f"sglang/{path[path.rindex('/sglang/') + len('/sglang/'):]}:{m.group('line')} in {m.group('func')}")
     return out
 
@@ -93,6 +101,25 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def _message(exc: BaseException) -> str:
     text = clean(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_hit(text: str) -> tuple[str, str]:
+    """``("[<check>: <what it names>]", <the line of the hit>)`` for the first hit of one of sglang's
+    own checks in ``text``, or ``("", "")``.
+
+    >>> _check_hit("x\\nValueError: token_to_kv_pool_allocator memory leak detected! available_size=3\\ny")
+    ('[mem-check-idle: token_to_kv_pool_allocator]', 'ValueError: token_to_kv_pool_allocator memory leak detected! available_size=3')
+    """
+    from harness.targets.sglang.compat.checks import RAISED, hit
+
+    found = hit(text)
+    if found is None:
+        return "", ""
+    check, what = found
+    lines = text.splitlines()
+    raised = [ln for ln in lines if RAISED.match(ln)]
+    line = next((ln for ln in [*raised, *lines] if what in ln and any(re.search(p, ln) for p in check.hits)), what)
+    return f"[{check.name}: {what}]", clean(line)[:240]
 
 
 def _assertion(exc: AssertionError) -> str:
@@ -149,15 +176,26 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
         ``(class, headline)``; the class is one of :data:`CLASSES`.
     """
     chain = list(_chain(exc))
+    logs = list(logs)
+    died = next((e for e in chain if _is(e, "WorkerDied")), None)
+    evidence = "\n".join([*(f"{type(e).__name__}: {e}\n{_traceback_text(e)}" for e in chain),
+                          *([died.tail] if died is not None else []), *logs])
+    label, hit_line = _check_hit(evidence)
     broken = next((e for e in chain if getattr(e, "violations", None)), None)
     if broken is not None:
-        stopped = "" if isinstance(broken, ledger.LedgerBroken) or type(broken).__name__ == "PDError" \
-            else f"; it stopped the run as {_message(broken)}"
+        said = _message(broken)
+        if label:  # sglang's own check saw it too (and, when the hit is what stopped the run, stopped it)
+            stopped = f"; sglang's check agreed: {label} " + (said if hit_line in said else hit_line)
+        elif isinstance(broken, ledger.LedgerBroken) or type(broken).__name__ == "PDError":
+            stopped = ""
+        else:
+            stopped = f"; it stopped the run as {said}"
         return "ledger", _fit(_ledger_line(getattr(broken, "violations"), root) + stopped)
     kv = next((e for e in chain if _is(e, "KVCorruption", "WindowLost")), None)
     if kv is not None:
         return "kv", _fit(f"kv {_message(kv)}{_suspect_text(type(kv).__name__, root)}")
-    died = next((e for e in chain if _is(e, "WorkerDied")), None)
+    if label:
+        return "sglang-check", _fit(f"sglang-check {label} {hit_line}{_where(sglang_frames(evidence))}")
     if died is not None:
         frames = sglang_frames(died.tail)
         return "worker-death", _fit(f"worker-death {died.name}: {clean(died.cause)}{_where(frames)}")

@@ -5,7 +5,8 @@ The target is resolved and activated in ``pytest_load_initial_conftests``, befor
 test module can import sglang, so this process, the Ray workers it starts and every server
 subprocess import the same tree (:mod:`harness.targets.sglang.selection`). A bad TARGET stops the
 session before collection with one line (pytest's usage error). The target is named in the report
-header and, as ``sglang_*`` properties, in the JUnit XML.
+header and, as ``sglang_*`` properties, in the JUnit XML; so are sglang's own checks the servers and
+ranks run with (``sglang_checks``: which are on, which this target lacks).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ def _spec(config: pytest.Config) -> str | None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     # Initial conftests (suites/unit/conftest.py) import the adapter: the target goes first.
+    from harness.targets.sglang.compat import checks
+
     try:
         early_config.stash[target_key] = target_mod.select(_spec(early_config))
-    except target_mod.TargetError as exc:
+        checks.selected()
+    except (target_mod.TargetError, checks.UnknownCheck) as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -47,13 +51,23 @@ def target(config: pytest.Config) -> target_mod.Target:
     return config.stash[target_key]
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from pathlib import Path
+
+    from harness.targets.sglang.compat import checks
+
     t = target(config)
-    return f"harness: {t.label()}, root {t.root}"
+    return [f"harness: {t.label()}, root {t.root}", checks.summary(Path(t.root))]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _sglang_junit_properties(request: pytest.FixtureRequest, record_testsuite_property) -> None:
     """Name the target in the JUnit XML (``<property name="sglang_version" …>``)."""
-    for name, value in target(request.config).properties().items():
+    from pathlib import Path
+
+    from harness.targets.sglang.compat import checks
+
+    t = target(request.config)
+    for name, value in t.properties().items():
         record_testsuite_property(name, value)
+    record_testsuite_property("sglang_checks", checks.summary(Path(t.root)))

@@ -4,7 +4,7 @@
 
 Supported: sglang 0.5.19 … 0.5.23 and a source tree of any of them. Entries are named by the
 capability they provide and cite the release or upstream PR that changed it; each says when it can
-go (when the oldest supported release has the newer shape). Three kinds, one module each:
+go (when the oldest supported release has the newer shape). Four kinds, one module each:
 
 * **Static** (:mod:`harness.targets.sglang.releases`; read source, import nothing; what resolving a
   target reads before sglang is imported): :func:`core_missing` (what the adapter cannot run
@@ -15,6 +15,9 @@ go (when the oldest supported release has the newer shape). Three kinds, one mod
   needs; a suite whose capability the target lacks is skipped (:func:`require`,
   :func:`require_device` raise :class:`CapabilityMissing`, a pytest skip) with one line naming the
   capability and the target.
+* **sglang's own checks** (:mod:`.checks`; read source, import nothing): the runtime checks every
+  server and simulated rank runs with (:func:`checks.environment`), which ones a target has
+  (:func:`checks.present`) and how a hit reads (:func:`checks.hit`).
 * **Shims** (:mod:`.shims`): the few calls whose shape changed (:func:`evicted_seqlen`,
   :func:`scheduler_fields`, :func:`dsv4_pool_kwargs`, :func:`release_kv_cache`,
   :func:`decode_prefix_match`, :func:`caller_swa_reclaim`, :func:`all_free_pages`,

@@ -16,7 +16,8 @@ says what to run and with which environment.
 On a topology without GPUs (``cpu``) the servers get the measured CPU recipe (reference README, "A
 real prefill + decode + router stack on CPU"): :data:`CPU_SERVER_ARGS`, :data:`CPU_ENV`, the
 import-only ``sgl_kernel`` shim on ``PYTHONPATH``, and the CPU compat patches of
-:mod:`harness.targets.sglang.server.patches`. Role ``engine_args`` come last, and a flag they already
+:mod:`harness.targets.sglang.server.patches`. Every server, on any topology, runs with sglang's own
+checks on (:mod:`harness.targets.sglang.compat.checks`; ``HARNESS_SGLANG_CHECKS=0`` turns them off). Role ``engine_args`` come last, and a flag they already
 set is not added again, so the topology file wins over these defaults.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from harness.rundir import RunDir
+from harness.targets.sglang.compat import checks
 from harness.topology import RoleSpec, Topology
 
 #: Directory put on every server's PYTHONPATH: its ``sitecustomize`` installs the compat patches,
@@ -206,6 +208,9 @@ def _engine_command(
     elif compat_patches:
         env[COMPAT_ENV] = ",".join(compat_patches)
     env.update(_probe_env(probe_run_dir, worker, role.kind))
+    # sglang's own checks, the second oracle: every variable of every check (a release that lacks
+    # one never reads it; what the target has is said once per session, compat.checks.summary).
+    env.update(checks.environment(None))
     argv = [python, "-m", SERVER_MODULE, *_merge(base, [*role.engine_args, *extra_args])]
     return Command(role=worker, argv=tuple(argv), env=env, pythonpath=tuple(pythonpath))
 

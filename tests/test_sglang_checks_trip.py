@@ -1,0 +1,93 @@
+"""Each of sglang's own checks that the harness turns on really is on: a catalog fault trips it in a
+real run, the failure's headline names the check, and with the harness's checks turned off the same
+run does not name it (so the test fails if the harness stopped turning the check on).
+
+Each run turns on only the check under test and the others off (``HARNESS_SGLANG_CHECKS=<name>``):
+the checks fire at different points of the same broken release, and the first to fire would
+otherwise hide the others (the idle memory check, on in sglang by default, fires at the servers'
+warm-up). The checks-off run (``HARNESS_SGLANG_CHECKS=0``) must still fail, by the harness's own
+oracle: the ledger catches the fault with sglang's checks off.
+The runs of this module start together (each is one pytest process), each test waiting for its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from harness.targets.sglang import selection as target
+from harness.targets.sglang.compat import checks
+
+pytestmark = pytest.mark.est_time(100)
+
+REPO = Path(__file__).resolve().parent.parent
+# A simulated PD request's release on the decode rank (sglang's release_kv_cache on real SWA pools).
+SIM_RELEASE = "suites/disaggregation/test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries"
+# A real prefill + decode + router stack of the SWA model on CPU; its warm-up request already leaks.
+SERVER = "suites/disaggregation/test_disaggregation_swa_server.py::test_decode_ledger_holds_swa_invariants"
+
+#: check -> (the selection, the fault that trips it there, what the headline then names)
+TRIPS: dict[str, tuple[str, str, str]] = {
+    "invariant-strict": (SIM_RELEASE, "release-leaks-swa", "[invariant-strict: swa.peer_released]"),
+    "mem-check-busy": (SERVER, "release-leaks-swa", "[mem-check-busy: SWA]"),
+    "mem-check-idle": (SERVER, "release-leaks-swa", "[mem-check-idle: pool]"),
+}
+
+
+class Run:
+    """One ``pytest SELECTION --inject-fault FAULT`` with the given checks selected; started at once."""
+
+    def __init__(self, selection: str, fault: str, select: str, out: Path):
+        engine = "sglang-server" if selection.split("::")[0].endswith("_server.py") else "sim"
+        self.junit = out / "junit.xml"
+        self.log = out / "pytest.log"
+        out.mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
+        env[checks.SELECT_ENV] = select
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--engine", engine,
+                 "--run-dir", str(out / "run"), "--inject-fault", fault, f"--junitxml={self.junit}", selection],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def messages(self, timeout: float = 600) -> list[str]:
+        """The failure messages of its JUnit report, once it has exited."""
+        self.proc.wait(timeout=timeout)
+        assert self.junit.is_file(), self.log.read_text()[-3000:]
+        root = ET.parse(self.junit).getroot()
+        return [f.get("message", "") for f in root.iter() if f.tag in ("failure", "error")]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, str, str], Run]]:
+    """Every run of the module, keyed by (selection, fault, checks selected); the checks-off run of a
+    selection and fault is shared by the checks it trips."""
+    base = tmp_path_factory.mktemp("trips")
+    started: dict[tuple[str, str, str], Run] = {}
+    for name, (selection, fault, _) in TRIPS.items():
+        for select in (name, "0"):
+            key = (selection, fault, select)
+            if key not in started:
+                started[key] = Run(selection, fault, select, base / f"run{len(started)}-{select}")
+    yield started
+    for run in started.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+
+
+@pytest.mark.parametrize("check", sorted(TRIPS))
+def test_the_check_is_on_and_its_hit_names_it(runs, check):
+    selection, fault, names = TRIPS[check]
+    on = runs[(selection, fault, check)].messages()
+    assert on, f"{fault} failed no test with {check} on"
+    assert any(names in m for m in on), f"no failure names {names}: {on}"
+    off = runs[(selection, fault, "0")].messages()
+    assert off, f"{fault} failed no test with sglang's checks off: the harness's own oracle must catch it too"
+    assert not any(names in m for m in off), f"with the checks off a failure still names {names}: {off}"
