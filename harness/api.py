@@ -7,7 +7,8 @@ no fault; each name is loaded on first use from the module that defines it (:dat
 
 The names, by what they are for:
 
-* the simulated PD engine over Ray: :func:`run`, :class:`KVSpec`, :class:`PDRequest`, :func:`workload`;
+* the simulated PD engine over Ray: :func:`run`, :class:`KVSpec`, :class:`PDRequest`, :func:`workload`,
+  :func:`soak`;
 * its checks and evidence: ``ledger`` (the accounting ledger module: ``ledger.check``, ``ledger.read``,
   ``ledger.assert_clean``, ``ledger.LedgerWriter``, ...), :func:`expect` (named comparisons), :class:`KVCorruption`, :class:`WindowLost`, :class:`PreallocError`,
   :class:`PDError`;
@@ -33,6 +34,7 @@ NAMES: dict[str, str] = {
     "KVSpec": "harness.pd.spec:KVSpec",
     "PDRequest": "harness.pd.spec:PDRequest",
     "workload": "harness.pd.spec:workload",
+    "soak": "harness.pd.soak:soak",
     # checks and evidence
     "ledger": "harness.ledger:",
     "expect": "harness.expect:expect",

@@ -22,6 +22,7 @@ adds):
     servers    fixtures ``sglang_servers``, ``tiny_model`` (real sglang server stacks)
     pd         fixtures ``pd_pair``, ``pd_report``
     seeds      ``--workload-seed``, fixtures ``workload_seed``, ``workload_rng``, failed-test records
+    soak       ``--soak N``, fixture ``soak_requests``
     faults     ``--inject-fault``
     record     ``<run_dir>/tests.jsonl``: per test its outcome, seeds, workers and the bytes of
                their logs and ledgers it wrote (what the run report shows per test)
@@ -48,6 +49,7 @@ pytest_plugins: list[str] = [
     "harness.plugins.servers",
     "harness.plugins.pd",
     "harness.plugins.seeds",
+    "harness.plugins.soak",
     "harness.plugins.faults",
     "harness.plugins.record",
     "harness.plugins.parallel",
