@@ -110,15 +110,12 @@ def _check_hit(text: str) -> tuple[str, str]:
     >>> _check_hit("x\\nValueError: token_to_kv_pool_allocator memory leak detected! available_size=3\\ny")
     ('[mem-check-idle: token_to_kv_pool_allocator]', 'ValueError: token_to_kv_pool_allocator memory leak detected! available_size=3')
     """
-    from harness.targets.sglang.compat.checks import RAISED, hit
+    from harness.targets.sglang.compat.checks import hit
 
     found = hit(text)
     if found is None:
         return "", ""
-    check, what = found
-    lines = text.splitlines()
-    raised = [ln for ln in lines if RAISED.match(ln)]
-    line = next((ln for ln in [*raised, *lines] if what in ln and any(re.search(p, ln) for p in check.hits)), what)
+    check, what, line = found
     return f"[{check.name}: {what}]", clean(line)[:240]
 
 

@@ -149,18 +149,19 @@ def environment(root: Path | None) -> dict[str, str]:
 
 
 #: A line that says an exception was raised (``ValueError: ...``, ``AssertionError: ...``).
-RAISED = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b")
+_RAISED = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b")
 
 
-def hit(text: str) -> tuple[EngineCheck, str] | None:
-    """The check whose hit ``text`` shows first (an exception message, a log tail), and what it names.
+def hit(text: str) -> tuple[EngineCheck, str, str] | None:
+    """The check whose hit ``text`` shows first (an exception message, a log tail), what it names and
+    the line it is on.
 
     A hit on a line that raised wins over one only logged: a check that is off may still log (sglang's
     idle check warns when it is not strict), and what stopped the process is the one that raised.
 
-    >>> check, what = hit("RuntimeError: invariant-check FAILED [swa.peer_released]: is_true: caller wants free")
-    >>> check.name, what
-    ('invariant-strict', 'swa.peer_released')
+    >>> check, what, line = hit("x\\nRuntimeError: invariant-check FAILED [swa.peer_released]: is_true: caller wants free")
+    >>> check.name, what, line
+    ('invariant-strict', 'swa.peer_released', 'RuntimeError: invariant-check FAILED [swa.peer_released]: is_true: caller wants free')
     >>> hit("ValueError: token_to_kv_pool_allocator memory leak detected! available_size=1")[0].name
     'mem-check-idle'
     >>> hit("[12:00] pool memory leak detected! [full]\\nAssertionError: SWA Pool Mem Leak Detected! [swa]")[0].name
@@ -169,19 +170,19 @@ def hit(text: str) -> tuple[EngineCheck, str] | None:
     True
     """
     lines = text.splitlines()
-    for candidates in ([ln for ln in lines if RAISED.match(ln)], lines):
-        best: tuple[int, int, EngineCheck, str] | None = None
+    for candidates in ([ln for ln in lines if _RAISED.match(ln)], lines):
+        best: tuple[int, int, EngineCheck, str, str] | None = None
         for check, patterns in _COMPILED:
             for pattern in patterns:
                 for i, line in enumerate(candidates):
                     m = pattern.search(line)
                     if m:
-                        found = (i, m.start(), check, m.group(1) if m.groups() else m.group(0))
+                        found = (i, m.start(), check, m.group(1) if m.groups() else m.group(0), line)
                         if best is None or found[:2] < best[:2]:
                             best = found
                         break
         if best is not None:
-            return best[2], best[3]
+            return best[2], best[3], best[4]
     return None
 
 
