@@ -7,7 +7,8 @@ the checks fire at different points of the same broken release, and the first to
 otherwise hide the others (the idle memory check, on in sglang by default, fires at the servers'
 warm-up). The checks-off run (``HARNESS_SGLANG_CHECKS=0``) must still fail, by the harness's own
 oracle: the ledger catches the fault with sglang's checks off.
-The runs of this module start together (each is one pytest process), each test waiting for its own.
+The runs of this module start in order, two at a time (each is one pytest process), each test
+waiting for its own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterator
@@ -40,54 +42,92 @@ TRIPS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: Runs alive at once: each starts a Ray cluster, and a server run three or four servers; more than
+#: two on a 2-core runner only thrash (and slow every other test of the run beside them).
+AT_ONCE = 2
+
+
 class Run:
-    """One ``pytest SELECTION --inject-fault FAULT`` with the given checks selected; started at once."""
+    """One ``pytest SELECTION --inject-fault FAULT`` with the given checks selected (:meth:`start`)."""
 
     def __init__(self, selection: str, fault: str, select: str, out: Path):
-        engine = "sglang-server" if selection.split("::")[0].endswith("_server.py") else "sim"
+        self.engine = "sglang-server" if selection.split("::")[0].endswith("_server.py") else "sim"
+        self.selection, self.fault, self.select, self.out = selection, fault, select, out
         self.junit = out / "junit.xml"
         self.log = out / "pytest.log"
-        out.mkdir(parents=True)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.out.mkdir(parents=True)
         env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
-        env[checks.SELECT_ENV] = select
+        env[checks.SELECT_ENV] = self.select
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--engine", engine,
-                 "--run-dir", str(out / "run"), "--inject-fault", fault, f"--junitxml={self.junit}", selection],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--engine", self.engine,
+                 "--run-dir", str(self.out / "run"), "--inject-fault", self.fault, f"--junitxml={self.junit}",
+                 self.selection], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-    def messages(self, timeout: float = 600) -> list[str]:
-        """The failure messages of its JUnit report, once it has exited."""
-        self.proc.wait(timeout=timeout)
+    def messages(self) -> list[str]:
+        """The failure messages of its JUnit report (it has exited)."""
         assert self.junit.is_file(), self.log.read_text()[-3000:]
         root = ET.parse(self.junit).getroot()
         return [f.get("message", "") for f in root.iter() if f.tag in ("failure", "error")]
 
 
+class Runs:
+    """The module's runs, started in order, at most :data:`AT_ONCE` alive; :meth:`messages` waits for one."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.runs: dict[tuple[str, str, str], Run] = {}
+        for name, (selection, fault, _) in TRIPS.items():
+            for select in (name, "0"):
+                key = (selection, fault, select)
+                if key not in self.runs:
+                    self.runs[key] = Run(selection, fault, select, base / f"run{len(self.runs)}-{select}")
+        self._top_up()
+
+    def _top_up(self) -> None:
+        alive = [r for r in self.runs.values() if r.proc is not None and r.proc.poll() is None]
+        for run in self.runs.values():
+            if len(alive) >= AT_ONCE:
+                break
+            if run.proc is None:
+                run.start()
+                alive.append(run)
+
+    def messages(self, key: tuple[str, str, str], timeout: float = 900) -> list[str]:
+        run = self.runs[key]
+        deadline = time.monotonic() + timeout
+        while run.proc is None or run.proc.poll() is None:
+            assert time.monotonic() < deadline, f"{key} did not finish within {timeout:g} s: {run.log}"
+            self._top_up()
+            time.sleep(0.5)
+        self._top_up()
+        return run.messages()
+
+    def stop(self) -> None:
+        for run in self.runs.values():
+            if run.proc is not None and run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, str, str], Run]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     """Every run of the module, keyed by (selection, fault, checks selected); the checks-off run of a
     selection and fault is shared by the checks it trips."""
-    base = tmp_path_factory.mktemp("trips")
-    started: dict[tuple[str, str, str], Run] = {}
-    for name, (selection, fault, _) in TRIPS.items():
-        for select in (name, "0"):
-            key = (selection, fault, select)
-            if key not in started:
-                started[key] = Run(selection, fault, select, base / f"run{len(started)}-{select}")
+    started = Runs(tmp_path_factory.mktemp("trips"))
     yield started
-    for run in started.values():
-        if run.proc.poll() is None:
-            run.proc.kill()
-            run.proc.wait()
+    started.stop()
 
 
 @pytest.mark.parametrize("check", sorted(TRIPS))
 def test_the_check_is_on_and_its_hit_names_it(runs, check):
     selection, fault, names = TRIPS[check]
-    on = runs[(selection, fault, check)].messages()
+    on = runs.messages((selection, fault, check))
     assert on, f"{fault} failed no test with {check} on"
     assert any(names in m for m in on), f"no failure names {names}: {on}"
-    off = runs[(selection, fault, "0")].messages()
+    off = runs.messages((selection, fault, "0"))
     assert off, f"{fault} failed no test with sglang's checks off: the harness's own oracle must catch it too"
     assert not any(names in m for m in off), f"with the checks off a failure still names {names}: {off}"

@@ -128,7 +128,9 @@ def test_repeats_and_concurrency_match_plain(stack, plain):
     assert got == want
 
 
-def test_decode_ledger_holds_swa_invariants(stack, run_dir):
+def test_decode_ledger_holds_swa_invariants(sglang_servers, run_dir):
+    # No plain baseline needed: in a session of this test alone (a fault or check run) none starts.
+    stack = sglang_servers.pd(MODEL)
     # 256 new tokens: more than the eviction interval past the window, so decode evicts SWA pages.
     stack.client("router").generate(prompt(400, seed=30), 256)
     events = ledger.read(run_dir.ledger / f"{stack.decode.name}.jsonl")
