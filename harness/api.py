@@ -19,7 +19,10 @@ The names, by what they are for:
   :class:`PreallocFailed`, :class:`PoolSizes`, :data:`SWA_PAGE_SIZES`, :func:`make_req`, and the
   capability checks :func:`require_capability` and :func:`device_missing`;
 * real sglang servers: :class:`ServerClient`, :class:`ServerHTTPError`, :func:`start_pd_stack`,
-  :func:`leftover_processes`, :data:`HISPARSE_DECODE_ARGS`, :data:`CPU_COMPAT_PATCHES`.
+  :func:`leftover_processes`, :data:`HISPARSE_DECODE_ARGS`, :data:`CPU_COMPAT_PATCHES`,
+  :func:`reset_server` and :class:`ResetError` (a server back at baseline, by its probe's ledger), and
+  ``hold`` (the module holding a request before prefill sends its KV: ``hold.hold_file``, ``hold.held``,
+  ``hold.release``).
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ NAMES: dict[str, str] = {
     "ServerClient": "harness.targets.sglang.server.client:ServerClient",
     "ServerHTTPError": "harness.targets.sglang.server.client:ServerHTTPError",
     "start_pd_stack": "harness.targets.sglang.server.stack:start_pd_stack",
+    "reset_server": "harness.targets.sglang.server.reset:reset_server",
+    "ResetError": "harness.targets.sglang.server.reset:ResetError",
+    "hold": "harness.targets.sglang.server.hold:",
     "leftover_processes": "harness.targets.sglang.server.stack:leftover_processes",
     "HISPARSE_DECODE_ARGS": "harness.targets.sglang.server.launcher:HISPARSE_DECODE_ARGS",
     "CPU_COMPAT_PATCHES": "harness.targets.sglang.server.launcher:CPU_COMPAT_PATCHES",

@@ -34,6 +34,8 @@ CPU_ENV = {
     "MC_FORCE_TCP": "1",
     "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
     "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "5",
     "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read,cpu-fork-children",
 }
 

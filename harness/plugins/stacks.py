@@ -277,6 +277,30 @@ class ServerStacks:
         if stack is not None:
             self._stop(stack.workers)
 
+    def kill(self, model_name: str, role: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> Worker:
+        """SIGKILL the ``role`` server (``prefill`` or ``decode``) of ``model_name``'s running stack, on
+        purpose: it leaves the fail-fast watchdog first, so its death is not raised into the test,
+        while the servers that survive it stay watched (one of them dying too fails the test). The
+        stack stays registered, to be looked at, until :meth:`forget`.
+
+        Returns:
+            The killed worker (dead when this returns).
+        """
+        import os
+        import signal
+        import time
+
+        stack = self._pd.get(self._pd_key(model_name, extra_args))
+        if stack is None:
+            raise KeyError(f"no running {model_name} stack to kill a server of")
+        victim = getattr(stack, role)
+        self._state.unwatch(victim)
+        os.kill(victim.info.payload_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not victim.poll() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return victim
+
     def _plain_group(self) -> PlacementBundles | None:
         """Where the plain server runs: unplaced (cpu), its own layout role, or, where it cannot run
         beside a PD stack, the prefill group after every PD stack was stopped."""

@@ -2,7 +2,7 @@
 
 Thin over ``requests``: :class:`ServerClient` methods map one-to-one to the endpoints the suites use
 (``/generate``, ``/health``, ``/server_info``, ``/v1/loads``, ``/metrics`` (servers started with
-``--enable-metrics``), ``/flush_cache``, router ``/workers``).
+``--enable-metrics``), ``/flush_cache``, ``/abort_request``, ``/health_generate``, router ``/workers``).
 A non-2xx answer raises :class:`ServerHTTPError` carrying the status and the start of the body, so a
 failing test shows what the server said.
 """
@@ -133,6 +133,16 @@ class ServerClient:
     def flush_cache(self, timeout_s: float | None = None) -> None:
         """``/flush_cache``: drop the radix cache (only succeeds when the server is idle)."""
         self._request("POST", "/flush_cache", timeout_s=timeout_s)
+
+    def abort(self, rid: str) -> None:
+        """``/abort_request``: abort request ``rid`` wherever it is in this server (queued, in
+        transfer, decoding); sglang answers 200 whether or not it still knew the request."""
+        self._request("POST", "/abort_request", json={"rid": rid})
+
+    def health_generate(self, timeout_s: float | None = None) -> None:
+        """``/health_generate``: sglang runs one real one-token request through its scheduler (on a PD
+        server, with its fake bootstrap); raises :class:`ServerHTTPError` when it does not answer 200."""
+        self._request("GET", "/health_generate", timeout_s=timeout_s)
 
     def workers(self) -> list[dict]:
         """Router ``/workers``: the registered workers (each a dict with url, type, health)."""

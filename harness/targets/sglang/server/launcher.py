@@ -69,6 +69,11 @@ CPU_ENV: Mapping[str, str] = {
     # dump and a CUDA coredump, neither of which a CPU server has, and the stop waits that out.
     "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
     "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+    # A dead peer on loopback: decode notices it after one missed heartbeat of a second (sglang's
+    # default, 5 s x 2 misses, is sized for real networks), and a failed transfer's deferred release
+    # waits 5 s, not 30, for acknowledgements loopback delivers in milliseconds.
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "5",
 }
 #: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
 CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read", "cpu-fork-children")

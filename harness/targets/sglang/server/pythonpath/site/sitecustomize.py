@@ -1,7 +1,7 @@
 """Loaded by every sglang server process the harness starts (this directory is on its PYTHONPATH).
 
 It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat patches),
-``HARNESS_PROBE_LEDGER`` (the accounting probe) and ``HARNESS_FAULTS`` (the fault catalog:
+``HARNESS_PROBE_LEDGER`` (the accounting probe, and on prefill the request hold) and ``HARNESS_FAULTS`` (the fault catalog:
 :func:`harness.faults.activate_from_env` checks that the sglang this server imports carries them). A failure here must stop the server rather than let it run without what
 the harness asked for, so errors are printed and the process exits.
 
@@ -29,9 +29,10 @@ if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LED
 
             compat.install_from_env()
         if os.environ.get("HARNESS_PROBE_LEDGER"):
-            from harness.targets.sglang.server import probe
+            from harness.targets.sglang.server import hold, probe
 
             probe.install_from_env()
+            hold.install_from_env()
         if os.environ.get("HARNESS_FAULTS"):
             from harness import faults as _faults
             from harness.targets.sglang import selection as _target

@@ -1,0 +1,285 @@
+"""Failure paths of PD disaggregation on REAL sglang servers: what aborts, failed transfers, dead peers,
+probes and hostile input leave behind on the servers that survive them.
+
+The SWA / PD leaks sglang shipped live on these paths (decode-side leaks after failed or aborted
+transfers, sgl#6258 / #9817 / #7130; health requests pinning KV, sgl#28652; a duplicate
+``bootstrap_room`` crashing both schedulers, sgl#40125). Each test first reaches its phase
+deterministically and proves, from the probe's ledger, that the hazard happened there:
+
+* a request is *held* before prefill sends its KV (``hold``: prefill has computed and holds the KV,
+  decode has preallocated its pages — the ledger's ``prealloc`` — and nothing was sent yet);
+* a request is *mid-decode* once the decode ledger shows it evicting SWA pages that slid out of its
+  window (at least one eviction interval decoded).
+
+Then it checks, through the servers' probes and the ledger — never sglang's own counters — that every
+pool of every surviving server is back at its baseline within :data:`RESET_S` (:func:`reset_server`:
+sglang's ``/flush_cache``, the probe's ``reset`` event, the whole ledger checked: ``page-leak``,
+``reset-leak``, ``not-baseline``, ...), and that the stack still serves a clean request, or, where a
+server was killed, is replaced (the next test starts a fresh one; the JUnit property
+``stack_replaced`` says so).
+
+Model: ``tiny-mellum-swa`` (hybrid SWA, window and page 64), the servers of
+``test_disaggregation_swa_server.py`` (same model and flags: one stack for both in a session). On a
+GPU box: ``--topology 2-gpu-h100 --model tiny-mellum-swa=PATH``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+import pytest
+import requests
+
+from harness.api import ServerClient, ServerHTTPError, hold, ledger, reset_server
+
+MODEL = "tiny-mellum-swa"
+PAGE = 64
+
+pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
+                                 server_args=("--page-size", str(PAGE))),
+              pytest.mark.topology("cpu"), pytest.mark.est_time(15), pytest.mark.timeout(900)]
+
+#: Seconds a surviving server has to be back at its baseline after the failure (a dead peer is
+#: noticed through mooncake's heartbeat: a few seconds; aborted transfers drain at once).
+RESET_S = 90.0
+#: Seconds to wait for a phase to show in the ledger (a request reaching it on a loaded machine).
+PHASE_S = 120.0
+#: Seconds decode has to release a failed or aborted transfer's pages (on CPU: a missed 1 s heartbeat,
+#: then at most the 5 s deferred-release wait, launcher.CPU_ENV; loopback acknowledges at once).
+RELEASE_S = 30.0
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    """``n`` deterministic token ids of the tiny vocabulary (ids 4..511, no special tokens)."""
+    rng = random.Random(seed * 7919 + n)
+    return [rng.randrange(4, 512) for _ in range(n)]
+
+
+def new_rid(what: str) -> str:
+    return f"harness-{what}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def stack(sglang_servers):
+    return sglang_servers.pd(MODEL)
+
+
+class Ledger:
+    """The probe's ledger of one server, read as it grows."""
+
+    def __init__(self, run_dir, worker):
+        self.path = Path(run_dir.ledger) / f"{worker.name}.jsonl"
+
+    def events(self, rid: str | None = None, kind: str | None = None) -> list:
+        evs = ledger.read(self.path) if self.path.exists() else []
+        return [e for e in evs if (rid is None or e.rid == rid) and (kind is None or e.kind == kind)]
+
+    def wait(self, what: str, rid: str, kind: str, timeout_s: float = PHASE_S) -> list:
+        """The events of ``rid`` of ``kind``, once there is one (else the test fails naming ``what``)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.events(rid, kind)
+            if found:
+                return found
+            if time.monotonic() >= deadline:
+                pytest.fail(f"{what}: no {kind} event of {rid} in {self.path.name} within {timeout_s:g} s")
+            time.sleep(0.05)
+
+    def released(self, what: str, rid: str, timeout_s: float = RELEASE_S) -> list:
+        """The release of ``rid``, once written; if it never comes, the ledger's own verdict fails
+        the test (``page-leak``: the pages it preallocated were never freed)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.events(rid, "release")
+            if found:
+                return found
+            time.sleep(0.05)
+        ledger.assert_clean(ledger.check(self.events()), f"of {self.path.stem}: {what} never came")
+        pytest.fail(f"{what}: no release of {rid} in {self.path.name} within {timeout_s:g} s, and the ledger "
+                    "sees nothing wrong (was it ever preallocated?)")
+
+
+def wait_until(what: str, ok: Callable[[], bool], timeout_s: float = PHASE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def in_background(fn: Callable[[], Any]) -> concurrent.futures.Future:
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="client")
+    try:
+        return pool.submit(fn)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def outcome(future: concurrent.futures.Future, timeout_s: float = PHASE_S) -> Any:
+    """What the client got: a Generation, or the HTTP error / connection error it raised."""
+    try:
+        return future.result(timeout=timeout_s)
+    except (ServerHTTPError, requests.RequestException) as e:
+        return e
+
+
+def decoded_before(decode: Ledger, rid: str, release) -> bool:
+    """Whether ``rid`` gained decode pages before ``release`` (its first release; a retry of the
+    same rid by the router may decode later)."""
+    return any(e.seq < release.seq for e in decode.events(rid, "decode_alloc"))
+
+
+def direct(stack, ids: list[int], max_new: int, rid: str) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
+    """One PD request sent to prefill and decode directly, with the bootstrap fields the router would
+    add but without its retries (a retry would bring the request back under the same rid): the
+    clients' futures, prefill's then decode's."""
+    body = {"rid": rid, "bootstrap_host": urlparse(stack.prefill.url("http")).hostname,
+            "bootstrap_port": stack.prefill.ports["bootstrap"], "bootstrap_room": random.Random(rid).randrange(1 << 62)}
+    return (in_background(lambda: stack.client("prefill").generate(ids, max_new, extra=body)),
+            in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body)))
+
+
+def back_at_baseline(run_dir, *servers) -> None:
+    """Each server drains, flushes, and its whole ledger balances (``reset_server``), within RESET_S."""
+    for w in servers:
+        reset_server(w, Path(run_dir.ledger) / f"{w.name}.jsonl", timeout_s=RESET_S)
+
+
+def serves(stack) -> None:
+    got = stack.client("router").generate(prompt(150, seed=99), 4)
+    assert len(got.output_ids) == 4, got
+
+
+def finish_reason(result: Any) -> str:
+    if isinstance(result, Exception):
+        return f"error: {result}"
+    return str((result.meta.get("finish_reason") or {}).get("type", ""))
+
+
+# ------------------------------------------------------------------ the stack survives these
+
+
+def test_abort_mid_decode_frees_every_page(stack, run_dir):
+    rid = new_rid("abort-decode")
+    decode = Ledger(run_dir, stack.decode)
+    request = in_background(lambda: stack.client("router").generate(prompt(300, seed=1), 3000, extra={"rid": rid}))
+    # Mid-decode, proven: decode already slid SWA pages out of the window for this request.
+    decode.wait("decoding past the window", rid, "evict")
+    stack.client("decode").abort(rid)
+    result = outcome(request)
+    if not isinstance(result, Exception):
+        assert finish_reason(result) == "abort" or len(result.output_ids) < 3000, "the abort did not stop the decode"
+    released = decode.released("the aborted request's release", rid)
+    assert released[-1].seq > decode.events(rid, "evict")[0].seq
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+def test_abort_while_kv_in_flight_frees_both_sides(stack, run_dir):
+    rid = new_rid("abort-transfer")
+    decode = Ledger(run_dir, stack.decode)
+    gate = hold.hold_file(run_dir.ledger, rid)
+    try:
+        to_prefill, to_decode = direct(stack, prompt(200, seed=2), 8, rid)
+        # In flight, proven: prefill holds the computed KV unsent, decode preallocated its pages.
+        wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
+        decode.wait("decode's prealloc", rid, "prealloc")
+        stack.client("decode").abort(rid)
+    finally:
+        hold.release(gate)  # prefill now sends into a transfer decode gave up
+    first = decode.released("decode releasing the aborted transfer's pages", rid)[0]
+    assert not decoded_before(decode, rid, first), "the aborted request decoded"
+    answer = outcome(to_decode)
+    assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
+    outcome(to_prefill)  # it must answer (either way)
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+def test_health_probes_repeated_leave_no_kv(stack, run_dir):
+    # sglang's /health_generate runs one real request (on PD servers with its fake bootstrap) and
+    # polls for it once a second: the probes go ten at a time, as a load balancer's would.
+    rounds, at_once = 2, 10
+    with concurrent.futures.ThreadPoolExecutor(2 * at_once) as pool:
+        for _ in range(rounds):
+            probes = [pool.submit(stack.client(role).health_generate, 60) for role in ("prefill", "decode") for _ in range(at_once)]
+            for probe in probes:
+                probe.result()
+    for role in ("prefill", "decode"):
+        assert stack.client(role).health(), f"{role} /health after the probes"
+    decode = Ledger(run_dir, stack.decode)
+    health = {e.rid for e in decode.events(kind="prealloc") if e.rid.startswith("HEALTH_CHECK")}
+    assert len(health) >= rounds * at_once, f"decode preallocated for {len(health)} of {rounds * at_once} health requests"
+    released = {e.rid for e in decode.events(kind="release")}
+    assert health <= released, f"health requests never released: {sorted(health - released)[:3]}"
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+def test_malformed_bootstrap_address_fails_the_request_not_the_server(stack, run_dir):
+    rid = new_rid("bad-bootstrap")
+    decode = stack.client("decode", timeout_s=60)
+    body = {"rid": rid, "bootstrap_host": "no-such-host.invalid", "bootstrap_port": 1,
+            "bootstrap_room": random.Random(rid).randrange(1 << 62)}
+    with pytest.raises(ServerHTTPError) as exc:
+        decode.generate(prompt(100, seed=3), 4, extra=body, timeout_s=PHASE_S)
+    assert exc.value.status >= 400, exc.value
+    assert decode.health(), "decode is not healthy after the malformed bootstrap address"
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+# ------------------------------------------------------------------ these spend the stack
+
+
+def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, run_dir, record_property):
+    stack = sglang_servers.pd(MODEL)
+    rid = new_rid("prefill-killed")
+    decode = Ledger(run_dir, stack.decode)
+    gate = hold.hold_file(run_dir.ledger, rid)
+    try:
+        try:
+            _, to_decode = direct(stack, prompt(200, seed=4), 8, rid)
+            wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
+            decode.wait("decode's prealloc", rid, "prealloc")
+            sglang_servers.kill(MODEL, "prefill")
+        finally:
+            hold.release(gate)
+        # Decode must give back what it preallocated for a prefill that will never send, and answer.
+        first = decode.released("decode releasing the dead prefill's transfer", rid)[0]
+        assert not decoded_before(decode, rid, first), "the request decoded without its KV"
+        answer = outcome(to_decode)
+        assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"
+        back_at_baseline(run_dir, stack.decode)
+    finally:
+        record_property("stack_replaced", "prefill killed: the next test starts a fresh stack")
+        sglang_servers.forget(MODEL)
+
+
+def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, run_dir, record_property):
+    stack = sglang_servers.pd(MODEL)
+    rid = new_rid("decode-killed")
+    decode = Ledger(run_dir, stack.decode)
+    gate = hold.hold_file(run_dir.ledger, rid)
+    try:
+        try:
+            to_prefill, _ = direct(stack, prompt(200, seed=5), 8, rid)
+            wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
+            decode.wait("decode's prealloc", rid, "prealloc")
+            sglang_servers.kill(MODEL, "decode")
+        finally:
+            hold.release(gate)  # prefill now sends to a dead decode: its transfer must fail and free the KV
+        answer = outcome(to_prefill)
+        assert isinstance(answer, Exception) or finish_reason(answer) == "abort", \
+            f"prefill answered {answer} for a request whose decode died"
+        back_at_baseline(run_dir, stack.prefill)
+    finally:
+        record_property("stack_replaced", "decode killed: the next test starts a fresh stack")
+        sglang_servers.forget(MODEL)
