@@ -35,6 +35,7 @@ from harness.faults import source
 from harness.report import junit
 from harness.rundir import REPO_ROOT, RunDir
 from harness.targets.sglang import preload, selection
+from harness.targets.sglang.compat import checks
 from harness.workers import procs
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,20 @@ def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
 # ------------------------------------------------------------------------------------- running
 
 
+def checks_env(fault: str) -> dict[str, str]:
+    """The sglang-check selection a fault's runs get: its catalog entry's ``sglang_checks`` (the
+    checks that would stop a server before the harness's oracle looks are off), else nothing (every
+    check on, as in any run).
+
+    >>> checks_env("decode-skips-failed-release")
+    {'HARNESS_SGLANG_CHECKS': 'invariant-strict,mem-check-busy,kv-page-invariants,debug-memory-pool'}
+    >>> checks_env("swa-tail-short")
+    {}
+    """
+    only = fault_catalog.get(fault).sglang_checks
+    return {checks.SELECT_ENV: only} if only else {}
+
+
 def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str | None = None,
                timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT) -> SuiteRun:
     """Run suites in a fresh pytest subprocess, with ``fault`` active (or none), and read its JUnit XML.
@@ -163,6 +178,7 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
            f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"]
     if fault is not None:
         cmd += ["--inject-fault", fault]
+        env.update(checks_env(fault))
     logger.info("run %s: %s", label, " ".join(cmd))
     start = time.monotonic()
     # One OpenMP / BLAS thread (the runs go side by side, and beside the tests in CI), started as a fork

@@ -29,6 +29,11 @@ class Fault:
         target: runtime faults only: ``"package.module:Attr"`` or ``"package.module:Class.attr"``.
         make: runtime faults only: ``make(original) -> replacement``.
         requires: names of faults applied before this one; undone with it only if named too.
+        sglang_checks: the sglang checks on in the fault check's runs of it (a ``HARNESS_SGLANG_CHECKS``
+            value; empty: every check, as in any run). For a fault one of sglang's own checks would
+            stop the server over before the harness's oracle can look (its idle memory check, on by
+            default, crashes the scheduler at the first idle moment after a leak): the catch the
+            check counts must be the harness's.
     """
 
     name: str
@@ -39,6 +44,7 @@ class Fault:
     target: str = ""
     make: Callable[[Any], Any] | None = None
     requires: tuple[str, ...] = ()
+    sglang_checks: str = ""
 
     @property
     def is_patch(self) -> bool:

@@ -24,6 +24,15 @@ _RECLAIM = "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py"
 _PD = "suites/disaggregation/test_disaggregation_basic.py"
 _PD_MIXED = f"{_PD}::test_mixed_prompt_lengths_around_page_boundaries"
 _PD_CONCURRENT = f"{_PD}::test_concurrent_requests_decode_together"
+# The real prefill + decode + router stack of the SWA model: its decode ledger (prealloc, decode-time
+# eviction, release) and its failure paths (a failed or aborted transfer).
+_SWA_SERVER_LEDGER = "suites/disaggregation/test_disaggregation_swa_server.py::test_decode_ledger_holds_swa_invariants"
+#: sglang's checks but its idle memory check, which stops a server at its first idle moment after a
+#: leak, before the harness's oracle can look.
+_ALL_BUT_IDLE = "invariant-strict,mem-check-busy,kv-page-invariants,debug-memory-pool"
+_FAILURE_PATHS = "suites/disaggregation/test_disaggregation_failure_paths_server.py"
+_ABORT_IN_FLIGHT = f"{_FAILURE_PATHS}::test_abort_while_kv_in_flight_frees_both_sides"
+_PREFILL_KILLED = f"{_FAILURE_PATHS}::test_prefill_killed_while_kv_in_flight_decode_releases"
 
 #: Content and window verification of the PD decode ranks (every byte of every request).
 _CONTENT = ("KVCorruption", "WindowLost")
@@ -41,14 +50,17 @@ FAULTS: tuple[Fault, ...] = (
         description="_swa_tail_len rounds the window start up to a page: the tail stays aligned but loses the window",
         upstream="sglang#35286 / sglang#35396 class (tail rounding)",
         evidence=("[swa-tail-short]", "[swa-window-lost]", "WindowLost"),
-        suites=(_LEDGER,),
+        suites=(_LEDGER, _SWA_SERVER_LEDGER),
     ),
     Fault(
         name="release-leaks-swa",
         description="release frees a request's live SWA segments on the full side only, leaking its SWA pages",
         upstream="sglang#27789 / sglang#36081 (SWA pool page leaks)",
-        evidence=("[page-leak]", "[not-baseline]", "[free-mismatch]"),
-        suites=(_LEDGER,),
+        evidence=("[page-leak]", "[not-baseline]", "[free-mismatch]", "[reset-leak]"),
+        suites=(_LEDGER, _SWA_SERVER_LEDGER),
+        # Every release leaks: on a server sglang's idle check (at warm-up), its busy check and its
+        # strict invariant level (swa.peer_released) each stop the scheduler before the ledger is read.
+        sglang_checks="debug-memory-pool",
     ),
     Fault(
         name="prealloc-no-swa-evict",
@@ -83,6 +95,14 @@ FAULTS: tuple[Fault, ...] = (
         description="decode steps never free SWA slots that slid out of the window",
         upstream="sglang#27789 class (SWA pool growth during decode)",
         evidence=("[swa-evict-late]", "[swa-over-window]"),
-        suites=(_PD_CONCURRENT,),
+        suites=(_PD_CONCURRENT, _SWA_SERVER_LEDGER),
+    ),
+    Fault(
+        name="decode-skips-failed-release",
+        description="decode never releases the pages it preallocated for a transfer that failed or was aborted",
+        upstream="sglang#6258 / sglang#9817 / sglang#7130 (PD decode leaks after failed transfers)",
+        evidence=("[page-leak]", "[reset-leak]", "[not-baseline]"),
+        suites=(_ABORT_IN_FLIGHT, _PREFILL_KILLED),
+        sglang_checks=_ALL_BUT_IDLE,
     ),
 )

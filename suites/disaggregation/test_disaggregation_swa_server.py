@@ -26,7 +26,7 @@ import random
 import pytest
 import requests
 
-from harness.api import CPU_COMPAT_PATCHES, ServerClient, ServerHTTPError, expect, ledger
+from harness.api import CPU_COMPAT_PATCHES, ServerClient, ServerHTTPError, expect, ledger, reset_server
 
 MODEL = "tiny-mellum-swa"
 PAGE = WINDOW = 64
@@ -132,7 +132,11 @@ def test_decode_ledger_holds_swa_invariants(sglang_servers, run_dir):
     # No plain baseline needed: in a session of this test alone (a fault or check run) none starts.
     stack = sglang_servers.pd(MODEL)
     # 256 new tokens: more than the eviction interval past the window, so decode evicts SWA pages.
-    stack.client("router").generate(prompt(400, seed=30), 256)
+    # A short request first: its release on either server is followed by the long request's busy
+    # steps (sglang's busy memory check runs after each), not only by idle ones.
+    router = stack.client("router")
+    router.generate(prompt(100, seed=31), 4)
+    router.generate(prompt(400, seed=30), 256)
     events = ledger.read(run_dir.ledger / f"{stack.decode.name}.jsonl")
     configs = [e for e in events if e.kind == "config"]
     assert configs, "the probe wrote no config event: the checker has no bound to derive"
@@ -146,3 +150,6 @@ def test_decode_ledger_holds_swa_invariants(sglang_servers, run_dir):
     evicts = [e for e in events if e.kind == "evict" and e.pages.get("swa")]
     assert evicts, "decode never evicted SWA pages while decoding"
     ledger.assert_clean(ledger.check(events), "of the decode server")
+    # Both servers back at their baseline, by their probes' flush (prefill's ledger holds only that).
+    for w in (stack.prefill, stack.decode):
+        reset_server(w, run_dir.ledger / f"{w.name}.jsonl")

@@ -20,6 +20,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from harness.targets.sglang.releases import source_text
 
@@ -71,7 +72,8 @@ CHECKS: tuple[EngineCheck, ...] = (
     EngineCheck(
         "mem-check-busy", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY", "1",
         "the scheduler's pool identity after every busy step (available + evictable + protected + held "
-        "+ uncached == total), asserted",
+        "+ uncached == total), asserted; sglang 0.5.23 runs it in its plain scheduler loops only, not "
+        "in the PD prefill and decode loops",
         (r"(Full|SWA) Pool Mem Leak Detected!",),
     ),
     EngineCheck(
@@ -81,7 +83,8 @@ CHECKS: tuple[EngineCheck, ...] = (
     ),
     EngineCheck(
         "kv-page-invariants", "SGLANG_CHECK_KV_PAGE_INVARIANTS", "1",
-        "no owner references a free page and no page is free twice, after every busy step",
+        "no owner references a free page and no page is free twice, after every busy step (inside "
+        "the busy check: plain servers only in sglang 0.5.23)",
         (r"KV (double free)", r"KV page (use-after-free)"),
     ),
     EngineCheck(
@@ -152,12 +155,14 @@ def environment(root: Path | None) -> dict[str, str]:
 _RAISED = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception)\b")
 
 
-def hit(text: str) -> tuple[EngineCheck, str, str] | None:
+def hit(text: str, among: Sequence[EngineCheck] | None = None) -> tuple[EngineCheck, str, str] | None:
     """The check whose hit ``text`` shows first (an exception message, a log tail), what it names and
-    the line it is on.
+    the line it is on, among the checks that are on (``among``; default: this process's
+    :func:`selected`, which its servers and ranks inherit).
 
-    A hit on a line that raised wins over one only logged: a check that is off may still log (sglang's
-    idle check warns when it is not strict), and what stopped the process is the one that raised.
+    A hit on a line that raised wins over one only logged: what stopped the process is the one that
+    raised. A check that is off is never named: sglang's idle check, turned off, still warns with its
+    message, and a warning of a check nobody turned on is not that check's catch.
 
     >>> check, what, line = hit("x\\nRuntimeError: invariant-check FAILED [swa.peer_released]: is_true: caller wants free")
     >>> check.name, what, line
@@ -168,11 +173,16 @@ def hit(text: str) -> tuple[EngineCheck, str, str] | None:
     'mem-check-busy'
     >>> hit("all good") is None
     True
+    >>> hit("ValueError: token_to_kv_pool_allocator memory leak detected! available_size=1", among=()) is None
+    True
     """
+    on = {c.name for c in (selected() if among is None else among)}
     lines = text.splitlines()
     for candidates in ([ln for ln in lines if _RAISED.match(ln)], lines):
         best: tuple[int, int, EngineCheck, str, str] | None = None
         for check, patterns in _COMPILED:
+            if check.name not in on:
+                continue
             for pattern in patterns:
                 for i, line in enumerate(candidates):
                     m = pattern.search(line)
