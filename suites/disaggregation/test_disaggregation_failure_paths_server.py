@@ -26,8 +26,9 @@ GPU box: ``--topology 2-gpu-h100 --model tiny-mellum-swa=PATH``.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import random
-import threading
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -37,7 +38,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from harness.api import ServerClient, ServerHTTPError, hold, ledger, reset_server
+from harness.api import ServerHTTPError, WorkerDied, hold, ledger, reset_server
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -273,7 +274,16 @@ def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, r
             to_prefill, _ = direct(stack, prompt(200, seed=5), 8, rid)
             wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
             decode.wait("decode's prealloc", rid, "prealloc")
-            sglang_servers.kill(MODEL, "decode")
+            # Still watched: the harness must fail this test fast, naming decode with its log tail
+            # (raised into the wait below), not leave it waiting on a stack that lost a server.
+            with pytest.raises(WorkerDied) as exc:
+                killed_at = time.monotonic()
+                os.kill(stack.decode.info.payload_pid, signal.SIGKILL)
+                wait_until("the harness raising decode's death into the test", lambda: False, timeout_s=60)
+            died = exc.value
+            record_property("decode_kill_to_worker_died_s", round(time.monotonic() - killed_at, 3))
+            assert died.name == stack.decode.name and "killed by SIGKILL" in died.cause, died
+            assert died.tail.strip(), "WorkerDied carries no log tail"
         finally:
             hold.release(gate)  # prefill now sends to a dead decode: its transfer must fail and free the KV
         answer = outcome(to_prefill)

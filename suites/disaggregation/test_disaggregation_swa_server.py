@@ -91,9 +91,11 @@ def test_unpatched_plain_server_is_consistent(sglang_servers):
 
 
 @pytest.fixture
-def plain(sglang_servers):
-    # The baseline starts together with the PD stack the tests after the first need: one start, not two in a row.
-    sglang_servers.pd(MODEL, with_plain=True)
+def plain(request, sglang_servers):
+    # The baseline starts together with the PD stack the tests after the first need: one start, not two
+    # in a row; a session of plain-server tests alone (a fault or check run) starts the baseline only.
+    if any("stack" in getattr(item, "fixturenames", ()) for item in request.session.items if item.module is request.module):
+        sglang_servers.pd(MODEL, with_plain=True)
     return ServerClient(sglang_servers.plain(MODEL).url("http"))
 
 
