@@ -30,13 +30,14 @@ GPU box: ``--topology 2-gpu-h100 --model tiny-mellum-swa=PATH``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import random
 import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, NamedTuple
 from urllib.parse import urlparse
 
 import pytest
@@ -151,6 +152,30 @@ def direct(stack, ids: list[int], max_new: int, rid: str) -> tuple[concurrent.fu
             in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body)))
 
 
+class InFlight(NamedTuple):
+    rid: str
+    to_prefill: concurrent.futures.Future
+    to_decode: concurrent.futures.Future
+    decode: Ledger
+
+
+@contextlib.contextmanager
+def in_flight(stack, run_dir, what: str, seed: int) -> Iterator[InFlight]:
+    """A request with its KV in flight, proven: prefill computed it and holds the KV unsent (its hold),
+    decode preallocated its pages (its ledger). Sent to the servers directly (:func:`direct`); the hold
+    is released on leaving, so prefill's send goes on into whatever the test did meanwhile."""
+    rid = new_rid(what)
+    decode = Ledger(run_dir, stack.decode)
+    gate = hold.hold_file(run_dir.ledger, rid)
+    try:
+        to_prefill, to_decode = direct(stack, prompt(200, seed=seed), 8, rid)
+        wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
+        decode.wait("decode's prealloc", rid, "prealloc")
+        yield InFlight(rid, to_prefill, to_decode, decode)
+    finally:
+        hold.release(gate)
+
+
 def back_at_baseline(run_dir, *servers) -> None:
     """Each server drains, flushes, and its whole ledger balances (``reset_server``), within RESET_S."""
     for w in servers:
@@ -188,22 +213,14 @@ def test_abort_mid_decode_frees_every_page(stack, run_dir):
 
 
 def test_abort_while_kv_in_flight_frees_both_sides(stack, run_dir):
-    rid = new_rid("abort-transfer")
-    decode = Ledger(run_dir, stack.decode)
-    gate = hold.hold_file(run_dir.ledger, rid)
-    try:
-        to_prefill, to_decode = direct(stack, prompt(200, seed=2), 8, rid)
-        # In flight, proven: prefill holds the computed KV unsent, decode preallocated its pages.
-        wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
-        decode.wait("decode's prealloc", rid, "prealloc")
-        stack.client("decode").abort(rid)
-    finally:
-        hold.release(gate)  # prefill now sends into a transfer decode gave up
-    first = decode.released("decode releasing the aborted transfer's pages", rid)[0]
-    assert not decoded_before(decode, rid, first), "the aborted request decoded"
-    answer = outcome(to_decode)
+    with in_flight(stack, run_dir, "abort-transfer", seed=2) as req:
+        stack.client("decode").abort(req.rid)
+    # Released: prefill now sends into a transfer decode gave up.
+    first = req.decode.released("decode releasing the aborted transfer's pages", req.rid)[0]
+    assert not decoded_before(req.decode, req.rid, first), "the aborted request decoded"
+    answer = outcome(req.to_decode)
     assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
-    outcome(to_prefill)  # it must answer (either way)
+    outcome(req.to_prefill)  # it must answer (either way)
     back_at_baseline(run_dir, stack.decode, stack.prefill)
     serves(stack)
 
@@ -300,21 +317,13 @@ def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(stack, run_dir):
 
 def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, run_dir, record_property):
     stack = sglang_servers.pd(MODEL)
-    rid = new_rid("prefill-killed")
-    decode = Ledger(run_dir, stack.decode)
-    gate = hold.hold_file(run_dir.ledger, rid)
     try:
-        try:
-            _, to_decode = direct(stack, prompt(200, seed=4), 8, rid)
-            wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
-            decode.wait("decode's prealloc", rid, "prealloc")
+        with in_flight(stack, run_dir, "prefill-killed", seed=4) as req:
             sglang_servers.kill(MODEL, "prefill")
-        finally:
-            hold.release(gate)
         # Decode must give back what it preallocated for a prefill that will never send, and answer.
-        first = decode.released("decode releasing the dead prefill's transfer", rid)[0]
-        assert not decoded_before(decode, rid, first), "the request decoded without its KV"
-        answer = outcome(to_decode)
+        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid)[0]
+        assert not decoded_before(req.decode, req.rid, first), "the request decoded without its KV"
+        answer = outcome(req.to_decode)
         assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"
         back_at_baseline(run_dir, stack.decode)
     finally:
@@ -324,14 +333,8 @@ def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, run_d
 
 def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, run_dir, record_property):
     stack = sglang_servers.pd(MODEL)
-    rid = new_rid("decode-killed")
-    decode = Ledger(run_dir, stack.decode)
-    gate = hold.hold_file(run_dir.ledger, rid)
     try:
-        try:
-            to_prefill, _ = direct(stack, prompt(200, seed=5), 8, rid)
-            wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
-            decode.wait("decode's prealloc", rid, "prealloc")
+        with in_flight(stack, run_dir, "decode-killed", seed=5) as req:
             # Still watched: the harness must fail this test fast, naming decode with its log tail
             # (raised into the wait below), not leave it waiting on a stack that lost a server.
             with pytest.raises(WorkerDied) as exc:
@@ -342,9 +345,8 @@ def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, r
             record_property("decode_kill_to_worker_died_s", round(time.monotonic() - killed_at, 3))
             assert died.name == stack.decode.name and "killed by SIGKILL" in died.cause, died
             assert died.tail.strip(), "WorkerDied carries no log tail"
-        finally:
-            hold.release(gate)  # prefill now sends to a dead decode: its transfer must fail and free the KV
-        answer = outcome(to_prefill)
+        # Released: prefill now sends to a dead decode; its transfer must fail and free the KV.
+        answer = outcome(req.to_prefill)
         assert isinstance(answer, Exception) or finish_reason(answer) == "abort", \
             f"prefill answered {answer} for a request whose decode died"
         back_at_baseline(run_dir, stack.prefill)

@@ -17,8 +17,12 @@ from pathlib import Path
 #: The supported releases, as shown in messages.
 SUPPORTED_RANGE = "0.5.19 … 0.5.23"
 
-#: The oldest release the adapter drives: 0.5.19 is the first with the page-floored SWA tail on
-#: both decode prealloc paths (sglang#35286 / #35396) and ``runtime_context``; older ones lack the core.
+#: The oldest release the adapter drives. Not because older ones lack the page-floored SWA tail: every
+#: release from 0.5.15 floors the window start exactly as 0.5.23 does, and ships ``runtime_context``.
+#: What 0.5.19 added are the two evict-floor asserts (sglang#35286 / #35396), and what the adapter
+#: has not been made to drive below it is the request's KV state (``req.kv`` optional with two fields
+#: in 0.5.16 … 0.5.18, flat attributes in 0.5.15) and, in 0.5.15, the prealloc written out inside
+#: ``DecodePreallocQueue._pre_alloc`` instead of the module-level ``alloc_for_decode_prealloc``.
 OLDEST_RELEASE = (0, 5, 19)
 
 #: The newest release checked against; newer ones are tried (capabilities decide what runs).
@@ -79,8 +83,8 @@ def release_refused(version: str) -> str | None:
     """
     found = re.match(r"^(\d+)\.(\d+)\.(\d+)", version)
     if found and tuple(int(p) for p in found.groups()) < OLDEST_RELEASE:
-        return (f"sglang {version} is older than the supported range {SUPPORTED_RANGE}: it lacks the core the "
-                "harness drives (the page-floored SWA tail on PD decode prealloc); pass 0.5.19 or newer")
+        return (f"sglang {version} is older than the supported range {SUPPORTED_RANGE}: the adapter does not drive "
+                "its decode prealloc yet (its request KV state differs from 0.5.19's); pass 0.5.19 or newer")
     return None
 
 
