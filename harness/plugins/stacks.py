@@ -7,9 +7,11 @@ model. The pytest plugin that hands them to tests is :mod:`harness.plugins.serve
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import itertools
 import logging
+import os
+import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -17,6 +19,7 @@ import pytest
 
 from harness import topology as topology_mod
 from harness.rundir import RunDir
+from harness.targets.sglang.server.stack import missing_stack_modules
 
 if TYPE_CHECKING:
     from harness.cluster import Cluster, Placement
@@ -25,21 +28,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Packages the real CPU stack needs besides sglang (module name -> pip requirement).
-STACK_MODULES = {"sglang_router": "sglang-router", "mooncake": "mooncake-transfer-engine-non-cuda"}
-
-
 #: Seconds a reset may wait for a server to go idle (a request still finishing) and flush.
 RESET_TIMEOUT_S = 30.0
 
 
 #: Placement group names are unique in a Ray cluster: one number per placement started ahead, per process.
 _AHEAD_LABELS = itertools.count(1)
-
-
-def missing_stack_modules() -> list[str]:
-    """pip names of the CPU stack's packages that are not importable here."""
-    return [pip for mod, pip in STACK_MODULES.items() if importlib.util.find_spec(mod) is None]
 
 
 class ServerStacks:
@@ -278,22 +272,10 @@ class ServerStacks:
             self._stop(stack.workers)
 
     def kill(self, model_name: str, role: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> Worker:
-        """SIGKILL the ``role`` server (``prefill`` or ``decode``) of ``model_name``'s running stack, on
-        purpose: it leaves the fail-fast watchdog first, so its death is not raised into the test,
-        while the servers that survive it stay watched (one of them dying too fails the test). The
-        stack stays registered, to be looked at, until :meth:`forget`.
-
-        Returns:
-            The killed worker (dead when this returns).
-        """
-        import os
-        import signal
-        import time
-
-        stack = self._pd.get(self._pd_key(model_name, extra_args))
-        if stack is None:
-            raise KeyError(f"no running {model_name} stack to kill a server of")
-        victim = getattr(stack, role)
+        """SIGKILL the ``role`` server (``prefill``/``decode``) of ``model_name``'s stack on purpose: out of
+        the watchdog first (its death is not raised into the test; the survivors stay watched), the
+        stack registered until :meth:`forget`. Returns the worker, dead (or 30 s passed)."""
+        victim = getattr(self._pd[self._pd_key(model_name, extra_args)], role)
         self._state.unwatch(victim)
         os.kill(victim.info.payload_pid, signal.SIGKILL)
         deadline = time.monotonic() + 30

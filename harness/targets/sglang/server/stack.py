@@ -29,6 +29,7 @@ interpreter instead. ``HARNESS_FORK_START=0`` turns it off (:mod:`harness.worker
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import logging
 import os
 import sys
@@ -64,6 +65,14 @@ from harness.workers import (
 from harness.workers import forkserver as fork_servers
 
 log = logging.getLogger(__name__)
+
+#: Packages the real CPU stack needs besides sglang (module name -> pip requirement).
+STACK_MODULES = {"sglang_router": "sglang-router", "mooncake": "mooncake-transfer-engine-non-cuda"}
+
+
+def missing_stack_modules() -> list[str]:
+    """pip names of the CPU stack's packages that are not importable here."""
+    return [pip for mod, pip in STACK_MODULES.items() if importlib.util.find_spec(mod) is None]
 
 #: Placeholders the worker fills with the ports it leased and reports back.
 SERVER_PORT_NAMES = ("http", "nccl")
