@@ -10,7 +10,7 @@ The names, by what they are for:
 * the simulated PD engine over Ray: :func:`run`, :class:`KVSpec`, :class:`PDRequest`, :func:`workload`,
   :func:`soak`;
 * its checks and evidence: ``ledger`` (the accounting ledger module: ``ledger.check``, ``ledger.read``,
-  ``ledger.assert_clean``, ``ledger.LedgerWriter``, ...), :func:`expect` (named comparisons), :class:`KVCorruption`, :class:`WindowLost`, :class:`PreallocError`,
+  ``ledger.assert_clean``, ``ledger.LedgerWriter``, ...), :func:`expect` (named comparisons), :func:`wait_for` (the one bounded wait), :class:`KVCorruption`, :class:`WindowLost`, :class:`PreallocError`,
   :class:`PDError`;
 * topologies: ``topology`` (the module: ``topology.get("cpu")``);
 * workers: :class:`InProcess`, :class:`WorkerDied`, :class:`SuiteRunner` (pytest inside a worker),
@@ -41,6 +41,7 @@ NAMES: dict[str, str] = {
     # checks and evidence
     "ledger": "harness.ledger:",
     "expect": "harness.expect:expect",
+    "wait_for": "harness.clock:wait_for",
     "KVCorruption": "harness.pd.errors:KVCorruption",
     "WindowLost": "harness.pd.errors:WindowLost",
     "PreallocError": "harness.pd.errors:PreallocError",

@@ -11,13 +11,13 @@ import itertools
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import pytest
 
 from harness import topology as topology_mod
+from harness.clock import wait_for
 from harness.rundir import RunDir
 from harness.targets.sglang.server.stack import missing_stack_modules
 
@@ -274,13 +274,11 @@ class ServerStacks:
     def kill(self, model_name: str, role: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> Worker:
         """SIGKILL the ``role`` server (``prefill``/``decode``) of ``model_name``'s stack on purpose: out of
         the watchdog first (its death is not raised into the test; the survivors stay watched), the
-        stack registered until :meth:`forget`. Returns the worker, dead (or 30 s passed)."""
+        stack registered until :meth:`forget`. Returns the worker, dead (TimeoutError if not in 30 s)."""
         victim = getattr(self._pd[self._pd_key(model_name, extra_args)], role)
         self._state.unwatch(victim)
         os.kill(victim.info.payload_pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while not victim.poll() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(victim.poll, 30, f"{victim.name} dying of SIGKILL", interval=0.05)
         return victim
 
     def _plain_group(self) -> PlacementBundles | None:

@@ -43,7 +43,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from harness.api import ServerHTTPError, WorkerDied, hold, ledger, reset_server
+from harness.api import ServerHTTPError, WorkerDied, hold, ledger, reset_server, wait_for
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -60,6 +60,8 @@ PHASE_S = 120.0
 #: Seconds decode has to release a failed or aborted transfer's pages (on CPU: a missed 1 s heartbeat,
 #: then at most the 5 s deferred-release wait, launcher.CPU_ENV; loopback acknowledges at once).
 RELEASE_S = 30.0
+#: Seconds between looks at a ledger or a hold while waiting for a phase.
+POLL_S = 0.05
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -89,35 +91,22 @@ class Ledger:
 
     def wait(self, what: str, rid: str, kind: str, timeout_s: float = PHASE_S) -> list:
         """The events of ``rid`` of ``kind``, once there is one (else the test fails naming ``what``)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            found = self.events(rid, kind)
-            if found:
-                return found
-            if time.monotonic() >= deadline:
-                pytest.fail(f"{what}: no {kind} event of {rid} in {self.path.name} within {timeout_s:g} s")
-            time.sleep(0.05)
+        return wait_for(lambda: self.events(rid, kind), timeout_s, f"{what} (a {kind} event of {rid} in {self.path.name})",
+                        interval=POLL_S)
 
     def released(self, what: str, rid: str, timeout_s: float = RELEASE_S) -> list:
         """The release of ``rid``, once written; if it never comes, the ledger's own verdict fails
         the test (``page-leak``: the pages it preallocated were never freed)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = self.events(rid, "release")
-            if found:
-                return found
-            time.sleep(0.05)
-        ledger.assert_clean(ledger.check(self.events()), f"of {self.path.stem}: {what} never came")
+        try:
+            return wait_for(lambda: self.events(rid, "release"), timeout_s, what, interval=POLL_S)
+        except TimeoutError:
+            ledger.assert_clean(ledger.check(self.events()), f"of {self.path.stem}: {what} never came")
         pytest.fail(f"{what}: no release of {rid} in {self.path.name} within {timeout_s:g} s, and the ledger "
                     "sees nothing wrong (was it ever preallocated?)")
 
 
 def wait_until(what: str, ok: Callable[[], bool], timeout_s: float = PHASE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(0.05)
+    wait_for(ok, timeout_s, what, interval=POLL_S)
 
 
 def in_background(fn: Callable[[], Any]) -> concurrent.futures.Future:
@@ -142,14 +131,16 @@ def decoded_before(decode: Ledger, rid: str, release) -> bool:
     return any(e.seq < release.seq for e in decode.events(rid, "decode_alloc"))
 
 
-def direct(stack, ids: list[int], max_new: int, rid: str) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
+def direct(stack, ids: list[int], max_new: int, rid: str, *, room: int | None = None,
+           timeout_s: float = PHASE_S) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
     """One PD request sent to prefill and decode directly, with the bootstrap fields the router would
     add but without its retries (a retry would bring the request back under the same rid): the
-    clients' futures, prefill's then decode's."""
+    clients' futures, prefill's then decode's. ``room``: its bootstrap_room (default: one of its own)."""
     body = {"rid": rid, "bootstrap_host": urlparse(stack.prefill.url("http")).hostname,
-            "bootstrap_port": stack.prefill.ports["bootstrap"], "bootstrap_room": random.Random(rid).randrange(1 << 62)}
-    return (in_background(lambda: stack.client("prefill").generate(ids, max_new, extra=body)),
-            in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body)))
+            "bootstrap_port": stack.prefill.ports["bootstrap"],
+            "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room}
+    return (in_background(lambda: stack.client("prefill").generate(ids, max_new, extra=body, timeout_s=timeout_s)),
+            in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body, timeout_s=timeout_s)))
 
 
 class InFlight(NamedTuple):
@@ -275,17 +266,13 @@ def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(stack, run_dir):
     # refuse or fail them, but must answer, stay up and give every page back. The first is held
     # before its KV send, so the second reaches both servers while the room is in use.
     room = random.Random("duplicate-room").randrange(1 << 62)
-    host, port = urlparse(stack.prefill.url("http")).hostname, stack.prefill.ports["bootstrap"]
     rids = [new_rid(f"same-room-{i}") for i in range(2)]
-    bodies = [{"rid": rid, "bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room} for rid in rids]
     decode = Ledger(run_dir, stack.decode)
     gate = hold.hold_file(run_dir.ledger, rids[0])
     futures: list[concurrent.futures.Future] = []
 
     def send(i: int) -> None:
-        ids = prompt(120 + 70 * i, seed=6 + i)
-        futures.extend(in_background(lambda c=stack.client(role), b=bodies[i]: c.generate(ids, 4, extra=b, timeout_s=3 * ANSWER_S))
-                       for role in ("prefill", "decode"))
+        futures.extend(direct(stack, prompt(120 + 70 * i, seed=6 + i), 4, rids[i], room=room, timeout_s=3 * ANSWER_S))
 
     try:
         send(0)
