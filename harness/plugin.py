@@ -28,6 +28,8 @@ adds):
                their logs and ledgers it wrote (what the run report shows per test)
     parallel   pytest-xdist groups: tests sharing the session's servers or PD pairs run in one
                worker process, the others with their module; ``-n auto`` workers
+    coverage   with ``rerun-test --coverage``: each test's phases under its node id as coverage.py's
+               dynamic context (which test ran a changed line of the target)
 
 Order matters: ``options`` first (it creates the ``pd-harness`` option group the others add to);
 the core concerns before the others, so their hooks keep their place (pytest calls the last
@@ -53,4 +55,5 @@ pytest_plugins: list[str] = [
     "harness.plugins.faults",
     "harness.plugins.record",
     "harness.plugins.parallel",
+    "harness.plugins.coverage",
 ]

@@ -33,7 +33,8 @@ from typing import Any
 
 from harness import report, runs
 from harness.commands import add_version
-from harness.rerun import collector, comment, execute, registry, resolve, spec
+from harness.changes.lines import ChangeError
+from harness.rerun import changed, collector, comment, execute, registry, resolve, spec
 from harness.rerun import plan as plan_mod
 from harness.rerun.execute import detect_gpus
 from harness.rerun.registry import RegistryError
@@ -93,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, metavar="S", help="seconds per group")
     p.add_argument("--comment-out", type=Path, metavar="FILE", help="write/update the bot's status comment (markdown) here")
     p.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="URL for the comment's logs links")
+    p.add_argument("--coverage", action="store_true",
+                   help="measure which lines of the target's sglang/ ran, in every process of every group "
+                        "(data: <run>/coverage/combined.coverage)")
+    p.add_argument("--changed", metavar="BASE",
+                   help="with --coverage (implied): report only the lines that differ from BASE (a git rev of a "
+                        "tree target's checkout; for a release or wheel, another TARGET such as 0.5.22)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -209,8 +216,9 @@ def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan
     if args.ray_address and args.gpus is None:
         # Groups share the joined cluster with whoever else uses it: let each have it alone, longest first.
         gpus, jobs = max(g.gpus for g in p.groups), args.jobs or 1
+    measure = changed.measurement(run_dir, target) if args.coverage else None
     opts = execute.ExecOptions(repo_root=root, run_dir=run_dir, ray_address=args.ray_address, gpus=gpus, jobs=jobs,
-                               timeout=args.timeout, joined_gpus=joined.gpu_kind if joined else None)
+                               timeout=args.timeout, joined_gpus=joined.gpu_kind if joined else None, measure=measure)
     file_tests = {f.rel: len(f.tests) for f in reg.files}
     rel_of = {str(f.path.resolve()): f.rel for f in reg.files}
 
@@ -236,11 +244,19 @@ def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan
     print(f"  {target.label()}, root {target.root}; run dir {run_dir}")
     started = time.monotonic()
     results = execute.run_plan(p, opts, file_tests, to_rel, on_update)
-    page = write_reports(run_dir, results, args.link, wall_time=time.monotonic() - started, target=target)
+    cov_line, cov = "", None
+    if measure is not None:
+        combined, cov = changed.summarize(measure, args.change)
+        cov_line = cov.line() if cov is not None else changed.overall_line(combined)
+    page = write_reports(run_dir, results, args.link, wall_time=time.monotonic() - started, target=target, coverage=cov)
     if args.save_durations:
         save_durations(root / "suites" / registry.DURATIONS_FILE, report.durations(results))
     if args.comment_out:
         _write_comment(args.comment_out, [comment.from_result(r, args.link) for r in results])
+        if cov_line:
+            body = args.comment_out.read_text(encoding="utf-8")
+            args.comment_out.write_text(comment.apply_lines(body, {"changed-lines": comment.note_line("changed-lines", cov_line)}),
+                                        encoding="utf-8")
     print()
     print(report.table(results))
     for r in results:
@@ -249,6 +265,12 @@ def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan
         if r.note:
             print(f"GROUP {r.name}: {r.note}")
     print(f"\njunit: {run_dir / 'report' / 'junit.xml'}  summary: {run_dir / 'report' / 'summary.md'}")
+    if cov_line:
+        print(cov_line)
+        if cov is not None:
+            for r in cov.rows:
+                if r.missed:
+                    print(f"  never executed: {r.path} {r.function}: lines {', '.join(map(str, r.missed))}")
     print(f"report: {page}")
     return (0 if all(r.ok for r in results) else 1), page
 
@@ -369,9 +391,12 @@ def main(argv: list[str] | None = None) -> int:
                 _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
             return 0
         checks.selected()  # a bad HARNESS_SGLANG_CHECKS is refused before any group starts
-        return _run(args, reg, p, target_mod.select_for_cli(args.sglang, PROG))
+        target = target_mod.select_for_cli(args.sglang, PROG)
+        args.coverage = args.coverage or bool(args.changed)
+        args.change = changed.read_change(target, args.changed) if args.changed else None
+        return _run(args, reg, p, target)
     except (UsageError, spec.SpecError, resolve.ResolveError, plan_mod.PlanError, RegistryError,
-            target_mod.TargetError, checks.UnknownCheck) as e:
+            target_mod.TargetError, checks.UnknownCheck, ChangeError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

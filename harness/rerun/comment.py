@@ -115,6 +115,16 @@ def render_line(s: GroupStatus) -> str:
     return " · ".join(parts) + " " + group_marker(s.name)
 
 
+def note_line(name: str, text: str) -> str:
+    """A line of the comment that is no group's status (e.g. ``changed-lines``: what the run executed of
+    the PR's changed lines), kept in place by :func:`apply_lines` like a group's.
+
+    >>> note_line("changed-lines", "changed lines executed: 7 of 9 (vs main)")
+    '- 📏 changed lines executed: 7 of 9 (vs main) <!-- rerun-test:group=changed-lines -->'
+    """
+    return f"- 📏 {_clean(text)} {group_marker(name)}"
+
+
 def header(title: str = "rerun-test") -> str:
     return f"### {title} {STATUS_MARKER}"
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from harness.changes.measure import Measurement
 from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan, compact
 from harness.rundir import RunDir
@@ -59,6 +60,8 @@ class ExecOptions:
         pytest_args: extra pytest arguments (e.g. ``-x``).
         joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
             (``real``, ``logical``, ``none``; :func:`harness.cluster.nodes.gpu_kind`), for the plan and report.
+        measure: measure the target's lines in every process of each group (``--coverage``), the
+            group's name as their static context.
     """
 
     repo_root: Path
@@ -70,6 +73,7 @@ class ExecOptions:
     timeout: float | None = None
     pytest_args: tuple[str, ...] = ()
     joined_gpus: str | None = None
+    measure: Measurement | None = None
 
 
 @dataclass
@@ -202,6 +206,8 @@ class _Running:
         self.events_path.write_text("")
         self.log_path = gdir / "pytest.log"
         env = {**os.environ, PROGRESS_ENV: str(self.events_path), "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+        if opts.measure is not None:
+            env.update(opts.measure.env(group.name))
         (gdir / "command.json").write_text(json.dumps(cmd))
         argv = cmd
         if not opts.gpus:

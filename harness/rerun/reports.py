@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness import report
+from harness.changes import report as changed
+from harness.changes.report import ChangedCoverage
 from harness.report import page
 from harness.report.results import GroupResult
 from harness.rerun.comment import LINK_PLACEHOLDER
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from harness.targets.sglang.selection import Target
 
 def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0,
-                  target: Target | None = None) -> Path:
+                  target: Target | None = None, coverage: ChangedCoverage | None = None) -> Path:
     """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``; the
     sglang ``target`` (when given) is stamped on every JUnit suite and is ``sglang`` in ``summary.json``.
 
@@ -30,6 +32,8 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
         link: the URL of the run's logs for the markdown summary ("" or the comment's placeholder: none).
         wall_time: the run's wall time, for the page's header.
         target: the sglang under test.
+        coverage: what the run executed of the target's changed lines (``--coverage --changed``): a
+            section of ``summary.md``, ``coverage`` in ``summary.json``, a table of the page.
 
     Returns:
         The page (``report/index.html``).
@@ -43,14 +47,24 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
         text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
         parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
     (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
-    (out / "summary.md").write_text(report.markdown(results, link if link != LINK_PLACEHOLDER else ""), encoding="utf-8")
+    md = report.markdown(results, link if link != LINK_PLACEHOLDER else "")
+    if coverage is not None:
+        md = f"{md.rstrip()}\n\n{changed.markdown(coverage)}"
+    (out / "summary.md").write_text(md, encoding="utf-8")
     summary = report.to_json(results)
     if target is not None:
         summary["sglang"] = target.to_dict()
+    if coverage is not None:
+        summary["coverage"] = coverage.to_json()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     failed = [f"{r.name}: {r.note}" for r in results if r.note]
     failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
     header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time,
                          sglang=selection.stamp(target))
-    return page.write(out, header, results)
+    tables = ()
+    if coverage is not None:
+        tables = (page.Table(f"Changed lines of sglang (vs {coverage.base})", tuple(changed.HEAD),
+                             tuple(tuple(r) for r in changed.table_rows(coverage)),
+                             tuple("ok" if not r.missed else "bad" for r in coverage.rows), coverage.line()),)
+    return page.write(out, header, results, tables)

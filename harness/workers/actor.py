@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from harness.changes import measure
 from harness.workers import procs
 from harness.workers.ports import allocate_ports
 from harness.workers.spec import (
@@ -99,6 +100,7 @@ class _WorkerActor:
         import ray
 
         os.environ.update(owner_env)
+        measure.trace_this_thread()  # each method below, too: Ray runs them on threads of its own
         os.environ.update({k: str(v) for k, v in spec.env.items()})
         for hook in spec.setup:  # e.g. the run's sglang first on this actor's import path (any node)
             _load(hook)()
@@ -131,6 +133,7 @@ class _WorkerActor:
         os.write(self._log_fd, f"[harness] {text}\n".encode())
 
     def start(self) -> WorkerInfo:
+        measure.trace_this_thread()
         p = self.spec.payload
         if isinstance(p, InProcess):
             cls = _load(p.cls) if isinstance(p.cls, str) else p.cls
@@ -186,6 +189,7 @@ class _WorkerActor:
         return None
 
     def ready(self) -> bool:
+        measure.trace_this_thread()
         for c in self.spec.ready:
             if isinstance(c, HttpCheck):
                 try:
@@ -205,6 +209,7 @@ class _WorkerActor:
         return True
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        measure.trace_this_thread()
         return getattr(self.obj, method)(*args, **kwargs)
 
     def tail(self, n: int) -> str:
@@ -214,6 +219,7 @@ class _WorkerActor:
         """Close the payload; SIGTERM the subprocess group, wait ``grace``, SIGKILL. Returns a problem or None."""
         self.stopped = True
         problem = None
+        measure.trace_this_thread()
         if self.obj is not None and hasattr(self.obj, "close"):
             try:
                 self.obj.close()
@@ -222,6 +228,7 @@ class _WorkerActor:
         if self.proc is not None:
             problem = stop_group(self.proc.pid, self.proc_start, grace, self.proc) or problem
             procs.unregister(self.proc.pid, kind="pgid")
+        measure.save_running()  # ray.kill ends this process without exit handlers
         sys.stdout.flush()
         sys.stderr.flush()
         return problem

@@ -59,6 +59,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable
 
+from harness.changes import measure
 from harness.targets.sglang.server.hooks import after_import
 
 log = logging.getLogger(__name__)
@@ -359,6 +360,9 @@ def _wrap_flush(probe: Probe, orig: Callable) -> Callable:
             after["req_slots"] = len(self.req_to_token_pool.free_slots)
             probe.record("reset", "<flush>", self.token_to_kv_pool_allocator.page_size,
                          free_before=before, free_after=after, note="flush_cache")
+        # A measured run (rerun-test --coverage) keeps what this scheduler ran so far: its server
+        # SIGKILLs it at shutdown, before any exit handler could save it.
+        measure.save_running()
         return ok
 
     return wrapper

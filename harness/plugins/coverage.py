@@ -1,0 +1,44 @@
+"""pytest plugin concern: label the target's measured lines with the test that ran them.
+
+When the run measures the target (``rerun-test --coverage``: :mod:`harness.changes.measure` started
+coverage.py in this process through its own start-up hook), each test's phases run under the dynamic
+context of its node id, so a line this process executes during a test is attributed to that test;
+lines executed between tests (session fixtures, collection) keep the group's static context.
+
+Why not pytest-cov's ``--cov-context=test``: pytest-cov also owns starting, combining and reporting the
+data, which here spans the group's servers and Ray workers and several groups of one run; coverage.py
+starts itself in every one of those processes, and this concern only names the tests.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Generator
+
+import pytest
+
+#: Named here, not imported from :mod:`harness.changes.measure`: read by every pytest process.
+DIR_ENV = "HARNESS_COVERAGE_DIR"
+
+
+def _current() -> Any:
+    if not os.environ.get(DIR_ENV):
+        return None
+    try:
+        import coverage
+    except ImportError:
+        return None
+    return coverage.Coverage.current()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:  # noqa: ARG001
+    cov = _current()
+    if cov is not None:
+        # A file outside the rootdir (rerun-test --suites-dir) has a node id of "::name" only.
+        cov.switch_context(f"{item.path}{item.nodeid}" if item.nodeid.startswith("::") else item.nodeid)
+    try:
+        yield
+    finally:
+        if cov is not None:
+            cov.switch_context("")
