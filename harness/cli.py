@@ -22,6 +22,7 @@ COMMANDS = (
     "harness.commands.gate",
     "harness.commands.flaky",
     "harness.commands.matrix",
+    "harness.commands.mutate",
     "harness.commands.runs",
 )
 

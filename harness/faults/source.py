@@ -231,6 +231,24 @@ def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path) -> 
                 patched[fp.path] = apply_text(patched[fp.path], fp)
             except PatchError as e:
                 raise PatchError(f"fault {name}: {e}") from None
+    scratch_files(patched, dest, tree, names)
+    logger.info("scratch sglang with %s at %s (from %s)", ", ".join(names), dest, tree)
+    return dest
+
+
+def scratch_files(patched: dict[str, str], dest: Path, tree: Path, names: list[str] | tuple[str, ...]) -> Path:
+    """Build ``dest/sglang``: the target's package with the files of ``patched`` replaced by its texts
+    (what :func:`scratch_copy` does with a catalog patch's result; a mutant's file comes here too).
+
+    Args:
+        patched: ``sglang/...`` path -> the file's new text.
+        dest: an empty or missing directory.
+        tree: the directory holding ``sglang``.
+        names: what the copy carries, written to its stamp (:func:`applied_in`).
+
+    Returns:
+        ``dest``.
+    """
     _link_tree(tree / PACKAGE, dest / PACKAGE, {Path(rel).relative_to(PACKAGE) for rel in patched})
     for rel, text in patched.items():
         target = dest / rel
@@ -239,7 +257,6 @@ def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path) -> 
         for pyc in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
             pyc.unlink()
     (dest / STAMP).write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
-    logger.info("scratch sglang with %s at %s (from %s)", ", ".join(names), dest, tree)
     return dest
 
 

@@ -31,12 +31,23 @@ def _current() -> Any:
     return coverage.Coverage.current()
 
 
+def label(item: pytest.Item) -> str:
+    """The test's context: its node id with the file relative to the directory pytest was started in,
+    or absolute when the file lies outside it (a node id is relative to the rootdir, which pytest picks
+    from its arguments): a label ``harness mutate`` passes to a pytest started in the same directory."""
+    name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else ""
+    try:
+        path = item.path.relative_to(item.config.invocation_params.dir).as_posix()
+    except ValueError:
+        path = str(item.path)
+    return f"{path}::{name}" if name else path
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:  # noqa: ARG001
     cov = _current()
     if cov is not None:
-        # A file outside the rootdir (rerun-test --suites-dir) has a node id of "::name" only.
-        cov.switch_context(f"{item.path}{item.nodeid}" if item.nodeid.startswith("::") else item.nodeid)
+        cov.switch_context(label(item))
     try:
         yield
     finally:

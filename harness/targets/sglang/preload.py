@@ -155,11 +155,17 @@ def _pytest_plugin_packages() -> set[str]:
     return tops - {"harness"}
 
 
-def python_command(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+def python_command(argv: Sequence[str], env: Mapping[str, str], *,
+                   sglang_only_overlay: bool = False) -> tuple[list[str], dict[str, str]]:
     """``argv`` and ``env`` that run a harness Python subprocess (``[sys.executable, "-m", ...]``),
     with :data:`ONE_THREAD_ENV` where ``env`` sets no other value (the harness runs such subprocesses
     side by side, and beside its tests), as a fork of the :func:`python` preload
     (:func:`harness.workers.forkserver.python_command`) when it then has those values and names no fault
-    (faults apply when sglang is imported, and a fork server imports none); otherwise a fresh one."""
+    (faults apply when sglang is imported, and a fork server imports none); otherwise a fresh one.
+
+    ``sglang_only_overlay``: the command's overlay (``HARNESS_SGLANG_OVERLAY``) holds a patched
+    ``sglang/`` only (a mutant's scratch copy), so it cannot change the third-party graph the preload
+    imported: commands that differ only in it share one fork server."""
+    must_match = (ENV_VAR,) if sglang_only_overlay else (ENV_VAR, OVERLAY_ENV)
     return forkserver.python_command(argv, {**ONE_THREAD_ENV, **env}, preload=PYTHON_PRELOAD, requires=ONE_THREAD_ENV,
-                                     refuses=(faults.ENV_VAR,), must_match=(ENV_VAR, OVERLAY_ENV))
+                                     refuses=(faults.ENV_VAR,), must_match=must_match)

@@ -1,0 +1,133 @@
+"""``harness mutate``: the mutation score of the sglang code under test.
+
+    harness mutate                                  # the default PD prealloc / SWA functions
+    harness mutate --function sglang.srt.disaggregation.decode:DecodePreallocQueue._swa_tail_len
+    harness mutate --sglang ../sglang/python --changed origin/main   # the functions a PR changed
+    harness mutate --limit 30 --tests suites/unit                    # at most 30 mutants, these candidates
+
+Flow: functions → mutants (:mod:`harness.mutation.operators`) → one measured run of the candidate tests
+(which test reaches which line) → each mutant's selected tests on a scratch copy of the target →
+verdicts → ``mutation.md`` / ``mutation.json`` and the report page under the run directory. Bad input
+(a function the target lacks, a bad BASE, no mutant): one line, exit 2, nothing run. Exit 0 when the
+run finished (whatever the score), 1 when the candidate tests fail on the unmutated target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from harness import rundir
+from harness import runs as run_record
+from harness.changes.lines import ChangeError
+from harness.commands import UsageError
+from harness.mutation import DEFAULT_FUNCTIONS, run, score
+from harness.mutation import select as choose
+from harness.report import page
+from harness.rerun import changed as change_of
+from harness.rerun import comment
+from harness.targets.sglang import selection as sglang_target
+
+#: The candidate tests by default: the suites that run sglang's real prealloc, eviction and free paths in
+#: the test's own process (each mutant's tests are the candidates whose coverage reached its lines).
+DEFAULT_TESTS = ("suites/unit",)
+PROG = "harness mutate"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mutate", help="mutation score of the sglang functions under test (killed / survived)")
+    p.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
+    p.add_argument("--function", action="append", default=[], metavar="MODULE:QUALNAME",
+                   help="a function to mutate (repeatable; default: the PD prealloc / SWA set)")
+    p.add_argument("--changed", metavar="BASE", help="mutate the functions whose lines differ from BASE "
+                                                      "(as rerun-test --changed), only on the changed lines")
+    p.add_argument("--tests", action="append", default=[], metavar="PATH",
+                   help=f"candidate test files or directories (repeatable; default: {' '.join(DEFAULT_TESTS)})")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N mutants, spread over functions and operators")
+    p.add_argument("--jobs", type=int, default=2, help="mutants at a time (default 2)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per mutant run (default 300)")
+    p.add_argument("--run-dir", type=Path, help="where results go (default runs/mutate-<timestamp>-<pid>)")
+    p.add_argument("--comment-out", type=Path, metavar="FILE",
+                   help="keep the bot's status line (done / total, then the score) in this markdown file")
+    p.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
+    p.set_defaults(func=_mutate)
+
+
+def _comment(path: Path | None, text: str) -> None:
+    if path is None:
+        return
+    body = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(comment.apply_lines(body, {"mutation": comment.note_line("mutation", text)}), encoding="utf-8")
+
+
+def _mutate(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: must be ≥ 1 mutants")
+    if args.jobs < 1 or args.timeout <= 0:
+        raise UsageError("--jobs must be ≥ 1 and --timeout > 0 seconds")
+    if args.changed and args.function:
+        raise UsageError("--changed and --function both choose the functions; pass one of them")
+    root = args.repo_root.resolve()
+    for t in args.tests:
+        if not (root / t).exists():
+            raise UsageError(f"--tests {t}: no such file or directory under {root}")
+    try:
+        target = sglang_target.select_for_cli(args.sglang, PROG)
+    except sglang_target.TargetError as e:
+        raise UsageError(str(e)) from None
+    tree = Path(target.root).resolve()
+    lines = None
+    try:
+        if args.changed:
+            change = change_of.read_change(target, args.changed)
+            funcs = choose.changed(change, tree)
+            lines = change.lines
+            if not funcs:
+                raise UsageError(f"--changed {args.changed}: the change touches no function of sglang/ "
+                                 f"({len(change.files)} file(s) changed); nothing to mutate")
+        else:
+            funcs = choose.named(args.function or list(DEFAULT_FUNCTIONS), tree)
+    except (ChangeError, choose.SelectError) as e:
+        raise UsageError(str(e)) from None
+    mutants = choose.mutants(funcs, tree, args.limit, lines)
+    if not mutants:
+        raise UsageError("the chosen functions have no mutant (no operator applies to them)")
+    out = (args.run_dir or root / "runs" / f"mutate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    tests = tuple(args.tests) or DEFAULT_TESTS
+    print(f"{PROG}: {len(mutants)} mutant(s) of {len(funcs)} function(s) on {target.label()}; candidates "
+          f"{' '.join(tests)}; run dir {out}", flush=True)
+    with run_record.record(out, ["harness", *getattr(args, "argv", [])], target=target.label()) as rec:
+        started = time.monotonic()
+        _comment(args.comment_out, f"mutation: mapping which tests reach the {len(mutants)} mutants")
+        try:
+            cmap = run.coverage_map(tests, out, root, tree, args.timeout * 4)
+        except RuntimeError as e:
+            print(f"{PROG}: {e}")
+            rec.finish("failed")
+            return 1
+        print(f"{PROG}: coverage map of {len(cmap.tests_seen)} test(s) in {cmap.wall_s:.0f} s", flush=True)
+
+        def on_done(v: run.Verdict, done: int, total: int) -> None:
+            by = f" by {v.killer}" if v.killer else ""
+            print(f"  [{done}/{total}] {v.verdict:11} {v.mutant.id} {v.mutant.describe()}{by} ({v.seconds:.0f} s)",
+                  flush=True)
+            _comment(args.comment_out, f"mutation: {done} / {total} mutants run")
+
+        verdicts = run.run_all(mutants, cmap, out, root, tree, jobs=args.jobs, timeout_s=args.timeout, on_done=on_done)
+        wall = time.monotonic() - started
+        md, js = score.write(out, verdicts, tree)
+        header = page.Header("harness mutate", passed=True, wall_time=wall, sglang=sglang_target.stamp(target))
+        table = page.Table("Mutation score", score.HEAD, tuple(score.rows(verdicts)), note=score.line(verdicts))
+        survivors = page.Table("Survivors", ("mutant", "operator", "diff"),
+                               tuple((v.mutant.id, v.mutant.operator, score.diff(v.mutant, tree))
+                                     for v in verdicts if v.verdict == run.SURVIVED))
+        report = page.write(out / "report", header, [], (table, survivors), repo_root=root)
+        _comment(args.comment_out, score.line(verdicts))
+        print()
+        print(score.line(verdicts) + f" ({wall:.0f} s)")
+        print(f"mutation: {md}  json: {js}  report: {report}")
+        rec.finish("passed", report=report)
+    return 0

@@ -1,0 +1,174 @@
+"""Running mutants: the coverage map that selects each mutant's tests, one pytest run per mutant, the
+verdicts.
+
+A mutant runs as a fault does (:mod:`harness.faults.source`): a scratch copy of the target's ``sglang``
+whose one mutated file is real, first on the import path of every process the tests start (through
+``HARNESS_SGLANG_OVERLAY``, which the run's target plugin puts before the target), with
+``HARNESS_FAULT_FIRED`` naming the file its marker appends to; the marker module sits beside the
+copy. Its pytest run is a fork of the third-party preload (:func:`harness.targets.sglang.preload.python_command`),
+so it imports only sglang, and stops at the first failure (``-x``).
+
+Verdicts: ``killed`` (a selected test failed: the first one, its evidence's first line, and whether
+the catch came from sglang's own checks or the harness's oracle), ``survived`` (every selected test
+passed, whether or not the mutant fired: a mutant nobody can tell from the original survives),
+``timeout`` (the run passed its limit), ``not covered`` (no candidate test reaches its lines; not run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from harness.changes.measure import Combined, Measurement
+from harness.faults import source
+from harness.mutation.operators import MARKER_MODULE, MARKER_SOURCE, Mutant, mutate_source
+from harness.report import junit
+from harness.targets.sglang import preload
+from harness.targets.sglang.selection import OVERLAY_ENV
+from harness.workers import procs
+
+log = logging.getLogger(__name__)
+
+KILLED, SURVIVED, TIMEOUT, NOT_COVERED = "killed", "survived", "timeout", "not covered"
+#: The evidence classes of sglang's own checks (the rest are the harness's oracle: ledger, kv, assertion, ...).
+SGLANG_CLASSES = ("sglang-assert", "sglang-check")
+
+
+@dataclass
+class Verdict:
+    """What became of one mutant."""
+
+    mutant: Mutant
+    verdict: str
+    tests: tuple[str, ...] = ()
+    killer: str = ""
+    evidence: str = ""
+    fired: bool = False
+    seconds: float = 0.0
+
+    @property
+    def oracle(self) -> str:
+        """Who caught it: ``harness`` (the harness's oracle: ledger, KV, a named assertion), ``sglang``
+        (sglang's own assert or check), ``crash`` (the mutant made sglang raise something else, such as
+        a NameError: any test reaching it kills it); ``""`` when not killed."""
+        if self.verdict != KILLED:
+            return ""
+        if not self.evidence.startswith(SGLANG_CLASSES):
+            return "crash" if self.killer == "(pytest run)" else "harness"
+        checks = ("AssertionError", "leak detected", "invariant", "memory check")
+        return "sglang" if any(c in self.evidence for c in checks) else "crash"
+
+
+@dataclass
+class CoverageMap:
+    """Which candidate tests reach which lines of the target (one measured run of all of them)."""
+
+    combined: Combined
+    candidates: tuple[str, ...]
+    #: A line run only by a process a test started (a Ray worker, a server) names no test: such a
+    #: line selects every candidate.
+    wall_s: float = 0.0
+    #: Each test's time in the map run: a mutant's tests run fastest first, so a kill comes soonest.
+    durations: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tests_seen(self) -> set[str]:
+        return set(self.durations)
+
+    def tests_for(self, m: Mutant) -> tuple[str, ...]:
+        ran = self.combined.lines.get(m.path, {})
+        contexts: set[str] = set()
+        for line in range(m.line, m.end_line + 1):
+            contexts |= ran.get(line, set())
+        tests = sorted({c.split("|", 1)[1] for c in contexts if "|" in c and c.split("|", 1)[1]})
+        if any("|" not in c or not c.split("|", 1)[1] for c in contexts):
+            return self.candidates
+        return tuple(sorted(tests, key=lambda t: (self.durations.get(t, 0.0), t)))
+
+
+def _pytest(tests: Sequence[str], junit_path: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+            f"--junitxml={junit_path}", "-o", "junit_family=xunit1", "--run-dir", str(run_dir)]
+
+
+def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, timeout_s: float) -> CoverageMap:
+    """Run ``candidates`` once on the unmutated target, measured, and read back which tests ran what.
+
+    Raises:
+        RuntimeError: the unmutated run failed (a mutant's failure would mean nothing).
+    """
+    measure = Measurement(out / "coverage", tree)
+    junit_path = out / "map.xml"
+    env = {**os.environ, **measure.env("map")}
+    start = time.monotonic()
+    code, timed_out = procs.run_logged(_pytest(candidates, junit_path, out / "pytest" / "map"), cwd=root, env=env,
+                                       log=out / "map.log", timeout_s=timeout_s)
+    if code != 0 or timed_out:
+        raise RuntimeError(f"the candidate tests fail on the unmutated target (exit {code}"
+                           f"{', timed out' if timed_out else ''}); see {out / 'map.log'}")
+    times = {c.nodeid: c.duration for c in junit.read_junit(junit_path, root)} if junit_path.exists() else {}
+    return CoverageMap(measure.combine(), tuple(candidates), time.monotonic() - start, times)
+
+
+def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Path, timeout_s: float) -> Verdict:
+    """Run ``tests`` against mutant ``m`` (see the module docstring)."""
+    if not tests:
+        return Verdict(m, NOT_COVERED)
+    label = m.id.replace(":", "-").replace(".", "_").replace("<", "").replace(">", "")
+    scratch = Path(tempfile.mkdtemp(prefix="harness-mutant-"))
+    try:
+        text = mutate_source((tree / m.path).read_text(encoding="utf-8"), m)
+        source.scratch_files({m.path: text}, scratch, tree, [f"mutant {m.id}"])
+        (scratch / f"{MARKER_MODULE}.py").write_text(MARKER_SOURCE, encoding="utf-8")
+        fired_file = scratch / "fired.txt"
+        # The copy goes first through the overlay alone: the run's target plugin puts it first on
+        # sys.path and PYTHONPATH (for everything the tests start). PYTHONPATH is left as it is, so
+        # every mutant forks from one fork server (a preload read PYTHONPATH: a new value, a new server).
+        env = {**os.environ, OVERLAY_ENV: str(scratch), source.FIRED_ENV: str(fired_file)}
+        junit_path = out / "junit" / f"{label}.xml"
+        junit_path.parent.mkdir(parents=True, exist_ok=True)
+        (out / "logs").mkdir(exist_ok=True)
+        argv, env = preload.python_command(_pytest(tests, junit_path, out / "pytest" / label), env,
+                                           sglang_only_overlay=True)
+        start = time.monotonic()
+        code, timed_out = procs.run_logged(argv, cwd=root, env=env, log=out / "logs" / f"{label}.log", timeout_s=timeout_s)
+        seconds = time.monotonic() - start
+        fired = m.id in source.fired(fired_file)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if timed_out:
+        return Verdict(m, TIMEOUT, tuple(tests), fired=fired, seconds=seconds)
+    cases = junit.read_junit(junit_path, root) if junit_path.exists() else []
+    failed = [c for c in cases if c.outcome in ("failed", "error")]
+    if failed:
+        first = failed[0]
+        return Verdict(m, KILLED, tuple(tests), first.nodeid, (first.message or first.outcome).splitlines()[0][:300],
+                       fired, seconds)
+    if code not in (0, 5):  # pytest itself failed (collection, a crash): the mutant broke the import
+        return Verdict(m, KILLED, tuple(tests), "(pytest run)", f"pytest exited {code} before any test failed "
+                       f"(the mutant broke the import or collection); see logs/{label}.log", fired, seconds)
+    return Verdict(m, SURVIVED, tuple(tests), fired=fired, seconds=seconds)
+
+
+def run_all(mutants: Sequence[Mutant], cmap: CoverageMap, out: Path, root: Path, tree: Path, *, jobs: int,
+            timeout_s: float, on_done: Callable[[Verdict, int, int], None] = lambda v, d, n: None) -> list[Verdict]:
+    """Every mutant, ``jobs`` at a time; ``on_done(verdict, done, total)`` after each."""
+    verdicts: list[Verdict | None] = [None] * len(mutants)
+    done = 0
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_mutant, m, cmap.tests_for(m), out, root, tree, timeout_s): i
+                   for i, m in enumerate(mutants)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            verdicts[i] = fut.result()
+            done += 1
+            on_done(verdicts[i], done, len(mutants))  # type: ignore[arg-type]
+    return [v for v in verdicts if v is not None]

@@ -1,0 +1,115 @@
+"""The mutation score and its tables: per function, the survivors as diffs, the killers with their evidence.
+
+Score = (killed + timeout) / (killed + timeout + survived + not covered); timeouts are listed apart, and
+kills by sglang's own checks are counted apart from the harness's (a catalog of the harness's catches
+must not lean on sglang's asserts).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from harness.mutation.operators import Mutant, mutate_source
+from harness.mutation.run import KILLED, NOT_COVERED, SURVIVED, TIMEOUT, Verdict
+
+
+@dataclass(frozen=True)
+class FunctionScore:
+    function: str
+    killed: int
+    by_sglang: int
+    by_crash: int
+    timeout: int
+    survived: int
+    not_covered: int
+
+    @property
+    def total(self) -> int:
+        return self.killed + self.timeout + self.survived + self.not_covered
+
+    @property
+    def score(self) -> float:
+        return (self.killed + self.timeout) / self.total if self.total else 0.0
+
+
+def per_function(verdicts: Sequence[Verdict]) -> list[FunctionScore]:
+    names = list(dict.fromkeys(v.mutant.function for v in verdicts))
+    out = []
+    for name in names:
+        vs = [v for v in verdicts if v.mutant.function == name]
+        count = {k: sum(v.verdict == k for v in vs) for k in (KILLED, TIMEOUT, SURVIVED, NOT_COVERED)}
+        out.append(FunctionScore(name, count[KILLED], sum(v.oracle == "sglang" for v in vs),
+                                 sum(v.oracle == "crash" for v in vs), count[TIMEOUT], count[SURVIVED], count[NOT_COVERED]))
+    return out
+
+
+def total(verdicts: Sequence[Verdict]) -> FunctionScore:
+    count = {k: sum(v.verdict == k for v in verdicts) for k in (KILLED, TIMEOUT, SURVIVED, NOT_COVERED)}
+    return FunctionScore("all", count[KILLED], sum(v.oracle == "sglang" for v in verdicts),
+                         sum(v.oracle == "crash" for v in verdicts), count[TIMEOUT], count[SURVIVED], count[NOT_COVERED])
+
+
+def diff(m: Mutant, tree: Path) -> str:
+    """The mutant as a unified diff of its file (without the marker: what a reviewer reads)."""
+    old = (tree / m.path).read_text(encoding="utf-8")
+    new = mutate_source(old, m, marker=False)
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        f"a/{m.path}", f"b/{m.path}", n=2))
+
+
+def line(verdicts: Sequence[Verdict]) -> str:
+    """One line for the bot comment: ``mutation score 0.83 (25 killed, 3 by sglang's checks; 5 survived, …)``."""
+    t = total(verdicts)
+    return (f"mutation score {t.score:.2f}: {t.killed} killed ({t.by_sglang} by sglang's own checks, "
+            f"{t.by_crash} by a crash), "
+            f"{t.timeout} timeout, {t.survived} survived, {t.not_covered} not covered, of {t.total} mutants")
+
+
+HEAD = ("function", "score", "killed", "by sglang's checks", "by a crash", "timeout", "survived", "not covered")
+
+
+def rows(verdicts: Sequence[Verdict]) -> list[tuple[str, ...]]:
+    return [(s.function, f"{s.score:.2f}", str(s.killed), str(s.by_sglang), str(s.by_crash), str(s.timeout),
+             str(s.survived), str(s.not_covered)) for s in [*per_function(verdicts), total(verdicts)]]
+
+
+def markdown(verdicts: Sequence[Verdict], tree: Path) -> str:
+    out = ["### Mutation score of the sglang code under test", "", line(verdicts), "",
+           "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    out += ["| " + " | ".join(r) + " |" for r in rows(verdicts)]
+    survivors = [v for v in verdicts if v.verdict == SURVIVED]
+    if survivors:
+        out += ["", f"#### Survivors ({len(survivors)}): no selected test fails with these", ""]
+        for v in survivors:
+            fired = "ran" if v.fired else "never ran (the tests reach its line but not the mutated part)"
+            out += [f"- `{v.mutant.id}` {v.mutant.describe()}; {fired}; tests: {len(v.tests)}", "",
+                    "```diff", diff(v.mutant, tree).rstrip(), "```", ""]
+    killed = [v for v in verdicts if v.verdict == KILLED]
+    if killed:
+        out += ["", "#### Killed", "", "| mutant | by | evidence |", "|---|---|---|"]
+        out += [f"| `{v.mutant.id}` {v.mutant.describe().replace('|', '/')} | {v.killer} ({v.oracle}) | "
+                f"{v.evidence.replace('|', '/')[:200]} |" for v in killed]
+    return "\n".join(out) + "\n"
+
+
+def to_json(verdicts: Sequence[Verdict], tree: Path) -> dict:
+    t = total(verdicts)
+    return {"score": round(t.score, 4), "killed": t.killed, "killed_by_sglang": t.by_sglang, "killed_by_crash": t.by_crash, "timeout": t.timeout,
+            "survived": t.survived, "not_covered": t.not_covered, "total": t.total,
+            "functions": [s.__dict__ | {"score": round(s.score, 4)} for s in per_function(verdicts)],
+            "mutants": [{"id": v.mutant.id, "function": v.mutant.function, "operator": v.mutant.operator,
+                         "line": v.mutant.line, "describe": v.mutant.describe(), "verdict": v.verdict,
+                         "killer": v.killer, "oracle": v.oracle, "evidence": v.evidence, "fired": v.fired,
+                         "tests": len(v.tests), "seconds": round(v.seconds, 2),
+                         **({"diff": diff(v.mutant, tree)} if v.verdict == SURVIVED else {})} for v in verdicts]}
+
+
+def write(out: Path, verdicts: Sequence[Verdict], tree: Path) -> tuple[Path, Path]:
+    md, js = out / "mutation.md", out / "mutation.json"
+    md.write_text(markdown(verdicts, tree), encoding="utf-8")
+    js.write_text(json.dumps(to_json(verdicts, tree), indent=2) + "\n", encoding="utf-8")
+    return md, js
