@@ -1,12 +1,14 @@
 """Mutation score (:mod:`harness.mutation`, ``harness mutate``).
 
 The operator tests read mutants of a small function. The run test is the mutation smoke of
-``.ci/run``: ``harness mutate --changed HEAD`` on a git checkout holding a link tree of the installed
-sglang whose ``DecodePreallocQueue._swa_tail_len`` was edited on two lines, with two candidate tests of
-its own: one pins the value of the early return, the other only checks that the window path returns an
-int. The early return's mutants must be killed by the first test (named, with its evidence), the
-window path's must survive: a mutant no test can tell from the original is reported as surviving.
-Six mutants (``--limit``, spread over the operators): the smoke stays under a minute.
+``.ci/run``: ``harness mutate --changed HEAD --compare-upstream`` on a checkout-shaped git repository
+(``python/sglang``: a link tree of the installed sglang whose ``DecodePreallocQueue._swa_tail_len`` was
+edited on two lines; ``test/registered/``: sglang-style unit tests) with two candidate tests of its own:
+one pins the value of the early return, the other only checks that the window path returns an int.
+The early return's mutants must be killed by the first test (named, with its evidence), the window
+path's must survive: a mutant no test can tell from the original is reported as surviving. The
+upstream side runs only the CPU-registered file (the weak one), which kills none. Four mutants
+(``--limit``, spread over the operators): the smoke stays near a minute.
 """
 
 from __future__ import annotations
@@ -115,21 +117,64 @@ def _git(root: Path, *args: str) -> None:
                    capture_output=True)
 
 
-@pytest.mark.est_time(50)
+UPSTREAM = {
+    # CPU-registered, imports the module, checks almost nothing: kills no mutant here.
+    "unit/test_tail_registered.py": '''
+        import unittest
+
+        from sglang.srt.disaggregation.decode import DecodePreallocQueue
+        from sglang.test.ci.ci_register import register_cpu_ci
+
+        register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+
+
+        class TestTail(unittest.TestCase):
+            def test_has_the_method(self):
+                self.assertTrue(callable(DecodePreallocQueue._swa_tail_len))
+        ''',
+    # Not registered for CPU CI (a CUDA file): left out, though it would fail every mutant.
+    "unit/test_tail_cuda_only.py": '''
+        import unittest
+
+        from sglang.srt.disaggregation.decode import DecodePreallocQueue
+        from sglang.test.ci.ci_register import register_cuda_ci
+
+        register_cuda_ci(est_time=5, suite="stage-b-test-1-gpu")
+
+
+        class TestTail(unittest.TestCase):
+            def test_always_fails(self):
+                self.fail("a CUDA-only file must not run")
+        ''',
+}
+
+
+def test_compare_upstream_needs_a_checkout(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "mutate", "--compare-upstream", "--limit", "1",
+                           "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "has no test/registered/" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.est_time(60)
 def test_mutate_kills_what_a_test_pins_and_reports_what_no_test_sees_as_surviving(tmp_path):
     installed = Path(__import__("importlib").util.find_spec("sglang").submodule_search_locations[0]).parent
-    tree = tmp_path / "tree"
+    repo = tmp_path / "repo"
+    tree = repo / "python"
     rel = "sglang/srt/disaggregation/decode.py"
     shutil.copytree(installed / "sglang", tree / "sglang", copy_function=os.symlink)
     path = tree / rel
     text = path.read_text()
     path.unlink()
     path.write_text(text)
-    (tree / ".gitignore").write_text("/sglang/\n")
-    _git(tree, "init", "-q")
-    _git(tree, "add", ".gitignore")
-    _git(tree, "add", "-f", rel)
-    _git(tree, "commit", "-qm", "the release's decode.py")
+    for name, body in UPSTREAM.items():
+        (repo / "test" / "registered" / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "test" / "registered" / name).write_text(textwrap.dedent(body))
+    (repo / ".gitignore").write_text("/python/sglang/\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "add", "-f", f"python/{rel}")
+    _git(repo, "commit", "-qm", "the release's decode.py")
     for old, new in EDITS:
         assert text.count(old) == 1
         text = text.replace(old, new)
@@ -140,28 +185,32 @@ def test_mutate_kills_what_a_test_pins_and_reports_what_no_test_sees_as_survivin
     tests.write_text(textwrap.dedent(CANDIDATES))
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "harness.cli", "mutate", "--sglang", str(tree), "--changed", "HEAD",
-                           "--tests", str(tests), "--limit", "6", "--run-dir", str(out), "--comment-out", str(tmp_path / "status.md")],
+                           "--tests", str(tests), "--limit", "4", "--compare-upstream", "--run-dir", str(out),
+                           "--comment-out", str(tmp_path / "status.md")],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     result = json.loads((out / "mutation.json").read_text())
-    early = [m for m in result["mutants"] if m["line"] == text.splitlines().index("            return max(0, seq_len)") + 1]
-    window = [m for m in result["mutants"] if m not in early]
-    assert early and window and result["not_covered"] == 0
+    early_line = text.splitlines().index("            return max(0, seq_len)") + 1
+    early = [m for m in result["mutants"] if m["line"] == early_line]
+    window = [m for m in result["mutants"] if m["line"] != early_line]
+    assert len(early) == 2 and len(window) == 2 and result["not_covered"] == 0
     for m in early:
         assert m["verdict"] == "killed", m
         assert m["killer"].endswith("test_candidates.py::test_early_return_pins_the_value") and m["oracle"] == "harness"
         assert m["evidence"].startswith("assertion"), m
     # Removing the assignment makes the next line raise NameError: a crash, which any test reaching it
-    # sees; every other mutant of the window path keeps an int, which is all its test checks.
-    crashed = [m for m in window if m["operator"] == "assign"]
-    survived = [m for m in window if m["operator"] != "assign"]
-    assert [m["verdict"] for m in crashed] == ["killed"] and crashed[0]["oracle"] == "crash"
-    assert len(survived) == 3 and {m["operator"] for m in survived} == {"page", "arith", "align"}
-    for m in survived:
-        assert m["verdict"] == "survived" and m["fired"], m
-        assert m["diff"].startswith(f"--- a/{rel}")
-    assert result["score"] == round((len(early) + 1) / len(result["mutants"]), 4)
-    window = survived
+    # sees; the page mutant of the window path keeps an int, which is all its test checks.
+    by_op = {m["operator"]: m for m in window}
+    assert by_op["assign"]["verdict"] == "killed" and by_op["assign"]["oracle"] == "crash"
+    survivor = by_op["page"]
+    assert survivor["verdict"] == "survived" and survivor["fired"], survivor
+    assert survivor["diff"].startswith(f"--- a/{rel}")
+    assert result["score"] == 0.75
     md = (out / "mutation.md").read_text()
-    assert f"#### Survivors ({len(window)})" in md
+    assert "#### Survivors (1)" in md
     assert "mutation score" in (tmp_path / "status.md").read_text()
+    # sglang's own side: only the CPU-registered file ran (the CUDA one would have failed every mutant).
+    theirs = result["upstream"]
+    assert [Path(f).name for f in theirs["files"]] == ["test_tail_registered.py"]
+    assert theirs["killed"] == 0 and theirs["survived"] == 4 and theirs["score"] == 0.0
+    assert "harness 0.75 vs sglang's register_cpu_ci unit tests 0.00" in done.stdout

@@ -15,6 +15,8 @@ run finished (whatever the score), 1 when the candidate tests fail on the unmuta
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
 import time
 from pathlib import Path
@@ -23,11 +25,12 @@ from harness import rundir
 from harness import runs as run_record
 from harness.changes.lines import ChangeError
 from harness.commands import UsageError
-from harness.mutation import DEFAULT_FUNCTIONS, run, score
+from harness.mutation import DEFAULT_FUNCTIONS, run, score, upstream
 from harness.mutation import select as choose
 from harness.report import page
 from harness.rerun import changed as change_of
 from harness.rerun import comment
+from harness.rerun import upstream as registrations
 from harness.targets.sglang import selection as sglang_target
 
 #: The candidate tests by default: the suites that run sglang's real prealloc, eviction and free paths in
@@ -49,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=2, help="mutants at a time (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per mutant run (default 300)")
     p.add_argument("--run-dir", type=Path, help="where results go (default runs/mutate-<timestamp>-<pid>)")
+    p.add_argument("--compare-upstream", action="store_true",
+                   help="also run sglang's own register_cpu_ci unit tests (the target checkout's test/registered/) "
+                        "that import a mutated module on the same mutants, and print both scores")
     p.add_argument("--comment-out", type=Path, metavar="FILE",
                    help="keep the bot's status line (done / total, then the score) in this markdown file")
     p.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
@@ -60,6 +66,30 @@ def _comment(path: Path | None, text: str) -> None:
         return
     body = path.read_text(encoding="utf-8") if path.exists() else ""
     path.write_text(comment.apply_lines(body, {"mutation": comment.note_line("mutation", text)}), encoding="utf-8")
+
+
+def _upstream_files(target: sglang_target.Target, tree: Path) -> list[Path]:
+    """The CPU-registered unit test files of the target's checkout (``--compare-upstream``).
+
+    Raises:
+        UsageError: the target is no checkout with ``test/registered/`` (wheels and releases ship none).
+    """
+    registered = upstream.checkout_tests(tree)
+    if registered is None:
+        raise UsageError(f"--compare-upstream: {target.label()} has no test/registered/ beside its sglang/ "
+                         "(releases and wheels do not ship sglang's tests); pass a checkout's python/ directory")
+    files = []
+    for path in sorted(registered.rglob("test_*.py")):
+        try:
+            regs = registrations.read_registrations(ast.parse(path.read_text(encoding="utf-8", errors="replace")),
+                                                    str(path))
+        except (SyntaxError, registrations.RegistryError):
+            continue
+        if any(r.backend == "cpu" and not r.disabled for r in regs):
+            files.append(path)
+    if not files:
+        raise UsageError(f"--compare-upstream: no register_cpu_ci test file under {registered}")
+    return files
 
 
 def _mutate(args: argparse.Namespace) -> int:
@@ -78,6 +108,7 @@ def _mutate(args: argparse.Namespace) -> int:
     except sglang_target.TargetError as e:
         raise UsageError(str(e)) from None
     tree = Path(target.root).resolve()
+    upstream_files = _upstream_files(target, tree) if args.compare_upstream else []
     lines = None
     try:
         if args.changed:
@@ -120,11 +151,30 @@ def _mutate(args: argparse.Namespace) -> int:
         wall = time.monotonic() - started
         md, js = score.write(out, verdicts, tree)
         header = page.Header("harness mutate", passed=True, wall_time=wall, sglang=sglang_target.stamp(target))
-        table = page.Table("Mutation score", score.HEAD, tuple(score.rows(verdicts)), note=score.line(verdicts))
+        table = page.Table("Mutation score", tuple(score.HEAD), tuple(score.rows(verdicts)), note=score.line(verdicts))
         survivors = page.Table("Survivors", ("mutant", "operator", "diff"),
                                tuple((v.mutant.id, v.mutant.operator, score.diff(v.mutant, tree))
                                      for v in verdicts if v.verdict == run.SURVIVED))
         report = page.write(out / "report", header, [], (table, survivors), repo_root=root)
+        tables = [table, survivors]
+        if args.compare_upstream:
+            broken = upstream.failing_clean(upstream_files, out, root, args.timeout)
+            for f in sorted(broken):
+                print(f"{PROG}: sglang's {f} fails on the unmutated target; left out of the comparison", flush=True)
+            upstream_files = [f for f in upstream_files if str(f) not in broken]
+            print(f"{PROG}: the same mutants against {len(upstream_files)} CPU-registered sglang test file(s)", flush=True)
+            theirs = upstream.run_upstream(mutants, upstream_files, out, root, tree, jobs=args.jobs, timeout_s=args.timeout,
+                                           on_done=lambda v, d, n: print(f"  upstream [{d}/{n}] {v.verdict:11} {v.mutant.id}",
+                                                                         flush=True))
+            compared = score.compare_markdown(verdicts, theirs)
+            (out / "mutation.md").write_text(md.read_text(encoding="utf-8") + "\n" + compared, encoding="utf-8")
+            data = json.loads(js.read_text(encoding="utf-8"))
+            data["upstream"] = score.to_json(theirs, tree) | {"files": [str(f) for f in upstream_files]}
+            js.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+            tables.append(page.Table("The same mutants against sglang's own tests", score.SIDE_HEAD,
+                                     tuple(score.side_by_side(verdicts, theirs)), note=compared.splitlines()[2]))
+            report = page.write(out / "report", header, [], tuple(tables), repo_root=root)
+            print(compared.splitlines()[2])
         _comment(args.comment_out, score.line(verdicts))
         print()
         print(score.line(verdicts) + f" ({wall:.0f} s)")

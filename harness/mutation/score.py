@@ -113,3 +113,26 @@ def write(out: Path, verdicts: Sequence[Verdict], tree: Path) -> tuple[Path, Pat
     md.write_text(markdown(verdicts, tree), encoding="utf-8")
     js.write_text(json.dumps(to_json(verdicts, tree), indent=2) + "\n", encoding="utf-8")
     return md, js
+
+
+SIDE_HEAD = ("function", "harness score", "harness killed / total", "sglang's tests score", "sglang's tests killed / total")
+
+
+def side_by_side(ours: Sequence[Verdict], theirs: Sequence[Verdict]) -> list[tuple[str, ...]]:
+    """Per function (and all), the harness's score beside sglang's own tests' on the same mutants."""
+    a = {s.function: s for s in [*per_function(ours), total(ours)]}
+    b = {s.function: s for s in [*per_function(theirs), total(theirs)]}
+    return [(name, f"{a[name].score:.2f}", f"{a[name].killed + a[name].timeout} / {a[name].total}",
+             f"{b[name].score:.2f}" if name in b else "-",
+             f"{b[name].killed + b[name].timeout} / {b[name].total}" if name in b else "-") for name in a]
+
+
+def compare_markdown(ours: Sequence[Verdict], theirs: Sequence[Verdict]) -> str:
+    t_ours, t_theirs = total(ours), total(theirs)
+    out = ["### The same mutants against sglang's own tests", "",
+           f"harness {t_ours.score:.2f} vs sglang's register_cpu_ci unit tests {t_theirs.score:.2f} "
+           f"(killed by the harness only: {sum(a.verdict == KILLED and b.verdict != KILLED for a, b in zip(ours, theirs))}, "
+           f"by sglang's tests only: {sum(b.verdict == KILLED and a.verdict != KILLED for a, b in zip(ours, theirs))})", "",
+           "| " + " | ".join(SIDE_HEAD) + " |", "|" + "---|" * len(SIDE_HEAD)]
+    out += ["| " + " | ".join(r) + " |" for r in side_by_side(ours, theirs)]
+    return "\n".join(out) + "\n"
