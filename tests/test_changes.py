@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import pr_checkout
 from harness.changes import lines as change_lines
 from harness.changes.lines import ChangeError
 from harness.changes.measure import Measurement
@@ -28,28 +28,22 @@ from harness.changes.report import changed_coverage, markdown
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t", *args],
-                          capture_output=True, text=True, check=True)
-    return done.stdout
-
-
 def test_changed_lines_of_a_checkout_count_edits_untracked_files_and_deletions(tmp_path):
     pkg = tmp_path / "sglang"
     pkg.mkdir()
     (pkg / "a.py").write_text("x = 1\ny = 2\nz = 3\nw = 4\n")
     (pkg / "notes.txt").write_text("not python\n")
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-qm", "base")
+    pr_checkout.git(tmp_path, "init", "-q")
+    pr_checkout.git(tmp_path, "add", ".")
+    pr_checkout.git(tmp_path, "commit", "-qm", "base")
     (pkg / "a.py").write_text("x = 1\ny = 20\nz = 3\n")          # line 2 replaced, line 4 deleted
     (pkg / "new.py").write_text("a = 1\nb = 2\n")                 # untracked: every line changed
     (pkg / "notes.txt").write_text("changed, but no Python\n")
-    change = change_lines.from_git(tmp_path, "HEAD")
+    change = change_lines.frompr_checkout.git(tmp_path, "HEAD")
     assert change.lines == {"sglang/a.py": frozenset({2}), "sglang/new.py": frozenset({1, 2})}
     assert change.deleted == {"sglang/a.py": 1}
     with pytest.raises(ChangeError, match="not a revision"):
-        change_lines.from_git(tmp_path, "no-such-branch")
+        change_lines.frompr_checkout.git(tmp_path, "no-such-branch")
 
 
 def test_changed_lines_between_two_release_trees(tmp_path):
@@ -180,25 +174,7 @@ def test_tail_of_a_window():
 
 @pytest.mark.est_time(40)
 def test_rerun_reports_which_changed_lines_ran_and_which_never(tmp_path):
-    installed = Path(__import__("importlib").util.find_spec("sglang").submodule_search_locations[0]).parent
-    tree = tmp_path / "tree"
-    rel = "sglang/srt/disaggregation/decode.py"
-    shutil.copytree(installed / "sglang", tree / "sglang", copy_function=os.symlink)
-    path = tree / rel
-    text = path.read_text()
-    path.unlink()
-    path.write_text(text)
-    (tree / ".gitignore").write_text("/sglang/\n")
-    _git(tree, "init", "-q")
-    _git(tree, "add", ".gitignore")
-    _git(tree, "add", "-f", rel)
-    _git(tree, "commit", "-qm", "the release's decode.py")
-    for old, new in (EDIT_RAN, EDIT_NEVER):
-        assert text.count(old) == 1
-        text = text.replace(old, new)
-    path.write_text(text)
-    for pyc in (path.parent / "__pycache__").glob("decode.*.pyc"):
-        pyc.unlink()
+    tree, _ = pr_checkout.make(tmp_path / "repo", (EDIT_RAN, EDIT_NEVER))
     suites = tmp_path / "suites"
     suites.mkdir()
     (suites / "test_changed_tail.py").write_text(textwrap.dedent(SUITE))

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import pr_checkout
 from harness.mutation import operators, select
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,11 +111,6 @@ def test_window_path_returns_an_int():
 '''
 
 
-def _git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True,
-                   capture_output=True)
-
-
 UPSTREAM = {
     # CPU-registered, imports the module, checks almost nothing: kills no mutant here.
     "unit/test_tail_registered.py": '''
@@ -158,29 +152,9 @@ def test_compare_upstream_needs_a_checkout(tmp_path):
 
 @pytest.mark.est_time(60)
 def test_mutate_kills_what_a_test_pins_and_reports_what_no_test_sees_as_surviving(tmp_path):
-    installed = Path(__import__("importlib").util.find_spec("sglang").submodule_search_locations[0]).parent
-    repo = tmp_path / "repo"
-    tree = repo / "python"
-    rel = "sglang/srt/disaggregation/decode.py"
-    shutil.copytree(installed / "sglang", tree / "sglang", copy_function=os.symlink)
-    path = tree / rel
-    text = path.read_text()
-    path.unlink()
-    path.write_text(text)
-    for name, body in UPSTREAM.items():
-        (repo / "test" / "registered" / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "test" / "registered" / name).write_text(textwrap.dedent(body))
-    (repo / ".gitignore").write_text("/python/sglang/\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "add", "-f", f"python/{rel}")
-    _git(repo, "commit", "-qm", "the release's decode.py")
-    for old, new in EDITS:
-        assert text.count(old) == 1
-        text = text.replace(old, new)
-    path.write_text(text)
-    for pyc in (path.parent / "__pycache__").glob("decode.*.pyc"):
-        pyc.unlink()
+    tree, text = pr_checkout.make(tmp_path / "repo", EDITS,
+                                  {f"test/registered/{name}": body for name, body in UPSTREAM.items()})
+    rel = pr_checkout.DECODE
     tests = tmp_path / "test_candidates.py"
     tests.write_text(textwrap.dedent(CANDIDATES))
     out = tmp_path / "run"
