@@ -39,11 +39,11 @@ def test_changed_lines_of_a_checkout_count_edits_untracked_files_and_deletions(t
     (pkg / "a.py").write_text("x = 1\ny = 20\nz = 3\n")          # line 2 replaced, line 4 deleted
     (pkg / "new.py").write_text("a = 1\nb = 2\n")                 # untracked: every line changed
     (pkg / "notes.txt").write_text("changed, but no Python\n")
-    change = change_lines.frompr_checkout.git(tmp_path, "HEAD")
+    change = change_lines.from_git(tmp_path, "HEAD")
     assert change.lines == {"sglang/a.py": frozenset({2}), "sglang/new.py": frozenset({1, 2})}
     assert change.deleted == {"sglang/a.py": 1}
     with pytest.raises(ChangeError, match="not a revision"):
-        change_lines.frompr_checkout.git(tmp_path, "no-such-branch")
+        change_lines.from_git(tmp_path, "no-such-branch")
 
 
 def test_changed_lines_between_two_release_trees(tmp_path):
