@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import pr_checkout
-from harness.mutation import operators, select
+from harness.mutation import operators, run, select
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -188,3 +188,42 @@ def test_mutate_kills_what_a_test_pins_and_reports_what_no_test_sees_as_survivin
     assert [Path(f).name for f in theirs["files"]] == ["test_tail_registered.py"]
     assert theirs["killed"] == 0 and theirs["survived"] == 4 and theirs["score"] == 0.0
     assert "harness 0.75 vs sglang's register_cpu_ci unit tests 0.00" in done.stdout
+
+
+AWKWARD = '''
+class Cache:
+    def evict(self, n, page_size):
+        """A docstring with a line at column 0:
+this one."""
+        label = f'{n + 1} pages'
+        sep = '\x0c'
+        keep = n - page_size
+        return keep, label, sep
+'''
+
+
+def test_mutants_of_awkward_sources_keep_their_place_and_compile_with_their_marker():
+    # A method whose docstring has a column-0 line, an f-string with single quotes (the marker's own
+    # quotes would break it on Python 3.11) and a form feed inside a string (str.splitlines splits
+    # there, Python does not).
+    ms = operators.mutants_of(AWKWARD, "sglang/y.py", "Cache.evict")
+    keep = [m for m in ms if m.operator == "arith" and m.old == "n - page_size"]
+    assert keep and keep[0].line == AWKWARD.split("\n").index("        keep = n - page_size") + 1
+    assert not [m for m in ms if m.old in ("n + 1", "1")], "a mutant inside the f-string"
+    for m in ms:
+        ast.parse(operators.mutate_source(AWKWARD, m))
+        assert operators.mutate_source(AWKWARD, m).count("\n") == AWKWARD.count("\n")
+
+
+@pytest.mark.parametrize("evidence, killer, oracle", [
+    ("ledger [swa-tail-short] decode-0 prealloc of r1", "t::a", "harness"),
+    ("assertion tail 44 != 108", "t::a", "harness"),
+    ("sglang-check debug-memory-pool: Full Pool Mem Leak Detected! | at sglang/x.py", "t::a", "sglang"),
+    ("sglang-assert AssertionError: swa_evicted_seqlen % page_size | at sglang/x.py:10", "t::a", "sglang"),
+    ("sglang-assert NameError: name 'window_size' is not defined | at sglang/x.py:5", "t::a", "crash"),
+    ("pytest exited 2 before any test failed", "(pytest run)", "crash"),
+])
+def test_who_caught_a_mutant(evidence, killer, oracle):
+    m = operators.mutants_of(SOURCE, "sglang/x.py", "tail")[0]
+    assert run.Verdict(m, run.KILLED, ("t::a",), killer, evidence, True).oracle == oracle
+    assert run.Verdict(m, run.SURVIVED, ("t::a",), fired=True).oracle == ""

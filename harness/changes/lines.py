@@ -72,6 +72,35 @@ def parse_unified(text: str) -> tuple[dict[str, set[int]], dict[str, int]]:
     return lines, deleted
 
 
+def source_lines(text: str) -> list[str]:
+    """The lines of a source file as Python and git number them: split at ``\\n`` only, ends kept
+    (``str.splitlines`` also splits at form feeds and other separators a source may hold in a string,
+    which would shift every line number after it).
+
+    >>> source_lines("a = '\\x0c'\\nb = 2\\n")
+    ["a = '\\x0c'\\n", 'b = 2\\n']
+    """
+    return [line for line in re.split(r"(?<=\n)", text) if line]
+
+
+def statement_starts(source: str) -> dict[int, int]:
+    """Each line of a module -> the first line of the innermost statement it belongs to (a compound
+    statement's header lines map to its first line, its body's lines to their own statements).
+    Coverage data and executable-line sets name a statement by its first line only: a changed line in
+    the middle of a multi-line call counts as that call.
+
+    >>> starts = statement_starts("x = f(\\n    1,\\n)\\nif (a and\\n        b):\\n    y = 2\\n")
+    >>> [starts[n] for n in range(1, 7)]
+    [1, 1, 1, 4, 4, 6]
+    """
+    stmts = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt)]
+    starts: dict[int, int] = {}
+    for node in sorted(stmts, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, reverse=True):
+        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+            starts[line] = node.lineno
+    return starts
+
+
 def _python_file(rel: str) -> bool:
     return rel.startswith(f"{PACKAGE}/") and rel.endswith(".py")
 
@@ -105,7 +134,7 @@ def from_git(root: Path, rev: str) -> Change:
     lines = {p: frozenset(v) for p, v in found.items() if _python_file(p)}
     for rel in git("ls-files", "--others", "--exclude-standard", "--", PACKAGE).splitlines():
         if _python_file(rel):
-            n = len((root / rel).read_text(encoding="utf-8", errors="replace").splitlines())
+            n = len(source_lines((root / rel).read_text(encoding="utf-8", errors="replace")))
             lines[rel] = frozenset(range(1, n + 1))
     return Change(rev, lines, {p: n for p, n in deleted.items() if _python_file(p)})
 
@@ -131,9 +160,9 @@ def between_trees(root: Path, base_root: Path, label: str) -> Change:
         rel = path.relative_to(root).as_posix()
         if "/__pycache__/" in rel:
             continue
-        new = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        new = source_lines(path.read_text(encoding="utf-8", errors="replace"))
         other = base_root / rel
-        old = other.read_text(encoding="utf-8", errors="replace").splitlines() if other.is_file() else []
+        old = source_lines(other.read_text(encoding="utf-8", errors="replace")) if other.is_file() else []
         if old == new:
             continue
         changed: set[int] = set()

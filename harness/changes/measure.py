@@ -39,11 +39,18 @@ PLUGIN = "harness.changes.startmark"
 _PID = re.compile(r"\.pid(\d+)\.")
 
 
-def save_running() -> None:
+def save_running(partial: bool = False) -> None:
     """Save this process's measurement now, when it runs one (a process about to be killed without a
     chance to save: a Ray actor before ``ray.kill``, a server's scheduler, which its parent SIGKILLs).
-    Saving again later adds to the same data file."""
-    if not os.environ.get(DIR_ENV):
+    Saving again later adds to the same data file.
+
+    Args:
+        partial: the process goes on running after this save and may be killed before the next one (a
+            scheduler saves at each cache flush): it is reported as partly measured, so what it ran after
+            its last save reads as unknown, not as not executed.
+    """
+    where = os.environ.get(DIR_ENV)
+    if not where:
         return
     try:
         import coverage
@@ -52,6 +59,10 @@ def save_running() -> None:
     cov = coverage.Coverage.current()
     if cov is not None:
         cov.save()
+        if partial:
+            procs = Path(where) / "procs"
+            procs.mkdir(parents=True, exist_ok=True)
+            (procs / f"{os.getpid()}.partial").touch()
 
 
 def trace_this_thread() -> None:
@@ -81,6 +92,9 @@ class Process:
     pid: int
     argv: tuple[str, ...]
     measured: bool
+    #: It saved early and went on running (:func:`save_running` ``partial``): what it ran after its last
+    #: save is unknown.
+    partial: bool = False
 
     def what(self) -> str:
         """A short name: ``python -m sglang.launch_server``, ``default_worker.py``, ``pytest``."""
@@ -105,6 +119,11 @@ class Combined:
     def unmeasured(self) -> list[Process]:
         """Processes that started measuring and left no data (killed by SIGKILL, or died hard)."""
         return [p for p in self.processes if not p.measured]
+
+    @property
+    def partial(self) -> list[Process]:
+        """Processes measured up to their last early save only (a server's scheduler)."""
+        return [p for p in self.processes if p.measured and p.partial]
 
 
 class Measurement:
@@ -155,6 +174,7 @@ class Measurement:
         import coverage
 
         out = Combined()
+        partial = {int(p.stem) for p in self.procs_dir.glob("[0-9]*.partial")}
         files = sorted(self.data_dir.glob(".coverage.*"))
         pids_with_data = {int(m.group(1)) for p in files if (m := _PID.search(p.name))}
         for marker in sorted(self.procs_dir.glob("[0-9]*.json")):
@@ -163,10 +183,10 @@ class Measurement:
             except (OSError, json.JSONDecodeError):
                 continue
             pid = int(rec.get("pid", 0))
-            out.processes.append(Process(pid, tuple(rec.get("argv") or ()), pid in pids_with_data))
+            out.processes.append(Process(pid, tuple(rec.get("argv") or ()), pid in pids_with_data, pid in partial))
         # A process that saved data before its record was due (a short fork) was measured all the same.
         recorded = {p.pid for p in out.processes}
-        out.processes += [Process(pid, (), True) for pid in sorted(pids_with_data - recorded)]
+        out.processes += [Process(pid, (), True, pid in partial) for pid in sorted(pids_with_data - recorded)]
         if not pids_with_data:
             return out
         cov = coverage.Coverage(data_file=str(self.out / "combined.coverage"), config_file=str(self._combine_rc()))

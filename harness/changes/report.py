@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.changes.lines import Change, function_of, functions
+from harness.changes.lines import Change, function_of, functions, statement_starts
 from harness.changes.measure import Combined
 
 
@@ -40,6 +40,8 @@ class ChangedCoverage:
     rows: list[FunctionRow]
     unmeasured: list[str]
     processes: int
+    #: Processes measured up to their last early save (a server's scheduler, saved at each flush).
+    partial: list[str] = field(default_factory=list)
     #: Files the change touched with no executable line changed (comments, docstrings, deletions only).
     other_files: list[str] = field(default_factory=list)
 
@@ -58,11 +60,12 @@ class ChangedCoverage:
         missed = [f"{r.path}:{n}" for r in self.rows for n in r.missed]
         tail = f"; never: {', '.join(missed[:4])}{' …' if len(missed) > 4 else ''}" if missed else ""
         lost = f"; {len(self.unmeasured)} process(es) not measured" if self.unmeasured else ""
+        lost += f"; {len(self.partial)} partly" if self.partial else ""
         return f"changed lines executed: {self.executed} of {self.changed} (vs {self.base}{tail}{lost})"
 
     def to_json(self) -> dict:
         return {"base": self.base, "changed": self.changed, "executed": self.executed,
-                "processes": self.processes, "not_measured": self.unmeasured, "other_files": self.other_files,
+                "processes": self.processes, "not_measured": self.unmeasured, "partly_measured": self.partial, "other_files": self.other_files,
                 "functions": [{"path": r.path, "function": r.function, "changed": r.changed, "executed": r.executed,
                                "never": r.missed, "tests": sorted(r.tests)} for r in self.rows]}
 
@@ -98,25 +101,28 @@ def changed_coverage(change: Change, combined: Combined, root: Path, statements)
         try:
             spans = functions(source)
             stmts = statements(rel)
+            starts = statement_starts(source)
         except SyntaxError:
             other.append(rel)
             continue
         ran = combined.lines.get(rel, {})
         by_fn: dict[str, FunctionRow] = {}
         for n in lines:
-            if n not in stmts:
+            first = starts.get(n, n)  # a line inside a multi-line statement counts as that statement
+            if first not in stmts:
                 continue
             fn = function_of(spans, n)
             row = by_fn.setdefault(fn, FunctionRow(rel, fn))
             row.changed.append(n)
-            if n in ran:
+            if first in ran:
                 row.executed.append(n)
-                row.tests |= _tests_of(ran[n])
+                row.tests |= _tests_of(ran[first])
         if not by_fn:
             other.append(rel)
         rows.extend(by_fn.values())
     unmeasured = [f"pid {p.pid}: {p.what()}" for p in combined.unmeasured]
-    return ChangedCoverage(change.base, rows, unmeasured, len(combined.processes), other)
+    partial = [f"pid {p.pid}: {p.what()}" for p in combined.partial]
+    return ChangedCoverage(change.base, rows, unmeasured, len(combined.processes), partial, other)
 
 
 def _ranges(lines: list[int]) -> str:
@@ -149,6 +155,9 @@ def markdown(cov: ChangedCoverage) -> str:
     if cov.unmeasured:
         out += [f"Not measured (the process left no data: killed by SIGKILL or died hard; its lines are unknown, "
                 f"not unexecuted): {'; '.join(cov.unmeasured)}", ""]
+    if cov.partial:
+        out += [f"Partly measured (saved at a cache flush, then killed by its server: what it ran after its last "
+                f"flush is unknown): {'; '.join(cov.partial)}", ""]
     if cov.other_files:
         out += [f"Changed with no executable line changed: {', '.join(cov.other_files)}", ""]
     return "\n".join(out)

@@ -9,7 +9,8 @@ Flow: functions → mutants (:mod:`harness.mutation.operators`) → one measured
 (which test reaches which line) → each mutant's selected tests on a scratch copy of the target →
 verdicts → ``mutation.md`` / ``mutation.json`` and the report page under the run directory. Bad input
 (a function the target lacks, a bad BASE, no mutant): one line, exit 2, nothing run. Exit 0 when the
-run finished (whatever the score), 1 when the candidate tests fail on the unmutated target.
+run finished (whatever the score), 1 when the candidate tests fail on the unmutated target or the
+harness itself failed running a mutant (one line naming it).
 """
 
 from __future__ import annotations
@@ -147,7 +148,13 @@ def _mutate(args: argparse.Namespace) -> int:
                   flush=True)
             _comment(args.comment_out, f"mutation: {done} / {total} mutants run")
 
-        verdicts = run.run_all(mutants, cmap, out, root, tree, jobs=args.jobs, timeout_s=args.timeout, on_done=on_done)
+        try:
+            verdicts = run.run_all(mutants, cmap, out, root, tree, jobs=args.jobs, timeout_s=args.timeout,
+                                   on_done=on_done)
+        except run.MutationError as e:
+            print(f"{PROG}: {e}")
+            rec.finish("failed")
+            return 1
         wall = time.monotonic() - started
         md, js = score.write(out, verdicts, tree)
         header = page.Header("harness mutate", passed=True, wall_time=wall, sglang=sglang_target.stamp(target))

@@ -26,8 +26,9 @@ engine-specific operators (``page``, ``align``) they do not have. The names abov
 from __future__ import annotations
 
 import ast
-import textwrap
 from dataclasses import dataclass
+
+from harness.changes.lines import source_lines
 
 #: The marker module a mutant calls (written beside the scratch ``sglang/``, first on the path).
 MARKER_MODULE = "_harness_mutant"
@@ -41,7 +42,7 @@ class Mutant:
     """One mutant: where, what, and the replacement of one node's source span.
 
     Attributes:
-        id: ``<function>:<line>:<n>`` (unique within a run).
+        id: ``<module>:<function>:<line>:<n>`` (unique within a run).
         path: the file, relative to the tree (``sglang/...``).
         function: the function's qualified name.
         operator: the operator's name (see the module docstring).
@@ -113,14 +114,26 @@ def _is_ceil_align(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     return None
 
 
+def _own_nodes(fn: ast.AST) -> list[ast.AST]:
+    """The nodes of ``fn``'s body, not those of a function, class or lambda nested in it (they are
+    functions of their own: ``harness mutate --function`` names them)."""
+    out: list[ast.AST] = []
+    for stmt in fn.body:  # type: ignore[attr-defined]
+        todo = [stmt]  # breadth first within each statement, the statements in source order
+        while todo:
+            node = todo.pop(0)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            out.append(node)
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def _proposals(fn: ast.AST) -> list[tuple[str, ast.AST, str, bool]]:
     """``(operator, node, replacement, is_statement)`` for every mutation of ``fn``'s body."""
     out: list[tuple[str, ast.AST, str, bool]] = []
     page = _page_expr(fn)
-    body_nodes = [n for stmt in fn.body for n in ast.walk(stmt)]  # type: ignore[attr-defined]
-    for node in body_nodes:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
+    for node in _own_nodes(fn):
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
             swapped = ast.BinOp(node.left, _ARITH[type(node.op)](), node.right)
             out.append(("arith", node, _text(swapped), False))
@@ -191,7 +204,10 @@ def mutants_of(source: str, path: str, qualname: str) -> list[Mutant]:
     def function_ast(text: str) -> str:
         # Only the function's own lines are parsed (a mutant keeps every line number): a whole module
         # of thousands of lines parsed once per mutant is most of the time a large file's mutants take.
-        return ast.dump(ast.parse(textwrap.dedent("".join(text.splitlines(keepends=True)[first:last]))))
+        # A method is parsed inside an ``if`` block (its indentation kept: a docstring line at column
+        # 0 would defeat any dedent).
+        body = "".join(source_lines(text)[first:last])
+        return ast.dump(ast.parse(f"if 1:\n{body}" if body[:1] in " \t" else body))
 
     original = function_ast(source)
     out: list[Mutant] = []
@@ -202,10 +218,11 @@ def mutants_of(source: str, path: str, qualname: str) -> list[Mutant]:
             continue
         seen.add((*span, new))
         old = ast.get_source_segment(source, node) or ""
-        m = Mutant(f"{qualname}:{span[0]}:{len(out) + 1}", path, qualname, operator, *span, old, new, statement)
-        text = mutate_source(source, m, marker=False)
+        module = path.removesuffix(".py").replace("/", ".")
+        m = Mutant(f"{module}:{qualname}:{span[0]}:{len(out) + 1}", path, qualname, operator, *span, old, new, statement)
         try:
-            changed = function_ast(text) != original
+            changed = function_ast(mutate_source(source, m, marker=False)) != original
+            function_ast(mutate_source(source, m))  # with its marker too (it must compile where it sits)
         except SyntaxError:
             continue
         if changed:
@@ -218,7 +235,7 @@ def mutate_source(source: str, m: Mutant, marker: bool = True) -> str:
     ``_harness_mutant.hit(id, value)`` (it records that the mutant ran and returns the value). The
     replaced span keeps its line count (extra lines become blank lines inside the parentheses), so
     every other line keeps its number."""
-    lines = source.splitlines(keepends=True)
+    lines = source_lines(source)
     offsets = [0]
     for ln in lines:
         offsets.append(offsets[-1] + len(ln.encode("utf-8")))

@@ -12,6 +12,8 @@ Verdicts: ``killed`` (a selected test failed: the first one, its evidence's firs
 the catch came from sglang's own checks or the harness's oracle), ``survived`` (every selected test
 passed, whether or not the mutant fired: a mutant nobody can tell from the original survives),
 ``timeout`` (the run passed its limit), ``not covered`` (no candidate test reaches its lines; not run).
+A failure while the mutant's marker never ran is the original code failing (a flaky test): the mutant
+survives, that failure kept as its evidence.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness.changes.lines import statement_starts
 from harness.changes.measure import Combined, Measurement
 from harness.faults import source
 from harness.mutation.operators import MARKER_MODULE, MARKER_SOURCE, Mutant, mutate_source
@@ -61,10 +64,11 @@ class Verdict:
         a NameError: any test reaching it kills it); ``""`` when not killed."""
         if self.verdict != KILLED:
             return ""
+        if self.evidence.startswith("sglang-check"):
+            return "sglang"
         if not self.evidence.startswith(SGLANG_CLASSES):
             return "crash" if self.killer == "(pytest run)" else "harness"
-        checks = ("AssertionError", "leak detected", "invariant", "memory check")
-        return "sglang" if any(c in self.evidence for c in checks) else "crash"
+        return "sglang" if "AssertionError" in self.evidence else "crash"
 
 
 @dataclass
@@ -83,10 +87,16 @@ class CoverageMap:
     def tests_seen(self) -> set[str]:
         return set(self.durations)
 
-    def tests_for(self, m: Mutant) -> tuple[str, ...]:
+    #: ``sglang/...`` -> its lines' statement starts (coverage names a statement by its first line).
+    starts: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def tests_for(self, m: Mutant, tree: Path) -> tuple[str, ...]:
         ran = self.combined.lines.get(m.path, {})
+        if m.path not in self.starts:
+            self.starts[m.path] = statement_starts((tree / m.path).read_text(encoding="utf-8"))
+        starts = self.starts[m.path]
         contexts: set[str] = set()
-        for line in range(m.line, m.end_line + 1):
+        for line in {starts.get(n, n) for n in range(m.line, m.end_line + 1)}:
             contexts |= ran.get(line, set())
         tests = sorted({c.split("|", 1)[1] for c in contexts if "|" in c and c.split("|", 1)[1]})
         if any("|" not in c or not c.split("|", 1)[1] for c in contexts):
@@ -146,29 +156,53 @@ def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Pat
         shutil.rmtree(scratch, ignore_errors=True)
     if timed_out:
         return Verdict(m, TIMEOUT, tuple(tests), fired=fired, seconds=seconds)
-    cases = junit.read_junit(junit_path, root) if junit_path.exists() else []
+    try:
+        cases = junit.read_junit(junit_path, root) if junit_path.exists() else []
+    except ValueError:  # a report cut short (the run died writing it): judged by its exit status below
+        cases = []
     failed = [c for c in cases if c.outcome in ("failed", "error")]
     if failed:
         first = failed[0]
-        return Verdict(m, KILLED, tuple(tests), first.nodeid, (first.message or first.outcome).splitlines()[0][:300],
+        killer, evidence = first.nodeid, (first.message or first.outcome).splitlines()[0][:300]
+    elif code not in (0, 5):  # pytest itself failed (collection, a crash) before any test did
+        killer, evidence = "(pytest run)", f"pytest exited {code} before any test failed; see logs/{label}.log"
+    else:
+        return Verdict(m, SURVIVED, tuple(tests), fired=fired, seconds=seconds)
+    if not fired:
+        # The tests failed with the original code running (the mutant's marker never ran): a flaky or
+        # broken test, not a catch. The mutant counts as surviving; the failure is kept as evidence.
+        return Verdict(m, SURVIVED, tuple(tests), killer, f"failed without the mutant running: {evidence}",
                        fired, seconds)
-    if code not in (0, 5):  # pytest itself failed (collection, a crash): the mutant broke the import
-        return Verdict(m, KILLED, tuple(tests), "(pytest run)", f"pytest exited {code} before any test failed "
-                       f"(the mutant broke the import or collection); see logs/{label}.log", fired, seconds)
-    return Verdict(m, SURVIVED, tuple(tests), fired=fired, seconds=seconds)
+    return Verdict(m, KILLED, tuple(tests), killer, evidence, fired, seconds)
 
 
 def run_all(mutants: Sequence[Mutant], cmap: CoverageMap, out: Path, root: Path, tree: Path, *, jobs: int,
             timeout_s: float, on_done: Callable[[Verdict, int, int], None] = lambda v, d, n: None) -> list[Verdict]:
     """Every mutant, ``jobs`` at a time; ``on_done(verdict, done, total)`` after each."""
-    verdicts: list[Verdict | None] = [None] * len(mutants)
-    done = 0
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_mutant, m, cmap.tests_for(m), out, root, tree, timeout_s): i
-                   for i, m in enumerate(mutants)}
-        for fut in as_completed(futures):
+    return in_pool([(m, cmap.tests_for(m, tree)) for m in mutants], out, root, tree, jobs=jobs, timeout_s=timeout_s,
+                   on_done=on_done)
+
+
+def in_pool(work: Sequence[tuple[Mutant, Sequence[str]]], out: Path, root: Path, tree: Path, *, jobs: int,
+            timeout_s: float, on_done: Callable[[Verdict, int, int], None]) -> list[Verdict]:
+    """Run each ``(mutant, tests)``, ``jobs`` at a time, verdicts in ``work``'s order. An interrupt or
+    a failure of the harness itself cancels what has not started and raises (as :class:`MutationError`,
+    naming the mutant, for a failure)."""
+    verdicts: list[Verdict | None] = [None] * len(work)
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        futures = {pool.submit(run_mutant, m, tests, out, root, tree, timeout_s): i for i, (m, tests) in enumerate(work)}
+        for done, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
-            verdicts[i] = fut.result()
-            done += 1
-            on_done(verdicts[i], done, len(mutants))  # type: ignore[arg-type]
+            try:
+                verdicts[i] = fut.result()
+            except Exception as exc:
+                raise MutationError(f"mutant {work[i][0].id}: the harness failed running it: {exc!r}") from exc
+            on_done(verdicts[i], done, len(work))  # type: ignore[arg-type]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return [v for v in verdicts if v is not None]
+
+
+class MutationError(RuntimeError):
+    """The harness (not a mutant) failed during a mutation run: one line naming the mutant."""

@@ -36,11 +36,16 @@ class FunctionScore:
         return (self.killed + self.timeout) / self.total if self.total else 0.0
 
 
+def _name(m: Mutant) -> str:
+    """``module:function`` (two modules may hold a function of the same name)."""
+    return f"{m.path.removesuffix('.py').replace('/', '.')}:{m.function}"
+
+
 def per_function(verdicts: Sequence[Verdict]) -> list[FunctionScore]:
-    names = list(dict.fromkeys(v.mutant.function for v in verdicts))
+    names = list(dict.fromkeys(_name(v.mutant) for v in verdicts))
     out = []
     for name in names:
-        vs = [v for v in verdicts if v.mutant.function == name]
+        vs = [v for v in verdicts if _name(v.mutant) == name]
         count = {k: sum(v.verdict == k for v in vs) for k in (KILLED, TIMEOUT, SURVIVED, NOT_COVERED)}
         out.append(FunctionScore(name, count[KILLED], sum(v.oracle == "sglang" for v in vs),
                                  sum(v.oracle == "crash" for v in vs), count[TIMEOUT], count[SURVIVED], count[NOT_COVERED]))

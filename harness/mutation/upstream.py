@@ -13,12 +13,11 @@ from __future__ import annotations
 import ast
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Sequence
 
 from harness.mutation.operators import Mutant
-from harness.mutation.run import Verdict, run_mutant
+from harness.mutation.run import Verdict, in_pool
 from harness.report import junit
 from harness.targets.sglang import preload
 from harness.workers import procs
@@ -88,11 +87,5 @@ def run_upstream(mutants: Sequence[Mutant], files: Sequence[Path], out: Path, ro
                  timeout_s: float, on_done: Callable[[Verdict, int, int], None] = lambda v, d, n: None) -> list[Verdict]:
     """Every mutant against the upstream files importing its module, ``jobs`` at a time."""
     by_module = tests_by_module(files, mutants)
-    verdicts: list[Verdict | None] = [None] * len(mutants)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_mutant, m, by_module.get(module_of(m.path), []), out / "upstream", root, tree,
-                               timeout_s): i for i, m in enumerate(mutants)}
-        for done, fut in enumerate(as_completed(futures), 1):
-            verdicts[futures[fut]] = fut.result()
-            on_done(fut.result(), done, len(mutants))
-    return [v for v in verdicts if v is not None]
+    return in_pool([(m, by_module.get(module_of(m.path), [])) for m in mutants], out / "upstream", root, tree,
+                   jobs=jobs, timeout_s=timeout_s, on_done=on_done)

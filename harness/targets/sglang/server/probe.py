@@ -361,8 +361,8 @@ def _wrap_flush(probe: Probe, orig: Callable) -> Callable:
             probe.record("reset", "<flush>", self.token_to_kv_pool_allocator.page_size,
                          free_before=before, free_after=after, note="flush_cache")
         # A measured run (rerun-test --coverage) keeps what this scheduler ran so far: its server
-        # SIGKILLs it at shutdown, before any exit handler could save it.
-        measure.save_running()
+        # SIGKILLs it at shutdown, before any exit handler could save it (so it is partly measured).
+        measure.save_running(partial=True)
         return ok
 
     return wrapper
