@@ -59,7 +59,10 @@ def test_changed_lines_between_two_release_trees(tmp_path):
 
 PACKAGE = '''
 def by_plain():
-    return 1
+    return max(
+        1,
+        0,
+    )
 
 
 def by_fork():
@@ -135,11 +138,13 @@ def test_every_process_kind_is_measured_and_a_killed_one_is_said_not_measured(tm
     assert [p.pid for p in lost] == [int(driver.stdout.split()[-1])], lost
     assert len(combined.processes) == 3  # the driver, its fork, the killed one
 
-    # Joined with a change that touches by_fork and never: one of two executed, the process named.
-    change = change_lines.Change("base", {"sglang/__init__.py": frozenset({body["by_fork"], body["never"]})}, {})
+    # Joined with a change that touches an argument line of by_plain's multi-line call (it counts as the
+    # call's statement), by_fork and never: two of three executed, the process named.
+    inside_call = body["by_plain"] + 2
+    change = change_lines.Change("base", {"sglang/__init__.py": frozenset({inside_call, body["by_fork"], body["never"]})}, {})
     cov = changed_coverage(change, combined, tree, m.statements)
-    assert (cov.executed, cov.changed) == (1, 2)
-    assert [(r.function, r.missed) for r in cov.rows] == [("by_fork", []), ("never", [body["never"]])]
+    assert (cov.executed, cov.changed) == (2, 3)
+    assert [(r.function, r.missed) for r in cov.rows] == [("by_plain", []), ("by_fork", []), ("never", [body["never"]])]
     assert "1 process(es) not measured" in cov.line()
     assert "not unexecuted" in markdown(cov)
 
