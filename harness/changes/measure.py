@@ -39,6 +39,17 @@ PLUGIN = "harness.changes.startmark"
 _PID = re.compile(r"\.pid(\d+)\.")
 
 
+def running() -> Any:
+    """This process's running coverage.py measurement in a measured run (``None`` otherwise)."""
+    if not os.environ.get(DIR_ENV):
+        return None
+    try:
+        import coverage
+    except ImportError:
+        return None
+    return coverage.Coverage.current()
+
+
 def save_running(partial: bool = False) -> None:
     """Save this process's measurement now, when it runs one (a process about to be killed without a
     chance to save: a Ray actor before ``ray.kill``, a server's scheduler, which its parent SIGKILLs).
@@ -49,18 +60,11 @@ def save_running(partial: bool = False) -> None:
             scheduler saves at each cache flush): it is reported as partly measured, so what it ran after
             its last save reads as unknown, not as not executed.
     """
-    where = os.environ.get(DIR_ENV)
-    if not where:
-        return
-    try:
-        import coverage
-    except ImportError:
-        return
-    cov = coverage.Coverage.current()
+    cov = running()
     if cov is not None:
         cov.save()
         if partial:
-            procs = Path(where) / "procs"
+            procs = Path(os.environ[DIR_ENV]) / "procs"
             procs.mkdir(parents=True, exist_ok=True)
             (procs / f"{os.getpid()}.partial").touch()
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import time
 from pathlib import Path
@@ -63,10 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _comment(path: Path | None, text: str) -> None:
-    if path is None:
-        return
-    body = path.read_text(encoding="utf-8") if path.exists() else ""
-    path.write_text(comment.apply_lines(body, {"mutation": comment.note_line("mutation", text)}), encoding="utf-8")
+    if path is not None:
+        comment.write_note(path, "mutation", text)
 
 
 def _upstream_files(target: sglang_target.Target, tree: Path) -> list[Path]:
@@ -148,40 +145,37 @@ def _mutate(args: argparse.Namespace) -> int:
                   flush=True)
             _comment(args.comment_out, f"mutation: {done} / {total} mutants run")
 
+        theirs = None
         try:
             verdicts = run.run_all(mutants, cmap, out, root, tree, jobs=args.jobs, timeout_s=args.timeout,
                                    on_done=on_done)
+            wall = time.monotonic() - started
+            if args.compare_upstream:
+                broken = upstream.failing_clean(upstream_files, out, root, args.timeout)
+                for f in sorted(broken):
+                    print(f"{PROG}: sglang's {f} fails on the unmutated target; left out of the comparison", flush=True)
+                upstream_files = [f for f in upstream_files if str(f) not in broken]
+                print(f"{PROG}: the same mutants against {len(upstream_files)} CPU-registered sglang test file(s)",
+                      flush=True)
+                theirs = upstream.run_upstream(
+                    mutants, upstream_files, out, root, tree, jobs=args.jobs, timeout_s=args.timeout,
+                    on_done=lambda v, d, n: print(f"  upstream [{d}/{n}] {v.verdict:11} {v.mutant.id}", flush=True))
         except run.MutationError as e:
             print(f"{PROG}: {e}")
             rec.finish("failed")
             return 1
-        wall = time.monotonic() - started
-        md, js = score.write(out, verdicts, tree)
+        md, js = score.write(out, verdicts, tree, theirs, upstream_files)
         header = page.Header("harness mutate", passed=True, wall_time=wall, sglang=sglang_target.stamp(target))
-        table = page.Table("Mutation score", tuple(score.HEAD), tuple(score.rows(verdicts)), note=score.line(verdicts))
-        survivors = page.Table("Survivors", ("mutant", "operator", "diff"),
-                               tuple((v.mutant.id, v.mutant.operator, score.diff(v.mutant, tree))
-                                     for v in verdicts if v.verdict == run.SURVIVED))
-        report = page.write(out / "report", header, [], (table, survivors), repo_root=root)
-        tables = [table, survivors]
-        if args.compare_upstream:
-            broken = upstream.failing_clean(upstream_files, out, root, args.timeout)
-            for f in sorted(broken):
-                print(f"{PROG}: sglang's {f} fails on the unmutated target; left out of the comparison", flush=True)
-            upstream_files = [f for f in upstream_files if str(f) not in broken]
-            print(f"{PROG}: the same mutants against {len(upstream_files)} CPU-registered sglang test file(s)", flush=True)
-            theirs = upstream.run_upstream(mutants, upstream_files, out, root, tree, jobs=args.jobs, timeout_s=args.timeout,
-                                           on_done=lambda v, d, n: print(f"  upstream [{d}/{n}] {v.verdict:11} {v.mutant.id}",
-                                                                         flush=True))
-            compared = score.compare_markdown(verdicts, theirs)
-            (out / "mutation.md").write_text(md.read_text(encoding="utf-8") + "\n" + compared, encoding="utf-8")
-            data = json.loads(js.read_text(encoding="utf-8"))
-            data["upstream"] = score.to_json(theirs, tree) | {"files": [str(f) for f in upstream_files]}
-            js.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        tables = [page.Table("Mutation score", tuple(score.HEAD), tuple(score.rows(verdicts)), note=score.line(verdicts)),
+                  page.Table("Survivors", ("mutant", "operator", "diff"),
+                             tuple((v.mutant.id, v.mutant.operator, score.diff(v.mutant, tree))
+                                   for v in verdicts if v.verdict == run.SURVIVED))]
+        if theirs is not None:
+            compared = score.compare_line(verdicts, theirs)
             tables.append(page.Table("The same mutants against sglang's own tests", score.SIDE_HEAD,
-                                     tuple(score.side_by_side(verdicts, theirs)), note=compared.splitlines()[2]))
-            report = page.write(out / "report", header, [], tuple(tables), repo_root=root)
-            print(compared.splitlines()[2])
+                                     tuple(score.side_by_side(verdicts, theirs)), note=compared))
+            print(compared)
+        report = page.write(out / "report", header, [], tuple(tables), repo_root=root)
         _comment(args.comment_out, score.line(verdicts))
         print()
         print(score.line(verdicts) + f" ({wall:.0f} s)")

@@ -254,9 +254,7 @@ def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan
     if args.comment_out:
         _write_comment(args.comment_out, [comment.from_result(r, args.link) for r in results])
         if cov_line:
-            body = args.comment_out.read_text(encoding="utf-8")
-            args.comment_out.write_text(comment.apply_lines(body, {"changed-lines": comment.note_line("changed-lines", cov_line)}),
-                                        encoding="utf-8")
+            comment.write_note(args.comment_out, "changed-lines", cov_line)
     print()
     print(report.table(results))
     for r in results:

@@ -77,20 +77,19 @@ class CoverageMap:
 
     combined: Combined
     candidates: tuple[str, ...]
-    #: A line run only by a process a test started (a Ray worker, a server) names no test: such a
-    #: line selects every candidate.
     wall_s: float = 0.0
     #: Each test's time in the map run: a mutant's tests run fastest first, so a kill comes soonest.
     durations: dict[str, float] = field(default_factory=dict)
+    #: ``sglang/...`` -> its lines' statement starts (coverage names a statement by its first line).
+    starts: dict[str, dict[int, int]] = field(default_factory=dict)
 
     @property
     def tests_seen(self) -> set[str]:
         return set(self.durations)
 
-    #: ``sglang/...`` -> its lines' statement starts (coverage names a statement by its first line).
-    starts: dict[str, dict[int, int]] = field(default_factory=dict)
-
     def tests_for(self, m: Mutant, tree: Path) -> tuple[str, ...]:
+        """The tests whose context reached ``m``'s statements, fastest first; every candidate when a line
+        was run only by a process a test started (a Ray worker, a server: its context names no test)."""
         ran = self.combined.lines.get(m.path, {})
         if m.path not in self.starts:
             self.starts[m.path] = statement_starts((tree / m.path).read_text(encoding="utf-8"))
@@ -98,15 +97,16 @@ class CoverageMap:
         contexts: set[str] = set()
         for line in {starts.get(n, n) for n in range(m.line, m.end_line + 1)}:
             contexts |= ran.get(line, set())
-        tests = sorted({c.split("|", 1)[1] for c in contexts if "|" in c and c.split("|", 1)[1]})
-        if any("|" not in c or not c.split("|", 1)[1] for c in contexts):
+        tests = {c.partition("|")[2] for c in contexts}
+        if "" in tests:
             return self.candidates
         return tuple(sorted(tests, key=lambda t: (self.durations.get(t, 0.0), t)))
 
 
-def _pytest(tests: Sequence[str], junit_path: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-            f"--junitxml={junit_path}", "-o", "junit_family=xunit1", "--run-dir", str(run_dir)]
+def pytest_command(tests: Sequence[str], junit_path: Path, run_dir: Path, *, first_failure: bool = True) -> list[str]:
+    """The pytest command of a map, mutant or clean run (``first_failure``: stop at the first failure)."""
+    return [sys.executable, "-m", "pytest", *tests, *(["-x"] if first_failure else []), "-q", "-p", "no:cacheprovider",
+            "-p", "no:xdist", f"--junitxml={junit_path}", "-o", "junit_family=xunit1", "--run-dir", str(run_dir)]
 
 
 def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, timeout_s: float) -> CoverageMap:
@@ -119,7 +119,7 @@ def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, t
     junit_path = out / "map.xml"
     env = {**os.environ, **measure.env("map")}
     start = time.monotonic()
-    code, timed_out = procs.run_logged(_pytest(candidates, junit_path, out / "pytest" / "map"), cwd=root, env=env,
+    code, timed_out = procs.run_logged(pytest_command(candidates, junit_path, out / "pytest" / "map"), cwd=root, env=env,
                                        log=out / "map.log", timeout_s=timeout_s)
     if code != 0 or timed_out:
         raise RuntimeError(f"the candidate tests fail on the unmutated target (exit {code}"
@@ -146,7 +146,7 @@ def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Pat
         junit_path = out / "junit" / f"{label}.xml"
         junit_path.parent.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
-        argv, env = preload.python_command(_pytest(tests, junit_path, out / "pytest" / label), env,
+        argv, env = preload.python_command(pytest_command(tests, junit_path, out / "pytest" / label), env,
                                            sglang_only_overlay=True)
         start = time.monotonic()
         code, timed_out = procs.run_logged(argv, cwd=root, env=env, log=out / "logs" / f"{label}.log", timeout_s=timeout_s)

@@ -113,10 +113,17 @@ def to_json(verdicts: Sequence[Verdict], tree: Path) -> dict:
                          **({"diff": diff(v.mutant, tree)} if v.verdict == SURVIVED else {})} for v in verdicts]}
 
 
-def write(out: Path, verdicts: Sequence[Verdict], tree: Path) -> tuple[Path, Path]:
+def write(out: Path, verdicts: Sequence[Verdict], tree: Path, theirs: Sequence[Verdict] | None = None,
+          upstream_files: Sequence[Path] = ()) -> tuple[Path, Path]:
+    """``mutation.md`` and ``mutation.json``; with ``theirs`` (the same mutants against sglang's own
+    tests, ``upstream_files``), the comparison in both."""
     md, js = out / "mutation.md", out / "mutation.json"
-    md.write_text(markdown(verdicts, tree), encoding="utf-8")
-    js.write_text(json.dumps(to_json(verdicts, tree), indent=2) + "\n", encoding="utf-8")
+    text, data = markdown(verdicts, tree), to_json(verdicts, tree)
+    if theirs is not None:
+        text += "\n" + compare_markdown(verdicts, theirs)
+        data["upstream"] = to_json(theirs, tree) | {"files": [str(f) for f in upstream_files]}
+    md.write_text(text, encoding="utf-8")
+    js.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return md, js
 
 
@@ -132,12 +139,16 @@ def side_by_side(ours: Sequence[Verdict], theirs: Sequence[Verdict]) -> list[tup
              f"{b[name].killed + b[name].timeout} / {b[name].total}" if name in b else "-") for name in a]
 
 
+def compare_line(ours: Sequence[Verdict], theirs: Sequence[Verdict]) -> str:
+    """``harness 0.75 vs sglang's register_cpu_ci unit tests 0.00 (killed by the harness only: 3, …)``."""
+    only_ours = sum(a.verdict == KILLED and b.verdict != KILLED for a, b in zip(ours, theirs))
+    only_theirs = sum(b.verdict == KILLED and a.verdict != KILLED for a, b in zip(ours, theirs))
+    return (f"harness {total(ours).score:.2f} vs sglang's register_cpu_ci unit tests {total(theirs).score:.2f} "
+            f"(killed by the harness only: {only_ours}, by sglang's tests only: {only_theirs})")
+
+
 def compare_markdown(ours: Sequence[Verdict], theirs: Sequence[Verdict]) -> str:
-    t_ours, t_theirs = total(ours), total(theirs)
-    out = ["### The same mutants against sglang's own tests", "",
-           f"harness {t_ours.score:.2f} vs sglang's register_cpu_ci unit tests {t_theirs.score:.2f} "
-           f"(killed by the harness only: {sum(a.verdict == KILLED and b.verdict != KILLED for a, b in zip(ours, theirs))}, "
-           f"by sglang's tests only: {sum(b.verdict == KILLED and a.verdict != KILLED for a, b in zip(ours, theirs))})", "",
+    out = ["### The same mutants against sglang's own tests", "", compare_line(ours, theirs), "",
            "| " + " | ".join(SIDE_HEAD) + " |", "|" + "---|" * len(SIDE_HEAD)]
     out += ["| " + " | ".join(r) + " |" for r in side_by_side(ours, theirs)]
     return "\n".join(out) + "\n"

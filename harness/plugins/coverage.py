@@ -12,23 +12,11 @@ starts itself in every one of those processes, and this concern only names the t
 
 from __future__ import annotations
 
-import os
-from typing import Any, Generator
+from typing import Generator
 
 import pytest
 
-#: Named here, not imported from :mod:`harness.changes.measure`: read by every pytest process.
-DIR_ENV = "HARNESS_COVERAGE_DIR"
-
-
-def _current() -> Any:
-    if not os.environ.get(DIR_ENV):
-        return None
-    try:
-        import coverage
-    except ImportError:
-        return None
-    return coverage.Coverage.current()
+from harness.changes import measure
 
 
 def label(item: pytest.Item) -> str:
@@ -45,7 +33,7 @@ def label(item: pytest.Item) -> str:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:  # noqa: ARG001
-    cov = _current()
+    cov = measure.running()
     if cov is not None:
         cov.switch_context(label(item))
     try:

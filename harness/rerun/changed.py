@@ -10,7 +10,6 @@ and joined with the change (:mod:`harness.changes.report`).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from harness.changes import lines as change_lines
@@ -21,15 +20,6 @@ from harness.targets.sglang import resolve as target_resolve
 from harness.targets.sglang.resolve import Target
 
 
-def _in_git(root: Path) -> bool:
-    try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
 def read_change(target: Target, base: str) -> Change:
     """The changed lines of ``target`` against ``base`` (see the module docstring).
 
@@ -37,7 +27,7 @@ def read_change(target: Target, base: str) -> Change:
         ChangeError: ``base`` is neither a revision of the target's checkout nor a usable TARGET.
     """
     root = Path(target.root)
-    if target.origin == "tree" and _in_git(root):
+    if target.origin == "tree" and target.commit is not None:  # resolved inside a git checkout
         return change_lines.from_git(root, base)
     try:
         other = target_resolve.resolve(base)

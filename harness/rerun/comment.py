@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.report.results import MESSAGE_CHARS, GroupResult
 
@@ -123,6 +124,12 @@ def note_line(name: str, text: str) -> str:
     '- 📏 changed lines executed: 7 of 9 (vs main) <!-- rerun-test:group=changed-lines -->'
     """
     return f"- 📏 {_clean(text)} {group_marker(name)}"
+
+
+def write_note(path: Path, name: str, text: str) -> None:
+    """Put the note line ``name`` (:func:`note_line`) into the comment file at ``path`` (created when missing)."""
+    body = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(apply_lines(body, {name: note_line(name, text)}), encoding="utf-8")
 
 
 def header(title: str = "rerun-test") -> str:
