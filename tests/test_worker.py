@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import urllib.request
 
@@ -175,6 +176,43 @@ def test_watchdog_reports_a_death_once(started, tmp_path):
         dog.close()
     assert [d.name for d in deaths] == ["watched"]
     print(f"watchdog noticed the death after {latency:.2f} s")
+
+
+class _PolledWorker:
+    """Just what the watchdog reads of a worker: its poll blocks until the test lets it answer."""
+
+    node = None
+    _stopped = False
+    name = "raced"
+
+    def __init__(self):
+        self.polling, self.answer, self.dead = threading.Event(), threading.Event(), False
+
+    def poll(self, timeout=None):
+        self.polling.set()
+        self.answer.wait(10)
+        return "exit code -9 (killed by SIGKILL)" if self.dead else None
+
+    def _died(self, cause):
+        return WorkerDied(self.name, cause, "")
+
+
+def test_watchdog_does_not_report_a_worker_removed_while_it_was_being_polled():
+    # The kill-on-purpose order (stacks.kill): remove, then SIGKILL. A round that had already taken
+    # its snapshot and was inside poll() must not report the death (CI failed on exactly this).
+    deaths = []
+    w = _PolledWorker()
+    dog = Watchdog(deaths.append, interval=0.01).start()
+    try:
+        dog.add(w)
+        assert w.polling.wait(10), "the watchdog never polled"
+        dog.remove(w)
+        w.dead = True
+        w.answer.set()
+        time.sleep(0.3)
+    finally:
+        dog.close()
+    assert deaths == []
 
 
 def test_no_port_is_handed_out_twice_in_20_back_to_back_starts(started, tmp_path):

@@ -72,8 +72,7 @@ class Watchdog:
                 workers = list(self._workers)
             lost = self._lost_nodes(workers)
             for w in workers:
-                if w.node is not None and w.node.node_id in lost and not w._stopped:
-                    self.remove(w)
+                if w.node is not None and w.node.node_id in lost and not w._stopped and self._take(w):
                     self._on_death(w.node_lost(lost[w.node.node_id]))
             workers = [w for w in workers if not (w.node is not None and w.node.node_id in lost)]
             for w in workers:
@@ -84,6 +83,15 @@ class Watchdog:
                 except Exception as e:  # Ray gone during teardown
                     log.debug("watchdog poll %s: %r", w.name, e)
                     continue
-                if cause:
-                    self.remove(w)
+                if cause and self._take(w):
                     self._on_death(w._died(cause))
+
+    def _take(self, worker: Worker) -> bool:
+        """Stop watching ``worker``; False if :meth:`remove` got there first. The round works on a
+        snapshot, so a worker removed (then killed on purpose) while it was being polled is still in
+        it: its death is not this watchdog's to report."""
+        with self._lock:
+            if worker not in self._workers:
+                return False
+            self._workers.remove(worker)
+            return True
