@@ -34,6 +34,12 @@ def _module(tmp_path, name: str, body: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
 
 
+def _sigint_default() -> None:
+    """Start a client as a terminal would (SIGINT default): pytest run in the background of a script
+    inherits SIGINT ignored, and the client rightly hands that on to its child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _client(server: ForkServer, argv: list[str], extra_env: dict | None = None, **kw) -> subprocess.Popen:
     env = {**os.environ, **(extra_env or {}), SOCKET_ENV: server.socket_path}
     return subprocess.Popen([sys.executable, "-I", "-S", str(CLIENT), *argv], env=env, **kw)
@@ -276,7 +282,8 @@ def test_a_python_subprocess_is_a_fork_that_ends_as_a_fresh_interpreter_ends(tmp
     """))
     argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
     assert argv[:4] == [sys.executable, "-I", "-S", str(CLIENT)] and cenv[SOCKET_ENV]
-    p = subprocess.Popen(argv, env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(argv, env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_sigint_default)
     out, err = p.communicate(timeout=60)
     ppid, mode, set_by_import, sigint_default = out.split()
     assert int(ppid) == forkserver.handle._PYTHON[0].pid, "not forked from the server"
@@ -337,7 +344,7 @@ def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, p
     # Started niced (as CI starts the fault check): the session's scheduling group gets that priority
     # too, where the kernel groups by session (autogroups), or a niced command would take a full share.
     p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL,
-                         preexec_fn=lambda: os.nice(4))
+                         preexec_fn=lambda: (os.nice(4), _sigint_default()))
     child, grandchild = map(int, _wait_file(tmp_path / "pids", p).split())
     assert psutil.Process(child).ppid() == forkserver.handle._PYTHON[0].pid
     assert psutil.Process(child).nice() == os.nice(0) + 4
