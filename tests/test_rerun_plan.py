@@ -244,3 +244,34 @@ def test_every_command_answers_version(capsys):
         with pytest.raises(SystemExit) as done:
             harness_cli.main(argv)
         assert done.value.code == 0 and capsys.readouterr().out.startswith("harness 0.1.0 (pd-harness, commit "), argv
+
+
+def test_comment_options_travel_from_the_comment_to_each_group(tmp_path, capsys):
+    """`/rerun-test --changed=REV …`: --parse-only keeps the option in the line the workflow plans
+    from, the --dry-run matrix carries it in every entry, and --plan-entry turns it on for the run."""
+    repo = make_repo(tmp_path)
+    body = tmp_path / "comment.txt"
+    body.write_text("/rerun-test test_hisparse_allocator.py --changed=origin/main test_disaggregation_basic.py\n")
+    assert cli.main(["--repo-root", str(repo), "--parse-only", "--comment-file", str(body)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line == "--changed=origin/main test_hisparse_allocator.py test_disaggregation_basic.py"
+    m = _dry(capsys, "--repo-root", str(repo), f"/rerun-test {line}")
+    assert {(e["coverage"], e["changed"]) for e in m["include"]} == {(True, "origin/main")}
+    plain = _dry(capsys, "--repo-root", str(repo), HEADLINE)
+    assert {(e["coverage"], e["changed"]) for e in plain["include"]} == {(False, "")}
+    args = cli.build_parser().parse_args(["--plan-entry", json.dumps(m["include"][0])])
+    cli._specs(args)
+    assert (args.coverage, args.changed) == (True, "origin/main")
+    args = cli.build_parser().parse_args(["--plan-entry", json.dumps(plain["include"][0])])
+    cli._specs(args)
+    assert (args.coverage, args.changed) == (False, None)
+
+
+@pytest.mark.parametrize("token, why", [("--mutate", "not an option of /rerun-test"),
+                                        ("--changed", "not an option of /rerun-test"),
+                                        ("--changed=$(id)", "REV must be a git revision")])
+def test_a_comment_option_it_does_not_know_is_one_line_and_exit_2(tmp_path, capsys, token, why):
+    repo = make_repo(tmp_path)
+    assert cli.main(["--repo-root", str(repo), "--parse-only", f"/rerun-test {token} test_a.py"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert why in err and len(err.splitlines()) == 1

@@ -123,14 +123,21 @@ def joined_preflight(address: str) -> Any:
 
 
 def _specs(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
-    """Specs from the positional arguments, ``--comment-file`` and ``--plan-entry`` (all validated)."""
-    specs = spec.parse_specs(list(args.specs))
+    """Specs from the positional arguments, ``--comment-file`` and ``--plan-entry`` (all validated).
+
+    A comment's options (``--coverage``, ``--changed=REV``) and a plan entry's ``coverage`` /
+    ``changed`` are set on ``args`` as the same command-line options would be (kept in
+    ``args.comment_options`` for the plan's matrix and the spec line)."""
+    options: dict = {}
+    specs = spec.parse_specs(list(args.specs), options)
     if args.comment_file:
         try:
             body = args.comment_file.read_text(encoding="utf-8", errors="replace")
         except OSError as e:
             raise UsageError(f"--comment-file: cannot read {args.comment_file} ({e.strerror}); pass an existing file") from None
-        specs += [s for s in spec.parse_comment(body) if s not in specs]
+        comment_specs, comment_options = spec.parse_command(body)
+        specs += [s for s in comment_specs if s not in specs]
+        options.update(comment_options)
     entry = None
     if args.plan_entry:
         try:
@@ -140,6 +147,14 @@ def _specs(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise UsageError("--plan-entry: not a matrix entry from --dry-run; pass one of its 'include' objects") from None
         specs += [s for s in spec.parse_specs(list(entry["specs"])) if s not in specs]
+        if entry.get("coverage"):
+            options["coverage"] = True
+        if entry.get("changed"):
+            options.update(coverage=True, changed=str(entry["changed"]))
+    args.comment_options = options
+    args.coverage = getattr(args, "coverage", False) or bool(options.get("coverage"))
+    if options.get("changed") and not getattr(args, "changed", None):
+        args.changed = options["changed"]
     return specs, entry
 
 
@@ -168,9 +183,20 @@ def _plan(args: argparse.Namespace) -> tuple[collector.Registry, plan_mod.Plan, 
     return reg, p, default
 
 
-def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path]) -> dict:
+def _option_tokens(options: dict) -> list[str]:
+    """A comment's options as comment tokens again (``--parse-only``'s line is re-parsed by the workflow)."""
+    if options.get("changed"):
+        return [f"--changed={options['changed']}"]
+    return ["--coverage"] if options.get("coverage") else []
+
+
+def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path], options: dict | None = None) -> dict:
     counts = {f.rel: len(f.tests) for f in reg.files}
     m = plan_mod.to_matrix(p, [str(d) for d in suites_dirs])
+    for entry in m["include"]:
+        # What the comment asked besides tests travels with each entry (--plan-entry applies it).
+        entry["coverage"] = bool((options or {}).get("coverage"))
+        entry["changed"] = (options or {}).get("changed") or ""
     for entry, g in zip(m["include"], p.groups):
         entry["specs"] = [spec_text for spec_text, _ in plan_mod.compact(g.items, counts)]
     return m
@@ -362,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             specs, _ = _specs(args)
             if not specs:
                 raise UsageError("no specs given; name test files like test_x.py")
-            line = " ".join(s.text for s in specs)
+            line = " ".join([*_option_tokens(args.comment_options), *(s.text for s in specs)])
             print(line)
             if args.github_output:
                 with open(args.github_output, "a", encoding="utf-8") as f:
@@ -380,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: {msg}", file=sys.stderr)
             return 0 if default else 2
         if args.dry_run:
-            m = _with_engine(_matrix(p, reg, args.suites_dir), args.engine)
+            m = _with_engine(_matrix(p, reg, args.suites_dir, {"coverage": args.coverage, "changed": args.changed}), args.engine)
             print(json.dumps(m, indent=2))
             if args.github_output:
                 with open(args.github_output, "a", encoding="utf-8") as f:

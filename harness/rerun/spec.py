@@ -113,11 +113,12 @@ def parse_spec(token: str) -> Spec:
     return Spec(path=path, names=names, param=param, text=token)
 
 
-def parse_specs(tokens: list[str]) -> list[Spec]:
+def parse_specs(tokens: list[str], options: dict | None = None) -> list[Spec]:
     """Parse several spec tokens; a token that is a whole ``/rerun-test`` comment is expanded.
 
     Args:
         tokens: the positional arguments of ``rerun-test``.
+        options: where a whole comment's options go (:func:`parse_option`).
 
     Returns:
         The specs in order, duplicates removed.
@@ -128,7 +129,7 @@ def parse_specs(tokens: list[str]) -> list[Spec]:
     out: list[Spec] = []
     for token in tokens:
         if token.lstrip().startswith(COMMAND):
-            specs = parse_comment(token)
+            specs = _parse_comment(token, options if options is not None else {})
         else:
             specs = [parse_spec(token)]
         for s in specs:
@@ -137,7 +138,42 @@ def parse_specs(tokens: list[str]) -> list[Spec]:
     return out
 
 
+#: What a comment may ask besides tests: ``--coverage`` (changed-line coverage of the target) and
+#: ``--changed=REV`` (only the lines that differ from REV; implies ``--coverage``).
+OPTIONS = ("--coverage", "--changed=REV")
+_REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/~^-]{0,99}$")
+
+
+def parse_option(token: str, options: dict) -> None:
+    """Fold one ``--option`` token of a comment into ``options`` (``coverage``, ``changed``)."""
+    name, eq, value = token.partition("=")
+    if name == "--coverage" and not eq:
+        options["coverage"] = True
+    elif name == "--changed" and eq:
+        if not _REV_RE.match(value):
+            raise SpecError(f"{token!r}: REV must be a git revision (letters, digits, . _ / ~ ^ -); e.g. --changed=origin/main")
+        options["coverage"], options["changed"] = True, value
+    else:
+        raise SpecError(f"{token!r}: not an option of /rerun-test; it takes {', '.join(OPTIONS)} before or after the tests")
+
+
+def parse_command(body: str) -> tuple[list[Spec], dict]:
+    """Parse a PR comment body into its specs and its options (see :data:`OPTIONS`).
+
+    Raises:
+        SpecError: as :func:`parse_comment`, or an option it does not know.
+    """
+    options: dict = {}
+    specs = _parse_comment(body, options)
+    return specs, options
+
+
 def parse_comment(body: str) -> list[Spec]:
+    """The specs of a PR comment (its options are checked and left out: :func:`parse_command`)."""
+    return _parse_comment(body, {})
+
+
+def _parse_comment(body: str, options: dict) -> list[Spec]:
     """Parse a PR comment body: the first non-empty line is ``/rerun-test SPEC…``, the rest ignored.
 
     Args:
@@ -158,7 +194,12 @@ def parse_comment(body: str) -> list[Spec]:
     if command != COMMAND:
         raise SpecError(f"the first line must start with '{COMMAND} ' (got {first[:40]!r}); write /rerun-test test_x.py")
     # Tabs and other separators count as spaces; everything else goes through parse_spec.
-    tokens = rest.split()
+    tokens = []
+    for t in rest.split():
+        if t.startswith("--"):
+            parse_option(t, options)
+        else:
+            tokens.append(t)
     if not tokens:
         raise SpecError("the comment names no tests; write /rerun-test test_x.py [more …]")
     specs: list[Spec] = []
