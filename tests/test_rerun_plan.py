@@ -251,23 +251,30 @@ def test_comment_options_travel_from_the_comment_to_each_group(tmp_path, capsys)
     from, the --dry-run matrix carries it in every entry, and --plan-entry turns it on for the run."""
     repo = make_repo(tmp_path)
     body = tmp_path / "comment.txt"
-    body.write_text("/rerun-test test_hisparse_allocator.py --changed=origin/main test_disaggregation_basic.py\n")
+    body.write_text("/rerun-test test_hisparse_allocator.py --changed=origin/main --mutate test_disaggregation_basic.py\n")
     assert cli.main(["--repo-root", str(repo), "--parse-only", "--comment-file", str(body)]) == 0
     line = capsys.readouterr().out.strip()
-    assert line == "--changed=origin/main test_hisparse_allocator.py test_disaggregation_basic.py"
+    assert line == "--mutate --changed=origin/main test_hisparse_allocator.py test_disaggregation_basic.py"
     m = _dry(capsys, "--repo-root", str(repo), f"/rerun-test {line}")
-    assert {(e["coverage"], e["changed"]) for e in m["include"]} == {(True, "origin/main")}
+    assert {(e["coverage"], e["changed"], e["mutate"]) for e in m["include"]} == {(True, "origin/main", True)}
     plain = _dry(capsys, "--repo-root", str(repo), HEADLINE)
-    assert {(e["coverage"], e["changed"]) for e in plain["include"]} == {(False, "")}
-    args = cli.build_parser().parse_args(["--plan-entry", json.dumps(m["include"][0])])
+    assert {(e["coverage"], e["changed"], e["mutate"]) for e in plain["include"]} == {(False, "", False)}
+    args = cli.build_parser().parse_args(["--sglang", "sglang/python", "--comment-out", "runs/ci/status.md",
+                                          "--plan-entry", json.dumps(m["include"][0])])
     cli._specs(args)
-    assert (args.coverage, args.changed) == (True, "origin/main")
+    assert (args.coverage, args.changed, args.mutate) == (True, "origin/main", True)
+    # The mutation run after the groups: the same target and base, its line in the same status file.
+    argv = cli.mutate_command(args, tmp_path / "run")
+    assert argv[1:4] == ["-m", "harness.cli", "mutate"]
+    flags = dict(zip(argv[4::2], argv[5::2]))
+    assert flags == {"--run-dir": str(tmp_path / "run" / "mutation"), "--limit": str(cli.MUTATE_LIMIT),
+                     "--sglang": "sglang/python", "--changed": "origin/main", "--comment-out": "runs/ci/status.md"}
     args = cli.build_parser().parse_args(["--plan-entry", json.dumps(plain["include"][0])])
     cli._specs(args)
-    assert (args.coverage, args.changed) == (False, None)
+    assert (args.coverage, args.changed, args.mutate) == (False, None, False)
 
 
-@pytest.mark.parametrize("token, why", [("--mutate", "not an option of /rerun-test"),
+@pytest.mark.parametrize("token, why", [("--mutants", "not an option of /rerun-test"),
                                         ("--changed", "not an option of /rerun-test"),
                                         ("--changed=$(id)", "REV must be a git revision")])
 def test_a_comment_option_it_does_not_know_is_one_line_and_exit_2(tmp_path, capsys, token, why):

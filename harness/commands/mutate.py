@@ -176,7 +176,7 @@ def _mutate(args: argparse.Namespace) -> int:
                                      tuple(score.side_by_side(verdicts, theirs)), note=compared))
             print(compared)
         report = page.write(out / "report", header, [], tuple(tables), repo_root=root)
-        _comment(args.comment_out, score.line(verdicts))
+        _comment(args.comment_out, score.comment_line(verdicts))
         print()
         print(score.line(verdicts) + f" ({wall:.0f} s)")
         print(f"mutation: {md}  json: {js}  report: {report}")

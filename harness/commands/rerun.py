@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coverage", action="store_true",
                    help="measure which lines of the target's sglang/ ran, in every process of every group "
                         "(data: <run>/coverage/combined.coverage)")
+    p.add_argument("--mutate", action="store_true",
+                   help="after the groups, run `harness mutate` on the functions --changed names (default: the PD "
+                        "prealloc / SWA set) against the same target; the score and survivors go into --comment-out")
     p.add_argument("--changed", metavar="BASE",
                    help="with --coverage (implied): report only the lines that differ from BASE (a git rev of a "
                         "tree target's checkout; for a release or wheel, another TARGET such as 0.5.22)")
@@ -151,8 +155,11 @@ def _specs(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
             options["coverage"] = True
         if entry.get("changed"):
             options.update(coverage=True, changed=str(entry["changed"]))
+        if entry.get("mutate"):
+            options["mutate"] = True
     args.comment_options = options
     args.coverage = getattr(args, "coverage", False) or bool(options.get("coverage"))
+    args.mutate = getattr(args, "mutate", False) or bool(options.get("mutate"))
     if options.get("changed") and not getattr(args, "changed", None):
         args.changed = options["changed"]
     return specs, entry
@@ -185,9 +192,10 @@ def _plan(args: argparse.Namespace) -> tuple[collector.Registry, plan_mod.Plan, 
 
 def _option_tokens(options: dict) -> list[str]:
     """A comment's options as comment tokens again (``--parse-only``'s line is re-parsed by the workflow)."""
+    tokens = ["--mutate"] if options.get("mutate") else []
     if options.get("changed"):
-        return [f"--changed={options['changed']}"]
-    return ["--coverage"] if options.get("coverage") else []
+        return [*tokens, f"--changed={options['changed']}"]
+    return [*tokens, "--coverage"] if options.get("coverage") else tokens
 
 
 def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path], options: dict | None = None) -> dict:
@@ -197,6 +205,7 @@ def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path], 
         # What the comment asked besides tests travels with each entry (--plan-entry applies it).
         entry["coverage"] = bool((options or {}).get("coverage"))
         entry["changed"] = (options or {}).get("changed") or ""
+        entry["mutate"] = bool((options or {}).get("mutate"))
     for entry, g in zip(m["include"], p.groups):
         entry["specs"] = [spec_text for spec_text, _ in plan_mod.compact(g.items, counts)]
     return m
@@ -230,8 +239,32 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, ta
     joined = joined_preflight(args.ray_address) if args.ray_address else None  # refused: no run directory
     with runs.record(run_dir, [PROG, *getattr(args, "argv", [])], target=target.label()) as rec:
         code, page = _execute(args, reg, p, target, run_dir, joined)
+        if args.mutate:
+            argv = mutate_command(args, run_dir)
+            print(f"\n{PROG}: --mutate: {' '.join(argv[2:])}", flush=True)
+            code = max(code, subprocess.run(argv, cwd=args.repo_root.resolve()).returncode)
         rec.finish("passed" if code == 0 else "failed", report=page)
     return code
+
+
+#: At most this many mutants after a ``--mutate`` rerun (about 7 s each on 2 cores: minutes, not an hour).
+MUTATE_LIMIT = 20
+
+
+def mutate_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The ``harness mutate`` run that ``--mutate`` starts after the groups: the same target and
+    ``--changed``, its results under ``<run>/mutation``, its done / total, score and survivors kept
+    in the same status comment file. A process of its own, as from the command line: the mutation
+    run owns its pool and its fault patches, and nothing of it is imported into this one."""
+    argv = [sys.executable, "-m", "harness.cli", "mutate", "--run-dir", str(run_dir / "mutation"),
+            "--limit", str(MUTATE_LIMIT)]
+    if args.sglang:
+        argv += ["--sglang", args.sglang]
+    if args.changed:
+        argv += ["--changed", args.changed]
+    if args.comment_out:
+        argv += ["--comment-out", str(args.comment_out)]
+    return argv
 
 
 def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, target: target_mod.Target,
@@ -406,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: {msg}", file=sys.stderr)
             return 0 if default else 2
         if args.dry_run:
-            m = _with_engine(_matrix(p, reg, args.suites_dir, {"coverage": args.coverage, "changed": args.changed}), args.engine)
+            m = _with_engine(_matrix(p, reg, args.suites_dir, {"coverage": args.coverage, "changed": args.changed, "mutate": args.mutate}), args.engine)
             print(json.dumps(m, indent=2))
             if args.github_output:
                 with open(args.github_output, "a", encoding="utf-8") as f:

@@ -74,6 +74,15 @@ def line(verdicts: Sequence[Verdict]) -> str:
             f"{t.timeout} timeout, {t.survived} survived, {t.not_covered} not covered, of {t.total} mutants")
 
 
+def comment_line(verdicts: Sequence[Verdict], most: int = 5) -> str:
+    """:func:`line` and, for the bot comment, the survivors by id (their diffs are in the report)."""
+    survivors = [v.mutant.id for v in verdicts if v.verdict == SURVIVED]
+    if not survivors:
+        return line(verdicts)
+    more = f" and {len(survivors) - most} more" if len(survivors) > most else ""
+    return f"{line(verdicts)}; survived: {', '.join(survivors[:most])}{more} (diffs in the report)"
+
+
 HEAD = ("function", "score", "killed", "by sglang's checks", "by a crash", "timeout", "survived", "not covered")
 
 

@@ -138,17 +138,20 @@ def parse_specs(tokens: list[str], options: dict | None = None) -> list[Spec]:
     return out
 
 
-#: What a comment may ask besides tests: ``--coverage`` (changed-line coverage of the target) and
-#: ``--changed=REV`` (only the lines that differ from REV; implies ``--coverage``).
-OPTIONS = ("--coverage", "--changed=REV")
+#: What a comment may ask besides tests: ``--coverage`` (changed-line coverage of the target),
+#: ``--changed=REV`` (only the lines that differ from REV; implies ``--coverage``) and ``--mutate``
+#: (after the tests, ``harness mutate`` on the changed functions, or on the default set).
+OPTIONS = ("--coverage", "--changed=REV", "--mutate")
 _REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/~^-]{0,99}$")
 
 
 def parse_option(token: str, options: dict) -> None:
-    """Fold one ``--option`` token of a comment into ``options`` (``coverage``, ``changed``)."""
+    """Fold one ``--option`` token of a comment into ``options`` (``coverage``, ``changed``, ``mutate``)."""
     name, eq, value = token.partition("=")
     if name == "--coverage" and not eq:
         options["coverage"] = True
+    elif name == "--mutate" and not eq:
+        options["mutate"] = True
     elif name == "--changed" and eq:
         if not _REV_RE.match(value):
             raise SpecError(f"{token!r}: REV must be a git revision (letters, digits, . _ / ~ ^ -); e.g. --changed=origin/main")
