@@ -129,9 +129,9 @@ def joined_preflight(address: str) -> Any:
 def _specs(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
     """Specs from the positional arguments, ``--comment-file`` and ``--plan-entry`` (all validated).
 
-    A comment's options (``--coverage``, ``--changed=REV``) and a plan entry's ``coverage`` /
-    ``changed`` are set on ``args`` as the same command-line options would be (kept in
-    ``args.comment_options`` for the plan's matrix and the spec line)."""
+    A comment's options (``--coverage``, ``--changed=REV``, ``--mutate``) and a plan entry's
+    ``coverage`` / ``changed`` / ``mutate`` are set on ``args`` as the same command-line options
+    would be (:func:`_options` reads them back for the plan's matrix and the spec line)."""
     options: dict = {}
     specs = spec.parse_specs(list(args.specs), options)
     if args.comment_file:
@@ -157,11 +157,9 @@ def _specs(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
             options.update(coverage=True, changed=str(entry["changed"]))
         if entry.get("mutate"):
             options["mutate"] = True
-    args.comment_options = options
-    args.coverage = getattr(args, "coverage", False) or bool(options.get("coverage"))
-    args.mutate = getattr(args, "mutate", False) or bool(options.get("mutate"))
-    if options.get("changed") and not getattr(args, "changed", None):
-        args.changed = options["changed"]
+    args.coverage = args.coverage or bool(options.get("coverage"))
+    args.mutate = args.mutate or bool(options.get("mutate"))
+    args.changed = args.changed or options.get("changed")
     return specs, entry
 
 
@@ -190,22 +188,24 @@ def _plan(args: argparse.Namespace) -> tuple[collector.Registry, plan_mod.Plan, 
     return reg, p, default
 
 
+def _options(args: argparse.Namespace) -> dict:
+    """What the run asks besides tests, as a matrix entry carries it (``--plan-entry`` applies it)."""
+    return {"coverage": bool(args.coverage), "changed": args.changed or "", "mutate": bool(args.mutate)}
+
+
 def _option_tokens(options: dict) -> list[str]:
-    """A comment's options as comment tokens again (``--parse-only``'s line is re-parsed by the workflow)."""
-    tokens = ["--mutate"] if options.get("mutate") else []
-    if options.get("changed"):
+    """:func:`_options` as comment tokens again (``--parse-only``'s line is re-parsed by the workflow)."""
+    tokens = ["--mutate"] if options["mutate"] else []
+    if options["changed"]:
         return [*tokens, f"--changed={options['changed']}"]
-    return [*tokens, "--coverage"] if options.get("coverage") else tokens
+    return [*tokens, "--coverage"] if options["coverage"] else tokens
 
 
-def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path], options: dict | None = None) -> dict:
+def _matrix(p: plan_mod.Plan, reg: collector.Registry, suites_dirs: list[Path], options: dict) -> dict:
     counts = {f.rel: len(f.tests) for f in reg.files}
     m = plan_mod.to_matrix(p, [str(d) for d in suites_dirs])
     for entry in m["include"]:
-        # What the comment asked besides tests travels with each entry (--plan-entry applies it).
-        entry["coverage"] = bool((options or {}).get("coverage"))
-        entry["changed"] = (options or {}).get("changed") or ""
-        entry["mutate"] = bool((options or {}).get("mutate"))
+        entry.update(options)
     for entry, g in zip(m["include"], p.groups):
         entry["specs"] = [spec_text for spec_text, _ in plan_mod.compact(g.items, counts)]
     return m
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             specs, _ = _specs(args)
             if not specs:
                 raise UsageError("no specs given; name test files like test_x.py")
-            line = " ".join([*_option_tokens(args.comment_options), *(s.text for s in specs)])
+            line = " ".join([*_option_tokens(_options(args)), *(s.text for s in specs)])
             print(line)
             if args.github_output:
                 with open(args.github_output, "a", encoding="utf-8") as f:
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: {msg}", file=sys.stderr)
             return 0 if default else 2
         if args.dry_run:
-            m = _with_engine(_matrix(p, reg, args.suites_dir, {"coverage": args.coverage, "changed": args.changed, "mutate": args.mutate}), args.engine)
+            m = _with_engine(_matrix(p, reg, args.suites_dir, _options(args)), args.engine)
             print(json.dumps(m, indent=2))
             if args.github_output:
                 with open(args.github_output, "a", encoding="utf-8") as f:

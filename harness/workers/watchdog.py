@@ -38,9 +38,7 @@ class Watchdog:
             self._workers.append(worker)
 
     def remove(self, worker: Worker) -> None:
-        with self._lock:
-            if worker in self._workers:
-                self._workers.remove(worker)
+        self._take(worker)
 
     def start(self) -> "Watchdog":
         self._thread = threading.Thread(target=self._run, name="harness-watchdog", daemon=True)
