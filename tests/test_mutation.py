@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ import pytest
 
 import pr_checkout
 from harness.mutation import operators, run, select
+from harness.rerun import checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -157,12 +159,25 @@ def test_mutate_kills_what_a_test_pins_and_reports_what_no_test_sees_as_survivin
     rel = pr_checkout.DECODE
     tests = tmp_path / "test_candidates.py"
     tests.write_text(textwrap.dedent(CANDIDATES))
-    out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "mutate", "--sglang", str(tree), "--changed", "HEAD",
-                           "--tests", str(tests), "--limit", "4", "--compare-upstream", "--run-dir", str(out),
-                           "--comment-out", str(tmp_path / "status.md")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    out, bg, status_file = tmp_path / "run", tmp_path / "mutate-bg", tmp_path / "status.md"
+    # As the bot's run job does (--mutate-detached): the run goes on in the background and each checkpoint hands
+    # out the status file when it changed; the progress line must show up at a checkpoint before the score.
+    argv = [sys.executable, "-m", "harness.cli", "mutate", "--sglang", str(tree), "--changed", "HEAD",
+            "--tests", str(tests), "--limit", "4", "--compare-upstream", "--run-dir", str(out),
+            "--comment-out", str(status_file)]
+    assert checkpoint.start(bg, argv, cwd=REPO) > 0
+    handed_out = []
+    for _ in range(200):  # 200 checkpoints of at most 3 s: the run's 600 s bound
+        running, changed = checkpoint.wait(bg, status_file, 3.0)
+        if changed:
+            handed_out.append(status_file.read_text())
+        if not running:
+            break
+    code = checkpoint.finish(bg)
+    log = (bg / "log").read_text()
+    assert code == 0, log[-5000:]
+    assert any(re.search(r"mutation: \d / 4 mutants run", t) for t in handed_out[:-1]), handed_out
+    assert "mutation score" in handed_out[-1]
     result = json.loads((out / "mutation.json").read_text())
     early_line = text.splitlines().index("            return max(0, seq_len)") + 1
     early = [m for m in result["mutants"] if m["line"] == early_line]
@@ -188,7 +203,7 @@ def test_mutate_kills_what_a_test_pins_and_reports_what_no_test_sees_as_survivin
     theirs = result["upstream"]
     assert [Path(f).name for f in theirs["files"]] == ["test_tail_registered.py"]
     assert theirs["killed"] == 0 and theirs["survived"] == 4 and theirs["score"] == 0.0
-    assert "harness 0.75 vs sglang's register_cpu_ci unit tests 0.00" in done.stdout
+    assert "harness 0.75 vs sglang's register_cpu_ci unit tests 0.00" in log
 
 
 AWKWARD = '''

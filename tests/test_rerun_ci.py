@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from harness import cli as harness_cli
-from harness.rerun import github
+from harness.rerun import checkpoint, github, relay
 from harness.commands import rerun as cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,10 +68,12 @@ def _check_command(tokens: list[str]) -> None:
     rest = args[3:]
     if module == "harness.commands.rerun":
         parser = cli.build_parser()
-    elif module == "harness.rerun.github":
-        subs = _subparsers(github.build_parser())
+    elif module in ("harness.rerun.github", "harness.rerun.checkpoint"):
+        subs = _subparsers((github if module.endswith("github") else checkpoint).build_parser())
         assert rest[0] in subs, f"unknown sub-command {rest[0]!r}"
         parser, rest = subs[rest[0]], rest[1:]
+    elif module == "harness.rerun.relay":
+        parser = relay.build_parser()
     elif module == "harness.cli":  # `harness COMMAND ACTION ...`: walk the sub-commands to the leaf parser
         parser = harness_cli.build_parser()
         while subs := _subparsers(parser):
@@ -280,7 +282,8 @@ def test_bot_side_needs_only_the_standard_library(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0, plan.stderr
     assert {e["runner"] for e in __import__("json").loads(plan.stdout)["include"]} == {"ubuntu-latest", "8-gpu-h200"}
-    for argv in (["harness.rerun.github", "--help"], ["harness.commands.rerun", "--parse-only", "test_a.py"]):
+    for argv in (["harness.rerun.github", "--help"], ["harness.rerun.relay", "--help"],
+                 ["harness.commands.rerun", "--parse-only", "test_a.py"]):
         r = subprocess.run([sys.executable, "-S", "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
 

@@ -35,7 +35,7 @@ from typing import Any
 from harness import report, runs
 from harness.commands import add_version
 from harness.changes.lines import ChangeError
-from harness.rerun import changed, collector, comment, execute, registry, resolve, spec
+from harness.rerun import changed, checkpoint, collector, comment, execute, registry, resolve, spec
 from harness.rerun import plan as plan_mod
 from harness.rerun.execute import detect_gpus
 from harness.rerun.registry import RegistryError
@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mutate", action="store_true",
                    help="after the groups, run `harness mutate` on the functions --changed names (default: the PD "
                         "prealloc / SWA set) against the same target; the score and survivors go into --comment-out")
+    p.add_argument("--mutate-detached", type=Path, metavar="DIR",
+                   help="with --mutate: start the mutation run in the background (harness.rerun.checkpoint: its "
+                        "output, pid and exit status under DIR) and return after the groups; the CI workflow's "
+                        "checkpoint steps hand its progress out and `python -m harness.rerun.checkpoint finish "
+                        "--dir DIR` waits for it")
     p.add_argument("--changed", metavar="BASE",
                    help="with --coverage (implied): report only the lines that differ from BASE (a git rev of a "
                         "tree target's checkout; for a release or wheel, another TARGET such as 0.5.22)")
@@ -242,7 +247,12 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, ta
         if args.mutate:
             argv = mutate_command(args, run_dir)
             print(f"\n{PROG}: --mutate: {' '.join(argv[2:])}", flush=True)
-            code = max(code, subprocess.run(argv, cwd=args.repo_root.resolve()).returncode)
+            if args.mutate_detached:
+                pid = checkpoint.start(args.mutate_detached.resolve(), argv, cwd=args.repo_root.resolve())
+                print(f"{PROG}: --mutate runs in the background (pid {pid}); its output: "
+                      f"{args.mutate_detached / 'log'}", flush=True)
+            else:
+                code = max(code, subprocess.run(argv, cwd=args.repo_root.resolve()).returncode)
         rec.finish("passed" if code == 0 else "failed", report=page)
     return code
 

@@ -101,6 +101,16 @@ class GitHub:
     def edit_comment(self, comment_id: int, body: str) -> None:
         self._call("PATCH", f"/repos/{self.repo}/issues/comments/{comment_id}", {"body": body})
 
+    def run_artifacts(self, run_id: int) -> list[dict]:
+        """The artifacts a workflow run has uploaded so far (its jobs may still be running)."""
+        data = self._call("GET", f"/repos/{self.repo}/actions/runs/{run_id}/artifacts?per_page=100")
+        return list((data or {}).get("artifacts", []))  # type: ignore[union-attr]
+
+    def run_jobs(self, run_id: int) -> list[dict]:
+        """The jobs of a workflow run with their ``name`` and ``status`` (queued / in_progress / completed)."""
+        data = self._call("GET", f"/repos/{self.repo}/actions/runs/{run_id}/jobs?per_page=100")
+        return list((data or {}).get("jobs", []))  # type: ignore[union-attr]
+
     def dispatch(self, workflow: str, ref: str, inputs: dict[str, str]) -> None:
         self._call("POST", f"/repos/{self.repo}/actions/workflows/{workflow}/dispatches", {"ref": ref, "inputs": inputs}, ok=(204,))
 
