@@ -118,9 +118,10 @@ def test_2_gpu_h100_roles_exact():
     d = server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
     assert list(p.argv) == [*head(PREFILL_PORTS), "--tp", "1", *prefill_mode()]
     assert list(d.argv) == [*head(DECODE_PORTS), "--tp", "1", *decode_mode()]
-    # GPU runs: no CPU env, no sgl_kernel shim, no compat patch, GPUs only via Ray's CUDA_VISIBLE_DEVICES.
+    # GPU runs: no CPU env, no sgl_kernel shim, no compat patch, GPUs only via Ray's CUDA_VISIBLE_DEVICES
+    # (the server picks its RDMA devices for them: harness/targets/sglang/server/rdma.py).
     for cmd in (p, d):
-        assert dict(cmd.env) == CHECKS_ENV and cmd.pythonpath == (str(SITE_DIR),)
+        assert dict(cmd.env) == {**CHECKS_ENV, "HARNESS_IB_NODE_GPUS": "2"} and cmd.pythonpath == (str(SITE_DIR),)
         assert not any(a.startswith("--base-gpu-id") for a in cmd.argv)
 
 

@@ -162,10 +162,12 @@ def test_dsv4_pd_commands_exact(tmp_path, hisparse):
                             *(["--enable-hisparse", "--disable-radix-cache"] if hisparse else [])]
     # GPU recipe: no CPU env, shim or compat patch; the probe writes the decode ledger (prefill's: flushes only).
     assert dict(p.env) == {"HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "prefill.jsonl"),
-                           "HARNESS_PROBE_WORKER": "prefill", "HARNESS_PROBE_COMPONENT": "prefill", **CHECKS_ENV}
+                           "HARNESS_PROBE_WORKER": "prefill", "HARNESS_PROBE_COMPONENT": "prefill", **CHECKS_ENV,
+                           "HARNESS_IB_NODE_GPUS": "8"}
     assert p.pythonpath == (str(SITE_DIR),)
     assert dict(d.env) == {"HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "decode.jsonl"),
-                           "HARNESS_PROBE_WORKER": "decode", "HARNESS_PROBE_COMPONENT": "decode", **CHECKS_ENV}
+                           "HARNESS_PROBE_WORKER": "decode", "HARNESS_PROBE_COMPONENT": "decode", **CHECKS_ENV,
+                           "HARNESS_IB_NODE_GPUS": "8"}
     assert not any(a.startswith(("--base-gpu-id", "--page-size", "--device")) for a in (*p.argv, *d.argv))
 
 

@@ -6,6 +6,7 @@
     rerun-test --shards 4 --shard-index 1 ...      # one shard of every group, split by est_time
     rerun-test --suites-dir ../sglang/test/registered test_x.py
     rerun-test --engine sim test_disaggregation_basic.py   # without its real server-stack counterparts
+    rerun-test --show-commands 8-gpu-h200          # each role's server command there; starts nothing
 
 A file named whole also runs the files it pairs with (``harness.rerun.registry.PAIRS``: a simulated
 PD suite and the real CPU server-stack suites covering the same behaviour); ``--engine`` keeps the
@@ -33,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import report, runs
-from harness.commands import add_version
+from harness.commands import UsageError as CommandUsageError
+from harness.commands import add_version, showcommands
 from harness.changes.lines import ChangeError
 from harness.rerun import changed, checkpoint, collector, comment, execute, registry, resolve, spec
 from harness.rerun import plan as plan_mod
@@ -72,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--github-output", type=Path, metavar="FILE", help="with --dry-run: append matrix=<json> to this file "
                    "($GITHUB_OUTPUT); with --parse-only: specs=<the specs on one line>")
     p.add_argument("--list", action="store_true", help="list registered suite files and exit")
+    p.add_argument("--show-commands", action="append", default=[], metavar="TOPOLOGY",
+                   help="print the command line (env, device, TP/DP, transfer backend, RDMA devices, ports) each "
+                        "server role of TOPOLOGY's PD stack would run, and exit; starts nothing; repeatable")
     p.add_argument("--from", dest="from_repro", type=Path, metavar="REPRO", help="rerun the failing test of a repro.json "
                    "(from `harness gate run`) with its seeds; exit 1 if it fails again (harness/gates/replay.py)")
     p.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR",
@@ -441,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.from_repro:
             return _from_repro(args)
+        if args.show_commands:
+            print(showcommands.text(args.show_commands), end="")
+            return 0
         if args.list:
             return _list(collector.collect(args.repo_root.resolve(), args.suites_dir, args.durations))
         reg, p, default = _plan(args)
@@ -463,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         args.change = changed.read_change(target, args.changed) if args.changed else None
         return _run(args, reg, p, target)
     except (UsageError, spec.SpecError, resolve.ResolveError, plan_mod.PlanError, RegistryError,
-            target_mod.TargetError, checks.UnknownCheck, ChangeError) as e:
+            target_mod.TargetError, checks.UnknownCheck, ChangeError, CommandUsageError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

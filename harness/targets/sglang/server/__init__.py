@@ -6,6 +6,8 @@ Modules (none imports sglang at import time; the server-side ones run inside the
 * :mod:`.stack` — start the PD stack (and a plain baseline server) as Ray workers, readiness included;
 * :mod:`.client` — HTTP client (generate, health, server info, loads, metrics, flush cache, workers);
 * :mod:`.layout` — where server processes sit on a topology's GPUs (one bundle per server), plain baseline;
+* :mod:`.rdma` — a GPU server's ``--disaggregation-ib-device`` for the GPUs Ray gave it;
+* :mod:`.showcmd` — a topology's stack commands as they would run, shown without starting anything;
 * :mod:`.models` — tiny random-weight Llama and Mellum (hybrid SWA) models built locally;
 * :mod:`.modelmap` — logical model name → local directory (``--model``, ``HARNESS_MODEL_*``, tiny on cpu);
 * :mod:`.compat` — the named CPU compat patches; :mod:`.probe` — the accounting probe;

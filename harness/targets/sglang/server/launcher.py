@@ -8,7 +8,9 @@ says what to run and with which environment.
   ``--disaggregation-mode``, ``--tp``, DP / DP-attention from the role, the topology's transfer
   backend, and the ports the harness got from the OS (``--port``, ``--nccl-port``, and on prefill
   ``--disaggregation-bootstrap-port``). GPUs are never chosen here: the server sees exactly the
-  ``CUDA_VISIBLE_DEVICES`` Ray gave its worker, so there is no ``--base-gpu-id``.
+  ``CUDA_VISIBLE_DEVICES`` Ray gave its worker, so there is no ``--base-gpu-id``. On a GPU topology
+  with the mooncake backend the server's ``--disaggregation-ib-device`` is chosen for those GPUs when
+  it starts (:mod:`.rdma`: the server carries its node's GPU count in ``HARNESS_IB_NODE_GPUS``).
 * :func:`plain_server_command` — the same engine without disaggregation: the parity baseline.
 * :func:`router_command` — ``python -m sglang_router.launch_router --pd-disaggregation`` (or
   ``--mini-lb``) over the prefill and decode URLs.
@@ -31,6 +33,7 @@ from typing import Mapping, Sequence
 
 from harness.rundir import RunDir
 from harness.targets.sglang.compat import checks
+from harness.targets.sglang.server import rdma
 from harness.topology import RoleSpec, Topology
 
 #: Directory put on every server's PYTHONPATH: its ``sitecustomize`` installs the compat patches,
@@ -191,6 +194,7 @@ def _engine_command(
     probe_run_dir: str | Path | None,
     worker: str,
     extra_args: Sequence[str],
+    mode_env: Mapping[str, str] | None = None,
 ) -> Command:
     base = [
         "--model-path", str(model),
@@ -200,7 +204,7 @@ def _engine_command(
         *_parallel_args(role),
         *mode_args,
     ]
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(mode_env or {})
     pythonpath = [str(SITE_DIR)]
     if not topology.needs_gpus:
         base += CPU_SERVER_ARGS
@@ -263,10 +267,13 @@ def server_command(
         if ports.bootstrap is None:
             raise LaunchError(f"prefill role {role_name!r} needs a bootstrap port; pass ServerPorts(bootstrap=...)")
         mode += ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
+    # Its RDMA devices follow the GPUs Ray gives it, known when it starts (:mod:`.rdma`).
+    mode_env = {rdma.NODE_GPUS_ENV: str(topology.gpus_per_node)} \
+        if topology.needs_gpus and topology.transfer_backend == "mooncake" else {}
     return _engine_command(
         topology, role, mode, model=model, ports=ports, host=host, python=python,
         compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker or role_name,
-        extra_args=extra_args,
+        extra_args=extra_args, mode_env=mode_env,
     )
 
 

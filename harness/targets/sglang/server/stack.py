@@ -51,6 +51,7 @@ from harness.targets.sglang.server.launcher import (
     server_command,
 )
 from harness.targets.sglang.server.probe import COMPONENT_ENV, LEDGER_ENV, WORKER_ENV
+from harness.targets.sglang.server.rdma import NODE_GPUS_ENV
 from harness.topology import Topology
 from harness.workers import (
     HttpCheck,
@@ -151,7 +152,7 @@ IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", OVERLAY_ENV, "HARNESS_SGLANG", "OMP
                                "TRITON_INTERPRET", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES",
                                "PROMETHEUS_MULTIPROC_DIR", *CPU_ENV)
 #: What the servers' ``sitecustomize`` reads: per server, so never in the fork server's environment.
-SITE_ENV: tuple[str, ...] = (COMPAT_ENV, LEDGER_ENV, WORKER_ENV, COMPONENT_ENV, "HARNESS_FAULTS")
+SITE_ENV: tuple[str, ...] = (COMPAT_ENV, LEDGER_ENV, WORKER_ENV, COMPONENT_ENV, "HARNESS_FAULTS", NODE_GPUS_ENV)
 
 
 def _env(cmd: Command) -> dict[str, str]:

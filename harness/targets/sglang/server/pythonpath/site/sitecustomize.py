@@ -1,6 +1,8 @@
 """Loaded by every sglang server process the harness starts (this directory is on its PYTHONPATH).
 
 It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat patches),
+``HARNESS_IB_NODE_GPUS`` (a GPU server's ``--disaggregation-ib-device`` for the GPUs Ray gave it:
+:mod:`harness.targets.sglang.server.rdma`),
 ``HARNESS_PROBE_LEDGER`` (the accounting probe, and on prefill the request hold) and ``HARNESS_FAULTS`` (the fault catalog:
 :func:`harness.faults.activate_from_env` checks that the sglang this server imports carries them). A failure here must stop the server rather than let it run without what
 the harness asked for, so errors are printed and the process exits.
@@ -12,7 +14,8 @@ environment (the fork server's first run, without these variables, did nothing).
 import os
 import sys
 
-if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LEDGER") or os.environ.get("HARNESS_FAULTS"):
+if (os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LEDGER") or os.environ.get("HARNESS_FAULTS")
+        or os.environ.get("HARNESS_IB_NODE_GPUS")):
     try:
         import logging
 
@@ -24,6 +27,10 @@ if os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LED
             _log.addHandler(_handler)
             _log.setLevel(logging.INFO)
             _log.propagate = False
+        if os.environ.get("HARNESS_IB_NODE_GPUS"):
+            from harness.targets.sglang.server import rdma
+
+            rdma.install_from_env()
         if os.environ.get("HARNESS_COMPAT_PATCHES"):
             from harness.targets.sglang.server import patches as compat
 
