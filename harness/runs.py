@@ -90,10 +90,11 @@ class RunInfo:
             return False
         if self.host and self.host != socket.gethostname():
             return True  # another machine's run on a shared disk: not ours to judge
-        return _pid_alive(self.pid)
+        return pid_alive(self.pid)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` is there (one of another user counts: it exists)."""
     if pid <= 0:
         return False
     try:

@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from harness.rerun.github import github_output
+from harness.runs import pid_alive
+
 #: Seconds between looks while a checkpoint waits.
 POLL_S = 1.0
 
@@ -90,12 +93,8 @@ def _alive(run: Path) -> bool:
         pid = int((run / "pid").read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     # A child of this process that has ended but not been reaped is still "there" for kill(0).
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
@@ -139,15 +138,6 @@ def finish(run: Path, *, sleep=time.sleep) -> int:
     return code
 
 
-def _output(**values: object) -> None:
-    target = os.environ.get("GITHUB_OUTPUT")
-    for k, v in values.items():
-        print(f"{k}={v}")
-        if target:
-            with open(target, "a", encoding="utf-8") as f:
-                f.write(f"{k}={v}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.rerun.checkpoint", description="the run job's side of the "
                                 "comment heartbeat: a command in the background, handed out at checkpoints")
@@ -179,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.max_s <= 0:
                 raise ValueError(f"--max-s {args.max_s:g}: give a positive number of seconds")
             running, changed = wait(args.dir, args.status_file, args.max_s)
-            _output(running=str(running).lower(), changed=str(changed).lower())
+            github_output(running=str(running).lower(), changed=str(changed).lower())
             return 0
         return finish(args.dir)
     except ValueError as e:

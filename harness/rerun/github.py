@@ -188,7 +188,8 @@ def final_lines(status_texts: list[str], matrix: dict | None, link: str = commen
     return lines
 
 
-def _output(**values: object) -> None:
+def github_output(**values: object) -> None:
+    """Print ``key=value`` lines, and append them to ``$GITHUB_OUTPUT`` when set (a step's outputs)."""
     target = os.environ.get("GITHUB_OUTPUT")
     for k, v in values.items():
         print(f"{k}={v}")
@@ -231,15 +232,15 @@ def run(args: argparse.Namespace, gh: GitHub) -> int:
             args.body_out.write_text(event["comment"]["body"], encoding="utf-8")
         if args.refusal_out and not decision.allowed:
             args.refusal_out.write_text(f"rerun-test: not run: {decision.reason}.\n", encoding="utf-8")
-        _output(allowed=str(decision.allowed).lower(), reason=decision.reason, pr=number, sha=sha)
+        github_output(allowed=str(decision.allowed).lower(), reason=decision.reason, pr=number, sha=sha)
         return 0
     if args.command == "comment":
         body = args.body_file.read_text(encoding="utf-8")
         if args.comment_id:
             gh.edit_comment(args.comment_id, body)
-            _output(comment_id=args.comment_id)
+            github_output(comment_id=args.comment_id)
         else:
-            _output(comment_id=gh.create_comment(args.pr, body))
+            github_output(comment_id=gh.create_comment(args.pr, body))
         return 0
     if args.command == "update":
         if not args.status_file and not args.matrix:
