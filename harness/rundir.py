@@ -19,8 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The repository root (parent of the ``harness`` package).
-REPO_ROOT = Path(__file__).resolve().parent.parent
+#: Env var naming the repository root where the ``harness`` package imported is a copy outside it
+#: (a joined cluster's workers run the one Ray unpacked: :mod:`harness.cluster.carry` sets it to the driver's).
+REPO_ROOT_ENV = "HARNESS_REPO_ROOT"
+#: The repository root (parent of the ``harness`` package, or ``$HARNESS_REPO_ROOT``).
+REPO_ROOT = Path(os.environ.get(REPO_ROOT_ENV) or Path(__file__).resolve().parent.parent)
 DEFAULT_BASE = REPO_ROOT / "runs"
 SUBDIRS = ("workers", "ledger", "junit", "report")
 #: The per-test record file of a pytest run directory (:mod:`harness.plugins.record` writes it).

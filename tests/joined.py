@@ -52,6 +52,26 @@ def rerun_test(cluster: CliCluster, env: dict[str, str], run_dir: Path, *specs: 
     return run(["rerun-test", "--ray-address", address or cluster.address, "--run-dir", str(run_dir), *specs], env)
 
 
+def linked_tree(dest: Path, version: str | None = None) -> Path:
+    """A small sglang tree at ``dest``: links to the installed sglang's package, version and the core
+    files the adapter checks (:func:`harness.targets.sglang.releases.core_missing`), no more; with
+    ``version``, its own version file saying so. Ray follows links when it packages a tree, so a
+    tree of links to *every* file would ship all of sglang (~130 MiB); this one ships a few KiB.
+    Nothing here imports it (a worker's probe only asks where ``sglang`` would come from)."""
+    import importlib.util
+
+    from harness.targets.sglang import releases
+
+    real = Path(importlib.util.find_spec("sglang").origin).parent
+    for rel in ("__init__.py", "_version.py", *{f"srt/{core[0]}" for core in releases._CORE}):
+        (dest / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / "sglang" / rel).symlink_to(real / rel)
+    if version is not None:
+        (dest / "sglang" / "_version.py").unlink()
+        (dest / "sglang" / "_version.py").write_text(f'__version__ = version = "{version}"\n')
+    return dest
+
+
 def harness(env: dict[str, str], *args: str) -> Done:
     return run(["harness", *args], env)
 

@@ -6,6 +6,7 @@ The same paths run for real against ``ray start`` clusters in ``test_joined_clus
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -155,3 +156,49 @@ def test_the_probe_deadline_comes_from_harness_join_timeout(tmp_path):
             join.probe("127.0.0.1:1", environ={"HOME": str(tmp_path), join.TIMEOUT_ENV: bad})
         assert e.value.kind == "setting" and f"{join.TIMEOUT_ENV}={bad} is not a number" in str(e.value)
         assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------ what travels to a joined cluster
+
+
+def _tree(root, version="0.5.23"):
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("")
+    (root / "sglang" / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    return root
+
+
+def test_a_tree_or_wheel_travels_with_the_harness_and_a_release_or_installed_does_not(tmp_path):
+    from harness.cluster import carry
+    from harness.rundir import REPO_ROOT
+    from harness.targets.sglang import travel
+    from harness.targets.sglang.resolve import Target
+
+    tree = Target(spec="../src/python", origin="tree", version="0.5.23", root=str(tmp_path), commit="c" * 40, dirty=True)
+    env = carry.runtime_env(tree)
+    assert env["py_modules"] == [str(REPO_ROOT / "harness"), str(tmp_path / "sglang")]
+    assert "__pycache__/" in env["excludes"]
+    assert env["env_vars"]["HARNESS_SGLANG"] == "../src/python"
+    assert Target.from_dict(json.loads(env["env_vars"][travel.CARRIED_ENV])) == tree
+    for origin in ("installed", "release"):
+        other = carry.runtime_env(Target(spec="0.5.21", origin=origin, version="0.5.21", root=str(tmp_path)))
+        assert other["py_modules"] == [str(REPO_ROOT / "harness")] and travel.CARRIED_ENV not in other["env_vars"]
+
+
+def test_a_node_resolves_the_travelling_target_to_the_copy_on_its_path(tmp_path, monkeypatch):
+    from harness.targets.sglang import travel
+    from harness.targets.sglang.resolve import Target, TargetError
+
+    sent = Target(spec="/driver/only/python", origin="tree", version="0.5.23", root="/driver/only/python",
+                  commit="a" * 40, dirty=False)
+    copy = _tree(tmp_path / "_ray_pkg_1", version="0.5.99")  # what the copy's files say does not matter
+    monkeypatch.setenv(travel.CARRIED_ENV, json.dumps(sent.to_dict()))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'elsewhere'}:{copy}:{_tree(tmp_path / 'later')}")
+    got = travel.arrived(sent.spec)
+    assert (got.root, got.spec, got.origin, got.version, got.commit) == (str(copy), str(copy), "tree", "0.5.23", "a" * 40)
+    assert travel.arrived("0.5.21") is None  # another TARGET resolves as it always did
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "elsewhere"))
+    with pytest.raises(TargetError, match="was shipped with this job but no copy of it is on this node's PYTHONPATH"):
+        travel.arrived(sent.spec)
+    monkeypatch.delenv(travel.CARRIED_ENV)
+    assert travel.arrived(sent.spec) is None  # nothing travels with a cluster the harness started

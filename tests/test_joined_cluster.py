@@ -5,7 +5,10 @@ one logical GPU each, token auth off. ``harness doctor``, ``rerun-test`` and a g
 with the ``2-node-2-gpu-h100`` topology (prefill pinned to node 0, decode to node 1, by the nodes'
 ``pd-harness/node`` labels); a wrong address is one line and exit 2; killing node 1's raylet in
 the middle of a test fails that test naming the node, leaves nothing of the harness running, and
-the next run on the same cluster (node 1 started again) passes.
+the next run on the same cluster (node 1 started again) passes. A source-tree target travels with
+the run: moved away on the driver once joined, each node's worker still imports it (and the harness)
+from the copy Ray unpacked on that node; a node whose ``import sglang`` would give another tree is
+refused in one line.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.workers import procs
 from harness.clock import wait_for
-from joined import REPO, TOPOLOGY, clean_env, harness, rerun_test, worker_actors
+from harness.targets.sglang.version import read_version
+from harness.workers import procs
+from joined import REPO, TOPOLOGY, clean_env, harness, linked_tree, rerun_test, worker_actors
 from raycli import CliCluster, free_ports, two_nodes
 
 log = logging.getLogger(__name__)
@@ -213,3 +217,88 @@ def test_node_loss_fails_the_test_naming_the_node_and_the_next_run_works(cli_clu
     cli_cluster.add_node(num_gpus=1, index=1)
     done = rerun_test(cli_cluster, env, tmp_path / "again", CROSS_NODE)
     assert done.rc == 0, done.out
+
+
+# Joins with a tree target, moves the tree away, then starts a probe on each node: where do they import from?
+TRAVEL_DRIVER = '''
+import json, os, sys
+from pathlib import Path
+
+from harness import topology
+from harness.cluster import Cluster
+from harness.targets.sglang import selection
+from harness.workers import InProcess, Probe, WorkerSpec, start_worker
+
+address, tree, run_dir = sys.argv[1:4]
+target = selection.select(tree)
+cluster = Cluster.join(address)  # the job carries the tree: uploaded here
+os.rename(tree, tree + ".moved")  # gone from the driver's path before any worker starts
+seen = {}
+try:
+    placement = cluster.place(topology.get("{topology}"), timeout=60)
+    for role in ("prefill", "decode"):
+        spec = selection.worker_spec(WorkerSpec(role, InProcess(Probe), run_dir=run_dir, ready_timeout=120), target)
+        w = start_worker(spec, placement.of(role)[0], 0, timeout=120)
+        try:
+            seen[role] = dict(node=cluster.node_index(w.info.node_id), sglang=w.call("module_file", "sglang", timeout=30),
+                              harness=w.call("module_file", "harness", timeout=30),
+                              target=w.call("env", "HARNESS_SGLANG", timeout=30))
+        finally:
+            w.stop()
+finally:
+    cluster.shutdown()
+print("SEEN " + json.dumps(seen), flush=True)
+'''
+
+
+def test_a_tree_target_travels_to_every_node_and_needs_no_path_there(cli_cluster, env, tmp_path):
+    tree = linked_tree(tmp_path / "tree")
+    driver = tmp_path / "driver.py"
+    driver.write_text(TRAVEL_DRIVER.replace("{topology}", TOPOLOGY))
+    # Run from outside the repository: Ray puts the driver's working directory on every worker's path,
+    # so from the repository a worker here would import the harness from there, as a node with the
+    # repository at that path does; a node without it imports the harness the job carried.
+    done = subprocess.run([sys.executable, str(driver), cli_cluster.address, str(tree), str(tmp_path / "run")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not tree.exists() and (tmp_path / "tree.moved").is_dir()
+    seen = json.loads(done.stdout.split("SEEN ", 1)[1])
+    nodes = {n.index: n for n in cli_cluster.nodes}
+    assert {role: s["node"] for role, s in seen.items()} == {"prefill": 0, "decode": 1}
+    for role, s in seen.items():
+        # Both "nodes" share this disk: a pass must come from the node's own unpacked copy, not the driver's path.
+        unpacked = str(nodes[s["node"]].temp_dir.resolve())
+        for module in ("sglang", "harness"):
+            assert s[module].startswith(unpacked) and "/runtime_resources/py_modules_files/" in s[module], (role, s)
+        assert s["target"] == str(Path(s["sglang"]).parents[1]), s  # a server it starts re-resolves the copy
+    _no_harness_process_left(cli_cluster, Path(env["HARNESS_PROCS_DIR"]))
+
+
+# A node whose interpreter pins another sglang ahead of anything Ray adds to its path.
+PINNING_SITE = '''
+import sys
+sys.path.insert(0, {pinned!r})
+import sglang  # noqa: F401  (imported before any harness code can select the target)
+'''
+
+
+def test_a_node_whose_import_would_differ_from_the_shipped_tree_is_refused_in_one_line(cli_cluster, env, tmp_path):
+    tree = linked_tree(tmp_path / "tree")
+    other = "0.5.22" if read_version(tree) != "0.5.22" else "0.5.21"
+    pinned = linked_tree(tmp_path / "pinned", version=other)
+    (pinned / "sglang" / "__init__.py").unlink()
+    (pinned / "sglang" / "__init__.py").write_text("")  # a stub that imports nothing of the real package
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(PINNING_SITE.format(pinned=str(pinned)))
+    node = cli_cluster.add_node(num_gpus=1, env={"PYTHONPATH": str(tmp_path / "site")})
+    try:
+        done = rerun_test(cli_cluster, env, tmp_path / "run", "--sglang", str(tree), CROSS_NODE)
+    finally:
+        cli_cluster.remove_node(node)
+    assert done.rc == 2, done.out
+    [line] = done.lines()
+    assert line.startswith(f"rerun-test: cannot join the Ray cluster at {cli_cluster.address}: version skew: "
+                           f"node{node.index}/"), line
+    assert f"sglang {other} from {pinned.resolve()} there, {read_version(tree)} here" in line, line
+    assert "node0/" not in line and "node1/" not in line, line  # the nodes that import the shipped copy pass
+    assert not (tmp_path / "run" / "groups").exists(), "a group started on a node that imports another sglang"

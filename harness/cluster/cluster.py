@@ -15,7 +15,9 @@ resource.
 
 Joining (``Cluster.join``) is checked first by :func:`harness.cluster.join.probe` (one classified
 :class:`harness.cluster.join.JoinError` when it cannot work: unreachable, refused auth, version mismatch),
-and then every node is asked for its versions and GPU devices (:func:`harness.cluster.nodes.survey`:
+and the connection carries the harness and a tree or wheel target to every node (:func:`harness.cluster.join.connect`,
+:mod:`harness.cluster.carry`: a joined cluster's nodes need not have this machine's paths; a started one
+uploads nothing); then every node is asked for its versions and GPU devices (:func:`harness.cluster.nodes.survey`:
 ``cluster.facts``, ``cluster.gpu_kind`` says whether its GPUs are ``real`` or ``logical``).
 
 Placement: one placement group per role group (``RoleSpec.groups`` = count × dp), one bundle per TP
@@ -231,7 +233,7 @@ class Cluster:
         Raises:
             RuntimeError: this process is already connected to a Ray cluster.
             harness.cluster.join.JoinError: cannot join, classified (a ``ConnectionError``; its message is
-                one line with the fix).
+                one line with the fix), or what travels with the run could not be uploaded (kind ``carry``).
         """
         for k, v in _RAY_ENV.items():
             os.environ.setdefault(k, v)
@@ -241,7 +243,7 @@ class Cluster:
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to Ray; shut it down first")
         procs.claim()
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        join_mod.connect(address)  # carries the harness and a tree or wheel target to the nodes
         self = cls(address=ray.get_runtime_context().gcs_address, owned=False, simulate=False, temp_dir=None)
         if survey:
             self.facts = tuple(node_facts.survey())

@@ -13,6 +13,8 @@
                 sent is not the cluster's.
 ``version``     the cluster's Ray or Python differs from this process's (Ray's own rule: the same
                 Ray, Python to the patch level unless ``RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL=minor``).
+``carry``       joining (:func:`connect`) could not upload what travels with the run (too large,
+                unreadable).
 
 Auth follows Ray 2.60's rules (``ray/_private/authentication``): ``RAY_AUTH_MODE`` is ``token`` or
 ``disabled``; the token is ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``, else
@@ -27,9 +29,12 @@ The GCS is asked in a child process with a deadline (``HARNESS_JOIN_TIMEOUT`` se
 Ray's client retries a silent address for about 40 s and aborts its process when token mode has no
 token.
 
-Once joined, :func:`harness.cluster.nodes.survey` asks every node (one small task pinned to it) for its
-package versions and its real GPU devices: :func:`harness.cluster.nodes.skew` names a node whose sglang,
-Ray, Python or torch differs from this process's, and :attr:`~harness.cluster.nodes.NodeFacts.gpu_kind`
+Joining is :func:`connect`, which carries the harness and a tree or wheel target to every node
+(:mod:`harness.cluster.carry`; kind ``carry`` when that upload fails). Once joined,
+:func:`harness.cluster.nodes.survey` asks every node (one small task pinned to it, in the same job, so
+with what was carried) for its package versions and its real GPU devices:
+:func:`harness.cluster.nodes.skew` names a node whose sglang (what it will import), Ray, Python or
+torch differs from this process's, and :attr:`~harness.cluster.nodes.NodeFacts.gpu_kind`
 says whether its Ray GPUs are devices or only logical resources (``ray start --num-gpus`` on a machine
 without them).
 """
@@ -46,7 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.cluster import carry
 from harness.cluster.nodes import NodeFacts, describe, gpu_kind, skew, survey
+from harness.targets.sglang import selection, travel
+from harness.targets.sglang.selection import Target
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +301,36 @@ def check_versions(meta: ClusterMeta, match_level: str = "patch", *, environ: Ma
                     "same commit with the same Python)")
 
 
-# ------------------------------------------------------------------ what the nodes hold
+# ------------------------------------------------------------------ the connection
+
+
+def connect(address: str, target: Target | None = None) -> None:
+    """Connect this process to the joined cluster at ``address``, carrying what the run needs there
+    (:func:`harness.cluster.carry.runtime_env`: the harness and a tree or wheel target; uploading a
+    full sglang tree takes seconds, once per content).
+
+    Args:
+        address: the head's GCS address (probed first: :func:`probe`).
+        target: the run's sglang target (default: the one this process runs).
+
+    Raises:
+        JoinError: kind ``carry``, a package could not be uploaded (too large, unreadable); this
+            process is not connected afterwards.
+    """
+    import ray
+    from ray.exceptions import RuntimeEnvSetupError
+
+    target = selection.current() if target is None else target
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=carry.runtime_env(target))
+    except (RuntimeEnvSetupError, OSError) as e:  # Ray's wrapper of a failed upload; a file it could not read
+        if ray.is_initialized():
+            ray.shutdown()
+        what = f"{target.label()} and the harness" if travel.travels(target) else "the harness"
+        raise JoinError(address, "carry", f"cannot ship {what} to its nodes ({' '.join(str(e).split())[:300]})",
+                        "leave large files (build outputs, checkpoints) out of the tree, or install the same "
+                        "sglang on every node and pass it by version") from None
 
 
 # ------------------------------------------------------------------ the preflight
@@ -335,8 +372,7 @@ def preflight(address: str, *, timeout: float | None = None) -> Preflight:
     meta = probe(address, timeout=timeout)
     if ray.is_initialized():
         raise RuntimeError("this process is already connected to Ray; the preflight joins on its own")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    connect(address)
     try:
         nodes = survey()
     finally:

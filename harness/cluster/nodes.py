@@ -4,8 +4,9 @@ asked of every node at once.
 
 :func:`survey` runs one small task pinned to each alive node of the connected cluster; each answers
 with :func:`installed_versions` (python, torch, ray, sglang, the transfer engine; the sglang version
-is the run's *target*, ``HARNESS_SGLANG``, resolved on that node) and :func:`local_gpus` (the NVIDIA
-devices the node itself sees). :func:`skew` names a node whose sglang, Ray, Python or torch differs
+is the run's *target*, ``HARNESS_SGLANG``, resolved on that node: a tree or wheel the job carried
+there is that node's copy, and a node whose ``import sglang`` would give another tree names it) and
+:func:`local_gpus` (the NVIDIA devices the node itself sees). :func:`skew` names a node whose sglang, Ray, Python or torch differs
 from this process's; :attr:`NodeFacts.gpu_kind` says whether a node's Ray GPUs are devices or only
 logical resources (``ray start --num-gpus`` on a machine without them).
 
@@ -16,14 +17,13 @@ survey never pays torch's or sglang's import time, and a broken install still re
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import platform
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from harness.targets.sglang import selection
+from harness.targets.sglang import selection, travel
 from harness.targets.sglang.version import UNKNOWN, read_version
 from harness.workers.nodes import node_index, raylet_answers
 
@@ -140,14 +140,26 @@ def installed_versions(version_of: Callable[[str], str] = importlib.metadata.ver
 
 
 def _sglang_tree_version() -> str | None:
-    """The version of the sglang this interpreter runs: the selected target (``$HARNESS_SGLANG``), else
-    the tree an import would find (its own version file), else None (metadata decides)."""
+    """The version of the sglang this interpreter runs: the selected target (``$HARNESS_SGLANG``; on a
+    node, a shipped tree's copy), else the tree an import would find (its own version file), else
+    None (metadata decides). When ``import sglang`` would give another tree than the target's (one
+    imported before the target could be selected: a node's ``sitecustomize``, say), that tree's
+    version and where it is: what this process would really run."""
+    imports = travel.imported_root()
     if os.environ.get(selection.ENV_VAR):
-        return selection.current().version  # the target under test, not the venv's install
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
+        try:
+            target = selection.current()  # the target under test, not the venv's install
+        except selection.TargetError as e:
+            if imports is None:
+                return f"unusable ({e})"
+            target = None
+        if target is not None and (imports is None or imports == Path(target.root).resolve()):
+            return target.version
+        assert imports is not None
+        return f"{read_version(imports)} from {imports}"
+    if imports is None:
         return None
-    found = read_version(Path(list(spec.submodule_search_locations)[0]).resolve().parent)
+    found = read_version(imports)
     return None if found == UNKNOWN else found
 
 

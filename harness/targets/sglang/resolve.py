@@ -263,6 +263,16 @@ def _wheel(spec: str, say: Callable[[str], None]) -> Target:
     return Target(spec=spec, origin="wheel", version=found, root=str(root), deps=_deps(found, say))
 
 
+def release_deps_dir(version: str, say: Callable[[str], None] | None = None) -> tuple[str, ...]:
+    """The import directories of the module-level dependencies sglang ``version`` pins where the venv's
+    differ (installed once into ``<cache>/deps-<release>``); empty when the venv's serve it.
+
+    Raises:
+        TargetError: they could not be installed.
+    """
+    return _deps(version, say or _default_progress)
+
+
 def _deps(version: str, say: Callable[[str], None]) -> tuple[str, ...]:
     """The import directory of a release's pinned module-level dependencies (installed once per
     release into ``<cache>/deps-<release>``), or nothing when the venv's serve it."""

@@ -3,8 +3,9 @@
 
 :func:`activate` puts the target first on ``sys.path`` and on ``PYTHONPATH`` and records the TARGET
 in ``HARNESS_SGLANG``: pytest subprocesses, Ray workers (a local cluster inherits the driver's
-environment; a worker actor selects it again through :func:`worker_spec`, on whichever node it runs)
-and real server subprocesses all import the same tree. :func:`current` is the target this process
+environment; a worker actor selects it again through :func:`worker_spec`, on whichever node it runs:
+on a joined cluster a tree or wheel arrives there with the job, :mod:`.travel`) and real server
+subprocesses all import the same tree. :func:`current` is the target this process
 runs; :func:`stamp` is how a report names it.
 
 Failure modes: every bad TARGET raises :class:`TargetError` with one line saying what was wrong and
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from harness.report import stamp as report_stamp
-from harness.targets.sglang import releases
+from harness.targets.sglang import releases, travel
 from harness.targets.sglang.resolve import (  # the selection's vocabulary, re-exported
     CACHE_ENV,
     ENV_VAR,
@@ -95,7 +96,9 @@ _current: dict[str, Target] = {}
 
 
 def current() -> Target:
-    """The target this process runs: ``$HARNESS_SGLANG`` resolved and activated once per process.
+    """The target this process runs: ``$HARNESS_SGLANG`` resolved and activated once per process (on a
+    joined cluster's node, a tree or wheel the driver shipped is the copy that arrived:
+    :func:`harness.targets.sglang.travel.arrived`).
 
     Returns:
         The :class:`Target`.
@@ -105,9 +108,10 @@ def current() -> Target:
     """
     spec = (os.environ.get(ENV_VAR) or INSTALLED).strip()
     if spec not in _current:
-        target = resolve(spec)
+        # A tree or wheel the driver shipped to this node (a joined cluster's worker) is the copy that arrived.
+        target = travel.arrived(spec) or resolve(spec)
         activate(target)
-        _current[spec] = target
+        _current[spec] = _current[target.spec] = target  # activate() names the copy by its local path
     return _current[spec]
 
 
@@ -169,7 +173,8 @@ WORKER_SETUP = f"{__name__}:current"
 def worker_spec(spec: "WorkerSpec", target: Target | None = None) -> "WorkerSpec":
     """``spec`` for a worker that runs ``target``: its actor gets the TARGET in its environment and
     selects it first (:func:`current`, resolved on the actor's own node: a release from that node's
-    cache, installed there on first use), so its payload and any server it starts import that tree
+    cache, installed there on first use; on a joined cluster, a tree or wheel from the copy that arrived
+    with the job, :mod:`.travel`), so its payload and any server it starts import that tree
     and get the environment the release needs (:func:`harness.targets.sglang.releases.process_env`).
 
     Args:
