@@ -83,6 +83,15 @@ def test_subprocess_server_gets_os_ports_and_a_log(started, tmp_path):
     assert os.getpgid(w.info.payload_pid) == w.info.payload_pid  # its own process group
 
 
+def test_a_subprocess_pythonpath_goes_in_front_of_the_workers_own(started, tmp_path):
+    # The worker's own path (on a joined node: what Ray unpacked there) still follows a PYTHONPATH built elsewhere.
+    w = started(WorkerSpec("paths", Subprocess(("sh", "-c", "echo path=$PYTHONPATH; sleep 300"),
+                                               env={"PYTHONPATH": "/front/b:/front/c"}),
+                           run_dir=tmp_path, env={"PYTHONPATH": "/own/a:/front/b"}, ready_timeout=60))
+    wait_for(lambda: "path=" in w.tail(), 30.0, "the payload to print its PYTHONPATH")
+    assert "path=/front/b:/front/c:/own/a\n" in (tmp_path / "workers" / "paths.log").read_text()
+
+
 def test_readiness_deadline_stops_the_worker(started, tmp_path):
     spec = WorkerSpec("never-ready", Subprocess(("sleep", "300")), run_dir=tmp_path, ports=("http",),
                       ready=(PortCheck("http"),), ready_timeout=3)

@@ -83,6 +83,16 @@ def _pdeathsig() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def paths_over(front: str, own: str) -> str:
+    """The search path ``front`` followed by the entries of ``own`` it lacks (``os.pathsep``-separated).
+
+    >>> paths_over("/site:/driver/tree", "/node/copy:/site")
+    '/site:/driver/tree:/node/copy'
+    """
+    entries = [e for e in front.split(os.pathsep) if e]
+    return os.pathsep.join([*entries, *(e for e in own.split(os.pathsep) if e and e not in entries)])
+
+
 def _exit_cause(code: int) -> str:
     if code < 0:
         try:
@@ -142,6 +152,8 @@ class _WorkerActor:
             argv = [_fill(a, self.ports) for a in p.argv]
             env = {**os.environ, **{k: _fill(str(v), self.ports) for k, v in p.env.items()},
                    "CUDA_VISIBLE_DEVICES": self.cuda}
+            if "PYTHONPATH" in p.env:  # in front of this worker's own, which still follows (see Subprocess)
+                env["PYTHONPATH"] = paths_over(env["PYTHONPATH"], os.environ.get("PYTHONPATH", ""))
             # Noted before the start: once it runs, the payload owns the log (our line would land among its).
             self._note(f"exec {' '.join(argv)}")
             self._read_to = os.fstat(self._log_fd).st_size  # the payload's fatal lines are looked for in its own output

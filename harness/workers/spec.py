@@ -54,6 +54,11 @@ class InProcess:
 class Subprocess:
     """A command run by the actor in its own process group. ``{port}`` placeholders are filled.
 
+    ``env`` is laid over the worker's own environment; its ``PYTHONPATH`` goes in front of the
+    worker's, whose entries the command still gets after it: what the worker's node put there (a
+    joined cluster's node: the copies Ray unpacked, the sglang target its setup selected) stays
+    on the command's path even when ``env`` was built on the driver, from the driver's.
+
     ``fatal``: text that, on a line of the worker's log, means the payload no longer works though
     its process runs (a thread it cannot serve without died): the worker is dead from then on, as if
     the process had exited.
