@@ -1,27 +1,34 @@
-"""P→D KV transfer rate through Ray, as a ratio to an in-process torch copy of the same bytes.
+"""P→D KV transfer rate of both transports, each as a ratio to an in-process torch copy of the same bytes.
 
 Starts a local Ray (topology ``cpu``: one prefill and one decode worker on real sglang DeepSeek-V4
 pools), preallocates one long request on decode (the real ``_pre_alloc``), prefills it, then moves
 its pages (full pages for all tokens, SWA pages of the window) ``--repeat`` times through
-:func:`harness.pd.transfer.transfer`: chunks of ``--chunk-pages`` pages batched into messages of
-up to ``--inflight-mb`` (one object-store round trip each), prefill actor → object store → decode
-actor (numpy, read zero-copy). After each transfer the same chunk sizes are copied in this process
-with ``torch.Tensor.copy_`` (the reference). The content is verified on the decode side afterwards,
-and both sides release the request.
+:func:`harness.pd.transfer.transfer` over each transport: chunks of ``--chunk-pages`` pages batched
+into messages of up to ``--inflight-mb``, either prefill actor → object store → decode actor (numpy,
+read zero-copy; one object-store round trip per message) or store-free (:mod:`harness.pd.peer`:
+the prefill actor writes into the decode pages over Mooncake, one actor call per message). After
+each pair of transfers the same chunk sizes are copied in this process with ``torch.Tensor.copy_``
+(the reference). The first transfer is store-free into pages nothing wrote yet, and the decode side
+verifies every byte after it and again at the end; then both sides release the request. Without
+the store-free transport (``HARNESS_PD_TRANSPORT=store``, or it cannot be set up: the log line says
+why) only the store path is measured.
 
 In the same run, what bounds the ratio: the fixed cost of one message (an empty one through both
 actors: two actor calls and one small object, ``--repeat`` × 5 times); the object-store floor (the
 same arrays ``ray.put`` and ``ray.get`` in this process, then copied out: the per-byte cost of any
 path through the store, with no actor hop); and the two-copy ceiling (the same bytes copied twice
 in this process: a store-and-forward path copies into the store and out of it, so even with a free
-store and no per-message cost it reaches about half the one-copy rate).
+store and no per-message cost it reaches about half the one-copy rate); and the loopback TCP floor
+(the same bytes over one TCP connection in this process: the store-free path goes over TCP, which
+also copies into the kernel and out of it).
 
 Usage::
 
     .venv/bin/python bench/transfer.py [--pages 240] [--chunk-pages 64] [--inflight-mb 64] [--repeat 9]
 
-Prints the bytes moved, both rates (median over the repeats), the median of the per-repeat ratios
-(goal ≥ 0.5), chunks and messages per transfer, the per-message cost and the ceiling those allow.
+Prints the bytes moved, the rates (median over the repeats), the median of the per-repeat ratios
+of each transport (goal ≥ 0.5), chunks and messages per transfer, the per-message cost of each and
+the ceiling those allow.
 The machine's load moves every rate; each ratio compares a transfer with the copy made right after
 it, so the median ratio is the number to compare across runs.
 """
@@ -113,14 +120,59 @@ class StoreFloor:
             torch.set_num_threads(threads)
 
 
-def message_cost(pair, rid: str, n: int) -> list[float]:
-    """Seconds of ``n`` empty messages (no pages) through both actors, one at a time: the fixed cost
-    of one object-store round trip, as :func:`harness.pd.transfer.transfer` pays it per message."""
+class TcpFloor:
+    """The same chunk sizes over one loopback TCP connection in this process (a sender thread,
+    ``recv_into`` preallocated buffers here): the floor of any store-free path over TCP, which copies
+    into the kernel and out again; :meth:`once` times one pass (seconds)."""
+
+    def __init__(self, sizes: list[int]):
+        import socket
+        import threading
+
+        self.src = [np.random.randint(0, 256, n, dtype=np.uint8) for n in sizes]
+        self.dst = [np.empty(n, dtype=np.uint8) for n in sizes]
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            send = socket.create_connection(server.getsockname())
+            self.recv = server.accept()[0]
+        self.go = threading.Semaphore(0)
+
+        def sender() -> None:
+            with send:
+                while self.go.acquire() and self.src:
+                    for a in self.src:
+                        send.sendall(memoryview(a))
+
+        self.thread = threading.Thread(target=sender, daemon=True)
+        self.thread.start()
+        self.once()  # warm-up
+
+    def once(self) -> float:
+        t0 = time.perf_counter()
+        self.go.release()
+        for d in self.dst:
+            view, got = memoryview(d), 0
+            while got < len(d):
+                got += self.recv.recv_into(view[got:])
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.src = []
+        self.go.release()
+        self.thread.join(10)
+        self.recv.close()
+
+
+def message_cost(pair, rid: str, n: int, link=None) -> list[float]:
+    """Seconds of ``n`` empty messages (no pages), one at a time, as :func:`harness.pd.transfer.transfer`
+    pays them per message: through both actors and one object (store), or one prefill call (``link``)."""
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        data = pair.prefill.submit(0, "read_chunk", rid, [])
-        pair.decode.get([pair.decode.submit(0, "write_chunk", rid, [], data)])
+        if link is None:
+            data = pair.prefill.submit(0, "read_chunk", rid, [])
+            pair.decode.get([pair.decode.submit(0, "write_chunk", rid, [], data)])
+        else:
+            pair.prefill.get([pair.prefill.submit(0, "send_pages", rid, [], [], link.targets[0])])
         out.append(time.perf_counter() - t0)
     return out
 
@@ -174,20 +226,31 @@ def main(argv: list[str] | None = None) -> int:
             chunks = plan(src, dst, args.chunk_pages)
             sizes = [c.nbytes(pair.page_bytes) for c in chunks]
             bound = int(args.inflight_mb * 2**20)
+            link = pair.link
+            full = [sorted(d["full"].values()) for d in dst]
+            swa = [sorted(d["swa"].values()) for d in dst]
+            if link is not None:  # into pages nothing wrote yet: the decode side verifies what arrived
+                transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound, link=link)
+                pair.decode.get([pair.decode.submit(0, "commit", "bench", full[0], swa[0])])
+                message_cost(pair, "bench", 3, link)  # warm-up
             transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound)  # warm-up
             message_cost(pair, "bench", 3)  # warm-up
-            local, floor, store = TorchCopy(sizes), TwoCopies(sizes), StoreFloor(sizes)
-            ray_s, local_s, floor_s, store_s, msg_s = [], [], [], [], []
+            local, floor, store, tcp = TorchCopy(sizes), TwoCopies(sizes), StoreFloor(sizes), TcpFloor(sizes)
+            ray_s, peer_s, local_s, floor_s, store_s, tcp_s, msg_s, peer_msg_s = [], [], [], [], [], [], [], []
             # Interleaved, so each transfer and its reference copy see the same machine load.
             for _ in range(args.repeat):
                 st = transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound)
                 ray_s.append(st.seconds)
+                if link is not None:
+                    peer_s.append(transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes,
+                                           max_inflight_bytes=bound, link=link).seconds)
+                    peer_msg_s.extend(message_cost(pair, "bench", 5, link))
                 local_s.append(local.once())
                 floor_s.append(floor.once())
                 store_s.append(store.once())
+                tcp_s.append(tcp.once())
                 msg_s.extend(message_cost(pair, "bench", 5))
-            full = [sorted(d["full"].values()) for d in dst]
-            swa = [sorted(d["swa"].values()) for d in dst]
+            tcp.close()
             pair.decode.get([pair.decode.submit(0, "commit", "bench", full[0], swa[0])])  # verifies every byte
             pair.prefill.all("release", "bench")
             pair.decode.all("abort", "bench")
@@ -204,13 +267,24 @@ def main(argv: list[str] | None = None) -> int:
     one = statistics.median(local_s)
     print(f"request: {prompt} tokens, {len(chunks)} chunks of ≤{args.chunk_pages} pages in {st.messages} message(s), "
           f"{nbytes / 2**20:.1f} MiB per transfer, in-flight bound {args.inflight_mb:g} MiB, {args.repeat} transfers")
-    print(f"P→D through Ray:          {ray_rate:8.3f} GB/s (median)")
+    print(f"P→D through Ray's store:  {ray_rate:8.3f} GB/s (median)")
+    if peer_s:
+        print(f"P→D store-free (mooncake):{nbytes / statistics.median(peer_s) / 1e9:8.3f} GB/s (median)")
     print(f"in-process torch copy_:   {local_rate:8.3f} GB/s (median)")
-    print(f"ratio (goal ≥ 0.5):       {ratio:8.3f} (median of per-transfer ratios)")
+    print(f"ratio, store (goal ≥ 0.5):{ratio:8.3f} (median of per-transfer ratios)")
+    if peer_s:
+        peer_ratio = statistics.median(ls / ps for ls, ps in zip(local_s, peer_s))
+        print(f"ratio, store-free:        {peer_ratio:8.3f} (median of per-transfer ratios)")
+    else:
+        print("ratio, store-free:             n/a (no store-free transport: see the log line above)")
     print(f"one message, no pages:    {msg * 1e3:8.3f} ms (median of {len(msg_s)}: two actor calls + one object)")
+    if peer_msg_s:
+        print(f"  store-free:             {statistics.median(peer_msg_s) * 1e3:8.3f} ms (median of {len(peer_msg_s)}: one actor call)")
     print(f"two copies in process:    {nbytes / two / 1e9:8.3f} GB/s → ratio ceiling {one / two:.3f} for any store-and-forward path")
     print(f"object-store floor:       {nbytes / floor_store / 1e9:8.3f} GB/s (put + get + copy out, no actor hop) "
           f"→ ratio ceiling {one / floor_store:.3f}")
+    print(f"loopback TCP floor:       {nbytes / statistics.median(tcp_s) / 1e9:8.3f} GB/s (one connection, no actor hop) "
+          f"→ ratio ceiling {one / statistics.median(tcp_s):.3f} for any path over TCP (the store-free one here)")
     print(f"model (store + messages): ratio ≤ {one / (floor_store + st.messages * msg):.3f} "
           f"({floor_store * 1e3:.2f} ms store + {st.messages} × {msg * 1e3:.2f} ms vs {statistics.median(ray_s) * 1e3:.2f} ms measured)")
     return 0

@@ -7,6 +7,7 @@ from typing import Any
 
 from harness import faults
 from harness.ledger import CONFIG_RID, LedgerConfig, LedgerWriter, config_event
+from harness.pd.peer import Endpoint
 from harness.pd.spec import KVSpec
 from harness.rundir import RunDir
 
@@ -30,6 +31,9 @@ class RankPayload:
         ValueError: ``shard`` is not a rank of ``tp``.
         FaultError: ``HARNESS_FAULTS`` names an unknown fault, or a patch the imported sglang lacks.
     """
+
+    buffers: Any  # the pool buffers a transfer moves (``.full`` / ``.swa`` page views), set by configure()
+    peer: Endpoint | None = None
 
     def __init__(self, name: str, shard: int, tp: int, run_dir: str, component: str):
         if not 0 <= shard < tp:
@@ -64,5 +68,19 @@ class RankPayload:
         head = next((e for e in reversed(events[:since]) if e.kind == "config"), None)
         return ([head.to_dict()] if head is not None else []) + [e.to_dict() for e in events[since:]]
 
+    def peer_open(self) -> dict[str, Any]:
+        """Open (or re-register after a configure) this rank's store-free transfer endpoint
+        (:class:`harness.pd.peer.Endpoint`); returns what a peer needs to write into its buffers."""
+        if self.peer is None:
+            self.peer = Endpoint()
+        return self.peer.open(self.buffers)
+
+    def peer_close(self) -> None:
+        """Close the endpoint, if open (its engine's ports with it)."""
+        if self.peer is not None:
+            self.peer.close()
+            self.peer = None
+
     def close(self) -> None:
+        self.peer_close()
         self.ledger.close()

@@ -142,6 +142,26 @@ class PrefillWorker(RankPayload):
             out.extend(kvfill.pack_pages(list(getattr(self.buffers, pool)), list(pages)))
         return out
 
+    def send_pages(self, rid: str, src: list[tuple[str, list[int]]], dst: list[tuple[str, list[int]]],
+                   target: dict[str, Any]) -> int:
+        """Write pages straight into a decode rank's buffers (the store-free path, :mod:`harness.pd.peer`).
+
+        Args:
+            rid: the request the pages belong to.
+            src: ``(pool, page ids)`` of this side (:meth:`transfer.Chunk.src`).
+            dst: ``(pool, decode page ids)``, the same pages in order (:meth:`transfer.Chunk.dst`).
+            target: the decode rank's endpoint (:class:`harness.pd.peer.Link`).
+
+        Returns:
+            Bytes written.
+
+        Raises:
+            RuntimeError: this rank's endpoint is not open, or the write failed.
+        """
+        if self.peer is None:
+            raise RuntimeError(f"{self.name}: send_pages before peer_open")
+        return self.peer.write(target, dst, self.read_chunk(rid, src))
+
     def release(self, rid: str) -> None:
         """Record what was shipped, then free the request through the real release path."""
         req = self.reqs.pop(rid)

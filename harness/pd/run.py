@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from harness import ledger
+from harness.pd import peer
 from harness.pd.errors import PDError
 from harness.pd.ranks import Ranks
 from harness.pd.spec import KVSpec, PDRequest
@@ -79,9 +80,11 @@ class PDPair:
         if len(prefill) != len(decode):
             raise ValueError(f"prefill has {len(prefill)} ranks, decode {len(decode)}: rank→rank needs equal TP")
         self.prefill, self.decode = prefill, decode
+        self.link: peer.Link | None = None  # the store-free transport, set by configure()
 
     def configure(self, spec: KVSpec, reset: bool = False) -> None:
-        """Rebuild every rank's pools for ``spec`` and check both sides move the same page layout.
+        """Rebuild every rank's pools for ``spec``, check both sides move the same page layout, and
+        (re)open the store-free transport over the new buffers (:func:`harness.pd.peer.connect`).
 
         Args:
             spec: the pool configuration.
@@ -104,6 +107,7 @@ class PDPair:
             raise PDError(f"page layouts differ: prefill {lp}, decode {ld}")
         self.page_bytes = {k: sum(v) for k, v in lp.items()}
         self.spec = spec
+        self.link = peer.connect(self.prefill, self.decode)
 
     def ledger_marks(self) -> dict[str, list[int]]:
         """Per role and rank, how many ledger events each worker has written so far."""
@@ -196,7 +200,7 @@ def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]
             src = pair.prefill.all("prefill", req.rid, req.prompt_len, group)
             chunks = plan(src, dst, chunk_pages)
             stats = transfer(pair.prefill, pair.decode, req.rid, chunks, pair.page_bytes,
-                             max_inflight_bytes=max_inflight_bytes, abort_after=req.abort_after_chunks)
+                             max_inflight_bytes=max_inflight_bytes, abort_after=req.abort_after_chunks, link=pair.link)
             res.chunks += stats.chunks
             res.bytes += stats.bytes
             res.transfer_s += stats.seconds

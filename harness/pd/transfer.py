@@ -14,6 +14,11 @@ The prefill returns a message as numpy arrays (``read_chunk``), which Ray copies
 object store; the decode actor receives the ObjectRef, reads the arrays zero-copy and writes them at
 the pages sglang allocated (``write_chunk``). At most ``max_inflight_bytes`` are unacknowledged at
 once (a single chunk larger than a rank's share goes alone).
+
+Given a :class:`harness.pd.peer.Link`, a message skips the store: one call on the prefill rank
+(``send_pages``) writes its pages into the decode rank's buffers over Mooncake, and the decode rank
+is not called at all until ``commit`` verifies the request. Without one (``HARNESS_PD_TRANSPORT``,
+or the automatic fallback: :func:`harness.pd.peer.connect`), messages go through the store as above.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from harness.pd.peer import Link
 from harness.pd.ranks import Ranks
 
 logger = logging.getLogger(__name__)
@@ -30,13 +36,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TransferStats:
-    """What one request's transfer moved: ``chunks`` of the plan in ``messages`` Ray round trips."""
+    """What one request's transfer moved: ``chunks`` of the plan in ``messages`` messages, ``peer``
+    when they skipped the object store."""
 
     bytes: int
     chunks: int
     seconds: float
     aborted: bool
     messages: int = 0
+    peer: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,7 +152,8 @@ def messages(chunks: list[Chunk], page_bytes: dict[str, int], max_inflight_bytes
 
 
 def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
-             page_bytes: dict[str, int], *, max_inflight_bytes: int, abort_after: int | None = None) -> TransferStats:
+             page_bytes: dict[str, int], *, max_inflight_bytes: int, abort_after: int | None = None,
+             link: Link | None = None) -> TransferStats:
     """Move the chunks of one request.
 
     Args:
@@ -155,6 +164,7 @@ def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
         page_bytes: bytes of one page over all buffers of a pool (``full``/``swa``).
         max_inflight_bytes: most bytes sent but not yet written on the decode side.
         abort_after: stop after this many chunks (an abort mid-transfer).
+        link: the decode ranks' endpoints for the store-free path (None: through the object store).
 
     Returns:
         The :class:`TransferStats`.
@@ -165,20 +175,30 @@ def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
         chunks = chunks[:abort_after]
     moved = 0
     inflight: list[tuple[Any, int, int]] = []  # (write handle, bytes, rank)
+    writer = decode if link is None else prefill  # whose call answers with the bytes written
 
     def drain(limit: int) -> None:
         nonlocal moved
         while inflight and sum(b for _, b, _ in inflight) > limit:
             handle, _, rank = inflight.pop(0)
-            moved += decode.get([handle], [rank])[0]
+            moved += writer.get([handle], [rank])[0]
 
     sent = 0
     batches = messages(chunks, page_bytes, max_inflight_bytes)
-    for msg, _ in batches:
-        size = msg.nbytes(page_bytes)
-        drain(max(0, max_inflight_bytes - size))
-        data = prefill.submit(msg.rank, "read_chunk", rid, msg.src())
-        inflight.append((decode.submit(msg.rank, "write_chunk", rid, msg.dst(), data), size, msg.rank))
-        sent += 1
-    drain(0)
-    return TransferStats(moved, len(chunks), time.perf_counter() - t0, aborted, messages=sent)
+    try:
+        for msg, _ in batches:
+            size = msg.nbytes(page_bytes)
+            drain(max(0, max_inflight_bytes - size))
+            if link is None:
+                data = prefill.submit(msg.rank, "read_chunk", rid, msg.src())
+                handle = decode.submit(msg.rank, "write_chunk", rid, msg.dst(), data)
+            else:
+                handle = prefill.submit(msg.rank, "send_pages", rid, msg.src(), msg.dst(), link.targets[msg.rank])
+            inflight.append((handle, size, msg.rank))
+            sent += 1
+        drain(0)
+    except Exception:
+        if link is not None:  # a write into a dead decode rank fails on the prefill side: name the
+            decode.check()  # dead worker (WorkerDied, with its log tail) rather than the failed write
+        raise
+    return TransferStats(moved, len(chunks), time.perf_counter() - t0, aborted, messages=sent, peer=link is not None)
