@@ -294,3 +294,32 @@ def test_a_field_the_probe_could_not_read_fails_naming_it():
                       "note": ledger.UNREADABLE + " evicted_seqlen (AttributeError('kv'))"})
     got = [v for v in check(evs) if v.rule == "probe-unreadable"]
     assert len(got) == 1 and "evicted_seqlen (AttributeError('kv'))" in got[0].message
+
+
+def _evict(freed_spans, floor, fill=321, rid="r0"):
+    return ev(4, "evict", rid=rid, fill_len=fill, evicted_seqlen=floor, freed_spans=freed_spans, pages={"swa": ()})
+
+
+def test_an_eviction_that_freed_window_slots_loses_the_window_whatever_floor_it_recorded():
+    # seq 321, window 100: positions 221.. keep SWA slots. The floor (192) is right; the slots freed are not.
+    lost = check([config(), _evict(((128, 192), (221, 256)), 192)])
+    assert [v.rule for v in lost] == ["swa-window-lost"]
+    assert lost[0].headline() == (
+        "[swa-window-lost] d0 evict of r0: seq 321: the eviction freed the SWA slots of 35 position(s) inside the "
+        "window [221, 321) ([221, 256); recorded floor 192)")
+    assert check([config(), _evict(((128, 221),), 192)]) == []  # up to the window's first position: kept
+
+
+def test_a_steps_eviction_and_allocation_at_one_state_judge_the_floor_once():
+    # the simulated engine records a step's evict and decode_alloc at the same (seq, floor)
+    evs = [config(), ev(0, "prealloc", fill_len=300, swa_tail_len=108, evicted_seqlen=192, pages={"swa": 2}),
+           ev(1, "evict", fill_len=321, evicted_seqlen=256, pages={"swa": 0}),
+           ev(2, "decode_alloc", fill_len=321, evicted_seqlen=256, pages={"swa": 0})]
+    assert [(v.rule, v.seq) for v in check(evs) if v.rule == "swa-window-lost"] == [("swa-window-lost", 1)]
+
+
+def test_freed_spans_round_trip_through_the_writer(tmp_path):
+    path = tmp_path / "d0.jsonl"
+    LedgerWriter(path, "d0", "decode").record("evict", "r0", P, fill_len=321, freed_spans=((128, 192),))
+    [back] = ledger.read(path)
+    assert back.freed_spans == ((128, 192),) and ledger.spans([5, 3, 4, 9]) == ((3, 6), (9, 10))

@@ -33,8 +33,10 @@ from harness.ledger.events import (
     Event,
     LedgerConfig,
     Pages,
+    Spans,
     Violation,
     config_event,
+    spans,
 )
 from harness.ledger.io import LedgerWriter, read, read_dir
 from harness.ledger.rules import KNOCK_ONS, RULES, prealloc_violations, swa_page_bound
@@ -55,8 +57,10 @@ __all__ = [
     "Event",
     "LedgerConfig",
     "Pages",
+    "Spans",
     "Violation",
     "config_event",
+    "spans",
     "LedgerWriter",
     "read",
     "read_dir",

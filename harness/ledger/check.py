@@ -94,7 +94,8 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
                 for v in prealloc_violations(config, ev):
                     bad(v.rule, ev, v.message)
             elif ev.kind in ("decode_alloc", "evict"):
-                check_decode_window(config, ev, bad)
+                judged = books.span.get(ev.rid) == (ev.fill_len, ev.evicted_seqlen)
+                check_decode_window(config, ev, bad, floor_judged=judged)
         if ev.kind == "alloc_fail" and ev.note.startswith(ADMITTED):
             bad("alloc-after-admit", ev, f"prealloc failed after admission accepted the request: {ev.note}")
         if ev.kind in TAKE_KINDS:

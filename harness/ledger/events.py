@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 #: Event kinds. ``config`` states the worker's configuration (:class:`LedgerConfig`) and baseline;
 #: ``prealloc`` and ``decode_alloc`` take pages, ``evict`` and ``release`` return them, ``transfer``
@@ -44,6 +44,10 @@ CONFIG_RID = "<config>"
 
 
 Pages = Mapping[str, "tuple[int, ...] | int"]
+
+
+#: Token positions as ``(lo, hi)`` spans, ``hi`` exclusive, ascending and disjoint.
+Spans = tuple[tuple[int, int], ...]
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -111,7 +115,9 @@ class LedgerConfig:
 
 @dataclass(frozen=True)
 class Event:
-    """One accounting event. ``pages`` maps a pool name to page ids (or a page count)."""
+    """One accounting event. ``pages`` maps a pool name to page ids (or a page count); on an ``evict``,
+    ``freed_spans`` are the request's token positions whose SWA slots the eviction really freed (read
+    from the engine's state, not from the floor it recorded: :func:`spans`)."""
 
     seq: int
     ts: float
@@ -131,6 +137,7 @@ class Event:
     reserved: Mapping[str, int] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
+    freed_spans: Spans = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The event as a JSON-able object (page ids as lists).
@@ -140,6 +147,7 @@ class Event:
         """
         d = {name: getattr(self, name) for name in _FIELDS}
         d["pages"] = {k: (v if isinstance(v, int) else list(v)) for k, v in self.pages.items()}
+        d["freed_spans"] = [list(s) for s in self.freed_spans]
         d["free_before"] = dict(self.free_before)
         d["free_after"] = dict(self.free_after)
         d["reserved"] = dict(self.reserved)
@@ -159,10 +167,26 @@ class Event:
         """
         d = dict(d)
         d["pages"] = {k: (v if isinstance(v, int) else tuple(int(x) for x in v)) for k, v in d.get("pages", {}).items()}
+        d["freed_spans"] = tuple((int(lo), int(hi)) for lo, hi in d.get("freed_spans", ()))
         return cls(**d)
 
 
 _FIELDS = tuple(f.name for f in fields(Event))
+
+
+def spans(positions: Iterable[int]) -> Spans:
+    """Positions as ascending, disjoint ``(lo, hi)`` spans (``hi`` exclusive).
+
+    >>> spans([7, 3, 4, 5, 9, 8, 4])
+    ((3, 6), (7, 10))
+    """
+    out: list[list[int]] = []
+    for p in sorted(set(positions)):
+        if out and out[-1][1] == p:
+            out[-1][1] = p + 1
+        else:
+            out.append([p, p + 1])
+    return tuple((lo, hi) for lo, hi in out)
 
 
 def config_event(config: LedgerConfig, baseline: Mapping[str, int] | None = None) -> dict[str, Any]:

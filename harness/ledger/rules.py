@@ -23,12 +23,16 @@ and those that judge one event on its own (:func:`prealloc_violations`).
     the admission reservation sglang reports for a prealloc (decode reserve excluded) covers the
     whole pages it charges: ``ceil(fill / P) * P`` full and ``ceil(tail / P) * P`` SWA tokens.
 ``swa-window-lost``
-    at decode, every position of the window ``[fill - W, fill)`` keeps its SWA slot: floor <= fill - W.
+    at decode, every position of the window ``[fill - W, fill)`` keeps its SWA slot: floor <= fill - W,
+    and an eviction's ``freed_spans`` (the positions whose SWA slots it really freed, read by the
+    engine's probe, whatever floor it recorded) end at or before ``fill - W``.
 ``swa-evict-late``
     at decode, nothing before the window survives longer than the eviction interval I allows:
     ``fill - 1 - floor <= max(W_eff + P, W + I, ceil(max(W, P) / P) * P + P) - 1``.
 ``swa-over-window``
-    a request never holds more SWA pages than its live span ``[floor, fill)`` covers.
+    a request never holds more SWA pages than its live span ``[floor, fill)`` covers (the pages it
+    really holds, so an eviction that freed less than its floor says breaks this one, and with
+    ``swa-evict-late`` the interval bounds what it really keeps).
 ``alloc-after-admit``
     a prealloc failed for a request admission had accepted (its pages were promised).
 ``probe-unreadable``
@@ -79,7 +83,7 @@ RULES: dict[str, str] = {
     "full-charge": "a prealloc takes ceil(fill / page) - prefix / page full pages",
     "host-charge": "a hisparse prealloc takes ceil((fill // compression) / host_page) host pages",
     "reserve-short": "admission's reservation, less the decode reserve, covers the whole pages a prealloc charges",
-    "swa-window-lost": "while decoding, every position of the window keeps its SWA slot (floor <= seq - window)",
+    "swa-window-lost": "while decoding, every position of the window keeps its SWA slot (no floor or freed slot inside it)",
     "swa-evict-late": "while decoding, no SWA slot before the window outlives what the eviction interval allows",
     "alloc-after-admit": "a prealloc admission accepted never fails",
     "probe-unreadable": "the probe read every field it records (none is silently missing)",
@@ -185,11 +189,28 @@ def prealloc_violations(config: LedgerConfig, ev: Event) -> list[Violation]:
     return out
 
 
-def check_decode_window(config: LedgerConfig, ev: Event, bad) -> None:
-    """``swa-window-lost`` / ``swa-evict-late`` on a decode event carrying the seq length and floor."""
-    if not config.window or ev.fill_len is None or ev.evicted_seqlen is None or ev.rid.startswith("<"):
+def check_decode_window(config: LedgerConfig, ev: Event, bad, *, floor_judged: bool = False) -> None:
+    """``swa-window-lost`` / ``swa-evict-late`` on a decode event carrying the seq length and floor,
+    and ``swa-window-lost`` on the positions an eviction really freed (``freed_spans``, which the
+    server probe and the PD ranks both record): one rule for both engines' evictions.
+
+    Args:
+        floor_judged: the request's (seq length, floor) was already judged on an earlier event (one
+            engine records a step's eviction and its allocation at the same state): the floor is not
+            judged again, the freed positions still are.
+    """
+    if not config.window or ev.fill_len is None or ev.rid.startswith("<"):
         return
-    fill, floor = ev.fill_len, ev.evicted_seqlen
+    fill, W = ev.fill_len, config.window
+    if ev.freed_spans:
+        inside = [(max(lo, fill - W), hi) for lo, hi in ev.freed_spans if hi > max(0, fill - W)]
+        if inside:
+            n = sum(hi - lo for lo, hi in inside)
+            bad("swa-window-lost", ev, f"seq {fill}: the eviction freed the SWA slots of {n} position(s) inside "
+                f"the window [{max(0, fill - W)}, {fill}) ({_said(inside)}; recorded floor {ev.evicted_seqlen})")
+    if ev.evicted_seqlen is None or floor_judged:
+        return
+    floor = ev.evicted_seqlen
     if floor > max(0, fill - config.window):
         bad("swa-window-lost", ev, f"seq {fill}: SWA floor {floor} > {fill} - window {config.window}: "
             "a position inside the window lost its SWA slot")
@@ -198,6 +219,12 @@ def check_decode_window(config: LedgerConfig, ev: Event, bad) -> None:
         bad("swa-evict-late", ev, f"seq {fill}: {fill - 1 - floor} tokens before the new one keep SWA slots "
             f"(floor {floor}); window {config.window}, page {config.page_size}, eviction interval "
             f"{config.eviction_interval} allow {bound}")
+
+
+def _said(spans) -> str:
+    """Spans as a reader writes them: ``[448, 512)``, a few at most."""
+    text = ", ".join(f"[{lo}, {hi})" for lo, hi in spans[:3])
+    return text + (f" and {len(spans) - 3} more" if len(spans) > 3 else "")
 
 
 def check_eviction_floor(ev: Event, bad) -> None:
