@@ -171,16 +171,16 @@ def test_probe_config_comes_from_the_queue_and_an_unreadable_field_is_named(monk
     """The probe's config event is the server's configuration (here a real decode queue), and a field it
     cannot read raises with its name instead of turning into a silent None."""
     from harness.targets.sglang import DecodeConfig, DecodeSide
-    from harness.targets.sglang.server import probe
+    from harness.targets.sglang.server import probe_read
 
     monkeypatch.delenv("SGLANG_SWA_EVICTION_INTERVAL", raising=False)
     side = DecodeSide(DecodeConfig(page_size=64, window=100, radix_cache=True))
-    assert probe._config_of(side.queue) == side.ledger_config(eviction_interval=128)  # sglang's default interval
-    with pytest.raises(probe.ProbeReadError, match=r"evicted_seqlen \(req.kv.get_evicted_seqlen"):
-        probe._evicted_seqlen(object())
+    assert probe_read.config_of(side.queue) == side.ledger_config(eviction_interval=128)  # sglang's default interval
+    with pytest.raises(probe_read.ProbeReadError, match=r"evicted_seqlen \(req.kv.get_evicted_seqlen"):
+        probe_read.evicted_seqlen(object())
     broken = type("Queue", (), {"token_to_kv_pool_allocator": side.allocator, "scheduler": object()})()
-    with pytest.raises(probe.ProbeReadError, match="scheduler.sliding_window_size"):
-        probe._config_of(broken)
+    with pytest.raises(probe_read.ProbeReadError, match="scheduler.sliding_window_size"):
+        probe_read.config_of(broken)
 
 
 def test_mooncake_patch_has_nothing_to_do_on_a_release_before_the_host_tensor_path(monkeypatch):

@@ -33,7 +33,8 @@ _CORE_SOURCES = {
     "disaggregation/decode.py": ("class DecodePreallocQueue:\n    def _swa_tail_len(self, seq_len):\n        pass\n\n"
                                  "def alloc_for_decode_prealloc(allocator):\n    pass\n"),
     "mem_cache/allocator/swa.py": "class SWATokenToKVPoolAllocator:\n    pass\n",
-    "runtime_context.py": "def get_context():\n    pass\n",
+    "runtime_context.py": ("class RuntimeContext:\n    def override_server_args(self, **fields):\n        pass\n\n"
+                           "def get_context():\n    pass\n"),
 }
 
 
@@ -98,7 +99,8 @@ def test_tree_resolves_a_checkout_root_to_its_python_dir_and_records_git_state(t
     clean = target.resolve(str(checkout))
     assert (clean.origin, clean.version, clean.root) == ("tree", "0.5.22", str((checkout / "python").resolve()))
     assert clean.commit and len(clean.commit) == 40 and clean.dirty is False
-    (checkout / "python" / "sglang" / "srt" / "runtime_context.py").write_text("def get_context():\n    return 1\n")
+    with (checkout / "python" / "sglang" / "srt" / "runtime_context.py").open("a") as edit:
+        edit.write("# edited\n")
     dirty = target.resolve(str(checkout / "python"))
     assert dirty.commit == clean.commit and dirty.dirty is True
     assert dirty.label().endswith(f"@ {clean.commit[:12]}, dirty)")
@@ -200,9 +202,24 @@ def test_a_tree_of_links_imported_first_is_that_tree(tmp_path):
 def test_core_and_release_checks_read_source_only(tmp_path):
     assert compat.core_missing(fake_tree(tmp_path / "ok")) is None
     assert "DecodePreallocQueue._swa_tail_len" in compat.core_missing(fake_tree(tmp_path / "old", core=False))
-    assert compat.release_refused("0.5.18") and compat.release_refused("0.4.10")
-    assert compat.release_refused("0.5.19") is None and compat.release_refused("0.5.24") is None
-    assert compat.release_deps("0.5.19") and compat.release_deps("0.5.23") == ()
+    assert compat.release_refused("0.5.15") and compat.release_refused("0.4.10")
+    assert all(compat.release_refused(v) is None for v in ("0.5.16", "0.5.18", "0.5.19", "0.5.24"))
+    assert compat.release_deps("0.5.16") and compat.release_deps("0.5.19") and compat.release_deps("0.5.23") == ()
+
+
+def test_release_before_the_module_level_prealloc_is_refused_with_the_reason():
+    """0.5.15 is refused for what it lacks (its prealloc is inline in the queue), not for its SWA tail,
+    which floors the window start exactly as the supported releases do."""
+    refusal = compat.release_refused("0.5.15")
+    assert "\n" not in refusal and "inline in DecodePreallocQueue._pre_alloc" in refusal
+    assert "no module-level alloc_for_decode_prealloc" in refusal and "pass 0.5.16 or newer" in refusal
+    assert compat.release_refused("0.5.16") is None
+
+
+def test_a_tree_whose_runtime_context_cannot_override_server_args_lacks_the_core(tmp_path):
+    tree = fake_tree(tmp_path / "t")
+    (tree / "sglang/srt/runtime_context.py").write_text("def get_context():\n    pass\n")  # 0.5.15's shape
+    assert compat.core_missing(tree) == "no RuntimeContext.override_server_args in sglang/srt/runtime_context.py"
 
 
 def test_triton_only_paged_allocator_runs_interpreted_without_a_gpu_driver(tmp_path, monkeypatch):
@@ -324,3 +341,15 @@ def test_rerun_test_refuses_a_release_the_index_does_not_have(tmp_path):
     # One error line, before anything is installed or any run directory made.
     assert len(lines) == 1 and "sglang 0.5.999 is not on the package index" in lines[0], lines
     assert not run_dir.exists() and not list((tmp_path / "cache").glob(".*lock"))
+
+
+def test_a_server_option_is_read_from_either_place_a_release_declares_it(tmp_path):
+    """``--disaggregation-decode-retraction-backup`` (first in 0.5.18) is passed to a CPU decode server
+    only where the target declares it: in ``server_args.py`` up to 0.5.22, ``arg_groups/fields`` in 0.5.23."""
+    option = "disaggregation_decode_retraction_backup"
+    old, flat, grouped = (fake_tree(tmp_path / name) for name in ("old", "flat", "grouped"))
+    (old / "sglang/srt/server_args.py").write_text("class ServerArgs:\n    page_size: int = 1\n")
+    (flat / "sglang/srt/server_args.py").write_text(f"class ServerArgs:\n    {option}: A[str] = None\n")
+    (grouped / "sglang/srt/arg_groups/fields").mkdir(parents=True)
+    (grouped / "sglang/srt/arg_groups/fields/disagg.py").write_text(f"class Disagg:\n    {option}: A[\n        str]\n")
+    assert [compat.server_option(t, option) for t in (old, flat, grouped)] == [False, True, True]

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from harness.ledger import spans
 from harness.pd import kvfill
 from harness.pd.errors import KVCorruption, PreallocError, WindowLost
 from harness.pd.payload import RankPayload
@@ -148,16 +149,26 @@ class DecodeWorker(RankPayload):
 
         return token_locs(self.side.req_to_token_pool, self.side.allocator, live.req, start, end)
 
+    @staticmethod
+    def _kv(req: Any) -> Any:
+        from harness.targets.sglang.compat import req_kv
+
+        return req_kv(req)
+
     def _evicted(self, req: Any) -> int:
-        from harness.targets.sglang.compat import evicted_seqlen
+        from harness.targets.sglang.compat import evicted_seqlen, req_kv
 
-        return evicted_seqlen(req.kv)
+        return evicted_seqlen(req_kv(req))
 
-    def _owned(self, live: _Live) -> dict[str, set[int]]:
-        """Pages this request owns now: full pages past its cached prefix, SWA pages of its live tail."""
+    def _row(self, live: _Live) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full and SWA slots of the request's positions past its cached prefix (SWA slot 0 = none)."""
+        return self._locs(live, live.prefix, int(self._kv(live.req).kv_allocated_len))
+
+    def _owned(self, live: _Live, row: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, set[int]]:
+        """Pages this request owns now (``row``: its :meth:`_row`, read now if not given): full pages past
+        its cached prefix, SWA pages of its live tail."""
         P = self.spec.page_size
-        n = int(live.req.kv.kv_allocated_len)
-        full, swa = self._locs(live, live.prefix, n)
+        full, swa = row if row is not None else self._row(live)
         ev = max(0, self._evicted(live.req) - live.prefix)
         return {"full": set((full // P).tolist()), "swa": set((swa[ev:] // P).tolist()) - {0}}
 
@@ -346,7 +357,8 @@ class DecodeWorker(RankPayload):
             return []
         P = self.spec.page_size
         lives = list(self.live.values())
-        owned_before = {lv.req.rid: self._owned(lv) for lv in lives}
+        rows_before = {lv.req.rid: self._row(lv) for lv in lives}
+        owned_before = {lv.req.rid: self._owned(lv, rows_before[lv.req.rid]) for lv in lives}
         ev_before = {lv.req.rid: self._evicted(lv.req) for lv in lives}
         before = self._pages()
         with _eviction_interval(self.spec.eviction_interval):
@@ -355,7 +367,8 @@ class DecodeWorker(RankPayload):
         after = self._pages()
         taken = {k: before[k] - after[k] for k in before}
         freed = {k: after[k] - before[k] for k in before}
-        owned_now = {lv.req.rid: self._owned(lv) for lv in lives}
+        rows_now = {lv.req.rid: self._row(lv) for lv in lives}
+        owned_now = {lv.req.rid: self._owned(lv, rows_now[lv.req.rid]) for lv in lives}
         new_all = {k: set().union(*(owned_now[r][k] - owned_before[r][k] for r in owned_now)) for k in before}
         gone_all = {k: set().union(*(owned_before[r][k] - owned_now[r][k] for r in owned_now)) for k in before}
         # Freed by nobody's row (the radix cache's pages), or handed to a request without passing
@@ -370,13 +383,19 @@ class DecodeWorker(RankPayload):
             rid = lv.req.rid
             gone = {k: owned_before[rid][k] - owned_now[rid][k] for k in freed}
             ev = self._evicted(lv.req)
-            if ev != ev_before[rid] or any(gone.values()):
-                self.ledger.record("evict", rid, P, evicted_seqlen=ev,
+            # The positions whose SWA slot the step really cleared (the ledger's window rule judges
+            # them, as it does the real server's probe's), whatever floor sglang recorded.
+            was, now = rows_before[rid][1], rows_now[rid][1]
+            m = min(len(was), len(now))
+            lost = spans((((was[:m] > 0) & (now[:m] == 0)).nonzero().reshape(-1) + lv.prefix).tolist())
+            if ev != ev_before[rid] or any(gone.values()) or lost:
+                self.ledger.record("evict", rid, P, evicted_seqlen=ev, freed_spans=lost,
+                                   fill_len=int(self._kv(lv.req).kv_committed_len),
                                    pages={k: tuple(sorted(v)) for k, v in gone.items()})
         new_tokens: dict[str, list[tuple[int, int, int]]] = {"full": [], "swa": []}  # (position, seed, loc)
         for lv, loc in zip(lives, out.tolist()):
             rid = lv.req.rid
-            pos = int(lv.req.kv.kv_committed_len) - 1
+            pos = int(self._kv(lv.req).kv_committed_len) - 1
             seed = seeds(lv.group, rid, self.shard)[1]
             _, swa_loc = self._locs(lv, pos, pos + 1)
             new_tokens["full"].append((pos, seed, loc))
@@ -396,11 +415,11 @@ class DecodeWorker(RankPayload):
             self.ledger.record("decode_alloc", "<unattributed>", P, pages=stray_taken)
         windows = []
         for lv in lives:
-            n = int(lv.req.kv.kv_committed_len)
+            n = int(self._kv(lv.req).kv_committed_len)
             windows.append((lv, max(0, n - self.spec.window), n))
         self._verify(windows, full=False, when=f"decode step {self.steps}")
         done = [lv.req.rid for lv in lives if lv.steps_left <= 0]
-        self._verify([(self.live[rid], 0, int(self.live[rid].req.kv.kv_committed_len)) for rid in done], full=True,
+        self._verify([(self.live[rid], 0, int(self._kv(self.live[rid].req).kv_committed_len)) for rid in done], full=True,
                      when="at finish")
         for rid in done:
             self._release(rid, abort=False)

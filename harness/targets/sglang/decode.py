@@ -164,7 +164,8 @@ class DecodeSide:
 
     def __init__(self, config: DecodeConfig):
         self.config = config
-        self._settings = runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache)
+        self._settings = runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache,
+                                                  page_size=config.page_size)
         runtime.publish(self._settings)
         sizes, device = config.sizes, config.device
         self.req_to_token_pool = pool_builders.build_req_to_token_pool(sizes, device)
@@ -308,10 +309,11 @@ class DecodeSide:
         if self.config.hisparse:
             return decode.alloc_for_decode_prealloc_hisparse(
                 self.allocator, req=req, fill_len=fill_len, uses_swa_tail=True, swa_tail_len=swa_tail_len)
-        return decode.alloc_for_decode_prealloc(
-            self.allocator, req=req, fill_len=fill_len, delta_len=fill_len, prefix_len=0, total_prefix_len=0,
-            prefix_indices=None, uses_swa_tail=self.queue._uses_swa_tail_prealloc(), swa_tail_len=swa_tail_len,
-            req_to_token_pool=self.req_to_token_pool)
+        return decode.alloc_for_decode_prealloc(self.allocator, **compat.decode_prealloc_kwargs(
+            decode.alloc_for_decode_prealloc, dict(
+                req=req, fill_len=fill_len, delta_len=fill_len, prefix_len=0, total_prefix_len=0, prefix_indices=None,
+                uses_swa_tail=self.queue._uses_swa_tail_prealloc(), swa_tail_len=swa_tail_len,
+                req_to_token_pool=self.req_to_token_pool)))
 
     def prealloc(self, req: Any) -> PreallocResult:
         """Preallocate a received request through the real ``DecodePreallocQueue._pre_alloc``.
@@ -351,7 +353,11 @@ class DecodeSide:
             held = self.snapshot().taken_since(before)
             self._abort_failed_prealloc(req)
             raise PreallocFailed(req.rid, str(exc), held) from exc
-        req.kv.cache_protected_len = total_prefix_len
+        compat.req_kv(req).cache_protected_len = total_prefix_len
+        if prefix_len > 0 and compat.missing("decode-radix-swa-prefix"):
+            # Before 0.5.19 _pre_alloc leaves the SWA-tail path for a prefix hit
+            # (``uses_swa_tail and prefix_len == 0``): SWA for the whole extension past the prefix.
+            uses_swa_tail, swa_tail_len = False, fill_len
         logger.debug("prealloc %s fill=%d tail=%d prefix=%d", req.rid, fill_len, swa_tail_len, prefix_len)
         return PreallocResult(rid=req.rid, fill_len=fill_len, swa_tail_len=swa_tail_len,
                               uses_swa_tail=uses_swa_tail, prefix_len=prefix_len, destination=destination)
@@ -360,11 +366,12 @@ class DecodeSide:
         # Abort a request that got a slot (and, hisparse, host slots) but no KV, through sglang's
         # own paths: the coordinator frees the slot's host rows, the pool frees the row, the tree
         # drops the prefix lock. Full and SWA pages are deliberately not touched.
-        if req.kv.holds_kv:
+        kv = compat.req_kv(req)
+        if kv.holds_kv:
             if self.coordinator is not None:
                 self.coordinator.request_finished(req)
             self.req_to_token_pool.free(req)
-        req.kv.mark_kv_released()
+        kv.mark_kv_released()
         if getattr(req, "lock", None) is not None:
             self.tree_cache.unlock(req.lock)
             req.lock = None

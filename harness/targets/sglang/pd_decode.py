@@ -38,7 +38,8 @@ class Dsv4DecodeSide(DecodeSide):
         if config.hisparse:
             raise ValueError("Dsv4DecodeSide is the non-hisparse graph; use DecodeSide for hisparse")
         self.config = config
-        self._settings = runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache)
+        self._settings = runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache,
+                                                  page_size=config.page_size)
         runtime.publish(self._settings)
         sizes, device = config.sizes, config.device
         self.req_to_token_pool = pool_builders.build_req_to_token_pool(sizes, device)
@@ -55,7 +56,8 @@ def decode_step(side: DecodeSide, reqs: list[Any], step: int) -> torch.Tensor:
     """Run one decode step for ``reqs`` through ``alloc_for_decode(batch, token_per_req=1)``.
 
     Afterwards does the bookkeeping ``ScheduleBatch.prepare_for_decode`` does around that call
-    (``decode_batch_idx += 1``); the caller appends the sampled token to ``output_ids``.
+    (:func:`~harness.targets.sglang.compat.commit_decode_tokens`); the caller appends the sampled
+    token to ``output_ids``.
 
     Args:
         side: the decode side.
@@ -74,8 +76,8 @@ def decode_step(side: DecodeSide, reqs: list[Any], step: int) -> torch.Tensor:
 
     runtime.publish(side._settings)
     device = side.allocator.device
-    seq = [int(r.kv.kv_committed_len) for r in reqs]
-    idx = [int(r.kv.req_pool_idx) for r in reqs]
+    seq = [int(compat.req_kv(r).kv_committed_len) for r in reqs]
+    idx = [int(compat.req_kv(r).req_pool_idx) for r in reqs]
     batch = ScheduleBatch(
         reqs=list(reqs),
         req_to_token_pool=side.req_to_token_pool,
@@ -92,8 +94,7 @@ def decode_step(side: DecodeSide, reqs: list[Any], step: int) -> torch.Tensor:
         req_pool_indices_cpu=torch.tensor(idx, dtype=torch.int64),
     )
     out = alloc_for_decode(batch, token_per_req=1)
-    for r in reqs:
-        r.decode_batch_idx += 1
+    compat.commit_decode_tokens(reqs, token_per_req=1)
     # Not driven: prepare_for_decode's hisparse_coordinator.map_last_loc_to_buffer (it stages the
     # top-k device buffer for the attention kernel and needs CUDA); the logical allocation above is
     # the accounting under test.

@@ -253,10 +253,10 @@ def build_tree_cache(req_to_token_pool: Any, allocator: Any, page_size: int, win
         The tree cache.
     """
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    components = (ComponentType.FULL, ComponentType.SWA) if window else (ComponentType.FULL,)
+    component = compat.component_type()
+    components = (component.FULL, component.SWA) if window else (component.FULL,)
     return UnifiedRadixCache(
         CacheInitParams(
             disable=not radix_cache,

@@ -167,7 +167,7 @@ def token_locs(req_to_token_pool: Any, allocator: Any, req: Any, start: int, end
         ``(full_locs, swa_locs)`` as int64 CPU tensors.
     """
     a = logical_allocator(allocator)
-    row = req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end].to(torch.int64)
+    row = req_to_token_pool.req_to_token[compat.req_kv(req).req_pool_idx, start:end].to(torch.int64)
     swa = a.full_to_swa_index_mapping[row].to(torch.int64)
     return row.cpu(), swa.cpu()
 
@@ -185,7 +185,7 @@ class PrefillSide:
     """
 
     def __init__(self, kind: str, page_size: int, window: int, sizes: pool_builders.PoolSizes, device: str):
-        runtime.publish(runtime.RuntimeSettings(device=device, radix_cache=False))
+        runtime.publish(runtime.RuntimeSettings(device=device, radix_cache=False, page_size=page_size))
         sizes = replace(sizes, swa_tokens=sizes.full_tokens)
         self.page_size = page_size
         self.device = device
@@ -227,9 +227,10 @@ class PrefillSide:
         if loc is None:
             self.req_to_token_pool.free(req)
             raise MemoryError(f"prefill: pools cannot hold {prompt_len} tokens of {rid}")
-        self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, prompt_len)), loc.to(torch.int32))
-        req.kv.kv_allocated_len = prompt_len
-        req.kv.kv_committed_len = prompt_len
+        kv = compat.req_kv(req)
+        self.req_to_token_pool.write((kv.req_pool_idx, slice(0, prompt_len)), loc.to(torch.int32))
+        kv.kv_allocated_len = prompt_len
+        kv.kv_committed_len = prompt_len
         # The first output token, sampled at the end of prefill, goes to decode with the KV.
         req.output_ids.append(100_000)
         return req

@@ -15,27 +15,36 @@ import re
 from pathlib import Path
 
 #: The supported releases, as shown in messages.
-SUPPORTED_RANGE = "0.5.19 … 0.5.23"
+SUPPORTED_RANGE = "0.5.16 … 0.5.23"
 
-#: The oldest release the adapter drives. Not because older ones lack the page-floored SWA tail: every
-#: release from 0.5.15 floors the window start exactly as 0.5.23 does, and ships ``runtime_context``.
-#: What 0.5.19 added are the two evict-floor asserts (sglang#35286 / #35396), and what the adapter
-#: has not been made to drive below it is the request's KV state (``req.kv`` optional with two fields
-#: in 0.5.16 … 0.5.18, flat attributes in 0.5.15) and, in 0.5.15, the prealloc written out inside
-#: ``DecodePreallocQueue._pre_alloc`` instead of the module-level ``alloc_for_decode_prealloc``.
-OLDEST_RELEASE = (0, 5, 19)
+#: The oldest release the adapter drives. Every release from 0.5.15 floors the SWA window start to a
+#: page exactly as 0.5.23 does (``_swa_tail_len``) and ships ``runtime_context``; what 0.5.19 added are
+#: the two evict-floor asserts (sglang#35286 / #35396), which the harness's oracle does not lean on
+#: (the ledger's ``evicted-unaligned`` rule is its own), so 0.5.16 … 0.5.18 are driven, with what
+#: differs probed in :mod:`.compat` (their request KV state: :func:`compat.req_kv`). 0.5.15 is not:
+#: its decode prealloc is written out inside ``DecodePreallocQueue._pre_alloc``, with no module-level
+#: ``alloc_for_decode_prealloc`` for the adapter to hand a caller-chosen SWA tail (``alloc_with_tail``)
+#: without copying sglang's code, and its runtime context cannot override server arguments
+#: (``override_server_args`` came in 0.5.16), which is how the adapter publishes a decode worker's settings.
+OLDEST_RELEASE = (0, 5, 16)
+
+#: Why a release older than :data:`OLDEST_RELEASE` is refused, in one line.
+_TOO_OLD = ("its PD decode prealloc is inline in DecodePreallocQueue._pre_alloc (no module-level "
+            "alloc_for_decode_prealloc, first in 0.5.16)")
 
 #: The newest release checked against; newer ones are tried (capabilities decide what runs).
 NEWEST_CHECKED = (0, 5, 23)
 
+#: sglang 0.5.16 … 0.5.19 (0.5.15 too) register their own ``qwen3_asr`` config, which transformers >= 5.13 also
+#: defines ("'qwen3_asr' is already used by a Transformers config" at import); their own pin 5.12.1
+#: needs huggingface_hub 1.x (httpx-based) and tokenizers <= 0.23.0. 0.5.20 renamed the config.
+_TRANSFORMERS_5_12 = ("transformers==5.12.1", "huggingface_hub==1.33.0", "httpx==0.28.1", "httpcore==1.0.9",
+                      "h11==0.16.0", "tokenizers==0.22.2")
+
 #: Module-level dependency pins a release needs where the venv's (sglang 0.5.23's set) differ,
 #: found by importing each release on the venv. Installed with the release into its cache.
 RELEASE_DEPS: dict[str, tuple[str, ...]] = {
-    # 0.5.19 registers its own ``qwen3_asr`` config, which transformers >= 5.13 also defines
-    # ("'qwen3_asr' is already used by a Transformers config" at import); its own pin 5.12.1
-    # needs huggingface_hub 1.x (httpx-based) and tokenizers <= 0.23.0. 0.5.20 renamed the config.
-    "0.5.19": ("transformers==5.12.1", "huggingface_hub==1.33.0", "httpx==0.28.1", "httpcore==1.0.9",
-               "h11==0.16.0", "tokenizers==0.22.2"),
+    release: _TRANSFORMERS_5_12 for release in ("0.5.16", "0.5.17", "0.5.18", "0.5.19")
 }
 
 
@@ -46,6 +55,7 @@ _CORE: tuple[tuple[str, str, str], ...] = (
     ("disaggregation/decode.py", r"^def alloc_for_decode_prealloc\(", "alloc_for_decode_prealloc"),
     ("mem_cache/allocator/swa.py", r"^class SWATokenToKVPoolAllocator\b", "SWATokenToKVPoolAllocator"),
     ("runtime_context.py", r"^def get_context\(", "runtime_context.get_context"),
+    ("runtime_context.py", r"^\s+def override_server_args\(", "RuntimeContext.override_server_args"),
 )
 
 
@@ -83,8 +93,8 @@ def release_refused(version: str) -> str | None:
     """
     found = re.match(r"^(\d+)\.(\d+)\.(\d+)", version)
     if found and tuple(int(p) for p in found.groups()) < OLDEST_RELEASE:
-        return (f"sglang {version} is older than the supported range {SUPPORTED_RANGE}: the adapter does not drive "
-                "its decode prealloc yet (its request KV state differs from 0.5.19's); pass 0.5.19 or newer")
+        return (f"sglang {version} is older than the supported range {SUPPORTED_RANGE}: {_TOO_OLD}; "
+                "pass 0.5.16 or newer")
     return None
 
 
@@ -98,6 +108,23 @@ def release_deps(version: str) -> tuple[str, ...]:
         pip requirement strings (empty when the venv's serve).
     """
     return RELEASE_DEPS.get(version, ())
+
+
+def server_option(root: Path, dest: str) -> bool:
+    """Whether the target at ``root`` has a server option: its ``ServerArgs`` field, declared in
+    ``srt/server_args.py`` (up to 0.5.22) or ``srt/arg_groups/fields/*.py`` (0.5.23); imports nothing.
+    E.g. ``disaggregation_decode_retraction_backup`` (``--disaggregation-decode-retraction-backup``)
+    is first in 0.5.18.
+
+    Args:
+        root: the directory holding ``sglang/``.
+        dest: the option's field name.
+    """
+    field = re.compile(rf"^\s+{re.escape(dest)}\s*:", re.MULTILINE)
+    fields = Path(root) / "sglang" / "srt" / "arg_groups" / "fields"
+    texts = [source_text(root, "server_args.py"),
+             *(p.read_text(encoding="utf-8", errors="replace") for p in sorted(fields.glob("*.py")))]
+    return any(field.search(text) for text in texts)
 
 
 def source_text(root: Path, rel: str) -> str:

@@ -29,10 +29,18 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    """The server settings a decode worker publishes that change decode prealloc behaviour."""
+    """The server settings a worker publishes that change decode prealloc and release behaviour.
+
+    Attributes:
+        device: the device its pools are on.
+        radix_cache: ``--disaggregation-decode-enable-radix-cache``.
+        page_size: ``--page-size`` (None: sglang's default); 0.5.16's ``release_kv_cache`` reads it from
+            the server arguments (later releases from the allocator).
+    """
 
     device: str = "cpu"
     radix_cache: bool = False
+    page_size: int | None = None
 
 
 _published: dict[str, Any] = {"settings": None, "override": None}
@@ -42,8 +50,8 @@ def publish(settings: RuntimeSettings) -> None:
     """Publish sglang's runtime context for a PD decode worker, unless already published.
 
     Args:
-        settings: device and whether the decode radix cache is on
-            (``--disaggregation-decode-enable-radix-cache``).
+        settings: device, whether the decode radix cache is on
+            (``--disaggregation-decode-enable-radix-cache``) and the page size.
     """
     if _published["settings"] == settings:
         return
@@ -53,11 +61,11 @@ def publish(settings: RuntimeSettings) -> None:
     if previous is not None:
         previous.restore()
     device_type = settings.device.split(":", 1)[0]
-    override = get_context().override_server_args(
-        device=device_type,
-        disaggregation_mode="decode",
-        disaggregation_decode_enable_radix_cache=settings.radix_cache,
-    )
+    fields: dict[str, Any] = dict(device=device_type, disaggregation_mode="decode",
+                                  disaggregation_decode_enable_radix_cache=settings.radix_cache)
+    if settings.page_size is not None:
+        fields["page_size"] = settings.page_size
+    override = get_context().override_server_args(**fields)
     override.install()
     _published.update(settings=settings, override=override)
     logger.debug("published sglang runtime context %s", settings)

@@ -107,7 +107,7 @@ def req_state(req: Any, req_to_token_pool: Any, allocator: Any, coordinator: Any
     """
     from harness.targets.sglang import compat
 
-    kv = req.kv
+    kv = compat.req_kv(req)
     idx = kv.req_pool_idx
     allocated = int(kv.kv_allocated_len or 0)
     full: tuple[int, ...] = ()

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness.api import DecodeSide, PoolSizes, PreallocFailed, SWA_PAGE_SIZES, device_missing, expect, ledger, make_req
+from harness.api import (DecodeSide, PoolSizes, PreallocFailed, SWA_PAGE_SIZES, device_missing, expect, ledger, make_req,
+                         require_capability)
 
 logger = logging.getLogger(__name__)
 
@@ -317,6 +319,7 @@ class PagesLeakedOnAssert(AssertionError):
 )
 def test_unaligned_swa_tail_is_rejected_without_leaking(decode_side, record_property, hisparse, page, window,
                                                         prompt_len):
+    require_capability("decode-prealloc-evict-floor-assert")  # sglang's own assertion is what this checks
     side = decode_side(hisparse=hisparse, page_size=page, window=window)
     req = make_req("unaligned", prompt_len)
     fill = side.fill_len(req)
@@ -339,3 +342,29 @@ def test_unaligned_swa_tail_is_rejected_without_leaking(decode_side, record_prop
     kv = {pool: n for pool, n in leaked.items() if pool != "req_slots"}
     if kv:
         raise PagesLeakedOnAssert(f"a rejected unaligned tail {unaligned_tail} of fill {fill} left {kv} taken")
+
+
+@pytest.mark.parametrize(
+    ("hisparse", "page", "window", "prompt_len"),
+    [(False, 64, 100, 300), (False, 256, 128, 700), (True, 256, 128, 700)],
+)
+def test_unaligned_swa_floor_never_goes_unnoticed(decode_side, hisparse, page, window, prompt_len):
+    """An unaligned SWA floor is caught whether or not sglang asserts it: from 0.5.19 sglang's own
+    assertion rejects it (#35286 / #35396); before, sglang records it as given, and the ledger's
+    ``evicted-unaligned`` rule must flag the floor sglang recorded (the harness's oracle, not sglang's)."""
+    side = decode_side(hisparse=hisparse, page_size=page, window=window)
+    req = make_req("unaligned", prompt_len)
+    fill = side.fill_len(req)
+    unaligned_tail = fill - max(0, fill - window)
+    assert (fill - unaligned_tail) % page != 0  # the hazard exists: the floor is not page-aligned
+    try:
+        side.alloc_with_tail(req, unaligned_tail)
+    except AssertionError as exc:
+        raised_in = traceback.extract_tb(exc.__traceback__)[-1]
+        assert raised_in.name.startswith("alloc_for_decode_prealloc") and "sglang" in raised_in.filename, (
+            f"not sglang's floor assertion: {exc!r} in {raised_in.name}")
+        return
+    recorded = side.snapshot([req]).request("unaligned").swa_evicted_seqlen
+    assert recorded == fill - unaligned_tail, f"sglang recorded floor {recorded}, not fill - tail = {fill - unaligned_tail}"
+    broken = _rule_violations(side, fill, unaligned_tail, evicted=recorded)
+    assert any("[evicted-unaligned]" in v for v in broken), f"the ledger missed floor {recorded} (page {page}): {broken}"

@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -121,6 +122,20 @@ CAPABILITIES: dict[str, Capability] = {cap.name: cap for cap in (
                        lambda: _has("sglang.srt.mem_cache.unified_cache.components", "ComponentType")),
     ),
     Capability(
+        "decode-prealloc-evict-floor-assert",
+        "alloc_for_decode_prealloc and alloc_for_decode_prealloc_hisparse assert the SWA floor "
+        "fill_len - swa_tail_len is >= 0 and page-aligned before recording it (sglang#35286 / #35396, "
+        "first in 0.5.19; before it an unaligned floor was recorded as given)",
+        lambda: _prealloc_asserts_floor(),
+    ),
+    Capability(
+        "decode-radix-swa-prefix",
+        "pop_preallocated keeps a decode radix prefix hit out of the SWA tail: caps it at the window start "
+        "and keeps only its full-attention lock (first in 0.5.19; before it _pre_alloc left the SWA-tail "
+        "path for a request with a prefix hit)",
+        lambda: _pop_preallocated_keeps_prefix_out_of_tail(),
+    ),
+    Capability(
         "decode-swa-reservation",
         "DecodePreallocQueue._uses_swa_reservation: admission reserves full capacity separately from the "
         "SWA tail (0.5.21)",
@@ -157,6 +172,43 @@ def _pre_alloc_reclaims_swa() -> str | None:
     if "_reclaim_swa_tail_capacity" not in inspect.getsource(queue._pre_alloc):
         return "DecodePreallocQueue._pre_alloc does not call _reclaim_swa_tail_capacity"
     return None
+
+
+def asserts_floor(prealloc_source: str) -> bool:
+    """Whether a decode prealloc function's source asserts the SWA floor is >= 0 and page-aligned
+    before recording it (sglang#35286 / #35396, first in 0.5.19)."""
+    return re.search(r"assert\s*\(?\s*swa_evicted_seqlen >= 0", prealloc_source) is not None
+
+
+def keeps_prefix_out_of_tail(pop_preallocated_source: str) -> bool:
+    """Whether ``DecodePreallocQueue.pop_preallocated``'s source drops the SWA lock of a radix prefix
+    hit by name (``dec_swa_lock_only`` in 0.5.19 … 0.5.21, ``release_swa`` since 0.5.22), as it does
+    where it also caps the prefix at the window start (first in 0.5.19)."""
+    return "dec_swa_lock_only" in pop_preallocated_source or "release_swa" in pop_preallocated_source
+
+
+def _prealloc_asserts_floor() -> str | None:
+    # A property of the release (#35286 / #35396 came in 0.5.19), decided by the version once: a
+    # 0.5.19+ tree whose prealloc lost the asserts (the swa-tail-unaligned fault) is a regression the
+    # suites must see, not a reason to skip them.
+    release = release_tuple(selection.current().version)
+    if release is not None:
+        return None if release >= (0, 5, 19) else f"sglang {'.'.join(map(str, release))} predates #35286 / #35396 (0.5.19)"
+    # A tree without a version: judge by the code.
+    decode = _module(_DECODE)
+    for name in ("alloc_for_decode_prealloc", "alloc_for_decode_prealloc_hisparse"):
+        function = getattr(decode, name, None)
+        if function is None:
+            return f"no {_DECODE}:{name}"
+        if not asserts_floor(inspect.getsource(function)):
+            return f"{name} records the SWA floor without asserting it is page-aligned"
+    return None
+
+
+def _pop_preallocated_keeps_prefix_out_of_tail() -> str | None:
+    if keeps_prefix_out_of_tail(inspect.getsource(_module(_DECODE).DecodePreallocQueue.pop_preallocated)):
+        return None
+    return "DecodePreallocQueue.pop_preallocated drops no SWA lock of a radix prefix hit (before 0.5.19)"
 
 
 @functools.cache

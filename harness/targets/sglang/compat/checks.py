@@ -65,7 +65,9 @@ CHECKS: tuple[EngineCheck, ...] = (
     EngineCheck(
         "invariant-strict", "SGLANG_INVARIANT_CHECK", "2",
         "sglang's named invariants at level strict (srt/utils/invariants.py): a broken GUARD or FATAL "
-        "invariant raises, e.g. swa.peer_mapped / swa.peer_released on every SWA free",
+        "invariant raises, e.g. swa.peer_mapped / swa.peer_released on every SWA free (the variable first "
+        "in 0.5.17, those two SWA contracts in 0.5.20: 0.5.16 lacks the check, 0.5.17 … 0.5.19 have it "
+        "without them)",
         (r"invariant-check FAILED \[([\w.]+)\]", r"invariant-check \[([\w.]+)@rank\d+\]: \+\d+ hit"),
         (("mem_cache/allocator/swa.py", '"swa.peer_mapped"'), ("mem_cache/allocator/swa.py", '"swa.peer_released"')),
     ),

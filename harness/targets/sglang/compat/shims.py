@@ -26,6 +26,62 @@ def dsv4_pool_kwargs(pool_class: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in accepted}
 
 
+def decode_prealloc_kwargs(prealloc: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``alloc_for_decode_prealloc`` arguments the target's function takes: ``req_to_token_pool``
+    (which the DeepSeek-V4 prealloc hooks write through) arrived in 0.5.17; 0.5.16 takes none.
+    Remove with 0.5.16.
+
+    Args:
+        prealloc: ``alloc_for_decode_prealloc``.
+        kwargs: the 0.5.23 arguments.
+
+    Returns:
+        ``kwargs`` without the ones the function does not take.
+    """
+    accepted = inspect.signature(prealloc).parameters
+    return {k: v for k, v in kwargs.items() if k in accepted}
+
+
+def component_type() -> Any:
+    """sglang's ``ComponentType`` (the radix tree's FULL / SWA components): in
+    ``mem_cache.unified_cache.components`` since 0.5.17, ``mem_cache.unified_cache_components`` in
+    0.5.16. Remove with 0.5.16.
+
+    Returns:
+        The enum.
+    """
+    try:
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    except ModuleNotFoundError:  # 0.5.16
+        from sglang.srt.mem_cache.unified_cache_components import ComponentType
+    return ComponentType
+
+
+def commits_after_alloc(prepare_for_decode_source: str) -> bool:
+    """Whether ``ScheduleBatch.prepare_for_decode``'s source commits the new token itself after
+    ``alloc_for_decode`` (``req.kv_committed_len += 1``: up to 0.5.18)."""
+    return "req.kv_committed_len += 1" in prepare_for_decode_source
+
+
+def commit_decode_tokens(reqs: Any, token_per_req: int) -> None:
+    """What ``ScheduleBatch.prepare_for_decode`` does to each request right after ``alloc_for_decode``
+    in the target's release: ``decode_batch_idx += 1`` always, and up to 0.5.18 also
+    ``kv_committed_len += 1`` (from 0.5.19 ``alloc_for_decode`` commits the new tokens itself). Read
+    from the release's own ``prepare_for_decode``. Remove the commit with 0.5.18.
+
+    Args:
+        reqs: the batch's requests.
+        token_per_req: tokens ``alloc_for_decode`` allocated per request.
+    """
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    commits = commits_after_alloc(inspect.getsource(ScheduleBatch.prepare_for_decode))
+    for req in reqs:
+        req.decode_batch_idx += 1
+        if commits:
+            req.kv_committed_len += token_per_req
+
+
 def release_kv_cache(req: Any, tree_cache: Any, *, checkpoint: bool) -> None:
     """``mem_cache.common.release_kv_cache``: its insert flag is ``checkpoint`` (keyword-only) since
     0.5.22, ``is_insert`` before. Remove with 0.5.21.
@@ -53,7 +109,10 @@ def decode_prefix_match(queue: Any, req: Any) -> tuple[Any, int, int]:
       ``swa_tail_len <= extend_num_tokens`` assertion. Remove the caller cap with 0.5.21.
     * Keep only the full-attention lock of the prefix: ``tree_cache.release_swa(req.lock)`` since 0.5.22,
       ``dec_swa_lock_only(req.last_node, receipt)`` before (receipt ``req.lock_receipt`` in 0.5.21,
-      ``req.swa_uuid_for_lock`` in 0.5.20), each only where the tree has it, as the release checks.
+      ``req.swa_uuid_for_lock`` in 0.5.19 / 0.5.20), each only where the tree has it, as the release checks.
+    * Before 0.5.19 (capability ``decode-radix-swa-prefix`` missing) ``pop_preallocated`` did neither:
+      the match is passed on as it is, with its SWA lock, and ``_pre_alloc`` itself leaves the SWA-tail
+      path for a request with a prefix hit (``uses_swa_tail and prefix_len == 0``). Remove with 0.5.18.
 
     Args:
         queue: the ``DecodePreallocQueue``.
@@ -64,6 +123,8 @@ def decode_prefix_match(queue: Any, req: Any) -> tuple[Any, int, int]:
     """
     match = queue._match_prefix_and_lock(req)
     prefix_indices, prefix_len, total_prefix_len = match.prefix_indices, match.l1_prefix_len, match.decode_prefix_len
+    if missing("decode-radix-swa-prefix"):
+        return prefix_indices, prefix_len, total_prefix_len
     uses_swa_tail = queue._uses_swa_tail_prealloc()
     capped_by_match = "max_prefix_len" in inspect.getsource(type(queue)._match_prefix_and_lock)
     if uses_swa_tail and prefix_len > 0 and not capped_by_match:
@@ -84,10 +145,11 @@ def decode_prefix_match(queue: Any, req: Any) -> tuple[Any, int, int]:
 
 
 def caller_swa_reclaim(queue: Any, req: Any) -> str | None:
-    """The SWA reclaim ``pop_preallocated`` ran right before ``_pre_alloc`` up to 0.5.20:
+    """The SWA reclaim ``pop_preallocated`` ran right before ``_pre_alloc`` in 0.5.19 and 0.5.20:
     ``_reclaim_swa_tail_capacity(swa_tail_len, rid)`` evicts radix-cached SWA pages until the tail
     fits. From 0.5.21 ``_pre_alloc`` reclaims itself (sglang#40309, capability
-    ``decode-radix-swa-reclaim``), so nothing is done here. Remove with 0.5.20.
+    ``decode-radix-swa-reclaim``), so nothing is done here; before 0.5.19 the queue has no such
+    method and nothing reclaimed SWA pages for the tail. Remove with 0.5.20.
 
     Args:
         queue: the ``DecodePreallocQueue``.
@@ -97,7 +159,8 @@ def caller_swa_reclaim(queue: Any, req: Any) -> str | None:
         sglang's shortfall message when the reclaim could not free enough (the release then aborted
         the request; ``_pre_alloc`` will fail the same way here), else None.
     """
-    if not queue._uses_swa_tail_prealloc() or missing("decode-radix-swa-reclaim") is None:
+    if (not queue._uses_swa_tail_prealloc() or missing("decode-radix-swa-reclaim") is None
+            or not hasattr(queue, "_reclaim_swa_tail_capacity")):
         return None
     _, swa_len = queue._prealloc_kv_lens(req)
     return queue._reclaim_swa_tail_capacity(swa_len, req.rid)
@@ -168,9 +231,15 @@ def evicted_seqlen(kv: Any) -> int:
 def scheduler_fields(radix_cache: bool) -> dict[str, Any]:
     """Scheduler fields the decode prealloc queue reads that moved between releases.
 
-    0.5.19 read ``--disaggregation-decode-enable-radix-cache`` from ``scheduler.server_args``; 0.5.20
-    reads the published runtime context (``get_disagg()``), which :mod:`runtime` publishes. Both are
-    given so either release sees the same setting. Remove ``server_args`` with 0.5.19.
+    Up to 0.5.19 ``DecodePreallocQueue`` read ``--disaggregation-decode-enable-radix-cache`` from
+    ``scheduler.server_args`` (and, up to 0.5.18, ``--disable-radix-cache`` there too, for the SWA
+    decode reserve of ``_prealloc_required_tokens``); from 0.5.20 it reads the published runtime
+    context (``get_disagg()``), which :mod:`runtime` publishes. The runtime context itself is older
+    than either: ``runtime_context`` ships from 0.5.15, ``override_server_args`` (what :mod:`runtime`
+    publishes through) from 0.5.16 and ``get_disagg()`` from 0.5.17, where one of the queue's reads
+    already goes through it. Both are given so every release sees the same setting
+    (``disable_radix_cache`` is sglang's default, False, as the ledger's reserve assumes). Remove
+    ``server_args`` with 0.5.19.
 
     Args:
         radix_cache: whether the decode radix cache is on.
@@ -181,4 +250,4 @@ def scheduler_fields(radix_cache: bool) -> dict[str, Any]:
     import types
 
     return {"server_args": types.SimpleNamespace(disaggregation_decode_enable_radix_cache=radix_cache,
-                                                 disaggregation_mode="decode")}
+                                                 disaggregation_mode="decode", disable_radix_cache=False)}

@@ -41,7 +41,10 @@ SUSPECTS: dict[str, tuple[str, ...]] = {
                         f"{_DECODE}:DecodePreallocQueue._swa_aware_allocatable_token_budgets"),
     "alloc-after-admit": (f"{_DECODE}:DecodePreallocQueue._pre_alloc",
                           f"{_DECODE}:DecodePreallocQueue._prealloc_required_tokens"),
-    "swa-window-lost": _EVICT,
+    # the floor and the range an eviction frees are both decided there; the pages it hands to the
+    # free list, in the allocator (the probe reads both)
+    "swa-window-lost": (f"{_COMMON}:free_swa_out_of_window_slots", f"{_SWA}:SWATokenToKVPoolAllocator._free_swa_pages",
+                        f"{_BATCH}:ScheduleBatch.maybe_evict_swa"),
     "swa-evict-late": _EVICT,
     "swa-over-window": _EVICT,
     "page-leak": _FREE,

@@ -25,6 +25,7 @@ set is not added again, so the topology file wins over these defaults.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from harness.rundir import RunDir
+from harness.targets.sglang import releases, selection
 from harness.targets.sglang.compat import checks
 from harness.targets.sglang.server import rdma
 from harness.topology import RoleSpec, Topology
@@ -58,7 +60,8 @@ CPU_SERVER_ARGS: tuple[str, ...] = (
 )
 #: Prefill on CPU: overlap scheduling records a torch.cuda.Event on a cached-prefix send.
 CPU_PREFILL_ARGS: tuple[str, ...] = ("--disable-overlap-schedule",)
-#: Decode on CPU: the default retraction backup is a device tensor.
+#: Decode on CPU: the default retraction backup is a device tensor. Only where the target has the
+#: option (first in 0.5.18: 0.5.16 / 0.5.17 have no retraction backup and refuse the flag).
 CPU_DECODE_ARGS: tuple[str, ...] = ("--disaggregation-decode-retraction-backup", "cpu_tensor")
 #: Env of every server on CPU: sglang's CPU platform, no hub, mooncake over TCP on loopback.
 CPU_ENV: Mapping[str, str] = {
@@ -181,6 +184,17 @@ def _probe_env(run_dir: str | Path | None, worker: str, component: str) -> dict[
     }
 
 
+@functools.lru_cache(maxsize=8)
+def _root_of(spec: str) -> Path:
+    return Path(selection.resolve(spec).root)
+
+
+def _target_root() -> Path:
+    """Where the sglang the servers will run has its source (``$HARNESS_SGLANG``, resolved but never
+    activated here: building a command must not select a target in the process that builds it)."""
+    return _root_of((os.environ.get(selection.ENV_VAR) or selection.INSTALLED).strip())
+
+
 def _engine_command(
     topology: Topology,
     role: RoleSpec,
@@ -210,7 +224,7 @@ def _engine_command(
         base += CPU_SERVER_ARGS
         if role.kind == "prefill":
             base += CPU_PREFILL_ARGS
-        elif role.kind == "decode":
+        elif role.kind == "decode" and releases.server_option(_target_root(), "disaggregation_decode_retraction_backup"):
             base += CPU_DECODE_ARGS
         env.update(_cpu_env(compat_patches))
         pythonpath.append(str(CPU_SHIM_DIR))
