@@ -135,3 +135,42 @@ def test_release_leaks_swa_keeps_the_swa_pages(tmp_path):
     """
     # Full pages came back, the 108-token tail's two SWA pages did not.
     assert _on_patched_copy(tmp_path, ["release-leaks-swa"], code) == ("{'swa': 128}", {"release-leaks-swa"})
+
+
+def test_an_eviction_that_frees_the_window_is_what_the_probe_reads_and_the_ledger_names(tmp_path):
+    """The server probe on real decode steps (page 16, window 40, eviction interval 1): clean, every
+    eviction frees exactly the positions below its floor and the ledger is clean; under
+    ``swa-evict-frees-window`` the floor sglang records is unchanged, but the slots the eviction really
+    freed reach into the window, and the ledger names ``swa-window-lost`` on the request's evict."""
+    code = """
+        import os
+        os.environ["SGLANG_SWA_EVICTION_INTERVAL"] = "1"
+        from harness.faults import source
+        from harness.targets.sglang.server import probe
+        path = os.path.join(os.path.dirname(os.environ[source.FIRED_ENV]), "ledger.jsonl")  # this run's tmp dir
+        probe.install(path, "d0", "decode")  # before sglang is imported, as in a server
+        from harness import ledger
+        from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
+        from harness.targets.sglang.pd_decode import decode_step
+        side = DecodeSide(DecodeConfig(page_size=16, window=40))
+        req = make_req("r", 100, output_len=1, max_new_tokens=64)
+        side.prealloc(req)
+        for step in range(24):
+            decode_step(side, [req], step)
+            req.output_ids.append(7)
+        evs = ledger.read(path)
+        print([(e.evicted_seqlen, e.freed_spans) for e in evs if e.kind == "evict" and e.freed_spans])
+        print([v.headline() for v in ledger.check(evs) if v.rule != "page-leak"])  # never released
+    """
+    runs = [_PatchedRun(tmp_path / "clean", [], code), _PatchedRun(tmp_path / "fault", ["swa-evict-frees-window"], code)]
+    try:
+        (clean, _), (broken, fired) = (run.result() for run in runs)
+    finally:
+        for run in runs:
+            run.stop()
+    # prealloc floor 48 (fill 100, tail 52); seq 105 and 121 evict a page each, to 64 and to 80
+    assert clean.splitlines() == ["[(64, ((48, 64),)), (80, ((64, 80),))]", "[]"]
+    spans, found = broken.splitlines()
+    assert spans == "[(64, ((48, 80),)), (80, ((80, 96),))]" and fired == {"swa-evict-frees-window"}
+    assert found.startswith("['[swa-window-lost] d0 evict of r: seq 105: the eviction freed the SWA slots of 15 "
+                            "position(s) inside the window [65, 105) ([65, 80); recorded floor 64)'"), found

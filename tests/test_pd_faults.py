@@ -71,6 +71,16 @@ def test_clean_run_passes(fresh):
     res = run(fresh, REQS)
     res.assert_clean()
     assert sorted(res.completed) == sorted(r.rid for r in REQS)
+    # Each eviction really freed the positions from its old floor to its new one, read from the rows
+    # (what the ledger's window rule judges, as it judges the real server probe's).
+    floor, evictions = {}, 0
+    for e in res.events:
+        if e.component == "decode" and e.kind in ("prealloc", "evict") and not e.rid.startswith("<"):
+            if e.kind == "evict":
+                assert e.freed_spans == ((floor[e.rid], e.evicted_seqlen),), e
+                evictions += 1
+            floor[e.rid] = e.evicted_seqlen
+    assert evictions >= 2, "the workload never evicted while decoding"
 
 
 def test_clean_run_passes_with_sglangs_default_eviction_interval(fresh):

@@ -33,6 +33,8 @@ _ALL_BUT_IDLE = "invariant-strict,mem-check-busy,kv-page-invariants,debug-memory
 _FAILURE_PATHS = "suites/disaggregation/test_disaggregation_failure_paths_server.py"
 _ABORT_IN_FLIGHT = f"{_FAILURE_PATHS}::test_abort_while_kv_in_flight_frees_both_sides"
 _PREFILL_KILLED = f"{_FAILURE_PATHS}::test_prefill_killed_while_kv_in_flight_decode_releases"
+# A decode pool so tight that admission rations it: what admission charged, against each prealloc.
+_ADMISSION = f"{_FAILURE_PATHS}::test_admission_rations_a_tight_decode_pool_and_charges_whole_pages"
 
 #: Content and window verification of the PD decode ranks (every byte of every request).
 _CONTENT = ("KVCorruption", "WindowLost")
@@ -81,7 +83,7 @@ FAULTS: tuple[Fault, ...] = (
         description="decode prealloc reservation (_prealloc_required_tokens) not rounded up to whole pages",
         upstream="sglang#35265",
         evidence=("[reserve-short]",),
-        suites=(_RESERVATION,),
+        suites=(_RESERVATION, _ADMISSION),
     ),
     Fault(
         name="hisparse-budget-swa",
@@ -95,6 +97,16 @@ FAULTS: tuple[Fault, ...] = (
         description="decode steps never free SWA slots that slid out of the window",
         upstream="sglang#27789 class (SWA pool growth during decode)",
         evidence=("[swa-evict-late]", "[swa-over-window]"),
+        suites=(_PD_CONCURRENT, _SWA_SERVER_LEDGER),
+    ),
+    Fault(
+        name="swa-evict-frees-window",
+        description="decode's SWA eviction frees a page past the floor it records: the page holding the window",
+        upstream="none known: built for harness issue 26 (an off-by-a-page free range in free_swa_out_of_window_slots)",
+        # The floor sglang records stays right: only the slots the eviction really freed show it (the
+        # server probe's and the PD ranks' freed_spans, one rule for both; the PD ranks' window check
+        # too). The server suite's greedy-parity tests never decode past an eviction.
+        evidence=("[swa-window-lost]", "WindowLost"),
         suites=(_PD_CONCURRENT, _SWA_SERVER_LEDGER),
     ),
     Fault(

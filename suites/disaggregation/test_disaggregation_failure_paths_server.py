@@ -43,7 +43,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from harness.api import ServerHTTPError, WorkerDied, hold, ledger, reset_server, wait_for
+from harness.api import ServerHTTPError, WorkerDied, expect, hold, ledger, reset_server, wait_for
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -297,6 +297,83 @@ def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(stack, run_dir):
     if hung:
         raise DuplicateRoomHang(f"{hung} of 4 requests under bootstrap_room {room} not answered within {ANSWER_S:g} s")
     serves(stack)
+
+
+# ------------------------------------------------------------------ a decode pool that admission must ration
+
+#: Decode's full pool on the tight stack (sglang sizes its SWA pool from it): a 300-token request's
+#: admission charges 320 + 512 (the decode reserve) full tokens, so two fit and the rest must wait.
+TIGHT_DECODE_TOKENS = 2048
+#: Requests sent at once to the tight stack.
+PRESSURE_REQUESTS = 6
+
+
+@pytest.fixture
+def tight(sglang_servers):
+    return sglang_servers.pd(MODEL, extra_args={"decode": ("--max-total-tokens", str(TIGHT_DECODE_TOKENS))})
+
+
+def test_admission_rations_a_tight_decode_pool_and_charges_whole_pages(tight, run_dir):
+    # Admission, not the allocator, decides: more requests arrive than decode's pool can reserve for,
+    # so some wait in the prealloc queue until others release. The probe records what admission charged
+    # each request (sglang's _prealloc_required_tokens); the ledger holds it against the whole pages the
+    # prealloc then took (reserve-short) and every page against its release.
+    rids = [new_rid(f"pressure-{i}") for i in range(PRESSURE_REQUESTS)]
+    decode = Ledger(run_dir, tight.decode)
+    with concurrent.futures.ThreadPoolExecutor(PRESSURE_REQUESTS) as pool:
+        answers = list(pool.map(lambda i: tight.client("router").generate(prompt(300, seed=20 + i), 8, extra={"rid": rids[i]},
+                                                                           timeout_s=PHASE_S), range(PRESSURE_REQUESTS)))
+    assert all(len(a.output_ids) == 8 for a in answers), [len(a.output_ids) for a in answers]
+    mine = [e for e in decode.events() if e.rid in rids and e.kind in ("prealloc", "release")]
+    preallocs = [e for e in mine if e.kind == "prealloc"]
+    assert {e.rid for e in preallocs} == set(rids), "a request was never preallocated on decode"
+    for e in preallocs:  # what admission charged, recorded by the probe for the ledger's reserve rule
+        assert set(e.reserved) == {"full", "swa"} and e.reserved["full"] > int(e.fill_len or 0), e
+    # The hazard, proven in the ledger's order: never all of them held at once, and some preallocated
+    # only after another request gave its pages back (they waited in the prealloc queue).
+    held, most = set(), 0
+    for e in mine:
+        (held.add if e.kind == "prealloc" else held.discard)(e.rid)
+        most = max(most, len(held))
+    first_release = min(e.seq for e in mine if e.kind == "release")
+    waited = [e.rid for e in preallocs if e.seq > first_release]
+    assert most < PRESSURE_REQUESTS and waited, \
+        f"admission never held a request back: {most} of {PRESSURE_REQUESTS} preallocated at once"
+    back_at_baseline(run_dir, tight.decode, tight.prefill)
+    serves(tight)
+
+
+#: Prompt and new tokens of each request of the retraction test: admission lets two in together (it
+#: keeps room for one request's whole growth, and for each the decode reserve), but both grown (100 +
+#: 1100 tokens each) outgrow the tight pool's 2048, so decode must retract one; one alone fits.
+RETRACT_PROMPT, RETRACT_NEW = 100, 1100
+
+
+def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, run_dir):
+    # Two requests admitted together outgrow decode's pool while they decode: sglang retracts one
+    # (its KV backed up, its pages released), resumes it once the other finished (prealloc again, the
+    # backup restored: resume_retracted_reqs, the path of sgl#40309), and every page comes back.
+    # Not asserted: greedy parity with the prompt served alone. On this CPU stack two requests decoded
+    # together already diverge from the same prompts served alone (token 286 of request 0, after an SWA
+    # eviction, with no retraction at all), so parity would not isolate the resume.
+    rids = [new_rid(f"retract-{i}") for i in range(2)]
+    decode = Ledger(run_dir, tight.decode)
+    router = tight.client("router")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda i: router.generate(prompt(RETRACT_PROMPT, seed=40 + i), RETRACT_NEW,
+                                                          extra={"rid": rids[i]}, timeout_s=3 * PHASE_S), range(2)))
+    assert [len(a.output_ids) for a in answers] == [RETRACT_NEW] * 2, [len(a.output_ids) for a in answers]
+    # The hazard, proven: a request released mid-decode and preallocated again for the rest (retracted,
+    # then resumed), its second prealloc charged for what it had decoded.
+    retracted = [r for r in rids if len(decode.events(r, "prealloc")) > 1]
+    assert retracted, "no request was retracted: the pool never ran short while decoding"
+    for r in retracted:
+        first, resumed = decode.events(r, "prealloc")[:2]
+        released = decode.events(r, "release")[0]
+        assert first.seq < released.seq < resumed.seq, f"{r}: not released before its second prealloc"
+        assert int(resumed.fill_len or 0) > RETRACT_PROMPT, f"{r} resumed at fill {resumed.fill_len}, not past its prompt"
+    back_at_baseline(run_dir, tight.decode, tight.prefill)
+    serves(tight)
 
 
 # ------------------------------------------------------------------ these spend the stack

@@ -15,7 +15,8 @@ FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tai
    the decode ledger holds the SWA invariants, derived by the checker from the probe's config event
    (the server's window, page, radix flag and sglang's default eviction interval): the tail keeps the
    window and at most a page more, the floor is fill - tail and page-aligned, charges are whole pages,
-   decode keeps the window and evicts within the interval, every page is returned.
+   decode keeps the window and evicts within the interval (the floor sglang records and the positions
+   each eviction really freed, as the probe read them), every page is returned.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def test_decode_ledger_holds_swa_invariants(sglang_servers, run_dir):
     assert all(len(e.pages["swa"]) < len(e.pages["full"]) for e in pre), "SWA tail not smaller than the full KV"
     evicts = [e for e in events if e.kind == "evict" and e.pages.get("swa")]
     assert evicts, "decode never evicted SWA pages while decoding"
+    # The window rule judges the positions each eviction really freed: the probe must have read them.
+    assert all(e.freed_spans for e in evicts), "an eviction freed SWA pages but the probe read no freed position"
     ledger.assert_clean(ledger.check(events), "of the decode server")
     # Both servers back at their baseline, by their probes' flush (prefill's ledger holds only that).
     for w in (stack.prefill, stack.decode):
