@@ -11,23 +11,12 @@ import pytest
 from harness import faults, ledger
 from harness.pd.decode import DecodeWorker, KVCorruption
 from harness.pd.prefill import PrefillWorker
-from harness.pd.ranks import Ranks
-from harness.pd.run import PDPair, run
+from harness.pd.run import run
 from harness.pd.spec import KVSpec, PDRequest
+from pdpair import SPEC, pair  # noqa: F401 - the module's fixture
 
-SPEC = KVSpec(kind="swa", page_size=64, window=100, full_tokens=32 * 64, swa_tokens=12 * 64, req_slots=8)
 REQS = [PDRequest("r300", 300, decode_steps=150), PDRequest("r129", 129, decode_steps=40),
         PDRequest("r64", 64, decode_steps=3)]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("pd-faults"))
-    prefill, decode = PrefillWorker("prefill-0", 0, SPEC, run_dir), DecodeWorker("decode-0", 0, SPEC, run_dir)
-    p = PDPair(Ranks([prefill]), Ranks([decode]))
-    yield p
-    prefill.close()
-    decode.close()
 
 
 @pytest.fixture

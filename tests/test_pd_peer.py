@@ -15,30 +15,18 @@ import pytest
 
 from harness import faults
 from harness.pd import peer
-from harness.pd.decode import DecodeWorker, KVCorruption
+from harness.pd.decode import KVCorruption
 from harness.pd.errors import PDError
-from harness.pd.prefill import PrefillWorker
-from harness.pd.ranks import Ranks
-from harness.pd.run import PDPair, run
-from harness.pd.spec import KVSpec, PDRequest
+from harness.pd.run import run
+from harness.pd.spec import PDRequest
+from pdpair import SPEC, pair  # noqa: F401 - the module's fixture
 from harness.pd.transfer import plan, transfer
 from harness.workers import WorkerDied
 
 pytest.importorskip("mooncake.engine", reason="the store-free transport needs mooncake's transfer engine")
 
-SPEC = KVSpec(kind="swa", page_size=64, window=100, full_tokens=32 * 64, swa_tokens=12 * 64, req_slots=8)
 REQS = [PDRequest("r300", 300, decode_steps=20), PDRequest("r129", 129, decode_steps=5),
         PDRequest("r64", 64, decode_steps=3)]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("pd-peer"))
-    prefill, decode = PrefillWorker("prefill-0", 0, SPEC, run_dir), DecodeWorker("decode-0", 0, SPEC, run_dir)
-    p = PDPair(Ranks([prefill]), Ranks([decode]))
-    yield p
-    prefill.close()
-    decode.close()
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import subprocess
-import sys
 import types
 import zipfile
 from pathlib import Path
@@ -23,7 +21,7 @@ from harness.targets.sglang import selection as target
 from harness.targets.sglang.compat import LegacyReqKv, req_kv
 from harness.targets.sglang.compat.capabilities import asserts_floor, keeps_prefix_out_of_tail
 from harness.targets.sglang.compat.shims import commits_after_alloc
-from harness.targets.sglang.resolve import cache_dir
+from wheels import sglang_wheel
 
 pytestmark = pytest.mark.est_time(10)
 
@@ -43,15 +41,7 @@ def _source(version: str, rel: str) -> str:
     installed = target.resolve("installed")
     if installed.version == version:
         return (Path(installed.root) / "sglang" / rel).read_text()
-    into = cache_dir() / "wheels"
-    found = sorted(into.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        into.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                               "-d", str(into), f"sglang=={version}"], capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"pip download sglang=={version}: {done.stderr[-1500:]}"
-        found = sorted(into.glob(f"sglang-{version}-*.whl"))
-    with zipfile.ZipFile(found[-1]) as whl:
+    with zipfile.ZipFile(sglang_wheel(version)) as whl:
         return whl.read(f"sglang/{rel}").decode()
 
 

@@ -8,8 +8,6 @@ Nothing is imported: the map is checked with :mod:`ast`, as failures name it.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from harness.ledger.rules import KNOCK_ONS, RULES
 from harness.targets.sglang import releases
 from harness.targets.sglang import selection as target
 from harness.targets.sglang.compat import suspects as mod
-from harness.targets.sglang.resolve import cache_dir
+from wheels import sglang_wheel
 
 pytestmark = pytest.mark.est_time(20)
 
@@ -29,18 +27,6 @@ SUPPORTED = tuple(f"0.{MINOR}.{n}" for n in range(OLDEST, releases.NEWEST_CHECKE
 ABSENT = {(v, "SWATokenToKVPoolAllocator._free_swa_pages") for v in ("0.5.16", "0.5.17", "0.5.18", "0.5.19")}
 
 
-def _wheel(version: str) -> Path:
-    into = cache_dir() / "wheels"
-    found = sorted(into.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        into.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                               "-d", str(into), f"sglang=={version}"], capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"pip download sglang=={version}: {done.stderr[-1500:]}"
-        found = sorted(into.glob(f"sglang-{version}-*.whl"))
-    return found[-1]
-
-
 def _sources(version: str) -> dict[str, str | None]:
     """The source of every file the map names, under ``sglang/`` of ``version`` (None: no such file)."""
     paths = {entry.partition(":")[0] for entries in mod.SUSPECTS.values() for entry in entries}
@@ -48,7 +34,7 @@ def _sources(version: str) -> dict[str, str | None]:
     if installed.version == version:
         root = Path(installed.root) / "sglang"
         return {p: (root / p).read_text() if (root / p).is_file() else None for p in paths}
-    with zipfile.ZipFile(_wheel(version)) as whl:
+    with zipfile.ZipFile(sglang_wheel(version)) as whl:
         names = set(whl.namelist())
         return {p: whl.read(f"sglang/{p}").decode() if f"sglang/{p}" in names else None for p in paths}
 
