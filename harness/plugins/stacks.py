@@ -124,9 +124,10 @@ class ServerStacks:
 
         ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of
         its own. ``with_plain``: where the plain baseline runs beside the stack, start it (when it is
-        not running yet) at the same time as the stack's servers, not after them. On a GPU topology
-        the placement holds one PD stack: other PD stacks are stopped first, and so are the plain
-        servers where none fits beside a PD stack.
+        not running yet) at the same time as the stack's servers, not after them. The placement holds
+        one PD stack (on ``cpu`` too: a second one's actors would wait for room until their start
+        timed out): other PD stacks are stopped first, and so are the plain servers where none fits
+        beside a PD stack.
         """
         self._require_stack()
         key = self._pd_key(model_name, extra_args)
@@ -138,9 +139,8 @@ class ServerStacks:
             stack = None
         if stack is None:
             model = self.model(model_name)
-            if self.topology.needs_gpus:
-                for other in list(self._pd):
-                    self._stop(self._pd.pop(other).workers)
+            for other in list(self._pd):
+                self._stop(self._pd.pop(other).workers)
             if not self.layout.plain_beside_pd:
                 for other in list(self._plain):
                     self._stop([self._plain.pop(other)])
