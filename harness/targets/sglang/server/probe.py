@@ -16,7 +16,8 @@ import time (:mod:`.hooks`):
   pages the request stopped holding, the positions whose SWA slots the call really freed
   (``freed_spans``: its row's SWA mapping cleared, or its SWA page handed to the free list by
   ``SWATokenToKVPoolAllocator._free_swa_pages_*``, whatever floor sglang recorded), and a
-  ``decode_alloc`` event for pages it gained by decoding since the last event;
+  ``decode_alloc`` event for pages it gained by decoding since the last event (read once
+  ``ScheduleBatch.maybe_evict_swa``'s free group is over: up to 0.5.18 the frees happen at its end);
 * ``mem_cache.common.release_kv_cache`` — one ``release`` event with every page the request still
   held (and a ``decode_alloc`` for pages gained since the last event);
 * ``Scheduler.flush_cache`` (sglang's ``/flush_cache``, how the harness resets a shared server
@@ -99,7 +100,8 @@ class Probe:
         self.known: dict[str, dict[str, set[int]]] = {}
         self.config: Any = None  # the LedgerConfig last written
         self.reserved: dict[str, dict[str, int]] = {}  # rid -> what admission last charged it (full, swa)
-        self.released: list[Any] | None = None  # SWA page ids freed inside the _evict_swa call running
+        self.released: list[Any] | None = None
+        self.pending: list[Callable[[], None]] | None = None  # evict records waiting for their free group's end  # SWA page ids freed inside the _evict_swa call running
 
     def record(self, kind: str, rid: str, page_size: int, **fields: Any) -> None:
         from harness.ledger import LedgerWriter
@@ -195,24 +197,49 @@ def _wrap_evict_swa(probe: Probe, orig: Callable) -> Callable:
             result = orig(self, req, *args, **kwargs)
         finally:
             released, probe.released = probe.released, None
-        after = held(req, allocator, r2t)
-        spans = freed_spans(row_before, swa_page_row(req, allocator, r2t), released)
-        rid, page = str(req.rid), allocator.page_size
         pre_len = args[0] if args else kwargs.get("pre_len")
-        _note_growth(probe, rid, page, before,
-                     _allocated_len(req, int(pre_len) + 1 if pre_len is not None else None))
-        freed = diff(before, after)
-        note, floor = "", None
-        try:
-            floor = evicted_seqlen(req)
-        except ProbeReadError as e:
-            note = unreadable(e)
-        # Every call (pages freed or not): the sequence and its floor are what the decode rules check.
-        probe.record("evict", rid, page, pages=as_pages(freed), evicted_seqlen=floor, freed_spans=spans,
-                     fill_len=int(pre_len) + 1 if pre_len is not None else None, note=note)
-        for pool, p in freed.items():
-            probe.known.get(rid, {}).get(pool, set()).difference_update(p)
+
+        def finish() -> None:
+            after = held(req, allocator, r2t)
+            spans = freed_spans(row_before, swa_page_row(req, allocator, r2t), released)
+            rid, page = str(req.rid), allocator.page_size
+            _note_growth(probe, rid, page, before,
+                         _allocated_len(req, int(pre_len) + 1 if pre_len is not None else None))
+            freed = diff(before, after)
+            note, floor = "", None
+            try:
+                floor = evicted_seqlen(req)
+            except ProbeReadError as e:
+                note = unreadable(e)
+            # Every call (pages freed or not): the sequence and its floor are what the decode rules check.
+            probe.record("evict", rid, page, pages=as_pages(freed), evicted_seqlen=floor, freed_spans=spans,
+                         fill_len=int(pre_len) + 1 if pre_len is not None else None, note=note)
+            for pool, p in freed.items():
+                probe.known.get(rid, {}).get(pool, set()).difference_update(p)
+
+        # Inside maybe_evict_swa's free group, releases up to 0.5.18 free the pages and clear the mapping
+        # only at the group's end: what the call freed is read once the group is over.
+        if probe.pending is not None:
+            probe.pending.append(finish)
+        else:
+            finish()
         return result
+
+    return wrapper
+
+
+def _wrap_maybe_evict_swa(probe: Probe, orig: Callable) -> Callable:
+    """``ScheduleBatch.maybe_evict_swa``: the ``_evict_swa`` calls inside it (one free group) are recorded
+    after it returns, when the group's frees have happened (:func:`_wrap_evict_swa`)."""
+    @functools.wraps(orig)
+    def wrapper(self, *args, **kwargs):
+        probe.pending = []
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            pending, probe.pending = probe.pending, None
+            for finish in pending:
+                finish()
 
     return wrapper
 
@@ -325,6 +352,8 @@ def install(ledger_path: str, worker: str, component: str) -> Probe:
 
     def on_schedule_batch(mod: ModuleType) -> None:
         mod.ScheduleBatch._evict_swa = _wrap_evict_swa(probe, mod.ScheduleBatch._evict_swa)
+        if hasattr(mod.ScheduleBatch, "maybe_evict_swa"):
+            mod.ScheduleBatch.maybe_evict_swa = _wrap_maybe_evict_swa(probe, mod.ScheduleBatch.maybe_evict_swa)
 
     def on_swa_allocator(mod: ModuleType) -> None:
         cls = mod.SWATokenToKVPoolAllocator
