@@ -18,14 +18,19 @@ from harness.rerun.github import GitHub
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Writes three progress lines into the status file 0.4 s apart, prints, then ends with exit status 3.
+# Writes three progress lines into the status file, each only after the test acknowledged the one before
+# (a file ack-<i> beside it), so what each checkpoint sees does not depend on the machine's load; then ends
+# with exit status 3.
 WRITER = textwrap.dedent("""
-    import sys, time
+    import pathlib, sys, time
     from harness.rerun import comment
+    status = pathlib.Path(sys.argv[1])
     for i in range(1, 4):
-        comment.write_note(__import__("pathlib").Path(sys.argv[1]), "mutation", f"mutation: {i} / 3 mutants run")
+        comment.write_note(status, "mutation", f"mutation: {i} / 3 mutants run")
         print(f"mutant {i}", flush=True)
-        time.sleep(0.4)
+        deadline = time.monotonic() + 120
+        while not (status.parent / f"ack-{i}").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     sys.exit(3)
 """)
 
@@ -37,11 +42,12 @@ def test_checkpoints_hand_out_each_change_of_a_background_run_and_its_exit_statu
     running = True
     while running:
         rounds += 1
-        assert rounds < 100, "the background run never ended"
+        assert rounds < 2000, "the background run never ended"
         running, changed = checkpoint.wait(bg, status, 0.3)
         if changed:
             seen.append(comment.parse(status.read_text())["mutation"])
-    assert len(seen) >= 2 and "1 / 3" not in seen[-1] and "3 / 3" in seen[-1], seen  # progress, then the last
+            (tmp_path / f"ack-{len(seen)}").touch()  # the writer goes on to its next line
+    assert [line.split("mutation: ")[1].split(" mutants")[0] for line in seen] == ["1 / 3", "2 / 3", "3 / 3"], seen
     assert checkpoint.wait(bg, status, 0.3) == (False, False)  # nothing new after the end: no second upload
     assert checkpoint.finish(bg) == 3
     assert "mutant 3" in (bg / "log").read_text()
