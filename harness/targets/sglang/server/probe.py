@@ -100,8 +100,8 @@ class Probe:
         self.known: dict[str, dict[str, set[int]]] = {}
         self.config: Any = None  # the LedgerConfig last written
         self.reserved: dict[str, dict[str, int]] = {}  # rid -> what admission last charged it (full, swa)
-        self.released: list[Any] | None = None
-        self.pending: list[Callable[[], None]] | None = None  # evict records waiting for their free group's end  # SWA page ids freed inside the _evict_swa call running
+        self.released: list[Any] | None = None  # SWA page ids freed inside the _evict_swa call running
+        self.pending: list[Callable[[], None]] | None = None  # evict records waiting for their free group's end
 
     def record(self, kind: str, rid: str, page_size: int, **fields: Any) -> None:
         from harness.ledger import LedgerWriter
