@@ -9,6 +9,7 @@ import pytest
 
 from harness.rerun import collector, plan
 from harness.commands import rerun as cli
+from harness.commands import rerun_args
 from harness.rerun.resolve import resolve
 from harness.rerun.spec import parse_specs
 from rerun_tree import make_repo, make_upstream
@@ -261,7 +262,7 @@ def test_comment_options_travel_from_the_comment_to_each_group(tmp_path, capsys)
     assert {(e["coverage"], e["changed"], e["mutate"]) for e in plain["include"]} == {(False, "", False)}
     args = cli.build_parser().parse_args(["--sglang", "sglang/python", "--comment-out", "runs/ci/status.md",
                                           "--plan-entry", json.dumps(m["include"][0])])
-    cli._specs(args)
+    rerun_args.specs_of(args)
     assert (args.coverage, args.changed, args.mutate) == (True, "origin/main", True)
     # The mutation run after the groups: the same target and base, its line in the same status file.
     argv = cli.mutate_command(args, tmp_path / "run")
@@ -270,7 +271,7 @@ def test_comment_options_travel_from_the_comment_to_each_group(tmp_path, capsys)
     assert flags == {"--run-dir": str(tmp_path / "run" / "mutation"), "--limit": str(cli.MUTATE_LIMIT),
                      "--sglang": "sglang/python", "--changed": "origin/main", "--comment-out": "runs/ci/status.md"}
     args = cli.build_parser().parse_args(["--plan-entry", json.dumps(plain["include"][0])])
-    cli._specs(args)
+    rerun_args.specs_of(args)
     assert (args.coverage, args.changed, args.mutate) == (False, None, False)
 
 

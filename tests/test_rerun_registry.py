@@ -198,7 +198,7 @@ def test_engine_marker_must_name_an_engine(tmp_path):
 def test_pairs_join_simulated_suites_to_real_server_suites_of_this_repository():
     """Every pair names registered files: the simulated side runs only sim tests, the other side only
     real-server tests, and each side finds the other through counterparts()."""
-    from harness.commands.rerun import REPO_ROOT
+    from harness.rundir import REPO_ROOT
 
     reg = collector.collect(REPO_ROOT)
     for sim, reals in registry.PAIRS.items():

@@ -106,7 +106,7 @@ def test_everything_is_every_registered_file(reg):
 
 @pytest.fixture(scope="module")
 def repo_reg():
-    from harness.commands.rerun import REPO_ROOT
+    from harness.rundir import REPO_ROOT
 
     return collector.collect(REPO_ROOT)
 
