@@ -8,7 +8,7 @@ the middle of a test fails that test naming the node, leaves nothing of the harn
 the next run on the same cluster (node 1 started again) passes. A source-tree target travels with
 the run: moved away on the driver once joined, each node's worker still imports it (and the harness)
 from the copy Ray unpacked on that node; a node whose ``import sglang`` would give another tree is
-refused in one line.
+refused in one line, and so is a tree Ray cannot ship (over its package size).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 from harness.clock import wait_for
 from harness.targets.sglang.version import read_version
 from harness.workers import procs
-from joined import REPO, TOPOLOGY, clean_env, harness, linked_tree, rerun_test, worker_actors
+from joined import REPO, TOPOLOGY, clean_env, harness, linked_tree, rerun_test, run, worker_actors
 from raycli import CliCluster, free_ports, two_nodes
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,22 @@ def test_an_address_that_is_not_ray_is_one_line_and_exit_2(cli_cluster, env, tmp
     [line] = done.lines()
     assert line.startswith(f"harness: cannot join the Ray cluster at {address}: not-ray: "), line
     assert "no Ray GCS answered within 3 s" in line, line
+
+
+def test_a_target_too_large_to_ship_is_one_line_and_exit_2(cli_cluster, env, tmp_path):
+    # Ray packages the tree when the run joins and refuses a package over its gRPC message size (here
+    # lowered to 4 MiB for the driver; its default is 512 MiB). The run says so in one line naming the
+    # target and what to do, before any group starts.
+    tree = linked_tree(tmp_path / "tree")
+    (tree / "sglang" / "srt" / "weights.bin").write_bytes(os.urandom(6 << 20))  # 6 MiB that do not compress
+    done = run(["rerun-test", "--ray-address", cli_cluster.address, "--sglang", str(tree), "--run-dir",
+                str(tmp_path / "run"), CROSS_NODE], {**env, "RAY_max_grpc_message_size": str(4 << 20)})
+    assert done.rc == 2, done.out
+    [line] = done.lines()
+    assert line.startswith(f"rerun-test: cannot join the Ray cluster at {cli_cluster.address}: carry: cannot ship "
+                           f"sglang"), line
+    assert str(tree.resolve()) in line and "exceeds the maximum size" in line and "leave large files" in line, line
+    assert not (tmp_path / "run" / "groups").exists(), "a group started although the target could not be shipped"
 
 
 BLOCKING_SUITE = '''
