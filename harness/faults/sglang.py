@@ -24,6 +24,8 @@ _RECLAIM = "suites/unit/disaggregation/test_decode_radix_swa_reclaim.py"
 _PD = "suites/disaggregation/test_disaggregation_basic.py"
 _PD_MIXED = f"{_PD}::test_mixed_prompt_lengths_around_page_boundaries"
 _PD_CONCURRENT = f"{_PD}::test_concurrent_requests_decode_together"
+# The simulated engine's failed transfer, through sglang's own DecodeTransferQueue.pop_transferred.
+_PD_FAILED_TRANSFER = f"{_PD}::test_failed_transfer_mid_flight_decode_releases_what_it_preallocated"
 # The real prefill + decode + router stack of the SWA model: its decode ledger (prealloc, decode-time
 # eviction, release) and its failure paths (a failed or aborted transfer).
 _SWA_SERVER_LEDGER = "suites/disaggregation/test_disaggregation_swa_server.py::test_decode_ledger_holds_swa_invariants"
@@ -114,7 +116,7 @@ FAULTS: tuple[Fault, ...] = (
         description="decode never releases the pages it preallocated for a transfer that failed or was aborted",
         upstream="sglang#6258 / sglang#9817 / sglang#7130 (PD decode leaks after failed transfers)",
         evidence=("[page-leak]", "[reset-leak]", "[not-baseline]"),
-        suites=(_ABORT_IN_FLIGHT, _PREFILL_KILLED),
+        suites=(_PD_FAILED_TRANSFER, _ABORT_IN_FLIGHT, _PREFILL_KILLED),
         sglang_checks=_ALL_BUT_IDLE,
     ),
 )

@@ -9,7 +9,8 @@
 * :meth:`DecodeWorker.step` — one batched decode step through the real ``alloc_for_decode`` (SWA
   window eviction included), KV of the new token written, then the window's KV verified for every
   running request; finished requests go through the real release path;
-* :meth:`DecodeWorker.abort` — release of a request aborted mid-transfer.
+* :meth:`DecodeWorker.abort` — release of a request aborted mid-transfer or mid-decode;
+* :meth:`DecodeWorker.fail` — a transfer that failed mid-flight, through sglang's failed-transfer path.
 
 Every prealloc, failed prealloc, transfer, decode allocation, eviction and release is a ledger
 event whose pages are the ids that left or joined the allocator's free lists.
@@ -90,6 +91,7 @@ class DecodeWorker(RankPayload):
         super().__init__(name, shard, tp, run_dir, "decode")
         self.side: Any = None
         self.live: dict[str, _Live] = {}
+        self.retracted: dict[str, _Live] = {}  # retracted, their KV backed up, waiting to resume
         self.configure(spec)
 
     # ---------------------------------------------------------------- set-up
@@ -109,10 +111,12 @@ class DecodeWorker(RankPayload):
         from harness.targets.sglang.pd_decode import Dsv4DecodeSide
         from harness.targets.sglang.prefill import page_buffers
 
-        if discard and self.live:
-            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.live), sorted(self.live))
+        if discard and (self.live or self.retracted):
+            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.live),
+                           sorted(self.live) + sorted(self.retracted))
             self.live.clear()
-        if self.live:
+            self.retracted.clear()
+        if self.live or self.retracted:
             raise RuntimeError(f"{self.name}: configure() with {len(self.live)} request(s) live")
         self.spec = spec
         self.device = pick_device(spec.device)
@@ -422,29 +426,103 @@ class DecodeWorker(RankPayload):
         self._verify([(self.live[rid], 0, int(self._kv(self.live[rid].req).kv_committed_len)) for rid in done], full=True,
                      when="at finish")
         for rid in done:
-            self._release(rid, abort=False)
+            self._release(rid)
         return done
 
-    def _release(self, rid: str, *, abort: bool) -> None:
+    def _release(self, rid: str, *, abort: bool = False, failed: str | None = None) -> None:
+        """Release ``rid``: finished (sglang's release path), ``abort``-ed, or its transfer ``failed``
+        (the reason; sglang's failed-transfer path). The ledger's note says which."""
         from harness.targets.sglang.pd_decode import abort as abort_release
+        from harness.targets.sglang.pd_decode import fail_transfer
 
         live = self.live.pop(rid)
         self.reserved.pop(rid, None)
         P = self.spec.page_size
         before, free_before = self._pages(), self._free()
-        if abort:
+        if failed is not None:
+            fail_transfer(self.side, live.req, failed)
+        elif abort:
             abort_release(self.side, live.req)
         else:
             self.side.release(live.req)
         after = self._pages()
+        note = f"failed transfer: {failed}" if failed is not None else "abort" if abort else ""
         self.ledger.record("release", rid, P, pages={k: tuple(sorted(after[k] - before[k])) for k in before},
-                           free_before=free_before, free_after=self._free(), note="abort" if abort else "")
+                           free_before=free_before, free_after=self._free(), note=note)
 
     def abort(self, rid: str) -> bool:
-        """Release a request aborted mid-transfer. Returns False if this rank does not hold it."""
+        """Release a request aborted mid-transfer or mid-decode. Returns False if this rank does not hold it."""
         if rid not in self.live:
             return False
         self._release(rid, abort=True)
+        return True
+
+    def retract(self, rid: str) -> bool:
+        """Retract a decoding request as sglang does under decode pool pressure (its KV backed up, its
+        pages released: ``release_req``); :meth:`resume` brings it back. Returns False if this rank
+        does not hold it.
+
+        Raises:
+            PreallocError: sglang took no backup (it would abort the request).
+        """
+        from harness.targets.sglang.pd_decode import retract
+
+        if rid not in self.live:
+            return False
+        live = self.live.pop(rid)
+        self.reserved.pop(rid, None)
+        before, free_before = self._pages(), self._free()
+        saved = retract(self.side, live.req, remaining=len(self.live))
+        after = self._pages()
+        self.ledger.record("release", rid, self.spec.page_size,
+                           pages={k: tuple(sorted(after[k] - before[k])) for k in before},
+                           free_before=free_before, free_after=self._free(), note="retract")
+        if not saved:
+            raise PreallocError(f"decode retraction of {rid}: sglang took no KV backup")
+        self.retracted[rid] = live
+        return True
+
+    def resume(self) -> list[str]:
+        """Resume the retracted requests sglang's admission budgets let in (``resume_retracted_reqs``:
+        preallocated again, the backup restored), and verify every byte of their restored KV.
+
+        Returns:
+            The resumed request ids.
+
+        Raises:
+            KVCorruption / WindowLost: a restored byte differs, or a window token has no SWA slot.
+        """
+        from harness.targets.sglang.pd_decode import resume
+
+        if not self.retracted:
+            return []
+        P = self.spec.page_size
+        free_before = self._free()
+        resumed = resume(self.side, [lv.req for lv in self.live.values()])
+        out = []
+        for req in resumed:
+            live = self.retracted.pop(req.rid)
+            live.prefix = 0
+            self.live[req.rid] = live
+            fill = int(self._kv(req).kv_committed_len)
+            owned = self._owned(live)
+            self.ledger.record("prealloc", req.rid, P, fill_len=fill, swa_tail_len=self.side.swa_tail_len(fill),
+                               evicted_seqlen=self._evicted(req), prefix_len=0,
+                               pages={k: tuple(sorted(v)) for k, v in owned.items()},
+                               free_before=free_before if len(resumed) == 1 else {},
+                               free_after=self._free() if len(resumed) == 1 else {}, note="resume")
+            self.reserved[req.rid] = (_ceil(fill + live.steps_left, P) - _ceil(fill, P), 0)
+            self._verify([(live, 0, fill)], full=True, when="after resume")
+            self._verify([(live, max(0, fill - self.spec.window), fill)], full=False, when="after resume")
+            out.append(req.rid)
+        return out
+
+    def fail(self, rid: str, reason: str) -> bool:
+        """Fail the transfer of ``rid`` (its pages stopped arriving) through sglang's failed-transfer
+        path, which releases what prealloc took. Returns False if this rank does not hold it."""
+        if rid not in self.live:
+            return False
+        self._release(rid, failed=reason)
         return True
 
     def drain_cache(self) -> None:
@@ -459,6 +537,6 @@ class DecodeWorker(RankPayload):
 
     def idle(self) -> dict[str, Any]:
         """Live requests and the free sizes versus the baseline the pools started with."""
-        return {"live": sorted(self.live), "free": self._free(),
+        return {"live": sorted(self.live) + sorted(self.retracted), "free": self._free(),
                 "baseline": {k: v for k, v in self.side.baseline.free().items() if k in ("full", "swa", "host")}}
 

@@ -4,8 +4,11 @@ Loop: the head of the queue is offered to decode (every rank runs the real preal
 cannot hold it yet it waits — nothing is dropped — while running requests take decode steps and
 free memory. Once admitted, prefill allocates and writes its prompt, the pages move (chunked,
 bounded in flight), prefill releases, and decode verifies and starts decoding. A request marked
-for abort stops mid-transfer and both sides release it. At the end the decode radix cache is
-drained, both sides must be back to their baseline, and the ledger events of this run are checked.
+for abort stops mid-transfer (or after some decode steps) and both sides release it; one whose
+transfer is marked to fail stops mid-transfer and decode gives it up through sglang's failed-transfer
+path; one marked for retraction is retracted after some decode steps and resumed as sglang resumes
+it. At the end the decode radix cache is drained, both sides must be back to their baseline, and the
+ledger events of this run are checked.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class RunResult:
 
     completed: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # their transfer failed
+    retracted: list[str] = field(default_factory=list)  # retracted while decoding (and resumed)
     waited: set[str] = field(default_factory=set)
     max_running: int = 0
     steps: int = 0
@@ -59,10 +64,12 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         """JSON-able summary with the ledger summary inside."""
         return {
-            "completed": len(self.completed), "aborted": len(self.aborted), "waited": len(self.waited),
+            "completed": len(self.completed), "aborted": len(self.aborted), "failed": len(self.failed),
+            "retracted": len(self.retracted), "waited": len(self.waited),
             "max_running": self.max_running, "steps": self.steps, "chunks": self.chunks, "bytes": self.bytes,
             "transfer_gbps": round(self.gbps, 4), "wall_s": round(self.wall_s, 3),
-            "requests_per_s": round((len(self.completed) + len(self.aborted)) / self.wall_s, 2) if self.wall_s else 0.0,
+            "requests_per_s": round((len(self.completed) + len(self.aborted) + len(self.failed)) / self.wall_s, 2)
+            if self.wall_s else 0.0,
             "problems": list(self.problems),
             "ledger": ledger.summarise(self.events),
         }
@@ -184,8 +191,12 @@ def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]
     t0 = time.perf_counter()
     queue = deque(requests)
     running: set[str] = set()
+    abort_at = {r.rid: r.abort_after_steps for r in requests if r.abort_after_steps is not None}
+    retract_at = {r.rid: r.retract_after_steps for r in requests if r.retract_after_steps is not None}
+    decoded: dict[str, int] = {}  # decode steps each running request took
+    retracted: set[str] = set()  # retracted, waiting for sglang to resume them
     admissible = True  # False while the queue head waits and nothing has finished since it was refused
-    while queue or running:
+    while queue or running or retracted:
         while queue and admissible:
             req = queue[0]
             group = groups.get(req.rid, req.rid)
@@ -199,14 +210,19 @@ def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]
             queue.popleft()
             src = pair.prefill.all("prefill", req.rid, req.prompt_len, group)
             chunks = plan(src, dst, chunk_pages)
+            stop = req.abort_after_chunks if req.abort_after_chunks is not None else req.fail_after_chunks
             stats = transfer(pair.prefill, pair.decode, req.rid, chunks, pair.page_bytes,
-                             max_inflight_bytes=max_inflight_bytes, abort_after=req.abort_after_chunks, link=pair.link)
+                             max_inflight_bytes=max_inflight_bytes, abort_after=stop, link=pair.link)
+            failed = stats.aborted and req.abort_after_chunks is None  # stopped by a failure, not an abort
             res.chunks += stats.chunks
             res.bytes += stats.bytes
             res.transfer_s += stats.seconds
             # Prefill frees while decode commits (or drops an aborted request): both sides at once.
             released = [pair.prefill.submit(r, "release", req.rid) for r in range(len(pair.prefill))]
-            if stats.aborted:
+            if failed:
+                reason = f"transfer failed after {stats.chunks} of {len(chunks)} chunks"
+                finished = [pair.decode.submit(r, "fail", req.rid, reason) for r in range(len(pair.decode))]
+            elif stats.aborted:
                 finished = [pair.decode.submit(r, "abort", req.rid) for r in range(len(pair.decode))]
             else:
                 finished = [pair.decode.submit(r, "commit", req.rid, sorted(d["full"].values()), sorted(d["swa"].values()))
@@ -214,17 +230,34 @@ def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]
             pair.prefill.get(released)
             pair.decode.get(finished)
             if stats.aborted:
-                res.aborted.append(req.rid)
+                (res.failed if failed else res.aborted).append(req.rid)
                 continue
             running.add(req.rid)
             res.max_running = max(res.max_running, len(running))
-        if running:
+        stepped = bool(running)
+        if stepped:
             done = _agree([sorted(d) for d in pair.decode.all("step")], "finished requests")
             res.steps += 1
             running -= set(done)
             res.completed.extend(done)
+            for rid in sorted(running):  # aborted (the client gave up) or retracted once it took its steps
+                decoded[rid] = decoded.get(rid, 0) + 1
+                if decoded[rid] in (abort_at.get(rid), retract_at.get(rid)):
+                    retract = decoded[rid] == retract_at.get(rid)
+                    pair.decode.all("retract" if retract else "abort", rid)
+                    running.discard(rid)
+                    if retract:
+                        retracted.add(rid)
+                    (res.retracted if retract else res.aborted).append(rid)
+                    done.append(rid)
             admissible = admissible or bool(done)  # retry once a request finished and gave its memory back
-        elif queue:
+        if retracted:  # sglang resumes what its admission budgets let in, at each scheduling round
+            back = _agree([sorted(r) for r in pair.decode.all("resume")], "resumed requests")
+            if not back and not running:
+                raise PDError(f"retracted {sorted(retracted)} can never be resumed: the decode pools are idle")
+            retracted -= set(back)
+            running |= set(back)
+        elif queue and not stepped:
             raise PDError(f"request {queue[0].rid} (prompt {queue[0].prompt_len}) can never be admitted: "
                           "the decode pools are idle and still cannot hold it")
     if pair.spec.radix_cache:

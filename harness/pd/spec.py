@@ -85,19 +85,27 @@ class KVSpec:
 
 @dataclass(frozen=True)
 class PDRequest:
-    """One request through P→D: a prompt, decode steps after the handover, an optional abort.
+    """One request through P→D: a prompt, decode steps after the handover, an optional failure path.
 
     Attributes:
         rid: request id.
         prompt_len: prompt tokens (prefill computes them, decode receives their KV).
         decode_steps: decode steps after the first token.
         abort_after_chunks: abort the request after this many transfer chunks (None: never).
+        fail_after_chunks: the transfer fails after this many chunks (None: never): decode gives the
+            request up through sglang's failed-transfer path.
+        abort_after_steps: abort the request after this many decode steps (None: never).
+        retract_after_steps: retract the request after this many decode steps (None: never), as decode
+            does under pool pressure; sglang resumes it when its admission budgets let it.
     """
 
     rid: str
     prompt_len: int
     decode_steps: int = 4
     abort_after_chunks: int | None = None
+    fail_after_chunks: int | None = None
+    abort_after_steps: int | None = None
+    retract_after_steps: int | None = None
 
 
 def workload(seed: int, n: int, *, page_size: int, max_prompt: int, max_steps: int = 8,

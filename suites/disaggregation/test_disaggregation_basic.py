@@ -3,6 +3,12 @@
 Each test runs a workload through a prefill worker and a decode worker (real sglang allocators on
 the worker's device: CUDA when it has one, else CPU), with every KV byte verified on arrival and
 through decode, and the accounting ledger of both sides as the oracle.
+
+The failure paths of the real stack's ``test_disaggregation_failure_paths_server.py`` that the simulated
+engine has too get the same test here, each reached deterministically by the request's own marker (an
+abort after some transfer chunks or decode steps, a transfer that fails after some chunks, a retraction
+after some decode steps): the ledger first proves the hazard happened in that phase, then every pool of
+both ranks must be back at its baseline and the pair must still serve a clean request.
 """
 
 from __future__ import annotations
@@ -19,6 +25,21 @@ SPEC = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=40 * PAGE, 
 
 def _ids(reqs):
     return sorted(r.rid for r in reqs)
+
+
+def _events(res, component, rid, kind):
+    return [e for e in res.events if e.component == component and e.rid == rid and e.kind == kind]
+
+
+def _pages(event):
+    return sum(len(p) for p in event.pages.values())
+
+
+def _serves(pair, rid):
+    """The pair still serves a clean request after a failure path, and its books balance."""
+    res = run(pair, [PDRequest(rid, 5 * PAGE + 3, decode_steps=4)])
+    res.assert_clean()
+    assert res.completed == [rid], res.summary()
 
 
 def test_mixed_prompt_lengths_around_page_boundaries(pd_pair, pd_report):
@@ -86,6 +107,72 @@ def test_abort_mid_transfer_releases_both_sides(pd_pair, pd_report):
     assert sorted(res.completed) == ["a0", "a2", "a4"]
     releases = {(e.component, e.rid) for e in res.events if e.kind == "release" and e.rid in res.aborted}
     assert releases == {(side, rid) for side in ("prefill", "decode") for rid in res.aborted}
+    for rid in res.aborted:  # aborted mid-transfer, proven: prefill shipped fewer pages than decode awaited
+        (prealloc,), (shipped,) = _events(res, "decode", rid, "prealloc"), _events(res, "prefill", rid, "transfer")
+        assert 0 < _pages(shipped) < _pages(prealloc), f"{rid}: shipped {_pages(shipped)} of {_pages(prealloc)} pages"
+    _serves(pair, "after-abort-mid-transfer")
+
+
+def test_failed_transfer_mid_flight_decode_releases_what_it_preallocated(pd_pair, pd_report):
+    # The twin of the real stack's failed and timed-out transfers: the transfer of every other request
+    # fails after its first chunk, and decode gives it up through sglang's own failed-transfer path
+    # (DecodeTransferQueue.pop_transferred on KVPoll.Failed: the path of sgl#6258 / #9817 / #7130).
+    pair = pd_pair(SPEC)
+    reqs = [PDRequest(f"f{i}", 6 * PAGE + i, decode_steps=4, fail_after_chunks=1 if i % 2 else None) for i in range(4)]
+    res = run(pair, reqs, chunk_pages=1)
+    pd_report(res)
+    assert sorted(res.failed) == ["f1", "f3"] and sorted(res.completed) == ["f0", "f2"], res.summary()
+    # The hazard, proven in the ledger: the transfer stopped part-way (prefill shipped fewer pages than
+    # decode preallocated), and decode released the request as a failed transfer without ever
+    # committing or decoding it.
+    for rid in res.failed:
+        (prealloc,), (shipped,) = _events(res, "decode", rid, "prealloc"), _events(res, "prefill", rid, "transfer")
+        (release,) = _events(res, "decode", rid, "release")
+        assert 0 < _pages(shipped) < _pages(prealloc), f"{rid}: shipped {_pages(shipped)} of {_pages(prealloc)} pages"
+        assert release.note.startswith("failed transfer"), release
+        assert not _events(res, "decode", rid, "transfer") and not _events(res, "decode", rid, "decode_alloc")
+    res.assert_clean()  # every pool of both ranks back at its baseline, the books balanced
+    _serves(pair, "after-failed-transfer")
+
+
+def test_abort_mid_decode_frees_every_page(pd_pair, pd_report):
+    # The twin of the real stack's abort mid-decode: a request aborted once it decoded past its window
+    # (SWA pages already evicted), beside one that keeps decoding.
+    pair = pd_pair(SPEC)
+    reqs = [PDRequest("mid", 150, decode_steps=200, abort_after_steps=40), PDRequest("beside", 200, decode_steps=60)]
+    res = run(pair, reqs)
+    pd_report(res)
+    assert res.aborted == ["mid"] and res.completed == ["beside"], res.summary()
+    # The hazard, proven: the aborted request had decoded and slid SWA pages out of its window first.
+    (release,) = _events(res, "decode", "mid", "release")
+    evicted = [e for e in _events(res, "decode", "mid", "evict") if e.pages.get("swa")]
+    assert release.note == "abort" and evicted and evicted[0].seq < release.seq, "not aborted mid-decode"
+    assert len(_events(res, "decode", "mid", "decode_alloc")) == 40
+    res.assert_clean()
+    _serves(pair, "after-abort-mid-decode")
+
+
+def test_retraction_resumes_with_its_kv_restored_and_leaves_no_kv(pd_pair, pd_report):
+    # The twin of the real stack's retraction: a request retracted mid-decode (SWA pages already slid out
+    # of its window), as decode retracts one under pool pressure: sglang's release_req backs its KV up and
+    # releases its pages, resume_retracted_reqs preallocates it again and restores the backup (the path
+    # of sgl#40309). Every restored byte is verified at its new pages, and the window at every step after.
+    # (A target without it, before 0.5.18, skips: the decode rank raises CapabilityMissing.)
+    pair = pd_pair(SPEC)
+    reqs = [PDRequest("back", 150, decode_steps=80, retract_after_steps=30), PDRequest("beside", 200, decode_steps=50)]
+    res = run(pair, reqs)
+    pd_report(res)
+    assert res.retracted == ["back"] and sorted(res.completed) == ["back", "beside"], res.summary()
+    # The hazard, proven: released as a retraction mid-decode, then preallocated again past its prompt.
+    first, resumed = _events(res, "decode", "back", "prealloc")
+    retraction, final = _events(res, "decode", "back", "release")
+    assert retraction.note == "retract" and resumed.note == "resume", (retraction, resumed)
+    assert first.seq < retraction.seq < resumed.seq < final.seq
+    assert resumed.fill_len == 150 + 30, f"resumed at fill {resumed.fill_len}, not where it was retracted"
+    assert any(e.pages.get("swa") and e.seq < retraction.seq for e in _events(res, "decode", "back", "evict")), \
+        "retracted before it evicted any SWA page"
+    res.assert_clean()
+    _serves(pair, "after-retraction")
 
 
 @pytest.mark.parametrize("radix_cache", [False, True], ids=["radix-off", "radix-on"])

@@ -200,6 +200,7 @@ class DecodeSide:
             enable_decode_hicache=False,
             tp_worker=types.SimpleNamespace(is_hybrid_swa=True),
             running_batch=types.SimpleNamespace(reqs=[]),
+            enable_overlap=False,
             waiting_queue=[],
             last_batch=None,
             **compat.scheduler_fields(self.config.radix_cache),
@@ -211,6 +212,8 @@ class DecodeSide:
         queue.tree_cache = self.tree_cache
         queue.scheduler = scheduler
         queue.num_reserved_decode_tokens = self.config.num_reserved_decode_tokens
+        # The scheduler's token capacity (a retracted request re-queued is checked against it).
+        queue.max_total_num_tokens = int(getattr(self.allocator, "size_full", self.allocator.size))
         queue.queue, queue.retracted_queue, queue.pending_reqs = [], [], []
         queue.transfer_queue = types.SimpleNamespace(queue=[])
         return queue

@@ -5,14 +5,23 @@
 * :func:`decode_step` — one batched decode step through the real ``alloc_for_decode`` (which runs
   ``ScheduleBatch.maybe_evict_swa`` — SWA window eviction — then ``alloc_paged_token_slots_decode``);
 * :func:`abort` — release of a request aborted before it finished (``release_kv_cache`` without
-  checkpoint, as the scheduler does for an abort).
+  checkpoint, as the scheduler does for an abort);
+* :func:`fail_transfer` — a transfer that failed mid-flight, through the real
+  ``DecodeTransferQueue.pop_transferred`` (its ``KVPoll.Failed`` branch: ``prepare_abort``, then the
+  release of what prealloc took);
+* :func:`retract` / :func:`resume` — a decoding request retracted as ``ScheduleBatch.retract_decode``
+  retracts one (``release_req``: KV backed up, pages released) and resumed through
+  ``DecodePreallocQueue.resume_retracted_reqs`` (prealloc again, the backup restored).
 
 Only environment is hand-made: the ``ScheduleBatch`` carries the tensors ``prepare_for_decode``
-would have (``seq_lens``, ``req_pool_indices``) and a model config namespace.
+would have (``seq_lens``, ``req_pool_indices``) and a model config namespace; the transfer queue, the
+fields an idle scheduler gives it and the KV receiver of the harness's own transport
+(:class:`FailedReceiver`), which reports what sglang's receiver reports when its transfer failed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import types
 from typing import Any
@@ -111,3 +120,151 @@ def abort(side: DecodeSide, req: Any) -> None:
     if side.coordinator is not None:
         side.coordinator.request_finished(req)
     compat.release_kv_cache(req, side.tree_cache, checkpoint=False)
+
+
+class FailedReceiver:
+    """The KV receiver of a transfer that failed, as sglang's ``CommonKVReceiver`` reports one: it polls
+    ``KVPoll.Failed`` and ``failure_exception`` raises ``KVTransferError`` with the failure's reason.
+
+    The harness's transport stands where mooncake's does; it stopped, synchronously, before the
+    failure was reported, so no write is left in flight (no abort notification, no deferred release).
+
+    Args:
+        room: the request's bootstrap room.
+        reason: why the transfer failed (sglang records it with the abort).
+    """
+
+    abort_notified = False
+    require_staging = False
+
+    def __init__(self, room: int, reason: str):
+        self.room, self.reason = room, reason
+        self.kv_mgr = types.SimpleNamespace(enable_deferred_decode_kv_release=False)
+        self.cleared = False
+
+    def poll(self) -> Any:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        return KVPoll.Failed
+
+    def failure_exception(self) -> None:
+        from sglang.srt.disaggregation.common.conn import KVTransferError
+
+        raise KVTransferError(self.room, self.reason)
+
+    def clear(self) -> None:
+        self.cleared = True
+
+
+def fail_transfer(side: DecodeSide, req: Any, reason: str) -> None:
+    """Fail the transfer of ``req`` through sglang's ``DecodeTransferQueue.pop_transferred``.
+
+    The queue holds the request alone, its receiver a :class:`FailedReceiver`: sglang's failed-transfer
+    branch aborts it (``prepare_abort``: ``FINISH_ABORT`` with the reason), releases what prealloc took
+    (``_release_request``: the hisparse coordinator's ``request_finished``, then ``release_kv_cache``
+    without checkpoint) and frees its metadata slot.
+
+    Args:
+        side: the decode side that preallocated ``req``.
+        req: the request whose transfer failed.
+        reason: the failure's reason.
+
+    Raises:
+        RuntimeError: sglang did not treat the transfer as failed (it handed the request on, or did
+            not abort it).
+    """
+    from sglang.srt.disaggregation.decode import DecodeRequest, DecodeTransferQueue
+    from sglang.srt.disaggregation.utils import ReqToMetadataIdxAllocator
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    runtime.publish(side._settings)
+    runtime.ensure_process_group()  # the queue reduces its polls over the (world-size-1) TP group
+    slots = ReqToMetadataIdxAllocator(1)
+    room = int(getattr(req, "bootstrap_room", None) or 0)
+    queue = DecodeTransferQueue.__new__(DecodeTransferQueue)
+    # Environment only: the fields an idle decode scheduler gives the queue, with staging, host
+    # receive, hicache and deferred release off (none of them is on in a CPU or default GPU server).
+    queue.__dict__.update(
+        queue=[DecodeRequest(req=req, kv_receiver=FailedReceiver(room, reason), metadata_buffer_index=slots.alloc())],
+        gloo_group=None, tp_rank=0, req_to_metadata_buffer_idx_allocator=slots, metadata_buffers=_MetadataSlots(),
+        tree_cache=side.tree_cache, enable_host_receive=False, enable_staging=False, staging_handler=None,
+        enable_deferred_kv_release=False, deferred_kv_release_timeout=0.0, _deferred_releases=[],
+        _skipped_checksum_signatures=set(),
+        scheduler=types.SimpleNamespace(
+            enable_decode_hicache=False, enable_hisparse=side.coordinator is not None,
+            hisparse_coordinator=side.coordinator, disagg_decode_prealloc_queue=side.queue,
+            metrics_reporter=types.SimpleNamespace(enable_metrics=False),
+            output_streamer=types.SimpleNamespace(stream_output=lambda reqs, return_logprob=False: None)),
+    )
+    handed_on = queue.pop_transferred()
+    if handed_on or queue.queue or not isinstance(req.finished_reason, FINISH_ABORT):
+        raise RuntimeError(f"{req.rid}: pop_transferred did not fail the transfer (handed on {handed_on}, "
+                           f"still queued {len(queue.queue)}, finished_reason {req.finished_reason!r})")
+
+
+class _MetadataSlots:
+    """The metadata buffers' one call on a failed transfer (``clear_slot``): the first output token a
+    prefill writes there never comes, so there is nothing to clear."""
+
+    def clear_slot(self, idx: int) -> None:
+        pass
+
+
+#: The retraction backup the CPU servers run with (``launcher.CPU_DECODE_ARGS``): the KV of a retracted
+#: request is copied to CPU tensors and written back at its new pages on resume.
+RETRACTION_BACKUP = "cpu_tensor"
+
+
+def _publish_retraction(side: DecodeSide) -> None:
+    runtime.publish(dataclasses.replace(side._settings, retraction_backup=RETRACTION_BACKUP))
+
+
+def retract(side: DecodeSide, req: Any, remaining: int) -> bool:
+    """Retract a decoding request as ``ScheduleBatch.retract_decode`` retracts each one it gives up.
+
+    sglang's ``release_req``: the KV backed up (``backup_kv_cache`` with the ``cpu_tensor`` backup), the
+    pages released without a checkpoint, the tree cache evicted for the requests that stay, the
+    request reset for a retract; then ``DecodePreallocQueue.add(req, is_retracted=True)`` queues it for
+    :func:`resume`.
+
+    Args:
+        side: the decode side running ``req``.
+        req: the request to retract.
+        remaining: requests still running after it (sglang evicts the tree for their next steps).
+
+    Returns:
+        Whether the backup was taken (False: sglang would abort the request; it is not queued).
+
+    Raises:
+        CapabilityMissing: the target has no decode retraction backup (before 0.5.18): a skip.
+    """
+    compat.require("decode-retraction")
+    from sglang.srt.managers.schedule_batch import release_req
+
+    _publish_retraction(side)
+    saved = release_req(req=req, remaing_req_count=remaining, req_to_token_pool=side.req_to_token_pool,
+                        token_to_kv_pool_allocator=side.allocator, tree_cache=side.tree_cache,
+                        hisparse_coordinator=side.coordinator)
+    if saved:
+        side.queue.add(req, is_retracted=True)
+    return bool(saved)
+
+
+def resume(side: DecodeSide, running: list[Any]) -> list[Any]:
+    """Resume retracted requests through ``DecodePreallocQueue.resume_retracted_reqs``: each one the
+    admission budgets let in is preallocated again (``_pre_alloc``) and its backup restored.
+
+    Args:
+        side: the decode side.
+        running: the requests decoding now (the scheduler's running batch, which the budgets count).
+
+    Returns:
+        The resumed requests, in sglang's order.
+    """
+    _publish_retraction(side)
+    scheduler = side.queue.scheduler
+    scheduler.running_batch.reqs = list(running)
+    try:
+        return list(side.queue.resume_retracted_reqs())
+    finally:
+        scheduler.running_batch.reqs = []

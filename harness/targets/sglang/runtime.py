@@ -36,11 +36,14 @@ class RuntimeSettings:
         radix_cache: ``--disaggregation-decode-enable-radix-cache``.
         page_size: ``--page-size`` (None: sglang's default); 0.5.16's ``release_kv_cache`` reads it from
             the server arguments (later releases from the allocator).
+        retraction_backup: ``--disaggregation-decode-retraction-backup`` (None: not published; a
+            retraction and its resumption publish ``cpu_tensor``, as the CPU servers run).
     """
 
     device: str = "cpu"
     radix_cache: bool = False
     page_size: int | None = None
+    retraction_backup: str | None = None
 
 
 _published: dict[str, Any] = {"settings": None, "override": None}
@@ -65,6 +68,8 @@ def publish(settings: RuntimeSettings) -> None:
                                   disaggregation_decode_enable_radix_cache=settings.radix_cache)
     if settings.page_size is not None:
         fields["page_size"] = settings.page_size
+    if settings.retraction_backup is not None:
+        fields["disaggregation_decode_retraction_backup"] = settings.retraction_backup
     override = get_context().override_server_args(**fields)
     override.install()
     _published.update(settings=settings, override=override)

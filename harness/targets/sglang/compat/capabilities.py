@@ -147,6 +147,15 @@ CAPABILITIES: dict[str, Capability] = {cap.name: cap for cap in (
         lambda: _has("sglang.srt.mem_cache.common", "free_swa_out_of_window_slots"),
     ),
     Capability(
+        "decode-retraction",
+        "PD decode retraction with a KV backup and its resumption: schedule_batch.release_req (the backup "
+        "taken from --disaggregation-decode-retraction-backup, first in 0.5.18) and "
+        "DecodePreallocQueue.resume_retracted_reqs",
+        lambda: _first(lambda: _has("sglang.srt.managers.schedule_batch", "release_req"),
+                       lambda: _has(_DECODE, "DecodePreallocQueue.resume_retracted_reqs"),
+                       lambda: _has("sglang.srt.mem_cache.common", "backup_kv_cache")),
+    ),
+    Capability(
         "free-kv-row-segments",
         "release through mem_cache.common.free_kv_row_segments (the SWA-aware row free)",
         lambda: _has("sglang.srt.mem_cache.common", "free_kv_row_segments"),
