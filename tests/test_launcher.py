@@ -109,6 +109,22 @@ def test_cpu_compat_patches_and_probe_env():
     assert cmd.role == "decode-2"
 
 
+def test_extra_env_is_set_last_and_only_on_its_server():
+    # sglang knobs only an env var sets (the decode's transfer timeout): the caller's value wins over
+    # the CPU recipe's, and a stack hands it to the role it names only (stack.pd_commands).
+    from harness.targets.sglang.server.stack import pd_commands
+
+    cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY,
+                         extra_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "10",
+                                    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "3"})
+    assert cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "10"
+    assert cmd.env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "3"
+    p, d = pd_commands(topology.get("cpu"), MODEL, "/runs/r",
+                       extra_env={"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "10"}})
+    assert d.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "10"
+    assert "SGLANG_DISAGGREGATION_WAITING_TIMEOUT" not in p.env
+
+
 # ------------------------------------------------------------------ GPU topologies
 
 

@@ -111,26 +111,29 @@ class ServerStacks:
         return (*self.server_args, *self.layout.args_of(role))
 
     @staticmethod
-    def _pd_key(model_name: str, extra_args: Mapping[str, Sequence[str]] | None) -> tuple:
-        return (model_name, tuple(sorted((k, tuple(v)) for k, v in (extra_args or {}).items() if v)))
+    def _pd_key(model_name: str, extra_args: Mapping[str, Sequence[str]] | None,
+                extra_env: Mapping[str, Mapping[str, str]] | None = None) -> tuple:
+        key = (model_name, tuple(sorted((k, tuple(v)) for k, v in (extra_args or {}).items() if v)))
+        env = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in (extra_env or {}).items() if v))
+        return (*key, env) if env else key
 
     @staticmethod
     def _plain_key(model_name: str, compat_patches: Sequence[str] | None) -> tuple:
         return (model_name, None if compat_patches is None else tuple(compat_patches))
 
     def pd(self, model_name: str, *, mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None,
-           with_plain: bool = False) -> PdStack:
+           extra_env: Mapping[str, Mapping[str, str]] | None = None, with_plain: bool = False) -> PdStack:
         """A ready PD stack serving model ``model_name`` (restarted if a worker of it died).
 
-        ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of
-        its own. ``with_plain``: where the plain baseline runs beside the stack, start it (when it is
-        not running yet) at the same time as the stack's servers, not after them. The placement holds
-        one PD stack (on ``cpu`` too: a second one's actors would wait for room until their start
-        timed out): other PD stacks are stopped first, and so are the plain servers where none fits
-        beside a PD stack.
+        ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of its own,
+        and so does ``extra_env`` (role kind → env: sglang knobs no flag sets). ``with_plain``: where the
+        plain baseline runs beside the stack, start it (when it is not running yet) at the same time as the
+        stack's servers, not after them. The placement holds one PD stack (on ``cpu`` too: a second one's actors
+        would wait for room until their start timed out): other PD stacks are stopped first, and so are the
+        plain servers where none fits beside a PD stack.
         """
         self._require_stack()
-        key = self._pd_key(model_name, extra_args)
+        key = self._pd_key(model_name, extra_args, extra_env)
         if not mini_lb:
             self._take_ahead(key)
         stack = self._pd.get(key)
@@ -154,7 +157,8 @@ class ServerStacks:
                 pool.shutdown(wait=False)
             names = tuple(self._state.unique_name(r) for r in ("prefill", "decode", "router"))
             try:
-                stack = self._start_pd(model, placement, names, self._watch, mini_lb=mini_lb, extra_args=extra_args)
+                stack = self._start_pd(model, placement, names, self._watch, mini_lb=mini_lb, extra_args=extra_args,
+                                       extra_env=extra_env)
             finally:
                 if baseline is not None:
                     concurrent.futures.wait([baseline])
@@ -245,13 +249,15 @@ class ServerStacks:
         self._stop(workers)
 
     def _start_pd(self, model: Path, placement: Placement | None, names: tuple[str, str, str], on_start: Callable[[Worker], None], *,
-                  mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None) -> PdStack:
+                  mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None,
+                  extra_env: Mapping[str, Mapping[str, str]] | None = None) -> PdStack:
         from harness.targets.sglang.server.stack import start_pd_stack
 
         more = dict(extra_args or {})
         return start_pd_stack(self.topology, model, self.run_dir.root, placement=placement, names=names, mini_lb=mini_lb,
                               on_start=on_start, ready_timeout=self.ready_timeout, forkserver=self.forkserver,
-                              extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")})
+                              extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")},
+                              extra_env=extra_env)
 
     def _start_plain(self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Worker], None]) -> Worker:
         from harness.targets.sglang.server.layout import PLAIN_ROLE

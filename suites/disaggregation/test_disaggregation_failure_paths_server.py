@@ -13,7 +13,9 @@ deterministically and proves, from the probe's ledger, that the hazard happened 
 * a request is *held* before prefill sends its KV (``hold``: prefill has computed and holds the KV,
   decode has preallocated its pages — the ledger's ``prealloc`` — and nothing was sent yet);
 * a request is *mid-decode* once the decode ledger shows it evicting SWA pages that slid out of its
-  window (at least one eviction interval decoded).
+  window (at least one eviction interval decoded);
+* a transfer has *timed out* once decode released the held request with sglang's own abort message
+  ("timed out ... in KVPoll.WaitingForInput"), which the probe records with the release.
 
 Then it checks, through the servers' probes and the ledger — never sglang's own counters — that every
 pool of every surviving server is back at its baseline within :data:`RESET_S` (:func:`reset_server`:
@@ -308,9 +310,18 @@ TIGHT_DECODE_TOKENS = 2048
 PRESSURE_REQUESTS = 6
 
 
+#: Decode's ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` on the tight stack (sglang's default: 300 s): how
+#: long decode waits, once it sent prefill the pages to write, for the transfer to complete. sglang reads
+#: it once, when the server starts, so it rides on the tight stack rather than costing a stack of its
+#: own; it is long enough for the tight tests' own transfers on a loaded 2-core machine (prefill computes
+#: six 300-token prompts at once) and short enough to wait out.
+TRANSFER_TIMEOUT_S = 10
+
+
 @pytest.fixture
 def tight(sglang_servers):
-    return sglang_servers.pd(MODEL, extra_args={"decode": ("--max-total-tokens", str(TIGHT_DECODE_TOKENS))})
+    return sglang_servers.pd(MODEL, extra_args={"decode": ("--max-total-tokens", str(TIGHT_DECODE_TOKENS))},
+                             extra_env={"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(TRANSFER_TIMEOUT_S)}})
 
 
 def test_admission_rations_a_tight_decode_pool_and_charges_whole_pages(tight, run_dir):
@@ -353,9 +364,11 @@ def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, r
     # Two requests admitted together outgrow decode's pool while they decode: sglang retracts one
     # (its KV backed up, its pages released), resumes it once the other finished (prealloc again, the
     # backup restored: resume_retracted_reqs, the path of sgl#40309), and every page comes back.
-    # Not asserted: greedy parity with the prompt served alone. On this CPU stack two requests decoded
-    # together already diverge from the same prompts served alone (token 286 of request 0, after an SWA
-    # eviction, with no retraction at all), so parity would not isolate the resume.
+    # Not asserted: greedy parity with the prompt served alone. Two requests decoded together diverge from
+    # the same prompts served alone on this CPU stack with no retraction at all (token 286 of request 0),
+    # and not from SWA eviction (the same with decode's eviction off, and on a plain server): there the
+    # tiny random model's two best tokens tie exactly in bf16 when served alone, and the batch's numerics
+    # (one bf16 step, 0.004 in logprob) break the tie the other way. Parity would not isolate the resume.
     rids = [new_rid(f"retract-{i}") for i in range(2)]
     decode = Ledger(run_dir, tight.decode)
     router = tight.client("router")
@@ -372,6 +385,29 @@ def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, r
         released = decode.events(r, "release")[0]
         assert first.seq < released.seq < resumed.seq, f"{r}: not released before its second prealloc"
         assert int(resumed.fill_len or 0) > RETRACT_PROMPT, f"{r} resumed at fill {resumed.fill_len}, not past its prompt"
+    back_at_baseline(run_dir, tight.decode, tight.prefill)
+    serves(tight)
+
+
+def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir):
+    # Prefill holds the request before its KV send for longer than decode waits for a transfer: decode
+    # gives it up (sglang's waiting timeout: the receiver fails, pop_transferred aborts the request and
+    # releases what it preallocated, the path of sgl#6258 / #9817) and tells prefill, which, once the
+    # hold lets it send, finds the transfer aborted and frees its KV too.
+    with in_flight(tight, run_dir, "transfer-timeout", seed=7) as req:
+        first = req.decode.released("decode giving the transfer up", req.rid,
+                                    timeout_s=TRANSFER_TIMEOUT_S + RELEASE_S)[0]
+    # The hazard, proven: decode released the request because its transfer timed out (sglang's abort
+    # message, recorded with the release), while prefill still held the KV unsent, and never decoded it.
+    assert "timed out" in first.note and "WaitingForInput" in first.note, \
+        f"decode released {req.rid} for another reason than the transfer timeout: {first.note!r}"
+    assert not decoded_before(req.decode, req.rid, first), "the timed-out request decoded"
+    answer = outcome(req.to_decode)
+    assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
+    # Prefill, let go, sends into the transfer decode gave up: it fails the request (and frees its KV,
+    # which its reset below checks) rather than answering it.
+    answer = outcome(req.to_prefill)
+    assert isinstance(answer, ServerHTTPError), f"prefill answered {answer} for a transfer decode gave up"
     back_at_baseline(run_dir, tight.decode, tight.prefill)
     serves(tight)
 

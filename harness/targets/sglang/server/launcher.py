@@ -209,6 +209,7 @@ def _engine_command(
     worker: str,
     extra_args: Sequence[str],
     mode_env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Command:
     base = [
         "--model-path", str(model),
@@ -234,6 +235,7 @@ def _engine_command(
     # sglang's own checks, the second oracle: every variable of every check (a release that lacks
     # one never reads it; what the target has is said once per session, compat.checks.summary).
     env.update(checks.environment(None))
+    env.update(extra_env or {})
     argv = [python, "-m", SERVER_MODULE, *_merge(base, [*role.engine_args, *extra_args])]
     return Command(role=worker, argv=tuple(argv), env=env, pythonpath=tuple(pythonpath))
 
@@ -250,6 +252,7 @@ def server_command(
     probe_run_dir: str | Path | None = None,
     worker: str | None = None,
     extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> Command:
     """Build the ``sglang.launch_server`` command of a prefill or decode role.
 
@@ -265,6 +268,8 @@ def server_command(
         probe_run_dir: when given, the accounting probe writes ``<run_dir>/ledger/<worker>.jsonl``.
         worker: worker name used in the ledger and the command (default: the role name).
         extra_args: more server flags, after the role's ``engine_args`` (they win over defaults).
+        extra_env: more environment for the server, set last (it wins over the recipe's): sglang's
+            knobs that only an env var sets, e.g. ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT``.
 
     Returns:
         The :class:`Command`.
@@ -287,7 +292,7 @@ def server_command(
     return _engine_command(
         topology, role, mode, model=model, ports=ports, host=host, python=python,
         compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker or role_name,
-        extra_args=extra_args, mode_env=mode_env,
+        extra_args=extra_args, mode_env=mode_env, extra_env=extra_env,
     )
 
 

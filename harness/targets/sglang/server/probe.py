@@ -268,11 +268,20 @@ def _wrap_release(probe: Probe, orig: Callable) -> Callable:
         rid = str(req.rid)
         if holding or rid in probe.known:
             _note_growth(probe, rid, allocator.page_size, holding, allocated)
-            probe.record("release", rid, allocator.page_size, pages=as_pages(holding))
+            probe.record("release", rid, allocator.page_size, pages=as_pages(holding), note=_abort_note(req))
             probe.known.pop(rid, None)
         return result
 
     return wrapper
+
+
+def _abort_note(req: Any) -> str:
+    """``abort: <sglang's message>`` for a request sglang aborted (a failed or timed-out transfer, a
+    client abort), else empty: a release's note, so a test can prove which failure freed the request."""
+    reason = getattr(req, "finished_reason", None)
+    if type(reason).__name__ != "FINISH_ABORT":
+        return ""
+    return f"abort: {getattr(reason, 'message', '')}"[:300]
 
 
 def _wrap_pre_alloc_method(probe: Probe, orig: Callable) -> Callable:

@@ -238,6 +238,7 @@ def pd_commands(
     probe: bool = True,
     compat_patches: Sequence[str] | None = None,
     extra_args: Mapping[str, Sequence[str]] | None = None,
+    extra_env: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[Command, Command]:
     """The prefill and decode commands :func:`start_pd_stack` runs (ports still placeholders).
 
@@ -247,15 +248,15 @@ def pd_commands(
         ``(prefill, decode)`` :class:`.launcher.Command`.
     """
     common = dict(model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches)
-    more = dict(extra_args or {})
+    more, env = dict(extra_args or {}), dict(extra_env or {})
     # The full probe runs on decode: that is where the PD prealloc paths are, and a PD decode
     # server has no radix cache (the default), so a release returns every page and the books must
     # balance. Prefill's probe records only its cache flushes (the reset check between tests).
     probe_dir = Path(run_dir) if probe else None
     p_cmd = server_command(topology, "prefill", worker=names[0], probe_run_dir=probe_dir,
-                           extra_args=tuple(more.get("prefill", ())), **common)
+                           extra_args=tuple(more.get("prefill", ())), extra_env=env.get("prefill"), **common)
     d_cmd = server_command(topology, "decode", worker=names[1], probe_run_dir=probe_dir,
-                           extra_args=tuple(more.get("decode", ())), **common)
+                           extra_args=tuple(more.get("decode", ())), extra_env=env.get("decode"), **common)
     return p_cmd, d_cmd
 
 
@@ -270,6 +271,7 @@ def start_pd_stack(
     mini_lb: bool = False,
     compat_patches: Sequence[str] | None = None,
     extra_args: Mapping[str, Sequence[str]] | None = None,
+    extra_env: Mapping[str, Mapping[str, str]] | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
     forkserver: bool = False,
@@ -289,6 +291,7 @@ def start_pd_stack(
         mini_lb: run the router as ``--mini-lb``.
         compat_patches: see :func:`.launcher.server_command`.
         extra_args: more server flags per role kind (``prefill``, ``decode``); they win over defaults.
+        extra_env: more environment per role kind (``prefill``, ``decode``), set last.
         ready_timeout: one deadline for the whole stack, in seconds.
         on_start: called with each worker once it started.
         forkserver: start prefill and decode as forks of the server fork server (the caller
@@ -306,7 +309,7 @@ def start_pd_stack(
     run_dir = Path(run_dir)
     p_name, d_name, r_name = names
     p_cmd, d_cmd = pd_commands(topology, model, run_dir, names=(p_name, d_name), probe=probe,
-                               compat_patches=compat_patches, extra_args=extra_args)
+                               compat_patches=compat_patches, extra_args=extra_args, extra_env=extra_env)
     started: list[Worker] = []
 
     def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Worker:
