@@ -159,6 +159,55 @@ def test_forked_ranks_are_ray_actors_in_their_bundles_running_real_pools(ray_clu
         dep.stop()
 
 
+TWO_INSTANCES = """\
+name = "two-instances"
+runner = "ubuntu-latest"
+
+[cluster]
+nodes = 1
+gpus_per_node = 0
+
+[roles.prefill]
+count = 2
+gpus_per_rank = 0
+
+[roles.decode]
+count = {decode}
+gpus_per_rank = 0
+"""
+
+
+def _two_instances(tmp_path, decode: int = 2) -> topology.Topology:
+    path = tmp_path / "two-instances.toml"
+    path.write_text(TWO_INSTANCES.format(decode=decode))
+    return topology.load(path)
+
+
+def test_every_instance_of_a_topology_is_its_own_pair_of_forked_ranks(ray_cluster, run_dir, tmp_path):
+    """``instances=None`` starts one PD pair per prefill/decode group (how the 32-rank
+    ``4-node-32-gpu-h200`` runs its two TP8 instances per role), here on the same fork server as
+    above, so it costs four forks."""
+    topo = _two_instances(tmp_path)
+    dep = deploy.start(ray_cluster, topo, run_dir.root, SPEC, name_prefix="instances-test-", instances=None)
+    try:
+        assert [[w.name for w in (*p.prefill.members, *p.decode.members)] for p in dep.pairs] == [
+            ["instances-test-prefill-0-r0", "instances-test-decode-0-r0"],
+            ["instances-test-prefill-1-r0", "instances-test-decode-1-r0"],
+        ]
+        assert len({w.info.pid for w in dep.workers}) == 4
+        for i, pair in enumerate(dep.pairs):
+            res = run(pair, [PDRequest(f"i{i}-{j}", 100 + 50 * j, decode_steps=3) for j in range(2)])
+            res.assert_clean()
+            assert len(res.completed) == 2
+    finally:
+        dep.stop()
+    with pytest.raises(ValueError, match=r"^two-instances: instances=3, but the topology has 2 prefill/decode "
+                                         r"pair\(s\); pass 1 to 2"):
+        deploy.start(ray_cluster, topo, run_dir.root, SPEC, instances=3)
+    with pytest.raises(ValueError, match=r"^two-instances: prefill has 2 group\(s\), decode 1: pairs need as many"):
+        deploy.start(ray_cluster, _two_instances(tmp_path, decode=1), run_dir.root, SPEC, instances=None)
+
+
 def _site(tmp_path, body: str) -> str:
     site = tmp_path / "site"
     site.mkdir()

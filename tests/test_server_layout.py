@@ -90,6 +90,14 @@ def test_a_server_larger_than_a_node_is_refused():
         server_layout(big)
 
 
+def test_a_role_of_several_instances_is_refused_for_real_servers():
+    """A stack starts one server per role: ``4-node-32-gpu-h200``'s two TP8 instances per role run
+    simulated only, not as one wrongly placed server (``--show-commands`` once printed 16 GPUs on node 0)."""
+    with pytest.raises(LaunchError, match=r"^topology 4-node-32-gpu-h200: prefill has 2 instances, and a real server "
+                                          r"stack starts one server per role; run it simulated"):
+        server_layout(topology.get("4-node-32-gpu-h200"))
+
+
 def test_dp_replicas_without_attention_dp_multiply_the_gpus():
     topo = topology.get("8-gpu-h200")
     dp = replace(topo, roles=tuple(replace(r, tp=2, dp=2, dp_attention=False, engine_args=()) if r.kind in ("prefill", "decode")

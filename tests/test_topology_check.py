@@ -34,7 +34,8 @@ def test_check_on_this_machine_and_simulated():
 
 
 @pytest.mark.parametrize("args, line", [
-    (["nope"], "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-2-gpu-h100, 8-gpu-h200, cpu (or a path to a .toml file)"),
+    (["nope"], "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-2-gpu-h100, 4-node-32-gpu-h200, "
+     "4-node-32-gpu-h200-dp-attention, 8-gpu-h200, cpu (or a path to a .toml file)"),
     (["cpu", "--simulate", "--ray-address", "127.0.0.1:1"],
      "harness: --simulate starts a local cluster and --ray-address joins one: pass only one"),
     (["cpu", "--ray-address", "127.0.0.1:1"],

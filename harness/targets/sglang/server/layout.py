@@ -72,7 +72,8 @@ def server_layout(topology: Topology) -> ServerLayout:
         The :class:`ServerLayout` (``topology`` itself as placement when it has no GPUs).
 
     Raises:
-        LaunchError: a server would need more GPUs than one node has (one process, one node).
+        LaunchError: a server would need more GPUs than one node has (one process, one node), or a
+            role has more than one instance (a stack starts one server per role).
     """
     if not topology.needs_gpus:
         return ServerLayout(placement=topology)
@@ -81,6 +82,10 @@ def server_layout(topology: Topology) -> ServerLayout:
         if role.kind not in SERVER_KINDS:
             roles.append(role)
             continue
+        if role.count > 1:
+            raise LaunchError(f"topology {topology.name}: {role.name} has {role.count} instances, and a real server stack "
+                              f"starts one server per role; run it simulated (the simulated engine starts every "
+                              f"instance) or use count = 1")
         gpus = server_gpus(role)
         if gpus > topology.gpus_per_node:
             raise LaunchError(f"topology {topology.name}: a {role.name} server needs {gpus} GPUs in one process, "
