@@ -1,26 +1,48 @@
-"""PD over Ray on 2-gpu-h100 (TP1 + TP1) against 8-gpu-h200 (TP4 + TP4), simulated, in one run.
+"""PD over Ray at 2, 8, 16 and 32 simulated ranks, in one run: wall time, CPU seconds and memory per size.
 
-For each topology: start a local Ray with the topology's GPUs as logical GPUs, start one worker per
-TP rank of the first prefill and decode groups (each builds real sglang pools), then run the seeded
-randomized workload of ``suites/e2e/test_swa_accounting.py`` (``--requests`` requests, hybrid-SWA
-pools, page 64, window 100) through the full P→D path with the ledger checked at the end.
+Sizes (``--sizes``, default all four), each a shipped topology on a local Ray with its GPUs as
+logical GPUs, every node a Ray node of its own (``ray.cluster_utils``):
 
-Ranks start two ways (``--rank-start``, default both, measured in the same run):
+====  =======================  =============================================================
+2     ``2-gpu-h100``           prefill TP1 + decode TP1, one node
+8     ``8-gpu-h200``           TP4 + TP4, one node
+16    ``2-node-16-gpu-h200``   TP8 + TP8, two nodes
+32    ``4-node-32-gpu-h200``   two TP8 prefill and two TP8 decode instances, four nodes
+====  =======================  =============================================================
+
+Every rank of every instance starts (:func:`harness.pd.deploy.start` with ``instances=None``) and
+builds real sglang pools; then the seeded randomized workload of ``suites/e2e/test_swa_accounting.py``
+(``--requests`` requests, hybrid-SWA pools, page 64, window 100) runs through the full P→D path with
+the ledger checked at the end. With two instances the requests are dealt round robin over the pairs
+(a router's job) and both pairs run at once, each in a thread of the driver.
+
+Ranks start two ways (``--rank-start``, default ``fork``):
 
 * ``fork`` — the default of :mod:`harness.pd.deploy`: each rank's Ray worker is a fork of a
-  :mod:`harness.workers.forkserver` that imported what a rank runs once (its preload CPU is printed on its
-  own line: paid once per driver process, shared by every deployment after it);
-* ``fresh`` — every rank's process imports torch and sglang itself (``HARNESS_FORK_START=0``).
+  :mod:`harness.workers.forkserver` that imported what a rank runs once. The server is started
+  before the ranks and timed on its own (``preload s``; its CPU and memory on their own line): one
+  serves every deployment whose environment is its own, and a multi-node cluster's environment
+  differs (``RAY_TMPDIR``: the cluster's temp dir), so such a cluster starts one of its own;
+* ``fresh`` — every rank's process imports torch and sglang itself (``HARNESS_FORK_START=0``; at 32
+  ranks that is about 32 × 0.5 GB of private memory: ask for it with small ``--sizes``).
 
-Prints, per mode and topology: rank start-up seconds, workload seconds, requests/s, the CPU seconds
-of the rank processes (start-up and workload) and **CPU seconds per rank start** — the rank process
-plus, for forked ranks, the process Ray started for it (``setup_worker.py`` exec'd into the fork
-server's client) — and the 8-gpu / 2-gpu ratios (the issue's goals: ≤ 1.5 CPU-s per rank start,
-≤ 2 for the whole simulation).
+Per mode and size it prints: rank start-up and workload seconds, requests/s, the CPU seconds of the
+rank processes (start-up and workload; start-up includes, for forked ranks, the process Ray started
+for each, ``setup_worker.py`` exec'd into the fork server's client), **CPU-s per rank start**, and the
+memory of the rank processes after the workload: **PSS** summed over them (each shared page counted
+once over all processes that map it: the fork server's pages are split between it and its children)
+and RSS (which counts a shared page in every process) for contrast, per rank process and for Ray's
+stand-in processes. Then the issue's two goals, each PASS or FAIL with its measured value:
+
+* memory: PSS summed over the ranks (rank processes and their stand-ins) grows by ≤ 150 MB per added
+  rank, between every two consecutive sizes;
+* time: (T32 − T16) / 16 ≤ (T8 − T2) / 6, T the wall time of rank start-up + workload (the fork
+  server's preload apart): the cost of a rank at 32 is no more than at 8.
 
 Usage::
 
-    .venv/bin/python bench/topology_scaling.py [--requests 200] [--seed 20251129] [--rank-start both|fork|fresh]
+    .venv/bin/python bench/topology_scaling.py [--requests 200] [--seed 20251129] [--rank-start fork|fresh|both]
+                                               [--sizes 2,8,16,32]
 """
 
 from __future__ import annotations
@@ -32,24 +54,42 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-SMALL, LARGE = "2-gpu-h100", "8-gpu-h200"
+SIZES = {2: "2-gpu-h100", 8: "8-gpu-h200", 16: "2-node-16-gpu-h200", 32: "4-node-32-gpu-h200"}
 PAGE, WINDOW = 64, 100
 MODES = ("fork", "fresh")
+PSS_GOAL_MB = 150.0
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory of a set of processes, bytes: PSS and RSS summed over them."""
+
+    pss: int = 0
+    rss: int = 0
+
+    def __add__(self, other: "Memory") -> "Memory":
+        return Memory(self.pss + other.pss, self.rss + other.rss)
 
 
 @dataclass(frozen=True)
 class Measured:
-    """One topology's numbers."""
+    """One size's numbers."""
 
+    topology: str
     ranks: int
+    preload_s: float  # the fork server's start on this cluster, before the ranks (0: one already served)
     start_s: float
     work_s: float
     requests: int
     start_cpu_s: float
     work_cpu_s: float
     standin_cpu_s: float  # the processes Ray started for forked ranks (0 for fresh ones)
+    rank_mem: Memory  # the rank processes (Ray workers), after the workload
+    standin_mem: Memory  # their stand-ins (forked ranks only)
 
     @property
     def total_s(self) -> float:
@@ -59,13 +99,29 @@ class Measured:
     def cpu_per_rank_start(self) -> float:
         return (self.start_cpu_s + self.standin_cpu_s) / self.ranks
 
+    @property
+    def pss(self) -> int:
+        """PSS summed over everything a rank adds: its process and its stand-in."""
+        return (self.rank_mem + self.standin_mem).pss
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or any(s not in SIZES for s in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: pass sizes from {', '.join(map(str, SIZES))}, comma-separated")
+    return sizes
+
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/topology_scaling.py", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=200, help="requests in the workload (default 200)")
     p.add_argument("--seed", type=int, default=20251129, help="workload seed (default 20251129)")
-    p.add_argument("--rank-start", choices=("both", *MODES), default="both",
-                   help="fork (from the fork server), fresh (own imports) or both (default)")
+    p.add_argument("--rank-start", choices=("both", *MODES), default="fork",
+                   help="fork (from the fork server, default), fresh (own imports) or both")
+    p.add_argument("--sizes", type=_sizes, default=sorted(SIZES), help="rank counts, comma-separated (default 2,8,16,32)")
     args = p.parse_args(argv)
     if args.requests < 1:
         print(f"bench/topology_scaling.py: --requests must be ≥ 1, got {args.requests}; pass a positive integer",
@@ -87,6 +143,20 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
+def _memory(pids: list[int]) -> Memory:
+    """PSS and RSS summed over the processes (``/proc/PID/smaps_rollup`` through psutil)."""
+    import psutil
+
+    out = Memory()
+    for pid in pids:
+        try:
+            m = psutil.Process(pid).memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out += Memory(m.pss, m.rss)
+    return out
+
+
 def _standins(sockets: set[str]) -> list[int]:
     """Pids of the fork-server clients (Ray's stand-ins for forked ranks) of our servers."""
     import psutil
@@ -103,14 +173,15 @@ def _standins(sockets: set[str]) -> list[int]:
     return out
 
 
-def measure(name: str, requests: int, seed: int, mode: str) -> Measured:
+def measure(ranks: int, requests: int, seed: int, mode: str) -> Measured:
     from harness import topology
-    from harness.workers import forkserver
     from harness.cluster import Cluster
     from harness.pd import deploy
-    from harness.pd.run import run
+    from harness.pd.run import RunResult, run
     from harness.pd.spec import KVSpec, workload
+    from harness.workers import forkserver
 
+    name = SIZES[ranks]
     os.environ[forkserver.OFF_ENV] = "1" if mode == "fork" else "0"
     spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=24 * PAGE, swa_tokens=10 * PAGE, req_slots=8)
     reqs = workload(seed, requests, page_size=PAGE, max_prompt=6 * PAGE, max_steps=12, abort_rate=0.05, prefix=f"{name}-")
@@ -118,23 +189,66 @@ def measure(name: str, requests: int, seed: int, mode: str) -> Measured:
     run_dir = tempfile.mkdtemp(prefix="pd-scaling-")
     try:
         with Cluster.start(topo, simulate=True) as cluster:
+            # The fork server first, so start_s is the ranks' own: a server serves one environment,
+            # and a multi-node cluster's (RAY_TMPDIR: its own temp dir) differs from the last one's.
             t0 = time.perf_counter()
-            dep = deploy.start(cluster, topo, run_dir, spec, name_prefix="scaling-")
+            deploy.rank_runtime_env(cluster, topo)
+            preload_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            dep = deploy.start(cluster, topo, run_dir, spec, name_prefix="scaling-", instances=None)
             try:
                 start_s = time.perf_counter() - t0
                 pids = [w.info.pid for w in dep.workers]
+                if len(pids) != ranks:
+                    raise RuntimeError(f"{name}: started {len(pids)} ranks, expected {ranks}")
                 start_cpu = _cpu_s(pids)
                 standins = _standins({s.socket_path for s in forkserver.running_shared()}) if mode == "fork" else []
                 standin_cpu = _cpu_s(standins)
-                res = run(dep.pair, reqs, chunk_pages=8)
-                res.assert_clean()
+                shares = [reqs[i::len(dep.pairs)] for i in range(len(dep.pairs))]
+                t1 = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=len(dep.pairs)) as pool:
+                    results: list[RunResult] = list(pool.map(lambda ps: run(ps[0], ps[1], chunk_pages=8),
+                                                             zip(dep.pairs, shares)))
+                work_s = time.perf_counter() - t1
+                for res in results:  # every request ended (completed, aborted, ...), or run() raised
+                    res.assert_clean()
                 work_cpu = _cpu_s(pids) - start_cpu
+                rank_mem, standin_mem = _memory(pids), _memory(standins)
             finally:
                 dep.stop()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return Measured(len(dep.workers), start_s, res.wall_s, len(res.completed) + len(res.aborted), start_cpu, work_cpu,
-                    standin_cpu)
+    return Measured(name, ranks, preload_s, start_s, work_s, len(reqs), start_cpu, work_cpu, standin_cpu, rank_mem, standin_mem)
+
+
+def goals(got: dict[int, Measured]) -> list[str]:
+    """The two goals, one line each: PASS / FAIL with the measured values (or why not measured)."""
+    lines = []
+    sizes = sorted(got)
+    steps = [((a, b), (got[b].pss - got[a].pss) / (b - a) / MB) for a, b in zip(sizes, sizes[1:])]
+    if steps:
+        worst = max(v for _, v in steps)
+        shown = ", ".join(f"{a}→{b}: {v:.0f}" for (a, b), v in steps)
+        lines.append(f"memory goal: PSS growth per added rank ≤ {PSS_GOAL_MB:.0f} MB: {shown} MB/rank "
+                     f"→ {'PASS' if worst <= PSS_GOAL_MB else 'FAIL'}")
+    else:
+        lines.append("memory goal: needs two sizes")
+    if all(n in got for n in (2, 8, 16, 32)):
+        small = (got[8].total_s - got[2].total_s) / 6
+        large = (got[32].total_s - got[16].total_s) / 16
+        lines.append(f"time goal: (T32 − T16) / 16 = {large:.2f} s/rank ≤ (T8 − T2) / 6 = {small:.2f} s/rank "
+                     f"→ {'PASS' if large <= small else 'FAIL'}")
+        for what in ("start_s", "work_s"):
+            s8, s2, s32, s16 = (getattr(got[n], what) for n in (8, 2, 32, 16))
+            lines.append(f"  ({what.removesuffix('_s')} only: {(s32 - s16) / 16:.2f} vs {(s8 - s2) / 6:.2f} s/rank)")
+        # The same comparison in CPU seconds of the rank processes: what the wall time is made of on a
+        # machine whose cores are shared, without the other work's share of them.
+        c8, c2, c32, c16 = (got[n].start_cpu_s + got[n].standin_cpu_s + got[n].work_cpu_s for n in (8, 2, 32, 16))
+        lines.append(f"  (in CPU-s, start-up + workload: {(c32 - c16) / 16:.2f} vs {(c8 - c2) / 6:.2f} cpu-s/rank "
+                     f"→ {'PASS' if (c32 - c16) / 16 <= (c8 - c2) / 6 else 'FAIL'}; not the goal, less bent by other load)")
+    else:
+        lines.append("time goal: needs sizes 2, 8, 16 and 32")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,24 +257,30 @@ def main(argv: list[str] | None = None) -> int:
     from harness.workers import forkserver
 
     modes = MODES if args.rank_start == "both" else (args.rank_start,)
-    got = {(mode, name): measure(name, args.requests, args.seed, mode) for mode in modes for name in (SMALL, LARGE)}
-    preload_cpu = sum(_cpu_s([s.pid]) for s in forkserver.running_shared())
+    before = os.getloadavg()
+    got = {(mode, n): measure(n, args.requests, args.seed, mode) for mode in modes for n in args.sizes}
+    servers = forkserver.running_shared()
+    preload_cpu = sum(_cpu_s([s.pid]) for s in servers)
+    server_mem = _memory([s.pid for s in servers])
     forkserver.stop_shared()
-    load = os.getloadavg()
-    print(f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
-          f"workload: {args.requests} requests, seed {args.seed}")
-    print(f"{'mode':5} {'topology':12} {'ranks':>5} {'start s':>8} {'work s':>7} {'total s':>8} {'req/s':>6} "
-          f"{'start cpu-s':>11} {'work cpu-s':>10} {'cpu-s/rank start':>16}")
-    for (mode, name), m in got.items():
-        print(f"{mode:5} {name:12} {m.ranks:5d} {m.start_s:8.1f} {m.work_s:7.1f} {m.total_s:8.1f} {m.requests / m.work_s:6.1f} "
-              f"{m.start_cpu_s + m.standin_cpu_s:11.1f} {m.work_cpu_s:10.1f} {m.cpu_per_rank_start:16.2f}")
+    after = os.getloadavg()
+    print(f"{os.cpu_count()} CPU cores; load average before {before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, "
+          f"after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}; workload: {args.requests} requests, seed {args.seed}")
+    print(f"{'mode':5} {'topology':18} {'ranks':>5} {'preload s':>9} {'start s':>7} {'work s':>6} {'total s':>7} {'req/s':>5} "
+          f"{'start cpu-s':>11} {'of it stand-ins':>15} {'work cpu-s':>10} {'cpu-s/rank start':>16} {'PSS MB':>7} {'RSS MB':>7} "
+          f"{'PSS/rank':>8} {'RSS/rank':>8} {'stand-in PSS':>12}")
+    for (mode, _), m in got.items():
+        print(f"{mode:5} {m.topology:18} {m.ranks:5d} {m.preload_s:9.1f} {m.start_s:7.1f} {m.work_s:6.1f} {m.total_s:7.1f} "
+              f"{m.requests / m.work_s:5.1f} {m.start_cpu_s + m.standin_cpu_s:11.1f} {m.standin_cpu_s:15.1f} {m.work_cpu_s:10.1f} "
+              f"{m.cpu_per_rank_start:16.2f} {m.pss / MB:7.0f} {(m.rank_mem + m.standin_mem).rss / MB:7.0f} "
+              f"{m.rank_mem.pss / m.ranks / MB:8.0f} {m.rank_mem.rss / m.ranks / MB:8.0f} {m.standin_mem.pss / MB:12.0f}")
     if "fork" in modes:
-        print(f"fork server preload (once per driver process, before the first rank): {preload_cpu:.1f} cpu-s")
+        print(f"fork servers ({len(servers)}; one per environment, started before the ranks, not in start s or T): "
+              f"preload {preload_cpu:.1f} cpu-s, PSS {server_mem.pss / MB:.0f} MB, RSS {server_mem.rss / MB:.0f} MB at the end")
     for mode in modes:
-        s, l = got[(mode, SMALL)], got[(mode, LARGE)]
-        print(f"{mode}: ratio {LARGE} / {SMALL}: start {l.start_s / s.start_s:.2f}, workload {l.work_s / s.work_s:.2f}, "
-              f"whole {l.total_s / s.total_s:.2f} (goal ≤ 2); cpu-s per rank start {s.cpu_per_rank_start:.2f} / "
-              f"{l.cpu_per_rank_start:.2f} (goal ≤ 1.5)")
+        print(f"{mode}:")
+        for line in goals({n: m for (md, n), m in got.items() if md == mode}):
+            print(f"  {line}")
     return 0
 
 
