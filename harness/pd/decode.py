@@ -10,7 +10,9 @@
   window eviction included), KV of the new token written, then the window's KV verified for every
   running request; finished requests go through the real release path;
 * :meth:`DecodeWorker.abort` — release of a request aborted mid-transfer or mid-decode;
-* :meth:`DecodeWorker.fail` — a transfer that failed mid-flight, through sglang's failed-transfer path.
+* :meth:`DecodeWorker.fail` — a transfer that failed mid-flight, through sglang's failed-transfer path;
+* :meth:`DecodeWorker.retract` / :meth:`DecodeWorker.resume` — a running request retracted (its KV
+  backed up, its pages released) and resumed by sglang's ``resume_retracted_reqs``.
 
 Every prealloc, failed prealloc, transfer, decode allocation, eviction and release is a ledger
 event whose pages are the ids that left or joined the allocator's free lists.
