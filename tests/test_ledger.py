@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness import ledger
@@ -260,6 +262,46 @@ def test_reservation_must_cover_whole_pages():
 def test_decode_window_lost_when_floor_passes_the_window():
     evs = replace(balanced(), 3, evicted_seqlen=256)  # seq 321: positions 221.. must keep SWA slots
     assert "swa-window-lost" in rules(evs)
+
+
+# sglang 0.5.16 … 0.5.18 with the decode radix cache (the PD engine's own events on 0.5.18): a request
+# of 130 tokens matches a cached prefix of 128, keeps its SWA in the tree, and decoding raises its floor
+# to that prefix (free_swa_out_of_window_slots: max(swa_evicted_seqlen, cache_protected_len)).
+PRE_0_5_19 = LedgerConfig(page_size=P, window=W, radix_cache=True, swa_tail=True, prefix_swa_in_tree=True)
+
+
+def _prefix_hit(config_: LedgerConfig, floor: int, fill: int = 132, freed_spans=()) -> list[Event]:
+    return [config(config_),
+            ev(0, "prealloc", fill_len=130, swa_tail_len=130, evicted_seqlen=0, prefix_len=128, pages={"swa": 1}),
+            ev(1, "evict", fill_len=fill, evicted_seqlen=floor, freed_spans=freed_spans, pages={"swa": 0})]
+
+
+def test_a_floor_raised_to_a_prefix_the_tree_keeps_swa_for_loses_no_window():
+    # the hazard first: by the 0.5.19 rule (prefix capped at the window start) floor 128 > 132 - 100 is a loss
+    assert "swa-window-lost" in rules(_prefix_hit(dataclasses.replace(PRE_0_5_19, prefix_swa_in_tree=False), 128))
+    # before 0.5.19 positions [32, 128) keep their SWA slots in the tree: nothing of the window is lost
+    assert "swa-window-lost" not in rules(_prefix_hit(PRE_0_5_19, 128))
+    # ... but a floor past the prefix inside the window, or a freed slot inside it, still is
+    lost = [v for v in check(_prefix_hit(PRE_0_5_19, 192, fill=200)) if v.rule == "swa-window-lost"]
+    assert [v.message for v in lost] == ["seq 200: SWA floor 192 > 200 - window 100 and the protected prefix 128 "
+                                         "whose SWA the radix tree keeps: a position inside the window lost its SWA slot"]
+    assert "swa-window-lost" in rules(_prefix_hit(PRE_0_5_19, 128, freed_spans=((64, 128),)))
+    # the prefix is the request's own prealloc's, forgotten at its release (a later request of the same rid)
+    evs = _prefix_hit(PRE_0_5_19, 0)[:2] + [ev(1, "release", pages={"swa": 1}),
+                                            ev(2, "decode_alloc", fill_len=132, evicted_seqlen=128, pages={"swa": 0})]
+    assert "swa-window-lost" in rules(evs)
+
+
+def test_reservation_covers_the_swa_pages_past_a_prefix_the_tree_keeps():
+    cfg = dataclasses.replace(PRE_0_5_19, decode_reserve=512, swa_decode_reserve=512)
+    # 0.5.18: a prefix hit of 256 leaves the SWA-tail path (tail = fill 270) and charges one SWA page, while
+    # admission reserved _swa_tail_len(270) = 142 -> 192 tokens: enough
+    hit = prealloc(270, 270, 0, 1, full=1, config_=cfg, prefix_len=256, reserved={"full": 320 + 512, "swa": 192 + 512})
+    assert "reserve-short" not in rules(hit)
+    # a prefix hit of 64: the whole extension takes SWA, four pages, and the same reservation is short
+    short = prealloc(270, 270, 0, 4, full=4, config_=cfg, prefix_len=64, reserved={"full": 320 + 512, "swa": 192 + 512})
+    assert [v.message for v in check(short) if v.rule == "reserve-short"] == [
+        "pool 'swa': reservation 704 - decode reserve 512 < 256 tokens of whole pages the prealloc charges"]
 
 
 @pytest.mark.parametrize("interval, floor, late", [(1, 128, True), (128, 128, False), (128, 0, True)])

@@ -33,6 +33,7 @@ class _Books:
         self.live_rids: set[str] = set()
         self.baseline: dict[str, int] = {}
         self.span: dict[str, tuple[int, int]] = {}  # rid -> (seq length, SWA floor) last seen
+        self.prefix: dict[str, int] = {}  # rid -> its prealloc's prefix_len (the radix match it holds)
 
     def held(self, pool: str, rid: str) -> int:
         return sum(1 for o in self.owner[pool].values() if o == rid) + self.counted[(pool, rid)]
@@ -91,11 +92,12 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
             bad("no-config", ev, "SWA-tail prealloc but the worker wrote no config event: no bound can be derived")
         if config is not None:
             if ev.kind == "prealloc":
+                books.prefix[ev.rid] = ev.prefix_len or 0
                 for v in prealloc_violations(config, ev):
                     bad(v.rule, ev, v.message)
             elif ev.kind in ("decode_alloc", "evict"):
                 judged = books.span.get(ev.rid) == (ev.fill_len, ev.evicted_seqlen)
-                check_decode_window(config, ev, bad, floor_judged=judged)
+                check_decode_window(config, ev, bad, floor_judged=judged, prefix=books.prefix.get(ev.rid, 0))
         if ev.kind == "alloc_fail" and ev.note.startswith(ADMITTED):
             bad("alloc-after-admit", ev, f"prealloc failed after admission accepted the request: {ev.note}")
         if ev.kind in TAKE_KINDS:
@@ -106,6 +108,7 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
             if ev.kind == "release":
                 books.live_rids.discard(ev.rid)
                 books.span.pop(ev.rid, None)
+                books.prefix.pop(ev.rid, None)
                 _hand_to_cache(books, ev.rid)
         elif ev.kind == "transfer":
             _check_transfer(books, ev, bad)

@@ -68,6 +68,10 @@ class LedgerConfig:
         swa_decode_reserve: the same on the SWA pool (sglang drops it without a radix cache).
         host_page: hisparse host-pool page size (None: no hisparse).
         compression: hisparse KV compression ratio (host tokens = fill // compression).
+        prefix_swa_in_tree: with the radix cache, a request's protected prefix (its radix match) keeps
+            its SWA slots in the tree while the request decodes, and the request's SWA floor is raised to
+            the prefix end: positions below it are the tree's, not lost (sglang before 0.5.19; from
+            0.5.19 the prefix is capped at the window start and keeps only its full-attention lock).
     """
 
     page_size: int
@@ -79,6 +83,7 @@ class LedgerConfig:
     swa_decode_reserve: int = 0
     host_page: int | None = None
     compression: int | None = None
+    prefix_swa_in_tree: bool = False
 
     @property
     def w_eff(self) -> int | None:

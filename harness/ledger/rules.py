@@ -21,11 +21,15 @@ and those that judge one event on its own (:func:`prealloc_violations`).
     (hisparse) ``ceil((fill // compression) / host_page)`` host pages.
 ``reserve-short``
     the admission reservation sglang reports for a prealloc (decode reserve excluded) covers the
-    whole pages it charges: ``ceil(fill / P) * P`` full and ``ceil(tail / P) * P`` SWA tokens.
+    whole pages it charges: ``ceil(fill / P) * P`` full tokens and, on the SWA pool, its SWA charge in
+    tokens, ``(ceil(fill / P) - max(floor, prefix) / P) * P`` (``ceil(tail / P) * P`` without a prefix
+    hit; a radix prefix the tree keeps SWA for is not charged).
 ``swa-window-lost``
     at decode, every position of the window ``[fill - W, fill)`` keeps its SWA slot: floor <= fill - W,
     and an eviction's ``freed_spans`` (the positions whose SWA slots it really freed, read by the
-    engine's probe, whatever floor it recorded) end at or before ``fill - W``.
+    engine's probe, whatever floor it recorded) end at or before ``fill - W``. Where the config says the
+    protected prefix keeps its SWA slots in the radix tree (``prefix_swa_in_tree``), a floor up to the
+    request's prefix (its prealloc's ``prefix_len``) loses nothing: floor <= max(fill - W, prefix).
 ``swa-evict-late``
     at decode, nothing before the window survives longer than the eviction interval I allows:
     ``fill - 1 - floor <= max(W_eff + P, W + I, ceil(max(W, P) / P) * P + P) - 1``.
@@ -179,8 +183,8 @@ def prealloc_violations(config: LedgerConfig, ev: Event) -> list[Violation]:
             bad("host-charge", f"fill {fill}: {got} host page(s) charged, config says ceil({fill} // "
                 f"{config.compression} / {config.host_page}) = {want}")
     if ev.reserved:
-        need = {FULL_POOL: ceil_div(fill, P) * P,
-                SWA_POOL: ceil_div(tail if swa_tail and tail is not None else fill, P) * P}
+        # the SWA pages the prealloc charges (as swa-charge counts them): none for a prefix the tree holds
+        need = {FULL_POOL: ceil_div(fill, P) * P, SWA_POOL: (ceil_div(fill, P) - max(floor, prefix) // P) * P}
         minus = {FULL_POOL: config.decode_reserve, SWA_POOL: config.swa_decode_reserve}
         for pool, reserved in ev.reserved.items():
             if pool in need and reserved - minus[pool] < need[pool]:
@@ -189,7 +193,7 @@ def prealloc_violations(config: LedgerConfig, ev: Event) -> list[Violation]:
     return out
 
 
-def check_decode_window(config: LedgerConfig, ev: Event, bad, *, floor_judged: bool = False) -> None:
+def check_decode_window(config: LedgerConfig, ev: Event, bad, *, floor_judged: bool = False, prefix: int = 0) -> None:
     """``swa-window-lost`` / ``swa-evict-late`` on a decode event carrying the seq length and floor,
     and ``swa-window-lost`` on the positions an eviction really freed (``freed_spans``, which the
     server probe and the PD ranks both record): one rule for both engines' evictions.
@@ -198,6 +202,9 @@ def check_decode_window(config: LedgerConfig, ev: Event, bad, *, floor_judged: b
         floor_judged: the request's (seq length, floor) was already judged on an earlier event (one
             engine records a step's eviction and its allocation at the same state): the floor is not
             judged again, the freed positions still are.
+        prefix: the request's protected prefix (its prealloc's ``prefix_len``). Where
+            ``config.prefix_swa_in_tree``, the radix tree keeps the SWA slots of the positions below it,
+            so a floor raised up to it loses none of the window; otherwise it is not read.
     """
     if not config.window or ev.fill_len is None or ev.rid.startswith("<"):
         return
@@ -211,8 +218,10 @@ def check_decode_window(config: LedgerConfig, ev: Event, bad, *, floor_judged: b
     if ev.evicted_seqlen is None or floor_judged:
         return
     floor = ev.evicted_seqlen
-    if floor > max(0, fill - config.window):
-        bad("swa-window-lost", ev, f"seq {fill}: SWA floor {floor} > {fill} - window {config.window}: "
+    in_tree = prefix if config.prefix_swa_in_tree else 0  # the tree's slots, below the request's own
+    if floor > max(0, fill - W, in_tree):
+        kept = f" and the protected prefix {in_tree} whose SWA the radix tree keeps" if in_tree else ""
+        bad("swa-window-lost", ev, f"seq {fill}: SWA floor {floor} > {fill} - window {W}{kept}: "
             "a position inside the window lost its SWA slot")
     bound = config.decode_span_bound()
     if fill - 1 - floor > bound:

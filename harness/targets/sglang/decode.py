@@ -244,7 +244,9 @@ class DecodeSide:
                             swa_tail=bool(config.window) and config.page_size > 1,
                             eviction_interval=max(1, eviction_interval), decode_reserve=reserve,
                             # sglang drops the SWA reserve only with --disable-radix-cache (never set here)
-                            swa_decode_reserve=reserve, host_page=host_page, compression=compression)
+                            swa_decode_reserve=reserve, host_page=host_page, compression=compression,
+                            # before 0.5.19 a radix prefix hit keeps its SWA in the tree, the floor at its end
+                            prefix_swa_in_tree=config.radix_cache and compat.prefix_swa_in_tree())
 
     # -- sglang's own computations, exposed for tests -------------------------------------------
 

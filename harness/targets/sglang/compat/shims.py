@@ -144,6 +144,20 @@ def decode_prefix_match(queue: Any, req: Any) -> tuple[Any, int, int]:
     return prefix_indices, prefix_len, total_prefix_len
 
 
+def prefix_swa_in_tree() -> bool:
+    """Whether a decode radix prefix hit keeps its SWA slots in the tree while the request decodes, the
+    request's SWA floor raised to the prefix end, for the ledger's ``LedgerConfig.prefix_swa_in_tree``.
+
+    Before 0.5.19 (capability ``decode-radix-swa-prefix`` missing) ``pop_preallocated`` keeps the match's
+    SWA lock and ``free_swa_out_of_window_slots`` raises ``swa_evicted_seqlen`` to ``cache_protected_len``
+    without freeing below it: a floor past the window start there loses no position of the window, the
+    tree holds them. From 0.5.19 the prefix is capped at the window start and keeps only its
+    full-attention lock (:func:`decode_prefix_match`), so a floor past the window start is a real loss.
+    Remove with 0.5.18.
+    """
+    return missing("decode-radix-swa-prefix") is not None
+
+
 def caller_swa_reclaim(queue: Any, req: Any) -> str | None:
     """The SWA reclaim ``pop_preallocated`` ran right before ``_pre_alloc`` in 0.5.19 and 0.5.20:
     ``_reclaim_swa_tail_capacity(swa_tail_len, rid)`` evicts radix-cached SWA pages until the tail

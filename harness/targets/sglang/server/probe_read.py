@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from harness.targets.sglang.compat.reqkv import req_kv
+from harness.targets.sglang.compat.shims import prefix_swa_in_tree
 
 FULL, SWA = "full", "swa"
 
@@ -142,9 +143,11 @@ def config_of(queue) -> Any:
         coordinator = read("scheduler.hisparse_coordinator", lambda: queue.scheduler.hisparse_coordinator)
         compression = int(read("hisparse compress_ratio",
                                lambda: coordinator.compress_ratio if coordinator.is_dsv4_hisparse else 1))
+    # Before 0.5.19 a radix prefix hit keeps its SWA slots in the tree, the request's floor at its end.
+    in_tree = radix and bool(read("capability decode-radix-swa-prefix", prefix_swa_in_tree))
     return LedgerConfig(page_size=page, window=window, radix_cache=radix, swa_tail=swa_tail,
                         eviction_interval=max(1, interval), decode_reserve=reserve, swa_decode_reserve=swa_reserve,
-                        host_page=host_page, compression=compression)
+                        host_page=host_page, compression=compression, prefix_swa_in_tree=in_tree)
 
 
 def decode_radix_cache() -> bool:
