@@ -190,8 +190,10 @@ def fail_transfer(side: DecodeSide, req: Any, reason: str) -> None:
         tree_cache=side.tree_cache, enable_host_receive=False, enable_staging=False, staging_handler=None,
         enable_deferred_kv_release=False, deferred_kv_release_timeout=0.0, _deferred_releases=[],
         _skipped_checksum_signatures=set(),
+        # server_args: up to 0.5.18 the poll hands the scheduler's to its metadata gate (None: no gate,
+        # which a failed receiver never reaches).
         scheduler=types.SimpleNamespace(
-            enable_decode_hicache=False, enable_hisparse=side.coordinator is not None,
+            server_args=None, enable_decode_hicache=False, enable_hisparse=side.coordinator is not None,
             hisparse_coordinator=side.coordinator, disagg_decode_prealloc_queue=side.queue,
             metrics_reporter=types.SimpleNamespace(enable_metrics=False),
             output_streamer=types.SimpleNamespace(stream_output=lambda reqs, return_logprob=False: None)),
@@ -203,11 +205,15 @@ def fail_transfer(side: DecodeSide, req: Any, reason: str) -> None:
 
 
 class _MetadataSlots:
-    """The metadata buffers' one call on a failed transfer (``clear_slot``): the first output token a
-    prefill writes there never comes, so there is nothing to clear."""
+    """What the metadata buffers see of a failed transfer: the queue frees the request's slot with
+    ``clear_slot`` (up to 0.5.18: by zeroing its ``bootstrap_room`` entry). The first output token a
+    prefill writes there never comes, so there is nothing else to clear."""
+
+    def __init__(self) -> None:
+        self.bootstrap_room = [0]  # the one slot of the queue's ReqToMetadataIdxAllocator(1)
 
     def clear_slot(self, idx: int) -> None:
-        pass
+        self.bootstrap_room[idx] = 0
 
 
 #: The retraction backup the CPU servers run with (``launcher.CPU_DECODE_ARGS``): the KV of a retracted
