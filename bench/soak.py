@@ -1,17 +1,26 @@
-"""Soak figures of the simulated PD engine: requests/s and the leak's slope over many requests.
+"""Soak figures of a PD pair: requests/s and the leak's slope over many requests, on either engine.
 
-It runs :func:`harness.pd.soak.soak` — the code the soak suite
-(``suites/disaggregation/test_disaggregation_soak.py``, 300 requests under ``./dev test``) runs — on
-one PD pair of the simulated 2-GPU H100 topology, with hybrid-SWA pools and the radix cache on:
-batches of ``--every`` requests (page-boundary prompt lengths, a tenth aborted mid-transfer, a third
-sharing a prefix), every pool read against its baseline after each batch. It prints requests per
-second of the soak's wall time, the checkpoints, the largest leak any of them read and the slope of
-the leak (slots per 1,000 requests). Goal: slope 0 (exactly: a leak is never a tolerance) over at least
-10,000 requests.
+Both engines run :func:`harness.soak.drive` — the code the soak suites run (``--soak N``) — over batches of
+``--every`` requests (page-boundary prompt lengths, a tenth aborted, every third sharing a prefix), every
+pool read against its baseline after each batch:
+
+* ``--engine sim`` (the default, 10,000 requests): :func:`harness.pd.soak.soak` on one PD pair of the
+  simulated 2-GPU H100 topology, hybrid-SWA pools with the radix cache on, aborts mid-transfer
+  (``suites/disaggregation/test_disaggregation_soak.py``, 300 requests under ``./dev test``);
+* ``--engine server`` (2,000 requests: sgl#25805's double free crashed at about 2,000): the real CPU
+  stack — sglang prefill + decode + router serving the tiny hybrid-SWA ``tiny-mellum-swa`` (window and
+  page 64) with the accounting probe — through
+  :func:`harness.targets.sglang.server.soak.soak_stack`: aborts through sglang's ``/abort_request``,
+  prefix hits in prefill's radix cache, both servers flushed and their ledgers checked at each
+  checkpoint (``suites/disaggregation/test_disaggregation_soak_server.py``, 50 under ``./dev test``).
+
+It prints requests per second of the soak's wall time (stack start excluded), the checkpoints, the
+largest leak any of them read and the slope of the leak (slots per 1,000 requests). Goal: slope 0
+(exactly: a leak is never a tolerance).
 
 Usage::
 
-    .venv/bin/python bench/soak.py [--requests 10000] [--every 100] [--seed 0]
+    .venv/bin/python bench/soak.py [--engine sim|server] [--requests N] [--every K] [--seed 0]
 """
 
 from __future__ import annotations
@@ -24,22 +33,30 @@ import sys
 import tempfile
 
 PAGE, WINDOW = 64, 100
+#: Per engine: default requests and checkpoint interval.
+DEFAULTS = {"sim": (10_000, 100), "server": (2_000, 100)}
+SERVER_MODEL = "tiny-mellum-swa"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=10_000, help="requests in all (default 10000)")
-    p.add_argument("--every", type=int, default=100, help="requests per batch, between checkpoints (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--engine", choices=sorted(DEFAULTS), default="sim",
+                   help="sim: the simulated PD engine on Ray; server: the real CPU stack (default sim)")
+    p.add_argument("--requests", type=int, default=None, help="requests in all (default 10000 sim, 2000 server)")
+    p.add_argument("--every", type=int, default=None, help="requests per batch, between checkpoints (default 100)")
+    p.add_argument("--concurrency", type=int, default=4, help="server: requests in flight at once (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="the mix's seed (default 0)")
     args = p.parse_args(argv)
-    if args.requests < 1 or args.every < 1:
-        p.error(f"--requests and --every must be at least 1 (got {args.requests}, {args.every})")
+    n, every = DEFAULTS[args.engine]
+    args.requests = n if args.requests is None else args.requests
+    args.every = every if args.every is None else args.every
+    if args.requests < 1 or args.every < 1 or args.concurrency < 1:
+        p.error(f"--requests, --every and --concurrency must be at least 1 "
+                f"(got {args.requests}, {args.every}, {args.concurrency})")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    logging.basicConfig(level=logging.WARNING)
+def run_sim(args: argparse.Namespace, run_dir: str):
     from harness import topology
     from harness.cluster import Cluster
     from harness.pd import deploy
@@ -49,28 +66,68 @@ def main(argv: list[str] | None = None) -> int:
     spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, radix_cache=True, full_tokens=48 * PAGE,
                   swa_tokens=16 * PAGE, req_slots=8)
     topo = topology.get("2-gpu-h100")
+    with Cluster.start(topo, simulate=True) as cluster:
+        dep = deploy.start(cluster, topo, run_dir, spec, name_prefix="soak-")
+        try:
+            result = soak(dep.pair, args.requests, every=args.every, seed=args.seed)
+        finally:
+            dep.stop()
+    return result, f"simulated engine, 2-gpu-h100, SWA page {PAGE} window {WINDOW}, radix cache on"
+
+
+def run_server(args: argparse.Namespace, run_dir: str):
+    import time
+
+    from harness import rundir, topology
+    from harness.cluster import Cluster
+    from harness.targets.sglang.server import modelmap
+    from harness.targets.sglang.server.layout import server_layout
+    from harness.targets.sglang.server.soak import soak_stack
+    from harness.targets.sglang.server.stack import start_pd_stack
+
+    topo = topology.get("cpu")
+    run = rundir.create(run_dir)
+    model = modelmap.resolve(SERVER_MODEL, {}, topo)
+    with Cluster.start(topo) as cluster:
+        placement = cluster.place(server_layout(topo).placement)
+        t0 = time.monotonic()
+        stack = start_pd_stack(topo, model, run.root, placement=placement, names=("soak-prefill", "soak-decode", "soak-router"))
+        started = time.monotonic() - t0
+        try:
+            result = soak_stack(stack, run.ledger, args.requests, every=args.every, seed=args.seed, page_size=PAGE,
+                                concurrency=args.concurrency)
+        finally:
+            stack.stop()
+    return result, (f"real CPU stack (sglang prefill + decode + router, {SERVER_MODEL}, page {PAGE}, started in "
+                    f"{started:.0f} s), {args.concurrency} in flight")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=logging.WARNING)
     run_dir = tempfile.mkdtemp(prefix="pd-soak-")
+    keep = True  # logs and ledgers stay when the soak fails or raises
     try:
-        with Cluster.start(topo, simulate=True) as cluster:
-            dep = deploy.start(cluster, topo, run_dir, spec, name_prefix="soak-")
-            try:
-                result = soak(dep.pair, args.requests, every=args.every, seed=args.seed)
-            finally:
-                dep.stop()
+        result, what = (run_server if args.engine == "server" else run_sim)(args, run_dir)
+        s = result.summary()
+        load = os.getloadavg()
+        print(f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {what}; seed {args.seed}")
+        print(f"requests {s['requests']} (completed {s['completed']}, aborted {s['aborted']}, prefix hits "
+              f"{s['prefix_hits']}) in {s['wall_s']:.1f} s: {s['requests_per_s']:.1f} requests/s")
+        print(f"checkpoints {s['checkpoints']} (every {args.every}); largest leak {s['max_leak']}; "
+              f"slope {s['slope']:.4f} slots per 1,000 requests (goal: 0)")
+        try:
+            result.assert_clean()
+        except AssertionError as e:  # PDError and LeakError are
+            print(f"the soak failed: {e}")
+            return 1
+        keep = False
+        return 0
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    s = result.summary()
-    load = os.getloadavg()
-    print(f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; simulated engine, "
-          f"2-gpu-h100, SWA page {PAGE} window {WINDOW}, radix cache on; seed {args.seed}")
-    print(f"requests {s['requests']} (completed {s['completed']}, aborted {s['aborted']}, prefix hits "
-          f"{s['prefix_hits']}) in {s['wall_s']:.1f} s: {s['requests_per_s']:.1f} requests/s")
-    print(f"checkpoints {s['checkpoints']} (every {args.every}); largest leak {s['max_leak']}; "
-          f"slope {s['slope']:.4f} slots per 1,000 requests (goal: 0)")
-    if result.failed is not None:
-        print(f"a batch broke a rule: {result.failed.problems[:3]} {[str(v) for v in result.failed.violations[:3]]}")
-        return 1
-    return 0 if s["max_leak"] == 0 else 1
+        if keep:
+            print(f"(logs and ledgers kept in {run_dir})", file=sys.stderr)
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

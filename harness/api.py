@@ -20,7 +20,8 @@ The names, by what they are for:
   capability checks :func:`require_capability` and :func:`device_missing`;
 * real sglang servers: :class:`ServerClient`, :class:`ServerHTTPError`, :func:`start_pd_stack`,
   :func:`leftover_processes`, :data:`HISPARSE_DECODE_ARGS`, :data:`CPU_COMPAT_PATCHES`,
-  :func:`reset_server` and :class:`ResetError` (a server back at baseline, by its probe's ledger), and
+  :func:`reset_server` and :class:`ResetError` (a server back at baseline, by its probe's ledger),
+  :func:`soak_stack` (the soak of :func:`soak` on a real PD stack), and
   ``hold`` (the module holding a request before prefill sends its KV: ``hold.hold_file``, ``hold.held``,
   ``hold.release``).
 """
@@ -68,6 +69,7 @@ NAMES: dict[str, str] = {
     "ServerHTTPError": "harness.targets.sglang.server.client:ServerHTTPError",
     "start_pd_stack": "harness.targets.sglang.server.stack:start_pd_stack",
     "reset_server": "harness.targets.sglang.server.reset:reset_server",
+    "soak_stack": "harness.targets.sglang.server.soak:soak_stack",
     "ResetError": "harness.targets.sglang.server.reset:ResetError",
     "hold": "harness.targets.sglang.server.hold:",
     "leftover_processes": "harness.targets.sglang.server.stack:leftover_processes",

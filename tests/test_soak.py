@@ -1,6 +1,7 @@
-"""The soak's verdict (:mod:`harness.pd.soak`): a leak at any checkpoint fails it, naming where, and the
-slope is exact; ``--soak`` takes a positive count. The soak itself runs as a suite
-(``suites/disaggregation/test_disaggregation_soak.py``)."""
+"""The soak's verdict (:mod:`harness.soak`, which both engines drive): a leak at any checkpoint fails
+it, naming where, and the slope is exact; the first leak ends the soak; ``--soak`` takes a positive
+count. The soak itself runs as suites (``suites/disaggregation/test_disaggregation_soak.py`` on the
+simulated engine, ``test_disaggregation_soak_server.py`` on a real CPU stack)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.pd.errors import PDError
-from harness.pd.soak import Checkpoint, SoakResult
+from harness.soak import BatchOutcome, Checkpoint, LeakError, SoakResult, drive, mix
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,10 +31,59 @@ def test_a_balanced_soak_has_slope_zero_and_passes():
 
 def test_one_slot_not_back_at_one_checkpoint_fails_naming_it():
     result = _result([0, 0, 0, 0, 1, 1])
-    with pytest.raises(PDError, match=r"leak after 250 requests: \{'full': 0, 'swa': 1, 'live': 0\} slot\(s\)"):
+    with pytest.raises(LeakError, match=r"leak after 250 requests \(checkpoint 5 of 6\): \{'swa': 1\} slot\(s\)"):
         result.assert_clean()
     assert result.slope > 0
     assert _result([0, 64, 128, 192]).slope == pytest.approx(1280.0)  # 64 slots per 50 requests
+
+
+def test_a_checkpoint_whose_own_check_failed_fails_the_soak_without_a_slot_leaked():
+    result = _result([0, 0])
+    result.checkpoints[1] = Checkpoint(100, {"decode.swa": 0}, 0, "decode: ledger after the reset: [page-leak] ...")
+    with pytest.raises(LeakError, match=r"after 100 requests \(checkpoint 2 of 2\).*\[page-leak\]"):
+        result.assert_clean()
+
+
+class _Engine:
+    """Leaks ``leak_at`` slots from the batch ending at request 30 on."""
+
+    def __init__(self, leak_at: int) -> None:
+        self.batches: list[list] = []
+        self.leak_at = leak_at
+
+    def run_batch(self, requests):
+        self.batches.append(list(requests))
+        return BatchOutcome(len(requests) - sum(r.abort for r in requests), sum(r.abort for r in requests))
+
+    def checkpoint(self, requests):
+        return Checkpoint(requests, {"swa": self.leak_at if requests >= 30 else 0})
+
+
+def test_drive_runs_the_seeded_mix_in_batches_and_stops_at_the_first_leak():
+    engine = _Engine(0)
+    clean = drive(engine, 45, every=10, seed=12, page_size=64, max_prompt=256)
+    assert [len(b) for b in engine.batches] == [10, 10, 10, 10, 5]
+    assert engine.batches[1] == mix(13, 10, page_size=64, max_prompt=256, max_new=8, abort_rate=0.1, prefix="s1-", groups=1)
+    # Seed 12 draws no abort for the first batch: its last request is aborted, so every batch drives the path.
+    assert not any(r.abort for r in mix(12, 10, page_size=64, max_prompt=256, abort_rate=0.1))
+    first = mix(12, 10, page_size=64, max_prompt=256, abort_rate=0.1, prefix="s0-", groups=1)
+    assert engine.batches[0][:-1] == first[:-1] and engine.batches[0][-1].abort
+    assert all(any(r.abort for r in b) for b in engine.batches)
+    assert [c.requests for c in clean.checkpoints] == [10, 20, 30, 40, 45] and clean.slope == 0.0
+    assert clean.completed + clean.aborted == 45
+    leaky = _Engine(1)
+    result = drive(leaky, 45, every=10, seed=12, page_size=64, max_prompt=256)
+    assert len(leaky.batches) == 3 and result.checkpoints[-1].requests == 30
+    with pytest.raises(LeakError, match="leak after 30 requests"):
+        result.assert_clean()
+
+
+def test_the_mix_puts_lengths_at_page_boundaries_and_every_third_request_in_a_prefix_group():
+    reqs = mix(0, 300, page_size=64, max_prompt=256, abort_rate=0.1, prefix="s0-", groups=3)
+    assert all(1 <= r.length <= 256 and 1 <= r.new_tokens <= 8 for r in reqs)
+    assert sum(r.length % 64 in (63, 0, 1) for r in reqs) > 200
+    assert {r.group for r in reqs[::3]} == {"s0-g0", "s0-g1", "s0-g2"} and not any(r.group for i, r in enumerate(reqs) if i % 3)
+    assert 10 < sum(r.abort for r in reqs) < 60
 
 
 def test_soak_needs_a_positive_count():
@@ -43,3 +92,13 @@ def test_soak_needs_a_positive_count():
                           text=True, timeout=300)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "--soak 0: a soak needs at least 1 request; give a positive number" in proc.stderr
+
+
+def test_the_mix_draws_the_simulated_engines_workload():
+    # One seeded draw for both: harness.pd.spec.workload (the e2e suites' requests) and the soak's mix.
+    from harness.pd.spec import workload
+
+    soak = mix(7, 300, page_size=64, max_prompt=384, max_new=12, abort_rate=0.1, prefix="s0-", groups=3)
+    sim = workload(7, 300, page_size=64, max_prompt=384, max_steps=12, abort_rate=0.1, prefix="s0-")
+    assert [(r.rid, r.length, r.new_tokens, r.abort) for r in soak] == \
+        [(w.rid, w.prompt_len, w.decode_steps, w.abort_after_chunks is not None) for w in sim]

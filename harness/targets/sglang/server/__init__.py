@@ -5,6 +5,7 @@ Modules (none imports sglang at import time; the server-side ones run inside the
 * :mod:`.launcher` — topology role → exact ``sglang.launch_server`` / ``sglang_router`` argv and env;
 * :mod:`.stack` — start the PD stack (and a plain baseline server) as Ray workers, readiness included;
 * :mod:`.client` — HTTP client (generate, health, server info, loads, metrics, flush cache, workers);
+* :mod:`.soak` — the soak (:mod:`harness.soak`) on a started stack: requests, aborts, checkpoints;
 * :mod:`.layout` — where server processes sit on a topology's GPUs (one bundle per server), plain baseline;
 * :mod:`.rdma` — a GPU server's ``--disaggregation-ib-device`` for the GPUs Ray gave it;
 * :mod:`.showcmd` — a topology's stack commands as they would run, shown without starting anything;
