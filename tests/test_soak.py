@@ -95,7 +95,7 @@ def test_soak_needs_a_positive_count():
 
 
 def test_the_mix_draws_the_simulated_engines_workload():
-    # One seeded draw for both: harness.pd.spec.workload (the e2e suites' requests) and the soak's mix.
+    # harness.pd.spec.workload (the e2e suites' requests) is the soak's mix as PD requests: same draw.
     from harness.pd.spec import workload
 
     soak = mix(7, 300, page_size=64, max_prompt=384, max_new=12, abort_rate=0.1, prefix="s0-", groups=3)

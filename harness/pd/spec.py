@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
+
+from harness.soak import mix
 
 KV_KINDS = ("swa", "dsv4")
 #: sglang's default ``SGLANG_SWA_EVICTION_INTERVAL`` (0.5.23): decode frees SWA slots once this
@@ -127,17 +128,7 @@ def workload(seed: int, n: int, *, page_size: int, max_prompt: int, max_steps: i
     Raises:
         ValueError: ``max_prompt`` shorter than a page.
     """
-    if max_prompt < page_size:
-        raise ValueError(f"max_prompt {max_prompt} must be at least one page ({page_size})")
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        if rng.random() < 0.7:
-            pages = rng.randint(1, max_prompt // page_size)
-            length = pages * page_size + rng.choice((-1, 0, 1))
-        else:
-            length = rng.randint(1, max_prompt)
-        length = max(1, min(length, max_prompt))
-        abort = 1 if rng.random() < abort_rate else None
-        out.append(PDRequest(f"{prefix}{i}", length, rng.randint(1, max_steps), abort))
-    return out
+    # The soak's draw (harness.soak.mix), so both engines' soaks and this workload are one request mix.
+    return [PDRequest(r.rid, r.length, r.new_tokens, 1 if r.abort else None)
+            for r in mix(seed, n, page_size=page_size, max_prompt=max_prompt, max_new=max_steps,
+                         abort_rate=abort_rate, prefix=prefix)]
