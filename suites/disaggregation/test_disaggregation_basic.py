@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.api import KVSpec, PDRequest, expect, run
+from harness.api import KVSpec, PDRequest, expect, require_capability, run
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(90), pytest.mark.timeout(900)]
 
@@ -157,7 +157,9 @@ def test_retraction_resumes_with_its_kv_restored_and_leaves_no_kv(pd_pair, pd_re
     # of its window), as decode retracts one under pool pressure: sglang's release_req backs its KV up and
     # releases its pages, resume_retracted_reqs preallocates it again and restores the backup (the path
     # of sgl#40309). Every restored byte is verified at its new pages, and the window at every step after.
-    # (A target without it, before 0.5.18, skips: the decode rank raises CapabilityMissing.)
+    # A target without it (before 0.5.18) skips before any request runs: a request left live on the
+    # pair's decode rank would fail the next test's configure.
+    require_capability("decode-retraction")
     pair = pd_pair(SPEC)
     reqs = [PDRequest("back", 150, decode_steps=80, retract_after_steps=30), PDRequest("beside", 200, decode_steps=50)]
     res = run(pair, reqs)
