@@ -37,6 +37,11 @@ _ABORT_IN_FLIGHT = f"{_FAILURE_PATHS}::test_abort_while_kv_in_flight_frees_both_
 _PREFILL_KILLED = f"{_FAILURE_PATHS}::test_prefill_killed_while_kv_in_flight_decode_releases"
 # A decode pool so tight that admission rations it: what admission charged, against each prealloc.
 _ADMISSION = f"{_FAILURE_PATHS}::test_admission_rations_a_tight_decode_pool_and_charges_whole_pages"
+_HEALTH = f"{_FAILURE_PATHS}::test_health_probes_repeated_leave_no_kv"
+_RETRACTION = f"{_FAILURE_PATHS}::test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv"
+_DECODE_KILLED = f"{_FAILURE_PATHS}::test_decode_killed_while_prefill_holds_kv_prefill_releases"
+# The simulated engine's retraction, through sglang's own release_req and resume_retracted_reqs.
+_PD_RETRACTION = f"{_PD}::test_retraction_resumes_with_its_kv_restored_and_leaves_no_kv"
 
 #: Content and window verification of the PD decode ranks (every byte of every request).
 _CONTENT = ("KVCorruption", "WindowLost")
@@ -117,6 +122,45 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#6258 / sglang#9817 / sglang#7130 (PD decode leaks after failed transfers)",
         evidence=("[page-leak]", "[reset-leak]", "[not-baseline]"),
         suites=(_PD_FAILED_TRANSFER, _ABORT_IN_FLIGHT, _PREFILL_KILLED),
+        sglang_checks=_ALL_BUT_IDLE,
+    ),
+    Fault(
+        name="health-probe-keeps-kv",
+        description="a health probe's request (/health_generate, rid HEALTH_CHECK_*) is never released: its KV row, pages and tree lock stay held",
+        upstream="sglang#28652 (health and warm-up requests pinning KV and tree-cache locks)",
+        # The probe records the release sglang was asked for; the flush then finds its slots neither
+        # free nor cached, on decode and on prefill alike.
+        evidence=("[reset-leak]", "[not-baseline]", "[page-leak]"),
+        suites=(_HEALTH,),
+        sglang_checks=_ALL_BUT_IDLE,
+    ),
+    Fault(
+        name="retract-skips-swa-release",
+        description="a decode retraction (release_req) frees the request's live SWA segments on the full side only, leaking its SWA pages",
+        upstream="sglang#40309 class (retracted requests resumed without their SWA pages reclaimed)",
+        evidence=("[page-leak]", "[not-baseline]", "[reset-leak]"),
+        suites=(_PD_RETRACTION, _RETRACTION),
+        # Its SWA pages leak with their full peers freed: at sglang's strict invariant level
+        # (swa.peer_released) the release raises half done, and the real decode's scheduler dies
+        # (the test then waits minutes and its page-leak is the crash's, not the fault's).
+        sglang_checks="debug-memory-pool",
+    ),
+    Fault(
+        name="prefill-skips-failed-release",
+        description="prefill never releases (nor unlocks in its tree) the KV of a request whose transfer failed (its decode died)",
+        upstream="sglang#6258 / sglang#9817 class, prefill side (KV held for a transfer that can never complete)",
+        evidence=("[reset-leak]", "[not-baseline]"),
+        suites=(_DECODE_KILLED,),
+        sglang_checks=_ALL_BUT_IDLE,
+    ),
+    Fault(
+        name="swa-grouped-free-drops-last-page",
+        description="a grouped SWA free (free_group_begin/end) never hands its last SWA page back to the free list",
+        upstream="sglang#36135 / sglang#36081 (a one-page SWA leak after grouped frees)",
+        evidence=("[not-baseline]", "[reset-leak]", "[free-mismatch]"),
+        # The SWA server's ledger test catches it too ([reset-leak] on decode; `--all` runs it there):
+        # the CI selection leaves that cell to the four faults above that need it, one stack start less.
+        suites=(_PD_CONCURRENT,),
         sglang_checks=_ALL_BUT_IDLE,
     ),
 )
