@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = tempfile.mkdtemp(prefix="pd-soak-")
     keep = True  # logs and ledgers stay when the soak fails or raises
     try:
-        result, what = (run_server if args.engine == "server" else run_sim)(args, run_dir)
+        try:
+            result, what = (run_server if args.engine == "server" else run_sim)(args, run_dir)
+        except Exception as e:  # noqa: BLE001 - a dead worker, a reset that failed, a missing model: one line
+            print(f"the soak stopped: {type(e).__name__}: {' '.join(str(e).split())[:600]}")
+            return 1
         s = result.summary()
         load = os.getloadavg()
         print(f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {what}; seed {args.seed}")

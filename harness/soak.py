@@ -223,8 +223,11 @@ def drive(engine: SoakEngine, n: int, *, every: int, seed: int, page_size: int, 
             reqs = mix(seed + batch, size, page_size=page_size, max_prompt=max_prompt, max_new=max_new,
                        abort_rate=abort_rate, prefix=f"s{batch}-", groups=GROUPS)
             if abort_rate and not any(r.abort for r in reqs):
-                # Every batch drives the abort path: a few dozen requests may draw no abort (0.9**50: 0.5%).
-                reqs[-1] = replace(reqs[-1], abort=True)
+                # A few dozen requests may draw no abort (0.9**50: 0.5%): the batch's longest is marked, the
+                # one most likely to be stopped mid-transfer (the simulated engine stops a transfer after its
+                # first chunk, so a one-chunk prompt completes; the result counts only real aborts).
+                longest = max(range(size), key=lambda i: reqs[i].length)
+                reqs[longest] = replace(reqs[longest], abort=True)
             out = engine.run_batch(reqs)
             result.requests += size
             result.completed += out.completed

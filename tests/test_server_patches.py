@@ -176,7 +176,10 @@ def test_probe_config_comes_from_the_queue_and_an_unreadable_field_is_named(monk
     monkeypatch.delenv("SGLANG_SWA_EVICTION_INTERVAL", raising=False)
     side = DecodeSide(DecodeConfig(page_size=64, window=100, radix_cache=True))
     assert probe_read.config_of(side.queue) == side.ledger_config(eviction_interval=128)  # sglang's default interval
-    assert not side.ledger_config().prefix_swa_in_tree  # 0.5.23 caps a radix prefix at the window start
+    # From 0.5.19 a radix prefix is capped at the window start; before, the tree keeps its SWA.
+    from harness.targets.sglang import compat as target_compat
+
+    assert side.ledger_config().prefix_swa_in_tree == (target_compat.missing("decode-radix-swa-prefix") is not None)
     with pytest.raises(probe_read.ProbeReadError, match=r"evicted_seqlen \(req.kv.get_evicted_seqlen"):
         probe_read.evicted_seqlen(object())
     broken = type("Queue", (), {"token_to_kv_pool_allocator": side.allocator, "scheduler": object()})()

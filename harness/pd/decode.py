@@ -114,12 +114,12 @@ class DecodeWorker(RankPayload):
         from harness.targets.sglang.prefill import page_buffers
 
         if discard and (self.live or self.retracted):
-            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.live),
+            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.live) + len(self.retracted),
                            sorted(self.live) + sorted(self.retracted))
             self.live.clear()
             self.retracted.clear()
         if self.live or self.retracted:
-            raise RuntimeError(f"{self.name}: configure() with {len(self.live)} request(s) live")
+            raise RuntimeError(f"{self.name}: configure() with {len(self.live) + len(self.retracted)} request(s) live")
         self.spec = spec
         self.device = pick_device(spec.device)
         sizes = self.pool_sizes(spec)
@@ -471,10 +471,13 @@ class DecodeWorker(RankPayload):
 
         if rid not in self.live:
             return False
-        live = self.live.pop(rid)
-        self.reserved.pop(rid, None)
+        live = self.live[rid]
         before, free_before = self._pages(), self._free()
-        saved = retract(self.side, live.req, remaining=len(self.live))
+        # Still live until sglang released it: a target without retraction (CapabilityMissing) or a
+        # failed release leaves the request held, as it is, for the run's own release.
+        saved = retract(self.side, live.req, remaining=len(self.live) - 1)
+        del self.live[rid]
+        self.reserved.pop(rid, None)
         after = self._pages()
         self.ledger.record("release", rid, self.spec.page_size,
                            pages={k: tuple(sorted(after[k] - before[k])) for k in before},
@@ -513,7 +516,10 @@ class DecodeWorker(RankPayload):
                                pages={k: tuple(sorted(v)) for k, v in owned.items()},
                                free_before=free_before if len(resumed) == 1 else {},
                                free_after=self._free() if len(resumed) == 1 else {}, note="resume")
-            self.reserved[req.rid] = (_ceil(fill + live.steps_left, P) - _ceil(fill, P), 0)
+            # What admission reserves for its growth (_fits), from where it resumes.
+            tail = self.side.swa_tail_len(fill)
+            self.reserved[req.rid] = (_ceil(fill + live.steps_left, P) - _ceil(fill, P),
+                                      max(0, _ceil(self.retained, P) - _ceil(tail, P)))
             self._verify([(live, 0, fill)], full=True, when="after resume")
             self._verify([(live, max(0, fill - self.spec.window), fill)], full=False, when="after resume")
             out.append(req.rid)

@@ -48,6 +48,9 @@ PAIRS: dict[str, tuple[str, ...]] = {
     "suites/disaggregation/test_disaggregation_dsv4.py": (
         "suites/disaggregation/test_disaggregation_dsv4_server.py",
     ),
+    "suites/disaggregation/test_disaggregation_soak.py": (
+        "suites/disaggregation/test_disaggregation_soak_server.py",
+    ),
 }
 DEFAULT_TEST_EST = 10.0  # seconds for a test nobody estimated: small, so unknown tests are not starved
 DURATIONS_FILE = "durations.json"  # under suites/ and under <run_dir>/report/

@@ -157,7 +157,7 @@ def test_retraction_resumes_with_its_kv_restored_and_leaves_no_kv(pd_pair, pd_re
     # of its window), as decode retracts one under pool pressure: sglang's release_req backs its KV up and
     # releases its pages, resume_retracted_reqs preallocates it again and restores the backup (the path
     # of sgl#40309). Every restored byte is verified at its new pages, and the window at every step after.
-    # A target without it (before 0.5.18) skips before any request runs: a request left live on the
+    # A target without it (through 0.5.18) skips before any request runs: a request left live on the
     # pair's decode rank would fail the next test's configure.
     require_capability("decode-retraction")
     pair = pd_pair(SPEC)

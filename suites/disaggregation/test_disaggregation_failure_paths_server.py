@@ -313,9 +313,11 @@ PRESSURE_REQUESTS = 6
 #: Decode's ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` on the tight stack (sglang's default: 300 s): how
 #: long decode waits, once it sent prefill the pages to write, for the transfer to complete. sglang reads
 #: it once, when the server starts, so it rides on the tight stack rather than costing a stack of its
-#: own; it is long enough for the tight tests' own transfers on a loaded 2-core machine (prefill computes
-#: six 300-token prompts at once) and short enough to wait out.
-TRANSFER_TIMEOUT_S = 10
+#: own. It must be long enough for the tight tests' own transfers on a loaded 2-core runner (prefill
+#: computes six 300-token prompts at once, and a timed-out one would be retried by the router under the
+#: same rid, into the ledgers those tests read): 20 s, twice what a first choice of 10 s left, and still
+#: short enough to wait out.
+TRANSFER_TIMEOUT_S = 20
 
 
 @pytest.fixture

@@ -242,7 +242,8 @@ def retract(side: DecodeSide, req: Any, remaining: int) -> bool:
         Whether the backup was taken (False: sglang would abort the request; it is not queued).
 
     Raises:
-        CapabilityMissing: the target has no decode retraction backup (before 0.5.18): a skip.
+        CapabilityMissing: the target has no decode retraction backup (``backup_kv_cache``; missing through
+            0.5.18): a skip.
     """
     compat.require("decode-retraction")
     from sglang.srt.managers.schedule_batch import release_req

@@ -148,9 +148,9 @@ CAPABILITIES: dict[str, Capability] = {cap.name: cap for cap in (
     ),
     Capability(
         "decode-retraction",
-        "PD decode retraction with a KV backup and its resumption: schedule_batch.release_req (the backup "
-        "taken from --disaggregation-decode-retraction-backup, first in 0.5.18) and "
-        "DecodePreallocQueue.resume_retracted_reqs",
+        "PD decode retraction with a KV backup and its resumption: schedule_batch.release_req backing the KV "
+        "up through mem_cache.common.backup_kv_cache (in 0.5.22 and 0.5.23; missing through 0.5.18, whose "
+        "release_req takes server_args and backs up otherwise) and DecodePreallocQueue.resume_retracted_reqs",
         lambda: _first(lambda: _has("sglang.srt.managers.schedule_batch", "release_req"),
                        lambda: _has(_DECODE, "DecodePreallocQueue.resume_retracted_reqs"),
                        lambda: _has("sglang.srt.mem_cache.common", "backup_kv_cache")),

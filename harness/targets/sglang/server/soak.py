@@ -130,7 +130,10 @@ class StackEngine:
         deadline = time.monotonic() + GENERATE_S
         while not all(a.done() for a in answers) and time.monotonic() < deadline:
             for c in clients:
-                c.abort(rid)
+                try:
+                    c.abort(rid)
+                except (ServerHTTPError, requests.RequestException) as e:  # a dead server: the verdict's, not a traceback
+                    return "failed", f"{rid}: aborting it on {c.base_url} failed: {e}"
             concurrent.futures.wait(answers, timeout=ABORT_RETRY_S)
         try:
             outcome = [a.result(timeout=max(0.0, deadline - time.monotonic())) for a in answers]
