@@ -41,6 +41,7 @@ from urllib.parse import urlparse
 import requests
 
 from harness import ledger
+from harness.clock import wait_for
 from harness.soak import BatchOutcome, Checkpoint, SoakRequest, SoakResult, drive
 from harness.targets.sglang.server.client import Generation, ServerHTTPError
 from harness.targets.sglang.server.reset import ResetError, reset_server
@@ -164,11 +165,16 @@ class StackEngine:
 
     def checkpoint(self, requests_: int) -> Checkpoint:
         problems: list[str] = []
-        deadline = time.monotonic() + RELEASE_S
-        while (held := _unreleased(self.ledgers["decode"], self.batch_rids)) and time.monotonic() < deadline:
-            self.stack.check()
-            time.sleep(_POLL_S)
-        if held:
+
+        def released() -> bool:
+            self.stack.check()  # a dead server fails the soak at once, naming it
+            return not _unreleased(self.ledgers["decode"], self.batch_rids)
+
+        held: list[str] = []
+        try:
+            wait_for(released, RELEASE_S, "decode releasing the batch", interval=_POLL_S)
+        except TimeoutError:
+            held = _unreleased(self.ledgers["decode"], self.batch_rids)
             problems.append(f"decode never released {len(held)} request(s) within {RELEASE_S:g} s (e.g. {held[:3]})")
         leak: dict[str, int] = {}
         for role, w in self.servers.items():
