@@ -186,6 +186,11 @@ class DecodeWorker(RankPayload):
                                pages={k: tuple(sorted(v)) for k, v in pages.items()},
                                free_before=free_before or {}, note="radix cache eviction")
 
+    def _growth(self, fill: int, tail: int, steps: int) -> tuple[int, int]:
+        """The (full, SWA) tokens a request at ``fill`` (SWA tail ``tail``) reserves for ``steps`` more."""
+        P = self.spec.page_size
+        return _ceil(fill + steps, P) - _ceil(fill, P), max(0, _ceil(self.retained, P) - _ceil(tail, P))
+
     def _fits(self, fill: int, tail: int, steps: int) -> tuple[int, int] | None:
         """The (full, SWA) tokens to reserve for the request's decode growth if it fits now, else None.
 
@@ -196,8 +201,7 @@ class DecodeWorker(RankPayload):
         snap = self.side.snapshot()
         res_full = sum(r[0] for r in self.reserved.values())
         res_swa = sum(r[1] for r in self.reserved.values())
-        grow_full = _ceil(fill + steps, P) - _ceil(fill, P)
-        grow_swa = max(0, _ceil(self.retained, P) - _ceil(tail, P))
+        grow_full, grow_swa = self._growth(fill, tail, steps)
         full_avail = snap.full + snap.tree_full_evictable - res_full
         swa_avail = snap.swa + snap.tree_swa_evictable - res_swa
         ok = (snap.req_slots > 0 and full_avail >= _ceil(fill, P) + grow_full
@@ -511,15 +515,13 @@ class DecodeWorker(RankPayload):
             self.live[req.rid] = live
             fill = int(self._kv(req).kv_committed_len)
             owned = self._owned(live)
-            self.ledger.record("prealloc", req.rid, P, fill_len=fill, swa_tail_len=self.side.swa_tail_len(fill),
+            tail = self.side.swa_tail_len(fill)
+            self.ledger.record("prealloc", req.rid, P, fill_len=fill, swa_tail_len=tail,
                                evicted_seqlen=self._evicted(req), prefix_len=0,
                                pages={k: tuple(sorted(v)) for k, v in owned.items()},
                                free_before=free_before if len(resumed) == 1 else {},
                                free_after=self._free() if len(resumed) == 1 else {}, note="resume")
-            # What admission reserves for its growth (_fits), from where it resumes.
-            tail = self.side.swa_tail_len(fill)
-            self.reserved[req.rid] = (_ceil(fill + live.steps_left, P) - _ceil(fill, P),
-                                      max(0, _ceil(self.retained, P) - _ceil(tail, P)))
+            self.reserved[req.rid] = self._growth(fill, tail, live.steps_left)  # as admission reserves it
             self._verify([(live, 0, fill)], full=True, when="after resume")
             self._verify([(live, max(0, fill - self.spec.window), fill)], full=False, when="after resume")
             out.append(req.rid)
