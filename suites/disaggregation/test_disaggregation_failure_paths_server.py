@@ -40,7 +40,6 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
-from urllib.parse import urlparse
 
 import pytest
 import requests
@@ -138,9 +137,7 @@ def direct(stack, ids: list[int], max_new: int, rid: str, *, room: int | None = 
     """One PD request sent to prefill and decode directly, with the bootstrap fields the router would
     add but without its retries (a retry would bring the request back under the same rid): the
     clients' futures, prefill's then decode's. ``room``: its bootstrap_room (default: one of its own)."""
-    body = {"rid": rid, "bootstrap_host": urlparse(stack.prefill.url("http")).hostname,
-            "bootstrap_port": stack.prefill.ports["bootstrap"],
-            "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room}
+    body = stack.bootstrap_fields(rid, room)
     return (in_background(lambda: stack.client("prefill").generate(ids, max_new, extra=body, timeout_s=timeout_s)),
             in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body, timeout_s=timeout_s)))
 

@@ -36,7 +36,6 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
-from urllib.parse import urlparse
 
 import requests
 
@@ -121,9 +120,7 @@ class StackEngine:
         # Sent to both servers directly, with the bootstrap fields the router would add: the router
         # retries a request that failed under the same rid, so an aborted one would come back, and two
         # of its tries could hold decode pages at once under one rid.
-        prefill = self.stack.prefill
-        body = {"rid": rid, "bootstrap_host": urlparse(prefill.url("http")).hostname,
-                "bootstrap_port": prefill.ports["bootstrap"], "bootstrap_room": random.Random(rid).randrange(1 << 62)}
+        body = self.stack.bootstrap_fields(rid)
         ids = self._prompt(r)
         clients = [self.stack.client(role) for role in ("prefill", "decode")]
         answers = [aborter.submit(c.generate, ids, ABORT_NEW, extra=body, timeout_s=GENERATE_S) for c in clients]

@@ -32,11 +32,13 @@ import concurrent.futures
 import importlib.util
 import logging
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+from urllib.parse import urlparse
 
 from harness.targets.sglang import selection
 from harness.targets.sglang.selection import OVERLAY_ENV
@@ -108,6 +110,14 @@ class PdStack:
     def client(self, which: str, timeout_s: float = 10.0) -> ServerClient:
         """Client of ``prefill``, ``decode`` or ``router``."""
         return ServerClient(getattr(self, which).url("http"), timeout_s)
+
+    def bootstrap_fields(self, rid: str, room: int | None = None) -> dict:
+        """The bootstrap fields the router adds to a PD request, for one sent to prefill and decode
+        directly (without the router's retries, which bring a failed request back under its rid):
+        prefill's host and bootstrap port, and ``room`` (default: one derived from ``rid``)."""
+        return {"rid": rid, "bootstrap_host": urlparse(self.prefill.url("http")).hostname,
+                "bootstrap_port": self.prefill.ports["bootstrap"],
+                "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room}
 
     def check(self) -> None:
         """Raise :class:`harness.workers.WorkerDied` for the first dead worker."""
