@@ -267,13 +267,13 @@ class ServerStacks:
                                   ready_timeout=self.ready_timeout, probe=True, forkserver=self.forkserver,
                                   compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE), on_start=on_start)
 
-    def forget(self, model_name: str, extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
-        """Stop the PD stack of ``model_name`` (and ``extra_args``) now; a test that broke it on purpose calls this.
+    def forget(self, model_name: str, extra_args: Mapping[str, Sequence[str]] | None = None,
+               extra_env: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        """Stop the PD stack :meth:`pd` gave for these arguments now; a test that broke it on purpose calls this.
 
-        Its workers stop being owned by the test, so the harness does not fail the test for the
-        death it provoked and caught (the plugin fails a test that swallows a worker's death).
-        """
-        stack = self._pd.pop(self._pd_key(model_name, extra_args), None)
+        Its workers stop being owned by the test: the harness does not fail it for the death it provoked
+        and caught (the plugin fails a test that swallows a worker's death)."""
+        stack = self._pd.pop(self._pd_key(model_name, extra_args, extra_env), None)
         if stack is not None:
             self._stop(stack.workers)
 

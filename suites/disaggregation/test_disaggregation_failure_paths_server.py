@@ -253,7 +253,7 @@ class DuplicateRoomHang(AssertionError):
 
 
 #: Seconds each request of the duplicate-room test has to answer (a clean one takes well under one).
-ANSWER_S = 20.0
+ANSWER_S = 10.0
 
 
 @pytest.mark.xfail(strict=True, raises=DuplicateRoomHang,
@@ -298,11 +298,34 @@ def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(stack, run_dir):
     serves(stack)
 
 
+# ------------------------------------------------------------------ these spend a stack
+# Each kills a server of the stack it was given, so each runs as the last test of that stack: the shared
+# stack's after the tests above, the tight stack's after the tests below. (In this order a session starts
+# each stack once; a stack spent earlier would start again for the tests after it.)
+
+
+def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, stack, run_dir, record_property):
+    try:
+        with in_flight(stack, run_dir, "prefill-killed", seed=4) as req:
+            sglang_servers.kill(MODEL, "prefill")
+        # Decode must give back what it preallocated for a prefill that will never send, and answer.
+        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid)[0]
+        assert not decoded_before(req.decode, req.rid, first), "the request decoded without its KV"
+        answer = outcome(req.to_decode)
+        assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"
+        back_at_baseline(run_dir, stack.decode)
+    finally:
+        record_property("stack_replaced", "prefill killed: the next test starts a fresh stack")
+        sglang_servers.forget(MODEL)
+
+
 # ------------------------------------------------------------------ a decode pool that admission must ration
 
-#: Decode's full pool on the tight stack (sglang sizes its SWA pool from it): a 300-token request's
-#: admission charges 320 + 512 (the decode reserve) full tokens, so two fit and the rest must wait.
-TIGHT_DECODE_TOKENS = 2048
+#: Decode's full pool on the tight stack (sglang sizes its SWA pool from it) and its decode reserve
+#: (sglang's default: 512): a 300-token request's admission charges 320 + 128 full tokens, so two fit
+#: and the rest must wait. A small pool makes the retraction below come after a few hundred decode
+#: steps, not a thousand.
+TIGHT_DECODE_TOKENS, TIGHT_DECODE_RESERVE = 1024, 128
 #: Requests sent at once to the tight stack.
 PRESSURE_REQUESTS = 6
 
@@ -317,10 +340,15 @@ PRESSURE_REQUESTS = 6
 TRANSFER_TIMEOUT_S = 20
 
 
+#: The tight stack's own flags and environment (decode's only).
+TIGHT = {"extra_args": {"decode": ("--max-total-tokens", str(TIGHT_DECODE_TOKENS),
+                                    "--num-reserved-decode-tokens", str(TIGHT_DECODE_RESERVE))},
+         "extra_env": {"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(TRANSFER_TIMEOUT_S)}}}
+
+
 @pytest.fixture
 def tight(sglang_servers):
-    return sglang_servers.pd(MODEL, extra_args={"decode": ("--max-total-tokens", str(TIGHT_DECODE_TOKENS))},
-                             extra_env={"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(TRANSFER_TIMEOUT_S)}})
+    return sglang_servers.pd(MODEL, **TIGHT)
 
 
 def test_admission_rations_a_tight_decode_pool_and_charges_whole_pages(tight, run_dir):
@@ -355,8 +383,8 @@ def test_admission_rations_a_tight_decode_pool_and_charges_whole_pages(tight, ru
 
 #: Prompt and new tokens of each request of the retraction test: admission lets two in together (it
 #: keeps room for one request's whole growth, and for each the decode reserve), but both grown (100 +
-#: 1100 tokens each) outgrow the tight pool's 2048, so decode must retract one; one alone fits.
-RETRACT_PROMPT, RETRACT_NEW = 100, 1100
+#: 500 tokens each) outgrow the tight pool's 1024, so decode must retract one; one alone fits.
+RETRACT_PROMPT, RETRACT_NEW = 100, 500
 
 
 def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, run_dir):
@@ -411,27 +439,10 @@ def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir)
     serves(tight)
 
 
-# ------------------------------------------------------------------ these spend the stack
-
-
-def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, run_dir, record_property):
-    stack = sglang_servers.pd(MODEL)
-    try:
-        with in_flight(stack, run_dir, "prefill-killed", seed=4) as req:
-            sglang_servers.kill(MODEL, "prefill")
-        # Decode must give back what it preallocated for a prefill that will never send, and answer.
-        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid)[0]
-        assert not decoded_before(req.decode, req.rid, first), "the request decoded without its KV"
-        answer = outcome(req.to_decode)
-        assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"
-        back_at_baseline(run_dir, stack.decode)
-    finally:
-        record_property("stack_replaced", "prefill killed: the next test starts a fresh stack")
-        sglang_servers.forget(MODEL)
-
-
-def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, run_dir, record_property):
-    stack = sglang_servers.pd(MODEL)
+def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, tight, run_dir, record_property):
+    # The tight stack's last test: its prefill runs with the shared stack's flags (only decode's differ,
+    # and decode is what dies), so the kill spends that stack rather than a fresh one.
+    stack = tight
     try:
         with in_flight(stack, run_dir, "decode-killed", seed=5) as req:
             # Still watched: the harness must fail this test fast, naming decode with its log tail
@@ -450,5 +461,5 @@ def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, r
             f"prefill answered {answer} for a request whose decode died"
         back_at_baseline(run_dir, stack.prefill)
     finally:
-        record_property("stack_replaced", "decode killed: the next test starts a fresh stack")
-        sglang_servers.forget(MODEL)
+        record_property("stack_replaced", "decode killed: the tight stack is spent")
+        sglang_servers.forget(MODEL, **TIGHT)
