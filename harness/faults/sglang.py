@@ -40,6 +40,7 @@ _ADMISSION = f"{_FAILURE_PATHS}::test_admission_rations_a_tight_decode_pool_and_
 _HEALTH = f"{_FAILURE_PATHS}::test_health_probes_repeated_leave_no_kv"
 _RETRACTION = f"{_FAILURE_PATHS}::test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv"
 _DECODE_KILLED = f"{_FAILURE_PATHS}::test_decode_killed_while_prefill_holds_kv_prefill_releases"
+_BAD_BOOTSTRAP = f"{_FAILURE_PATHS}::test_malformed_bootstrap_address_fails_the_request_not_the_server"
 # The simulated engine's retraction, through sglang's own release_req and resume_retracted_reqs.
 _PD_RETRACTION = f"{_PD}::test_retraction_resumes_with_its_kv_restored_and_leaves_no_kv"
 
@@ -152,6 +153,15 @@ FAULTS: tuple[Fault, ...] = (
         evidence=("[reset-leak]", "[not-baseline]"),
         suites=(_DECODE_KILLED,),
         sglang_checks=_ALL_BUT_IDLE,
+    ),
+    Fault(
+        name="decode-bootstrap-never-gives-up",
+        description="decode never fails a request whose prefill bootstrap address it cannot reach: past its retry bound it starts the attempts over",
+        upstream="sglang#40125 class (hostile bootstrap input hanging the decode scheduler's queue)",
+        # No KV is ever preallocated for it: the evidence is the request hanging, which the test turns
+        # into a failure of its own after a bounded wait (and aborts it).
+        evidence=("hangs the request",),
+        suites=(_BAD_BOOTSTRAP,),
     ),
     Fault(
         name="swa-grouped-free-drops-last-page",
