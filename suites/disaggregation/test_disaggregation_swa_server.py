@@ -7,9 +7,10 @@ FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tai
 1. The upstream bug (sglang 0.5.23, torch-native attention backend): SWA layers are written at the
    translated SWA slot but read with full-pool indices. :func:`test_unpatched_plain_server_is_consistent`
    asks a plain server *without that patch* for consistency, a strict xfail whose condition is the bug's
-   exact symptom (the same prompt gives different tokens once SWA pages were freed and reused, or a
-   long prompt crashes the server). It XPASSes — and so fails — when upstream fixes the bug: then
-   drop the compat patch ``torch-native-swa-read`` (``harness/targets/sglang/server/patches.py``).
+   exact symptom (the same prompt gives different tokens once full and SWA indices diverged, or a
+   request whose full indices pass the SWA pool's size crashes the server). It XPASSes — and so
+   fails — when upstream fixes the bug: then drop the compat patch ``torch-native-swa-read``
+   (``harness/targets/sglang/server/patches.py``).
 2. With the patch (the ``cpu`` topology's default), a plain server is consistent, and PD via the
    router equals it over prompt lengths around the page/window boundaries, repeats and concurrency;
    the decode ledger holds the SWA invariants, derived by the checker from the probe's config event
@@ -53,11 +54,22 @@ def prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(4, 512) for _ in range(n)]
 
 
+#: Prompts between the two passes of prompt A. Both allocators hand out pages last-freed-first, so full and
+#: SWA indices match until SWA pages are freed alone: sglang 0.5.18+ frees a request's out-of-window SWA
+#: pages right after its prefill (``SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS``, default on),
+#: 0.5.16/0.5.17 only between prefill chunks or by decode's eviction (default off), so short prompts stay in step
+#: there and hide the bug. These prompts' full KV stays cached (about 7.2k tokens, past the SWA pool's 6528
+#: under the CPU recipe's ``--max-total-tokens 8192``): later full indices exceed every SWA index, which
+#: no release can line up (an unpatched read runs off the SWA buffer).
+CHURN = (3000, 3000, 1000)
+
+
 def repeat_after_churn(client: ServerClient) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Greedy tokens of prompt A on a fresh server, then again after other prompts freed SWA pages."""
+    """Greedy tokens of prompt A on a fresh server, then again after churn moved the full pool's indices
+    past the SWA pool's size (A's new tail lands there)."""
     a = prompt(300, seed=1)
     first = client.generate(a, MAX_NEW).output_ids
-    for i, n in enumerate((500, 700)):
+    for i, n in enumerate(CHURN):
         client.generate(prompt(n, seed=10 + i), MAX_NEW)
     return first, client.generate(a, MAX_NEW).output_ids
 
@@ -68,7 +80,7 @@ class TorchNativeSwaReadBug(AssertionError):
 
 @pytest.mark.engine("sglang-server", models=(MODEL,))  # no gpu_topologies: the bug is in the CPU (torch-native) backend
 @pytest.mark.xfail(strict=True, raises=TorchNativeSwaReadBug,
-                   reason=f"sglang 0.5.23 torch-native backend reads SWA layers with full-pool indices; XPASS once "
+                   reason=f"sglang's torch-native backend (0.5.16 to 0.5.23) reads SWA layers with full-pool indices; XPASS once "
                           f"upstream fixes it: then drop compat patch {SWA_PATCH!r} and this xfail")
 def test_unpatched_plain_server_is_consistent(sglang_servers):
     """Without the SWA read patch (the CPU recipe's other patches stay: they do not touch attention),
