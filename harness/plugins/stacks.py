@@ -330,12 +330,9 @@ class ServerStacks:
             self._stop([w])
 
     def reset_used(self) -> list[str]:
-        """Reset every server handed out since the last call (sglang's ``/flush_cache``, checked by
-        its probe's ledger); a server that fails it is stopped with its stack.
-
-        Returns:
-            One line per server that failed the reset (empty: every used server is back at baseline).
-        """
+        """Reset every server handed out since the last call (sglang's ``/flush_cache``, checked by its probe's
+        ledger); return one line per server that failed it. Such a server is stopped with its stack, unless it is
+        back at baseline and broke only rules judging sglang's decisions (``ResetError.reusable``)."""
         from harness.targets.sglang.server.reset import ResetError, reset_server
 
         used, self._used = self._used, set()
@@ -345,14 +342,15 @@ class ServerStacks:
             held = table.get(key)
             if held is None:
                 continue  # forgotten by the test (it broke it on purpose)
-            servers = (held.prefill, held.decode) if kind == "pd" else (held,)
-            try:
-                for w in servers:
+            errors: list[Exception] = []
+            for w in (held.prefill, held.decode) if kind == "pd" else (held,):
+                try:
                     reset_server(w, self.run_dir.ledger / f"{w.name}.jsonl", timeout_s=RESET_TIMEOUT_S)
-            except (ResetError, TimeoutError) as e:
-                problems.append(str(e))
-                table.pop(key)
-                self._stop(held.workers if kind == "pd" else [held])
+                except (ResetError, TimeoutError) as e:
+                    errors.append(e)
+            problems += map(str, errors)
+            if not all(getattr(e, "reusable", False) for e in errors):
+                self._stop(table.pop(key).workers if kind == "pd" else [table.pop(key)])
         return problems
 
     def stop_model(self, model_name: str) -> None:
