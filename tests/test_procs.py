@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from harness.clock import wait_for
 from harness.workers import procs
 
 
@@ -106,6 +107,25 @@ def test_run_logged_kills_the_whole_group_past_its_limit(tmp_path):
                                        log=tmp_path / "run.log", timeout_s=3)
     assert (code, timed_out) == (-signal.SIGKILL, True)
     assert procs.wait_gone([int(pid_file.read_text())], timeout=10) == [], "the command's child outlived the kill"
+
+
+def test_an_interrupted_run_logged_hands_the_interrupt_to_its_command(tmp_path):
+    # harness matrix / faults check / mutate run each command in a session of its own, so ^C reaches only
+    # them: the interrupt must be passed on (a rerun-test then stops its groups) before they exit.
+    saw, started = tmp_path / "saw-sigint", tmp_path / "started"
+    inner = (f"import pathlib, signal, time; signal.signal(signal.SIGINT, lambda *a: (pathlib.Path({str(saw)!r}).touch(), exit(130))); "
+             f"pathlib.Path({str(started)!r}).touch(); time.sleep(60)")
+    outer = (f"import os, sys; from harness.workers import procs; "
+             f"procs.run_logged([sys.executable, '-c', {inner!r}], cwd={str(tmp_path)!r}, env=os.environ, "
+             f"log=procs.Path({str(tmp_path / 'run.log')!r}), timeout_s=60)")
+    p = subprocess.Popen([sys.executable, "-c", outer])
+    try:
+        wait_for(started.exists, 30, "the command started")
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=30) != 0
+    finally:
+        p.kill()
+    assert saw.exists(), "the command never got the interrupt"
 
 
 def test_wait_gone_tells_a_process_from_a_later_one_with_its_pid():

@@ -259,10 +259,17 @@ def wait_gone(pids: list[int], timeout: float, starts: Mapping[int, float] | Non
     return left
 
 
+#: Seconds an interrupted command has to stop what it started (a rerun-test stops its groups and their
+#: servers) before its process group is killed.
+INTERRUPT_GRACE_S = 60.0
+
+
 def run_logged(cmd: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], log: Path,
                timeout_s: float | None) -> tuple[int, bool]:
     """Run ``cmd`` in a session of its own, stdout and stderr into ``log``; past ``timeout_s`` kill
-    its whole process group (it and everything it started, nothing else).
+    its whole process group (it and everything it started, nothing else). Interrupted (``^C`` reaches
+    only this process: the command has a session of its own), hand the interrupt on to the command,
+    give it :data:`INTERRUPT_GRACE_S` to stop, kill its group, and re-raise.
 
     Returns:
         ``(exit status, timed out)``; a killed run's status is ``-SIGKILL``.
@@ -276,3 +283,14 @@ def run_logged(cmd: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], l
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return -signal.SIGKILL, True
+        except BaseException:
+            for sig, grace_s in ((signal.SIGINT, INTERRUPT_GRACE_S), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=grace_s)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            raise
