@@ -130,13 +130,16 @@ def config_of(queue) -> Any:
     allocator = queue.token_to_kv_pool_allocator
     page = int(read("page_size", lambda: allocator.page_size))
     window = read("scheduler.sliding_window_size", lambda: queue.scheduler.sliding_window_size) or None
-    radix = bool(read("disaggregation_decode_enable_radix_cache", decode_radix_cache))
+    # The server's own arguments, which its scheduler holds on every release (0.5.16's runtime context
+    # has no get_disagg / get_memory; later releases' queues read them there, built from these).
+    args = read("scheduler.server_args", lambda: queue.scheduler.server_args)
+    radix = bool(read("disaggregation_decode_enable_radix_cache", lambda: args.disaggregation_decode_enable_radix_cache))
     # The SWA-tail pool is configuration (hybrid-SWA / DeepSeek-V4 pools with pages > 1).
     swa_tail = bool(read("_uses_swa_tail_prealloc", queue._uses_swa_tail_prealloc)) and bool(window)
     interval = int(read("SGLANG_SWA_EVICTION_INTERVAL", eviction_interval))
     reserve = int(read("num_reserved_decode_tokens", lambda: queue.num_reserved_decode_tokens))
     # Admission charges the SWA pool no decode reserve when the radix cache is off (--disable-radix-cache).
-    swa_reserve = 0 if read("disable_radix_cache", radix_cache_disabled) else reserve
+    swa_reserve = 0 if read("disable_radix_cache", lambda: bool(args.disable_radix_cache)) else reserve
     host_page = compression = None
     if read("scheduler.enable_hisparse", lambda: bool(getattr(queue.scheduler, "enable_hisparse", False))):
         host_page = int(read("hisparse_page_size", lambda: allocator.hisparse_page_size))
@@ -148,18 +151,6 @@ def config_of(queue) -> Any:
     return LedgerConfig(page_size=page, window=window, radix_cache=radix, swa_tail=swa_tail,
                         eviction_interval=max(1, interval), decode_reserve=reserve, swa_decode_reserve=swa_reserve,
                         host_page=host_page, compression=compression, prefix_swa_in_tree=in_tree)
-
-
-def decode_radix_cache() -> bool:
-    from sglang.srt.runtime_context import get_disagg  # noqa: PLC0415
-
-    return get_disagg().disaggregation_decode_enable_radix_cache
-
-
-def radix_cache_disabled() -> bool:
-    from sglang.srt.runtime_context import get_memory  # noqa: PLC0415
-
-    return bool(get_memory().disable_radix_cache)
 
 
 def eviction_interval() -> int:
