@@ -191,4 +191,4 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
     problems = stacks.reset_used()
     for name in request.node.stash.get(_last_use_key, set()) & set(models):
         session.stop_model(name)
-    assert not problems, "server reset after the test failed (the servers were stopped):\n" + "\n".join(problems)
+    assert not problems, "server reset after the test failed:\n" + "\n".join(problems)

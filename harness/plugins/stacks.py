@@ -348,8 +348,9 @@ class ServerStacks:
                     reset_server(w, self.run_dir.ledger / f"{w.name}.jsonl", timeout_s=RESET_TIMEOUT_S)
                 except (ResetError, TimeoutError) as e:
                     errors.append(e)
-            problems += map(str, errors)
-            if not all(getattr(e, "reusable", False) for e in errors):
+            kept = all(getattr(e, "reusable", False) for e in errors)
+            problems += [f"{e} ({'kept: its pools are at baseline' if kept else 'stopped'})" for e in errors]
+            if not kept:
                 self._stop(table.pop(key).workers if kind == "pd" else [table.pop(key)])
         return problems
 
