@@ -21,7 +21,7 @@ go (when the oldest supported release has the newer shape). Four kinds, one modu
   server and simulated rank runs with (:func:`checks.environment`), which ones a target has
   (:func:`checks.present`) and how a hit reads (:func:`checks.hit`).
 * **Shims** (:mod:`.shims`): the few calls whose shape changed (:func:`evicted_seqlen`,
-  :func:`scheduler_fields`, :func:`dsv4_pool_kwargs`, :func:`decode_prealloc_kwargs`, :func:`release_kv_cache`,
+  :func:`scheduler_fields`, :func:`server_setting`, :func:`dsv4_pool_kwargs`, :func:`decode_prealloc_kwargs`, :func:`release_kv_cache`,
   :func:`decode_prefix_match`, :func:`prefix_swa_in_tree`, :func:`caller_swa_reclaim`, :func:`commit_decode_tokens`, :func:`component_type`, :func:`all_free_pages`,
   :func:`dsv4_compressed_pools`, :func:`index_page_rows`), and a request's KV state
   (:mod:`.reqkv`, :func:`req_kv`: ``req.kv`` owns it from 0.5.19, before that the request does).
@@ -54,6 +54,7 @@ from harness.targets.sglang.compat.shims import (
     prefix_swa_in_tree,
     release_kv_cache,
     scheduler_fields,
+    server_setting,
 )
 from harness.targets.sglang.releases import (
     NEWEST_CHECKED,
@@ -71,7 +72,7 @@ __all__ = [
     "CAPABILITIES", "Capability", "CapabilityMissing", "device_missing", "missing", "mooncake_host_tensor_send",
     "require", "require_device",
     "all_free_pages", "caller_swa_reclaim", "commit_decode_tokens", "component_type", "decode_prealloc_kwargs", "decode_prefix_match", "dsv4_compressed_pools", "dsv4_pool_kwargs",
-    "evicted_seqlen", "index_page_rows", "prefix_swa_in_tree", "release_kv_cache", "scheduler_fields", "LegacyReqKv", "req_kv",
+    "evicted_seqlen", "index_page_rows", "prefix_swa_in_tree", "release_kv_cache", "scheduler_fields", "server_setting", "LegacyReqKv", "req_kv",
     "NEWEST_CHECKED", "OLDEST_RELEASE", "RELEASE_DEPS", "SUPPORTED_RANGE", "core_missing", "process_env",
     "release_deps", "release_refused", "server_option",
 ]

@@ -242,6 +242,20 @@ def evicted_seqlen(kv: Any) -> int:
     return int(getattr(kv, "swa_evicted_seqlen", 0) or 0)
 
 
+def server_setting(scheduler: Any, group: str, name: str) -> Any:
+    """A running server's setting ``name`` as its release's decode queue reads it.
+
+    From 0.5.17 the runtime context publishes the effective settings per group (``get_disagg()``,
+    ``get_memory()``; a PD decode server's ``disable_radix_cache`` is set there, not in the arguments the
+    scheduler was given); 0.5.16's runtime context has no per-group getters, and its queue reads
+    ``scheduler.server_args``. Remove the fallback with 0.5.16.
+    """
+    from sglang.srt import runtime_context  # noqa: PLC0415
+
+    getter = getattr(runtime_context, f"get_{group}", None)
+    return getattr(getter() if getter is not None else scheduler.server_args, name)
+
+
 def scheduler_fields(radix_cache: bool) -> dict[str, Any]:
     """Scheduler fields the decode prealloc queue reads that moved between releases.
 

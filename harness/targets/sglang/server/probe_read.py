@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from harness.targets.sglang.compat.reqkv import req_kv
-from harness.targets.sglang.compat.shims import prefix_swa_in_tree
+from harness.targets.sglang.compat.shims import prefix_swa_in_tree, server_setting
 
 FULL, SWA = "full", "swa"
 
@@ -130,16 +130,14 @@ def config_of(queue) -> Any:
     allocator = queue.token_to_kv_pool_allocator
     page = int(read("page_size", lambda: allocator.page_size))
     window = read("scheduler.sliding_window_size", lambda: queue.scheduler.sliding_window_size) or None
-    # The server's own arguments, which its scheduler holds on every release (0.5.16's runtime context
-    # has no get_disagg / get_memory; later releases' queues read them there, built from these).
-    args = read("scheduler.server_args", lambda: queue.scheduler.server_args)
-    radix = bool(read("disaggregation_decode_enable_radix_cache", lambda: args.disaggregation_decode_enable_radix_cache))
+    radix = bool(read("disaggregation_decode_enable_radix_cache",
+                      lambda: server_setting(queue.scheduler, "disagg", "disaggregation_decode_enable_radix_cache")))
     # The SWA-tail pool is configuration (hybrid-SWA / DeepSeek-V4 pools with pages > 1).
     swa_tail = bool(read("_uses_swa_tail_prealloc", queue._uses_swa_tail_prealloc)) and bool(window)
     interval = int(read("SGLANG_SWA_EVICTION_INTERVAL", eviction_interval))
     reserve = int(read("num_reserved_decode_tokens", lambda: queue.num_reserved_decode_tokens))
     # Admission charges the SWA pool no decode reserve when the radix cache is off (--disable-radix-cache).
-    swa_reserve = 0 if read("disable_radix_cache", lambda: bool(args.disable_radix_cache)) else reserve
+    swa_reserve = 0 if read("disable_radix_cache", lambda: bool(server_setting(queue.scheduler, "memory", "disable_radix_cache"))) else reserve
     host_page = compression = None
     if read("scheduler.enable_hisparse", lambda: bool(getattr(queue.scheduler, "enable_hisparse", False))):
         host_page = int(read("hisparse_page_size", lambda: allocator.hisparse_page_size))
