@@ -118,7 +118,9 @@ def test_an_interrupted_run_logged_hands_the_interrupt_to_its_command(tmp_path):
     outer = (f"import os, sys; from harness.workers import procs; "
              f"procs.run_logged([sys.executable, '-c', {inner!r}], cwd={str(tmp_path)!r}, env=os.environ, "
              f"log=procs.Path({str(tmp_path / 'run.log')!r}), timeout_s=60)")
-    p = subprocess.Popen([sys.executable, "-c", outer])
+    # Started as a terminal starts it (SIGINT default): a test run in the background of a script (CI, a
+    # nohup'd job) inherits SIGINT ignored, and the harness process would then never see the interrupt.
+    p = subprocess.Popen([sys.executable, "-c", outer], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(started.exists, 30, "the command started")
         p.send_signal(signal.SIGINT)
