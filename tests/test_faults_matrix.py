@@ -351,3 +351,17 @@ def test_clean_run_of_two_suite_groups_runs_both_and_merges(tmp_path: Path):
     (root / "other" / "test_more.py").write_text("def test_more():\n    assert False\n")
     clean = faultcheck.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
     assert not clean.passed and set(clean.failing()) == {"other/test_more.py::test_more"}
+
+
+def test_fault_runs_that_start_servers_are_handed_out_first():
+    # The catalog's runs in the order the check hands them to its workers: every run with a real-server
+    # selection before every run without one (a long server run handed out last finishes alone), each
+    # kind in catalog order. Handing them out in catalog order fails this.
+    plan = {name: faultcheck.targets_for(name) for name in faults.catalog()}
+    order = faultcheck.submission_order(plan)
+    servers = [name for name in plan if any(s.split("::")[0].endswith("_server.py") for s in plan[name])]
+    rest = [name for name in plan if name not in servers]
+    assert servers and rest
+    assert order[:len(servers)] == sorted(servers, key=lambda n: -sum(s.split("::")[0].endswith("_server.py")
+                                                                       for s in plan[n]))
+    assert order[len(servers):] == rest

@@ -40,6 +40,7 @@ from harness.faultcheck.matrix import (
     run_clean,
     run_suites,
     target_lacks,
+    submission_order,
     targets_for,
 )
 from harness.faultcheck.render import page_groups, page_table, render, table, to_dict, write_page
@@ -72,6 +73,7 @@ __all__ = [
     "run_clean",
     "run_suites",
     "target_lacks",
+    "submission_order",
     "targets_for",
     "page_groups",
     "page_table",
