@@ -88,7 +88,8 @@ def test_a_subprocess_pythonpath_goes_in_front_of_the_workers_own(started, tmp_p
     w = started(WorkerSpec("paths", Subprocess(("sh", "-c", "echo path=$PYTHONPATH; sleep 300"),
                                                env={"PYTHONPATH": "/front/b:/front/c"}),
                            run_dir=tmp_path, env={"PYTHONPATH": "/own/a:/front/b"}, ready_timeout=60))
-    wait_for(lambda: "path=" in w.tail(), 30.0, "the payload to print its PYTHONPATH")
+    # A line of its own: the harness's "exec sh -c echo path=..." line names the command before it runs.
+    wait_for(lambda: "\npath=" in w.tail(), 30.0, "the payload to print its PYTHONPATH")
     assert "path=/front/b:/front/c:/own/a\n" in (tmp_path / "workers" / "paths.log").read_text()
 
 
