@@ -210,3 +210,56 @@ def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_af
     result = pytester.runpytest("--collect-only", "-q", "-s")
     result.stdout.fnmatch_lines(["LAST [(['tiny-llama'], 'test_a.py::test_three'), (['tiny-mellum-swa'], 'test_b.py::test_plain_sim')]",
                                  "SAME True True True"])
+
+
+SPENDERS = {
+    "test_a": """
+        import pytest
+
+        pytestmark = pytest.mark.engine("sglang-server", models=("tiny-llama",))
+
+        def test_a1(sglang_servers):
+            pass
+
+        @pytest.mark.spends_stack
+        def test_a_kill(sglang_servers):
+            pass
+
+        def test_a2(sglang_servers):
+            pass
+
+        @pytest.mark.spends_stack
+        @pytest.mark.engine("sglang-server", models=("tiny-mellum-swa",))
+        def test_alone_kill(sglang_servers):
+            pass
+
+        def test_no_servers():
+            pass
+    """,
+    "test_b": """
+        import pytest
+
+        @pytest.mark.engine("sglang-server", models=("tiny-llama",))
+        def test_b1(sglang_servers):
+            pass
+
+        @pytest.mark.engine("sglang-server", models=("tiny-llama",))
+        @pytest.mark.spends_stack
+        def test_b_kill(sglang_servers):
+            pass
+
+        def test_b_plain():
+            pass
+    """,
+}
+
+
+def test_a_test_that_spends_its_models_stack_runs_after_the_models_other_tests(pytester):
+    # A kill in the middle of a model's tests would make the stack start again for the tests after it.
+    # The spenders keep their own order; a spender no other test shares a model with, and tests that
+    # take no servers, stay where they were. Without the reordering the kill stays between a1 and a2.
+    pytester.makepyfile(**SPENDERS)
+    result = _inline(pytester, "--collect-only", "-q")
+    ids = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+    assert ids == ["test_a1", "test_a2", "test_alone_kill", "test_no_servers", "test_b1", "test_a_kill",
+                   "test_b_kill", "test_b_plain"], ids

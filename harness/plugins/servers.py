@@ -101,11 +101,41 @@ class SessionServers:
         return [pid for stacks in self._stacks.values() for pid in stacks.close()]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spends_stack: the test kills a server of its model's shared stack (the one "
+                                       "sglang_servers.pd(model) gives) on purpose; it runs after every other test "
+                                       "that takes the servers and names that model, so the stack starts once")
+
+
+def spenders_last(items: list[pytest.Item]) -> None:
+    """Move each ``spends_stack`` test (in place, keeping their order) to right after the last other test that
+    takes the servers and names one of its models. A stack spent in the middle of its model's tests is
+    started again for the tests after it (tens of seconds each time, on the one worker that runs every
+    real-server test)."""
+    def models(item: pytest.Item) -> set[str]:
+        if "sglang_servers" not in getattr(item, "fixturenames", ()):
+            return set()
+        return set(server_kwargs(item).get("models", ()))
+
+    spenders = [item for item in items if item.get_closest_marker("spends_stack") is not None and models(item)]
+    placed: list[pytest.Item] = []
+    for spender in spenders:
+        mine = models(spender)
+        after = [item for item in items if item is not spender and models(item) & mine
+                 and (item not in spenders or item in placed)]
+        placed.append(spender)
+        if not after or items.index(after[-1]) < items.index(spender):
+            continue  # already after them
+        items.remove(spender)
+        items.insert(items.index(after[-1]) + 1, spender)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Remember, per model, the last test that takes the servers and names it (its servers are
-    stopped after that test), and the order the models are served in (the next one's stack starts
-    ahead of its tests)."""
+    """Run each ``spends_stack`` test after its model's other tests (:func:`spenders_last`); then remember,
+    per model, the last test that takes the servers and names it (its servers are stopped after that
+    test), and the order the models are served in (the next one's stack starts ahead of its tests)."""
+    spenders_last(items)
     last: dict[str, pytest.Item] = {}
     order: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
     for item in items:

@@ -183,152 +183,6 @@ def finish_reason(result: Any) -> str:
     return str((result.meta.get("finish_reason") or {}).get("type", ""))
 
 
-# ------------------------------------------------------------------ the stack survives these
-
-
-def test_abort_mid_decode_frees_every_page(stack, run_dir):
-    rid = new_rid("abort-decode")
-    decode = Ledger(run_dir, stack.decode)
-    request = in_background(lambda: stack.client("router").generate(prompt(300, seed=1), 3000, extra={"rid": rid}))
-    # Mid-decode, proven: decode already slid SWA pages out of the window for this request.
-    decode.wait("decoding past the window", rid, "evict")
-    stack.client("decode").abort(rid)
-    result = outcome(request)
-    if not isinstance(result, Exception):
-        assert finish_reason(result) == "abort" or len(result.output_ids) < 3000, "the abort did not stop the decode"
-    released = decode.released("the aborted request's release", rid)
-    assert released[-1].seq > decode.events(rid, "evict")[0].seq
-    back_at_baseline(run_dir, stack.decode, stack.prefill)
-    serves(stack)
-
-
-def test_abort_while_kv_in_flight_frees_both_sides(stack, run_dir):
-    with in_flight(stack, run_dir, "abort-transfer", seed=2) as req:
-        stack.client("decode").abort(req.rid)
-    # Released: prefill now sends into a transfer decode gave up.
-    first = req.decode.released("decode releasing the aborted transfer's pages", req.rid)[0]
-    assert not decoded_before(req.decode, req.rid, first), "the aborted request decoded"
-    answer = outcome(req.to_decode)
-    assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
-    outcome(req.to_prefill)  # it must answer (either way)
-    back_at_baseline(run_dir, stack.decode, stack.prefill)
-    serves(stack)
-
-
-def test_health_probes_repeated_leave_no_kv(stack, run_dir):
-    # sglang's /health_generate runs one real request (on PD servers with its fake bootstrap) and
-    # polls for it once a second: the probes go ten at a time, as a load balancer's would.
-    rounds, at_once = 2, 10
-    with concurrent.futures.ThreadPoolExecutor(2 * at_once) as pool:
-        for _ in range(rounds):
-            probes = [pool.submit(stack.client(role).health_generate, 60) for role in ("prefill", "decode") for _ in range(at_once)]
-            for probe in probes:
-                probe.result()
-    for role in ("prefill", "decode"):
-        assert stack.client(role).health(), f"{role} /health after the probes"
-    decode = Ledger(run_dir, stack.decode)
-    health = {e.rid for e in decode.events(kind="prealloc") if e.rid.startswith("HEALTH_CHECK")}
-    assert len(health) >= rounds * at_once, f"decode preallocated for {len(health)} of {rounds * at_once} health requests"
-    released = {e.rid for e in decode.events(kind="release")}
-    assert health <= released, f"health requests never released: {sorted(health - released)[:3]}"
-    back_at_baseline(run_dir, stack.decode, stack.prefill)
-    serves(stack)
-
-
-#: Seconds decode has to fail a request whose bootstrap address does not resolve: sglang gives up
-#: after 15 attempts, one a second, to fetch prefill's parallel info from it.
-BOOTSTRAP_GIVE_UP_S = 60.0
-
-
-def test_malformed_bootstrap_address_fails_the_request_not_the_server(stack, run_dir):
-    rid = new_rid("bad-bootstrap")
-    decode = stack.client("decode", timeout_s=60)
-    body = {"rid": rid, "bootstrap_host": "no-such-host.invalid", "bootstrap_port": 1,
-            "bootstrap_room": random.Random(rid).randrange(1 << 62)}
-    answer = in_background(lambda: decode.generate(prompt(100, seed=3), 4, extra=body, timeout_s=PHASE_S))
-    try:
-        got = outcome(answer, timeout_s=BOOTSTRAP_GIVE_UP_S)
-    except concurrent.futures.TimeoutError:
-        decode.abort(rid)
-        pytest.fail(f"decode never failed {rid}, whose bootstrap address does not resolve, within "
-                    f"{BOOTSTRAP_GIVE_UP_S:g} s: a malformed address hangs the request", pytrace=False)
-    assert isinstance(got, ServerHTTPError) and got.status >= 400, f"decode answered {got!r} for an unreachable bootstrap address"
-    assert decode.health(), "decode is not healthy after the malformed bootstrap address"
-    back_at_baseline(run_dir, stack.decode, stack.prefill)
-    serves(stack)
-
-
-class DuplicateRoomHang(AssertionError):
-    """Requests sharing one bootstrap_room did not all answer (the symptom of the upstream bug)."""
-
-
-#: Seconds each request of the duplicate-room test has to answer (a clean one takes well under one).
-ANSWER_S = 10.0
-
-
-@pytest.mark.xfail(strict=True, raises=DuplicateRoomHang,
-                   reason="sglang 0.5.23: a request whose bootstrap_room a second request reuses while its KV is in "
-                          "transfer is never answered (sgl#40125 class: a duplicate client bootstrap_room); aborting it "
-                          "frees every page; XPASS once upstream refuses the duplicate or serves both")
-def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(stack, run_dir):
-    # Two different requests under one bootstrap_room (a client bug or a hostile one): each server may
-    # refuse or fail them, but must answer, stay up and give every page back. The first is held
-    # before its KV send, so the second reaches both servers while the room is in use.
-    room = random.Random("duplicate-room").randrange(1 << 62)
-    rids = [new_rid(f"same-room-{i}") for i in range(2)]
-    decode = Ledger(run_dir, stack.decode)
-    gate = hold.hold_file(run_dir.ledger, rids[0])
-    futures: list[concurrent.futures.Future] = []
-
-    def send(i: int) -> None:
-        futures.extend(direct(stack, prompt(120 + 70 * i, seed=6 + i), 4, rids[i], room=room, timeout_s=3 * ANSWER_S))
-
-    try:
-        send(0)
-        wait_until("prefill holding the first request before its KV send", lambda: hold.held(gate))
-        decode.wait("decode's prealloc of the first request", rids[0], "prealloc")
-        send(1)
-        time.sleep(0.5)  # not a phase: the second pair only needs to reach the servers before the send goes on
-    finally:
-        hold.release(gate)
-    done, pending = concurrent.futures.wait(futures, timeout=ANSWER_S)
-    hung = len(pending)
-    if hung:
-        # Not answered: the clients give up the way a router would (sglang's /abort_request), and what
-        # the servers then hold is checked all the same before the known symptom is raised.
-        for rid in rids:
-            for role in ("prefill", "decode"):
-                stack.client(role).abort(rid)
-        concurrent.futures.wait(futures, timeout=ANSWER_S)
-    for role in ("prefill", "decode"):
-        assert stack.client(role).health(), f"{role} is not healthy after a duplicate bootstrap_room"
-    back_at_baseline(run_dir, stack.decode, stack.prefill)
-    if hung:
-        raise DuplicateRoomHang(f"{hung} of 4 requests under bootstrap_room {room} not answered within {ANSWER_S:g} s")
-    serves(stack)
-
-
-# ------------------------------------------------------------------ these spend a stack
-# Each kills a server of the stack it was given, so each runs as the last test of that stack: the shared
-# stack's after the tests above, the tight stack's after the tests below. (In this order a session starts
-# each stack once; a stack spent earlier would start again for the tests after it.)
-
-
-def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, stack, run_dir, record_property):
-    try:
-        with in_flight(stack, run_dir, "prefill-killed", seed=4) as req:
-            sglang_servers.kill(MODEL, "prefill")
-        # Decode must give back what it preallocated for a prefill that will never send, and answer.
-        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid)[0]
-        assert not decoded_before(req.decode, req.rid, first), "the request decoded without its KV"
-        answer = outcome(req.to_decode)
-        assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"
-        back_at_baseline(run_dir, stack.decode)
-    finally:
-        record_property("stack_replaced", "prefill killed: the next test starts a fresh stack")
-        sglang_servers.forget(MODEL)
-
-
 # ------------------------------------------------------------------ a decode pool that admission must ration
 
 #: Decode's full pool on the tight stack (sglang sizes its SWA pool from it) and its decode reserve
@@ -473,3 +327,151 @@ def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, t
     finally:
         record_property("stack_replaced", "decode killed: the tight stack is spent")
         sglang_servers.forget(MODEL, **TIGHT)
+
+
+# ------------------------------------------------------------------ the stack survives these
+
+
+def test_abort_mid_decode_frees_every_page(stack, run_dir):
+    rid = new_rid("abort-decode")
+    decode = Ledger(run_dir, stack.decode)
+    request = in_background(lambda: stack.client("router").generate(prompt(300, seed=1), 3000, extra={"rid": rid}))
+    # Mid-decode, proven: decode already slid SWA pages out of the window for this request.
+    decode.wait("decoding past the window", rid, "evict")
+    stack.client("decode").abort(rid)
+    result = outcome(request)
+    if not isinstance(result, Exception):
+        assert finish_reason(result) == "abort" or len(result.output_ids) < 3000, "the abort did not stop the decode"
+    released = decode.released("the aborted request's release", rid)
+    assert released[-1].seq > decode.events(rid, "evict")[0].seq
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+def test_abort_while_kv_in_flight_frees_both_sides(stack, run_dir):
+    with in_flight(stack, run_dir, "abort-transfer", seed=2) as req:
+        stack.client("decode").abort(req.rid)
+    # Released: prefill now sends into a transfer decode gave up.
+    first = req.decode.released("decode releasing the aborted transfer's pages", req.rid)[0]
+    assert not decoded_before(req.decode, req.rid, first), "the aborted request decoded"
+    answer = outcome(req.to_decode)
+    assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
+    outcome(req.to_prefill)  # it must answer (either way)
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+def test_health_probes_repeated_leave_no_kv(stack, run_dir):
+    # sglang's /health_generate runs one real request (on PD servers with its fake bootstrap) and
+    # polls for it once a second: the probes go ten at a time, as a load balancer's would.
+    rounds, at_once = 2, 10
+    with concurrent.futures.ThreadPoolExecutor(2 * at_once) as pool:
+        for _ in range(rounds):
+            probes = [pool.submit(stack.client(role).health_generate, 60) for role in ("prefill", "decode") for _ in range(at_once)]
+            for probe in probes:
+                probe.result()
+    for role in ("prefill", "decode"):
+        assert stack.client(role).health(), f"{role} /health after the probes"
+    decode = Ledger(run_dir, stack.decode)
+    health = {e.rid for e in decode.events(kind="prealloc") if e.rid.startswith("HEALTH_CHECK")}
+    assert len(health) >= rounds * at_once, f"decode preallocated for {len(health)} of {rounds * at_once} health requests"
+    released = {e.rid for e in decode.events(kind="release")}
+    assert health <= released, f"health requests never released: {sorted(health - released)[:3]}"
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+#: Seconds decode has to fail a request whose bootstrap address does not resolve: sglang gives up
+#: after 15 attempts, one a second, to fetch prefill's parallel info from it.
+BOOTSTRAP_GIVE_UP_S = 60.0
+
+
+def test_malformed_bootstrap_address_fails_the_request_not_the_server(stack, run_dir):
+    rid = new_rid("bad-bootstrap")
+    decode = stack.client("decode", timeout_s=60)
+    body = {"rid": rid, "bootstrap_host": "no-such-host.invalid", "bootstrap_port": 1,
+            "bootstrap_room": random.Random(rid).randrange(1 << 62)}
+    answer = in_background(lambda: decode.generate(prompt(100, seed=3), 4, extra=body, timeout_s=PHASE_S))
+    try:
+        got = outcome(answer, timeout_s=BOOTSTRAP_GIVE_UP_S)
+    except concurrent.futures.TimeoutError:
+        decode.abort(rid)
+        pytest.fail(f"decode never failed {rid}, whose bootstrap address does not resolve, within "
+                    f"{BOOTSTRAP_GIVE_UP_S:g} s: a malformed address hangs the request", pytrace=False)
+    assert isinstance(got, ServerHTTPError) and got.status >= 400, f"decode answered {got!r} for an unreachable bootstrap address"
+    assert decode.health(), "decode is not healthy after the malformed bootstrap address"
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+class DuplicateRoomHang(AssertionError):
+    """Requests sharing one bootstrap_room did not all answer (the symptom of the upstream bug)."""
+
+
+#: Seconds each request of the duplicate-room test has to answer (a clean one takes well under one).
+ANSWER_S = 10.0
+
+
+@pytest.mark.xfail(strict=True, raises=DuplicateRoomHang,
+                   reason="sglang 0.5.23: a request whose bootstrap_room a second request reuses while its KV is in "
+                          "transfer is never answered (sgl#40125 class: a duplicate client bootstrap_room); aborting it "
+                          "frees every page; XPASS once upstream refuses the duplicate or serves both")
+def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(stack, run_dir):
+    # Two different requests under one bootstrap_room (a client bug or a hostile one): each server may
+    # refuse or fail them, but must answer, stay up and give every page back. The first is held
+    # before its KV send, so the second reaches both servers while the room is in use.
+    room = random.Random("duplicate-room").randrange(1 << 62)
+    rids = [new_rid(f"same-room-{i}") for i in range(2)]
+    decode = Ledger(run_dir, stack.decode)
+    gate = hold.hold_file(run_dir.ledger, rids[0])
+    futures: list[concurrent.futures.Future] = []
+
+    def send(i: int) -> None:
+        futures.extend(direct(stack, prompt(120 + 70 * i, seed=6 + i), 4, rids[i], room=room, timeout_s=3 * ANSWER_S))
+
+    try:
+        send(0)
+        wait_until("prefill holding the first request before its KV send", lambda: hold.held(gate))
+        decode.wait("decode's prealloc of the first request", rids[0], "prealloc")
+        send(1)
+        time.sleep(0.5)  # not a phase: the second pair only needs to reach the servers before the send goes on
+    finally:
+        hold.release(gate)
+    done, pending = concurrent.futures.wait(futures, timeout=ANSWER_S)
+    hung = len(pending)
+    if hung:
+        # Not answered: the clients give up the way a router would (sglang's /abort_request), and what
+        # the servers then hold is checked all the same before the known symptom is raised.
+        for rid in rids:
+            for role in ("prefill", "decode"):
+                stack.client(role).abort(rid)
+        concurrent.futures.wait(futures, timeout=ANSWER_S)
+    for role in ("prefill", "decode"):
+        assert stack.client(role).health(), f"{role} is not healthy after a duplicate bootstrap_room"
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    if hung:
+        raise DuplicateRoomHang(f"{hung} of 4 requests under bootstrap_room {room} not answered within {ANSWER_S:g} s")
+    serves(stack)
+
+
+# ------------------------------------------------------------------ this spends the shared stack
+# It kills a server of the shared stack, so it runs after every other test of the model in the session
+# (``spends_stack``: the SWA and soak server suites share this stack too). The tight stack's tests come
+# first in this module and its decode kill spends it last; the shared stack, started ahead while the
+# previous model's tests run, then serves everything else. A session starts each stack once.
+
+
+@pytest.mark.spends_stack
+def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, stack, run_dir, record_property):
+    try:
+        with in_flight(stack, run_dir, "prefill-killed", seed=4) as req:
+            sglang_servers.kill(MODEL, "prefill")
+        # Decode must give back what it preallocated for a prefill that will never send, and answer.
+        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid)[0]
+        assert not decoded_before(req.decode, req.rid, first), "the request decoded without its KV"
+        answer = outcome(req.to_decode)
+        assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"
+        back_at_baseline(run_dir, stack.decode)
+    finally:
+        record_property("stack_replaced", "prefill killed: the next test starts a fresh stack")
+        sglang_servers.forget(MODEL)
