@@ -28,6 +28,7 @@ from harness.faultcheck.verdicts import (
     Verdict,
     build_cells,
     in_suite,
+    suite_file,
     suite_group,
     verdict,
 )
@@ -307,7 +308,7 @@ def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
 def starts_servers(selection: str) -> bool:
     """Whether a suite selection starts real sglang servers (a ``*_server.py`` module: a stack start of
     tens of seconds, and sglang's own waits on the failure paths)."""
-    return selection.split("::", 1)[0].endswith("_server.py")
+    return suite_file(selection).endswith("_server.py")
 
 
 def submission_order(plan: Mapping[str, tuple[str, ...]]) -> list[str]:

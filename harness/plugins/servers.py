@@ -117,17 +117,15 @@ def spenders_last(items: list[pytest.Item]) -> None:
             return set()
         return set(server_kwargs(item).get("models", ()))
 
-    spenders = [item for item in items if item.get_closest_marker("spends_stack") is not None and models(item)]
-    placed: list[pytest.Item] = []
-    for spender in spenders:
-        mine = models(spender)
-        after = [item for item in items if item is not spender and models(item) & mine
-                 and (item not in spenders or item in placed)]
-        placed.append(spender)
-        if not after or items.index(after[-1]) < items.index(spender):
-            continue  # already after them
-        items.remove(spender)
-        items.insert(items.index(after[-1]) + 1, spender)
+    served = {item: models(item) for item in items}
+    spenders = [item for item in items if served[item] and item.get_closest_marker("spends_stack") is not None]
+    for n, spender in enumerate(spenders):
+        # The tests it must follow: the others of its models, and the spenders already moved (keeping their order).
+        before = [item for item in items if served[item] & served[spender]
+                  and (item not in spenders or item in spenders[:n])]
+        if before and items.index(before[-1]) > items.index(spender):
+            items.remove(spender)
+            items.insert(items.index(before[-1]) + 1, spender)
 
 
 @pytest.hookimpl(trylast=True)
