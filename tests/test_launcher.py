@@ -76,7 +76,7 @@ def test_cpu_decode_exact():
 def test_cpu_router_exact():
     cmd = router_command(topology.get("cpu"), prefill=[("http://127.0.0.1:30001", 30003)],
                          decode=["http://127.0.0.1:30011"], port=30021, prometheus_port=30022, python=PY)
-    assert list(cmd.argv) == [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", "30021",
+    assert list(cmd.argv) == [PY, "-m", "harness.targets.sglang.server.router", "--host", "127.0.0.1", "--port", "30021",
                               "--prometheus-host", "127.0.0.1", "--prometheus-port", "30022",
                               "--pd-disaggregation", "--policy", "round_robin",
                               "--prefill", "http://127.0.0.1:30001", "30003", "--decode", "http://127.0.0.1:30011"]
@@ -86,7 +86,7 @@ def test_cpu_router_exact():
 def test_cpu_router_mini_lb_is_pd_with_random_policy():
     cmd = router_command(topology.get("cpu"), prefill=[("http://a:1", None)], decode=["http://b:2"], port=3,
                          prometheus_port=4, python=PY, mini_lb=True)
-    assert list(cmd.argv) == [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", "3",
+    assert list(cmd.argv) == [PY, "-m", "harness.targets.sglang.server.router", "--host", "127.0.0.1", "--port", "3",
                               "--prometheus-host", "127.0.0.1", "--prometheus-port", "4",
                               "--pd-disaggregation", "--policy", "random", "--mini-lb",
                               "--prefill", "http://a:1", "none", "--decode", "http://b:2"]

@@ -186,7 +186,7 @@ def test_dsv4_plain_baseline_and_router_exact():
     assert dict(plain.env) == CHECKS_ENV  # sglang's own checks on: the only environment a GPU server gets
     r = router_command(topo, prefill=[("http://127.0.0.1:1", 2)], decode=["http://127.0.0.1:3"], port=4,
                        prometheus_port=5, python=PY)
-    assert list(r.argv) == [PY, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", "4",
+    assert list(r.argv) == [PY, "-m", "harness.targets.sglang.server.router", "--host", "127.0.0.1", "--port", "4",
                             "--prometheus-host", "127.0.0.1", "--prometheus-port", "5", "--pd-disaggregation",
                             "--policy", "round_robin", "--prefill", "http://127.0.0.1:1", "2",
                             "--decode", "http://127.0.0.1:3"]

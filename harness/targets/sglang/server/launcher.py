@@ -12,8 +12,8 @@ says what to run and with which environment.
   with the mooncake backend the server's ``--disaggregation-ib-device`` is chosen for those GPUs when
   it starts (:mod:`.rdma`: the server carries its node's GPU count in ``HARNESS_IB_NODE_GPUS``).
 * :func:`plain_server_command` — the same engine without disaggregation: the parity baseline.
-* :func:`router_command` — ``python -m sglang_router.launch_router --pd-disaggregation`` (or
-  ``--mini-lb``) over the prefill and decode URLs.
+* :func:`router_command` — sglang-router's ``--pd-disaggregation`` router (or ``--mini-lb``) over the
+  prefill and decode URLs, through :mod:`.router` (upstream's launcher without its import of sglang).
 
 On a topology without GPUs (``cpu``) the servers get the measured CPU recipe (reference README, "A
 real prefill + decode + router stack on CPU"): :data:`CPU_SERVER_ARGS`, :data:`CPU_ENV`, the
@@ -97,7 +97,9 @@ PROBE_WORKER_ENV = "HARNESS_PROBE_WORKER"
 PROBE_COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
 
 SERVER_MODULE = "sglang.launch_server"
-ROUTER_MODULE = "sglang_router.launch_router"
+#: The router's entry point: upstream's ``sglang_router.launch_router`` flags and Rust router, without
+#: its module-level import of sglang (5 CPU-s per start; :mod:`.router` says why).
+ROUTER_MODULE = "harness.targets.sglang.server.router"
 SERVER_KINDS = ("prefill", "decode")
 
 
@@ -338,7 +340,7 @@ def router_command(
     policy: str = "round_robin",
     worker: str = "router",
 ) -> Command:
-    """Build the ``sglang_router.launch_router`` command of the router role.
+    """Build the router role's command (sglang-router's flags, run by :data:`ROUTER_MODULE`).
 
     Args:
         topology: the topology (must have a router role).
