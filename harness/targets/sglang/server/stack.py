@@ -119,6 +119,12 @@ class PdStack:
                 "bootstrap_port": self.prefill.ports["bootstrap"],
                 "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room}
 
+    def decode_gave_up_bootstrap(self, addr: str) -> bool:
+        """Whether decode's log says sglang gave up the bootstrap address ``addr`` (``host:port``)
+        after its retries (:data:`BOOTSTRAP_GAVE_UP`): the phase where it must fail the requests
+        sent there."""
+        return BOOTSTRAP_GAVE_UP.format(addr=addr) in self.decode.tail(_GAVE_UP_TAIL)
+
     def check(self) -> None:
         """Raise :class:`harness.workers.WorkerDied` for the first dead worker."""
         for w in self.workers:
@@ -156,6 +162,13 @@ def stop_all(workers: Sequence[Worker]) -> None:
 #: hangs; one it meets is a race of that thread with the scheduler clearing a finished request
 #: (``KeyError`` in ``check_status``), seen on a loaded 2-core machine.
 SERVER_FATAL: tuple[str, ...] = ("Transfer thread failed because of",)
+
+#: The line decode's log gets when sglang gives up fetching a prefill's parallel info from a bootstrap
+#: address (``{addr}``: ``host:port``) after its bounded retries, before it fails that address's
+#: requests: the same in every supported release (0.5.16 ... 0.5.23).
+BOOTSTRAP_GAVE_UP = "Could not fetch prefill parallel info from {addr}"
+#: Lines of decode's log read for it (the retries log nothing in between; health checks a few lines).
+_GAVE_UP_TAIL = 400
 
 #: What decides which modules the fork server imported, and how: a server whose values differ is not forked.
 IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", OVERLAY_ENV, "HARNESS_SGLANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
