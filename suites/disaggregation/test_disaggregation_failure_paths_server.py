@@ -61,6 +61,9 @@ PHASE_S = 120.0
 #: Seconds decode has to release a failed or aborted transfer's pages (on CPU: a missed 1 s heartbeat,
 #: then at most the 5 s deferred-release wait, launcher.CPU_ENV; loopback acknowledges at once).
 RELEASE_S = 30.0
+#: Seconds past decode's deferred-release timeout (``PdStack.deferred_release_s``) that a release may
+#: still take once decode answered the request it gave up (a scheduler pass or two on a loaded runner).
+RELEASE_MARGIN_S = 10.0
 #: Seconds between looks at a ledger or a hold while waiting for a phase.
 POLL_S = 0.05
 
@@ -95,15 +98,35 @@ class Ledger:
         return wait_for(lambda: self.events(rid, kind), timeout_s, f"{what} (a {kind} event of {rid} in {self.path.name})",
                         interval=POLL_S)
 
-    def released(self, what: str, rid: str, timeout_s: float = RELEASE_S) -> list:
+    def released(self, what: str, rid: str, timeout_s: float = RELEASE_S, *,
+                 answered: concurrent.futures.Future | None = None, grace_s: float = 0.0) -> list:
         """The release of ``rid``, once written; if it never comes, the ledger's own verdict fails
-        the test (``page-leak``: the pages it preallocated were never freed)."""
+        the test (``page-leak``: the pages it preallocated were never freed). ``answered``: decode's
+        answer to the request's client; the wait then also ends ``grace_s`` after that answer came
+        (decode answers a request it gave up, and releases its pages at once or, deferred, within its
+        deferred-release timeout)."""
+        answered_at: list[float] = []
+
+        def release() -> list:
+            got = self.events(rid, "release")
+            if got or answered is None or not answered.done():
+                return got
+            answered_at[:1] = answered_at[:1] or [time.monotonic()]
+            if time.monotonic() - answered_at[0] > grace_s:
+                raise TimeoutError(f"{what}: decode answered the request {grace_s:g} s ago and still holds its pages")
+            return got
+
         try:
-            return wait_for(lambda: self.events(rid, "release"), timeout_s, what, interval=POLL_S)
+            return wait_for(release, timeout_s, what, interval=POLL_S)
         except TimeoutError:
             ledger.assert_clean(ledger.check(self.events()), f"of {self.path.stem}: {what} never came")
         pytest.fail(f"{what}: no release of {rid} in {self.path.name} within {timeout_s:g} s, and the ledger "
                     "sees nothing wrong (was it ever preallocated?)")
+
+
+def release_grace(stack) -> float:
+    """Seconds decode may take to release a request's pages after answering it as failed or aborted."""
+    return stack.deferred_release_s + RELEASE_MARGIN_S
 
 
 def wait_until(what: str, ok: Callable[[], bool], timeout_s: float = PHASE_S) -> None:
@@ -286,8 +309,8 @@ def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir)
     # releases what it preallocated, the path of sgl#6258 / #9817) and tells prefill, which, once the
     # hold lets it send, finds the transfer aborted and frees its KV too.
     with in_flight(tight, run_dir, "transfer-timeout", seed=7) as req:
-        first = req.decode.released("decode giving the transfer up", req.rid,
-                                    timeout_s=TRANSFER_TIMEOUT_S + RELEASE_S)[0]
+        first = req.decode.released("decode giving the transfer up", req.rid, timeout_s=TRANSFER_TIMEOUT_S + RELEASE_S,
+                                    answered=req.to_decode, grace_s=release_grace(tight))[0]
     # The hazard, proven: decode released the request because its transfer timed out (sglang's abort
     # message, recorded with the release), while prefill still held the KV unsent, and never decoded it.
     assert "timed out" in first.note and "WaitingForInput" in first.note, \
@@ -342,7 +365,7 @@ def test_abort_mid_decode_frees_every_page(stack, run_dir):
     result = outcome(request)
     if not isinstance(result, Exception):
         assert finish_reason(result) == "abort" or len(result.output_ids) < 3000, "the abort did not stop the decode"
-    released = decode.released("the aborted request's release", rid)
+    released = decode.released("the aborted request's release", rid, answered=request, grace_s=release_grace(stack))
     assert released[-1].seq > decode.events(rid, "evict")[0].seq
     back_at_baseline(run_dir, stack.decode, stack.prefill)
     serves(stack)
@@ -352,7 +375,8 @@ def test_abort_while_kv_in_flight_frees_both_sides(stack, run_dir):
     with in_flight(stack, run_dir, "abort-transfer", seed=2) as req:
         stack.client("decode").abort(req.rid)
     # Released: prefill now sends into a transfer decode gave up.
-    first = req.decode.released("decode releasing the aborted transfer's pages", req.rid)[0]
+    first = req.decode.released("decode releasing the aborted transfer's pages", req.rid,
+                                answered=req.to_decode, grace_s=release_grace(stack))[0]
     assert not decoded_before(req.decode, req.rid, first), "the aborted request decoded"
     answer = outcome(req.to_decode)
     assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
@@ -475,7 +499,8 @@ def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, stack
         with in_flight(stack, run_dir, "prefill-killed", seed=4) as req:
             sglang_servers.kill(MODEL, "prefill")
         # Decode must give back what it preallocated for a prefill that will never send, and answer.
-        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid)[0]
+        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid,
+                                    answered=req.to_decode, grace_s=release_grace(stack))[0]
         assert not decoded_before(req.decode, req.rid, first), "the request decoded without its KV"
         answer = outcome(req.to_decode)
         assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"

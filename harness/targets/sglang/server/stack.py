@@ -119,6 +119,14 @@ class PdStack:
                 "bootstrap_port": self.prefill.ports["bootstrap"],
                 "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room}
 
+    @property
+    def deferred_release_s(self) -> float:
+        """Seconds decode may still hold a request's pages after it gave the request up (answered it
+        as failed or aborted): its deferred-release timeout as decode was started."""
+        payload = self.decode.spec.payload
+        env = payload.env if isinstance(payload, Subprocess) else {}
+        return float(env.get(DEFERRED_RELEASE_ENV) or DEFERRED_RELEASE_DEFAULT_S)
+
     def decode_gave_up_bootstrap(self, addr: str) -> bool:
         """Whether decode's log says sglang gave up the bootstrap address ``addr`` (``host:port``)
         after its retries (:data:`BOOTSTRAP_GAVE_UP`): the phase where it must fail the requests
@@ -169,6 +177,9 @@ SERVER_FATAL: tuple[str, ...] = ("Transfer thread failed because of",)
 BOOTSTRAP_GAVE_UP = "Could not fetch prefill parallel info from {addr}"
 #: Lines of decode's log read for it (the retries log nothing in between; health checks a few lines).
 _GAVE_UP_TAIL = 400
+#: How long decode holds a failed transfer's pages for prefill's acknowledgements before it releases
+#: them, and sglang's default for it (0.5.23; the CPU recipe sets 5 s).
+DEFERRED_RELEASE_ENV, DEFERRED_RELEASE_DEFAULT_S = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0
 
 #: What decides which modules the fork server imported, and how: a server whose values differ is not forked.
 IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", OVERLAY_ENV, "HARNESS_SGLANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
