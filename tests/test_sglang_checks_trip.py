@@ -6,7 +6,8 @@ Each run turns on only the check under test and the others off (``HARNESS_SGLANG
 the checks fire at different points of the same broken release, and the first to fire would
 otherwise hide the others (the idle memory check, on in sglang by default, fires at the servers'
 warm-up). The checks-off run (``HARNESS_SGLANG_CHECKS=0``) must still fail, by the harness's own
-oracle: the ledger catches the fault with sglang's checks off.
+oracle: the ledger catches the fault with sglang's checks off. The checks-off runs of one fault are one
+run of every selection that fault trips (each test's failures read from its own JUnit cases).
 The runs of this module start in order, two at a time (each is one pytest process), each test
 waiting for its own.
 """
@@ -51,11 +52,12 @@ AT_ONCE = 2
 
 
 class Run:
-    """One ``pytest SELECTION --inject-fault FAULT`` with the given checks selected (:meth:`start`)."""
+    """One ``pytest SELECTION... --inject-fault FAULT`` with the given checks selected (:meth:`start`)."""
 
-    def __init__(self, selection: str, fault: str, select: str, out: Path):
-        self.engine = "sglang-server" if selection.split("::")[0].endswith("_server.py") else "sim"
-        self.selection, self.fault, self.select, self.out = selection, fault, select, out
+    def __init__(self, selections: tuple[str, ...], fault: str, select: str, out: Path):
+        servers = {s.split("::")[0].endswith("_server.py") for s in selections}
+        self.engine = "all" if len(servers) > 1 else ("sglang-server" if servers == {True} else "sim")
+        self.selections, self.fault, self.select, self.out = selections, fault, select, out
         self.junit = out / "junit.xml"
         self.log = out / "pytest.log"
         self.proc: subprocess.Popen | None = None
@@ -68,13 +70,16 @@ class Run:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--engine", self.engine,
                  "--run-dir", str(self.out / "run"), "--inject-fault", self.fault, f"--junitxml={self.junit}",
-                 self.selection], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                 *self.selections], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-    def messages(self) -> list[str]:
-        """The failure messages of its JUnit report (it has exited)."""
+    def messages(self, selection: str) -> list[str]:
+        """The failure messages of ``selection``'s JUnit cases (the run has exited)."""
         assert self.junit.is_file(), self.log.read_text()[-3000:]
-        root = ET.parse(self.junit).getroot()
-        return [f.get("message", "") for f in root.iter() if f.tag in ("failure", "error")]
+        name = selection.split("::")[-1]
+        cases = [c for c in ET.parse(self.junit).getroot().iter("testcase")
+                 if c.get("name", "").split("[")[0] == name]
+        assert cases, f"{selection} did not run: {self.log.read_text()[-3000:]}"
+        return [f.get("message", "") for c in cases for f in c if f.tag in ("failure", "error")]
 
 
 class Runs:
@@ -82,12 +87,12 @@ class Runs:
 
     def __init__(self, base: Path):
         self.base = base
-        self.runs: dict[tuple[str, str, str], Run] = {}
+        self.runs: dict[tuple[str, str], Run] = {}
         for name, (selection, fault, _) in TRIPS.items():
-            for select in (name, "0"):
-                key = (selection, fault, select)
-                if key not in self.runs:
-                    self.runs[key] = Run(selection, fault, select, base / f"run{len(self.runs)}-{select}")
+            self.runs[(fault, name)] = Run((selection,), fault, name, base / f"run{len(self.runs)}-{name}")
+        for fault in dict.fromkeys(fault for _, fault, _ in TRIPS.values()):
+            selections = tuple(dict.fromkeys(sel for sel, f, _ in TRIPS.values() if f == fault))
+            self.runs[(fault, "0")] = Run(selections, fault, "0", base / f"run{len(self.runs)}-off")
         self._top_up()
 
     def _top_up(self) -> None:
@@ -99,7 +104,7 @@ class Runs:
                 run.start()
                 alive.append(run)
 
-    def messages(self, key: tuple[str, str, str], timeout: float = 900) -> list[str]:
+    def messages(self, key: tuple[str, str], selection: str, timeout: float = 900) -> list[str]:
         run = self.runs[key]
         deadline = time.monotonic() + timeout
         while run.proc is None or run.proc.poll() is None:
@@ -107,7 +112,7 @@ class Runs:
             self._top_up()
             time.sleep(0.5)
         self._top_up()
-        return run.messages()
+        return run.messages(selection)
 
     def stop(self) -> None:
         for run in self.runs.values():
@@ -118,8 +123,8 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
-    """Every run of the module, keyed by (selection, fault, checks selected); the checks-off run of a
-    selection and fault is shared by the checks it trips."""
+    """Every run of the module, keyed by (fault, checks selected): one per check, and one checks-off
+    run per fault of every selection it trips."""
     started = Runs(tmp_path_factory.mktemp("trips"))
     yield started
     started.stop()
@@ -128,9 +133,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
 @pytest.mark.parametrize("check", sorted(TRIPS))
 def test_the_check_is_on_and_its_hit_names_it(runs, check):
     selection, fault, names = TRIPS[check]
-    on = runs.messages((selection, fault, check))
+    on = runs.messages((fault, check), selection)
     assert on, f"{fault} failed no test with {check} on"
     assert any(names in m for m in on), f"no failure names {names}: {on}"
-    off = runs.messages((selection, fault, "0"))
+    off = runs.messages((fault, "0"), selection)
     assert off, f"{fault} failed no test with sglang's checks off: the harness's own oracle must catch it too"
     assert not any(names in m for m in off), f"with the checks off a failure still names {names}: {off}"
