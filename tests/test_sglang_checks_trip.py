@@ -88,11 +88,12 @@ class Runs:
     def __init__(self, base: Path):
         self.base = base
         self.runs: dict[tuple[str, str], Run] = {}
-        for name, (selection, fault, _) in TRIPS.items():
-            self.runs[(fault, name)] = Run((selection,), fault, name, base / f"run{len(self.runs)}-{name}")
+        # The checks-off runs first: each runs several selections in a row, the longest runs of the module.
         for fault in dict.fromkeys(fault for _, fault, _ in TRIPS.values()):
             selections = tuple(dict.fromkeys(sel for sel, f, _ in TRIPS.values() if f == fault))
             self.runs[(fault, "0")] = Run(selections, fault, "0", base / f"run{len(self.runs)}-off")
+        for name, (selection, fault, _) in TRIPS.items():
+            self.runs[(fault, name)] = Run((selection,), fault, name, base / f"run{len(self.runs)}-{name}")
         self._top_up()
 
     def _top_up(self) -> None:
