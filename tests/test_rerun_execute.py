@@ -182,6 +182,17 @@ def test_pick_longest_first_within_gpus_and_jobs():
     assert [g.name for g in execute.pick([c, b, a], [], 0, 3, sim)] == ["a", "b", "c"]
 
 
+def test_pick_orders_by_what_runs_here_not_by_tests_skipped_here():
+    # A simulated 8-GPU group whose long tests need real servers (skipped here) runs 20 s of tests:
+    # the CPU group's 100 s goes first, not after it (./dev run started its longest group last so).
+    sims = (Item("s.py::sim", "/x/s.py::sim", 20, "s.py"), Item("s.py::real", "/x/s.py::real", 1500, "s.py", "sglang-server"))
+    gpu = Group(topology="8-gpu", runner="8-gpu", items=sims, gpus=8)
+    cpu = _g("cpu", 0, 100)
+    assert [g.name for g in execute.pick([gpu, cpu], [], 0, 1, {"8-gpu": True, "cpu": False})] == ["cpu"]
+    # on real GPUs the real-server tests run, and the group is the longest
+    assert [g.name for g in execute.pick([gpu, cpu], [], 8, 1, {"8-gpu": False, "cpu": False})] == ["8-gpu"]
+
+
 def test_targets_collapse_whole_files_only():
     its = (Item("f.py::t1", "/x/f.py::t1", 1, "f.py"), Item("f.py::t2", "/x/f.py::t2", 1, "f.py"),
            Item("g.py::t1", "/x/g.py::t1", 1, "g.py"))

@@ -174,7 +174,8 @@ def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: 
 def pick(pending: list[Group], running: list[Group], free_gpus: int, jobs: int, simulated: dict[str, bool]) -> list[Group]:
     """Which pending groups to start now (pure).
 
-    Longest first; a group starts when fewer than ``jobs`` run and its real GPUs are free
+    Longest first, by what runs here (a simulated group's tests that need real GPUs are skipped:
+    they do not count); a group starts when fewer than ``jobs`` run and its real GPUs are free
     (a simulated group needs none). A group that cannot fit now waits; shorter ones that fit may
     start meanwhile.
 
@@ -183,7 +184,8 @@ def pick(pending: list[Group], running: list[Group], free_gpus: int, jobs: int, 
     """
     start = []
     slots = jobs - len(running)
-    for g in sorted(pending, key=lambda g: (-g.est_time, g.name)):
+    here = {g.name: sum(i.est_time for i in g.runnable(simulated.get(g.name, False))) for g in pending}
+    for g in sorted(pending, key=lambda g: (-here[g.name], g.name)):
         if slots <= 0:
             break
         need = 0 if simulated.get(g.name) else g.gpus
