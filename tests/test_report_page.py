@@ -197,31 +197,3 @@ def test_an_expected_failure_is_shown_as_xfail_with_its_reason(tmp_path: Path):
     assert "Failures" not in text  # an expected failure is not a failure
     # groups table: tests, passed, failed, skipped, xfailed
     assert "<td class=num>1</td><td class=num>0</td><td class=num>0</td><td class=num>0</td><td class=num>1</td>" in text
-
-
-def test_many_timelines_are_drawn_by_worker_processes_each_with_its_violations(tmp_path: Path, monkeypatch):
-    # 20 ledger-writing tests: the PNGs are shared out to spawned processes, and every one is written.
-    run, group = _run_dir(tmp_path)
-    gdir = Path(dict(group.properties)["run_dir"])
-    first = json.loads((gdir / rundir.RECORD_FILE).read_text().splitlines()[0])
-    recs = [{**first, "suffix": f"::test_long_decode_{i}"} for i in range(20)]
-    (gdir / rundir.RECORD_FILE).write_text("".join(json.dumps(r) + "\n" for r in recs))
-    cases = tuple(results.CaseResult(f"suites/pd/test_a.py::test_long_decode_{i}", "failed", 1.5, "PDError") for i in range(20))
-    group = results.GroupResult("cpu", "cpu", "ubuntu-latest", cases, 3.0, 1, properties=group.properties)
-    pools = []
-
-    class Pool(html_report.ProcessPoolExecutor):
-        def __init__(self, *a, **k):
-            pools.append(a[0] if a else k.get("max_workers"))
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(html_report, "ProcessPoolExecutor", Pool)
-    monkeypatch.setattr(html_report.os, "cpu_count", lambda: 2)
-    page = html_report.write(run / "report", html_report.Header("rerun-test", passed=False, wall_time=4.0), [group])
-
-    assert pools == [2], pools
-    imgs = re.findall(r'<img class="timeline" src="([^"]+)"', page.read_text())
-    assert len(set(imgs)) == 20
-    for img in imgs:
-        png = Image.open(run / "report" / img)
-        assert png.info[timeline.PNG_VIOLATIONS_KEY].startswith("V1 swa-over-window at dec-r0#3"), img

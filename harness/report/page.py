@@ -17,13 +17,10 @@ artifact download or a file browser. Links are relative to the report directory.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
-import multiprocessing
 import os
 import re
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -56,11 +53,6 @@ def _templates() -> "jinja2.Environment":
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 TIMELINES = "timelines"
 LOG_TAIL_LINES = 40
-#: Timelines a drawing process takes at least: with fewer, they are drawn here (a fresh process costs
-#: about what a few plots do: about 1.5 s against 0.2 s a plot on a 2-core machine).
-PLOTS_PER_PROCESS = 8
-#: Drawing processes at most.
-MAX_PLOT_PROCESSES = 4
 #: Repository root: the harness commit is read from here.
 
 
@@ -182,7 +174,6 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
     report_dir.mkdir(parents=True, exist_ok=True)
     sha, dirty = stamp.git_state(repo_root)
     per_group = [(g, run_records.read_records(g.run_dir) if g.run_dir else []) for g in groups]
-    plots: list[tuple[list[timeline.Rank], Path, str]] = []
     page = _templates().get_template(TEMPLATE).render(
         css=CSS, h=header, stamp_rows=_stamp_rows(header, sha, dirty, report_dir),
         groups=[_group_row(g, records, report_dir) for g, records in per_group],
@@ -192,10 +183,9 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
         failures=[{"anchor": _anchor(g, c), "nodeid": c.nodeid, "group": g.name, "message": c.message or c.outcome}
                   for g, _ in per_group for c in g.failures],
         test_groups=[{"name": g.name, "topology": g.topology, "runner": g.runner, "note": g.note,
-                      "tests": [_test(g, c, run_records.record_for(c.nodeid, records), report_dir, plots) for c in g.cases]}
+                      "tests": [_test(g, c, run_records.record_for(c.nodeid, records), report_dir) for c in g.cases]}
                      for g, records in per_group],
         log_tail_lines=LOG_TAIL_LINES)
-    _draw(plots)
     out = report_dir / INDEX
     out.write_text(page, encoding="utf-8")
     log.info("report page: %s", out)
@@ -235,21 +225,18 @@ def _rel(path: Path, report_dir: Path) -> str:
     return Path(os.path.relpath(path, report_dir)).as_posix()
 
 
-def _test(g: GroupResult, case: CaseResult, rec: TestRecord | None, report_dir: Path,
-          plots: list[tuple[list[timeline.Rank], Path, str]]) -> dict[str, Any]:
+def _test(g: GroupResult, case: CaseResult, rec: TestRecord | None, report_dir: Path) -> dict[str, Any]:
     bad = case.outcome in ("failed", "error")
     seed = dict(rec.seeds).get("workload") if rec else None
     return {"bad": bad, "anchor": _anchor(g, case), "outcome": case.outcome, "nodeid": case.nodeid,
             "duration": duration(case.duration), "workload_seed": seed,
             "message": (case.reason or case.message) if case.outcome != "passed" else "",
-            "timeline": _timeline(g, case, rec, report_dir, plots) if rec is not None and rec.ledgers else None,
+            "timeline": _timeline(g, case, rec, report_dir) if rec is not None and rec.ledgers else None,
             "logs": _logs(rec, report_dir) if rec is not None and rec.logs else [],
             "traceback": case.traceback if bad else ""}
 
 
-def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Path,
-              plots: list[tuple[list[timeline.Rank], Path, str]]) -> dict[str, Any]:
-    """The page's entry of one test's timeline; its PNG is added to ``plots`` (drawn by :func:`_draw`)."""
+def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Path) -> dict[str, Any]:
     try:
         events = [ev for span in rec.ledgers for ev in run_records.span_events(span)]
         ranks = timeline.build(timeline.events_by_worker(events))
@@ -259,11 +246,11 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
         return {"error": "", "ranks": 0}
     png = report_dir / TIMELINES / f"{_file_name(g.name + '-' + case.nodeid)}.png"
     img_error = ""
-    if importlib.util.find_spec("matplotlib") is None:  # the page still has the tables
-        log.warning("no timeline plot for %s: matplotlib is not installed", case.nodeid)
-        img_error = "No module named 'matplotlib'"
-    else:
-        plots.append((list(ranks), png, case.nodeid))
+    try:
+        timeline.plot(ranks, png, title=case.nodeid)
+    except ImportError as e:  # matplotlib missing: the page still has the tables
+        log.warning("no timeline plot for %s: %s", case.nodeid, e)
+        img_error = str(e)
     marks = []
     for m in sorted((m for r in ranks for m in r.marks), key=lambda m: int(m.label[1:])):
         at = f"{m.worker} #{m.seq} {m.kind} at {m.t:.3f} s" if m.seq is not None else f"{m.worker} (at the end)"
@@ -281,24 +268,6 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
             "requests": [{"rid": q.rid, "worker": worker, "first": f"{q.first:.3f}", "last": f"{q.last:.3f}",
                           "events": q.events, "peaks": [q.peak.get(p, 0) for p in pools],
                           "held": ", ".join(f"{p} {n}" for p, n in q.held.items() if n)} for worker, q in rows]}
-
-
-def _draw_one(plot: tuple[list[timeline.Rank], Path, str]) -> None:
-    ranks, png, title = plot
-    timeline.plot(ranks, png, title=title)
-
-
-def _draw(plots: Sequence[tuple[list[timeline.Rank], Path, str]]) -> None:
-    """Draw the page's timeline PNGs. matplotlib draws one figure at a time (about 0.2 s each here, a
-    run's worth in seconds), and a report is written once its groups are done, with the cores free: many
-    plots are shared out to fresh (spawned: the caller may run threads) processes, a few drawn here."""
-    processes = min(os.cpu_count() or 1, MAX_PLOT_PROCESSES, len(plots) // PLOTS_PER_PROCESS)
-    if processes < 2:
-        for plot in plots:
-            _draw_one(plot)
-        return
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_draw_one, plots, chunksize=max(1, len(plots) // (4 * processes))))
 
 
 def _logs(rec: TestRecord, report_dir: Path) -> list[dict[str, str]]:
