@@ -98,21 +98,22 @@ class Ledger:
         return wait_for(lambda: self.events(rid, kind), timeout_s, f"{what} (a {kind} event of {rid} in {self.path.name})",
                         interval=POLL_S)
 
-    def released(self, what: str, rid: str, timeout_s: float = RELEASE_S, *,
-                 answered: concurrent.futures.Future | None = None, grace_s: float = 0.0) -> list:
+    def released(self, what: str, rid: str, *, answered: concurrent.futures.Future, grace_s: float,
+                 timeout_s: float = RELEASE_S) -> list:
         """The release of ``rid``, once written; if it never comes, the ledger's own verdict fails
         the test (``page-leak``: the pages it preallocated were never freed). ``answered``: decode's
-        answer to the request's client; the wait then also ends ``grace_s`` after that answer came
-        (decode answers a request it gave up, and releases its pages at once or, deferred, within its
-        deferred-release timeout)."""
-        answered_at: list[float] = []
+        answer to the request's client; the wait also ends ``grace_s`` (:func:`release_grace`) after
+        that answer came (decode answers a request it gave up, and releases its pages at once or,
+        deferred, within its deferred-release timeout)."""
+        answered_at: float | None = None
 
         def release() -> list:
+            nonlocal answered_at
             got = self.events(rid, "release")
-            if got or answered is None or not answered.done():
+            if got or not answered.done():
                 return got
-            answered_at[:1] = answered_at[:1] or [time.monotonic()]
-            if time.monotonic() - answered_at[0] > grace_s:
+            answered_at = answered_at or time.monotonic()
+            if time.monotonic() - answered_at > grace_s:
                 raise TimeoutError(f"{what}: decode answered the request {grace_s:g} s ago and still holds its pages")
             return got
 
@@ -410,6 +411,8 @@ def test_health_probes_repeated_leave_no_kv(stack, run_dir):
 BOOTSTRAP_GIVE_UP_S = 60.0
 #: Seconds decode then has to fail the request (the next pass of its bootstrap queue: well under one).
 FAIL_AFTER_GIVE_UP_S = 10.0
+#: Seconds between looks at decode's log for the give-up line.
+LOG_POLL_S = 0.5
 
 
 def test_malformed_bootstrap_address_fails_the_request_not_the_server(stack, run_dir):
@@ -422,10 +425,11 @@ def test_malformed_bootstrap_address_fails_the_request_not_the_server(stack, run
     # The hazard, proven: sglang's bootstrap gave the address up after its retries (its own log line);
     # from then on decode must fail the request, so a hang is told in seconds, not after a long wait.
     try:
-        wait_until(f"decode giving the bootstrap address {host}:1 up", lambda: stack.decode_gave_up_bootstrap(f"{host}:1"),
-                   timeout_s=BOOTSTRAP_GIVE_UP_S)
+        # Each look reads decode's log tail: twice a second, not at the ledgers' POLL_S.
+        wait_for(lambda: stack.decode_gave_up_bootstrap(f"{host}:1"), BOOTSTRAP_GIVE_UP_S,
+                 f"decode giving the bootstrap address {host}:1 up", interval=LOG_POLL_S)
         got = outcome(answer, timeout_s=FAIL_AFTER_GIVE_UP_S)
-    except (TimeoutError, concurrent.futures.TimeoutError) as e:
+    except TimeoutError as e:  # the wait's, or the answer's (concurrent.futures.TimeoutError is TimeoutError)
         decode.abort(rid)
         when = str(e) or f"it gave the address up, then waited {FAIL_AFTER_GIVE_UP_S:g} s"
         pytest.fail(f"decode never failed {rid}, whose bootstrap address does not resolve ({when}): "
