@@ -258,6 +258,82 @@ def test_a_client_whose_import_path_differs_runs_a_fresh_interpreter(tmp_path):
         server.stop()
 
 
+def test_a_free_path_server_forks_a_client_whose_path_shadows_nothing_it_imported(tmp_path):
+    """A server started ``free_path`` forks a client whose ``PYTHONPATH`` adds a directory holding
+    nothing the preload imported (a fault's patched ``sglang/``), and the child finds its modules on
+    its own path, in a fresh interpreter's order; a directory that shadows a preloaded package (the
+    harness's own, here) gets a fresh interpreter, as any differing path did before."""
+    site = _site(tmp_path, "SEEN = 'fresh'\n")
+    server = ForkServer.start("json", {**os.environ, "PYTHONPATH": site}, must_match=("PYTHONPATH",), free_path=True)
+    overlay, shadow = tmp_path / "overlay", tmp_path / "shadow"
+    (overlay / "fs_pkg").mkdir(parents=True)
+    (overlay / "fs_pkg" / "__init__.py").write_text("")
+    (shadow / "harness").mkdir(parents=True)
+    probe = ("import os, sys, fs_pkg\n"
+             "open(os.environ['OUT'], 'w').write(repr((os.getpid(), fs_pkg.__file__, sys.path)))\n")
+    (overlay / "fs_probe.py").write_text(probe)
+    try:
+        out = tmp_path / "out.txt"
+        path = os.pathsep.join([str(overlay), site])
+        p = _client(server, ["-m", "fs_probe"], {"OUT": str(out), "PYTHONPATH": path}, stderr=subprocess.PIPE)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        pid, found, sys_path = eval(out.read_text())
+        assert pid != p.pid and b"differ from the fork server's" not in err, "the client was not forked"
+        assert found == str(overlay / "fs_pkg" / "__init__.py")
+        assert sys_path.index(str(overlay)) < sys_path.index(site) < sys_path.index(os.path.dirname(os.__file__))
+        assert sys_path.count(site) == 1
+
+        p = _client(server, ["-m", "fs_mod"], {"OUT": str(out), "PYTHONPATH": os.pathsep.join([str(shadow), site])},
+                    stderr=subprocess.PIPE)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert eval(out.read_text())[3] == p.pid, "a client whose path shadows the harness was forked"
+        assert b"PYTHONPATH differ from the fork server's" in err
+    finally:
+        server.stop()
+
+
+def test_free_path_is_off_when_the_preload_imported_from_the_servers_own_path(tmp_path):
+    from harness.workers.forkserver import envmatch
+
+    (tmp_path / "fs_own.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import fs_own  # noqa: F401
+
+        assert envmatch.free_path(str(tmp_path), sys.modules) is None
+        free = envmatch.free_path(str(tmp_path / "elsewhere"), sys.modules)
+        assert free is not None and "fs_own" in free["tops"] and "os" not in free["tops"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("fs_own", None)
+
+
+def test_a_descendant_uses_its_ancestors_advertised_free_path_server(tmp_path):
+    """``shared(advertise=True)`` names the server to the processes started after; their own
+    ``shared`` call (with another ``PYTHONPATH``) returns it instead of starting one."""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "a")}
+    before = os.environ.get(forkserver.ADVERTISE_ENV)
+    server = forkserver.shared("json", {}, base=env, must_match=("PYTHONPATH",), free_path=True, advertise=True)
+    assert isinstance(server, ForkServer)
+    try:
+        code = ("import os\nfrom harness.workers import forkserver\n"
+                "s = forkserver.shared('json', {}, base={**os.environ, 'PYTHONPATH': os.environ['B']}, "
+                "must_match=('PYTHONPATH',), free_path=True)\n"
+                "print(type(s).__name__, s.socket_path)")
+        r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "B": str(tmp_path / "b")},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["Inherited", server.socket_path]
+    finally:
+        server.stop()
+        if before is None:
+            os.environ.pop(forkserver.ADVERTISE_ENV, None)
+        else:
+            os.environ[forkserver.ADVERTISE_ENV] = before
+
+
 def test_server_preload_imports_no_sglang_and_leaves_one_thread():
     code = textwrap.dedent("""
         import os, sys

@@ -16,7 +16,10 @@ Limits, each enforced:
   calling thread; a lock held by another would stay held forever in every child);
 * modules read some environment at import (sglang's env flags, ``HARNESS_FAULTS``, OpenMP's thread
   count): the server is started with the environment its ranks get, and :func:`shared` keeps one
-  server per distinct environment;
+  server per distinct environment. A server started ``free_path`` also forks a client whose
+  ``PYTHONPATH`` differs when no directory that differs holds a module its preload imported (the
+  child rebuilds ``sys.path`` from its own), and ``shared(advertise=True)`` names it to the
+  processes started after, whose own :func:`shared` then uses it (the fault check's runs);
 * nothing that touches a GPU may run before the fork (a CUDA context does not survive one): callers
   use it only for ranks without real GPUs (:func:`harness.pd.deploy.start` decides).
 
@@ -50,6 +53,7 @@ from harness.workers.forkserver.handle import (
     SOCKET_ENV,
     VOLATILE_ENV,
     ForkServer,
+    Inherited,
     client_command,
     python_command,
     running_shared,
@@ -59,4 +63,4 @@ from harness.workers.forkserver.handle import (
 from harness.workers.forkserver.policy import OFF_ENV, forks
 from harness.workers.forkserver.serve import READY, ForkServerError
 
-__all__ = ["OFF_ENV", "READY", "forks", "SCANNED_PREFIXES", "ForkServerError", "ADVERTISE_ENV", "CLIENT", "DEFAULT_START_TIMEOUT_S", "MATCH_FILE", "SOCKET_ENV", "VOLATILE_ENV", "ForkServer", "client_command", "python_command", "running_shared", "shared", "stop_shared"]
+__all__ = ["OFF_ENV", "READY", "forks", "SCANNED_PREFIXES", "ForkServerError", "ADVERTISE_ENV", "CLIENT", "DEFAULT_START_TIMEOUT_S", "MATCH_FILE", "SOCKET_ENV", "VOLATILE_ENV", "ForkServer", "Inherited", "client_command", "python_command", "running_shared", "shared", "stop_shared"]

@@ -35,6 +35,9 @@ class Preloaded:
     set: dict[str, str]
     unset: tuple[str, ...]
     reimport: tuple[str, ...]
+    #: The server's own ``PYTHONPATH`` when its children rebuild ``sys.path`` from theirs (a server
+    #: started with ``free_path``); None: they keep the server's.
+    pythonpath: str | None = None
 
 
 def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -63,10 +66,31 @@ def _title(argv: list[str]) -> None:
 
 def _rerun_site() -> None:
     """Run ``sitecustomize`` again with the child's environment: a fresh interpreter runs it at start
-    with its own environment, and what it installs may depend on it (the sglang servers' does)."""
+    with its own environment (and from its own path), and what it installs may depend on it (the
+    sglang servers' does). One the child's path lacks is dropped, as a fresh interpreter would lack it."""
     site = sys.modules.get("sitecustomize")
     if site is not None and getattr(site, "__file__", None):
-        importlib.reload(site)
+        try:
+            importlib.reload(site)
+        except ModuleNotFoundError:
+            del sys.modules["sitecustomize"]
+
+
+def repath(old: str, new: str) -> None:
+    """Give ``sys.path`` the child's ``PYTHONPATH`` (``new``) in place of the server's (``old``), where a
+    fresh interpreter puts it: the entries of ``old`` are removed, those of ``new`` inserted where
+    they stood (after ``sys.path[0]`` when none did), made absolute and without repeats as ``site``
+    makes them. The server checked that no module it imported came from, or would be shadowed by,
+    an entry that differs (:func:`harness.workers.forkserver.envmatch.free_path`)."""
+    if old == new:
+        return
+    olds = {os.path.abspath(p) for p in old.split(os.pathsep) if p}
+    first = next((i for i, p in enumerate(sys.path) if i > 0 and p in olds), None)
+    kept = [p for i, p in enumerate(sys.path) if i == 0 or p not in olds]
+    at = 1 if first is None else sum(1 for i, p in enumerate(sys.path[:first]) if i == 0 or p not in olds)
+    news = [p for p in dict.fromkeys(os.path.abspath(p) for p in new.split(os.pathsep) if p) if p not in kept[1:]]
+    sys.path[:] = kept[:at] + news + kept[at:]
+    importlib.invalidate_caches()
 
 
 def run_child(conn: socket.socket, fds: list[int], req: dict, others: list[socket.socket],
@@ -109,6 +133,8 @@ def run_child(conn: socket.socket, fds: list[int], req: dict, others: list[socke
             os.environ.pop(name, None)
         for name in [m for m in sys.modules if m.split(".")[0] in preloaded.reimport]:
             del sys.modules[name]
+        if preloaded.pythonpath is not None:
+            repath(preloaded.pythonpath, os.environ.get("PYTHONPATH", ""))
         _as_fresh_interpreter()
         module = argv[1] if argv[:1] == ["-m"] else None
         if module is not None:

@@ -44,11 +44,31 @@ def differing(path: str, environ=None) -> list:
         return []
     ignore, preset = set(must.get("ignore", ())), must.get("set_by_preload", {})
     out = {k for k, v in must.get("env", {}).items() if environ.get(k, "") != v}
+    free = must.get("free_path")
+    if free is not None and "PYTHONPATH" in out and not _shadows(environ.get("PYTHONPATH", ""), free):
+        out.discard("PYTHONPATH")  # the child rebuilds sys.path from its own; nothing it has is shadowed
     for prefix, theirs in must.get("prefixes", {}).items():
         mine = {k: v for k, v in environ.items() if k.startswith(prefix) and k not in ignore}
         out |= {k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)}
     # A value the preload's imports set themselves is where the server's environment ended up too.
     return sorted(k for k in out if k not in preset or environ.get(k) != preset[k])
+
+
+def _shadows(pythonpath, free):
+    """Whether a directory on ``pythonpath`` that the server's ``PYTHONPATH`` lacks holds a top-level
+    module or package the server's preload imported (a fresh interpreter would import that copy)."""
+    theirs = {os.path.abspath(p) for p in free.get("pythonpath", "").split(os.pathsep) if p}
+    tops = set(free.get("tops", ()))
+    for entry in pythonpath.split(os.pathsep):
+        if not entry or os.path.abspath(entry) in theirs:
+            continue
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue  # a missing directory imports nothing
+        if any(name.partition(".")[0] in tops for name in names):
+            return True
+    return False
 
 
 def autogroup_nice(tries: int = 20) -> None:

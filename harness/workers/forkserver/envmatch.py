@@ -93,17 +93,52 @@ READ_WHEN_USED: tuple[str, ...] = ("PYTHONBREAKPOINT",)
 
 
 def write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: Mapping[str, str],
-                preload: str = "", set_by_preload: Mapping[str, str] | None = None) -> None:
+                preload: str = "", set_by_preload: Mapping[str, str] | None = None,
+                free_path: Mapping[str, object] | None = None) -> None:
     """Write :data:`MATCH_FILE` beside the socket ``path``: the values in ``env`` (``""``: unset) of
     ``names`` and of every variable of ``prefixes`` (but :data:`READ_WHEN_USED`), and the values the
     preload itself set: a client that already has those (its parent imported the same modules) is
-    where a fresh interpreter would be after the same imports."""
+    where a fresh interpreter would be after the same imports. ``free_path`` (:func:`free_path`):
+    ``PYTHONPATH`` is compared by what it can change, not by its value."""
     match = {"env": {k: env.get(k, "") for k in sorted(set(names)) if k not in READ_WHEN_USED},
              "prefixes": {p: {k: v for k, v in env.items() if k.startswith(p) and k not in READ_WHEN_USED}
                           for p in prefixes},
              "ignore": list(READ_WHEN_USED), "set_by_preload": dict(set_by_preload or {}),
              "preload": preload, "pid": os.getpid()}
+    if free_path is not None:
+        match["free_path"] = dict(free_path)
     tmp = os.path.join(os.path.dirname(path), f".{MATCH_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(match, f)
     os.replace(tmp, os.path.join(os.path.dirname(path), MATCH_FILE))
+
+
+#: Modules a fresh interpreter imports at start from its own path, which a child imports again from
+#: its own (:func:`harness.workers.forkserver.child.run_child`): never a reason to refuse a client.
+RERUN_AT_START = ("sitecustomize", "usercustomize")
+
+
+def free_path(pythonpath: str, modules: Mapping[str, object]) -> dict[str, object] | None:
+    """What a server whose children rebuild ``sys.path`` from their own ``PYTHONPATH`` records so a
+    client with another ``PYTHONPATH`` can still be forked (``None`` when it cannot: the preload
+    imported a module from one of the server's own ``PYTHONPATH`` directories, which a client
+    without that directory would not have).
+
+    Returns ``{"pythonpath": the server's value, "tops": the top-level names the preload imported}``:
+    a client's extra directory that holds none of ``tops`` (a scratch copy of ``sglang/``, the
+    harness's ``sitecustomize`` directory) changes no module the children already have; one that
+    holds one of them (a release's own pinned ``transformers``) would shadow it, and is refused.
+    """
+    entries = [os.path.abspath(p) for p in pythonpath.split(os.pathsep) if p]
+    tops = set()
+    for name, module in list(modules.items()):
+        top = name.partition(".")[0]
+        if top in RERUN_AT_START:
+            continue
+        if top in sys.stdlib_module_names or top.startswith("_") and top[1:] in sys.stdlib_module_names:
+            continue
+        tops.add(top)
+        origin = getattr(module, "__file__", None)
+        if origin and any(os.path.abspath(origin).startswith(e + os.sep) for e in entries):
+            return None
+    return {"pythonpath": pythonpath, "tops": sorted(tops)}

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -56,7 +57,7 @@ class ForkServer:
     @classmethod
     def start(cls, preload: str, env: Mapping[str, str] | None = None,
               timeout: float = DEFAULT_START_TIMEOUT_S, must_match: Sequence[str] = (),
-              record_env: bool = False, reimport: Sequence[str] = ()) -> "ForkServer":
+              record_env: bool = False, reimport: Sequence[str] = (), free_path: bool = False) -> "ForkServer":
         """Start a server that runs ``preload`` and wait until it serves.
 
         Args:
@@ -70,6 +71,8 @@ class ForkServer:
             record_env: the server also requires equal every env var the preload read and every
                 one of :data:`SCANNED_PREFIXES` (see :func:`serve`).
             reimport: packages each child imports afresh (see :func:`serve`).
+            free_path: a client whose ``PYTHONPATH`` differs is still forked when no directory that
+                differs holds a module the preload imported (see :func:`serve`).
 
         Returns:
             The serving :class:`ForkServer`.
@@ -83,7 +86,7 @@ class ForkServer:
         full = dict(os.environ if env is None else env)
         cmd = [sys.executable, "-m", "harness.workers.forkserver", "--socket", socket_path, "--preload", preload]
         cmd += [f"--must-match={name}" for name in must_match] + (["--record-env"] if record_env else [])
-        cmd += [f"--reimport={name}" for name in reimport]
+        cmd += [f"--reimport={name}" for name in reimport] + (["--free-path"] if free_path else [])
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=full)
         procs.register(proc.pid, label="fork server")
@@ -158,20 +161,45 @@ _SHARED: dict[tuple, ForkServer] = {}
 #: shared server's identity, so one server serves the whole session.
 VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 _SHARED_LOCK = threading.Lock()
+#: One lock per :func:`shared` key, held while its server starts.
+_STARTING: dict[tuple, threading.Lock] = {}
+
+
+@dataclass(frozen=True)
+class Inherited:
+    """A fork server an ancestor process started and named in :data:`ADVERTISE_ENV` (it owns and
+    stops it): used as a :class:`ForkServer` is, by its socket."""
+
+    socket_path: str
+    preload: str
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        return client_command(argv)
+
+    def runtime_env(self) -> dict[str, Any]:
+        return {"py_executable": f"{sys.executable} -I -S {CLIENT}", "env_vars": {SOCKET_ENV: self.socket_path}}
+
+    def serves(self, env: Mapping[str, str]) -> bool:
+        return not client.differing(self.socket_path, env)
 
 
 def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | None = None,
-           must_match: Sequence[str] = ()) -> ForkServer:
+           must_match: Sequence[str] = (), free_path: bool = False,
+           advertise: bool = False) -> ForkServer | Inherited:
     """This process's fork server for ``preload`` with environment ``base | env`` (``base``: this
     process's by default; started on first use, restarted if it died, stopped at interpreter exit).
 
     Args:
-        preload, must_match: as :meth:`ForkServer.start`.
+        preload, must_match, free_path: as :meth:`ForkServer.start`. With ``free_path``, a server this
+            process or an ancestor (:data:`ADVERTISE_ENV`) already runs for ``preload`` is used when
+            it serves this environment (its ``PYTHONPATH`` may differ), before one is started.
         env: what the children's environment adds to ``base`` (e.g. the ranks' worker env).
         base: the environment ``env`` extends (default ``os.environ``).
+        advertise: name a server this call starts in this process's :data:`ADVERTISE_ENV`, so the
+            processes it starts after (the fault check's pytest runs) fork from it too.
 
     Returns:
-        The serving :class:`ForkServer`.
+        The serving :class:`ForkServer`, or the ancestor's (:class:`Inherited`).
 
     Raises:
         ForkServerError: it cannot be started.
@@ -180,12 +208,38 @@ def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | No
     # With must_match, only those decide what the server imported (its children get their client's
     # environment); without, all of it may.
     decides = {k: full.get(k, "") for k in must_match} if must_match else full
-    key = (preload, tuple(sorted(decides.items())), tuple(must_match))
-    with _SHARED_LOCK:
+    key = (preload, tuple(sorted(decides.items())), tuple(must_match), free_path)
+    def serving() -> ForkServer | Inherited | None:
         server = _SHARED.get(key)
-        if server is None or not server.alive():
+        if server is not None and server.alive():
+            return server
+        if free_path:
+            for other in _SHARED.values():
+                if other.preload == preload and other.alive() and other.serves(full):
+                    return other
+            inherited = next((p for p in _advertised(preload) if not client.differing(p, full)), None)
+            if inherited is not None:
+                return Inherited(inherited, preload)
+        return None
+
+    with _SHARED_LOCK:
+        found = serving()
+        starting = _STARTING.setdefault(key, threading.Lock())
+    if found is not None:
+        return found
+    # One start per key at a time, outside the shared lock: a start takes seconds, and the other
+    # servers (a Python subprocess's) must not wait for it.
+    with starting:
+        with _SHARED_LOCK:
+            found = serving()
+        if found is not None:
+            return found
+        server = ForkServer.start(preload, full, must_match=must_match, free_path=free_path)
+        with _SHARED_LOCK:
             _stop_at_exit()
-            server = _SHARED[key] = ForkServer.start(preload, full, must_match=must_match)
+            _SHARED[key] = server
+            if advertise:
+                os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
         return server
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import os
 import select
@@ -20,6 +21,7 @@ import sys
 from typing import Sequence
 
 from harness.workers.forkserver.child import CHILD_SIGNALS, Preloaded, client_gone, recv_request, run_child
+from harness.workers.forkserver import envmatch
 from harness.workers.forkserver.envmatch import SCANNED_PREFIXES, EnvReads, write_match
 
 #: What the server prints once it serves (the handle waits for this line).
@@ -36,7 +38,7 @@ def _threads() -> int:
 
 
 def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record_env: bool = False,
-          reimport: Sequence[str] = ()) -> int:
+          reimport: Sequence[str] = (), free_path: bool = False) -> int:
     """The server's main loop: run ``preload``, then fork one child per client request.
 
     Args:
@@ -49,6 +51,10 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
             known in advance.
         reimport: packages each child imports afresh (they are dropped from its ``sys.modules``):
             a pytest plugin's own package, which pytest rewrites only when it imports it itself.
+        free_path: a client whose ``PYTHONPATH`` differs (one of ``must_match``) is still forked when
+            no directory that differs holds a module the preload imported; the child rebuilds
+            ``sys.path`` from its own (:func:`~harness.workers.forkserver.envmatch.free_path`). The
+            preload's modules must then not come from the server's own ``PYTHONPATH``, or this is off.
 
     Returns:
         The exit status (0 when the parent went away or SIGTERM arrived).
@@ -74,8 +80,14 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
     if record_env:
         preloaded = Preloaded(set={k: v for k, v in os.environ.items() if before.get(k) != v},
                               unset=tuple(k for k in before if k not in os.environ), reimport=tuple(reimport))
+    free = envmatch.free_path(before.get("PYTHONPATH", ""), sys.modules) if free_path else None
+    if free_path and free is None:
+        print("forkserver: the preload imported from this server's PYTHONPATH: clients must share it",
+              file=sys.stderr, flush=True)
+    if free is not None:
+        preloaded = dataclasses.replace(preloaded, pythonpath=before.get("PYTHONPATH", ""))
     write_match(socket_path, [*must_match, *reads.names(before)], SCANNED_PREFIXES if record_env else (), before,
-                preload, preloaded.set)
+                preload, preloaded.set, free)
     parent = os.getppid()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(socket_path)
@@ -153,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="also require every env var the preload read, and the scanned families")
     p.add_argument("--reimport", action="append", default=[], metavar="PACKAGE",
                    help="a package each child imports afresh (repeatable)")
+    p.add_argument("--free-path", action="store_true",
+                   help="fork clients with another PYTHONPATH that shadows nothing the preload imported")
     args = p.parse_args(argv)
     try:
-        return serve(args.socket, args.preload, args.must_match, args.record_env, args.reimport)
+        return serve(args.socket, args.preload, args.must_match, args.record_env, args.reimport, args.free_path)
     except ForkServerError as e:
         print(f"forkserver: {e}", file=sys.stderr, flush=True)
         return 3
