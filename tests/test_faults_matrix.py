@@ -365,3 +365,16 @@ def test_fault_runs_that_start_servers_are_handed_out_first():
     assert order[:len(servers)] == sorted(servers, key=lambda n: -sum(s.split("::")[0].endswith("_server.py")
                                                                        for s in plan[n]))
     assert order[len(servers):] == rest
+
+
+def test_runs_without_servers_fill_the_cores_while_the_shared_server_fork_server_starts():
+    # The check starts one server fork server for every run's servers; until it serves, the first
+    # `jobs` runs without servers go, then the server runs in submission order, then the rest.
+    # Submission order alone (server runs first, each waiting for the fork server) fails this.
+    plan = {name: faultcheck.targets_for(name) for name in faults.catalog()}
+    order = faultcheck.start_order(plan, 2)
+    servers = [n for n in plan if faultcheck.starts_servers_any(plan[n])]
+    assert sorted(order) == sorted(plan) and len(servers) > 2
+    assert not any(n in servers for n in order[:2])
+    assert [n for n in order if n in servers] == [n for n in faultcheck.submission_order(plan) if n in servers]
+    assert all(n in servers for n in order[2:2 + len(servers)])

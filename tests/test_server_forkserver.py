@@ -7,11 +7,13 @@ by its real command, at the worker's priority, with sglang imported after its ow
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
 import pytest
 
+from harness import topology
 from harness.workers import forkserver
 from harness.targets.sglang.server.preload import SERVER_PRELOAD
 
@@ -45,6 +47,24 @@ def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
         assert f"compat patch cpu-fork-children applied in pid {mine[0].pid}" in log
     assert len(parents) == 1, "prefill and decode (same environment) did not share one fork server"
     assert stack.client("router").generate(list(range(4, 70)), 4).output_ids
+
+
+def test_a_faults_patched_sglang_on_the_path_forks_from_the_same_server(sglang_servers, tmp_path):
+    """A server whose path starts with a fault's scratch copy of ``sglang/`` (what the fault check's
+    runs give theirs) is served by the fork server already running: the server preload imports
+    nothing from any ``PYTHONPATH`` directory (free path on), so no run starts one of its own."""
+    from harness.targets.sglang.server import launcher, stack as server_stack
+
+    sglang_servers.pd(MODEL)
+    running = {s.socket_path for s in forkserver.running_shared()
+               if f"--preload {SERVER_PRELOAD}" in " ".join(psutil.Process(s.pid).cmdline())}
+    assert running, "no server fork server is running"
+    overlay = tmp_path / "overlay"
+    (overlay / "sglang").mkdir(parents=True)
+    cmd = launcher.plain_server_command(topology.get("cpu"), model="m", ports=launcher.ServerPorts(http=0, nccl=0))
+    env = server_stack.command_env(cmd)
+    env["PYTHONPATH"] = os.pathsep.join([str(overlay), env["PYTHONPATH"]])
+    assert server_stack.fork_server(env).socket_path in running
 
 
 def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cluster, run_dir, caplog):

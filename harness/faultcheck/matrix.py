@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -311,6 +312,11 @@ def starts_servers(selection: str) -> bool:
     return suite_file(selection).endswith("_server.py")
 
 
+def starts_servers_any(selections: Iterable[str]) -> bool:
+    """Whether any of a run's selections starts real servers (:func:`starts_servers`)."""
+    return any(starts_servers(s) for s in selections)
+
+
 def submission_order(plan: Mapping[str, tuple[str, ...]]) -> list[str]:
     """The order fault runs are handed to the ``jobs`` workers: runs that start real servers first (the
     most server selections first), then the rest, catalog order within each. A long server run handed
@@ -318,6 +324,25 @@ def submission_order(plan: Mapping[str, tuple[str, ...]]) -> list[str]:
     out the malformed bootstrap address's run, 92 s, second to last; the last 30 s it ran by itself);
     the short runs fill the end instead."""
     return sorted(plan, key=lambda name: -sum(starts_servers(s) for s in plan[name]))
+
+
+def start_order(plan: Mapping[str, tuple[str, ...]], jobs: int) -> list[str]:
+    """:func:`submission_order`, but the first ``jobs`` runs without servers go first: they keep the
+    cores busy while the shared server fork server starts (:func:`share_server_fork_server`)."""
+    order = submission_order(plan)
+    early = [name for name in reversed(order) if not starts_servers_any(plan[name])][:jobs]
+    return early + [name for name in order if name not in early]
+
+
+def share_server_fork_server(plan: Mapping[str, tuple[str, ...]]) -> bool:
+    """Start one server fork server here, named to the runs, when a run of ``plan`` starts real
+    servers (:func:`harness.targets.sglang.server.stack.share_fork_server`)."""
+    if not any(starts_servers_any(targeted) for targeted in plan.values()):
+        return False
+    from harness import topology
+    from harness.targets.sglang.server import stack
+
+    return stack.share_fork_server(topology.get("cpu"))
 
 
 def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None = None, out_dir: Path,
@@ -366,9 +391,19 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
     if clean is not None and not clean.passed:
         logger.error("clean run failed (exit %d); faults not run", clean.returncode)
         return Matrix(clean=clean, wall_s=time.monotonic() - start)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {name: pool.submit(run_suites, name, plan[name], out_dir, fault=name, timeout_s=timeout_s, root=root)
-                   for name in submission_order(plan)}
+    with ThreadPoolExecutor(max_workers=max(1, jobs) + 1) as pool:
+        # One server fork server for every run's real servers, started here while the first runs
+        # without servers go (each run would otherwise import the server graph in one of its own).
+        shared = pool.submit(share_server_fork_server, plan)
+        runs_at_once = threading.BoundedSemaphore(max(1, jobs))
+
+        def run(name: str) -> SuiteRun:
+            if starts_servers_any(plan[name]):
+                shared.result()
+            with runs_at_once:
+                return run_suites(name, plan[name], out_dir, fault=name, timeout_s=timeout_s, root=root)
+
+        futures = {name: pool.submit(run, name) for name in start_order(plan, jobs)}
         if clean is None:  # the fault runs need nothing of the clean run: it is read while they run
             clean = _clean_when_written(clean_junit, writer, union, root)
         runs = {name: future.result() for name, future in futures.items()}

@@ -41,7 +41,6 @@ from typing import Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from harness.targets.sglang import selection
-from harness.targets.sglang.selection import OVERLAY_ENV
 from harness.targets.sglang.server.client import ServerClient
 from harness.targets.sglang.server.launcher import (
     COMPAT_ENV,
@@ -181,35 +180,66 @@ _GAVE_UP_TAIL = 400
 #: them, and sglang's default for it (0.5.23; the CPU recipe sets 5 s).
 DEFERRED_RELEASE_ENV, DEFERRED_RELEASE_DEFAULT_S = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0
 
-#: What decides which modules the fork server imported, and how: a server whose values differ is not forked.
-IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", OVERLAY_ENV, "HARNESS_SGLANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+#: What decides which modules the fork server imported, and how: a server whose values differ is not
+#: forked. ``PYTHONPATH`` may differ where it shadows none of them: the fork server imports no sglang,
+#: so a fault's or mutant's overlay (a patched ``sglang/`` on the path, ``$HARNESS_SGLANG_OVERLAY``)
+#: changes nothing it has (the server is started ``free_path``; the child rebuilds ``sys.path``).
+IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", "HARNESS_SGLANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                "TRITON_INTERPRET", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES",
                                "PROMETHEUS_MULTIPROC_DIR", *CPU_ENV)
 #: What the servers' ``sitecustomize`` reads: per server, so never in the fork server's environment.
 SITE_ENV: tuple[str, ...] = (COMPAT_ENV, LEDGER_ENV, WORKER_ENV, COMPONENT_ENV, "HARNESS_FAULTS", NODE_GPUS_ENV)
 
 
-def _env(cmd: Command) -> dict[str, str]:
+def command_env(cmd: Command) -> dict[str, str]:
     # The worker adds these to its own environment; PYTHONPATH must extend ours, not replace it.
     env = cmd.environ(base={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     return {k: v for k, v in env.items() if v}
 
 
-def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
-    """``argv`` and ``env`` of a server started as a fork of the (shared) server fork server."""
+def fork_server(env: Mapping[str, str], advertise: bool = False) -> fork_servers.ForkServer | fork_servers.Inherited:
+    """The server fork server for a server whose command adds ``env`` (:func:`command_env`): this
+    process's, or an ancestor's, that serves it (its ``PYTHONPATH`` may differ: see
+    :data:`IMPORT_ENV`); started if none does, and named to later child processes with ``advertise``."""
     from harness.targets.sglang.server.preload import SERVER_PRELOAD
 
     # The environment the server will have (the Ray worker's: ours, one OpenMP thread, no GPU),
     # without what its sitecustomize reads: the fork server must import no sglang.
     will_have = {**os.environ, **env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "CUDA_VISIBLE_DEVICES": ""}
     base = {k: v for k, v in will_have.items() if k not in SITE_ENV}
-    server = fork_servers.shared(SERVER_PRELOAD, {}, base=base, must_match=IMPORT_ENV)
+    return fork_servers.shared(SERVER_PRELOAD, {}, base=base, must_match=IMPORT_ENV, free_path=True, advertise=advertise)
+
+
+def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``argv`` and ``env`` of a server started as a fork of the (shared) server fork server."""
+    server = fork_server(env)
     return tuple(server.command(argv)), {**env, fork_servers.SOCKET_ENV: server.socket_path}
+
+
+def share_fork_server(topology: Topology) -> bool:
+    """Start the server fork server for ``topology``'s CPU servers here and name it to the processes
+    this one starts after (:data:`harness.workers.forkserver.ADVERTISE_ENV`), so that their servers fork
+    from it rather than each importing the server graph in a fork server of its own (the fault
+    check's pytest runs: a patched ``sglang/`` on their path changes nothing the fork server has).
+
+    Returns:
+        Whether it serves (False, logged: servers with real GPUs never fork; fork starts switched
+        off; it could not start, and each run starts its own as before).
+    """
+    if topology.needs_gpus or not fork_servers.forks("server"):
+        return False
+    cmd = plain_server_command(topology, model="model", ports=ServerPorts(http=0, nccl=0))
+    try:
+        fork_server(command_env(cmd), advertise=True)
+    except fork_servers.ForkServerError as e:
+        log.warning("no shared server fork server (%s): each run starts its own", e)
+        return False
+    return True
 
 
 def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_timeout: float, ready_path: str = "/health",
           forkserver: bool = False) -> WorkerSpec:
-    argv, env = tuple(cmd.argv), _env(cmd)
+    argv, env = tuple(cmd.argv), command_env(cmd)
     if forkserver and argv[:1] == (sys.executable,):
         argv, env = _forked(argv, env)
     return selection.worker_spec(WorkerSpec(
