@@ -37,6 +37,7 @@ of a server's GPUs). Which engine and which models: :mod:`harness.plugins.engine
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -150,6 +151,57 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for name, item in last.items():
         item.stash.setdefault(_last_use_key, set()).add(name)
     config.stash[_order_key] = order
+    if order and not hasattr(config, "workerinput"):
+        preload_fork_server(config, [t for _, _, topologies in order for t in topologies])
+
+
+def fork_server_topology(topologies: Sequence[str], session_topology: str | None,
+                         ray_address: str | None) -> topology_mod.Topology | None:
+    """The topology whose CPU servers this session will start here (see :func:`preload_fork_server`),
+    or None: on a joined cluster (``ray_address``), when every topology named needs GPUs, or when the
+    session runs another topology only (``--topology``: tests marked for others are skipped).
+
+    >>> fork_server_topology(["cpu"], None, None).name, fork_server_topology(["cpu"], "2-gpu-h100", None)
+    ('cpu', None)
+    >>> fork_server_topology(["8-gpu-h200"], None, None), fork_server_topology(["cpu"], None, "10.0.0.1:6379")
+    (None, None)
+    """
+    if ray_address:
+        return None
+    names = list(dict.fromkeys(topologies)) or ([session_topology] if session_topology else [])
+    if session_topology:
+        names = [n for n in names if n == session_topology]
+    try:
+        return next((t for t in (topology_mod.get(n) for n in names) if not t.needs_gpus), None)
+    except topology_mod.TopologyError:
+        return None
+
+
+def preload_fork_server(config: pytest.Config, topologies: Sequence[str]) -> threading.Thread | None:
+    """Start the server fork server now, in the background, when this session will start real CPU
+    servers on a cluster it starts itself: its preload (the server graph's imports, about 8 CPU-s)
+    then overlaps the session's collection, Ray's start and the tests before the first stack, instead
+    of starting with that first stack. Not in a pytest-xdist worker: every worker collects every test,
+    and only the one given the server tests starts servers.
+
+    Args:
+        config: the session's config.
+        topologies: the topologies the server tests are marked for (none: the session's ``--topology``).
+
+    Returns:
+        The thread starting it, or None (a joined cluster, servers with GPUs, fork starts off).
+    """
+    from harness.plugins.options import settings
+    from harness.targets.sglang.server import stack
+
+    opts = settings(config)
+    cpu = fork_server_topology(topologies, opts.topology, opts.ray_address)
+    if cpu is None:
+        return None
+    thread = threading.Thread(target=stack.share_fork_server, args=(cpu,), kwargs={"advertise": False},
+                              name="server-fork-server-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 def server_skip_reason(st: Any, topology: topology_mod.Topology, models: Sequence[str]) -> str | None:

@@ -216,11 +216,12 @@ def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], 
     return tuple(server.command(argv)), {**env, fork_servers.SOCKET_ENV: server.socket_path}
 
 
-def share_fork_server(topology: Topology) -> bool:
-    """Start the server fork server for ``topology``'s CPU servers here and name it to the processes
-    this one starts after (:data:`harness.workers.forkserver.ADVERTISE_ENV`), so that their servers fork
-    from it rather than each importing the server graph in a fork server of its own (the fault
-    check's pytest runs: a patched ``sglang/`` on their path changes nothing the fork server has).
+def share_fork_server(topology: Topology, advertise: bool = True) -> bool:
+    """Start the server fork server for ``topology``'s CPU servers here and (``advertise``) name it to
+    the processes this one starts after (:data:`harness.workers.forkserver.ADVERTISE_ENV`), so that
+    their servers fork from it rather than each importing the server graph in a fork server of its
+    own (the fault check's pytest runs: a patched ``sglang/`` on their path changes nothing the fork
+    server has). A later server of this process forks from it either way.
 
     Returns:
         Whether it serves (False, logged: servers with real GPUs never fork; fork starts switched
@@ -230,7 +231,7 @@ def share_fork_server(topology: Topology) -> bool:
         return False
     cmd = plain_server_command(topology, model="model", ports=ServerPorts(http=0, nccl=0))
     try:
-        fork_server(command_env(cmd), advertise=True)
+        fork_server(command_env(cmd), advertise=advertise)
     except fork_servers.ForkServerError as e:
         log.warning("no shared server fork server (%s): each run starts its own", e)
         return False
