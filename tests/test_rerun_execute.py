@@ -13,7 +13,7 @@ from harness.report import junit
 from harness.report.results import CaseResult, GroupResult
 from harness.rerun import execute
 from harness.commands import rerun as cli
-from harness.rerun.plan import Group, Item
+from harness.rerun.plan import Group, Item, Plan
 from rerun_tree import make_repo, make_upstream
 
 pytestmark = pytest.mark.est_time(40)
@@ -257,3 +257,30 @@ def test_save_durations_feeds_the_next_plan(tmp_path, capsys):
 def test_joined_cluster_never_simulates():
     assert execute.simulation(_g("8-gpu", 8, 1), 0, joined=True) is False
     assert execute.simulation(_g("8-gpu", 8, 1, allow=False), 0, joined=True) is False
+
+
+def test_both_fork_servers_start_side_by_side_before_a_cpu_server_group(tmp_path, monkeypatch):
+    # A plan whose cpu group starts real servers: the Python fork server (the groups' pytest) and the
+    # server fork server (named to the groups) start before the first group, at once. Without such a
+    # group, on GPUs, or on a joined cluster nothing starts here (each group's pytest starts what it needs).
+    from harness.rerun import execute
+    from harness.targets.sglang import preload
+    from harness.targets.sglang.server import stack
+
+    calls: list[str] = []
+    monkeypatch.setattr(preload, "python_command", lambda argv, env: calls.append("python") or (argv, env))
+    monkeypatch.setattr(stack, "share_fork_server", lambda topology: calls.append(f"server {topology.name}") or True)
+    real = Item("s_server.py::t", "/x/s_server.py::t", 30, "s_server.py", "sglang-server")
+    sim = Item("s.py::t", "/x/s.py::t", 20, "s.py")
+    cpu = Group(topology="cpu", runner="ubuntu-latest", items=(sim, real), gpus=0)
+    gpu = Group(topology="2-gpu-h100", runner="2-gpu-h100", items=(sim, real), gpus=2)
+    opts = execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path)
+    assert execute.prestart_fork_servers(Plan(groups=(gpu, cpu)), opts)
+    assert sorted(calls) == ["python", "server cpu"]
+    calls.clear()
+    cpu_sim_only = Group(topology="cpu", runner="ubuntu-latest", items=(sim,), gpus=0)
+    assert not execute.prestart_fork_servers(Plan(groups=(gpu, cpu_sim_only)), opts)
+    assert not execute.prestart_fork_servers(Plan(groups=(cpu,)), execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path, gpus=8))
+    assert not execute.prestart_fork_servers(Plan(groups=(cpu,)), execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path,
+                                                                               ray_address="10.0.0.1:6379"))
+    assert calls == []

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -207,7 +207,7 @@ class _Running:
         self.events_path = gdir / "progress.jsonl"
         self.events_path.write_text("")
         self.log_path = gdir / "pytest.log"
-        env = {**os.environ, PROGRESS_ENV: str(self.events_path), "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, PROGRESS_ENV: str(self.events_path), **GROUP_ENV}
         if opts.measure is not None:
             env.update(opts.measure.env(group.name))
         (gdir / "command.json").write_text(json.dumps(cmd))
@@ -285,6 +285,38 @@ def _note(returncode: int | None, cases: list[CaseResult], tail: str, timed_out:
     return f"pytest exited {returncode}: {one_line(last)}"
 
 
+def prestart_fork_servers(plan: Plan, opts: ExecOptions) -> bool:
+    """When a group will start real CPU servers here, start both fork servers the groups need at once,
+    before the first group: the one its pytest process forks from (:func:`preload.python_command`),
+    and the server fork server, named to the groups
+    (:func:`harness.targets.sglang.server.stack.share_fork_server`). Each preload is seconds of
+    imports on one core; started here they run side by side on two, instead of one after the other
+    at the head of the CPU group, the run's longest.
+
+    Returns:
+        Whether the server fork server serves (False: nothing to do here, or it could not start and
+        each group starts its own as before).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness import topology as topology_mod
+    from harness.targets.sglang.server import stack
+
+    if opts.gpus or opts.ray_address:
+        return False
+    serving = [topology_mod.get(g.topology) for g in plan.groups if any(i.engine != "sim" for i in g.items)]
+    cpu = next((t for t in serving if not t.needs_gpus), None)
+    if cpu is None:
+        return False
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pool.submit(preload.python_command, [sys.executable, "-m", "pytest"], {**os.environ, **GROUP_ENV})
+        return pool.submit(stack.share_fork_server, cpu).result()
+
+
+#: What every group's pytest gets on top of this process's environment.
+GROUP_ENV = {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+
+
 def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: Callable[[str], str],
              on_update: Callable[[Progress], None] = lambda p: None, clock: Callable[[], float] = time.monotonic) -> list[GroupResult]:
     """Run every group of ``plan``.
@@ -311,6 +343,8 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
             results[g.name] = GroupResult(name=g.name, topology=g.topology, runner=g.runner, note=note)
             on_update(progress[g.name])
     pending = [g for g in plan.groups if g.name not in results]
+    if pending:
+        prestart_fork_servers(replace(plan, groups=tuple(pending)), opts)
     running: dict[str, _Running] = {}
     heard: dict[str, float] = {}  # last on_update per running group (a heartbeat keeps quiet groups visible)
     free = opts.gpus
