@@ -197,3 +197,23 @@ def test_an_expected_failure_is_shown_as_xfail_with_its_reason(tmp_path: Path):
     assert "Failures" not in text  # an expected failure is not a failure
     # groups table: tests, passed, failed, skipped, xfailed
     assert "<td class=num>1</td><td class=num>0</td><td class=num>0</td><td class=num>0</td><td class=num>1</td>" in text
+
+
+def test_timelines_drawn_while_the_run_goes_are_the_pages_own(tmp_path: Path):
+    # rerun-test draws finished tests' timelines while its groups run; the page then shows those very
+    # PNGs (not drawn again) and still draws one that is missing. A test whose record is not written
+    # yet is not done with (asked again later); one without ledger events is, with no PNG.
+    run, group = _run_dir(tmp_path)
+    gdir, (faulted, plain) = group.run_dir, group.cases
+    late = results.CaseResult("suites/pd/test_a.py::test_not_recorded_yet", "passed", 0.1)
+    done = html_report.draw_timelines(run / "report", "cpu", gdir, [faulted, plain, late])
+    assert done == [faulted.nodeid, plain.nodeid]
+    (png,) = (run / "report" / html_report.TIMELINES).iterdir()
+    assert png.name.startswith("cpu-suites_pd_test_a.py_test_long_decode-")
+    drawn_at = png.stat().st_mtime_ns
+    header = html_report.Header("rerun-test", passed=False, reasons=(), wall_time=4.0)
+    text = html_report.write(run / "report", header, [group]).read_text()
+    assert f'src="timelines/{png.name}"' in text and png.stat().st_mtime_ns == drawn_at
+    png.unlink()
+    html_report.write(run / "report", header, [group])
+    assert png.exists(), "the page draws a timeline nobody drew before it"

@@ -244,10 +244,11 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
         return {"error": str(e), "ranks": 0}
     if not ranks:
         return {"error": "", "ranks": 0}
-    png = report_dir / TIMELINES / f"{_file_name(g.name + '-' + case.nodeid)}.png"
+    png = _png(report_dir, g, case)
     img_error = ""
     try:
-        timeline.plot(ranks, png, title=case.nodeid)
+        if not png.exists():  # else drawn while the run's other groups ran (draw_timelines)
+            timeline.plot(ranks, png, title=case.nodeid)
     except ImportError as e:  # matplotlib missing: the page still has the tables
         log.warning("no timeline plot for %s: %s", case.nodeid, e)
         img_error = str(e)
@@ -268,6 +269,48 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
             "requests": [{"rid": q.rid, "worker": worker, "first": f"{q.first:.3f}", "last": f"{q.last:.3f}",
                           "events": q.events, "peaks": [q.peak.get(p, 0) for p in pools],
                           "held": ", ".join(f"{p} {n}" for p, n in q.held.items() if n)} for worker, q in rows]}
+
+
+def _png(report_dir: Path, g: GroupResult | str, case: CaseResult) -> Path:
+    name = g if isinstance(g, str) else g.name
+    return report_dir / TIMELINES / f"{_file_name(name + '-' + case.nodeid)}.png"
+
+
+def draw_timelines(report_dir: Path, group: str, run_dir: Path, cases: Sequence[CaseResult]) -> list[str]:
+    """Draw the timeline PNGs of finished tests of a group now (:func:`write` then uses them): a run
+    calls it as its groups' tests finish, while the groups run, instead of drawing every test's
+    (about 0.2 s each, one at a time) after the last group ends. The PNGs are those :func:`write`
+    draws, at the same paths (one already there is left as it is: a report directory is one run's).
+
+    Args:
+        report_dir: the run's ``report/`` directory.
+        group: the group's name.
+        run_dir: the group's pytest run directory (``tests.jsonl``, ``ledger/``).
+        cases: finished tests of the group.
+
+    Returns:
+        The node ids of ``cases`` that are done with: drawn, drawn before, or without ledger events.
+        A test whose record is not written yet is left out (ask again later); one whose timeline cannot
+        be built or drawn is done with here (:func:`write` says why on the page).
+    """
+    records = run_records.read_records(run_dir)
+    done = []
+    for case in cases:
+        rec = run_records.record_for(case.nodeid, records)
+        if rec is None:
+            continue
+        done.append(case.nodeid)
+        png = _png(report_dir, group, case)
+        if not rec.ledgers or png.exists():
+            continue
+        try:
+            ranks = timeline.build(timeline.events_by_worker(
+                [ev for span in rec.ledgers for ev in run_records.span_events(span)]))
+            if ranks:
+                timeline.plot(ranks, png, title=case.nodeid)
+        except (ValueError, TypeError, ImportError) as e:
+            log.debug("timeline of %s left to the page: %s", case.nodeid, e)
+    return done
 
 
 def _logs(rec: TestRecord, report_dir: Path) -> list[dict[str, str]]:

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ from typing import Callable
 from harness.changes.measure import Measurement
 from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan, compact
+from harness.report import page
 from harness.rundir import RunDir
 from harness.targets.sglang import preload
 
@@ -297,8 +299,6 @@ def prestart_fork_servers(plan: Plan, opts: ExecOptions) -> bool:
         Whether the server fork server serves (False: nothing to do here, or it could not start and
         each group starts its own as before).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from harness import topology as topology_mod
     from harness.targets.sglang.server import stack
 
@@ -347,6 +347,7 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
         prestart_fork_servers(replace(plan, groups=tuple(pending)), opts)
     running: dict[str, _Running] = {}
     heard: dict[str, float] = {}  # last on_update per running group (a heartbeat keeps quiet groups visible)
+    timelines = _Timelines(opts.run_dir)
     free = opts.gpus
     try:
         while pending or running:
@@ -385,13 +386,57 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
                 results[name] = res
                 p.state = "passed" if res.ok else "failed"
                 on_update(p)
+            if running or pending:  # finished tests' timelines (a finished group's too), while groups run
+                for name in [*running, *results]:
+                    timelines.draw(name, progress[name].cases)
             if running:
                 time.sleep(POLL_S)
     finally:
         for r in running.values():  # interrupted: leave nothing behind
             log.warning("stopping %s (pid %d)", r.group.name, r.proc.pid)
             r.stop()
+        timelines.close(interrupted=bool(running))
     return [results[g.name] for g in plan.groups]
+
+
+class _Timelines:
+    """Draws the report's timeline PNGs of the tests that finished (:func:`page.draw_timelines`) in one
+    background thread while the groups run (matplotlib draws one figure at a time); the page draws
+    whatever is left. Each test is asked for until it is done with (its record may come a moment
+    after the event that says it finished); at most one drawing runs."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._report = RunDir(run_dir).report
+        self._run_dir = run_dir
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="timelines")
+        self._done: set[tuple[str, str]] = set()
+        self._busy: Future | None = None
+
+    def draw(self, group: str, cases: list[CaseResult]) -> None:
+        if self._busy is not None and not self._busy.done():
+            return
+        if self._busy is not None:
+            self._collect(self._busy)
+        todo = [c for c in cases if (group, c.nodeid) not in self._done]
+        if todo:
+            self._busy = self._pool.submit(lambda: (group, page.draw_timelines(
+                self._report, group, self._run_dir / "groups" / group, todo)))
+
+    def _collect(self, future: Future) -> None:
+        self._busy = None
+        if future.cancelled():
+            return
+        if future.exception() is not None:  # the page draws what is missing, and says why
+            log.warning("early timeline drawing failed: %s", future.exception())
+            return
+        group, done = future.result()
+        self._done.update((group, nodeid) for nodeid in done)
+
+    def close(self, interrupted: bool) -> None:
+        """Wait for the drawing under way (interrupted: drop what has not started)."""
+        self._pool.shutdown(wait=True, cancel_futures=interrupted)
+        if self._busy is not None:
+            self._collect(self._busy)
 
 
 def detect_gpus() -> int:
