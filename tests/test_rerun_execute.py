@@ -263,7 +263,8 @@ def test_both_fork_servers_start_side_by_side_before_a_cpu_server_group(tmp_path
     # A plan whose cpu group starts real servers: the Python fork server (the groups' pytest) and the
     # server fork server (named to the groups) start before the first group, at once. Without such a
     # group, on GPUs, or on a joined cluster nothing starts here (each group's pytest starts what it needs).
-    from harness.rerun import execute
+    from concurrent.futures import ThreadPoolExecutor
+
     from harness.targets.sglang import preload
     from harness.targets.sglang.server import stack
 
@@ -274,13 +275,16 @@ def test_both_fork_servers_start_side_by_side_before_a_cpu_server_group(tmp_path
     sim = Item("s.py::t", "/x/s.py::t", 20, "s.py")
     cpu = Group(topology="cpu", runner="ubuntu-latest", items=(sim, real), gpus=0)
     gpu = Group(topology="2-gpu-h100", runner="2-gpu-h100", items=(sim, real), gpus=2)
+    assert execute.starts_cpu_servers(cpu) and not execute.starts_cpu_servers(gpu)
     opts = execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path)
-    assert execute.prestart_fork_servers(Plan(groups=(gpu, cpu)), opts)
-    assert sorted(calls) == ["python", "server cpu"]
-    calls.clear()
-    cpu_sim_only = Group(topology="cpu", runner="ubuntu-latest", items=(sim,), gpus=0)
-    assert not execute.prestart_fork_servers(Plan(groups=(gpu, cpu_sim_only)), opts)
-    assert not execute.prestart_fork_servers(Plan(groups=(cpu,)), execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path, gpus=8))
-    assert not execute.prestart_fork_servers(Plan(groups=(cpu,)), execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path,
-                                                                               ray_address="10.0.0.1:6379"))
+    with ThreadPoolExecutor(1) as pool:
+        share = execute.prestart_fork_servers(Plan(groups=(gpu, cpu)), opts, pool)
+        assert share is not None and share.result() is True
+        assert sorted(calls) == ["python", "server cpu"]
+        calls.clear()
+        cpu_sim_only = Group(topology="cpu", runner="ubuntu-latest", items=(sim,), gpus=0)
+        assert execute.prestart_fork_servers(Plan(groups=(gpu, cpu_sim_only)), opts, pool) is None
+        for other in (execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path, gpus=8),
+                      execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path, ray_address="10.0.0.1:6379")):
+            assert execute.prestart_fork_servers(Plan(groups=(cpu,)), other, pool) is None
     assert calls == []

@@ -287,30 +287,36 @@ def _note(returncode: int | None, cases: list[CaseResult], tail: str, timed_out:
     return f"pytest exited {returncode}: {one_line(last)}"
 
 
-def prestart_fork_servers(plan: Plan, opts: ExecOptions) -> bool:
+def starts_cpu_servers(group: Group) -> bool:
+    """Whether ``group`` starts real sglang servers on CPU (a server test on a topology without GPUs)."""
+    from harness import topology as topology_mod
+
+    return any(i.engine != "sim" for i in group.items) and not topology_mod.get(group.topology).needs_gpus
+
+
+def prestart_fork_servers(plan: Plan, opts: ExecOptions, pool: ThreadPoolExecutor) -> Future | None:
     """When a group will start real CPU servers here, start both fork servers the groups need at once,
-    before the first group: the one its pytest process forks from (:func:`preload.python_command`),
-    and the server fork server, named to the groups
-    (:func:`harness.targets.sglang.server.stack.share_fork_server`). Each preload is seconds of
-    imports on one core; started here they run side by side on two, instead of one after the other
-    at the head of the CPU group, the run's longest.
+    before the first group: the one every group's pytest forks from (:func:`preload.python_command`,
+    waited for here), and, in ``pool``, the server fork server, named to the groups
+    (:func:`harness.targets.sglang.server.stack.share_fork_server`), which the groups that start
+    servers wait for. Each preload is seconds of imports on one core; started here they run side by
+    side on two, instead of one after the other at the head of the CPU group, the run's longest.
 
     Returns:
-        Whether the server fork server serves (False: nothing to do here, or it could not start and
-        each group starts its own as before).
+        The server fork server's start (its result: whether it serves; False when it could not start
+        and each group starts its own as before), or None when no group starts CPU servers here.
     """
     from harness import topology as topology_mod
     from harness.targets.sglang.server import stack
 
     if opts.gpus or opts.ray_address:
-        return False
-    serving = [topology_mod.get(g.topology) for g in plan.groups if any(i.engine != "sim" for i in g.items)]
-    cpu = next((t for t in serving if not t.needs_gpus), None)
+        return None
+    cpu = next((g for g in plan.groups if starts_cpu_servers(g)), None)
     if cpu is None:
-        return False
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        pool.submit(preload.python_command, [sys.executable, "-m", "pytest"], {**os.environ, **GROUP_ENV})
-        return pool.submit(stack.share_fork_server, cpu).result()
+        return None
+    share = pool.submit(stack.share_fork_server, topology_mod.get(cpu.topology))
+    preload.python_command([sys.executable, "-m", "pytest"], {**os.environ, **GROUP_ENV})
+    return share
 
 
 #: What every group's pytest gets on top of this process's environment.
@@ -343,8 +349,8 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
             results[g.name] = GroupResult(name=g.name, topology=g.topology, runner=g.runner, note=note)
             on_update(progress[g.name])
     pending = [g for g in plan.groups if g.name not in results]
-    if pending:
-        prestart_fork_servers(replace(plan, groups=tuple(pending)), opts)
+    starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fork-server")
+    share = prestart_fork_servers(replace(plan, groups=tuple(pending)), opts, starter) if pending else None
     running: dict[str, _Running] = {}
     heard: dict[str, float] = {}  # last on_update per running group (a heartbeat keeps quiet groups visible)
     timelines = _Timelines(opts.run_dir)
@@ -356,6 +362,8 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
                 if not sim[g.name]:
                     free -= g.gpus
                 cmd = pytest_command(g, opts, bool(sim[g.name]), file_tests)
+                if share is not None and starts_cpu_servers(g):
+                    share.result()  # its servers fork from it (named in the environment the group gets)
                 running[g.name] = _Running(g, cmd, opts, progress[g.name])
                 on_update(progress[g.name])
             for name, r in list(running.items()):
@@ -396,6 +404,7 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
             log.warning("stopping %s (pid %d)", r.group.name, r.proc.pid)
             r.stop()
         timelines.close(interrupted=bool(running))
+        starter.shutdown(wait=True)
     return [results[g.name] for g in plan.groups]
 
 

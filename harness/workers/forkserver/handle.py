@@ -316,25 +316,39 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
     if any(env.get(k) != v for k, v in requires.items()) or any(env.get(k) for k in refuses):
         return plain
     base = {k: v for k, v in env.items() if k not in VOLATILE_ENV and k != ADVERTISE_ENV}
-    with _SHARED_LOCK:
+    def serving() -> str | None:
         server = next((s for s in _PYTHON if s.preload == preload and s.alive() and s.serves(env)), None)
-        if server is None:
-            inherited = next((path for path in _advertised(preload) if not client.differing(path, env)), None)
-            if inherited is not None:  # an ancestor's server (the test run's, for a rerun-test it started)
-                return client_command(argv), {**env, SOCKET_ENV: inherited}
-            if preload in _PYTHON_FAILED:  # once: a preload that failed would fail again, at its full cost
-                return plain
-            try:
-                server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
-            except ForkServerError as e:
-                _PYTHON_FAILED.add(preload)
-                log.warning("%s; Python subprocesses of this process run as fresh interpreters", e)
-                return plain
-            _stop_at_exit()
-            _PYTHON.append(server)
-            # This process's Python subprocesses (a rerun-test a test starts) may fork from it too.
-            os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
-    return server.command(argv), {**env, SOCKET_ENV: server.socket_path}
+        if server is not None:
+            return server.socket_path
+        # An ancestor's server (the test run's, for a rerun-test it started).
+        return next((path for path in _advertised(preload) if not client.differing(path, env)), None)
+
+    with _SHARED_LOCK:
+        found = serving()
+        starting = _STARTING.setdefault(("python", preload), threading.Lock())
+    if found is None:
+        # One start at a time, outside the shared lock: a start takes seconds, and a server fork
+        # server starting beside it (shared()) must not wait for it.
+        with starting:
+            with _SHARED_LOCK:
+                found, failed = serving(), preload in _PYTHON_FAILED
+            if found is None:
+                if failed:  # once: a preload that failed would fail again, at its full cost
+                    return plain
+                try:
+                    server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
+                except ForkServerError as e:
+                    with _SHARED_LOCK:
+                        _PYTHON_FAILED.add(preload)
+                    log.warning("%s; Python subprocesses of this process run as fresh interpreters", e)
+                    return plain
+                with _SHARED_LOCK:
+                    _stop_at_exit()
+                    _PYTHON.append(server)
+                    # This process's Python subprocesses (a rerun-test a test starts) may fork from it too.
+                    os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
+                found = server.socket_path
+    return client_command(argv), {**env, SOCKET_ENV: found}
 
 
 def _advertised(preload: str | None = None) -> list[str]:
