@@ -236,15 +236,24 @@ def _test(g: GroupResult, case: CaseResult, rec: TestRecord | None, report_dir: 
             "traceback": case.traceback if bad else ""}
 
 
+def _events_and_ranks(rec: TestRecord) -> tuple[list, list]:
+    """A test's ledger events and the ranks' timelines built from them.
+
+    Raises:
+        ValueError, TypeError: an unreadable ledger.
+    """
+    events = [ev for span in rec.ledgers for ev in run_records.span_events(span)]
+    return events, timeline.build(timeline.events_by_worker(events))
+
+
 def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Path) -> dict[str, Any]:
     try:
-        events = [ev for span in rec.ledgers for ev in run_records.span_events(span)]
-        ranks = timeline.build(timeline.events_by_worker(events))
+        events, ranks = _events_and_ranks(rec)
     except (ValueError, TypeError) as e:
         return {"error": str(e), "ranks": 0}
     if not ranks:
         return {"error": "", "ranks": 0}
-    png = _png(report_dir, g, case)
+    png = _png(report_dir, g.name, case)
     img_error = ""
     try:
         if not png.exists():  # else drawn while the run's other groups ran (draw_timelines)
@@ -271,9 +280,8 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
                           "held": ", ".join(f"{p} {n}" for p, n in q.held.items() if n)} for worker, q in rows]}
 
 
-def _png(report_dir: Path, g: GroupResult | str, case: CaseResult) -> Path:
-    name = g if isinstance(g, str) else g.name
-    return report_dir / TIMELINES / f"{_file_name(name + '-' + case.nodeid)}.png"
+def _png(report_dir: Path, group: str, case: CaseResult) -> Path:
+    return report_dir / TIMELINES / f"{_file_name(group + '-' + case.nodeid)}.png"
 
 
 def draw_timelines(report_dir: Path, group: str, run_dir: Path, cases: Sequence[CaseResult]) -> list[str]:
@@ -304,8 +312,7 @@ def draw_timelines(report_dir: Path, group: str, run_dir: Path, cases: Sequence[
         if not rec.ledgers or png.exists():
             continue
         try:
-            ranks = timeline.build(timeline.events_by_worker(
-                [ev for span in rec.ledgers for ev in run_records.span_events(span)]))
+            _, ranks = _events_and_ranks(rec)
             if ranks:
                 timeline.plot(ranks, png, title=case.nodeid)
         except (ValueError, TypeError, ImportError) as e:

@@ -396,7 +396,7 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
                 on_update(p)
             if running or pending:  # finished tests' timelines (a finished group's too), while groups run
                 for name in [*running, *results]:
-                    timelines.draw(name, progress[name].cases)
+                    timelines.draw(name, progress[name].cases, finished=name in results)
             if running:
                 time.sleep(POLL_S)
     finally:
@@ -412,7 +412,8 @@ class _Timelines:
     """Draws the report's timeline PNGs of the tests that finished (:func:`page.draw_timelines`) in one
     background thread while the groups run (matplotlib draws one figure at a time); the page draws
     whatever is left. Each test is asked for until it is done with (its record may come a moment
-    after the event that says it finished); at most one drawing runs."""
+    after the event that says it finished; in a finished group a test without one has none); at most
+    one drawing runs."""
 
     def __init__(self, run_dir: Path) -> None:
         self._report = RunDir(run_dir).report
@@ -421,15 +422,18 @@ class _Timelines:
         self._done: set[tuple[str, str]] = set()
         self._busy: Future | None = None
 
-    def draw(self, group: str, cases: list[CaseResult]) -> None:
+    def draw(self, group: str, cases: list[CaseResult], finished: bool = False) -> None:
         if self._busy is not None and not self._busy.done():
             return
         if self._busy is not None:
             self._collect(self._busy)
         todo = [c for c in cases if (group, c.nodeid) not in self._done]
         if todo:
-            self._busy = self._pool.submit(lambda: (group, page.draw_timelines(
-                self._report, group, self._run_dir / "groups" / group, todo)))
+            self._busy = self._pool.submit(self._draw, group, todo, finished)
+
+    def _draw(self, group: str, todo: list[CaseResult], finished: bool) -> tuple[str, list[str]]:
+        done = page.draw_timelines(self._report, group, self._run_dir / "groups" / group, todo)
+        return group, [c.nodeid for c in todo] if finished else done
 
     def _collect(self, future: Future) -> None:
         self._busy = None

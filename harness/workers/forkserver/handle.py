@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from harness.workers import procs
 from harness.workers.forkserver import client, policy
@@ -40,7 +40,27 @@ def client_command(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-S", str(CLIENT), *argv[1:]]
 
 
-class ForkServer:
+class _BySocket:
+    """What a fork server is used for, by its socket alone: the client command, a Ray actor's runtime
+    environment, and whether it would fork a given environment."""
+
+    socket_path: str
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """The command that runs ``argv`` (``[python, *args]``, this interpreter) as a fork of this
+        server: the client, which needs :data:`SOCKET_ENV` set to :attr:`socket_path` in its env."""
+        return client_command(argv)
+
+    def runtime_env(self) -> dict[str, Any]:
+        """Ray ``runtime_env`` that starts an actor's worker process as a fork of this server."""
+        return {"py_executable": f"{sys.executable} -I -S {CLIENT}", "env_vars": {SOCKET_ENV: self.socket_path}}
+
+    def serves(self, env: Mapping[str, str]) -> bool:
+        """Whether a client with environment ``env`` would be forked (not run as a fresh interpreter)."""
+        return not client.differing(self.socket_path, env)
+
+
+class ForkServer(_BySocket):
     """A started fork server (see the module docstring); use :meth:`runtime_env` on Ray actors."""
 
     def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: Path, tmpdir: str, preload: str = "") -> None:
@@ -111,21 +131,8 @@ class ForkServer:
         log.info("fork server %d ready (preload %s) at %s", proc.pid, preload, socket_path)
         return server
 
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """The command that runs ``argv`` (``[python, *args]``, this interpreter) as a fork of this
-        server: the client, which needs :data:`SOCKET_ENV` set to :attr:`socket_path` in its env."""
-        return client_command(argv)
-
-    def runtime_env(self) -> dict[str, Any]:
-        """Ray ``runtime_env`` that starts an actor's worker process as a fork of this server."""
-        return {"py_executable": f"{sys.executable} -I -S {CLIENT}", "env_vars": {SOCKET_ENV: self.socket_path}}
-
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-    def serves(self, env: Mapping[str, str]) -> bool:
-        """Whether a client with environment ``env`` would be forked (not run as a fresh interpreter)."""
-        return not client.differing(self.socket_path, env)
 
     def tail(self, n: int = 30) -> str:
         try:
@@ -166,21 +173,37 @@ _STARTING: dict[tuple, threading.Lock] = {}
 
 
 @dataclass(frozen=True)
-class Inherited:
+class Inherited(_BySocket):
     """A fork server an ancestor process started and named in :data:`ADVERTISE_ENV` (it owns and
     stops it): used as a :class:`ForkServer` is, by its socket."""
 
     socket_path: str
     preload: str
 
-    def command(self, argv: Sequence[str]) -> list[str]:
-        return client_command(argv)
 
-    def runtime_env(self) -> dict[str, Any]:
-        return {"py_executable": f"{sys.executable} -I -S {CLIENT}", "env_vars": {SOCKET_ENV: self.socket_path}}
+def _start_once(key: tuple, serving: Callable[[], Any], start: Callable[[], Any]) -> Any:
+    """What ``serving()`` finds (looked up under the shared lock), else ``start()``: one start per
+    ``key`` at a time, outside the shared lock (a start takes seconds, and a fork server of another
+    preload starting beside it must not wait for it), looking again once the lock is had."""
+    with _SHARED_LOCK:
+        found = serving()
+        starting = _STARTING.setdefault(key, threading.Lock())
+    if found is not None:
+        return found
+    with starting:
+        with _SHARED_LOCK:
+            found = serving()
+        return found if found is not None else start()
 
-    def serves(self, env: Mapping[str, str]) -> bool:
-        return not client.differing(self.socket_path, env)
+
+def _inherited(preload: str, env: Mapping[str, str]) -> str | None:
+    """The socket of an ancestor's server for ``preload`` (:data:`ADVERTISE_ENV`) that serves ``env``."""
+    return next((path for path in _advertised(preload) if not client.differing(path, env)), None)
+
+
+def _advertise(server: ForkServer) -> None:
+    """Name ``server`` to the processes this one starts after (call with the shared lock held)."""
+    os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
 
 
 def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | None = None,
@@ -217,30 +240,21 @@ def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | No
             for other in _SHARED.values():
                 if other.preload == preload and other.alive() and other.serves(full):
                     return other
-            inherited = next((p for p in _advertised(preload) if not client.differing(p, full)), None)
+            inherited = _inherited(preload, full)
             if inherited is not None:
                 return Inherited(inherited, preload)
         return None
 
-    with _SHARED_LOCK:
-        found = serving()
-        starting = _STARTING.setdefault(key, threading.Lock())
-    if found is not None:
-        return found
-    # One start per key at a time, outside the shared lock: a start takes seconds, and the other
-    # servers (a Python subprocess's) must not wait for it.
-    with starting:
-        with _SHARED_LOCK:
-            found = serving()
-        if found is not None:
-            return found
+    def start() -> ForkServer:
         server = ForkServer.start(preload, full, must_match=must_match, free_path=free_path)
         with _SHARED_LOCK:
             _stop_at_exit()
             _SHARED[key] = server
             if advertise:
-                os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
+                _advertise(server)
         return server
+
+    return _start_once(key, serving, start)
 
 
 _AT_EXIT: list[bool] = []
@@ -320,35 +334,26 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
         server = next((s for s in _PYTHON if s.preload == preload and s.alive() and s.serves(env)), None)
         if server is not None:
             return server.socket_path
-        # An ancestor's server (the test run's, for a rerun-test it started).
-        return next((path for path in _advertised(preload) if not client.differing(path, env)), None)
+        return _inherited(preload, env)  # an ancestor's (the test run's, for a rerun-test it started)
 
-    with _SHARED_LOCK:
-        found = serving()
-        starting = _STARTING.setdefault(("python", preload), threading.Lock())
-    if found is None:
-        # One start at a time, outside the shared lock: a start takes seconds, and a server fork
-        # server starting beside it (shared()) must not wait for it.
-        with starting:
+    def start() -> str:
+        if preload in _PYTHON_FAILED:  # once: a preload that failed would fail again, at its full cost
+            return ""
+        try:
+            server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
+        except ForkServerError as e:
             with _SHARED_LOCK:
-                found, failed = serving(), preload in _PYTHON_FAILED
-            if found is None:
-                if failed:  # once: a preload that failed would fail again, at its full cost
-                    return plain
-                try:
-                    server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
-                except ForkServerError as e:
-                    with _SHARED_LOCK:
-                        _PYTHON_FAILED.add(preload)
-                    log.warning("%s; Python subprocesses of this process run as fresh interpreters", e)
-                    return plain
-                with _SHARED_LOCK:
-                    _stop_at_exit()
-                    _PYTHON.append(server)
-                    # This process's Python subprocesses (a rerun-test a test starts) may fork from it too.
-                    os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
-                found = server.socket_path
-    return client_command(argv), {**env, SOCKET_ENV: found}
+                _PYTHON_FAILED.add(preload)
+            log.warning("%s; Python subprocesses of this process run as fresh interpreters", e)
+            return ""
+        with _SHARED_LOCK:
+            _stop_at_exit()
+            _PYTHON.append(server)
+            _advertise(server)  # this process's Python subprocesses (a rerun-test a test starts) fork from it too
+        return server.socket_path
+
+    found = _start_once(("python", preload), serving, start)
+    return (client_command(argv), {**env, SOCKET_ENV: found}) if found else plain
 
 
 def _advertised(preload: str | None = None) -> list[str]:
