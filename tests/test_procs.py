@@ -69,6 +69,23 @@ def test_a_recycled_pid_is_not_killed(registry):
         victim.wait()
 
 
+def test_a_step_of_the_wall_clock_leaves_a_live_owner_alive(registry, tmp_path, monkeypatch):
+    # psutil's create_time() is the boot time the wall clock implies now plus the start tick: a step of
+    # the clock (seen here) moved it, every live owner then read as dead, and reap_stale removed the Ray
+    # temp dirs of running test sessions. The step is psutil's boot time moving by a second.
+    import psutil._pslinux
+
+    monkeypatch.delenv(procs.OWNER_ENV, raising=False)
+    ray_dir = tmp_path / "ray-temp"
+    ray_dir.mkdir()
+    assert procs.register(os.getpid(), kind="dir", label="ray temp dir", path=ray_dir) is not None
+    before = procs.start_time(os.getpid())
+    real = psutil._pslinux.boot_time
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real() + 1.0)
+    assert procs.start_time(os.getpid()) == before
+    assert procs.reap_stale() == [] and ray_dir.is_dir() and len(procs.entries()) == 1
+
+
 def test_register_and_unregister(registry):
     f = procs.register(os.getpid(), label="me")
     assert f is not None and f.exists()

@@ -6,7 +6,7 @@ server subprocesses and their process groups) is recorded as one small JSON file
 the pid + start time of its *owner*: the process that ran the harness (pytest, ``harness``).
 :func:`reap_stale` kills the entries whose owner is gone; it touches nothing else on the machine.
 
-Processes are read with psutil (pid, parent, start time, status); their process group and session
+Processes are read with psutil (pid, parent, status), their start tick from ``/proc`` (:func:`start_time`); their process group and session
 with ``os.getpgid`` / ``os.getsid``. Linux only (process groups and sessions as Linux has them).
 """
 
@@ -48,19 +48,27 @@ class Entry:
 
 
 def start_time(pid: int) -> float | None:
-    """When ``pid`` started (psutil's create time), or None when it does not exist or is a zombie.
+    """When ``pid`` started, in seconds after boot, or None when it does not exist or is a zombie.
 
     With the pid it names one process: a later process that reuses the pid has another start time.
+    It is the kernel's start tick (``/proc/PID/stat``), not psutil's ``create_time()``: that adds the
+    boot time the wall clock implies *now*, which moves when the clock is stepped, so a process read
+    before a step and after it looked like two processes, and :func:`reap_stale` then took every live
+    run's owner for dead (seen here: a test run's Ray temp dirs removed under its live clusters).
     """
-    import psutil  # here, not at the top: rerun-test plans on a bare interpreter, which imports this module
-
     try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # no such process (or not ours to read)
         return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": the command may hold spaces
+    if fields[0] in (b"Z", b"X"):  # a zombie, or dead
+        return None
+    return int(fields[19]) / _CLOCK_TICKS
+
+
+#: Clock ticks per second of ``/proc/PID/stat``'s times.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def alive(pid: int, start: float | None = None) -> bool:
