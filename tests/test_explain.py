@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import ledger
-from harness.pd.errors import KVCorruption, PDError, WindowLost
+from harness.pd.errors import KVCorruption, PDError, PreallocError, WindowLost
 from harness.pd.kvfill import Mismatch
 from harness.plugins.explain import CLASSES, clean, headline, sglang_frames
 from harness.targets.sglang import selection
@@ -45,6 +45,23 @@ def test_a_ledger_failure_leads_with_its_root_cause_and_the_suspect_in_the_targe
     assert "| suspect: sglang/srt/disaggregation/decode.py DecodePreallocQueue._swa_tail_len" in line
     # The PD run's own error carries its violations too.
     assert headline(PDError("2 ledger violation(s)", violations=[LEAK, TAIL]))[1].startswith("ledger [swa-tail-short]")
+
+
+def test_a_refused_prealloc_leads_over_the_leaks_it_left_but_not_over_an_earlier_rule():
+    # sglang refused a prealloc mid-run (its tail was -1) and kept the page it had taken; the end of the
+    # run found that page leaked. The refusal leads, with its suspects, then what the ledger found.
+    refused = PreallocError("decode prealloc of v255 (fill 255, swa tail -1) failed")
+    refused.violations = (LEAK,)  # type: ignore[attr-defined]  # as the PD run attaches the ledger's verdict
+    kind, line = headline(refused, root=ROOT)
+    assert kind == "prealloc"
+    assert line.startswith("prealloc PreallocError: decode prealloc of v255 (fill 255, swa tail -1) failed | suspect: "
+                           "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc")
+    assert "DecodePreallocQueue._swa_tail_len" in line
+    assert line.endswith("; the ledger then found [page-leak] decode-0 r0-300: pool 'swa': 1 page(s) never freed")
+    # A rule broken at an event (before the refusal) is still the root cause, and leads.
+    refused.violations = (LEAK, TAIL)  # type: ignore[attr-defined]
+    kind, line = headline(refused, root=ROOT)
+    assert kind == "ledger" and line.startswith("ledger [swa-tail-short] ") and "it stopped the run as PreallocError" in line
 
 
 def test_a_kv_mismatch_names_the_request_and_position():

@@ -9,6 +9,9 @@ test's own traceback and output stay in the report body, unchanged.
 
 Evidence classes, first match wins (:func:`headline`):
 
+``prealloc``       (first) sglang refused a prealloc mid-run (:class:`~harness.pd.errors.PreallocError`)
+                   and every rule the ledger found broken it found only at the end (the pages the
+                   refused prealloc kept, as leaks): the refusal leads, the ledger's finding follows
 ``ledger``         a broken ledger rule: any exception carrying ledger ``violations``
                    (:class:`harness.ledger.LedgerBroken`, the PD run's :class:`~harness.pd.errors.PDError`,
                    or a rank's error the PD run attached the ledger's verdict to); the earliest root cause
@@ -150,6 +153,22 @@ def _ledger_line(violations: Sequence[ledger.Violation], root: Path | None) -> s
     return f"ledger {first.root.headline()}{more}{_suspect_text(first.root.rule, root)}"
 
 
+def _found_at_end(violations: Sequence[ledger.Violation]) -> bool:
+    """Whether every violation was found by the end-of-run check (no event broke a rule on its own)."""
+    return all(v.seq is None for v in violations)
+
+
+def _then_found(violations: Sequence[ledger.Violation]) -> str:
+    """``; the ledger then found <its first root cause> (+N more)``: what followed a refused prealloc."""
+    causes = ledger.root_causes(violations)
+    count = sum(1 + len(c.knock_ons) for c in causes)
+    more = f" (+{count - 1} more)" if count > 1 else ""
+    return f"{_THEN}{causes[0].root.headline()}{more}"
+
+
+_THEN = "; the ledger then found "
+
+
 def _where(frames: Sequence[str]) -> str:
     return f" | last sglang frame: {frames[-1]}" if frames else ""
 
@@ -179,6 +198,12 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
                           *([died.tail] if died is not None else []), *logs])
     label, hit_line = _check_hit(evidence)
     broken = next((e for e in chain if getattr(e, "violations", None)), None)
+    pre = next((e for e in chain if _is(e, "PreallocError")), None)
+    if broken is not None and pre is not None and _found_at_end(getattr(broken, "violations")):
+        # sglang refused a prealloc mid-run, keeping the pages it had taken; every rule the ledger
+        # found broken it found at the end (the leaks those pages are): the refusal came first.
+        return "prealloc", _fit(f"prealloc {_message(pre)}{_suspect_text('PreallocError', root)}"
+                                + _then_found(getattr(broken, "violations")))
     if broken is not None:
         said = _message(broken)
         if label:  # sglang's own check saw it too (and, when the hit is what stopped the run, stopped it)
@@ -204,7 +229,6 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
     innermost = frames[-1] if frames else ""
     if innermost and _last_frame_is_sglang(exc):
         return "sglang-assert", _fit(f"sglang-assert {_message(exc)} | at {innermost}")
-    pre = next((e for e in chain if _is(e, "PreallocError")), None)
     if pre is not None:
         return "prealloc", _fit(f"prealloc {_message(pre)}{_suspect_text('PreallocError', root)}")
     if isinstance(exc, AssertionError):
@@ -275,6 +299,9 @@ def _explain(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport
         from harness.plugins.record import ledger_violations
 
         found = ledger_violations(item)
-        if found:
+        if found and kind == "prealloc" and _found_at_end(found):
+            if _THEN not in line:  # not said yet (the refusal carried no verdict of its own)
+                line = _fit(line + _then_found(found))  # a refused prealloc's kept pages: the refusal leads
+        elif found:
             kind, line = "ledger", _fit(f"{_ledger_line(found, root)}; the test saw: {line}")
     return kind, line

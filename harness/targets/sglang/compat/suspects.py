@@ -57,7 +57,9 @@ SUSPECTS: dict[str, tuple[str, ...]] = {
     # the PD engine's own checks of every byte and window position it keeps
     "WindowLost": (*_EVICT, *_TAIL),
     "KVCorruption": (f"{_DECODE}:alloc_for_decode_prealloc", f"{_SWA}:SWATokenToKVPoolAllocator.alloc_extend_swa_tail"),
-    "PreallocError": (f"{_DECODE}:DecodePreallocQueue._pre_alloc", f"{_DECODE}:alloc_for_decode_prealloc"),
+    # the tail it was asked to allocate is _swa_tail_len's (a negative one is refused)
+    "PreallocError": (f"{_DECODE}:DecodePreallocQueue._pre_alloc", f"{_DECODE}:alloc_for_decode_prealloc",
+                      f"{_DECODE}:DecodePreallocQueue._swa_tail_len"),
 }
 
 NOT_IN_RELEASE = "not in this release"
