@@ -144,13 +144,19 @@ def _suspect_text(key: str, root: Path | None) -> str:
     return f" | suspect: {found[0]}" + (f" (also {', '.join(also)})" if also else "")
 
 
-def _ledger_line(violations: Sequence[ledger.Violation], root: Path | None) -> str:
-    """``ledger <the earliest root cause> (+N more: knock-ons and other roots) | suspect: ...``."""
+def _first_cause(violations: Sequence[ledger.Violation]) -> tuple[ledger.Violation, str]:
+    """The earliest root cause, and ``<its headline> (+N more: knock-ons and other roots)``."""
     causes = ledger.root_causes(violations)
-    first = causes[0]
+    first = causes[0].root
     follow = [k.rule for c in causes for k in c.knock_ons] + [c.root.rule for c in causes[1:]]
     more = f" (+{len(follow)} more: {', '.join(dict.fromkeys(follow))})" if follow else ""
-    return f"ledger {first.root.headline()}{more}{_suspect_text(first.root.rule, root)}"
+    return first, f"{first.headline()}{more}"
+
+
+def _ledger_line(violations: Sequence[ledger.Violation], root: Path | None) -> str:
+    """``ledger <the earliest root cause> (+N more: knock-ons and other roots) | suspect: ...``."""
+    first, said = _first_cause(violations)
+    return f"ledger {said}{_suspect_text(first.rule, root)}"
 
 
 def _found_at_end(violations: Sequence[ledger.Violation]) -> bool:
@@ -159,14 +165,13 @@ def _found_at_end(violations: Sequence[ledger.Violation]) -> bool:
 
 
 def _then_found(violations: Sequence[ledger.Violation]) -> str:
-    """``; the ledger then found <its first root cause> (+N more)``: what followed a refused prealloc."""
-    causes = ledger.root_causes(violations)
-    count = sum(1 + len(c.knock_ons) for c in causes)
-    more = f" (+{count - 1} more)" if count > 1 else ""
-    return f"{_THEN}{causes[0].root.headline()}{more}"
+    """``; the ledger then found <the earliest root cause> (+N more: ...)``: what followed a refused prealloc."""
+    return f"; the ledger then found {_first_cause(violations)[1]}"
 
 
-_THEN = "; the ledger then found "
+def _carrier(exc: BaseException) -> BaseException | None:
+    """The first exception of the failure's chain that carries ledger ``violations``, if any."""
+    return next((e for e in _chain(exc) if getattr(e, "violations", None)), None)
 
 
 def _where(frames: Sequence[str]) -> str:
@@ -197,7 +202,7 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
     evidence = "\n".join([*(f"{type(e).__name__}: {e}\n{_traceback_text(e)}" for e in chain),
                           *([died.tail] if died is not None else []), *logs])
     label, hit_line = _check_hit(evidence)
-    broken = next((e for e in chain if getattr(e, "violations", None)), None)
+    broken = _carrier(exc)
     pre = next((e for e in chain if _is(e, "PreallocError")), None)
     if broken is not None and pre is not None and _found_at_end(getattr(broken, "violations")):
         # sglang refused a prealloc mid-run, keeping the pages it had taken; every rule the ledger
@@ -300,7 +305,7 @@ def _explain(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport
 
         found = ledger_violations(item)
         if found and kind == "prealloc" and _found_at_end(found):
-            if _THEN not in line:  # not said yet (the refusal carried no verdict of its own)
+            if _carrier(call.excinfo.value) is None:  # else headline() said what the refusal carried
                 line = _fit(line + _then_found(found))  # a refused prealloc's kept pages: the refusal leads
         elif found:
             kind, line = "ledger", _fit(f"{_ledger_line(found, root)}; the test saw: {line}")

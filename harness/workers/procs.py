@@ -6,8 +6,9 @@ server subprocesses and their process groups) is recorded as one small JSON file
 the pid + start time of its *owner*: the process that ran the harness (pytest, ``harness``).
 :func:`reap_stale` kills the entries whose owner is gone; it touches nothing else on the machine.
 
-Processes are read with psutil (pid, parent, status), their start tick from ``/proc`` (:func:`start_time`); their process group and session
-with ``os.getpgid`` / ``os.getsid``. Linux only (process groups and sessions as Linux has them).
+Processes are read with psutil (pid, parent, status), their start tick from ``/proc``
+(:func:`start_time`); their process group and session with ``os.getpgid`` / ``os.getsid``. Linux only
+(process groups and sessions as Linux has them).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class Entry:
     path: str = ""
 
 
+#: Clock ticks per second of ``/proc/PID/stat``'s times.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def start_time(pid: int) -> float | None:
     """When ``pid`` started, in seconds after boot, or None when it does not exist or is a zombie.
 
@@ -65,10 +70,6 @@ def start_time(pid: int) -> float | None:
     if fields[0] in (b"Z", b"X"):  # a zombie, or dead
         return None
     return int(fields[19]) / _CLOCK_TICKS
-
-
-#: Clock ticks per second of ``/proc/PID/stat``'s times.
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def alive(pid: int, start: float | None = None) -> bool:
