@@ -182,3 +182,46 @@ def test_through_ray_every_class_leads_the_summary_line_and_the_junit_message(py
         assert "ray::" not in messages[name] and "repr=<" not in messages[name] and "\x1b[" not in messages[name]
     summary = [line for line in result.outlines if line.startswith("FAILED ")]
     assert any("test_raised_in_a_worker[ledger] - ledger [swa-tail-short]" in line for line in summary), summary
+
+
+FROM_THE_WORKERS_LEDGERS = '''
+import pytest
+from harness import ledger
+from harness.pd.errors import PreallocError
+
+
+def _keep_a_page(run_dir, rid, page):
+    # What a decode rank's probe writes when sglang's prealloc takes a page and never gives it back.
+    with ledger.LedgerWriter(run_dir.ledger / "d0.jsonl", "d0", "decode") as w:
+        w.record("prealloc", rid, 64, pages={"swa": (page,)})
+
+
+def test_refused(run_dir):
+    _keep_a_page(run_dir, "v255", 7)
+    raise PreallocError("decode prealloc of v255 (fill 255, swa tail -1) failed")
+
+
+def test_saw_other(run_dir):
+    _keep_a_page(run_dir, "v300", 8)
+    assert 1 + 1 == 3, "the reply differs from the plain server's"
+'''
+
+
+def test_the_workers_ledgers_join_the_line_a_refused_prealloc_still_leads(pytester, tmp_path):
+    # The leak is not carried by the exception (as the PD engine's PreallocError carries it): it is
+    # in the ledger file a worker wrote during the test, as with a real server's probe. For a refused
+    # prealloc the refusal leads and the ledger's end-of-run finding follows; for anything else the
+    # rule the workers broke is the root cause and leads, and what the test saw follows.
+    pytester.makepyfile(test_ledgers=FROM_THE_WORKERS_LEDGERS)
+    junit = tmp_path / "junit.xml"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1",
+                                           "--run-dir", str(tmp_path / "run"), timeout=300)
+    result.assert_outcomes(failed=2)
+    messages = {c.get("name"): (c.find("failure").get("message") or "") for c in ET.parse(junit).iter("testcase")}
+    refused = messages["test_refused"]
+    assert refused.startswith("prealloc PreallocError: decode prealloc of v255 (fill 255, swa tail -1) failed | suspect: "
+                              "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc"), refused
+    assert "; the ledger then found [page-leak] d0 v255: pool 'swa': 1 page(s) never freed" in refused, refused
+    other = messages["test_saw_other"]
+    assert other.startswith("ledger [page-leak] d0 v300: pool 'swa': 1 page(s) never freed"), other
+    assert "; the test saw: assertion" in other and "the reply differs" in other, other
