@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from harness import topology
+from harness.rundir import REPO_ROOT
 from harness.workers import forkserver
 from harness.workers.forkserver import CLIENT, SOCKET_ENV, ForkServer, ForkServerError
 from harness.pd import deploy
@@ -501,7 +502,11 @@ def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_pa
     cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_fork.py"), "-q", "-p", "no:cacheprovider",
            "-W", "error::pytest.PytestAssertRewriteWarning"]
     argv, env = preload.python_command(cmd, dict(os.environ))  # one thread each by default: forkable
-    p = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    # Run from the repository, as rerun-test runs its groups: pytest rewrites a module its import path
+    # finds (from elsewhere, a fresh interpreter finds the editable-installed harness through its
+    # finder, unrewritten, and so would the child).
+    p = subprocess.run(argv + ["--rootdir", str(tmp_path)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert "warning" not in p.stdout.lower(), p.stdout[-2000:]
     assert int((tmp_path / "ppid").read_text()) == forkserver.handle._PYTHON[0].pid, "not forked"
@@ -564,6 +569,57 @@ def test_a_descendant_forks_from_its_ancestors_server(tmp_path, python_servers):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "1"
+
+
+def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_with_its_owner(tmp_path, python_servers):
+    # rerun-test's groups are forks of its Python server; a group's rank fork server (whose preload adds
+    # sglang to that server's third-party graph) is started as a fork of the same server (launch), so it
+    # imports only what it adds. It still ends with the process that started it (its owner, not its
+    # parent), and a child whose client leads a process group of its own (a Ray worker) leads one too.
+    env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
+    (tmp_path / "fs_ext.py").write_text("import fs_pymod\nEXTENDED = True\n")
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, psutil
+        me = psutil.Process()
+        print(me.parent().ppid(), "fs_ext" in sys.modules, os.getpgid(0) == os.getpid(), flush=True)
+    """))
+    forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
+    [python_server] = forkserver.handle._PYTHON
+
+    def launch(argv, launch_env):
+        return forkserver.python_command(argv, launch_env, preload="fs_pymod", start_server=False)
+
+    ext = ForkServer.start("fs_ext", env, launch=launch)
+    try:
+        for group, leads in ((False, "False"), (True, "True")):
+            out = subprocess.run(ext.command([sys.executable, str(script)]), env={**env, SOCKET_ENV: ext.socket_path},
+                                 capture_output=True, text=True, timeout=60, preexec_fn=os.setpgrp if group else None)
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.split() == [str(python_server.pid), "True", leads], (group, out.stdout, out.stderr)
+    finally:
+        ext.stop()
+    # Without a Python server serving it, the command is left as it was (a fresh interpreter).
+    argv = [sys.executable, "-m", "fs_ext"]
+    assert launch(argv, {**env, "FS_MODE": "other"}) == (argv, {**env, "FS_MODE": "other"})
+    # Its owner killed (its parent, the Python server, lives on), it exits.
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from harness.workers import forkserver
+        from harness.workers.forkserver import ForkServer
+        def launch(argv, env):
+            return forkserver.python_command(argv, env, preload="fs_pymod", start_server=False)
+        ext = ForkServer.start("fs_ext", dict(os.environ), launch=launch)
+        print(ext.socket_path, flush=True)
+        time.sleep(600)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", code], env={**env, forkserver.ADVERTISE_ENV: python_server.socket_path},
+                             stdout=subprocess.PIPE, text=True)
+    socket_path = owner.stdout.readline().strip()
+    [served] = [p for p in psutil.Process(python_server.pid).children() if socket_path in " ".join(p.cmdline())]
+    owner.kill()
+    owner.wait(timeout=30)
+    served.wait(timeout=30)
 
 
 # ------------------------------------------------------------------- which processes start as forks (policy)

@@ -90,7 +90,7 @@ def rank_runtime_env(cluster: Cluster, topology: Topology, env: dict[str, str] |
     alone), or None when the ranks start as fresh interpreters (:meth:`Cluster.starts_forked`)."""
     if not cluster.starts_forked("rank", topology):
         return None
-    from harness.targets.sglang.preload import RANK_PRELOAD
+    from harness.targets.sglang.preload import RANK_PRELOAD, after_python
     from harness.workers import forkserver
 
     # The ranks' own environment, so what modules read at import is what the ranks would read: their
@@ -98,7 +98,7 @@ def rank_runtime_env(cluster: Cluster, topology: Topology, env: dict[str, str] |
     # started (a bench, not an entry point) gets the same server on its next deployment, not a second.
     target = selection.current() if target is None else target
     server_env = {**worker_env(env), selection.ENV_VAR: target.spec, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return forkserver.shared(RANK_PRELOAD, server_env).runtime_env()
+    return forkserver.shared(RANK_PRELOAD, server_env, launch=after_python).runtime_env()
 
 
 def start(cluster: Cluster, topology: Topology, run_dir: str | Path, spec: KVSpec, *, name_prefix: str = "",

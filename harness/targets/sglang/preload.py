@@ -126,12 +126,17 @@ def rank() -> None:
 
 
 def python() -> None:
-    """The server preload, and pytest and Ray: still nothing of sglang, and no pytest plugin
-    (pytest rewrites a plugin's asserts only when it imports the plugin itself); the harness's own
-    modules imported here are imported afresh by each child (:func:`python_command`)."""
+    """The server preload, and pytest: still nothing of sglang, and no pytest plugin (pytest rewrites
+    a plugin's asserts only when it imports the plugin itself); the harness's own modules imported
+    here are imported afresh by each child (:func:`python_command`).
+
+    Not Ray (0.1 CPU-s on top of this graph): its native core reads its settings from the environment
+    once, when it loads (the auth mode among them), and a child that starts a cluster, or a rank fork
+    server started as a child (:func:`after_python`), must read the ones its cluster set."""
     server_preload.server()
-    for name in ("pytest", "ray"):
-        importlib.import_module(name)
+    importlib.import_module("pytest")
+    if "ray._raylet" in sys.modules:
+        raise RuntimeError("the Python preload loaded Ray's native core: its children would keep its settings")
     # A pytest plugin's distribution that sglang's graph imports (anyio) cannot be rewritten once
     # imported; pytest says so in every run unless the module declares it is not to be rewritten.
     # Say it: its asserts stay as imported here, which is all that changes for it.
@@ -153,6 +158,19 @@ def _pytest_plugin_packages() -> set[str]:
                 continue
             tops.add(first[:-3] if first.endswith(".py") else first)
     return tops - {"harness"}
+
+
+def after_python(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """How to start a fork server whose preload extends :func:`python`'s (:func:`rank`: sglang's
+    memory paths on top of the same third-party graph): as a fork of a :func:`python` server that this
+    process or an ancestor already runs (``rerun-test``'s, for its groups) when one serves ``env``, so
+    it imports only what its preload adds (about 1.3 of 6.5 CPU-s here); otherwise unchanged, a fresh
+    interpreter (no :func:`python` server is started for it). The ``launch`` of
+    :meth:`harness.workers.forkserver.ForkServer.start`."""
+    forked, forked_env = forkserver.python_command(argv, {**ONE_THREAD_ENV, **env}, preload=PYTHON_PRELOAD,
+                                                   requires=ONE_THREAD_ENV, refuses=(faults.ENV_VAR,),
+                                                   must_match=(ENV_VAR, OVERLAY_ENV), start_server=False)
+    return (forked, forked_env) if forked != list(argv) else (list(argv), env)
 
 
 def python_command(argv: Sequence[str], env: Mapping[str, str], *,

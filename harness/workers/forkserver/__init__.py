@@ -34,7 +34,7 @@ everything the command started. Whatever the preload read from the environment (
 runs) and every variable of :data:`~.envmatch.SCANNED_PREFIXES` must be equal for a client to be forked.
 
 The server stops with :meth:`ForkServer.stop` (and at interpreter exit for :func:`shared` ones); it
-also exits when its parent is gone, and it is registered in :mod:`harness.workers.procs` so a run killed
+also exits when the process that started it is gone, and it is registered in :mod:`harness.workers.procs` so a run killed
 with SIGKILL has it reaped by the next one. A child dies with its client (Ray's stand-in process).
 
 Modules: :mod:`.handle` (the driver's :class:`ForkServer`, :func:`shared`, :func:`python_command`),

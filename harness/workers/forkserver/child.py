@@ -5,7 +5,8 @@ The child gets the client's argv, environment, working directory, stdio, priorit
 disposition (KeyboardInterrupt); what the preload's imports set in the environment; its own torch and
 numpy seeds; ``sitecustomize`` run again with its own environment; on exit, its threads joined and
 its ``atexit`` handlers run, and a death by signal for an uncaught KeyboardInterrupt. A client
-leading its own session has its child lead one too.
+leading its own session has its child lead one too, and one leading its own process group (a Ray
+worker) has its child lead one.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ def run_child(conn: socket.socket, fds: list[int], req: dict, others: list[socke
     try:
         if session:  # the client leads a session of its own: so does the command (its tree is the session)
             os.setsid()
+        elif req.get("group"):
+            # The client leads a process group of its own (Ray starts each worker so): so does the
+            # command, or it would be in this server's, which may be its caller's caller's (a rank fork
+            # server forked from rerun-test's Python server), and Ray, which kills a dead worker's
+            # group, would kill that one.
+            os.setpgid(0, 0)
         for s in others:
             s.close()
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
@@ -158,7 +165,7 @@ def run_child(conn: socket.socket, fds: list[int], req: dict, others: list[socke
                 os.killpg(0, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
-        threading.Thread(target=die_with_client, name="forkserver-client-watch", daemon=True).start()
+        threading.Thread(target=die_with_client, name=WATCH_THREAD, daemon=True).start()
         _rerun_site()
         if module is not None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -225,6 +232,8 @@ def _finalize(code: int, by_signal: int = 0) -> None:
         os._exit(code & 0xFF)
 
 
+#: The name of a child's thread that waits for its client to go away.
+WATCH_THREAD = "forkserver-client-watch"
 #: What the server blocks across a fork, and a child unblocks once its own handlers are set.
 CHILD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 

@@ -20,7 +20,8 @@ too, and variables read only when used (``ignore``) are not compared.
 A client that leads its own session (its caller started it with ``start_new_session``, so that a
 signal to the group or a kill of the group ends everything the command started) has its child lead
 a session too: what it forwards goes to the child's whole group, and the child's group dies with
-the client, as the command's process tree would in the client's own session.
+the client, as the command's process tree would in the client's own session. A client that leads
+only a process group of its own (Ray starts its workers so) has its child lead one.
 """
 
 import json
@@ -122,7 +123,8 @@ def main() -> int:
         fresh(session)
     sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "nice": os.nice(0),
-                          "session": session, "sigint_ignored": sigint_ignored}).encode()
+                          "session": session, "group": os.getpgid(0) == os.getpid(),
+                          "sigint_ignored": sigint_ignored}).encode()
     socket.send_fds(sock, [len(payload).to_bytes(8, "big") + payload], [0, 1, 2])
     child: list = []
 

@@ -30,6 +30,8 @@ CLIENT = Path(__file__).resolve().parent / "client.py"
 #: env values a client must share to be forked: defined by the (stdlib-only) client.
 SOCKET_ENV, MATCH_FILE = client.ENV, client.MATCH_FILE
 DEFAULT_START_TIMEOUT_S = 300.0
+#: How a fork server's own process is started: ``(argv, env) -> (argv, env)`` (:meth:`ForkServer.start`).
+Launch = Callable[[list[str], dict[str, str]], tuple[list[str], dict[str, str]]]
 
 
 def client_command(argv: Sequence[str]) -> list[str]:
@@ -77,7 +79,8 @@ class ForkServer(_BySocket):
     @classmethod
     def start(cls, preload: str, env: Mapping[str, str] | None = None,
               timeout: float = DEFAULT_START_TIMEOUT_S, must_match: Sequence[str] = (),
-              record_env: bool = False, reimport: Sequence[str] = (), free_path: bool = False) -> "ForkServer":
+              record_env: bool = False, reimport: Sequence[str] = (), free_path: bool = False,
+              launch: Launch | None = None) -> "ForkServer":
         """Start a server that runs ``preload`` and wait until it serves.
 
         Args:
@@ -93,6 +96,10 @@ class ForkServer(_BySocket):
             reimport: packages each child imports afresh (see :func:`serve`).
             free_path: a client whose ``PYTHONPATH`` differs is still forked when no directory that
                 differs holds a module the preload imported (see :func:`serve`).
+            launch: how to start the server's own process: ``(argv, env) -> (argv, env)``, e.g. as a
+                fork of a server whose preload this one's extends (:func:`python_command` with
+                ``start_server=False``), so that it pays only for what its preload adds. The server
+                watches this process, not its parent, to know when to exit.
 
         Returns:
             The serving :class:`ForkServer`.
@@ -107,6 +114,9 @@ class ForkServer(_BySocket):
         cmd = [sys.executable, "-m", "harness.workers.forkserver", "--socket", socket_path, "--preload", preload]
         cmd += [f"--must-match={name}" for name in must_match] + (["--record-env"] if record_env else [])
         cmd += [f"--reimport={name}" for name in reimport] + (["--free-path"] if free_path else [])
+        cmd += [f"--owner={os.getpid()}"]
+        if launch is not None:
+            cmd, full = launch(cmd, full)
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=full)
         procs.register(proc.pid, label="fork server")
@@ -208,12 +218,12 @@ def _advertise(server: ForkServer) -> None:
 
 def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | None = None,
            must_match: Sequence[str] = (), free_path: bool = False,
-           advertise: bool = False) -> ForkServer | Inherited:
+           advertise: bool = False, launch: Launch | None = None) -> ForkServer | Inherited:
     """This process's fork server for ``preload`` with environment ``base | env`` (``base``: this
     process's by default; started on first use, restarted if it died, stopped at interpreter exit).
 
     Args:
-        preload, must_match, free_path: as :meth:`ForkServer.start`. With ``free_path``, a server this
+        preload, must_match, free_path, launch: as :meth:`ForkServer.start`. With ``free_path``, a server this
             process or an ancestor (:data:`ADVERTISE_ENV`) already runs for ``preload`` is used when
             it serves this environment (its ``PYTHONPATH`` may differ), before one is started.
         env: what the children's environment adds to ``base`` (e.g. the ranks' worker env).
@@ -246,7 +256,7 @@ def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | No
         return None
 
     def start() -> ForkServer:
-        server = ForkServer.start(preload, full, must_match=must_match, free_path=free_path)
+        server = ForkServer.start(preload, full, must_match=must_match, free_path=free_path, launch=launch)
         with _SHARED_LOCK:
             _stop_at_exit()
             _SHARED[key] = server
@@ -290,7 +300,7 @@ _PYTHON_FAILED: set[str] = set()
 
 def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str, requires: Mapping[str, str] = {},
                    refuses: Sequence[str] = (), must_match: Sequence[str] = (),
-                   reimport: Sequence[str] = ("harness",)) -> tuple[list[str], dict[str, str]]:
+                   reimport: Sequence[str] = ("harness",), start_server: bool = True) -> tuple[list[str], dict[str, str]]:
     """``argv`` and ``env`` that run a Python subprocess as a fork of a server that ran ``preload``.
 
     The server is started on first use with ``env`` (``record_env``: a later ``env`` that differs in
@@ -305,7 +315,8 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
     * fork starts are switched off (``HARNESS_FORK_START=0`` in ``env`` or here: :mod:`.policy`);
     * ``env`` lacks a value of ``requires`` (what the preload needs to leave one thread, such as
       ``OMP_NUM_THREADS=1``) or sets one of ``refuses`` (what the preload must not run with);
-    * the server cannot start (logged; not tried again for this ``preload``).
+    * the server cannot start (logged; not tried again for this ``preload``), or none serves and
+      ``start_server`` is False (the caller forks from one only if this process or an ancestor runs it).
 
     The forks of one server share its hash seed (``PYTHONHASHSEED`` unset: one random draw per
     server, not per command); set ``PYTHONHASHSEED``, or ``HARNESS_FORK_START=0``, to vary or pin it.
@@ -337,7 +348,7 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
         return _inherited(preload, env)  # an ancestor's (the test run's, for a rerun-test it started)
 
     def start() -> str:
-        if preload in _PYTHON_FAILED:  # once: a preload that failed would fail again, at its full cost
+        if preload in _PYTHON_FAILED or not start_server:  # once: a preload that failed would fail again
             return ""
         try:
             server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
@@ -353,7 +364,13 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
         return server.socket_path
 
     found = _start_once(("python", preload), serving, start)
-    return (client_command(argv), {**env, SOCKET_ENV: found}) if found else plain
+    if not found:
+        return plain
+    # The child is named the server it is a fork of, as a child of this process would be once it
+    # started one (:data:`ADVERTISE_ENV`): its own subprocesses, and a fork server whose preload
+    # extends this one (the ranks' of a rerun-test group), fork from it too.
+    named = [found, *(p for p in env.get(ADVERTISE_ENV, "").split(os.pathsep) if p and p != found)]
+    return client_command(argv), {**env, SOCKET_ENV: found, ADVERTISE_ENV: os.pathsep.join(named)}
 
 
 def _advertised(preload: str | None = None) -> list[str]:

@@ -3,7 +3,8 @@
 
 It refuses to serve when the preload left more than one thread (a fork copies only the calling
 thread; a lock held by another would stay held forever in every child), writes what a client must
-share with it beside its socket (:mod:`.envmatch`), and exits when its parent is gone or on SIGTERM.
+share with it beside its socket (:mod:`.envmatch`), and exits when its owner (the process that started
+it: its parent, or ``--owner``) is gone, or on SIGTERM.
 A child whose client goes away is killed, with its session's group when it leads one.
 """
 
@@ -18,9 +19,9 @@ import select
 import signal
 import socket
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
-from harness.workers.forkserver.child import CHILD_SIGNALS, Preloaded, client_gone, recv_request, run_child
+from harness.workers.forkserver.child import CHILD_SIGNALS, WATCH_THREAD, Preloaded, client_gone, recv_request, run_child
 from harness.workers.forkserver import envmatch
 from harness.workers.forkserver.envmatch import SCANNED_PREFIXES, EnvReads, write_match
 
@@ -34,11 +35,32 @@ class ForkServerError(RuntimeError):
 
 
 def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+    """This process's threads, but a forked child's watch on its client (:data:`WATCH_THREAD`): a
+    server that is itself a fork of another server (started by :meth:`ForkServer.start` with
+    ``launch``) has that one, which blocks in a ``recv`` holding no lock, and which its own children
+    do not get (a fork copies only the calling thread)."""
+    import threading
+
+    watching = sum(1 for t in threading.enumerate() if t.name == WATCH_THREAD and t.is_alive())
+    return len(os.listdir("/proc/self/task")) - watching
+
+
+def _owner_gone(owner: int | None) -> Callable[[], bool]:
+    """A test of whether the server's owner is gone: ``owner`` (a pid) exited, or, without one, this
+    process's parent changed. A server that is a fork of another has that server for its parent,
+    which outlives the owner, so the owner is named (and watched through a pidfd: no pid reuse)."""
+    if owner is None:
+        parent = os.getppid()
+        return lambda: os.getppid() != parent
+    try:
+        fd = os.pidfd_open(owner)
+    except OSError:  # already gone
+        return lambda: True
+    return lambda: bool(select.select([fd], [], [], 0)[0])
 
 
 def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record_env: bool = False,
-          reimport: Sequence[str] = (), free_path: bool = False) -> int:
+          reimport: Sequence[str] = (), free_path: bool = False, owner: int | None = None) -> int:
     """The server's main loop: run ``preload``, then fork one child per client request.
 
     Args:
@@ -88,7 +110,7 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
         preloaded = dataclasses.replace(preloaded, pythonpath=before.get("PYTHONPATH", ""))
     write_match(socket_path, [*must_match, *reads.names(before)], SCANNED_PREFIXES if record_env else (), before,
                 preload, preloaded.set, free)
-    parent = os.getppid()
+    owner_gone = _owner_gone(owner)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(socket_path)
     srv.listen(64)
@@ -97,7 +119,7 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
     children: dict[int, tuple[socket.socket, bool]] = {}  # pid -> (its client's connection, leads a session)
     gone: set[int] = set()  # children whose client went away (killed, being reaped)
     print(READY, flush=True)
-    while not stopping and os.getppid() == parent:
+    while not stopping and not owner_gone():
         conns = {c.fileno(): pid for pid, (c, _) in children.items() if pid not in gone}
         try:
             ready, _, _ = select.select([srv, *conns], [], [], _POLL_S)  # type: ignore[type-var]  # sockets and fds
@@ -167,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="a package each child imports afresh (repeatable)")
     p.add_argument("--free-path", action="store_true",
                    help="fork clients with another PYTHONPATH that shadows nothing the preload imported")
+    p.add_argument("--owner", type=int, default=None, metavar="PID",
+                   help="exit when this process is gone (default: when the parent is)")
     args = p.parse_args(argv)
     try:
-        return serve(args.socket, args.preload, args.must_match, args.record_env, args.reimport, args.free_path)
+        return serve(args.socket, args.preload, args.must_match, args.record_env, args.reimport, args.free_path,
+                     args.owner)
     except ForkServerError as e:
         print(f"forkserver: {e}", file=sys.stderr, flush=True)
         return 3
