@@ -143,7 +143,9 @@ def test_forked_ranks_are_ray_actors_in_their_bundles_running_real_pools(ray_clu
     assert ray_cluster.starts_forked("rank", topo)
     dep = deploy.start(ray_cluster, topo, run_dir.root, SPEC, name_prefix="fork-test-")
     try:
-        servers = {s.pid for s in forkserver.running_shared()}
+        # The process that forks them: the server's own, or, started as a fork of this worker's Python
+        # server (when an earlier test started one here), that fork.
+        servers = {s.serving_pid for s in forkserver.running_shared()}
         for w in dep.workers:
             assert psutil.Process(w.info.pid).ppid() in servers, f"{w.name} was not forked from the fork server"
             assert w.call("layout")["full"], w.name  # a real pool behind it
@@ -582,7 +584,7 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
     script.write_text(textwrap.dedent("""
         import os, sys, psutil
         me = psutil.Process()
-        print(me.parent().ppid(), "fs_ext" in sys.modules, os.getpgid(0) == os.getpid(), flush=True)
+        print(me.ppid(), me.parent().ppid(), "fs_ext" in sys.modules, os.getpgid(0) == os.getpid(), flush=True)
     """))
     forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
     [python_server] = forkserver.handle._PYTHON
@@ -596,7 +598,8 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
             out = subprocess.run(ext.command([sys.executable, str(script)]), env={**env, SOCKET_ENV: ext.socket_path},
                                  capture_output=True, text=True, timeout=60, preexec_fn=os.setpgrp if group else None)
             assert out.returncode == 0, out.stderr
-            assert out.stdout.split() == [str(python_server.pid), "True", leads], (group, out.stdout, out.stderr)
+            assert out.stdout.split() == [str(ext.serving_pid), str(python_server.pid), "True", leads], \
+                (group, out.stdout, out.stderr)
     finally:
         ext.stop()
     # Without a Python server serving it, the command is left as it was (a fresh interpreter).

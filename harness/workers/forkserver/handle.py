@@ -61,6 +61,17 @@ class _BySocket:
         """Whether a client with environment ``env`` would be forked (not run as a fresh interpreter)."""
         return not client.differing(self.socket_path, env)
 
+    @property
+    def serving_pid(self) -> int | None:
+        """The pid of the process that forks the children (what it wrote beside its socket): the
+        server's own, or, for one started as a fork of another (``launch``), that fork's, not its
+        client's. None while it has not written it."""
+        try:
+            with open(os.path.join(os.path.dirname(self.socket_path), MATCH_FILE)) as f:
+                return int(json.load(f)["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
 
 class ForkServer(_BySocket):
     """A started fork server (see the module docstring); use :meth:`runtime_env` on Ray actors."""
