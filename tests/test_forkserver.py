@@ -659,3 +659,21 @@ def test_a_cluster_forks_simulated_ranks_and_servers_only_without_real_gpus(ray_
     assert ray_cluster.starts_forked("rank", topology.get("cpu")) and ray_cluster.starts_forked("server", topology.get("cpu"))
     # Logical GPUs: a simulated GPU topology's processes drive no device.
     assert ray_cluster.starts_forked("rank", topology.get("8-gpu-h200")) is ray_cluster.simulate
+
+
+def test_a_server_knows_its_owner_gone_with_or_without_pidfds(monkeypatch):
+    from harness.workers.forkserver import serve
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pidfds in (True, False):
+        if not pidfds:  # a kernel before 5.3
+            monkeypatch.setattr(os, "pidfd_open", lambda pid: (_ for _ in ()).throw(OSError(38, "Function not implemented")))
+        assert not serve._owner_gone(os.getpid())(), pidfds
+        assert serve._owner_gone(dead.pid)(), pidfds
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watch = serve._owner_gone(live.pid)  # without pidfds still: its /proc entry
+    assert not watch()
+    live.kill()
+    live.wait()
+    assert watch()

@@ -54,8 +54,10 @@ def _owner_gone(owner: int | None) -> Callable[[], bool]:
         return lambda: os.getppid() != parent
     try:
         fd = os.pidfd_open(owner)
-    except OSError:  # already gone
+    except ProcessLookupError:  # already gone
         return lambda: True
+    except OSError:  # no pidfds here (Linux before 5.3): its /proc entry, looked at each poll
+        return lambda: not os.path.exists(f"/proc/{owner}")
     return lambda: bool(select.select([fd], [], [], 0)[0])
 
 
