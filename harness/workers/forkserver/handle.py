@@ -66,11 +66,19 @@ class _BySocket:
         """The pid of the process that forks the children (what it wrote beside its socket): the
         server's own, or, for one started as a fork of another (``launch``), that fork's, not its
         client's. None while it has not written it."""
-        try:
-            with open(os.path.join(os.path.dirname(self.socket_path), MATCH_FILE)) as f:
-                return int(json.load(f)["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        match = _match(self.socket_path)
+        return match[0] if match else None
+
+
+def _match(socket_path: str) -> tuple[int, dict] | None:
+    """The serving pid and the whole :data:`MATCH_FILE` of the server at ``socket_path`` (None: no
+    readable file, not a fork server's)."""
+    try:
+        with open(os.path.join(os.path.dirname(socket_path), MATCH_FILE)) as f:
+            match = json.load(f)
+        return int(match["pid"]), match
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class ForkServer(_BySocket):
@@ -389,12 +397,14 @@ def _advertised(preload: str | None = None) -> list[str]:
     that still serve (their process alive) ``preload`` (any, when None)."""
     out = []
     for path in filter(None, os.environ.get(ADVERTISE_ENV, "").split(os.pathsep)):
+        found = _match(path)
+        if found is None:
+            continue  # not a fork server
+        pid, match = found
         try:
-            with open(os.path.join(os.path.dirname(path), MATCH_FILE)) as f:
-                match = json.load(f)
-            os.kill(int(match["pid"]), 0)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # stopped, or not a fork server
+            os.kill(pid, 0)
+        except OSError:
+            continue  # stopped
         if preload is None or match.get("preload") == preload:
             out.append(path)
     return out

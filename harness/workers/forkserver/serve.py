@@ -22,6 +22,7 @@ import sys
 from typing import Callable, Sequence
 
 from harness.workers.forkserver.child import CHILD_SIGNALS, WATCH_THREAD, Preloaded, client_gone, recv_request, run_child
+from harness.workers import procs
 from harness.workers.forkserver import envmatch
 from harness.workers.forkserver.envmatch import SCANNED_PREFIXES, EnvReads, write_match
 
@@ -56,8 +57,9 @@ def _owner_gone(owner: int | None) -> Callable[[], bool]:
         fd = os.pidfd_open(owner)
     except ProcessLookupError:  # already gone
         return lambda: True
-    except OSError:  # no pidfds here (Linux before 5.3): its /proc entry, looked at each poll
-        return lambda: not os.path.exists(f"/proc/{owner}")
+    except OSError:  # no pidfds here (Linux before 5.3): its pid and start tick, looked at each poll
+        start = procs.start_time(owner)
+        return lambda: not procs.alive(owner, start)
     return lambda: bool(select.select([fd], [], [], 0)[0])
 
 
