@@ -191,3 +191,31 @@ def test_gpu_ids_and_nodes(cluster, name):
             assert sorted(ids) == list(range(topo.gpus_per_node if topo.nodes == 1 else len(ids)))
     finally:
         cluster.release(placement)
+
+
+def test_a_node_start_that_ray_times_out_is_tried_once_more_and_nothing_else_is():
+    # Ray's node start waits a fixed 30 s for the raylet to register; a loaded 2-core machine running
+    # several clusters at once has missed it (a CI run's group failed in setup with that message).
+    from harness.cluster.cluster import _with_one_retry
+
+    timeout = Exception("The current node timed out during startup. This could happen because some "
+                        "of the raylet failed to startup or the GCS has become overloaded.")
+    calls: list[int] = []
+
+    def start(fail: list[BaseException]):
+        def once():
+            calls.append(1)
+            if fail:
+                raise fail.pop(0)
+            return "started"
+        return once
+
+    assert _with_one_retry(start([timeout])) == "started" and len(calls) == 2
+    calls.clear()
+    with pytest.raises(Exception, match="timed out during startup"):  # twice: raised, not a third try
+        _with_one_retry(start([timeout, timeout, timeout]))
+    assert len(calls) == 2
+    calls.clear()
+    with pytest.raises(RuntimeError, match="port in use"):  # anything else: at once
+        _with_one_retry(start([RuntimeError("port in use")]))
+    assert len(calls) == 1

@@ -1,7 +1,8 @@
 """The Ray cluster a run uses, and the placement groups a topology needs on it.
 
 A :class:`Cluster` is either *started* by the harness (the embedded default: a local Ray with the
-dashboard off, quiet logs and a short temp dir) or *joined* (``--ray-address``: a real, possibly
+dashboard off, quiet logs and a short temp dir; a node start that Ray's fixed 30 s wait times out, load on a small machine, is
+retried once) or *joined* (``--ray-address``: a real, possibly
 multi-node cluster). The harness only ever stops a cluster it started.
 
 Simulation (``simulate=True``) gives a CPU machine the topology's GPUs as Ray *logical* GPUs. A
@@ -62,7 +63,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from harness.cluster import join as join_mod
 from harness.cluster import nodes as node_facts
@@ -170,42 +171,10 @@ class Cluster:
             gpus_per_node = topology.gpus_per_node if topology else 0
         gpus = gpus_per_node if simulate else None
         t0 = time.monotonic()
-        sim = None
         saved_tmpdir = os.environ.get("RAY_TMPDIR")
         try:
-            if nodes == 1:
-                kwargs: dict[str, Any] = dict(
-                    include_dashboard=False, logging_level="ERROR", _temp_dir=str(tdir), num_cpus=cpus,
-                    resources={NODE_RESOURCE.format(0): _NODE_RESOURCE_AMOUNT}, log_to_driver=False,
-                    object_store_memory=object_store_mb << 20,
-                    _system_config={"preallocate_plasma_memory": True},
-                )
-                if gpus is not None:
-                    kwargs["num_gpus"] = gpus
-                ray.init(**kwargs)
-            else:
-                from ray.cluster_utils import Cluster as RayCluster
-
-                # cluster_utils writes the cluster address to <RAY_TMPDIR>/ray/ray_current_cluster:
-                # keep it inside our own temp dir so no other Ray user on the machine is redirected.
-                os.environ["RAY_TMPDIR"] = str(tdir)
-                (tdir / "ray").mkdir(exist_ok=True)
-                sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
-                for i in range(nodes):
-                    args: dict[str, Any] = dict(num_cpus=cpus, resources={NODE_RESOURCE.format(i): _NODE_RESOURCE_AMOUNT},
-                                                object_store_memory=object_store_mb << 20)
-                    if gpus is not None:
-                        args["num_gpus"] = gpus
-                    if i == 0:
-                        args.update(include_dashboard=False)
-                    sim.add_node(wait=False, **args)
-                sim.wait_for_nodes(timeout=60)
-                ray.init(address=sim.address, logging_level="ERROR", log_to_driver=False)
+            sim = _with_one_retry(lambda: _start_ray(nodes, cpus, gpus, tdir, object_store_mb))
         except BaseException:
-            if sim is not None:
-                sim.shutdown()
-            if ray.is_initialized():
-                ray.shutdown()
             _restore_env("RAY_TMPDIR", saved_tmpdir)
             if made_temp:
                 shutil.rmtree(tdir, ignore_errors=True)
@@ -355,6 +324,72 @@ class Cluster:
             procs.unregister(os.getpid(), kind="dir")
         if left:
             raise RuntimeError(f"Ray processes still running {timeout:.0f} s after shutdown (killed): {left}")
+
+
+#: What Ray raises when a node it started has not registered with the GCS within its fixed 30 s
+#: (``ray._private.node.Node``; no setting lengthens it): on a 2-core machine running several clusters
+#: at once this is load, not a broken install.
+_STARTUP_TIMEOUT = "timed out during startup"
+
+
+def _with_one_retry(start: Callable[[], Any]) -> Any:
+    """``start()``, and once more if Ray's node start timed out (:data:`_STARTUP_TIMEOUT`).
+
+    A second timeout, or any other failure, is raised as it came. Ray retries nothing here itself,
+    and no library wraps this one case; tenacity would be a dependency for a two-line loop.
+    """
+    try:
+        return start()
+    except Exception as e:  # noqa: BLE001 - only Ray's startup timeout is retried; the rest re-raised
+        if _STARTUP_TIMEOUT not in str(e):
+            raise
+        log.warning("Ray's node start timed out (%s); starting it once more", e)
+    return start()
+
+
+def _start_ray(nodes: int, cpus: float, gpus: int | None, tdir: Path, object_store_mb: int) -> Any:
+    """Start Ray's node(s) and connect this process: one in-process head for one node, else a
+    ``cluster_utils.Cluster`` of ``nodes`` (returned; None for one node). A failure leaves no Ray
+    process and this process disconnected."""
+    import ray
+
+    sim = None
+    try:
+        if nodes == 1:
+            kwargs: dict[str, Any] = dict(
+                include_dashboard=False, logging_level="ERROR", _temp_dir=str(tdir), num_cpus=cpus,
+                resources={NODE_RESOURCE.format(0): _NODE_RESOURCE_AMOUNT}, log_to_driver=False,
+                object_store_memory=object_store_mb << 20,
+                _system_config={"preallocate_plasma_memory": True},
+            )
+            if gpus is not None:
+                kwargs["num_gpus"] = gpus
+            ray.init(**kwargs)
+        else:
+            from ray.cluster_utils import Cluster as RayCluster
+
+            # cluster_utils writes the cluster address to <RAY_TMPDIR>/ray/ray_current_cluster:
+            # keep it inside our own temp dir so no other Ray user on the machine is redirected.
+            os.environ["RAY_TMPDIR"] = str(tdir)
+            (tdir / "ray").mkdir(exist_ok=True)
+            sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
+            for i in range(nodes):
+                args: dict[str, Any] = dict(num_cpus=cpus, resources={NODE_RESOURCE.format(i): _NODE_RESOURCE_AMOUNT},
+                                            object_store_memory=object_store_mb << 20)
+                if gpus is not None:
+                    args["num_gpus"] = gpus
+                if i == 0:
+                    args.update(include_dashboard=False)
+                sim.add_node(wait=False, **args)
+            sim.wait_for_nodes(timeout=60)
+            ray.init(address=sim.address, logging_level="ERROR", log_to_driver=False)
+    except BaseException:
+        if sim is not None:
+            sim.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+        raise
+    return sim
 
 
 def _own_token() -> None:
