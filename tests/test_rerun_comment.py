@@ -39,7 +39,7 @@ def test_all_states_and_failures_with_reasons():
     res = GroupResult("cpu", "cpu", "ubuntu-latest", cases=(
         CaseResult("suites/a.py::test_ok", "passed"),
         CaseResult("suites/a.py::test_bad", "failed", message="AssertionError: 3 != 4"),
-        CaseResult("suites/a.py::test_err", "error", message="setup: RuntimeError: boom"),
+        CaseResult("suites/a.py::test_err", "error", message="error in setup: RuntimeError: boom"),
         CaseResult("suites/a.py::test_skip", "skipped", message="needs GPU"),
     ), returncode=1)
     line = comment.render_line(comment.from_result(res, link="https://ci/run/1"))

@@ -87,7 +87,7 @@ def test_failure_gives_exit_1_reason_and_comment(tmp_path, capsys):
     assert "FAILED suites/test_broken.py::test_wrong_balance (cpu): assertion free pages 3 != 4 after release | assert 3 == 4" in out
     line = status.read_text().splitlines()[-1]
     assert line.startswith("- ❌ **cpu**") and "1 passed, 2 failed" in line
-    assert "test_setup_error` — setup: error RuntimeError: fixture exploded" in line
+    assert "test_setup_error` — error in setup: RuntimeError: fixture exploded" in line
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert summary["ok"] is False
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.plugins.explain import CLASSES
 from harness.report.results import one_line
 from harness.rerun.execute import PROGRESS_ENV as ENV
 
@@ -49,6 +50,15 @@ def _message(report: pytest.BaseReport) -> str:
     return one_line(text)
 
 
+def _in_phase(message: str, when: str) -> str:
+    """A setup or teardown failure's line: its evidence class first, as every failure's line leads
+    (``error in setup: RuntimeError: boom``); a message the explainer left unclassified is an error."""
+    head, _, rest = message.partition(" ")
+    if head in CLASSES:
+        return f"{head} in {when}: {rest}"
+    return f"error in {when}: {message}"
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     _write({"event": "collected", "count": len(session.items)})
 
@@ -70,7 +80,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             xfailed = getattr(report, "wasxfail", None) is not None
             st.update(outcome="xfailed" if xfailed else "skipped", message=_message(report))
     elif report.failed and st["outcome"] != "failed":
-        st.update(outcome="error", message=f"{report.when}: {_message(report)}")
+        st.update(outcome="error", message=_in_phase(_message(report), report.when))
     elif report.skipped and report.when == "setup":
         st.update(outcome="skipped", message=_message(report))
 
