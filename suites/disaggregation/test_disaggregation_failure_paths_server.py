@@ -503,7 +503,13 @@ def _duplicate_room(stack, run_dir) -> None:
         wait_until("prefill holding the first request before its KV send", lambda: hold.held(gate))
         decode.wait("decode's prealloc of the first request", rids[0], "prealloc")
         send(1)
-        time.sleep(0.5)  # not a phase: the second pair only needs to reach the servers before the send goes on
+        # The hazard, proven before the held send goes on: decode preallocated the second request too,
+        # under the room the first one holds (or answered it: refused the duplicate). Without this wait
+        # the outcome was a race: on a loaded runner the second request reached the servers only after
+        # the first one's transfer (both served: XPASS) or while it ran (prefill's scheduler died).
+        to_decode = futures[3]
+        wait_until("decode preallocating (or answering) the second request under the room in use",
+                   lambda: to_decode.done() or bool(decode.events(rids[1], "prealloc")))
     finally:
         hold.release(gate)
     done, pending = concurrent.futures.wait(futures, timeout=ANSWER_S)
