@@ -219,3 +219,61 @@ def test_a_node_start_that_ray_times_out_is_tried_once_more_and_nothing_else_is(
     with pytest.raises(RuntimeError, match="port in use"):  # anything else: at once
         _with_one_retry(start([RuntimeError("port in use")]))
     assert len(calls) == 1
+
+
+#: Run in a fresh interpreter (this one is connected to the session's cluster): the first node start
+#: meets a GCS that never answers (Ray's own wait loop, its clock moved past its 30 s), the second a
+#: working one; what the first attempt started must be gone before the second, and nothing after shutdown.
+_TIMED_OUT_START = '''
+import os, time
+import ray._private.node as node_mod, ray._private.services as services
+from harness.cluster import Cluster
+from harness.cluster import cluster as cluster_mod
+from harness.workers import procs
+
+real_get_node, failing = services.get_node, [True]
+
+def get_node(*args, **kwargs):
+    if failing[0]:
+        raise RuntimeError("node info not in the GCS (the test's)")
+    return real_get_node(*args, **kwargs)
+
+class Clock:
+    def __init__(self):
+        self.shift = 0.0
+    def monotonic(self):
+        self.shift += 31.0 if failing[0] else 0.0
+        return time.monotonic() + self.shift
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+services.get_node, node_mod.time = get_node, Clock()
+start_ray = cluster_mod._start_ray
+
+def once(*args):
+    try:
+        return start_ray(*args)
+    finally:
+        if failing[0]:
+            failing[0] = False
+            print("left by the failed attempt:", procs.descendants(os.getpid()), flush=True)
+
+cluster_mod._start_ray = once
+cluster = Cluster.start()
+print("started", flush=True)
+cluster.shutdown()
+print("left after shutdown:", procs.descendants(os.getpid()), flush=True)
+'''
+
+
+def test_a_timed_out_node_start_leaves_no_process_and_the_retry_starts_the_cluster(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", _TIMED_OUT_START], env=env, capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "node start timed out" in done.stderr, done.stderr[-3000:]  # the retry's warning: it did time out
+    lines = done.stdout.splitlines()
+    assert lines == ["left by the failed attempt: []", "started", "left after shutdown: []"], done.stdout

@@ -350,7 +350,7 @@ def _with_one_retry(start: Callable[[], Any]) -> Any:
 def _start_ray(nodes: int, cpus: float, gpus: int | None, tdir: Path, object_store_mb: int) -> Any:
     """Start Ray's node(s) and connect this process: one in-process head for one node, else a
     ``cluster_utils.Cluster`` of ``nodes`` (returned; None for one node). A failure leaves no Ray
-    process and this process disconnected."""
+    process (:func:`_stop_leftovers`) and this process disconnected."""
     import ray
 
     sim = None
@@ -388,8 +388,30 @@ def _start_ray(nodes: int, cpus: float, gpus: int | None, tdir: Path, object_sto
             sim.shutdown()
         if ray.is_initialized():
             ray.shutdown()
+        _stop_leftovers(tdir)
         raise
     return sim
+
+
+def _stop_leftovers(tdir: Path, timeout: float = 10.0) -> None:
+    """Kill the processes a failed start left: a node whose start raised (Ray's startup timeout among
+    them) is known to neither ``ray.shutdown`` nor its ``cluster_utils.Cluster``, yet its GCS, raylet and
+    monitors run on. They are this process's descendants that name ``tdir`` on their command line
+    (every Ray process of the attempt does: its session lives there), so a concurrent start of
+    something else here is left alone."""
+    import psutil
+
+    mine = []
+    for pid in procs.descendants(os.getpid()):
+        try:
+            if str(tdir) in " ".join(psutil.Process(pid).cmdline()):
+                os.kill(pid, 9)
+                mine.append(pid)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    left = procs.wait_gone(mine, timeout)
+    if left:
+        log.warning("processes of a failed Ray start still running %.0f s after SIGKILL: %s", timeout, left)
 
 
 def _own_token() -> None:
