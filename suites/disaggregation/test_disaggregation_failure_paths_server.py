@@ -507,7 +507,7 @@ def _duplicate_room(stack, run_dir) -> None:
         # under the room the first one holds (or answered it: refused the duplicate). Without this wait
         # the outcome was a race: on a loaded runner the second request reached the servers only after
         # the first one's transfer (both served: XPASS) or while it ran (prefill's scheduler died).
-        to_decode = futures[3]
+        to_decode = futures[-1]  # the second request's to decode (each send adds prefill's, then decode's)
         wait_until("decode preallocating (or answering) the second request under the room in use",
                    lambda: to_decode.done() or bool(decode.events(rids[1], "prealloc")))
     finally:
