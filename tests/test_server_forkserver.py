@@ -8,6 +8,7 @@ by its real command, at the worker's priority, with sglang imported after its ow
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -103,3 +104,23 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
             if "before crash diagnostics" in p.read_text(errors="replace")]
     assert not held, f"servers waited for sglang's crash diagnostics before exiting: {held} (killed: {killed})"
     assert stacks._more_placements == [] and stacks._placement is None
+
+
+def test_the_router_starts_beside_its_servers_and_registers_them_once_ready(sglang_servers):
+    # The session's stack of this model (started once, shared with the tests above).
+    stack = sglang_servers.pd(MODEL)
+    router_cmd = " ".join(psutil.Process(stack.router.info.payload_pid).cmdline())
+    assert "--prefill" not in router_cmd and "--decode" not in router_cmd, router_cmd
+    # It was up before the servers: started while they were still loading (a router started after
+    # them, given their URLs, would start later than their "ready to roll" line).
+    started = datetime.fromtimestamp(stack.router.info.payload_start).replace(microsecond=0)
+    for w in (stack.prefill, stack.decode):
+        ready = [ln for ln in open(w.info.log_path, errors="replace") if "The server is fired up and ready to roll" in ln]
+        assert ready, f"{w.name} never logged that it is ready"
+        at = datetime.strptime(ready[0][1:20], "%Y-%m-%d %H:%M:%S")
+        assert started < at, f"router started at {started}, after {w.name} was ready at {at}"
+    # Registered through /workers once each was ready: both listed, healthy, with prefill's bootstrap port.
+    listed = {w["worker_type"]: w for w in stack.client("router").workers()}
+    assert set(listed) == {"prefill", "decode"} and all(w.get("is_healthy") for w in listed.values()), listed
+    assert listed["prefill"]["url"] == stack.prefill.url("http") and listed["decode"]["url"] == stack.decode.url("http")
+    assert listed["prefill"].get("bootstrap_port") == stack.prefill.ports["bootstrap"], listed["prefill"]

@@ -35,6 +35,8 @@ API::
     Subprocess(argv, env={}, cwd=None, fatal=())       # argv items may contain "{port_name}"
     HttpCheck(url, status=200) | PortCheck(port) | CallCheck(method)   # readiness checks
     start_worker(spec, group=None, bundle_index=0, timeout=None) -> Worker   # started and ready
+    launch_worker(spec, group=None, bundle_index=0, timeout=None) -> Worker  # started, ports known; then
+    worker.wait_ready(timeout=None)                                          # ready
     Probe                            # a ready-made in-process payload: context(), env(name), pid(), echo(x)
     worker.call(method, *args, timeout=60.0, **kwargs) -> Any               # in-process payloads
     worker.info -> WorkerInfo(name, node_id, hostname, pid, gpu_ids, cuda_visible_devices,
@@ -72,7 +74,7 @@ Example (an in-process payload and a server subprocess, each in its placement gr
 """
 
 from harness.workers.actor import current, tail_file
-from harness.workers.handle import Worker, payload_error, start_worker
+from harness.workers.handle import Worker, launch_worker, payload_error, start_worker
 from harness.workers.nodes import NodeRef
 from harness.workers.probe import Probe
 from harness.workers.spec import (
@@ -95,4 +97,4 @@ from harness.workers.watchdog import Watchdog
 
 __all__ = ["TAIL_LINES", "CallCheck", "Check", "HttpCheck", "InProcess", "NodeRef", "PlacementBundles", "PortCheck", "RolePlacement",
            "Probe", "Subprocess", "Watchdog", "Worker", "WorkerContext", "WorkerDied", "WorkerInfo", "WorkerSpec",
-           "WorkerStartError", "current", "payload_error", "start_worker", "tail_file"]
+           "WorkerStartError", "current", "launch_worker", "payload_error", "start_worker", "tail_file"]

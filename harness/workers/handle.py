@@ -1,5 +1,6 @@
 """The driver's handle on one started worker (:class:`Worker`) and :func:`start_worker`, which starts
-the actor in its placement-group bundle, starts its payload and waits until it is ready.
+the actor in its placement-group bundle, starts its payload and waits until it is ready
+(:func:`launch_worker` starts it without the wait).
 
 Every poll of a starting worker first checks that the actor and its subprocess are alive; a worker
 that dies raises :class:`~harness.workers.spec.WorkerDied` (name, cause, last 50 log lines; a lost
@@ -293,24 +294,27 @@ def _actor_cause(e: Exception) -> str:
     return f"actor died: {summary}" if summary else f"actor died: {head}"
 
 
-def start_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | None" = None, bundle_index: int = 0,
-                 *, timeout: float | None = None, clock: Clock = DEFAULT_CLOCK) -> Worker:
-    """Start a worker actor in a placement-group bundle, start its payload and wait until it is ready.
+def launch_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | None" = None, bundle_index: int = 0,
+                  *, timeout: float | None = None, clock: Clock = DEFAULT_CLOCK) -> Worker:
+    """Start a worker actor in a placement-group bundle and start its payload, without waiting for
+    its readiness checks: its ports are leased and known (``worker.ports``, ``worker.url``), so a
+    process that only needs its address (a PD router) can start while it is still coming up.
+    :meth:`Worker.wait_ready` then waits for it; :func:`start_worker` does both.
 
     Args:
         spec: what to run.
         group: a :class:`harness.cluster.GroupPlacement` (any :class:`~harness.workers.spec.PlacementBundles`)
             or a raw Ray placement group; None runs the actor outside any placement group (no GPUs).
         bundle_index: which bundle (TP rank) of the group.
-        timeout: readiness budget (default ``spec.ready_timeout``); also bounds actor creation.
+        timeout: bounds actor creation and the payload's start (default ``spec.ready_timeout``).
         clock: the clock for the readiness wait.
 
     Returns:
-        The ready :class:`Worker`.
+        The started :class:`Worker` (not yet known to be ready).
 
     Raises:
         WorkerDied: the actor or its payload died while starting (the worker is stopped).
-        TimeoutError: not ready in time (the worker is stopped).
+        TimeoutError: the actor did not start in time (the worker is stopped).
     """
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -341,8 +345,31 @@ def start_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | N
         except GetTimeoutError:
             raise TimeoutError(f"worker {spec.name}: actor not started within {budget:g} s "
                                "(no room in its placement group bundle?)") from None
-        w.wait_ready(budget)
         w.node = node_of(w.info.node_id)
+    except BaseException:
+        w.stop(grace=1.0)
+        raise
+    return w
+
+
+def start_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | None" = None, bundle_index: int = 0,
+                 *, timeout: float | None = None, clock: Clock = DEFAULT_CLOCK) -> Worker:
+    """Start a worker (:func:`launch_worker`) and wait until it is ready.
+
+    Args: as :func:`launch_worker`; ``timeout`` (default ``spec.ready_timeout``) also bounds the
+        readiness wait.
+
+    Returns:
+        The ready :class:`Worker`.
+
+    Raises:
+        WorkerDied: the actor or its payload died while starting (the worker is stopped).
+        TimeoutError: not ready in time (the worker is stopped).
+    """
+    budget = spec.ready_timeout if timeout is None else timeout
+    w = launch_worker(spec, group, bundle_index, timeout=budget, clock=clock)
+    try:
+        w.wait_ready(budget)
     except BaseException:
         w.stop(grace=1.0)
         raise

@@ -144,6 +144,14 @@ class ServerClient:
         server, with its fake bootstrap); raises :class:`ServerHTTPError` when it does not answer 200."""
         self._request("GET", "/health_generate", timeout_s=timeout_s)
 
+    def add_worker(self, url: str, worker_type: str, bootstrap_port: int | None = None) -> None:
+        """Router ``POST /workers``: register a server (``worker_type`` ``prefill`` or ``decode``; a
+        prefill's bootstrap port); the router checks it and lists it in :meth:`workers` once healthy."""
+        body: dict = {"url": url, "worker_type": worker_type}
+        if bootstrap_port is not None:
+            body["bootstrap_port"] = int(bootstrap_port)
+        self._request("POST", "/workers", json=body)
+
     def workers(self) -> list[dict]:
         """Router ``/workers``: the registered workers (each a dict with url, type, health)."""
         data = self._request("GET", "/workers").json()

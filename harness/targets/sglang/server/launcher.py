@@ -348,7 +348,8 @@ def router_command(
     Args:
         topology: the topology (must have a router role).
         prefill: ``(url, bootstrap_port)`` of each prefill server.
-        decode: URL of each decode server.
+        decode: URL of each decode server. Neither (both empty): the router starts with no server,
+            each registered later through its ``/workers`` API (not with ``mini_lb``).
         port: the router's leased HTTP port.
         prometheus_port: its leased metrics port (the router's default, 29000, would collide).
         host: bind address.
@@ -366,8 +367,9 @@ def router_command(
     role = topology.roles_of("router")[0] if topology.roles_of("router") else None
     if role is None:
         raise LaunchError(f"topology {topology.name!r} has no router role; add [roles.router]")
-    if not prefill or not decode:
-        raise LaunchError("a PD router needs at least one prefill and one decode URL")
+    if (not prefill or not decode) and (prefill or decode or mini_lb):
+        raise LaunchError("a PD router needs at least one prefill and one decode URL (or none of either, "
+                          "to register them later through its /workers API; MiniLB has none)")
     argv = [python, "-m", ROUTER_MODULE, "--host", host, "--port", str(port),
             "--prometheus-host", host, "--prometheus-port", str(prometheus_port),
             "--pd-disaggregation", "--policy", "random" if mini_lb else policy]

@@ -139,5 +139,8 @@ def render(topology: Topology, commands: list[RoleCommand]) -> str:
         if rdma.NODE_GPUS_ENV in rc.command.env and rdma.FLAG not in rc.command.argv:
             out.append(f"# no RDMA device found here (/sys/class/infiniband, {rdma.DEVICES_ENV}): "
                        f"no {rdma.FLAG}, mooncake chooses")
+        if rc.role == "router":
+            out.append("# the harness starts it beside the servers without --prefill/--decode and registers each "
+                       "server (POST /workers) once it is ready: the same router, without its start-up retries")
         out += _lines(rc)
     return "\n".join(out) + "\n"

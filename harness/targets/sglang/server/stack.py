@@ -1,7 +1,8 @@
 """A real prefill + decode + router stack, each server the subprocess payload of a Ray worker.
 
-:func:`start_pd_stack` starts prefill and decode (concurrently: each needs tens of seconds on a
-CPU) in the topology's placement groups, then the router over their URLs. Each worker's command
+:func:`start_pd_stack` starts prefill, decode and the router at once (each server needs tens of
+seconds on a CPU), prefill and decode in the topology's placement groups, and registers each server
+with the router (its ``/workers`` API) once it is ready. Each worker's command
 comes from :mod:`.launcher`; its ports are leased inside the worker actor (:mod:`harness.workers.ports`) and filled into
 the ``{http}``/``{nccl}``/``{bootstrap}`` placeholders (:mod:`harness.workers`).
 
@@ -61,6 +62,7 @@ from harness.workers import (
     Subprocess,
     Worker,
     WorkerSpec,
+    launch_worker,
     procs,
     start_worker,
 )
@@ -80,6 +82,9 @@ def missing_stack_modules() -> list[str]:
 SERVER_PORT_NAMES = ("http", "nccl")
 PREFILL_PORT_NAMES = ("http", "nccl", "bootstrap")
 ROUTER_PORT_NAMES = ("http", "prometheus")
+#: Seconds between the router's attempts to register a server that is not up yet (sglang-router's
+#: default, 30, would hold a stack whose router starts beside its servers for up to 30 s).
+ROUTER_CHECK_INTERVAL_S = 1
 PLACEHOLDER_PORTS = ServerPorts(http="{http}", nccl="{nccl}", bootstrap="{bootstrap}")
 
 DEFAULT_READY_TIMEOUT_S = 420.0
@@ -267,6 +272,13 @@ def _group(placement: RolePlacement | None, role: str) -> PlacementBundles | Non
     return groups[0] if groups else None
 
 
+def _all_ready(pool: concurrent.futures.ThreadPoolExecutor, workers: Sequence[Worker], ready: Callable[[Worker], None]) -> None:
+    """Wait for ``workers`` at once; the first failure raises as soon as it happens (the caller stops
+    everything, which ends the other waits)."""
+    for waited in concurrent.futures.as_completed([pool.submit(ready, w) for w in workers]):
+        waited.result()
+
+
 def wait_router_registered(router: Worker, servers: Sequence[Worker], deadline: float, expect: int = 2) -> list[dict]:
     """Poll the router's ``/workers`` until ``expect`` workers are listed healthy.
 
@@ -358,7 +370,7 @@ def start_pd_stack(
         extra_args: more server flags per role kind (``prefill``, ``decode``); they win over defaults.
         extra_env: more environment per role kind (``prefill``, ``decode``), set last.
         ready_timeout: one deadline for the whole stack, in seconds.
-        on_start: called with each worker once it started.
+        on_start: called with each worker once the whole stack is ready (never for a stack that failed).
         forkserver: start prefill and decode as forks of the server fork server (the caller
             decides: :meth:`harness.cluster.Cluster.starts_forked`).
 
@@ -377,32 +389,52 @@ def start_pd_stack(
                                compat_patches=compat_patches, extra_args=extra_args, extra_env=extra_env)
     started: list[Worker] = []
 
-    def start(name: str, cmd: Command, ports: Sequence[str], role: str) -> Worker:
+    def launch(name: str, cmd: Command, ports: Sequence[str], role: str) -> Worker:
         spec = _spec(name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic()), forkserver=forkserver and role != "router")
-        w = _start(spec, _group(placement, role), on_start)
+        w = launch_worker(spec, _group(placement, role), 0)
         started.append(w)
         return w
 
+    def ready(w: Worker) -> None:
+        w.wait_ready(max(1.0, deadline - time.monotonic()))
+        log.info("worker %s ready: ports %s", w.name, w.ports)
+
+    # The router (sglang-router's Rust one) starts beside the servers with none registered, and each
+    # server is registered through its /workers API once ready: given the servers' URLs on its command
+    # line instead, it would try them while they come up and back off between tries (1 s more each
+    # time, up to 5 s). MiniLB (Python) has no such API: it starts after the servers, with their URLs.
+    pool = concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="pd-start")
     try:
-        with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pd-start") as pool:
-            fp = pool.submit(start, p_name, p_cmd, PREFILL_PORT_NAMES, "prefill")
-            fd = pool.submit(start, d_name, d_cmd, SERVER_PORT_NAMES, "decode")
+        fp = pool.submit(launch, p_name, p_cmd, PREFILL_PORT_NAMES, "prefill")
+        fd = pool.submit(launch, d_name, d_cmd, SERVER_PORT_NAMES, "decode")
+        if mini_lb:
             concurrent.futures.wait([fp, fd])
             prefill, decode = fp.result(), fd.result()
-        r_cmd = router_command(
-            topology,
-            prefill=[(prefill.url("http"), prefill.ports["bootstrap"])],
-            decode=[decode.url("http")],
-            port="{http}", prometheus_port="{prometheus}",
-            mini_lb=mini_lb, worker=r_name,
-        )
-        router = start(r_name, r_cmd, ROUTER_PORT_NAMES, "router")
+            _all_ready(pool, (prefill, decode), ready)
+            router = launch(r_name, router_command(
+                topology, prefill=[(prefill.url("http"), prefill.ports["bootstrap"])], decode=[decode.url("http")],
+                port="{http}", prometheus_port="{prometheus}", mini_lb=True, worker=r_name), ROUTER_PORT_NAMES, "router")
+            _all_ready(pool, (router,), ready)
+        else:
+            router = launch(r_name, router_command(topology, prefill=[], decode=[], port="{http}",
+                                                   prometheus_port="{prometheus}", worker=r_name), ROUTER_PORT_NAMES, "router")
+            concurrent.futures.wait([fp, fd])
+            prefill, decode = fp.result(), fd.result()
+            _all_ready(pool, (prefill, decode, router), ready)
+            client = ServerClient(router.url("http"), timeout_s=10.0)
+            client.add_worker(prefill.url("http"), "prefill", prefill.ports["bootstrap"])
+            client.add_worker(decode.url("http"), "decode")
         wait_router_registered(router, (prefill, decode), deadline)
     except BaseException:
         for w in reversed(started):
             w.stop(grace=2.0)
         raise
+    finally:
+        pool.shutdown(wait=True)
     stack = PdStack(prefill, decode, router, str(model), time.monotonic() - t0)
+    if on_start is not None:
+        for w in stack.workers:
+            on_start(w)
     log.info("PD stack ready in %.1f s: prefill %s decode %s router %s", stack.started_s,
              prefill.url("http"), decode.url("http"), router.url("http"))
     return stack
