@@ -378,3 +378,37 @@ def test_runs_without_servers_fill_the_cores_while_the_shared_server_fork_server
     assert not any(n in servers for n in order[:2])
     assert [n for n in order if n in servers] == [n for n in faultcheck.submission_order(plan) if n in servers]
     assert all(n in servers for n in order[2:2 + len(servers)])
+
+
+def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # What check() does with the order: each run starts when a slot frees, first handed out first.
+    # The runs here are stand-ins for the pytest subprocesses (check's scheduling is under test, not
+    # pytest); each takes a little while so that slots free one at a time. A pool of jobs + 1 threads
+    # behind a semaphore (the check before) started the first-handed-out runs last: this fails then.
+    from harness.faultcheck import matrix
+
+    names = [n for n in faults.catalog() if n not in matrix.NEEDS][:8]
+    events: list[tuple[str, str]] = []
+    lock = __import__("threading").Lock()
+
+    def fake_run(label, suites, out_dir, *, fault=None, timeout_s=0.0, root=None):
+        with lock:
+            events.append(("start", label))
+        __import__("time").sleep(0.05 + 0.01 * (len(label) % 3))
+        with lock:
+            events.append(("end", label))
+        ran = (faultcheck.TestOutcome(test_id=f"{suites[0]}::test_x", file=suites[0], outcome="passed"),)
+        return faultcheck.SuiteRun(label=label, suites=tuple(suites), returncode=0, outcomes=ran, wall_s=0.0,
+                                   junit=Path("j.xml"), log=Path("l.log"))
+
+    monkeypatch.setattr(matrix, "run_suites", fake_run)
+    suites = ("suites/unit/disaggregation/test_decode_reservation.py",)
+    faultcheck.check(names, suites=suites, out_dir=tmp_path / "out", jobs=2, root=tmp_path)
+    started = [label for kind, label in events if kind == "start" and label != faultcheck.CLEAN]
+    assert started == faultcheck.start_order({n: suites for n in names}, 2), started
+    running = most = 0
+    for kind, label in events:
+        if label != faultcheck.CLEAN:
+            running += 1 if kind == "start" else -1
+            most = max(most, running)
+    assert most == 2, f"{most} runs at once with jobs=2"
