@@ -353,31 +353,33 @@ def test_clean_run_of_two_suite_groups_runs_both_and_merges(tmp_path: Path):
     assert not clean.passed and set(clean.failing()) == {"other/test_more.py::test_more"}
 
 
-def test_fault_runs_that_start_servers_are_handed_out_first():
-    # The catalog's runs in the order the check hands them to its workers: every run with a real-server
-    # selection before every run without one (a long server run handed out last finishes alone), each
-    # kind in catalog order. Handing them out in catalog order fails this.
+def test_fault_runs_are_handed_out_longest_first():
+    # The catalog's runs in the order the check hands them to its workers: by their measured length,
+    # longest first (a long run handed out last finishes alone). Catalog order, or real-server runs
+    # first by their count of server selections (the order before), fails this.
     plan = {name: faultcheck.targets_for(name) for name in faults.catalog()}
     order = faultcheck.submission_order(plan)
-    servers = [name for name in plan if any(s.split("::")[0].endswith("_server.py") for s in plan[name])]
-    rest = [name for name in plan if name not in servers]
-    assert servers and rest
-    assert order[:len(servers)] == sorted(servers, key=lambda n: -sum(s.split("::")[0].endswith("_server.py")
-                                                                       for s in plan[n]))
-    assert order[len(servers):] == rest
+    est = [faults.get(name).est_s for name in order]
+    assert all(e > 0 for e in est), "every catalog fault carries its measured run length (est_s)"
+    assert est == sorted(est, reverse=True), list(zip(order, est))
+    # Runs of no known length (selections other than the catalog's: --suite) go real-server runs first.
+    other = {name: ("suites/x_server.py",) if i % 2 else ("suites/x.py",) for i, name in enumerate(plan)}
+    unknown = faultcheck.submission_order(other)
+    servers = [name for name in other if other[name][0].endswith("_server.py")]
+    assert unknown == servers + [name for name in other if name not in servers]
 
 
 def test_runs_without_servers_fill_the_cores_while_the_shared_server_fork_server_starts():
-    # The check starts one server fork server for every run's servers; until it serves, the first
-    # `jobs` runs without servers go, then the server runs in submission order, then the rest.
+    # The check starts one server fork server for every run's servers; until it serves, the `jobs`
+    # longest runs without servers go, then every other run in submission order.
     # Submission order alone (server runs first, each waiting for the fork server) fails this.
     plan = {name: faultcheck.targets_for(name) for name in faults.catalog()}
     order = faultcheck.start_order(plan, 2)
-    servers = [n for n in plan if faultcheck.starts_servers_any(plan[n])]
-    assert sorted(order) == sorted(plan) and len(servers) > 2
-    assert not any(n in servers for n in order[:2])
-    assert [n for n in order if n in servers] == [n for n in faultcheck.submission_order(plan) if n in servers]
-    assert all(n in servers for n in order[2:2 + len(servers)])
+    submitted = faultcheck.submission_order(plan)
+    without = [n for n in submitted if not faultcheck.starts_servers_any(plan[n])]
+    assert sorted(order) == sorted(plan) and len(without) > 2
+    assert order[:2] == without[:2]
+    assert order[2:] == [n for n in submitted if n not in without[:2]]
 
 
 def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -316,20 +316,28 @@ def starts_servers_any(selections: Iterable[str]) -> bool:
     return any(starts_servers(s) for s in selections)
 
 
+def estimate(name: str, selections: tuple[str, ...]) -> float:
+    """Seconds a fault's run is expected to take: its catalog ``est_s`` when it runs its catalog
+    selections, else 0 (not known: ``--suite`` chose others)."""
+    fault = fault_catalog.get(name)
+    return fault.est_s if tuple(selections) == tuple(fault.suites) else 0.0
+
+
 def submission_order(plan: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """The order fault runs are handed to the ``jobs`` workers: runs that start real servers first (the
-    most server selections first), then the rest, catalog order within each. A long server run handed
-    out late finishes alone while the other workers idle (in catalog order, a fresh clone's check handed
-    out the malformed bootstrap address's run, 92 s, second to last; the last 30 s it ran by itself);
-    the short runs fill the end instead."""
-    return sorted(plan, key=lambda name: -sum(starts_servers(s) for s in plan[name]))
+    """The order fault runs are handed to the ``jobs`` workers: longest first (:func:`estimate`), and
+    among runs of no known length those that start real servers first (the most server selections
+    first); catalog order between equals. A long run handed out late finishes alone while the other
+    workers idle (in catalog order, a fresh clone's check handed out the malformed bootstrap address's
+    run, 92 s, second to last; the last 30 s it ran by itself); the short runs fill the end instead."""
+    return sorted(plan, key=lambda name: (-estimate(name, plan[name]), -sum(starts_servers(s) for s in plan[name])))
 
 
 def start_order(plan: Mapping[str, tuple[str, ...]], jobs: int) -> list[str]:
-    """:func:`submission_order`, but the first ``jobs`` runs without servers go first: they keep the
-    cores busy while the shared server fork server starts (:func:`share_server_fork_server`)."""
+    """:func:`submission_order`, but the first ``jobs`` runs without servers go first (the longest of
+    them): they keep the cores busy while the shared server fork server starts
+    (:func:`share_server_fork_server`), which every run with servers waits for."""
     order = submission_order(plan)
-    early = [name for name in reversed(order) if not starts_servers_any(plan[name])][:jobs]
+    early = [name for name in order if not starts_servers_any(plan[name])][:jobs]
     return early + [name for name in order if name not in early]
 
 

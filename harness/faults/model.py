@@ -34,6 +34,9 @@ class Fault:
             stop the server over before the harness's oracle can look (its idle memory check, on by
             default, crashes the scheduler at the first idle moment after a leak): the catch the
             check counts must be the harness's.
+        est_s: seconds one ``harness faults check`` run of it takes with its ``suites`` (real server
+            stacks included) on the 2-core CPU runner, as last measured (the check prints each run's);
+            the check hands the longest runs out first. 0: not known.
     """
 
     name: str
@@ -45,6 +48,7 @@ class Fault:
     make: Callable[[Any], Any] | None = None
     requires: tuple[str, ...] = ()
     sglang_checks: str = ""
+    est_s: float = 0.0
 
     @property
     def is_patch(self) -> bool:

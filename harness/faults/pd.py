@@ -40,6 +40,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="transfer-engine corruption class (e.g. mooncake partial writes)",
         evidence=("KVCorruption",),
         suites=("suites/disaggregation/test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",),
+        est_s=18,
         target="harness.pd.kvfill:pack_pages",
         make=_corrupt_first_page,
     ),

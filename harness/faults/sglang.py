@@ -9,7 +9,9 @@ verification of every PD request) — and the smallest suite selection that carr
 every suite that asserts accounting.
 
 Add a fault: write its diff against the target sglang (paths ``a/sglang/...``, one marker line
-appending the name to ``$HARNESS_FAULT_FIRED`` where the broken code runs) and append an entry.
+appending the name to ``$HARNESS_FAULT_FIRED`` where the broken code runs) and append an entry. Its
+``est_s`` is the seconds ``harness faults check`` printed for its run (measured on the 2-core CPU
+runner; it only orders the runs).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#35286 / sglang#35396",
         evidence=("[evicted-unaligned]", *_CONTENT),
         suites=(_LEDGER,),
+        est_s=4,
     ),
     Fault(
         name="swa-tail-short",
@@ -61,6 +64,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#35286 / sglang#35396 class (tail rounding)",
         evidence=("[swa-tail-short]", "[swa-window-lost]", "WindowLost"),
         suites=(_LEDGER, _SWA_SERVER_LEDGER),
+        est_s=25,
     ),
     Fault(
         name="release-leaks-swa",
@@ -68,6 +72,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#27789 / sglang#36081 (SWA pool page leaks)",
         evidence=("[page-leak]", "[not-baseline]", "[free-mismatch]", "[reset-leak]"),
         suites=(_LEDGER, _SWA_SERVER_LEDGER),
+        est_s=20,
         # Every release leaks: on a server sglang's idle check (at warm-up), its busy check and its
         # strict invariant level (swa.peer_released) each stop the scheduler before the ledger is read.
         sglang_checks="debug-memory-pool",
@@ -78,6 +83,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#40309",
         evidence=("[alloc-after-admit]",),
         suites=(_RECLAIM,),
+        est_s=2,
     ),
     Fault(
         name="swa-full-length",
@@ -85,6 +91,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#24036 (SWA prealloc sizing)",
         evidence=("[swa-charge]", "[evicted-mismatch]", "[alloc-after-admit]"),
         suites=(_LEDGER,),
+        est_s=3,
     ),
     Fault(
         name="decode-reserve-unaligned",
@@ -92,6 +99,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#35265",
         evidence=("[reserve-short]",),
         suites=(_RESERVATION, _ADMISSION),
+        est_s=18,
     ),
     Fault(
         name="hisparse-budget-swa",
@@ -99,6 +107,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#30401 / sglang#30408",
         evidence=("[admission-short]",),
         suites=(_SWEEP,),
+        est_s=4,
     ),
     Fault(
         name="decode-skips-swa-evict",
@@ -106,6 +115,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#27789 class (SWA pool growth during decode)",
         evidence=("[swa-evict-late]", "[swa-over-window]"),
         suites=(_PD_CONCURRENT, _SWA_SERVER_LEDGER),
+        est_s=35,
     ),
     Fault(
         name="swa-evict-frees-window",
@@ -116,6 +126,7 @@ FAULTS: tuple[Fault, ...] = (
         # too). The server suite's greedy-parity tests never decode past an eviction.
         evidence=("[swa-window-lost]", "WindowLost"),
         suites=(_PD_CONCURRENT, _SWA_SERVER_LEDGER),
+        est_s=33,
     ),
     Fault(
         name="decode-skips-failed-release",
@@ -123,6 +134,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#6258 / sglang#9817 / sglang#7130 (PD decode leaks after failed transfers)",
         evidence=("[page-leak]", "[reset-leak]", "[not-baseline]"),
         suites=(_PD_FAILED_TRANSFER, _ABORT_IN_FLIGHT, _PREFILL_KILLED),
+        est_s=73,
         sglang_checks=_ALL_BUT_IDLE,
     ),
     Fault(
@@ -133,6 +145,7 @@ FAULTS: tuple[Fault, ...] = (
         # free nor cached, on decode and on prefill alike.
         evidence=("[reset-leak]", "[not-baseline]", "[page-leak]"),
         suites=(_HEALTH,),
+        est_s=26,
         sglang_checks=_ALL_BUT_IDLE,
     ),
     Fault(
@@ -141,6 +154,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#40309 class (retracted requests resumed without their SWA pages reclaimed)",
         evidence=("[page-leak]", "[not-baseline]", "[reset-leak]"),
         suites=(_PD_RETRACTION, _RETRACTION),
+        est_s=37,
         # Its SWA pages leak with their full peers freed: at sglang's strict invariant level
         # (swa.peer_released) the release raises half done, and the real decode's scheduler dies
         # (the test then waits minutes and its page-leak is the crash's, not the fault's).
@@ -152,6 +166,7 @@ FAULTS: tuple[Fault, ...] = (
         upstream="sglang#6258 / sglang#9817 class, prefill side (KV held for a transfer that can never complete)",
         evidence=("[reset-leak]", "[not-baseline]"),
         suites=(_DECODE_KILLED,),
+        est_s=18,
         sglang_checks=_ALL_BUT_IDLE,
     ),
     Fault(
@@ -162,6 +177,7 @@ FAULTS: tuple[Fault, ...] = (
         # into a failure of its own after a bounded wait (and aborts it).
         evidence=("hangs the request",),
         suites=(_BAD_BOOTSTRAP,),
+        est_s=44,
     ),
     Fault(
         name="swa-grouped-free-drops-last-page",
@@ -171,6 +187,7 @@ FAULTS: tuple[Fault, ...] = (
         # The SWA server's ledger test catches it too ([reset-leak] on decode; `--all` runs it there):
         # the CI selection leaves that cell to the four faults above that need it, one stack start less.
         suites=(_PD_CONCURRENT,),
+        est_s=16,
         sglang_checks=_ALL_BUT_IDLE,
     ),
 )
