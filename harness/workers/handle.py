@@ -133,7 +133,7 @@ class Worker:
         """Wait for the readiness checks; every poll first checks liveness.
 
         Raises:
-            WorkerDied: the worker died while starting.
+            WorkerDied: the worker died, or was stopped, while starting.
             TimeoutError: not ready within ``timeout`` (default ``spec.ready_timeout``).
         """
         import ray
@@ -142,6 +142,8 @@ class Worker:
         budget = self.spec.ready_timeout if timeout is None else timeout
         deadline = self._clock.now() + budget
         while True:
+            if self._stopped:  # by another thread (a stack whose other worker died while starting)
+                raise WorkerDied(self.name, "stopped before it was ready", self.tail(), self.log_path)
             self.check()
             left = deadline - self._clock.now()
             try:
