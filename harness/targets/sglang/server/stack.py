@@ -404,6 +404,7 @@ def start_pd_stack(
     # line instead, it would try them while they come up and back off between tries (1 s more each
     # time, up to 5 s). MiniLB (Python) has no such API: it starts after the servers, with their URLs.
     pool = concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="pd-start")
+    fp = fd = None
     try:
         fp = pool.submit(launch, p_name, p_cmd, PREFILL_PORT_NAMES, "prefill")
         fd = pool.submit(launch, d_name, d_cmd, SERVER_PORT_NAMES, "decode")
@@ -426,6 +427,8 @@ def start_pd_stack(
             client.add_worker(decode.url("http"), "decode")
         wait_router_registered(router, (prefill, decode), deadline)
     except BaseException:
+        # A server launch still going (the router's failed beside it) adds its worker when it ends.
+        concurrent.futures.wait([f for f in (fp, fd) if f is not None])
         for w in reversed(started):
             w.stop(grace=2.0)
         raise
