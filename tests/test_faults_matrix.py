@@ -407,7 +407,12 @@ def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monk
     suites = ("suites/unit/disaggregation/test_decode_reservation.py",)
     faultcheck.check(names, suites=suites, out_dir=tmp_path / "out", jobs=2, root=tmp_path)
     started = [label for kind, label in events if kind == "start" and label != faultcheck.CLEAN]
-    assert started == faultcheck.start_order({n: suites for n in names}, 2), started
+    expected = faultcheck.start_order({n: suites for n in names}, 2)
+    assert sorted(started) == sorted(expected)
+    # Two runs taken off the queue together may note their starts in either order: one place either
+    # way. The semaphore started the third run handed out last of eight.
+    late = {n: started.index(n) - expected.index(n) for n in expected if abs(started.index(n) - expected.index(n)) > 1}
+    assert not late, f"runs started out of order (places late): {late}; started {started}"
     running = most = 0
     for kind, label in events:
         if label != faultcheck.CLEAN:

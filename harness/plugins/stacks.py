@@ -75,7 +75,12 @@ class ServerStacks:
 
     def _own(self, worker: Worker) -> None:
         self.workers.append(worker)
-        if worker.info and worker.info.payload_pid:
+        self._launched(worker)
+
+    def _launched(self, worker: Worker) -> None:
+        """Count a worker's payload in close()'s leftover check from its launch on (a stack whose start
+        then fails stops it itself, and never hands it over)."""
+        if worker.info and worker.info.payload_pid and worker.info.payload_pid not in self._pids:
             self._pids.append(worker.info.payload_pid)
 
     def _watch(self, worker: Worker) -> None:
@@ -255,7 +260,8 @@ class ServerStacks:
 
         more = dict(extra_args or {})
         return start_pd_stack(self.topology, model, self.run_dir.root, placement=placement, names=names, mini_lb=mini_lb,
-                              on_start=on_start, ready_timeout=self.ready_timeout, forkserver=self.forkserver,
+                              on_start=on_start, on_launch=self._launched, ready_timeout=self.ready_timeout,
+                              forkserver=self.forkserver,
                               extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")},
                               extra_env=extra_env)
 

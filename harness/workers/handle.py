@@ -151,6 +151,8 @@ class Worker:
                     assert self.info is not None, "a worker is started before it is waited on"
                     return self.info
             except RayActorError as e:
+                if self._stopped:  # its actor was killed by that stop, mid-call
+                    raise WorkerDied(self.name, "stopped before it was ready", self.tail(), self.log_path) from None
                 raise self._actor_error(e) from None
             except GetTimeoutError:
                 pass

@@ -82,9 +82,6 @@ def missing_stack_modules() -> list[str]:
 SERVER_PORT_NAMES = ("http", "nccl")
 PREFILL_PORT_NAMES = ("http", "nccl", "bootstrap")
 ROUTER_PORT_NAMES = ("http", "prometheus")
-#: Seconds between the router's attempts to register a server that is not up yet (sglang-router's
-#: default, 30, would hold a stack whose router starts beside its servers for up to 30 s).
-ROUTER_CHECK_INTERVAL_S = 1
 PLACEHOLDER_PORTS = ServerPorts(http="{http}", nccl="{nccl}", bootstrap="{bootstrap}")
 
 DEFAULT_READY_TIMEOUT_S = 420.0
@@ -351,6 +348,7 @@ def start_pd_stack(
     extra_env: Mapping[str, Mapping[str, str]] | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
     on_start: OnStart | None = None,
+    on_launch: OnStart | None = None,
     forkserver: bool = False,
 ) -> PdStack:
     """Start prefill and decode servers and a PD router as three Ray workers, and wait until ready.
@@ -371,6 +369,8 @@ def start_pd_stack(
         extra_env: more environment per role kind (``prefill``, ``decode``), set last.
         ready_timeout: one deadline for the whole stack, in seconds.
         on_start: called with each worker once the whole stack is ready (never for a stack that failed).
+        on_launch: called with each worker as soon as it is launched (its processes exist), whether or
+            not the stack then becomes ready: for the caller's own leftover checks.
         forkserver: start prefill and decode as forks of the server fork server (the caller
             decides: :meth:`harness.cluster.Cluster.starts_forked`).
 
@@ -393,6 +393,8 @@ def start_pd_stack(
         spec = _spec(name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic()), forkserver=forkserver and role != "router")
         w = launch_worker(spec, _group(placement, role), 0)
         started.append(w)
+        if on_launch is not None:
+            on_launch(w)
         return w
 
     def ready(w: Worker) -> None:
@@ -426,18 +428,21 @@ def start_pd_stack(
             client.add_worker(prefill.url("http"), "prefill", prefill.ports["bootstrap"])
             client.add_worker(decode.url("http"), "decode")
         wait_router_registered(router, (prefill, decode), deadline)
+        stack = PdStack(prefill, decode, router, str(model), time.monotonic() - t0)
+        if on_start is not None:  # inside: a callback that raises stops the stack too
+            for w in stack.workers:
+                on_start(w)
     except BaseException:
         # A server launch still going (the router's failed beside it) adds its worker when it ends.
         concurrent.futures.wait([f for f in (fp, fd) if f is not None])
         for w in reversed(started):
-            w.stop(grace=2.0)
+            try:
+                w.stop(grace=2.0)
+            except Exception as e:  # noqa: BLE001 - stop the others all the same; the start's error is raised
+                log.warning("stopping %s after a failed stack start: %r", w.name, e)
         raise
     finally:
         pool.shutdown(wait=True)
-    stack = PdStack(prefill, decode, router, str(model), time.monotonic() - t0)
-    if on_start is not None:
-        for w in stack.workers:
-            on_start(w)
     log.info("PD stack ready in %.1f s: prefill %s decode %s router %s", stack.started_s,
              prefill.url("http"), decode.url("http"), router.url("http"))
     return stack
