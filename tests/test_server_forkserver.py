@@ -2,12 +2,15 @@
 and the next model's stack starts ahead of its tests (harness.plugins.servers):
 the Ray worker runs the fork server's client, the server itself is a child of the fork server named
 by its real command, at the worker's priority, with sglang imported after its own sitecustomize
-(compat patches and probe installed in it), and the stack serves. Same model and flags as
-``test_disaggregation_basic_server.py``, so in one session both use one stack."""
+(compat patches and probe installed in it), and the stack serves. A stack's router starts beside its
+servers and registers them once ready, and a router that cannot start leaves no server behind. Same
+model and flags as ``test_disaggregation_basic_server.py``, so in one session both use one stack."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -124,3 +127,25 @@ def test_the_router_starts_beside_its_servers_and_registers_them_once_ready(sgla
     assert set(listed) == {"prefill", "decode"} and all(w.get("is_healthy") for w in listed.values()), listed
     assert listed["prefill"]["url"] == stack.prefill.url("http") and listed["decode"]["url"] == stack.decode.url("http")
     assert listed["prefill"].get("bootstrap_port") == stack.prefill.ports["bootstrap"], listed["prefill"]
+
+
+def test_a_router_that_cannot_start_stops_the_servers_launched_beside_it(ray_cluster, run_dir):
+    # The router's command fails (a topology with no router role) while prefill and decode are still
+    # being launched beside it: the error is raised, and both servers, launched a moment later, are
+    # stopped too, not left running outside the stack.
+    from harness.targets.sglang.server.launcher import LaunchError
+    from harness.targets.sglang.server.models import ensure_model
+    from harness.targets.sglang.server.stack import start_pd_stack
+
+    cpu = topology.get("cpu")
+    no_router = dataclasses.replace(cpu, roles=tuple(r for r in cpu.roles if r.kind != "router"))
+    names = ("prefill-norouter", "decode-norouter", "router-norouter")
+    with pytest.raises(LaunchError, match="no router role"):
+        start_pd_stack(no_router, ensure_model(MODEL), run_dir.root, names=names,
+                       forkserver=ray_cluster.starts_forked("server", cpu))
+    for name in names[:2]:
+        log = (run_dir.workers / f"{name}.log").read_text()
+        assert "[harness] exec " in log, f"{name} was never launched"
+        port = re.search(r"'http': (\d+)", log).group(1)
+        left = [p.pid for p in psutil.process_iter(["cmdline"]) if f"--port {port} " in " ".join(p.info["cmdline"] or ())]
+        assert left == [], f"{name} left running: {left}"

@@ -164,30 +164,6 @@ def test_death_during_startup_names_the_role_with_its_log_tail(ray_cluster, run_
     assert left == [], f"processes of the stack left behind: {left}"
 
 
-def test_a_router_that_cannot_start_stops_the_servers_launched_beside_it(ray_cluster, run_dir):
-    # The router's command fails (a topology with no router role) while prefill and decode are still
-    # being launched beside it: the error is raised, and both servers, launched a moment later, are
-    # stopped too, not left running outside the stack.
-    import dataclasses
-
-    from harness.api import start_pd_stack, topology
-    from harness.targets.sglang.server.launcher import LaunchError
-    from harness.targets.sglang.server.models import ensure_model
-
-    cpu = topology.get("cpu")
-    no_router = dataclasses.replace(cpu, roles=tuple(r for r in cpu.roles if r.kind != "router"))
-    names = ("prefill-norouter", "decode-norouter", "router-norouter")
-    with pytest.raises(LaunchError, match="no router role"):
-        start_pd_stack(no_router, ensure_model(MODEL), run_dir.root, names=names,
-                       forkserver=ray_cluster.starts_forked("server", cpu))
-    for name in names[:2]:
-        log = (run_dir.workers / f"{name}.log").read_text()
-        assert "[harness] exec " in log, f"{name} was never launched"
-        port = re.search(r"'http': (\d+)", log).group(1)
-        left = [p.pid for p in psutil.process_iter(["cmdline"]) if f"--port {port} " in " ".join(p.info["cmdline"] or ())]
-        assert left == [], f"{name} left running: {left}"
-
-
 def _workload_until_death(stack, victim, kill_after_s: float = 1.0) -> tuple[WorkerDied, float]:
     """Send requests through the router; kill ``victim``'s server process mid-workload.
 
