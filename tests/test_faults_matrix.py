@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -391,12 +393,12 @@ def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monk
 
     names = [n for n in faults.catalog() if n not in matrix.NEEDS][:8]
     events: list[tuple[str, str]] = []
-    lock = __import__("threading").Lock()
+    lock = threading.Lock()
 
     def fake_run(label, suites, out_dir, *, fault=None, timeout_s=0.0, root=None):
         with lock:
             events.append(("start", label))
-        __import__("time").sleep(0.05 + 0.01 * (len(label) % 3))
+        time.sleep(0.05 + 0.01 * (len(label) % 3))
         with lock:
             events.append(("end", label))
         ran = (faultcheck.TestOutcome(test_id=f"{suites[0]}::test_x", file=suites[0], outcome="passed"),)

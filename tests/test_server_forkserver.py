@@ -112,11 +112,12 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
 def test_the_router_starts_beside_its_servers_and_registers_them_once_ready(sglang_servers):
     # The session's stack of this model (started once, shared with the tests above).
     stack = sglang_servers.pd(MODEL)
-    router_cmd = " ".join(psutil.Process(stack.router.info.payload_pid).cmdline())
+    router = psutil.Process(stack.router.info.payload_pid)
+    router_cmd = " ".join(router.cmdline())
     assert "--prefill" not in router_cmd and "--decode" not in router_cmd, router_cmd
     # It was up before the servers: started while they were still loading (a router started after
     # them, given their URLs, would start later than their "ready to roll" line).
-    started = datetime.fromtimestamp(psutil.Process(stack.router.info.payload_pid).create_time()).replace(microsecond=0)
+    started = datetime.fromtimestamp(router.create_time()).replace(microsecond=0)
     for w in (stack.prefill, stack.decode):
         ready = [ln for ln in open(w.info.log_path, errors="replace") if "The server is fired up and ready to roll" in ln]
         assert ready, f"{w.name} never logged that it is ready"

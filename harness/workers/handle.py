@@ -143,7 +143,7 @@ class Worker:
         deadline = self._clock.now() + budget
         while True:
             if self._stopped:  # by another thread (a stack whose other worker died while starting)
-                raise WorkerDied(self.name, "stopped before it was ready", self.tail(), self.log_path)
+                raise self._stopped_while_starting()
             self.check()
             left = deadline - self._clock.now()
             try:
@@ -152,7 +152,7 @@ class Worker:
                     return self.info
             except RayActorError as e:
                 if self._stopped:  # its actor was killed by that stop, mid-call
-                    raise WorkerDied(self.name, "stopped before it was ready", self.tail(), self.log_path) from None
+                    raise self._stopped_while_starting() from None
                 raise self._actor_error(e) from None
             except GetTimeoutError:
                 pass
@@ -160,6 +160,9 @@ class Worker:
                 pid = f" (payload pid {self.info.payload_pid})" if self.info and self.info.payload_pid else ""
                 raise TimeoutError(f"worker {self.name}: not ready after {budget:g} s{pid}\n--- last lines of its log ---\n{self.tail()}")
             self._clock.sleep(min(_POLL_S * 2, max(0.0, deadline - self._clock.now())))
+
+    def _stopped_while_starting(self) -> WorkerDied:
+        return WorkerDied(self.name, "stopped before it was ready", self.tail(), self.log_path)
 
     def call(self, method: str, *args: Any, timeout: float = 60.0, **kwargs: Any) -> Any:
         """Call ``method`` on the in-process payload, in the actor.

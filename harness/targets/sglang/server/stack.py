@@ -417,7 +417,7 @@ def start_pd_stack(
             router = launch(r_name, router_command(
                 topology, prefill=[(prefill.url("http"), prefill.ports["bootstrap"])], decode=[decode.url("http")],
                 port="{http}", prometheus_port="{prometheus}", mini_lb=True, worker=r_name), ROUTER_PORT_NAMES, "router")
-            _all_ready(pool, (router,), ready)
+            ready(router)
         else:
             router = launch(r_name, router_command(topology, prefill=[], decode=[], port="{http}",
                                                    prometheus_port="{prometheus}", worker=r_name), ROUTER_PORT_NAMES, "router")
