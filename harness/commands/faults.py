@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="run every fault against every suite that asserts accounting (slow: real servers too)")
     check.add_argument("--json", action="store_true", help="print the matrix as JSON")
     check.add_argument("--table", action="store_true", help="also print the fault x suite table (markdown)")
-    check.add_argument("--jobs", type=int, default=2, help="fault runs at a time (default 2)")
+    check.add_argument("--jobs", type=int, default=faultcheck.DEFAULT_JOBS,
+                       help=f"fault runs at a time (default {faultcheck.DEFAULT_JOBS})")
     check.add_argument("--timeout", type=float, default=faultcheck.DEFAULT_TIMEOUT_S,
                        help=f"seconds one pytest run may take (default {faultcheck.DEFAULT_TIMEOUT_S:.0f})")
     check.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)

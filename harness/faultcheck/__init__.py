@@ -31,6 +31,7 @@ Modules: :mod:`.matrix` (the runs), :mod:`.verdicts` (what the runs show, pure),
 
 from harness.faultcheck.matrix import (
     ACCOUNTING_SUITES,
+    DEFAULT_JOBS,
     DEFAULT_TIMEOUT_S,
     NEEDS,
     REPO_ROOT,
@@ -67,6 +68,7 @@ from harness.faultcheck.verdicts import (
 
 __all__ = [
     "ACCOUNTING_SUITES",
+    "DEFAULT_JOBS",
     "DEFAULT_TIMEOUT_S",
     "NEEDS",
     "REPO_ROOT",
