@@ -37,7 +37,7 @@ CPU_ENV = {
     "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
     "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "5",
     "SGLANG_EXTERNAL_MODEL_PACKAGE": "harness_tiny_models",
-    "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read,cpu-fork-children,cpu-stall-poll-sleep",
+    "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read,cpu-fork-children",
 }
 
 

@@ -80,7 +80,6 @@ def test_cpu_server_gets_its_compat_patches_and_the_probe(tmp_path):
         import sglang.srt.managers.scheduler_components.batch_result_processor as brp
         import sglang.srt.managers.scheduler as sched
         assert hasattr(sched.Scheduler.flush_cache, "__wrapped__")
-        assert getattr(sched.Scheduler.on_idle, "harness_compat_patch", None) == "cpu-stall-poll-sleep"
         assert dec.release_kv_cache is common.release_kv_cache
         assert brp.release_kv_cache is common.release_kv_cache
         # The engine's own start-method call (spawn) leaves fork: its children need no second import.
@@ -95,7 +94,6 @@ def test_cpu_server_gets_its_compat_patches_and_the_probe(tmp_path):
     assert "compat patch mooncake-host-tensor-indices applied" in r.stderr
     assert "compat patch torch-native-swa-read applied" in r.stderr
     assert "compat patch cpu-fork-children applied" in r.stderr
-    assert "compat patch cpu-stall-poll-sleep applied" in r.stderr
     assert "accounting probe installed" in r.stderr
 
 
@@ -107,8 +105,6 @@ def test_unpatched_server_runs_upstream_code(tmp_path):
         assert mc.MooncakeKVSender.supports_host_tensor_indices is True
         assert not hasattr(tn.TorchNativeAttnBackend._run_sdpa_forward_decode, "__wrapped__")
         assert not hasattr(common.release_kv_cache, "__wrapped__")
-        import sglang.srt.managers.scheduler as sched
-        assert not hasattr(sched.Scheduler.on_idle, "harness_compat_patch")
         import multiprocessing
         import sglang.srt.entrypoints.engine as engine
         engine.mp.set_start_method("spawn", force=True)
@@ -205,27 +201,3 @@ def test_mooncake_patch_has_nothing_to_do_on_a_release_before_the_host_tensor_pa
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().startswith(older.root), r.stdout
     assert "compat patch mooncake-host-tensor-indices not needed" in r.stderr
-
-
-class _Scheduler:
-    """What ``stall_poll_sleep`` reads of a scheduler: whether it is fully idle, and its own idle pass."""
-
-    def __init__(self, fully_idle: bool) -> None:
-        self.fully_idle, self.passes = fully_idle, 0
-
-    def on_idle(self) -> str:
-        self.passes += 1
-        return "sglang's pass"
-
-    def is_fully_idle(self) -> bool:
-        return self.fully_idle
-
-
-@pytest.mark.parametrize("fully_idle, sleeps", [(False, [0.25]), (True, [])])
-def test_a_scheduler_with_queued_work_sleeps_between_passes_and_an_idle_one_does_not(monkeypatch, fully_idle, sleeps):
-    slept: list[float] = []
-    monkeypatch.setattr(compat.time, "sleep", slept.append)
-    sched = _Scheduler(fully_idle)
-    assert compat.stall_poll_sleep(_Scheduler.on_idle, 0.25)(sched) == "sglang's pass"
-    assert sched.passes == 1
-    assert slept == sleeps

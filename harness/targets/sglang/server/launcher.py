@@ -85,8 +85,7 @@ CPU_ENV: Mapping[str, str] = {
     "SGLANG_EXTERNAL_MODEL_PACKAGE": "harness_tiny_models",
 }
 #: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
-CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read", "cpu-fork-children",
-                                       "cpu-stall-poll-sleep")
+CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read", "cpu-fork-children")
 
 #: Decode-side HiSparse (DeepSeek-V4 class; sglang 0.5.23 ``--enable-hisparse``). It is a decode
 #: feature only (decode receives the KV into the HiSparse host pool; prefill sends as usual), and

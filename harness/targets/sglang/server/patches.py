@@ -26,22 +26,12 @@ target module is first imported (:mod:`.hooks`). Applying one logs a line in the
     CPU server never creates, so on CPU the engine keeps ``fork``: the children start from the
     server's already-imported modules and run the same functions. Measured on
     ``test_disaggregation_basic_server.py``: stack start 45.5 s -> 27.9 s, the module 144 s -> 102 s.
-``cpu-stall-poll-sleep``
-    A PD server whose queues hold a request that cannot run yet (decode waiting for its KV, a
-    bootstrap, a transfer's timeout; prefill waiting for decode's pages) runs no batch, and its
-    scheduler's ``on_idle`` then returns after ``time.sleep(0)``: the loop polls again at once, a
-    whole core for as long as the wait lasts (sglang's choice for a GPU box's latency). On a 2-core
-    runner that core is taken from prefill's compute and from the tests beside it: a decode holding
-    one request in flight used 3.05 CPU-s in 5 s. The patch sleeps :data:`STALL_POLL_S` after such
-    a pass (the same loop, the same calls, at most that much later); a fully idle scheduler is left
-    to sglang's own idle path (``--sleep-on-idle``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Iterable
@@ -147,36 +137,6 @@ def _cpu_fork_children(mod: ModuleType) -> None:
     mod.mp = _ForkingMultiprocessing(mod.mp)
 
 
-#: Seconds a scheduler with queued work but no batch to run sleeps before its next pass (cpu-stall-poll-sleep):
-#: a pass of the loop is well under a millisecond, so the poll keeps a few percent of a core, and a
-#: transfer or bootstrap that completes is picked up at most this much later.
-STALL_POLL_S = 0.005
-
-
-def stall_poll_sleep(on_idle: Callable, sleep_s: float = STALL_POLL_S) -> Callable:
-    """``Scheduler.on_idle`` that, after sglang's own pass, sleeps ``sleep_s`` while the scheduler is
-    not fully idle (requests queued, none runnable); a fully idle one is left to sglang's idle path."""
-
-    def wrapped(self, *args, **kwargs):
-        result = on_idle(self, *args, **kwargs)
-        if not self.is_fully_idle():
-            time.sleep(sleep_s)
-        return result
-
-    wrapped.__wrapped__ = on_idle  # type: ignore[attr-defined]
-    # sglang's own stage decorator already sets __wrapped__ on on_idle: this names the patch.
-    wrapped.harness_compat_patch = "cpu-stall-poll-sleep"  # type: ignore[attr-defined]
-    return wrapped
-
-
-def _cpu_stall_poll_sleep(mod: ModuleType) -> bool | None:
-    cls = mod.Scheduler
-    if not hasattr(cls, "on_idle") or not hasattr(cls, "is_fully_idle"):
-        return False  # a release without this idle hook polls its own way: nothing to change
-    cls.on_idle = stall_poll_sleep(cls.on_idle)
-    return None
-
-
 PATCHES: dict[str, CompatPatch] = {
     p.name: p
     for p in (
@@ -198,13 +158,6 @@ PATCHES: dict[str, CompatPatch] = {
             "scheduler and detokenizer start as forks of the server process: no GPU context to protect "
             "on CPU, and each spawn would import torch and sglang again",
             _cpu_fork_children,
-        ),
-        CompatPatch(
-            "cpu-stall-poll-sleep",
-            "sglang.srt.managers.scheduler",
-            f"a scheduler with queued work but no batch to run sleeps {STALL_POLL_S * 1000:g} ms between passes "
-            "instead of polling a whole core",
-            _cpu_stall_poll_sleep,
         ),
     )
 }
