@@ -64,8 +64,10 @@ PHASE_S = 120.0
 RELEASE_S = 30.0
 #: Seconds past decode's deferred-release timeout (``PdStack.deferred_release_s``) that a release may
 #: still take once decode answered the request it gave up: a scheduler pass or two on a loaded runner
-#: (well under one), with room to spare. A fault that skips the release waits all of it out.
-RELEASE_MARGIN_S = 5.0
+#: (well under one), with room to spare: 5 s was too little on a loaded runner (a fresh-clone CI run
+#: saw decode release a dead prefill's transfer more than 10 s after answering). A fault that skips
+#: the release waits all of it out.
+RELEASE_MARGIN_S = 10.0
 #: Seconds between looks at a ledger or a hold while waiting for a phase.
 POLL_S = 0.05
 
