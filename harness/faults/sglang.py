@@ -180,6 +180,18 @@ FAULTS: tuple[Fault, ...] = (
         est_s=44,
     ),
     Fault(
+        name="extend-keeps-pages-it-hands-out",
+        description="the paged allocator's alloc_extend takes its new pages off the end of the free list, not the head it handed out: pages in use stay free",
+        upstream="sglang#25805 class (pages both held and free: double frees of recycled pages)",
+        # The pool's counts still balance (a page lost for each one kept free), so no pool identity sees
+        # it: the ledger does, by page id (prefill's transfer names a page its request does not hold, or
+        # a page is handed to two requests), and so do sglang's page-level checks (the KV page
+        # invariants, the allocator's debug asserts: tests/test_sglang_checks_trip.py trips them with it).
+        evidence=("[transfer-unowned]", "[page-double-alloc]", "KVCorruption"),
+        suites=(_PD_MIXED,),
+        est_s=17,
+    ),
+    Fault(
         name="swa-grouped-free-drops-last-page",
         description="a grouped SWA free (free_group_begin/end) never hands its last SWA page back to the free list",
         upstream="sglang#36135 / sglang#36081 (a one-page SWA leak after grouped frees)",

@@ -92,8 +92,10 @@ CHECKS: tuple[EngineCheck, ...] = (
     EngineCheck(
         "debug-memory-pool", "SGLANG_DEBUG_MEMORY_POOL", "1",
         "the paged allocator's own asserts: page-aligned allocation sizes, contiguous last locations, "
-        "unique handed-out indices",
-        (r"The allocation size should be (page-aligned)",),
+        "unique handed-out indices, no page free twice (a bare assert: its frame names it), SWA pages "
+        "matching their full peers",
+        (r"The allocation size should be (page-aligned)", r"\bin _debug_check_(no_duplicate_pages)\b",
+         r"(swa pages do not match the mapped pages)", r"(expansion page set mismatch)"),
     ),
 )
 
@@ -173,6 +175,9 @@ def hit(text: str, among: Sequence[EngineCheck] | None = None) -> tuple[EngineCh
     'mem-check-idle'
     >>> hit("[12:00] pool memory leak detected! [full]\\nAssertionError: SWA Pool Mem Leak Detected! [swa]")[0].name
     'mem-check-busy'
+    >>> check, what, _ = hit('  File "x/paged.py", line 376, in _debug_check_no_duplicate_pages\\nAssertionError')
+    >>> check.name, what
+    ('debug-memory-pool', 'no_duplicate_pages')
     >>> hit("all good") is None
     True
     >>> hit("ValueError: token_to_kv_pool_allocator memory leak detected! available_size=1", among=()) is None
