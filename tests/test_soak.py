@@ -106,3 +106,14 @@ def test_the_mix_draws_the_simulated_engines_workload():
     sim = workload(7, 300, page_size=64, max_prompt=384, max_steps=12, abort_rate=0.1, prefix="s0-")
     assert [(r.rid, r.length, r.new_tokens, r.abort) for r in soak] == \
         [(w.rid, w.prompt_len, w.decode_steps, w.abort_after_chunks is not None) for w in sim]
+
+
+def test_no_server_rid_of_a_soak_is_a_prefix_of_another():
+    # sglang's /abort_request aborts every rid that starts with the one given: a real-stack soak that
+    # aborted s9-1 while s9-11 was in flight lost s9-11 too (bench/soak.py --engine server, 1 in 2,000).
+    from harness.targets.sglang.server.soak import server_rid
+
+    rids = sorted(server_rid("t", r.rid) for b in range(12)
+                  for r in mix(b, 120, page_size=64, max_prompt=256, abort_rate=0.1, prefix=f"s{b}-", groups=3))
+    assert len(set(rids)) == len(rids)
+    assert not [(a, b) for a, b in zip(rids, rids[1:]) if b.startswith(a)]

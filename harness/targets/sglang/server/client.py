@@ -136,7 +136,9 @@ class ServerClient:
 
     def abort(self, rid: str) -> None:
         """``/abort_request``: abort request ``rid`` wherever it is in this server (queued, in
-        transfer, decoding); sglang answers 200 whether or not it still knew the request."""
+        transfer, decoding); sglang answers 200 whether or not it still knew the request. sglang
+        aborts every request whose rid starts with ``rid``: give rids none of which is a prefix of
+        another (e.g. :func:`harness.targets.sglang.server.soak.server_rid`)."""
         self._request("POST", "/abort_request", json={"rid": rid})
 
     def health_generate(self, timeout_s: float | None = None) -> None:

@@ -74,6 +74,20 @@ def _unreleased(path: Path, rids: Sequence[str]) -> list[str]:
     return [r for r in rids if counts[("prealloc", r)] > counts[("release", r)]]
 
 
+
+def server_rid(tag: str, rid: str) -> str:
+    """The rid a soak request goes to the servers under, none of them a prefix of another.
+
+    sglang's ``/abort_request`` aborts every request whose rid *starts with* the one given (the
+    sub-requests of an ``n > 1`` request): aborting ``s9-1`` again while ``s9-11`` is in flight
+    would abort that one too. The mix's rids are ``<batch>-<i>`` (letters, digits, ``-``), so a
+    closing ``.`` makes the set prefix-free.
+
+    >>> server_rid("ab12", "s9-1"), server_rid("ab12", "s9-11").startswith(server_rid("ab12", "s9-1"))
+    ('soak-ab12-s9-1.', False)
+    """
+    return f"soak-{tag}-{rid}."
+
 class StackEngine:
     """A real :class:`~.stack.PdStack` as a :class:`harness.soak.SoakEngine`.
 
@@ -108,7 +122,7 @@ class StackEngine:
 
     def _one(self, r: SoakRequest, aborter: concurrent.futures.Executor) -> tuple[str, Any]:
         """``(what, detail)``: ``completed`` (detail: the Generation), ``aborted`` or ``failed`` (why)."""
-        rid = f"soak-{self.tag}-{r.rid}"
+        rid = server_rid(self.tag, r.rid)
         if not r.abort:
             try:
                 got = self._send(r, rid, r.new_tokens)
@@ -147,7 +161,7 @@ class StackEngine:
 
     def run_batch(self, requests_: Sequence[SoakRequest]) -> BatchOutcome:
         self.stack.check()
-        self.batch_rids = [f"soak-{self.tag}-{r.rid}" for r in requests_]
+        self.batch_rids = [server_rid(self.tag, r.rid) for r in requests_]
         with concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="soak") as pool, \
                 concurrent.futures.ThreadPoolExecutor(2 * self.concurrency, thread_name_prefix="soak-abort") as aborter:
             outcomes = list(pool.map(lambda r: self._one(r, aborter), requests_))
