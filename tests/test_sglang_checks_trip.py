@@ -1,6 +1,8 @@
 """Each of sglang's own checks that the harness turns on really is on: a catalog fault trips it in a
-real run, the failure's headline names the check, and with the harness's checks turned off the same
-run does not name it (so the test fails if the harness stopped turning the check on).
+real run and the failure's headline names the check (so the test fails if the harness stopped turning
+the check on: nothing would raise it). The same fault with the harness's checks turned off must still
+fail, by the harness's own oracle, and not in the check's name: the catalog counts the fault's catch,
+not the check's alone.
 
 Each run turns on only the check under test (and what sglang runs it inside, :data:`ALSO_ON`) and the
 others off (``HARNESS_SGLANG_CHECKS=<name>``):

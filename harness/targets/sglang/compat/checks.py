@@ -92,9 +92,11 @@ CHECKS: tuple[EngineCheck, ...] = (
     EngineCheck(
         "debug-memory-pool", "SGLANG_DEBUG_MEMORY_POOL", "1",
         "the paged allocator's own asserts: page-aligned allocation sizes, contiguous last locations, "
-        "unique handed-out indices, no page free twice (a bare assert: its frame names it), SWA pages "
+        "unique handed-out indices, no page free twice (bare asserts: the traceback's frame or source line "
+        "names them), SWA pages "
         "matching their full peers",
         (r"The allocation size should be (page-aligned)", r"\bin _debug_check_(no_duplicate_pages)\b",
+         r"assert len\(torch\.unique\((out_indices)\)\) == len\(out_indices\)",
          r"(swa pages do not match the mapped pages)", r"(expansion page set mismatch)"),
     ),
 )
@@ -178,6 +180,8 @@ def hit(text: str, among: Sequence[EngineCheck] | None = None) -> tuple[EngineCh
     >>> check, what, _ = hit('  File "x/paged.py", line 376, in _debug_check_no_duplicate_pages\\nAssertionError')
     >>> check.name, what
     ('debug-memory-pool', 'no_duplicate_pages')
+    >>> hit("    assert len(torch.unique(out_indices)) == len(out_indices)\\nAssertionError")[1]
+    'out_indices'
     >>> hit("all good") is None
     True
     >>> hit("ValueError: token_to_kv_pool_allocator memory leak detected! available_size=1", among=()) is None

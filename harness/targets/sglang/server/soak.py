@@ -74,19 +74,19 @@ def _unreleased(path: Path, rids: Sequence[str]) -> list[str]:
     return [r for r in rids if counts[("prealloc", r)] > counts[("release", r)]]
 
 
-
 def server_rid(tag: str, rid: str) -> str:
     """The rid a soak request goes to the servers under, none of them a prefix of another.
 
     sglang's ``/abort_request`` aborts every request whose rid *starts with* the one given (the
-    sub-requests of an ``n > 1`` request): aborting ``s9-1`` again while ``s9-11`` is in flight
-    would abort that one too. The mix's rids are ``<batch>-<i>`` (letters, digits, ``-``), so a
+    sub-requests of an ``n > 1`` request): aborting ``s9-1`` while it is still live on a server and
+    ``s9-11`` is in flight there aborts that one too. The mix's rids are ``<batch>-<i>`` (letters, digits, ``-``), so a
     closing ``.`` makes the set prefix-free.
 
     >>> server_rid("ab12", "s9-1"), server_rid("ab12", "s9-11").startswith(server_rid("ab12", "s9-1"))
     ('soak-ab12-s9-1.', False)
     """
     return f"soak-{tag}-{rid}."
+
 
 class StackEngine:
     """A real :class:`~.stack.PdStack` as a :class:`harness.soak.SoakEngine`.
