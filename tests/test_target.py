@@ -184,6 +184,20 @@ def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
     assert done.returncode != 0 and f"sglang was imported from {other.resolve()} before the target sglang 0.5.21 (tree" in last, last
 
 
+def test_sglang_imported_first_from_the_overlay_is_the_target(tmp_path):
+    # A fault or mutant run on a release or tree target: its Ray ranks preload sglang from the patched
+    # copy ($HARNESS_SGLANG_OVERLAY) before they select the target (`harness faults check --sglang
+    # 0.5.22` on a simulated PD suite refused every rank before this was accepted).
+    tree = fake_tree(tmp_path / "tree", "0.5.21")
+    patched = fake_tree(tmp_path / "patched", "0.5.21")
+    late = ("import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1]); "
+            "print(sglang.__file__)")
+    env = _env(PYTHONPATH=os.pathsep.join([str(patched), _env()["PYTHONPATH"]]))
+    done = subprocess.run([sys.executable, "-c", late, str(tree)], capture_output=True, text=True, timeout=120,
+                          env={**env, target.OVERLAY_ENV: str(patched)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(patched.resolve() / "sglang" / "__init__.py")
+
 def test_a_tree_of_links_imported_first_is_that_tree(tmp_path):
     # A forked rank imported sglang from the tree before it selects it; the tree's files are links
     # to another tree's (the tests' unpacked release): it is still the target, not the linked-to tree.

@@ -71,15 +71,17 @@ def activate(target: Target) -> None:
     os.environ[ENV_VAR] = target.spec
     for key, value in releases.process_env(Path(target.root)).items():
         os.environ.setdefault(key, value)  # inherited by every process this one starts
+    overlay = os.environ.get(OVERLAY_ENV)
     loaded = sys.modules.get("sglang")
     if loaded is not None and target.origin != INSTALLED:
         # Where it was imported from as the import system saw it: a tree of links to another tree's
-        # files (the tests' unpacked release) is that tree, not the one its links resolve to.
+        # files (the tests' unpacked release) is that tree, not the one its links resolve to. The
+        # overlay is the target's own patched copy (a fault or mutant run): a rank that preloaded
+        # sglang from it imported the target.
         where = Path(os.path.abspath(getattr(loaded, "__file__", "") or "")).parent.parent
-        if where.resolve() != Path(target.root).resolve():
+        if where.resolve() not in {Path(p).resolve() for p in (target.root, *([overlay] if overlay else []))}:
             raise TargetError(f"sglang was imported from {where} before the target {target.label()} was "
                               "selected; pass --sglang (or HARNESS_SGLANG) before anything imports sglang")
-    overlay = os.environ.get(OVERLAY_ENV)
     front = [*([overlay] if overlay else []), *target.paths]
     if not front:
         return
