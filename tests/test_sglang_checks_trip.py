@@ -5,13 +5,12 @@ fail, by the harness's own oracle, and not in the check's name: the catalog coun
 not the check's alone.
 
 Each run turns on only the check under test (and what sglang runs it inside, :data:`ALSO_ON`) and the
-others off (``HARNESS_SGLANG_CHECKS=<name>``):
-the checks fire at different points of the same broken release, and the first to fire would
-otherwise hide the others (the idle memory check, on in sglang by default, fires at the servers'
-warm-up). The checks-off run (``HARNESS_SGLANG_CHECKS=0``) must still fail, by the harness's own
-oracle: the ledger, or the suite's own greedy-consistency assertion, catches the fault with sglang's
-checks off. The checks-off runs of one fault are one
-run of every selection that fault trips (each test's failures read from its own JUnit cases).
+others off (``HARNESS_SGLANG_CHECKS=<name>``): the checks fire at different points of the same broken
+release, and the first to fire would otherwise hide the others (the idle memory check, on in sglang by
+default, fires at the servers' warm-up). The checks-off run (``HARNESS_SGLANG_CHECKS=0``) must still
+fail, by the harness's own oracle: the ledger, or the suite's own greedy-consistency assertion,
+catches the fault with sglang's checks off. The checks-off runs of one fault are one run of every
+selection that fault trips (each test's failures read from its own JUnit cases).
 The runs of this module start in order, two at a time (each is one pytest process), each test
 waiting for its own.
 """

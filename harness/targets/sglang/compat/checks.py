@@ -93,8 +93,7 @@ CHECKS: tuple[EngineCheck, ...] = (
         "debug-memory-pool", "SGLANG_DEBUG_MEMORY_POOL", "1",
         "the paged allocator's own asserts: page-aligned allocation sizes, contiguous last locations, "
         "unique handed-out indices, no page free twice (bare asserts: the traceback's frame or source line "
-        "names them), SWA pages "
-        "matching their full peers",
+        "names them), SWA pages matching their full peers",
         (r"The allocation size should be (page-aligned)", r"\bin _debug_check_(no_duplicate_pages)\b",
          r"assert len\(torch\.unique\((out_indices)\)\) == len\(out_indices\)",
          r"(swa pages do not match the mapped pages)", r"(expansion page set mismatch)"),

@@ -138,8 +138,8 @@ class ServerClient:
         """``/abort_request``: abort request ``rid`` wherever it is in this server (queued, in
         transfer, decoding); sglang answers 200 whether or not it still knew the request (one it no
         longer knows is not aborted). While ``rid`` is live, sglang aborts every request whose rid
-        starts with it: give rids none of which is a prefix of
-        another (e.g. :func:`harness.targets.sglang.server.soak.server_rid`)."""
+        starts with it: give rids none of which is a prefix of another (e.g.
+        :func:`harness.targets.sglang.server.soak.server_rid`)."""
         self._request("POST", "/abort_request", json={"rid": rid})
 
     def health_generate(self, timeout_s: float | None = None) -> None:

@@ -79,8 +79,8 @@ def server_rid(tag: str, rid: str) -> str:
 
     sglang's ``/abort_request`` aborts every request whose rid *starts with* the one given (the
     sub-requests of an ``n > 1`` request): aborting ``s9-1`` while it is still live on a server and
-    ``s9-11`` is in flight there aborts that one too. The mix's rids are ``<batch>-<i>`` (letters, digits, ``-``), so a
-    closing ``.`` makes the set prefix-free.
+    ``s9-11`` is in flight there aborts that one too. The mix's rids are ``<batch>-<i>`` (letters,
+    digits, ``-``), so a closing ``.`` makes the set prefix-free.
 
     >>> server_rid("ab12", "s9-1"), server_rid("ab12", "s9-11").startswith(server_rid("ab12", "s9-1"))
     ('soak-ab12-s9-1.', False)
