@@ -1,4 +1,4 @@
-"""Teardown of the store-free P→D transport (:mod:`harness.pd.peer`) over many runs: nothing leaks.
+"""Teardown of the store-free P→D transport (:mod:`harness.engines.sim.peer`) over many runs: nothing leaks.
 
 Starts a local Ray (topology ``cpu``: one prefill and one decode rank worker), then ``--runs``
 times: opens the transport on both ranks (a Mooncake engine each, pool buffers registered), moves
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     from harness import topology
     from harness.cluster import Cluster
-    from harness.pd import deploy, peer
-    from harness.pd.spec import KVSpec
-    from harness.pd.transfer import plan, transfer
+    from harness.engines.sim import deploy, peer
+    from harness.engines.sim.workload import KVSpec
+    from harness.engines.sim.kv_transfer import plan, transfer
 
     os.environ[peer.MODE_ENV] = "peer"  # this script proves the store-free path: no silent fallback
     spec = KVSpec(kind="swa", page_size=64, window=100, full_tokens=32 * 64, swa_tokens=12 * 64, req_slots=4)

@@ -86,7 +86,7 @@ def measure(case: PathCase, device: str, seconds: float, repeat: int) -> dict[st
     """
     import torch
 
-    from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
+    from harness.engines.sim import DecodeConfig, DecodeSide, make_req
 
     side = DecodeSide(DecodeConfig(hisparse=case.hisparse, page_size=case.page_size, window=case.window,
                                    device=device))

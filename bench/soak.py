@@ -1,16 +1,16 @@
 """Soak figures of a PD pair: requests/s and the leak's slope over many requests, on either engine.
 
-Both engines run :func:`harness.soak.drive` — the code the soak suites run (``--soak N``) — over batches of
+Both engines run :func:`harness.engines.soak_driver.drive` — the code the soak suites run (``--soak N``) — over batches of
 ``--every`` requests (page-boundary prompt lengths, a tenth aborted, every third sharing a prefix), every
 pool read against its baseline after each batch:
 
-* ``--engine sim`` (the default, 10,000 requests): :func:`harness.pd.soak.soak` on one PD pair of the
+* ``--engine sim`` (the default, 10,000 requests): :func:`harness.engines.sim.sim_soak.soak` on one PD pair of the
   simulated 2-GPU H100 topology, hybrid-SWA pools with the radix cache on, aborts mid-transfer
   (``suites/disaggregation/test_disaggregation_soak.py``, 300 requests under ``./dev test``);
 * ``--engine server`` (2,000 requests: sgl#25805's double free crashed at about 2,000): the real CPU
   stack — sglang prefill + decode + router serving the tiny hybrid-SWA ``tiny-mellum-swa`` (window and
   page 64) with the accounting probe — through
-  :func:`harness.targets.sglang.server.soak.soak_stack`: aborts through sglang's ``/abort_request``,
+  :func:`harness.engines.server.server_soak.soak_stack`: aborts through sglang's ``/abort_request``,
   prefix hits in prefill's radix cache, both servers flushed and their ledgers checked at each
   checkpoint (``suites/disaggregation/test_disaggregation_soak_server.py``, 50 under ``./dev test``).
 
@@ -59,9 +59,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def run_sim(args: argparse.Namespace, run_dir: str):
     from harness import topology
     from harness.cluster import Cluster
-    from harness.pd import deploy
-    from harness.pd.soak import soak
-    from harness.pd.spec import KVSpec
+    from harness.engines.sim import deploy
+    from harness.engines.sim.sim_soak import soak
+    from harness.engines.sim.workload import KVSpec
 
     spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, radix_cache=True, full_tokens=48 * PAGE,
                   swa_tokens=16 * PAGE, req_slots=8)
@@ -80,10 +80,10 @@ def run_server(args: argparse.Namespace, run_dir: str):
 
     from harness import rundir, topology
     from harness.cluster import Cluster
-    from harness.targets.sglang.server import modelmap
-    from harness.targets.sglang.server.layout import server_layout
-    from harness.targets.sglang.server.soak import soak_stack
-    from harness.targets.sglang.server.stack import start_pd_stack
+    from harness.engines.server import modelmap
+    from harness.engines.server.layout import server_layout
+    from harness.engines.server.server_soak import soak_stack
+    from harness.engines.server.stack import start_pd_stack
 
     topo = topology.get("cpu")
     run = rundir.create(run_dir)

@@ -10,7 +10,7 @@ logical GPUs, every node a Ray node of its own (``ray.cluster_utils``):
 32    ``4-node-32-gpu-h200``   two TP8 prefill and two TP8 decode instances, four nodes
 ====  =======================  =============================================================
 
-Every rank of every instance starts (:func:`harness.pd.deploy.start` with ``instances=None``) and
+Every rank of every instance starts (:func:`harness.engines.sim.deploy.start` with ``instances=None``) and
 builds real sglang pools; then the seeded randomized workload of ``suites/e2e/test_swa_accounting.py``
 (``--requests`` requests, hybrid-SWA pools, page 64, window 100) runs through the full P→D path with
 the ledger checked at the end. With two instances the requests are dealt round robin over the pairs
@@ -18,7 +18,7 @@ the ledger checked at the end. With two instances the requests are dealt round r
 
 Ranks start two ways (``--rank-start``, default ``fork``):
 
-* ``fork`` — the default of :mod:`harness.pd.deploy`: each rank's Ray worker is a fork of a
+* ``fork`` — the default of :mod:`harness.engines.sim.deploy`: each rank's Ray worker is a fork of a
   :mod:`harness.workers.forkserver` that imported what a rank runs once. The server is started
   before the ranks and timed on its own (``preload s``; its CPU and memory on their own line): one
   serves every deployment whose environment is its own, and a multi-node cluster's environment
@@ -176,9 +176,9 @@ def _standins(sockets: set[str]) -> list[int]:
 def measure(ranks: int, requests: int, seed: int, mode: str) -> Measured:
     from harness import topology
     from harness.cluster import Cluster
-    from harness.pd import deploy
-    from harness.pd.run import RunResult, run
-    from harness.pd.spec import KVSpec, workload
+    from harness.engines.sim import deploy
+    from harness.engines.sim.driver import RunResult, run
+    from harness.engines.sim.workload import KVSpec, workload
     from harness.workers import forkserver
 
     name = SIZES[ranks]

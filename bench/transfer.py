@@ -3,9 +3,9 @@
 Starts a local Ray (topology ``cpu``: one prefill and one decode worker on real sglang DeepSeek-V4
 pools), preallocates one long request on decode (the real ``_pre_alloc``), prefills it, then moves
 its pages (full pages for all tokens, SWA pages of the window) ``--repeat`` times through
-:func:`harness.pd.transfer.transfer` over each transport: chunks of ``--chunk-pages`` pages batched
+:func:`harness.engines.sim.kv_transfer.transfer` over each transport: chunks of ``--chunk-pages`` pages batched
 into messages of up to ``--inflight-mb``, either prefill actor → object store → decode actor (numpy,
-read zero-copy; one object-store round trip per message) or store-free (:mod:`harness.pd.peer`:
+read zero-copy; one object-store round trip per message) or store-free (:mod:`harness.engines.sim.peer`:
 the prefill actor writes into the decode pages over Mooncake, one actor call per message). After
 each pair of transfers the same chunk sizes are copied in this process with ``torch.Tensor.copy_``
 (the reference). The first transfer is store-free into pages nothing wrote yet, and the decode side
@@ -163,7 +163,7 @@ class TcpFloor:
 
 
 def message_cost(pair, rid: str, n: int, link=None) -> list[float]:
-    """Seconds of ``n`` empty messages (no pages), one at a time, as :func:`harness.pd.transfer.transfer`
+    """Seconds of ``n`` empty messages (no pages), one at a time, as :func:`harness.engines.sim.kv_transfer.transfer`
     pays them per message: through both actors and one object (store), or one prefill call (``link``)."""
     out = []
     for _ in range(n):
@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     from harness import topology
     from harness.cluster import Cluster
-    from harness.pd import deploy
-    from harness.pd.spec import KVSpec
-    from harness.pd.transfer import plan, transfer
+    from harness.engines.sim import deploy
+    from harness.engines.sim.workload import KVSpec
+    from harness.engines.sim.kv_transfer import plan, transfer
 
     pages = args.pages
     spec = KVSpec(kind="dsv4", page_size=PAGE, window=128, full_tokens=(pages + 4) * PAGE, swa_tokens=8 * PAGE,

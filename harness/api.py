@@ -15,7 +15,7 @@ The names, by what they are for:
 * topologies: ``topology`` (the module: ``topology.get("cpu")``);
 * workers: :class:`InProcess`, :class:`WorkerDied`, :class:`SuiteRunner` (pytest inside a worker),
   :data:`DEVICE_ENV` (the device a worker's suites build their pools on);
-* the sglang adapter, in process: :class:`DecodeConfig`, :class:`DecodeSide`, :class:`PreallocResult`,
+* the simulated engine's sglang objects, in process: :class:`DecodeConfig`, :class:`DecodeSide`, :class:`PreallocResult`,
   :class:`PreallocFailed`, :class:`PoolSizes`, :data:`SWA_PAGE_SIZES`, :func:`make_req`, and the
   capability checks :func:`require_capability` and :func:`device_missing`;
 * real sglang servers: :class:`ServerClient`, :class:`ServerHTTPError`, :func:`start_pd_stack`,
@@ -34,19 +34,19 @@ from typing import Any
 #: Each name of the surface -> ``module:attribute`` it is (``module:`` alone: the module itself).
 NAMES: dict[str, str] = {
     # the simulated PD engine over Ray
-    "run": "harness.pd.run:run",
-    "KVSpec": "harness.pd.spec:KVSpec",
-    "PDRequest": "harness.pd.spec:PDRequest",
-    "workload": "harness.pd.spec:workload",
-    "soak": "harness.pd.soak:soak",
+    "run": "harness.engines.sim.driver:run",
+    "KVSpec": "harness.engines.sim.workload:KVSpec",
+    "PDRequest": "harness.engines.sim.workload:PDRequest",
+    "workload": "harness.engines.sim.workload:workload",
+    "soak": "harness.engines.sim.sim_soak:soak",
     # checks and evidence
     "ledger": "harness.ledger:",
     "expect": "harness.expect:expect",
     "wait_for": "harness.clock:wait_for",
-    "KVCorruption": "harness.pd.errors:KVCorruption",
-    "WindowLost": "harness.pd.errors:WindowLost",
-    "PreallocError": "harness.pd.errors:PreallocError",
-    "PDError": "harness.pd.errors:PDError",
+    "KVCorruption": "harness.engines.sim.errors:KVCorruption",
+    "WindowLost": "harness.engines.sim.errors:WindowLost",
+    "PreallocError": "harness.engines.sim.errors:PreallocError",
+    "PDError": "harness.engines.sim.errors:PDError",
     # topologies
     "topology": "harness.topology:",
     # workers
@@ -55,26 +55,26 @@ NAMES: dict[str, str] = {
     "SuiteRunner": "harness.workers.suiterun:SuiteRunner",
     "DEVICE_ENV": "harness.workers.suiterun:DEVICE_ENV",
     # the sglang adapter, in process
-    "DecodeConfig": "harness.targets.sglang.decode:DecodeConfig",
-    "DecodeSide": "harness.targets.sglang.decode:DecodeSide",
-    "PreallocResult": "harness.targets.sglang.decode:PreallocResult",
-    "PreallocFailed": "harness.targets.sglang.decode:PreallocFailed",
-    "PoolSizes": "harness.targets.sglang.pools:PoolSizes",
-    "SWA_PAGE_SIZES": "harness.targets.sglang.pools:SWA_PAGE_SIZES",
-    "make_req": "harness.targets.sglang.requests:make_req",
+    "DecodeConfig": "harness.engines.sim.decode_side:DecodeConfig",
+    "DecodeSide": "harness.engines.sim.decode_side:DecodeSide",
+    "PreallocResult": "harness.engines.sim.decode_side:PreallocResult",
+    "PreallocFailed": "harness.engines.sim.decode_side:PreallocFailed",
+    "PoolSizes": "harness.engines.sim.pools:PoolSizes",
+    "SWA_PAGE_SIZES": "harness.engines.sim.pools:SWA_PAGE_SIZES",
+    "make_req": "harness.engines.sim.requests:make_req",
     "require_capability": "harness.targets.sglang.compat.capabilities:require",
     "device_missing": "harness.targets.sglang.compat.capabilities:device_missing",
     # real sglang servers
-    "ServerClient": "harness.targets.sglang.server.client:ServerClient",
-    "ServerHTTPError": "harness.targets.sglang.server.client:ServerHTTPError",
-    "start_pd_stack": "harness.targets.sglang.server.stack:start_pd_stack",
-    "reset_server": "harness.targets.sglang.server.reset:reset_server",
-    "soak_stack": "harness.targets.sglang.server.soak:soak_stack",
-    "ResetError": "harness.targets.sglang.server.reset:ResetError",
-    "hold": "harness.targets.sglang.server.hold:",
-    "leftover_processes": "harness.targets.sglang.server.stack:leftover_processes",
-    "HISPARSE_DECODE_ARGS": "harness.targets.sglang.server.launcher:HISPARSE_DECODE_ARGS",
-    "CPU_COMPAT_PATCHES": "harness.targets.sglang.server.launcher:CPU_COMPAT_PATCHES",
+    "ServerClient": "harness.engines.server.http_client:ServerClient",
+    "ServerHTTPError": "harness.engines.server.http_client:ServerHTTPError",
+    "start_pd_stack": "harness.engines.server.stack:start_pd_stack",
+    "reset_server": "harness.engines.server.reset:reset_server",
+    "soak_stack": "harness.engines.server.server_soak:soak_stack",
+    "ResetError": "harness.engines.server.reset:ResetError",
+    "hold": "harness.engines.server.hold:",
+    "leftover_processes": "harness.engines.server.stack:leftover_processes",
+    "HISPARSE_DECODE_ARGS": "harness.engines.server.launcher:HISPARSE_DECODE_ARGS",
+    "CPU_COMPAT_PATCHES": "harness.engines.server.launcher:CPU_COMPAT_PATCHES",
 }
 
 __all__ = sorted(NAMES)
@@ -86,7 +86,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"harness.api has no {name!r}; a suite needs of the harness only the names of "
                              f"harness.api.NAMES (add one there for a new need)")
     module_name, _, attr = where.partition(":")
-    if module_name.startswith("harness.targets.sglang"):
+    if module_name.startswith(("harness.targets.sglang", "harness.engines")):
         from harness.targets.sglang import selection
 
         selection.current()  # the selected sglang first on the import path, before the adapter runs

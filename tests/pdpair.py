@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pd.decode import DecodeWorker
-from harness.pd.prefill import PrefillWorker
-from harness.pd.ranks import Ranks
-from harness.pd.run import PDPair
-from harness.pd.spec import KVSpec
+from harness.engines.sim.decode_rank import DecodeWorker
+from harness.engines.sim.prefill_rank import PrefillWorker
+from harness.engines.sim.ranks import Ranks
+from harness.engines.sim.driver import PDPair
+from harness.engines.sim.workload import KVSpec
 
 SPEC = KVSpec(kind="swa", page_size=64, window=100, full_tokens=32 * 64, swa_tokens=12 * 64, req_slots=8)
 

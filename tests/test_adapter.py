@@ -28,15 +28,15 @@ def _python(code: str, env_extra: dict[str, str], *, pythonpath: Path | None = N
 
 def test_importing_the_adapter_applies_no_fault():
     # Faults apply where engine code runs (plugin, rank payload, server sitecustomize), never on import.
-    code = ("import harness.targets.sglang; from harness import faults; from harness.pd import kvfill; "
+    code = ("import harness.targets.sglang; from harness import faults; from harness.engines.sim import kvfill; "
             "print(faults.active(), kvfill.pack_pages.__module__)")
     done = _python(code, {ENV_VAR: "corrupt-kv-page"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[] harness.pd.kvfill"
+    assert done.stdout.strip() == "[] harness.engines.sim.kvfill"
 
 
 def test_a_rank_payload_applies_the_runs_faults(tmp_path):
-    code = ("from harness.pd.payload import RankPayload; from harness import faults; from harness.pd import kvfill; "
+    code = ("from harness.engines.sim.payload import RankPayload; from harness import faults; from harness.engines.sim import kvfill; "
             f"RankPayload('r0', 0, 1, {str(tmp_path)!r}, 'prefill'); print(faults.active(), kvfill.pack_pages.__module__)")
     done = _python(code, {ENV_VAR: "corrupt-kv-page"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -68,21 +68,21 @@ def test_activation_rejects_unknown_fault_in_env():
     ],
 )
 def test_decode_config_rejects_bad_fields(fields, match):
-    from harness.targets.sglang import DecodeConfig
+    from harness.engines.sim import DecodeConfig
 
     with pytest.raises(ValueError, match=match):
         DecodeConfig(**fields)
 
 
 def test_pool_sizes_must_be_page_multiples():
-    from harness.targets.sglang import DecodeConfig, DecodeSide, PoolSizes
+    from harness.engines.sim import DecodeConfig, DecodeSide, PoolSizes
 
     with pytest.raises(ValueError, match="multiple of page_size 256"):
         DecodeSide(DecodeConfig(page_size=256, sizes=PoolSizes(full_tokens=1000)))
 
 
 def test_decode_side_snapshot_reads_real_pools():
-    from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
+    from harness.engines.sim import DecodeConfig, DecodeSide, make_req
 
     side = DecodeSide(DecodeConfig(page_size=16, window=40))
     assert side.baseline.free() == {"full": 48 * 256, "swa": 24 * 256, "req_slots": 8}

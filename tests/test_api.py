@@ -49,9 +49,9 @@ def test_suites_import_only_harness_api():
 
 def test_the_scan_sees_imports_inside_functions_and_in_strings():
     code = ("from harness import api\nfrom harness.api import run\n"
-            "def test_x():\n    from harness.pd.run import run\n    import harness.workers\n"
+            "def test_x():\n    from harness.engines.sim.driver import run\n    import harness.workers\n"
             "    return InProcess('harness.workers.suiterun:SuiteRunner'), 'see harness.ledger.check'\n")
-    assert harness_imports(code) == ["<source>:4: harness.pd.run", "<source>:5: harness.workers",
+    assert harness_imports(code) == ["<source>:4: harness.engines.sim.driver", "<source>:5: harness.workers",
                                      "<source>:6: harness.workers.suiterun"]
 
 

@@ -165,9 +165,9 @@ pytestmark = pytest.mark.topology("cpu")
 def test_tail_of_a_window():
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
 
-    from harness.targets.sglang import runtime
+    from harness.engines.sim import rank_runtime
 
-    runtime.publish(runtime.RuntimeSettings())
+    rank_runtime.publish(rank_runtime.RuntimeSettings())
     # The queue's own method on the three inputs it reads (the suites build the real queue; this
     # test is about which lines ran, not about the queue).
     queue = types.SimpleNamespace(_uses_swa_tail_prealloc=lambda: True,

@@ -170,7 +170,7 @@ def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_p
     (tmp_path / "config.json").write_text("{}")
     h200 = ServerStacks(pytestconfig, None, topology.get("8-gpu-h200"), None, models={"dsv4": tmp_path})
     assert h200.model("dsv4") == tmp_path and h200.role_args("decode") == ()
-    from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
+    from harness.engines.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
 
     assert (h200.ready_timeout, h100.ready_timeout) == (GPU_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S)
     assert ServerStacks(pytestconfig, None, topology.get("cpu"), None).ready_timeout == DEFAULT_READY_TIMEOUT_S

@@ -72,5 +72,5 @@ def test_each_example_runs(where: str, code: str, tmp_path: Path):
 
 def test_the_examples_are_found():
     found = {where.split("#")[0] for where, _ in _example_cases()}
-    assert {"harness/workers/__init__.py", "harness/cluster/cluster.py", "harness/targets/sglang/decode.py"} <= found
+    assert {"harness/workers/__init__.py", "harness/cluster/cluster.py", "harness/engines/sim/decode_side.py"} <= found
     assert examples("Example::\n\n    x = 1\n    y = 2\n\nAfter.\n") == ["x = 1\ny = 2\n\n"]

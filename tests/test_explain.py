@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness import ledger
-from harness.pd.errors import KVCorruption, PDError, PreallocError, WindowLost
-from harness.pd.kvfill import Mismatch
+from harness.engines.sim.errors import KVCorruption, PDError, PreallocError, WindowLost
+from harness.engines.sim.kvfill import Mismatch
 from harness.plugins.explain import CLASSES, clean, headline, sglang_frames
 from harness.targets.sglang import selection
 from harness.workers import WorkerDied
@@ -115,7 +115,7 @@ import pytest
 import ray.cloudpickle
 
 from harness import ledger
-from harness.pd.errors import WindowLost
+from harness.engines.sim.errors import WindowLost
 from harness.workers import InProcess, Subprocess
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the payloads travel to the workers by value
@@ -187,7 +187,7 @@ def test_through_ray_every_class_leads_the_summary_line_and_the_junit_message(py
 FROM_THE_WORKERS_LEDGERS = '''
 import pytest
 from harness import ledger
-from harness.pd.errors import PreallocError
+from harness.engines.sim.errors import PreallocError
 
 
 def _keep_a_page(run_dir, rid, page):

@@ -110,7 +110,7 @@ def _on_patched_copy(tmp_path, names, code):
 
 def test_swa_tail_patches_move_the_window_start(tmp_path):
     code = """
-        from harness.targets.sglang import DecodeConfig, DecodeSide
+        from harness.engines.sim import DecodeConfig, DecodeSide
         print(DecodeSide(DecodeConfig(page_size=64, window=100)).swa_tail_len(300))
     """
     # Both copies at once: each child mostly imports sglang, on one core.
@@ -126,7 +126,7 @@ def test_swa_tail_patches_move_the_window_start(tmp_path):
 
 def test_release_leaks_swa_keeps_the_swa_pages(tmp_path):
     code = """
-        from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
+        from harness.engines.sim import DecodeConfig, DecodeSide, make_req
         side = DecodeSide(DecodeConfig(page_size=64, window=100))
         req = make_req("leak", 300)
         side.prealloc(req)
@@ -146,12 +146,12 @@ def test_an_eviction_that_frees_the_window_is_what_the_probe_reads_and_the_ledge
         import os
         os.environ["SGLANG_SWA_EVICTION_INTERVAL"] = "1"
         from harness.faults import source
-        from harness.targets.sglang.server import probe
+        from harness.engines.server import accounting_probe
         path = os.path.join(os.path.dirname(os.environ[source.FIRED_ENV]), "ledger.jsonl")  # this run's tmp dir
-        probe.install(path, "d0", "decode")  # before sglang is imported, as in a server
+        accounting_probe.install(path, "d0", "decode")  # before sglang is imported, as in a server
         from harness import ledger
-        from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
-        from harness.targets.sglang.pd_decode import decode_step
+        from harness.engines.sim import DecodeConfig, DecodeSide, make_req
+        from harness.engines.sim.pd_decode_side import decode_step
         side = DecodeSide(DecodeConfig(page_size=16, window=40))
         req = make_req("r", 100, output_len=1, max_new_tokens=64)
         side.prealloc(req)

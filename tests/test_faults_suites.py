@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from harness.faults import ENV_VAR
-from harness.targets.sglang import preload
+from harness.engines import fork_preload
 
 REPO = Path(__file__).resolve().parent.parent
 SUITES = (
@@ -59,7 +59,7 @@ class _Started:
         cmd = [sys.executable, "-m", "pytest", *SUITES, "-q", "-p", "no:warnings", f"--junitxml={self.junit}",
                f"--run-dir={tmp_path / 'run'}", *extra]
         # As the fault check runs them: one thread each, forked from the preloaded interpreter.
-        cmd, env = preload.python_command(cmd, env)
+        cmd, env = fork_preload.python_command(cmd, env)
         # Output to a file, not a pipe: a run nobody reads yet must not block on a full pipe.
         self.log = tmp_path / "pytest.log"
         with open(self.log, "wb") as out:

@@ -21,9 +21,9 @@ from harness import topology
 from harness.rundir import REPO_ROOT
 from harness.workers import forkserver
 from harness.workers.forkserver import CLIENT, SOCKET_ENV, ForkServer, ForkServerError
-from harness.pd import deploy
-from harness.pd.run import run
-from harness.pd.spec import KVSpec, PDRequest
+from harness.engines.sim import deploy
+from harness.engines.sim.driver import run
+from harness.engines.sim.workload import KVSpec, PDRequest
 
 pytestmark = [pytest.mark.est_time(60), pytest.mark.timeout(600)]
 
@@ -117,12 +117,12 @@ def test_preload_covers_every_sglang_module_a_rank_imports():
     module: the fork server's children run only code imported before the fork."""
     code = textwrap.dedent("""
         import sys, tempfile
-        from harness.targets.sglang.preload import rank
+        from harness.engines.fork_preload import rank
         rank()
         before = {m for m in sys.modules if m.startswith(("sglang", "harness"))}
-        from harness.pd.decode import DecodeWorker
-        from harness.pd.prefill import PrefillWorker
-        from harness.pd.spec import KVSpec
+        from harness.engines.sim.decode_rank import DecodeWorker
+        from harness.engines.sim.prefill_rank import PrefillWorker
+        from harness.engines.sim.workload import KVSpec
         d = tempfile.mkdtemp()
         for spec in (KVSpec(kind="swa", page_size=64, window=100, full_tokens=24 * 64, swa_tokens=10 * 64),
                      KVSpec(kind="dsv4", page_size=256, window=128, hisparse=True, full_tokens=16 * 256,
@@ -340,8 +340,8 @@ def test_a_descendant_uses_its_ancestors_advertised_free_path_server(tmp_path):
 def test_server_preload_imports_no_sglang_and_leaves_one_thread():
     code = textwrap.dedent("""
         import os, sys
-        from harness.targets.sglang.server import preload
-        preload.server()
+        from harness.engines.server import server_preload
+        server_preload.server()
         assert not [m for m in sys.modules if m.split(".")[0] == "sglang"]
         print(len(os.listdir("/proc/self/task")), "torch" in sys.modules, "transformers.modeling_utils" in sys.modules)
     """)
@@ -352,11 +352,11 @@ def test_server_preload_imports_no_sglang_and_leaves_one_thread():
 
 
 def test_server_preload_list_is_current():
-    """Regenerate with ``python -m harness.targets.sglang.server.preload --write-server-modules`` when this fails."""
-    from harness.targets.sglang.server import preload
+    """Regenerate with ``python -m harness.engines.server.server_preload --write-server-modules`` when this fails."""
+    from harness.engines.server import server_preload
 
-    listed = set(preload.SERVER_MODULES_FILE.read_text().split())
-    now = set(preload.list_server_modules())
+    listed = set(server_preload.SERVER_MODULES_FILE.read_text().split())
+    now = set(server_preload.list_server_modules())
     missing = sorted(now - listed)
     assert not missing, f"{len(missing)} third-party modules of the server graph are not preloaded, e.g. {missing[:5]}"
 
@@ -493,7 +493,7 @@ def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, p
 
 
 def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_path, python_servers):
-    from harness.targets.sglang import preload
+    from harness.engines import fork_preload
 
     (tmp_path / "test_fork.py").write_text(textwrap.dedent(f"""
         import os, sys
@@ -503,7 +503,7 @@ def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_pa
     """))
     cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_fork.py"), "-q", "-p", "no:cacheprovider",
            "-W", "error::pytest.PytestAssertRewriteWarning"]
-    argv, env = preload.python_command(cmd, dict(os.environ))  # one thread each by default: forkable
+    argv, env = server_preload.python_command(cmd, dict(os.environ))  # one thread each by default: forkable
     # Run from the repository, as rerun-test runs its groups: pytest rewrites a module its import path
     # finds (from elsewhere, a fresh interpreter finds the editable-installed harness through its
     # finder, unrewritten, and so would the child).

@@ -36,7 +36,7 @@ def T(nodeid, outcome, attempts=None, cls="", msg="", group="cpu"):
     # invariant failures are accounting whatever words they carry, so the flaky policy never reruns them
     ("failure", "AssertionError: fill 300: [swa-tail-short] tail 44 (throughput fine)", "", "accounting"),
     ("failure", "KVCorruption in request r3: full buffer 0 (latency)", "", "accounting"),
-    ("failure", "harness.pd.decode.WindowLost: position 200 too slow", "", "accounting"),
+    ("failure", "harness.engines.sim.decode_rank.WindowLost: position 200 too slow", "", "accounting"),
 ])
 def test_classify(kind, message, text, expected):
     assert classify.classify(kind, message, text) == expected

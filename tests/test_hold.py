@@ -1,4 +1,4 @@
-"""The request hold (harness.targets.sglang.server.hold): a held request's send waits for its file to
+"""The request hold (harness.engines.server.hold): a held request's send waits for its file to
 go and says it is waiting; every other request passes at once; only a prefill probe installs it."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-from harness.targets.sglang.server import hold
-from harness.targets.sglang.server.probe import COMPONENT_ENV, LEDGER_ENV
+from harness.engines.server import hold
+from harness.engines.server.accounting_probe import COMPONENT_ENV, LEDGER_ENV
 
 
 def _send_log():

@@ -6,8 +6,8 @@ import pytest
 
 from harness import topology
 from harness.targets.sglang.compat import checks
-from harness.targets.sglang.server import launcher
-from harness.targets.sglang.server.launcher import (
+from harness.engines.server import launcher
+from harness.engines.server.launcher import (
     CPU_SHIM_DIR,
     SITE_DIR,
     LaunchError,
@@ -77,7 +77,7 @@ def test_cpu_decode_exact():
 def test_cpu_router_exact():
     cmd = router_command(topology.get("cpu"), prefill=[("http://127.0.0.1:30001", 30003)],
                          decode=["http://127.0.0.1:30011"], port=30021, prometheus_port=30022, python=PY)
-    assert list(cmd.argv) == [PY, "-m", "harness.targets.sglang.server.router", "--host", "127.0.0.1", "--port", "30021",
+    assert list(cmd.argv) == [PY, "-m", "harness.engines.server.router", "--host", "127.0.0.1", "--port", "30021",
                               "--prometheus-host", "127.0.0.1", "--prometheus-port", "30022",
                               "--pd-disaggregation", "--policy", "round_robin",
                               "--prefill", "http://127.0.0.1:30001", "30003", "--decode", "http://127.0.0.1:30011"]
@@ -87,7 +87,7 @@ def test_cpu_router_exact():
 def test_cpu_router_mini_lb_is_pd_with_random_policy():
     cmd = router_command(topology.get("cpu"), prefill=[("http://a:1", None)], decode=["http://b:2"], port=3,
                          prometheus_port=4, python=PY, mini_lb=True)
-    assert list(cmd.argv) == [PY, "-m", "harness.targets.sglang.server.router", "--host", "127.0.0.1", "--port", "3",
+    assert list(cmd.argv) == [PY, "-m", "harness.engines.server.router", "--host", "127.0.0.1", "--port", "3",
                               "--prometheus-host", "127.0.0.1", "--prometheus-port", "4",
                               "--pd-disaggregation", "--policy", "random", "--mini-lb",
                               "--prefill", "http://a:1", "none", "--decode", "http://b:2"]
@@ -113,7 +113,7 @@ def test_cpu_compat_patches_and_probe_env():
 def test_extra_env_is_set_last_and_only_on_its_server():
     # sglang knobs only an env var sets (the decode's transfer timeout): the caller's value wins over
     # the CPU recipe's, and a stack hands it to the role it names only (stack.pd_commands).
-    from harness.targets.sglang.server.stack import pd_commands
+    from harness.engines.server.stack import pd_commands
 
     cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY,
                          extra_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "10",
@@ -136,7 +136,7 @@ def test_2_gpu_h100_roles_exact():
     assert list(p.argv) == [*head(PREFILL_PORTS), "--tp", "1", *prefill_mode()]
     assert list(d.argv) == [*head(DECODE_PORTS), "--tp", "1", *decode_mode()]
     # GPU runs: no CPU env, no sgl_kernel shim, no compat patch, GPUs only via Ray's CUDA_VISIBLE_DEVICES
-    # (the server picks its RDMA devices for them: harness/targets/sglang/server/rdma.py).
+    # (the server picks its RDMA devices for them: harness/engines/server/rdma.py).
     for cmd in (p, d):
         assert dict(cmd.env) == {**CHECKS_ENV, "HARNESS_IB_NODE_GPUS": "2"} and cmd.pythonpath == (str(SITE_DIR),)
         assert not any(a.startswith("--base-gpu-id") for a in cmd.argv)
@@ -230,7 +230,7 @@ def test_launcher_imports_nothing_of_sglang():
     import subprocess
     import sys
 
-    code = ("import sys; import harness.targets.sglang.server.launcher as l; "
+    code = ("import sys; import harness.engines.server.launcher as l; "
             "bad = [m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')]; "
             "sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

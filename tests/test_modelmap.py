@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness import topology
-from harness.targets.sglang.server import modelmap
-from harness.targets.sglang.server.modelmap import ModelError, env_var, overrides, resolve
-from harness.targets.sglang.server.models import MODELS
+from harness.engines.server import modelmap
+from harness.engines.server.modelmap import ModelError, env_var, overrides, resolve
+from harness.engines.server.models import MODELS
 
 CPU = topology.get("cpu")
 H100 = topology.get("2-gpu-h100")

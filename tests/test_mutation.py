@@ -89,7 +89,7 @@ import types
 
 import pytest
 
-from harness.targets.sglang import runtime
+from harness.engines.sim import rank_runtime
 
 
 def _queue(swa):
@@ -108,7 +108,7 @@ def test_early_return_pins_the_value():
 def test_window_path_returns_an_int():
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
 
-    runtime.publish(runtime.RuntimeSettings())
+    rank_runtime.publish(rank_runtime.RuntimeSettings())
     assert isinstance(DecodePreallocQueue._swa_tail_len(_queue(True), 300), int)
 '''
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from harness import faults, ledger
-from harness.pd.decode import DecodeWorker, KVCorruption
-from harness.pd.prefill import PrefillWorker
-from harness.pd.run import run
-from harness.pd.spec import KVSpec, PDRequest
+from harness.engines.sim.decode_rank import DecodeWorker, KVCorruption
+from harness.engines.sim.prefill_rank import PrefillWorker
+from harness.engines.sim.driver import run
+from harness.engines.sim.workload import KVSpec, PDRequest
 from pdpair import SPEC, pair  # noqa: F401 - the module's fixture
 
 REQS = [PDRequest("r300", 300, decode_steps=150), PDRequest("r129", 129, decode_steps=40),
@@ -106,7 +106,7 @@ def test_kv_corruption_crosses_ray_intact():
     """Raised in a decode rank, re-raised in the driver: it must pickle (Ray ships exceptions that way)."""
     import pickle
 
-    from harness.pd import kvfill
+    from harness.engines.sim import kvfill
 
     err = KVCorruption("r3", "swa", kvfill.Mismatch(buffer=1, position=5, page=3, slot=7), "after transfer")
     back = pickle.loads(pickle.dumps(err))
@@ -117,7 +117,7 @@ def test_a_page_passed_between_requests_within_a_step_is_not_a_cache_eviction(fr
     """Regression (found by a random e2e seed, replayed here): request A's window eviction frees an SWA
     page and request B's decode takes it in the same step. The ledger must show A freeing it and B
     taking it, not a phantom radix-cache eviction that double-frees it."""
-    from harness.pd.spec import workload
+    from harness.engines.sim.workload import workload
 
     spec = KVSpec(kind="swa", page_size=64, window=100, full_tokens=24 * 64, swa_tokens=10 * 64, req_slots=8)
     fresh.configure(spec)

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from harness import topology
-from harness.pd import deploy
-from harness.pd.run import run
-from harness.pd.spec import KVSpec, PDRequest
+from harness.engines.sim import deploy
+from harness.engines.sim.driver import run
+from harness.engines.sim.workload import KVSpec, PDRequest
 from harness.workers import WorkerDied
 
 pytestmark = [pytest.mark.est_time(120), pytest.mark.timeout(600)]

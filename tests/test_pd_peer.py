@@ -1,4 +1,4 @@
-"""The store-free P→D transport (:mod:`harness.pd.peer`), in this process on real sglang pools: KV
+"""The store-free P→D transport (:mod:`harness.engines.sim.peer`), in this process on real sglang pools: KV
 written straight into the decode pages over Mooncake arrives byte for byte (decode's commit
 verifies it), a corrupted page is caught on this path, the object store is the fallback when the
 transport cannot be set up, a write into a gone decode rank fails at once (naming a dead worker),
@@ -14,13 +14,13 @@ import psutil
 import pytest
 
 from harness import faults
-from harness.pd import peer
-from harness.pd.decode import KVCorruption
-from harness.pd.errors import PDError
-from harness.pd.run import run
-from harness.pd.spec import PDRequest
+from harness.engines.sim import peer
+from harness.engines.sim.decode_rank import KVCorruption
+from harness.engines.sim.errors import PDError
+from harness.engines.sim.driver import run
+from harness.engines.sim.workload import PDRequest
 from pdpair import SPEC, pair  # noqa: F401 - the module's fixture
-from harness.pd.transfer import plan, transfer
+from harness.engines.sim.kv_transfer import plan, transfer
 from harness.workers import WorkerDied
 
 pytest.importorskip("mooncake.engine", reason="the store-free transport needs mooncake's transfer engine")
@@ -89,10 +89,10 @@ def test_the_store_is_the_fallback_when_the_transport_cannot_be_set_up(pair, wri
     pair.decode.members[0].peer_close()
     monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # as if mooncake were not installed
     monkeypatch.setattr(peer, "_warned", set())
-    with caplog.at_level(logging.WARNING, logger="harness.pd.peer"):
+    with caplog.at_level(logging.WARNING, logger="harness.engines.sim.peer"):
         p = _fresh(pair, monkeypatch, "auto")
         p = _fresh(pair, monkeypatch, "auto")  # the same reason again: no second line
-    lines = [r.getMessage() for r in caplog.records if r.name == "harness.pd.peer"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "harness.engines.sim.peer"]
     assert p.link is None and len(lines) == 1 and "object store" in lines[0] and "mooncake.engine" in lines[0], lines
     run(p, REQS[:2]).assert_clean()
     assert writes["n"] > 0

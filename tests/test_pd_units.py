@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness.pd import kvfill
-from harness.pd.ranks import Ranks
-from harness.pd.spec import KVSpec, PDRequest, workload
-from harness.pd.transfer import Chunk, merge, messages, plan, transfer
+from harness.engines.sim import kvfill
+from harness.engines.sim.ranks import Ranks
+from harness.engines.sim.workload import KVSpec, PDRequest, workload
+from harness.engines.sim.kv_transfer import Chunk, merge, messages, plan, transfer
 
 
 def test_workload_is_seeded_and_clusters_at_page_boundaries():

@@ -39,8 +39,8 @@ FAULT = "swa-tail-short"
 SUITE = '''
 import pytest
 
-from harness.pd.run import run
-from harness.pd.spec import KVSpec, PDRequest
+from harness.engines.sim.driver import run
+from harness.engines.sim.workload import KVSpec, PDRequest
 
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.timeout(300)]
 

@@ -305,7 +305,7 @@ def test_gates_workflow_triggers_matrix_and_verdict():
     assert plan["outputs"]["matrix"] == "${{ " + " || ".join(f"steps.{i}.outputs.matrix" for i in plan_cmds) + " }}"
     assert run["strategy"] == {"fail-fast": False, "matrix": "${{ fromJSON(needs.plan.outputs.matrix) }}"}
     assert run["runs-on"] == "${{ matrix.runner }}" and run["env"]["RUNNER_LABEL"] == "${{ matrix.runner }}"
-    from harness.targets.sglang.server import modelmap
+    from harness.engines.server import modelmap
 
     # every model a real-server suite may need reaches the gate from a repository variable
     assert {k: v for k, v in run["env"].items() if k.startswith("HARNESS_MODEL_")} == {

@@ -265,8 +265,8 @@ def test_both_fork_servers_start_side_by_side_before_a_cpu_server_group(tmp_path
     # group, on GPUs, or on a joined cluster nothing starts here (each group's pytest starts what it needs).
     from concurrent.futures import ThreadPoolExecutor
 
-    from harness.targets.sglang import preload
-    from harness.targets.sglang.server import stack
+    from harness.engines import fork_preload
+    from harness.engines.server import stack
 
     calls: list[str] = []
     monkeypatch.setattr(preload, "python_command", lambda argv, env: calls.append("python") or (argv, env))

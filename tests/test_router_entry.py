@@ -1,4 +1,4 @@
-"""The router's entry point (harness.targets.sglang.server.router) takes sglang-router's own flags and
+"""The router's entry point (harness.engines.server.router) takes sglang-router's own flags and
 starts without importing sglang or torch (upstream's ``launch_router`` imports both through MiniLB,
 about 5 CPU-s per stack start); ``--mini-lb`` still reaches upstream's module. The real router it
 starts is exercised by every real-server suite."""
@@ -10,7 +10,7 @@ import sys
 
 PROBE = """
 import sys
-from harness.targets.sglang.server import router
+from harness.engines.server import router
 try:
     router.main(sys.argv[1:])
 except SystemExit:

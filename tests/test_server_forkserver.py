@@ -1,4 +1,4 @@
-"""Real CPU servers start as forks of the server fork server (harness.targets.sglang.server.stack),
+"""Real CPU servers start as forks of the server fork server (harness.engines.server.stack),
 and the next model's stack starts ahead of its tests (harness.plugins.servers):
 the Ray worker runs the fork server's client, the server itself is a child of the fork server named
 by its real command, at the worker's priority, with sglang imported after its own sitecustomize
@@ -19,7 +19,7 @@ import pytest
 
 from harness import topology
 from harness.workers import forkserver
-from harness.targets.sglang.server.preload import SERVER_PRELOAD
+from harness.engines.server.server_preload import SERVER_PRELOAD
 
 MODEL = "tiny-llama"
 
@@ -57,7 +57,7 @@ def test_a_faults_patched_sglang_on_the_path_forks_from_the_same_server(sglang_s
     """A server whose path starts with a fault's scratch copy of ``sglang/`` (what the fault check's
     runs give theirs) is served by the fork server already running: the server preload imports
     nothing from any ``PYTHONPATH`` directory (free path on), so no run starts one of its own."""
-    from harness.targets.sglang.server import launcher, stack as server_stack
+    from harness.engines.server import launcher, stack as server_stack
 
     sglang_servers.pd(MODEL)
     running = {s.socket_path for s in forkserver.running_shared()
@@ -134,9 +134,9 @@ def test_a_router_that_cannot_start_stops_the_servers_launched_beside_it(ray_clu
     # The router's command fails (a topology with no router role) while prefill and decode are still
     # being launched beside it: the error is raised, and both servers, launched a moment later, are
     # stopped too, not left running outside the stack.
-    from harness.targets.sglang.server.launcher import LaunchError
-    from harness.targets.sglang.server.models import ensure_model
-    from harness.targets.sglang.server.stack import start_pd_stack
+    from harness.engines.server.launcher import LaunchError
+    from harness.engines.server.models import ensure_model
+    from harness.engines.server.stack import start_pd_stack
 
     cpu = topology.get("cpu")
     no_router = dataclasses.replace(cpu, roles=tuple(r for r in cpu.roles if r.kind != "router"))

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from harness import topology
-from harness.targets.sglang.server.launcher import (
+from harness.engines.server.launcher import (
     HISPARSE_DECODE_ARGS,
     SITE_DIR,
     LaunchError,
@@ -18,8 +18,8 @@ from harness.targets.sglang.server.launcher import (
     router_command,
 )
 from harness.targets.sglang.compat import checks
-from harness.targets.sglang.server.layout import PLAIN_ROLE, SHARED_GPU_MEM_FRACTION, server_layout
-from harness.targets.sglang.server.stack import PLACEHOLDER_PORTS, pd_commands
+from harness.engines.server.layout import PLAIN_ROLE, SHARED_GPU_MEM_FRACTION, server_layout
+from harness.engines.server.stack import PLACEHOLDER_PORTS, pd_commands
 
 pytestmark = pytest.mark.est_time(6)
 
@@ -186,7 +186,7 @@ def test_dsv4_plain_baseline_and_router_exact():
     assert dict(plain.env) == CHECKS_ENV  # sglang's own checks on: the only environment a GPU server gets
     r = router_command(topo, prefill=[("http://127.0.0.1:1", 2)], decode=["http://127.0.0.1:3"], port=4,
                        prometheus_port=5, python=PY)
-    assert list(r.argv) == [PY, "-m", "harness.targets.sglang.server.router", "--host", "127.0.0.1", "--port", "4",
+    assert list(r.argv) == [PY, "-m", "harness.engines.server.router", "--host", "127.0.0.1", "--port", "4",
                             "--prometheus-host", "127.0.0.1", "--prometheus-port", "5", "--pd-disaggregation",
                             "--policy", "round_robin", "--prefill", "http://127.0.0.1:1", "2",
                             "--decode", "http://127.0.0.1:3"]

@@ -15,9 +15,9 @@ import pytest
 
 from harness import topology
 from harness.targets.sglang import selection as target
-from harness.targets.sglang.server import hooks
-from harness.targets.sglang.server import patches as compat
-from harness.targets.sglang.server.launcher import ServerPorts, server_command
+from harness.engines.server import hooks
+from harness.engines.server import patches as compat
+from harness.engines.server.launcher import ServerPorts, server_command
 
 pytestmark = pytest.mark.est_time(30)
 
@@ -128,8 +128,8 @@ def test_probe_records_a_flush_and_the_ledger_sees_what_it_hid(tmp_path):
     import types
 
     from harness import ledger
-    from harness.targets.sglang import DecodeConfig, DecodeSide, make_req
-    from harness.targets.sglang.server import probe as probe_mod
+    from harness.engines.sim import DecodeConfig, DecodeSide, make_req
+    from harness.engines.server import accounting_probe as probe_mod
 
     side = DecodeSide(DecodeConfig(page_size=16, window=40))
 
@@ -170,8 +170,8 @@ def test_prefill_probe_records_only_flushes(tmp_path):
 def test_probe_config_comes_from_the_queue_and_an_unreadable_field_is_named(monkeypatch):
     """The probe's config event is the server's configuration (here a real decode queue), and a field it
     cannot read raises with its name instead of turning into a silent None."""
-    from harness.targets.sglang import DecodeConfig, DecodeSide
-    from harness.targets.sglang.server import probe_read
+    from harness.engines.sim import DecodeConfig, DecodeSide
+    from harness.engines.server import probe_read
 
     monkeypatch.delenv("SGLANG_SWA_EVICTION_INTERVAL", raising=False)
     side = DecodeSide(DecodeConfig(page_size=64, window=100, radix_cache=True))

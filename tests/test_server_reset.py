@@ -14,7 +14,7 @@ import pytest
 
 from harness import ledger
 from harness.ledger import LedgerConfig, LedgerWriter
-from harness.targets.sglang.server.reset import ResetError, reset_server
+from harness.engines.server.reset import ResetError, reset_server
 
 P = 64
 IDLE = {"full": 640, "swa": 320}

@@ -13,10 +13,10 @@ from harness import ledger
 from harness.faultcheck import verdicts
 from harness.faultcheck.verdicts import BROKEN, CAUGHT, SuiteRun, build_cells
 from harness.gates.classify import classify
-from harness.pd.deploy import worker_env
+from harness.engines.sim.deploy import worker_env
 from harness.plugins.explain import headline
 from harness.targets.sglang.compat import checks
-from harness.targets.sglang.server.launcher import ServerPorts, server_command
+from harness.engines.server.launcher import ServerPorts, server_command
 from harness.topology import get as load_topology
 from harness.workers import WorkerDied
 

@@ -24,9 +24,9 @@ import pytest
 
 from harness import topology
 from harness.commands import rerun
-from harness.targets.sglang.server import rdma, showcmd
-from harness.targets.sglang.server.launcher import SITE_DIR
-from harness.targets.sglang.server.layout import server_gpus
+from harness.engines.server import rdma, showcmd
+from harness.engines.server.launcher import SITE_DIR
+from harness.engines.server.layout import server_gpus
 
 FIXTURE = Path("test") / "server_fixtures" / "disaggregation_fixture.py"
 #: What the fixture's CI branch finds on a node (``SGLANG_CI_RDMA_ALL_DEVICES``); ours gets the same.

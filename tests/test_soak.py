@@ -1,4 +1,4 @@
-"""The soak's verdict (:mod:`harness.soak`, which both engines drive): a leak at any checkpoint fails
+"""The soak's verdict (:mod:`harness.engines.soak_driver`, which both engines drive): a leak at any checkpoint fails
 it, naming where, and the slope is exact; the first leak ends the soak; ``--soak`` takes a positive
 count. The soak itself runs as suites (``suites/disaggregation/test_disaggregation_soak.py`` on the
 simulated engine, ``test_disaggregation_soak_server.py`` on a real CPU stack)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.soak import BatchOutcome, Checkpoint, LeakError, SoakResult, drive, mix
+from harness.engines.soak_driver import BatchOutcome, Checkpoint, LeakError, SoakResult, drive, mix
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -99,8 +99,8 @@ def test_soak_needs_a_positive_count():
 
 
 def test_the_mix_draws_the_simulated_engines_workload():
-    # harness.pd.spec.workload (the e2e suites' requests) is the soak's mix as PD requests: same draw.
-    from harness.pd.spec import workload
+    # harness.engines.sim.workload.workload (the e2e suites' requests) is the soak's mix as PD requests: same draw.
+    from harness.engines.sim.workload import workload
 
     soak = mix(7, 300, page_size=64, max_prompt=384, max_new=12, abort_rate=0.1, prefix="s0-", groups=3)
     sim = workload(7, 300, page_size=64, max_prompt=384, max_steps=12, abort_rate=0.1, prefix="s0-")
@@ -111,7 +111,7 @@ def test_the_mix_draws_the_simulated_engines_workload():
 def test_no_server_rid_of_a_soak_is_a_prefix_of_another():
     # sglang's /abort_request aborts every rid that starts with the one given: a real-stack soak that
     # aborted s9-1 while s9-11 was in flight lost s9-11 too (bench/soak.py --engine server, 1 in 2,000).
-    from harness.targets.sglang.server.soak import server_rid
+    from harness.engines.server.server_soak import server_rid
 
     rids = sorted(server_rid("t", r.rid) for b in range(12)
                   for r in mix(b, 120, page_size=64, max_prompt=256, abort_rate=0.1, prefix=f"s{b}-", groups=3))

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from harness.targets.sglang.server import launcher, models
+from harness.engines.server import launcher, models
 
 PROBE = """
 import json, sys

@@ -26,7 +26,7 @@ of the worker's own (:class:`harness.workers.Subprocess`), so it imports the cop
 Not carried: the repository around the harness (``suites/``, ``topologies/``): pytest inside a
 worker (:mod:`harness.workers.suiterun`) still runs the node's checkout at the driver's repository
 path (``HARNESS_REPO_ROOT``, set here for the job); and a real server's ``sitecustomize`` directory,
-named by its path on the driver (:mod:`harness.targets.sglang.server.launcher`).
+named by its path on the driver (:mod:`harness.engines.server.launcher`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``rerun-test --show-commands TOPOLOGY``: the server commands each role of the topology's PD stack
-would run (:mod:`harness.targets.sglang.server.showcmd`), printed without starting anything."""
+would run (:mod:`harness.engines.server.showcmd`), printed without starting anything."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def text(names: Sequence[str]) -> str:
     Raises:
         UsageError: no such topology, or its servers cannot be laid out (one line).
     """
-    from harness.targets.sglang.server import showcmd
-    from harness.targets.sglang.server.launcher import LaunchError
+    from harness.engines.server import showcmd
+    from harness.engines.server.launcher import LaunchError
 
     out = []
     for name in names:

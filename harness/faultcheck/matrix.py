@@ -35,7 +35,8 @@ from harness.faultcheck.verdicts import (
 from harness.faults import source
 from harness.report import junit
 from harness.rundir import REPO_ROOT, RunDir
-from harness.targets.sglang import preload, selection
+from harness.engines import fork_preload
+from harness.targets.sglang import selection
 from harness.targets.sglang.compat import checks
 from harness.workers import procs
 
@@ -189,7 +190,7 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     start = time.monotonic()
     # One OpenMP / BLAS thread (the runs go side by side, and beside the tests in CI), started as a fork
     # of an interpreter that imported sglang's third-party graph; each imports sglang (patched or not) itself.
-    argv, env = preload.python_command(cmd, env)
+    argv, env = fork_preload.python_command(cmd, env)
     returncode, timed_out = procs.run_logged(argv, cwd=root, env=env, log=log, timeout_s=timeout_s)
     if timed_out:
         logger.error("run %s passed its %.0f s limit; its process group was killed", label, timeout_s)
@@ -348,11 +349,11 @@ def start_order(plan: Mapping[str, tuple[str, ...]], jobs: int) -> list[str]:
 
 def share_server_fork_server(plan: Mapping[str, tuple[str, ...]]) -> bool:
     """Start one server fork server here, named to the runs, when a run of ``plan`` starts real
-    servers (:func:`harness.targets.sglang.server.stack.share_fork_server`)."""
+    servers (:func:`harness.engines.server.stack.share_fork_server`)."""
     if not any(starts_servers_any(targeted) for targeted in plan.values()):
         return False
     from harness import topology
-    from harness.targets.sglang.server import stack
+    from harness.engines.server import stack
 
     return stack.share_fork_server(topology.get("cpu"))
 

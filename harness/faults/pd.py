@@ -1,7 +1,7 @@
 """The runtime fault of the harness's own PD transfer: a prefill that ships one corrupted KV page.
 
 A patch cannot express it (the transfer is the harness's, not sglang's), so it replaces
-``harness.pd.kvfill:pack_pages`` in the running prefill worker. Registered in :mod:`harness.faults.names`.
+``harness.engines.sim.kvfill:pack_pages`` in the running prefill worker. Registered in :mod:`harness.faults.names`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ FAULTS: tuple[Fault, ...] = (
         evidence=("KVCorruption",),
         suites=("suites/disaggregation/test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",),
         est_s=18,
-        target="harness.pd.kvfill:pack_pages",
+        target="harness.engines.sim.kvfill:pack_pages",
         make=_corrupt_first_page,
     ),
 )

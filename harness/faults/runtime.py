@@ -3,7 +3,7 @@ that a process running with source-patch faults named in ``HARNESS_FAULTS`` real
 copy carrying them, so a suite never runs silently unbroken.
 
 The processes that run engine code apply the faults named for the run: the pytest plugin
-(:mod:`harness.plugins.faults`), a PD rank's payload (:class:`harness.pd.payload.RankPayload`) and a
+(:mod:`harness.plugins.faults`), a PD rank's payload (:class:`harness.engines.sim.payload.RankPayload`) and a
 real server's ``sitecustomize``.
 """
 

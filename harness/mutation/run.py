@@ -5,7 +5,7 @@ A mutant runs as a fault does (:mod:`harness.faults.source`): a scratch copy of 
 whose one mutated file is real, first on the import path of every process the tests start (through
 ``HARNESS_SGLANG_OVERLAY``, which the run's target plugin puts before the target), with
 ``HARNESS_FAULT_FIRED`` naming the file its marker appends to; the marker module sits beside the
-copy. Its pytest run is a fork of the third-party preload (:func:`harness.targets.sglang.preload.python_command`),
+copy. Its pytest run is a fork of the third-party preload (:func:`harness.engines.fork_preload.python_command`),
 so it imports only sglang, and stops at the first failure (``-x``).
 
 Verdicts: ``killed`` (a selected test failed: the first one, its evidence's first line, and whether
@@ -34,7 +34,7 @@ from harness.changes.measure import Combined, Measurement
 from harness.faults import source
 from harness.mutation.operators import MARKER_MODULE, MARKER_SOURCE, Mutant, mutate_source
 from harness.report import junit
-from harness.targets.sglang import preload
+from harness.engines import fork_preload
 from harness.targets.sglang.selection import OVERLAY_ENV
 from harness.workers import procs
 
@@ -146,7 +146,7 @@ def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Pat
         junit_path = out / "junit" / f"{label}.xml"
         junit_path.parent.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
-        argv, env = preload.python_command(pytest_command(tests, junit_path, out / "pytest" / label), env,
+        argv, env = fork_preload.python_command(pytest_command(tests, junit_path, out / "pytest" / label), env,
                                            sglang_only_overlay=True)
         start = time.monotonic()
         code, timed_out = procs.run_logged(argv, cwd=root, env=env, log=out / "logs" / f"{label}.log", timeout_s=timeout_s)

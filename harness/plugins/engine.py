@@ -8,7 +8,7 @@ Option (group ``pd-harness``, ini ``harness_engine``; the command line wins):
 Option (same group): ``--model NAME=PATH`` (repeatable), env fallback ``HARNESS_MODEL_<NAME>``
 (NAME upper-cased, ``-`` → ``_``): the local model directory a real-server suite gets for its logical
 model NAME (``tiny-llama``, ``tiny-mellum-swa``, ``dsv4``). Required on GPU topologies; on ``cpu`` an
-unmapped tiny model is built locally. Resolution: :mod:`harness.targets.sglang.server.modelmap`.
+unmapped tiny model is built locally. Resolution: :mod:`harness.engines.server.modelmap`.
 
 Marker:
     engine(name, *, models=(), gpu_topologies=(), server_args=()): the test needs engine ``name``
@@ -71,7 +71,7 @@ def _given_models(values: Sequence[str] | None, environ: Mapping[str, str]) -> d
     """``--model`` values and ``HARNESS_MODEL_*`` vars, validated (one clear UsageError line)."""
     if not values and not any(k.startswith(MODEL_ENV_PREFIX) for k in environ):
         return {}  # nothing given: do not import the sglang adapter into every pytest run
-    from harness.targets.sglang.server import modelmap
+    from harness.engines.server import modelmap
 
     try:
         return modelmap.overrides(values, environ)

@@ -9,16 +9,16 @@ test's own traceback and output stay in the report body, unchanged.
 
 Evidence classes, first match wins (:func:`headline`):
 
-``prealloc``       (first) sglang refused a prealloc mid-run (:class:`~harness.pd.errors.PreallocError`)
+``prealloc``       (first) sglang refused a prealloc mid-run (:class:`~harness.engines.sim.errors.PreallocError`)
                    and every rule the ledger found broken it found only at the end (the pages the
                    refused prealloc kept, as leaks): the refusal leads, the ledger's finding follows
 ``ledger``         a broken ledger rule: any exception carrying ledger ``violations``
-                   (:class:`harness.ledger.LedgerBroken`, the PD run's :class:`~harness.pd.errors.PDError`,
+                   (:class:`harness.ledger.LedgerBroken`, the PD run's :class:`~harness.engines.sim.errors.PDError`,
                    or a rank's error the PD run attached the ledger's verdict to); the earliest root cause
                    leads (:func:`harness.ledger.root_causes`), its knock-ons are counted after it, then
                    what stopped the run when that was not the ledger check itself
 ``kv``             the PD engine's own check of every byte and window position it keeps
-                   (:class:`~harness.pd.errors.KVCorruption`, :class:`~harness.pd.errors.WindowLost`)
+                   (:class:`~harness.engines.sim.errors.KVCorruption`, :class:`~harness.engines.sim.errors.WindowLost`)
 ``sglang-check``   one of sglang's own checks, which the harness turns on in every server and rank
                    (:mod:`harness.targets.sglang.compat.checks`), raised: the check, what it names (an
                    invariant, a pool) and its line, found in the exception, a worker's remote traceback
@@ -30,7 +30,7 @@ Evidence classes, first match wins (:func:`headline`):
                    tails of the workers it owned
 ``sglang-assert``  an exception raised in sglang's own code (its innermost frame is under ``sglang/``,
                    locally or in a worker's remote traceback): that frame
-``prealloc``       sglang refused a prealloc (:class:`~harness.pd.errors.PreallocError`)
+``prealloc``       sglang refused a prealloc (:class:`~harness.engines.sim.errors.PreallocError`)
 ``assertion``      the test's own assertion (a named comparison says ``swa_tail_len 44 != 108``)
 ``error``          anything else
 

@@ -2,9 +2,9 @@
 
 Fixtures:
     pd_pair      ``pd_pair(spec) -> PDPair`` for the test's topology: one worker per TP rank of the
-                 first prefill and decode groups (:mod:`harness.pd.deploy`), started on first use
+                 first prefill and decode groups (:mod:`harness.engines.sim.deploy`), started on first use
                  and kept for the session (sglang's import, seconds per rank, is paid once),
-                 reconfigured for ``spec`` (a :class:`harness.pd.spec.KVSpec`) on every call. After
+                 reconfigured for ``spec`` (a :class:`harness.engines.sim.workload.KVSpec`) on every call. After
                  a test that failed, the next one gets a clean pair: every rank drops what the
                  failure left, rebuilds its pools and is verified idle at its baseline; a pair that
                  cannot be reset (a dead rank, a pool off its baseline) is stopped and started anew.
@@ -38,9 +38,9 @@ from harness.rundir import RunDir
 
 if TYPE_CHECKING:
     from harness.cluster import Cluster
-    from harness.pd.deploy import Deployment
-    from harness.pd.run import PDPair
-    from harness.pd.spec import KVSpec
+    from harness.engines.sim.deploy import Deployment
+    from harness.engines.sim.driver import PDPair
+    from harness.engines.sim.workload import KVSpec
     from harness.workers import Worker
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class PdPairs:
         self.dirty = False  # the last test using the pair failed: reset before the next one
 
     def get(self, cluster: Cluster, topology: topology_mod.Topology, spec: KVSpec) -> PDPair:
-        from harness.pd import deploy
+        from harness.engines.sim import deploy
 
         if self.deployment is not None and (self.deployment.topology.name != topology.name or self.deployment.stopped):
             self.close()
@@ -166,7 +166,7 @@ def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
 
 @pytest.fixture
 def pd_report(request: pytest.FixtureRequest, run_dir: Any, record_property: Callable[[str, Any], None]) -> Callable[[Any], dict]:
-    """``pd_report(result)``: write and attach the summary of a :class:`harness.pd.run.RunResult`."""
+    """``pd_report(result)``: write and attach the summary of a :class:`harness.engines.sim.driver.RunResult`."""
 
     def report(result: Any) -> dict:
         summary = result.summary()

@@ -30,7 +30,7 @@ without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the
 needs, and so it does on a joined cluster whose GPU nodes lack the devices (logical GPUs: ``ray start
 --num-gpus`` on a machine without them; the nodes are asked, :mod:`harness.cluster.join`); otherwise the
 topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
-Servers are placed by :func:`harness.targets.sglang.server.layout.server_layout` (one bundle with all
+Servers are placed by :func:`harness.engines.server.layout.server_layout` (one bundle with all
 of a server's GPUs). Which engine and which models: :mod:`harness.plugins.engine`.
 """
 
@@ -68,7 +68,7 @@ JOINED_LOGICAL_REASON = ("real sglang servers need real GPUs: the Ray cluster at
 @pytest.fixture(scope="session")
 def tiny_model() -> Callable[[str], Path]:
     """``tiny_model(name) -> Path``: build (once, cached in the repo-ignored ``models/``) a tiny model."""
-    from harness.targets.sglang.server.models import ensure_model
+    from harness.engines.server.models import ensure_model
 
     return lambda name: ensure_model(name)
 
@@ -192,7 +192,7 @@ def preload_fork_server(config: pytest.Config, topologies: Sequence[str]) -> thr
         The thread starting it, or None (a joined cluster, servers with GPUs, fork starts off).
     """
     from harness.plugins.options import settings
-    from harness.targets.sglang.server import stack
+    from harness.engines.server import stack
 
     opts = settings(config)
     cpu = fork_server_topology(topologies, opts.topology, opts.ray_address)

@@ -19,11 +19,11 @@ import pytest
 from harness import topology as topology_mod
 from harness.clock import wait_for
 from harness.rundir import RunDir
-from harness.targets.sglang.server.stack import missing_stack_modules
+from harness.engines.server.stack import missing_stack_modules
 
 if TYPE_CHECKING:
     from harness.cluster import Cluster, Placement
-    from harness.targets.sglang.server.stack import PdStack
+    from harness.engines.server.stack import PdStack
     from harness.workers import PlacementBundles, Worker
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ class ServerStacks:
     def __init__(self, config: pytest.Config, cluster: Cluster | None, topology: topology_mod.Topology, run_dir: RunDir | None, *,
                  models: Mapping[str, Path] | None = None, server_args: Sequence[str] = ()) -> None:
         from harness.plugins.state import state
-        from harness.targets.sglang.server.layout import server_layout
-        from harness.targets.sglang.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
+        from harness.engines.server.layout import server_layout
+        from harness.engines.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
 
         self._state = state(config)
         self.cluster = cluster
@@ -93,7 +93,7 @@ class ServerStacks:
         Raises:
             pytest.fail.Exception: it cannot be resolved (the message names the option and env var).
         """
-        from harness.targets.sglang.server import modelmap
+        from harness.engines.server import modelmap
 
         try:
             return modelmap.resolve(name, self.models, self.topology)
@@ -256,7 +256,7 @@ class ServerStacks:
     def _start_pd(self, model: Path, placement: Placement | None, names: tuple[str, str, str], on_start: Callable[[Worker], None], *,
                   mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None,
                   extra_env: Mapping[str, Mapping[str, str]] | None = None) -> PdStack:
-        from harness.targets.sglang.server.stack import start_pd_stack
+        from harness.engines.server.stack import start_pd_stack
 
         more = dict(extra_args or {})
         return start_pd_stack(self.topology, model, self.run_dir.root, placement=placement, names=names, mini_lb=mini_lb,
@@ -266,8 +266,8 @@ class ServerStacks:
                               extra_env=extra_env)
 
     def _start_plain(self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Worker], None]) -> Worker:
-        from harness.targets.sglang.server.layout import PLAIN_ROLE
-        from harness.targets.sglang.server.stack import start_plain_server
+        from harness.engines.server.layout import PLAIN_ROLE
+        from harness.engines.server.stack import start_plain_server
 
         return start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
                                   ready_timeout=self.ready_timeout, probe=True, forkserver=self.forkserver,
@@ -339,7 +339,7 @@ class ServerStacks:
         """Reset every server handed out since the last call (sglang's ``/flush_cache``, checked by its probe's
         ledger); return one line per server that failed it. Such a server is stopped with its stack, unless it is
         back at baseline and broke only rules judging sglang's decisions (``ResetError.reusable``)."""
-        from harness.targets.sglang.server.reset import ResetError, reset_server
+        from harness.engines.server.reset import ResetError, reset_server
 
         used, self._used = self._used, set()
         problems: list[str] = []
@@ -379,7 +379,7 @@ class ServerStacks:
         self._placement, self._more_placements = None, []
 
     def _stop(self, workers: Sequence[Any]) -> None:
-        from harness.targets.sglang.server.stack import stop_all
+        from harness.engines.server.stack import stop_all
 
         workers = list(workers)
         for w in workers:
@@ -393,7 +393,7 @@ class ServerStacks:
 
     def close(self) -> list[int]:
         """Stop everything; return the server process ids that are still alive afterwards."""
-        from harness.targets.sglang.server.stack import leftover_processes
+        from harness.engines.server.stack import leftover_processes
 
         self._drop_ahead()
         if self._ahead_pool is not None:

@@ -35,7 +35,7 @@ from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan, compact
 from harness.report import page
 from harness.rundir import RunDir
-from harness.targets.sglang import preload
+from harness.engines import fork_preload
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class _Running:
             # Without GPUs the groups share this machine's cores: one OpenMP / BLAS thread each (unless
             # set), each started as a fork of an interpreter that already imported sglang's
             # third-party graph (it imports sglang, from the selected target, itself).
-            argv, env = preload.python_command(cmd, env)
+            argv, env = fork_preload.python_command(cmd, env)
         self._log = open(self.log_path, "wb")
         # Own session: a timeout or ^C can end pytest and everything it started, and nothing else.
         self.proc = subprocess.Popen(argv, cwd=opts.repo_root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
@@ -296,9 +296,9 @@ def starts_cpu_servers(group: Group) -> bool:
 
 def prestart_fork_servers(plan: Plan, opts: ExecOptions, pool: ThreadPoolExecutor) -> Future | None:
     """When a group will start real CPU servers here, start both fork servers the groups need at once,
-    before the first group: the one every group's pytest forks from (:func:`preload.python_command`,
+    before the first group: the one every group's pytest forks from (:func:`fork_preload.python_command`,
     waited for here), and, in ``pool``, the server fork server, named to the groups
-    (:func:`harness.targets.sglang.server.stack.share_fork_server`), which the groups that start
+    (:func:`harness.engines.server.stack.share_fork_server`), which the groups that start
     servers wait for. Each preload is seconds of imports on one core; started here they run side by
     side on two, instead of one after the other at the head of the CPU group, the run's longest.
 
@@ -307,7 +307,7 @@ def prestart_fork_servers(plan: Plan, opts: ExecOptions, pool: ThreadPoolExecuto
         and each group starts its own as before), or None when no group starts CPU servers here.
     """
     from harness import topology as topology_mod
-    from harness.targets.sglang.server import stack
+    from harness.engines.server import stack
 
     if opts.gpus or opts.ray_address:
         return None
@@ -315,7 +315,7 @@ def prestart_fork_servers(plan: Plan, opts: ExecOptions, pool: ThreadPoolExecuto
     if cpu is None:
         return None
     share = pool.submit(stack.share_fork_server, topology_mod.get(cpu.topology))
-    preload.python_command([sys.executable, "-m", "pytest"], {**os.environ, **GROUP_ENV})
+    fork_preload.python_command([sys.executable, "-m", "pytest"], {**os.environ, **GROUP_ENV})
     return share
 
 

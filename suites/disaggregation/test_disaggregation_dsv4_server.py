@@ -4,7 +4,7 @@ The real-engine counterpart of ``test_disaggregation_dsv4.py``: the ``8-gpu-h200
 and decode roles (each ``--tp 4 --enable-dp-attention --dp-size 4``, i.e. attention-DP 4 inside one
 TP4 group, one server process on 4 GPUs) and its router, launched by the harness's launcher; sglang
 picks page 256 for DeepSeek-V4. HiSparse on the decode side off and on
-(:data:`~harness.targets.sglang.server.launcher.HISPARSE_DECODE_ARGS`). Greedy requests at prompt
+(:data:`~harness.engines.server.launcher.HISPARSE_DECODE_ARGS`). Greedy requests at prompt
 lengths around the page-256 boundaries must give the same tokens on a repeat and the same tokens as
 a plain (non-PD) TP4 server of the same model; the decode server's accounting probe ledger must hold
 the conservation invariants; both servers are healthy and back to idle afterwards, and no server

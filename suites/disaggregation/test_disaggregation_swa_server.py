@@ -10,7 +10,7 @@ FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tai
    exact symptom (the same prompt gives different tokens once full and SWA indices diverged, or a
    request whose full indices pass the SWA pool's size crashes the server). It XPASSes — and so
    fails — when upstream fixes the bug: then drop the compat patch ``torch-native-swa-read``
-   (``harness/targets/sglang/server/patches.py``).
+   (``harness/engines/server/patches.py``).
 2. With the patch (the ``cpu`` topology's default), a plain server is consistent, and PD via the
    router equals it over prompt lengths around the page/window boundaries, repeats and concurrency;
    the decode ledger holds the SWA invariants, derived by the checker from the probe's config event

@@ -21,7 +21,7 @@ Limits, each enforced:
   child rebuilds ``sys.path`` from its own), and ``shared(advertise=True)`` names it to the
   processes started after, whose own :func:`shared` then uses it (the fault check's runs);
 * nothing that touches a GPU may run before the fork (a CUDA context does not survive one): callers
-  use it only for ranks without real GPUs (:func:`harness.pd.deploy.start` decides).
+  use it only for ranks without real GPUs (:func:`harness.engines.sim.deploy.start` decides).
 
 The same server starts the harness's own Python subprocesses (:func:`python_command`: the fault
 check's pytest runs, ``rerun-test``'s groups). Such a child must behave as the fresh interpreter it

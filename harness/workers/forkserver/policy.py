@@ -1,8 +1,8 @@
 """Whether a process the harness starts runs as a fork of a preloaded fork server: one rule for every
 kind of process, and one switch.
 
-Kinds: ``rank`` (a simulated PD rank's Ray actor, :mod:`harness.pd.deploy`), ``server`` (a real sglang
-server on CPU, :mod:`harness.targets.sglang.server.stack`) and ``python`` (one of the harness's own
+Kinds: ``rank`` (a simulated PD rank's Ray actor, :mod:`harness.engines.sim.deploy`), ``server`` (a real sglang
+server on CPU, :mod:`harness.engines.server.stack`) and ``python`` (one of the harness's own
 pytest subprocesses: the fault check's runs, ``rerun-test``'s groups; :func:`.handle.python_command`).
 
 A process is forked only when it drives no real GPU (a CUDA context does not survive a fork) and the

@@ -1,0 +1,384 @@
+"""From a topology role to the exact command line of a real sglang server or router process.
+
+Pure functions: nothing here starts a process or imports sglang, so the argv of every topology role
+can be tested exactly and fast. The worker that runs the command owns the process; this module only
+says what to run and with which environment.
+
+* :func:`server_command` — ``python -m sglang.launch_server`` for a ``prefill`` or ``decode`` role:
+  ``--disaggregation-mode``, ``--tp``, DP / DP-attention from the role, the topology's transfer
+  backend, and the ports the harness got from the OS (``--port``, ``--nccl-port``, and on prefill
+  ``--disaggregation-bootstrap-port``). GPUs are never chosen here: the server sees exactly the
+  ``CUDA_VISIBLE_DEVICES`` Ray gave its worker, so there is no ``--base-gpu-id``. On a GPU topology
+  with the mooncake backend the server's ``--disaggregation-ib-device`` is chosen for those GPUs when
+  it starts (:mod:`.rdma`: the server carries its node's GPU count in ``HARNESS_IB_NODE_GPUS``).
+* :func:`plain_server_command` — the same engine without disaggregation: the parity baseline.
+* :func:`router_command` — sglang-router's ``--pd-disaggregation`` router (or ``--mini-lb``) over the
+  prefill and decode URLs, through :mod:`.router` (upstream's launcher without its import of sglang).
+
+On a topology without GPUs (``cpu``) the servers get the measured CPU recipe (reference README, "A
+real prefill + decode + router stack on CPU"): :data:`CPU_SERVER_ARGS`, :data:`CPU_ENV`, the
+import-only ``sgl_kernel`` shim on ``PYTHONPATH``, and the CPU compat patches of
+:mod:`harness.engines.server.patches`. Every server, on any topology, runs with sglang's own
+checks on (:mod:`harness.targets.sglang.compat.checks`; ``HARNESS_SGLANG_CHECKS=0`` turns them off). Role ``engine_args`` come last, and a flag they already
+set is not added again, so the topology file wins over these defaults.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from harness.rundir import RunDir
+from harness.targets.sglang import releases, selection
+from harness.targets.sglang.compat import checks
+from harness.engines.server import rdma
+from harness.topology import RoleSpec, Topology
+
+#: Directory put on every server's PYTHONPATH: its ``sitecustomize`` installs the compat patches,
+#: the accounting probe and the fault catalog when their env vars ask for them.
+SITE_DIR = Path(__file__).resolve().parent / "pythonpath" / "site"
+#: Directory put on PYTHONPATH on CPU topologies only: the import-only ``sgl_kernel`` shim.
+CPU_SHIM_DIR = Path(__file__).resolve().parent / "pythonpath" / "cpu"
+
+#: Server flags of the CPU recipe (torch-native attention, no CUDA graphs, a small fixed KV pool).
+CPU_SERVER_ARGS: tuple[str, ...] = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-cuda-graph",
+    "--max-total-tokens", "8192",
+    "--page-size", "64",
+    "--random-seed", "0",
+    # An idle scheduler otherwise loops without pause (its idle self-check included): about half a
+    # core per idle server, a whole core for an idle PD pair on a 2-core runner. sglang's own
+    # option waits on its request sockets instead; it sleeps only when fully idle (a pending KV
+    # transfer is not idle), so no request waits on it.
+    "--sleep-on-idle",
+)
+#: Prefill on CPU: overlap scheduling records a torch.cuda.Event on a cached-prefix send.
+CPU_PREFILL_ARGS: tuple[str, ...] = ("--disable-overlap-schedule",)
+#: Decode on CPU: the default retraction backup is a device tensor. Only where the target has the
+#: option (first in 0.5.18: 0.5.16 / 0.5.17 have no retraction backup and refuse the flag).
+CPU_DECODE_ARGS: tuple[str, ...] = ("--disaggregation-decode-retraction-backup", "cpu_tensor")
+#: Env of every server on CPU: sglang's CPU platform, no hub, mooncake over TCP on loopback.
+CPU_ENV: Mapping[str, str] = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "SGLANG_HOST_IP": "127.0.0.1",
+    "MOONCAKE_PROTOCOL": "tcp",
+    "MC_FORCE_TCP": "1",
+    # A stop (SIGTERM to the server's process group) ends its scheduler first, which sglang's watchdog
+    # takes for a crash: by default it then sleeps 5 s "to let GPU activity settle" before a py-spy
+    # dump and a CUDA coredump, neither of which a CPU server has, and the stop waits that out.
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+    # A dead peer on loopback: decode notices it after one missed heartbeat of a second (sglang's
+    # default, 5 s x 2 misses, is sized for real networks), and a failed transfer's deferred release
+    # waits 5 s, not 30, for acknowledgements loopback delivers in milliseconds.
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "5",
+    # The tiny models' classes (pythonpath/cpu/harness_tiny_models, sglang's own classes): the model
+    # registry resolves them without importing its ~150 other modules, ~3 s of every server's start.
+    "SGLANG_EXTERNAL_MODEL_PACKAGE": "harness_tiny_models",
+}
+#: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
+CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read", "cpu-fork-children")
+
+#: Decode-side HiSparse (DeepSeek-V4 class; sglang 0.5.23 ``--enable-hisparse``). It is a decode
+#: feature only (decode receives the KV into the HiSparse host pool; prefill sends as usual), and
+#: sglang refuses it unless the radix cache is off: a PD decode server turns it off by default, said
+#: explicitly here so the check never depends on the order sglang resolves its arguments in.
+HISPARSE_DECODE_ARGS: tuple[str, ...] = ("--enable-hisparse", "--disable-radix-cache")
+
+#: Env vars read by the sitecustomize in :data:`SITE_DIR`.
+COMPAT_ENV = "HARNESS_COMPAT_PATCHES"
+PROBE_LEDGER_ENV = "HARNESS_PROBE_LEDGER"
+PROBE_WORKER_ENV = "HARNESS_PROBE_WORKER"
+PROBE_COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
+
+SERVER_MODULE = "sglang.launch_server"
+#: The router's entry point: upstream's ``sglang_router.launch_router`` flags and Rust router, without
+#: its module-level import of sglang (5 CPU-s per start; :mod:`.router` says why).
+ROUTER_MODULE = "harness.engines.server.router"
+SERVER_KINDS = ("prefill", "decode")
+
+
+class LaunchError(ValueError):
+    """A command cannot be built from what was given (wrong role kind, missing port)."""
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    """Ports of one server, each obtained from the OS by the harness (never computed from a base).
+
+    A port may also be a ``"{name}"`` placeholder that :mod:`harness.workers` fills with the port
+    the OS gave the worker.
+    """
+
+    http: int | str
+    nccl: int | str
+    bootstrap: int | str | None = None  # prefill only: where decode fetches the KV
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to run for one role: argv, env additions and the PYTHONPATH entries to prepend."""
+
+    role: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    pythonpath: tuple[str, ...] = ()
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The full environment for the process: ``base`` (default ``os.environ``) plus ours.
+
+        ``PYTHONPATH`` entries are prepended to the inherited ones, never replace them.
+        """
+        env = dict(os.environ if base is None else base)
+        env.update(self.env)
+        if self.pythonpath:
+            inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join([*self.pythonpath, *inherited])
+        return env
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _merge(defaults: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """Defaults (a flat flag/value list) minus the flags ``overrides`` sets, then ``overrides``."""
+    out: list[str] = []
+    i = 0
+    while i < len(defaults):
+        flag = defaults[i]
+        takes_value = i + 1 < len(defaults) and not defaults[i + 1].startswith("--")
+        if not _has_flag(overrides, flag):
+            out.extend(defaults[i : i + 1 + takes_value])
+        i += 1 + takes_value
+    return out + list(overrides)
+
+
+def _parallel_args(role: RoleSpec) -> list[str]:
+    args = ["--tp", str(role.tp)]
+    if role.dp > 1:
+        args += ["--dp-size", str(role.dp)]
+    if role.dp_attention:
+        args.append("--enable-dp-attention")
+    return args
+
+
+def _cpu_env(patches: Sequence[str] | None) -> dict[str, str]:
+    env = dict(CPU_ENV)
+    chosen = CPU_COMPAT_PATCHES if patches is None else tuple(patches)
+    if chosen:
+        env[COMPAT_ENV] = ",".join(chosen)
+    return env
+
+
+def _probe_env(run_dir: str | Path | None, worker: str, component: str) -> dict[str, str]:
+    if run_dir is None:
+        return {}
+    return {
+        PROBE_LEDGER_ENV: str(RunDir(Path(run_dir)).ledger_file(worker)),
+        PROBE_WORKER_ENV: worker,
+        PROBE_COMPONENT_ENV: component,
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def _root_of(spec: str) -> Path:
+    return Path(selection.resolve(spec).root)
+
+
+def _target_root() -> Path:
+    """Where the sglang the servers will run has its source (``$HARNESS_SGLANG``, resolved but never
+    activated here: building a command must not select a target in the process that builds it)."""
+    return _root_of((os.environ.get(selection.ENV_VAR) or selection.INSTALLED).strip())
+
+
+def _engine_command(
+    topology: Topology,
+    role: RoleSpec,
+    mode_args: list[str],
+    *,
+    model: str | Path,
+    ports: ServerPorts,
+    host: str,
+    python: str,
+    compat_patches: Sequence[str] | None,
+    probe_run_dir: str | Path | None,
+    worker: str,
+    extra_args: Sequence[str],
+    mode_env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> Command:
+    base = [
+        "--model-path", str(model),
+        "--host", host,
+        "--port", str(ports.http),
+        "--nccl-port", str(ports.nccl),
+        *_parallel_args(role),
+        *mode_args,
+    ]
+    env: dict[str, str] = dict(mode_env or {})
+    pythonpath = [str(SITE_DIR)]
+    if not topology.needs_gpus:
+        base += CPU_SERVER_ARGS
+        if role.kind == "prefill":
+            base += CPU_PREFILL_ARGS
+        elif role.kind == "decode" and releases.server_option(_target_root(), "disaggregation_decode_retraction_backup"):
+            base += CPU_DECODE_ARGS
+        env.update(_cpu_env(compat_patches))
+        pythonpath.append(str(CPU_SHIM_DIR))
+    elif compat_patches:
+        env[COMPAT_ENV] = ",".join(compat_patches)
+    env.update(_probe_env(probe_run_dir, worker, role.kind))
+    # sglang's own checks, the second oracle: every variable of every check (a release that lacks
+    # one never reads it; what the target has is said once per session, compat.checks.summary).
+    env.update(checks.environment(None))
+    env.update(extra_env or {})
+    argv = [python, "-m", SERVER_MODULE, *_merge(base, [*role.engine_args, *extra_args])]
+    return Command(role=worker, argv=tuple(argv), env=env, pythonpath=tuple(pythonpath))
+
+
+def server_command(
+    topology: Topology,
+    role_name: str,
+    *,
+    model: str | Path,
+    ports: ServerPorts,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    compat_patches: Sequence[str] | None = None,
+    probe_run_dir: str | Path | None = None,
+    worker: str | None = None,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+) -> Command:
+    """Build the ``sglang.launch_server`` command of a prefill or decode role.
+
+    Args:
+        topology: the topology the role belongs to (its transfer backend; CPU or GPU recipe).
+        role_name: a role of ``topology`` whose kind is ``prefill`` or ``decode``.
+        model: model directory (or name the server can resolve offline).
+        ports: the leased ports (or their placeholders); ``bootstrap`` is required for prefill.
+        host: address the server binds and advertises.
+        python: interpreter to run (default: this one, i.e. the harness's venv).
+        compat_patches: compat patch names to enable; ``None`` means the topology's default
+            (:data:`CPU_COMPAT_PATCHES` on CPU, none on GPU); ``()`` means none.
+        probe_run_dir: when given, the accounting probe writes ``<run_dir>/ledger/<worker>.jsonl``.
+        worker: worker name used in the ledger and the command (default: the role name).
+        extra_args: more server flags, after the role's ``engine_args`` (they win over defaults).
+        extra_env: more environment for the server, set last (it wins over the recipe's): sglang's
+            knobs that only an env var sets, e.g. ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT``.
+
+    Returns:
+        The :class:`Command`.
+
+    Raises:
+        LaunchError: the role is not a server role, or prefill has no bootstrap port.
+        KeyError: no such role in the topology.
+    """
+    role = topology.role(role_name)
+    if role.kind not in SERVER_KINDS:
+        raise LaunchError(f"role {role_name!r} is a {role.kind}, not a server; use router_command for routers")
+    mode = ["--disaggregation-mode", role.kind, "--disaggregation-transfer-backend", topology.transfer_backend]
+    if role.kind == "prefill":
+        if ports.bootstrap is None:
+            raise LaunchError(f"prefill role {role_name!r} needs a bootstrap port; pass ServerPorts(bootstrap=...)")
+        mode += ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
+    # Its RDMA devices follow the GPUs Ray gives it, known when it starts (:mod:`.rdma`).
+    mode_env = {rdma.NODE_GPUS_ENV: str(topology.gpus_per_node)} \
+        if topology.needs_gpus and topology.transfer_backend == "mooncake" else {}
+    return _engine_command(
+        topology, role, mode, model=model, ports=ports, host=host, python=python,
+        compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker or role_name,
+        extra_args=extra_args, mode_env=mode_env, extra_env=extra_env,
+    )
+
+
+def plain_server_command(
+    topology: Topology,
+    *,
+    model: str | Path,
+    ports: ServerPorts,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    compat_patches: Sequence[str] | None = None,
+    worker: str = "plain",
+    extra_args: Sequence[str] = (),
+    probe_run_dir: str | Path | None = None,
+) -> Command:
+    """Build a non-disaggregated server on the topology's decode role shape: the parity baseline.
+
+    Args and Returns as :func:`server_command` (no bootstrap port; the probe, when asked for,
+    records only cache flushes: component ``plain``).
+
+    Raises:
+        LaunchError: never for a valid topology (it always has a decode role).
+    """
+    decode = topology.roles_of("decode")[0]
+    plain = RoleSpec(name=worker, kind="plain", tp=decode.tp, dp=decode.dp, dp_attention=decode.dp_attention,
+                     gpus_per_rank=decode.gpus_per_rank, engine_args=decode.engine_args)
+    return _engine_command(
+        topology, plain, [], model=model, ports=ports, host=host, python=python,
+        compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker, extra_args=extra_args,
+    )
+
+
+def router_command(
+    topology: Topology,
+    *,
+    prefill: Sequence[tuple[str, int | str | None]],
+    decode: Sequence[str],
+    port: int | str,
+    prometheus_port: int | str,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    mini_lb: bool = False,
+    policy: str = "round_robin",
+    worker: str = "router",
+) -> Command:
+    """Build the router role's command (sglang-router's flags, run by :data:`ROUTER_MODULE`).
+
+    Args:
+        topology: the topology (must have a router role).
+        prefill: ``(url, bootstrap_port)`` of each prefill server.
+        decode: URL of each decode server. Neither (both empty): the router starts with no server,
+            each registered later through its ``/workers`` API (not with ``mini_lb``).
+        port: the router's leased HTTP port.
+        prometheus_port: its leased metrics port (the router's default, 29000, would collide).
+        host: bind address.
+        python: interpreter to run.
+        mini_lb: add ``--mini-lb`` (the Python load balancer instead of the Rust router).
+        policy: load-balancing policy (MiniLB supports only ``random``, which it is then given).
+        worker: worker name.
+
+    Returns:
+        The :class:`Command`.
+
+    Raises:
+        LaunchError: the topology has no router role, or no prefill / decode URL was given.
+    """
+    role = topology.roles_of("router")[0] if topology.roles_of("router") else None
+    if role is None:
+        raise LaunchError(f"topology {topology.name!r} has no router role; add [roles.router]")
+    if (not prefill or not decode) and (prefill or decode or mini_lb):
+        raise LaunchError("a PD router needs at least one prefill and one decode URL (or none of either, "
+                          "to register them later through its /workers API; MiniLB has none)")
+    argv = [python, "-m", ROUTER_MODULE, "--host", host, "--port", str(port),
+            "--prometheus-host", host, "--prometheus-port", str(prometheus_port),
+            "--pd-disaggregation", "--policy", "random" if mini_lb else policy]
+    if mini_lb:
+        # MiniLB (the Python balancer) is PD-only and overrides any policy but random.
+        argv.append("--mini-lb")
+    for url, bootstrap in prefill:
+        argv += ["--prefill", url, str(bootstrap) if bootstrap is not None else "none"]
+    for url in decode:
+        argv += ["--decode", url]
+    argv += list(role.engine_args)
+    return Command(role=worker, argv=tuple(argv), env={})

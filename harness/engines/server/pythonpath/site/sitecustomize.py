@@ -1,0 +1,57 @@
+"""Loaded by every sglang server process the harness starts (this directory is on its PYTHONPATH).
+
+It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat patches),
+``HARNESS_IB_NODE_GPUS`` (a GPU server's ``--disaggregation-ib-device`` for the GPUs Ray gave it:
+:mod:`harness.engines.server.rdma`),
+``HARNESS_PROBE_LEDGER`` (the accounting probe, and on prefill the request hold) and ``HARNESS_FAULTS`` (the fault catalog:
+:func:`harness.faults.activate_from_env` checks that the sglang this server imports carries them). A failure here must stop the server rather than let it run without what
+the harness asked for, so errors are printed and the process exits.
+
+A server forked from :mod:`harness.workers.forkserver` runs this file a second time, with its own
+environment (the fork server's first run, without these variables, did nothing).
+"""
+
+import os
+import sys
+
+if (os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LEDGER") or os.environ.get("HARNESS_FAULTS")
+        or os.environ.get("HARNESS_IB_NODE_GPUS")):
+    try:
+        import logging
+
+        # Our own handler on our own logger: configuring the root logger would change sglang's logging.
+        _log = logging.getLogger("harness.engines.server")
+        if not _log.handlers:
+            _handler = logging.StreamHandler(sys.stderr)
+            _handler.setFormatter(logging.Formatter("%(asctime)s harness %(levelname)s %(message)s"))
+            _log.addHandler(_handler)
+            _log.setLevel(logging.INFO)
+            _log.propagate = False
+        if os.environ.get("HARNESS_IB_NODE_GPUS"):
+            from harness.engines.server import rdma
+
+            rdma.install_from_env()
+        if os.environ.get("HARNESS_COMPAT_PATCHES"):
+            from harness.engines.server import patches as compat
+
+            compat.install_from_env()
+        if os.environ.get("HARNESS_PROBE_LEDGER"):
+            from harness.engines.server import hold, accounting_probe
+
+            accounting_probe.install_from_env()
+            hold.install_from_env()
+        if os.environ.get("HARNESS_FAULTS"):
+            from harness import faults as _faults
+            from harness.targets.sglang import selection as _target
+
+            # The selected target first, then check that the sglang it imports carries every named
+            # patch (and apply runtime faults). A server forked from harness.workers.forkserver runs
+            # this file again with its own environment: both are idempotent.
+            _target.current()
+            _faults.activate_from_env()
+    except Exception as e:  # noqa: BLE001 - any failure must stop the server, loudly
+        import traceback
+
+        traceback.print_exc()
+        print(f"harness sitecustomize: {type(e).__name__}: {e}; refusing to start", file=sys.stderr, flush=True)
+        os._exit(3)

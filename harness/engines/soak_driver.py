@@ -1,0 +1,245 @@
+"""The engine-independent half of a soak: the request mix, the batches, the checkpoints and the verdict.
+
+A soak pushes many requests through one PD pair in batches of ``every`` (:func:`drive`); after each
+batch, once nothing is in flight and the cache is flushed (or its evictable pages counted as free), the
+engine reads every pool of both sides against its baseline: a :class:`Checkpoint`. A leak is not a
+tolerance: every checkpoint must read zero, so the slope of the leak over the requests is exactly zero
+(:attr:`SoakResult.slope`, slots per 1,000 requests, for the benchmarks' report).
+
+Each batch is :func:`mix` — prompt lengths at page boundaries ±1 and uniform, a fraction aborted, every
+third request sharing its prompt with the others of its prefix group (radix hits) — so every
+engine runs the same requests for the same seed. An engine (:class:`SoakEngine`) runs a batch and reads
+a checkpoint: the simulated PD engine over Ray (:mod:`harness.engines.sim.sim_soak`) and a real sglang PD stack
+(:mod:`harness.engines.server.server_soak`). The first batch or checkpoint that finds something wrong
+ends the soak; the result says how far it got and why.
+
+It imports nothing of the harness (the ground layer): both engines' layers build on it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, Sequence
+
+#: Prefix groups per batch: every third request shares its prompt with the others of its group. One:
+#: on hybrid-SWA pools a radix hit needs the prefix's window still cached, and spread over more groups
+#: a batch of the simulated soak (decode's radix cache) can draw none.
+GROUPS = 1
+#: Fraction of requests aborted.
+ABORT_RATE = 0.1
+
+
+class LeakError(AssertionError):
+    """A soak checkpoint found a pool not back at its baseline, or an engine's check failed."""
+
+
+@dataclass(frozen=True)
+class SoakRequest:
+    """One request of a soak.
+
+    Attributes:
+        rid: request id (unique in the soak).
+        length: prompt tokens.
+        new_tokens: tokens to generate (decode steps).
+        abort: the engine aborts it (the simulated engine mid-transfer; a real stack wherever it is).
+        group: its prefix group (requests of a group share their prompt), or None.
+    """
+
+    rid: str
+    length: int
+    new_tokens: int
+    abort: bool = False
+    group: str | None = None
+
+
+def mix(seed: int, n: int, *, page_size: int, max_prompt: int, max_new: int = 8, abort_rate: float = 0.0,
+        prefix: str = "r", groups: int = 0) -> list[SoakRequest]:
+    """A seeded request mix: prompt lengths mostly at page boundaries (±1), some uniform, a few aborts.
+
+    Args:
+        seed: the random seed (same seed, same requests).
+        n: number of requests.
+        page_size: the page size the boundaries are placed at.
+        max_prompt: longest prompt.
+        max_new: most new tokens per request (each draws 1..max_new).
+        abort_rate: fraction of requests to abort.
+        prefix: request-id prefix (``<prefix><i>``).
+        groups: prefix groups (``<prefix>g<k>``): every third request joins one in turn; 0: none.
+
+    Returns:
+        The requests, in arrival order.
+
+    Raises:
+        ValueError: ``max_prompt`` shorter than a page.
+    """
+    if max_prompt < page_size:
+        raise ValueError(f"max_prompt {max_prompt} must be at least one page ({page_size})")
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if rng.random() < 0.7:
+            pages = rng.randint(1, max_prompt // page_size)
+            length = pages * page_size + rng.choice((-1, 0, 1))
+        else:
+            length = rng.randint(1, max_prompt)
+        length = max(1, min(length, max_prompt))
+        abort = rng.random() < abort_rate
+        group = f"{prefix}g{(i // 3) % groups}" if groups and i % 3 == 0 else None
+        out.append(SoakRequest(f"{prefix}{i}", length, rng.randint(1, max_new), abort, group))
+    return out
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The pools after ``requests`` requests, nothing in flight.
+
+    Attributes:
+        requests: requests run so far.
+        leak: per pool (an engine may name its pools by side: ``decode.swa``), the slots not back at
+            baseline; ``live``, requests a side still holds (0: balanced).
+        held: requests still held (prefill's, or not yet released anywhere).
+        problem: what an engine's own check of the checkpoint found (a real server's ledger), or None.
+    """
+
+    requests: int
+    leak: dict[str, int]
+    held: int = 0
+    problem: str | None = None
+
+    @property
+    def total(self) -> int:
+        """All slots and requests not back at baseline."""
+        return sum(abs(v) for v in self.leak.values()) + self.held
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What an engine ran of one batch.
+
+    Attributes:
+        completed: requests that finished.
+        aborted: requests that ended aborted.
+        prefix_hits: requests that reused a cached prefix.
+        failure: what broke a rule while the batch ran (ends the soak), or None.
+    """
+
+    completed: int
+    aborted: int
+    prefix_hits: int = 0
+    failure: BaseException | None = None
+
+
+class SoakEngine(Protocol):
+    """What runs a soak's requests: one PD pair of some engine."""
+
+    def run_batch(self, requests: Sequence[SoakRequest]) -> BatchOutcome:
+        """Run the batch to its end (every request finished or aborted)."""
+        ...
+
+    def checkpoint(self, requests: int) -> Checkpoint:
+        """Once nothing is in flight: every pool against its baseline, after ``requests`` requests."""
+        ...
+
+
+@dataclass
+class SoakResult:
+    """What :func:`drive` ran and what every checkpoint read."""
+
+    requests: int = 0
+    completed: int = 0
+    aborted: int = 0
+    prefix_hits: int = 0
+    wall_s: float = 0.0
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    failure: BaseException | None = None
+
+    @property
+    def requests_per_s(self) -> float:
+        """Requests (completed and aborted) per second of wall time."""
+        return (self.completed + self.aborted) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def slope(self) -> float:
+        """Least-squares slope of the leak over the requests, in slots per 1,000 requests."""
+        points = [(c.requests, c.total) for c in self.checkpoints]
+        if len(points) < 2:
+            return 0.0
+        n = len(points)
+        mx = sum(x for x, _ in points) / n
+        my = sum(y for _, y in points) / n
+        var = sum((x - mx) ** 2 for x, _ in points)
+        return 1000.0 * sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
+
+    @property
+    def max_leak(self) -> int:
+        return max((c.total for c in self.checkpoints), default=0)
+
+    def assert_clean(self) -> None:
+        """Raise the batch's failure, or :class:`LeakError` naming the first checkpoint that read a leak
+        or whose check failed."""
+        if self.failure is not None:
+            raise self.failure
+        bad = [(i, c) for i, c in enumerate(self.checkpoints, 1) if c.total or c.problem]
+        if bad:
+            i, first = bad[0]
+            leak = {k: v for k, v in first.leak.items() if v}
+            raise LeakError(f"leak after {first.requests} requests (checkpoint {i} of {len(self.checkpoints)}): "
+                            + (f"{leak} slot(s) not back at baseline" if leak else "every pool back at baseline")
+                            + f", {first.held} request(s) still held"
+                            + (f"; {first.problem}" if first.problem else "")
+                            + f" (slope {self.slope:.3f} slots per 1,000 requests)")
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able figures."""
+        return {"requests": self.requests, "completed": self.completed, "aborted": self.aborted,
+                "prefix_hits": self.prefix_hits, "wall_s": round(self.wall_s, 2),
+                "requests_per_s": round(self.requests_per_s, 1), "checkpoints": len(self.checkpoints),
+                "max_leak": self.max_leak, "slope": self.slope}
+
+
+def drive(engine: SoakEngine, n: int, *, every: int, seed: int, page_size: int, max_prompt: int,
+          max_new: int = 8, abort_rate: float = ABORT_RATE) -> SoakResult:
+    """Run ``n`` requests through ``engine`` in batches of ``every``, a checkpoint after each.
+
+    Batch ``b`` is :func:`mix` with seed ``seed + b`` and request ids ``s<b>-<i>`` (its last request
+    aborted if the mix drew no abort).
+
+    Returns:
+        The :class:`SoakResult`; ``failure`` is what broke a rule in a batch, if one did; a checkpoint
+        that read a leak ends the soak too (:meth:`SoakResult.assert_clean` names it).
+
+    Raises:
+        ValueError: ``n`` or ``every`` below 1.
+    """
+    if n < 1 or every < 1:
+        raise ValueError(f"a soak needs n >= 1 and every >= 1 (got n={n}, every={every})")
+    result = SoakResult()
+    t0 = time.perf_counter()
+    try:
+        for batch, start in enumerate(range(0, n, every)):
+            size = min(every, n - start)
+            reqs = mix(seed + batch, size, page_size=page_size, max_prompt=max_prompt, max_new=max_new,
+                       abort_rate=abort_rate, prefix=f"s{batch}-", groups=GROUPS)
+            if abort_rate and not any(r.abort for r in reqs):
+                # A few dozen requests may draw no abort (0.9**50: 0.5%): the batch's longest is marked, the
+                # one most likely to be stopped mid-transfer (the simulated engine stops a transfer after its
+                # first chunk, so a one-chunk prompt completes; the result counts only real aborts).
+                longest = max(range(size), key=lambda i: reqs[i].length)
+                reqs[longest] = replace(reqs[longest], abort=True)
+            out = engine.run_batch(reqs)
+            result.requests += size
+            result.completed += out.completed
+            result.aborted += out.aborted
+            result.prefix_hits += out.prefix_hits
+            if out.failure is not None:
+                result.failure = out.failure
+                break
+            point = engine.checkpoint(result.requests)
+            result.checkpoints.append(point)
+            if point.total or point.problem:
+                break
+    finally:
+        result.wall_s = time.perf_counter() - t0
+    return result
