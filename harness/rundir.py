@@ -24,8 +24,12 @@ from pathlib import Path
 REPO_ROOT_ENV = "HARNESS_REPO_ROOT"
 #: The repository root (parent of the ``harness`` package, or ``$HARNESS_REPO_ROOT``).
 REPO_ROOT = Path(os.environ.get(REPO_ROOT_ENV) or Path(__file__).resolve().parent.parent)
-DEFAULT_BASE = REPO_ROOT / "runs"
+#: The runs directory's name under a repository root (git-ignored).
+RUNS = "runs"
+DEFAULT_BASE = REPO_ROOT / RUNS
 SUBDIRS = ("workers", "ledger", "junit", "report")
+#: The time in a default run directory's name (UTC; :func:`default_path`).
+TIME_FORMAT = "%Y%m%d-%H%M%S"
 #: The per-test record file of a pytest run directory (:mod:`harness.plugins.record` writes it).
 RECORD_FILE = "tests.jsonl"
 
@@ -87,9 +91,15 @@ class RunDir:
         return str(self.root)
 
 
-def default_path(base: Path = DEFAULT_BASE) -> Path:
-    """``<base>/<YYYYmmdd-HHMMSS>-<pid>`` (not created)."""
-    return base / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
+def default_path(base: Path = DEFAULT_BASE, *, kind: str = "", suffix: str = "") -> Path:
+    """``<base>/[<kind>-]<YYYYmmdd-HHMMSS>-<pid>[-<suffix>]``, the time in UTC (not created): every
+    command's default run directory is named here (``kind``: ``matrix``, ``mutate``, ``faults``, ...).
+
+    >>> default_path(Path("/runs"), kind="mutate").name.startswith("mutate-")
+    True
+    """
+    name = f"{time.strftime(TIME_FORMAT, time.gmtime())}-{os.getpid()}"
+    return base / "-".join(part for part in (kind, name, suffix) if part)
 
 
 def create(path: str | Path | None = None) -> RunDir:

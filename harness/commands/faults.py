@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 
-from harness import faultcheck, faults, runs
+from harness import faultcheck, faults, rundir, runs
 from harness.commands import UsageError
 from harness.targets.sglang import selection as sglang_target
 from harness.workers import procs
@@ -104,11 +102,7 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if not args.json:
         print(f"faults check on {target.label()}")
-    if args.run_dir:
-        out_dir = Path(args.run_dir)
-    else:
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        out_dir = faultcheck.REPO_ROOT / "runs" / f"faults-{stamp}-{os.getpid()}"
+    out_dir = Path(args.run_dir) if args.run_dir else rundir.default_path(kind="faults")
     suites = faultcheck.ACCOUNTING_SUITES if args.all_suites else tuple(args.suites) if args.suites else None
     with runs.record(out_dir, ["harness", *args.argv], target=target.label()) as rec:
         result = faultcheck.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 from harness import rundir, runs
@@ -142,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         if value is not None and value < (0 if opt == "gpus" else 1):
             raise UsageError(f"--{opt} {value}: must be ≥ {0 if opt == 'gpus' else 1}")
     root = args.repo_root.resolve()
-    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    run_dir = (args.run_dir or rundir.default_path(root / rundir.RUNS)).resolve()
     gpus = detect_gpus() if args.gpus is None else args.gpus
     joined = None
     if args.ray_address:  # one line and exit 2 when the cluster cannot be used, before any suite starts

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 
 from harness import rundir
@@ -49,7 +47,7 @@ def _matrix(args: argparse.Namespace) -> int:
         except sglang_target.TargetError as e:
             raise UsageError(str(e)) from None
     root = args.repo_root.resolve()
-    run_dir = (args.run_dir or root / "runs" / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    run_dir = (args.run_dir or rundir.default_path(root / rundir.RUNS, kind="matrix")).resolve()
     with run_record.record(run_dir, ["harness", *args.argv], target=", ".join(t.label() for t in resolved)) as rec:
         extra = ["--ray-address", args.ray_address] if args.ray_address else []
         runs = []

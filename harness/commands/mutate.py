@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
 import time
 from pathlib import Path
 
@@ -123,7 +122,7 @@ def _mutate(args: argparse.Namespace) -> int:
     mutants = choose.mutants(funcs, tree, args.limit, lines)
     if not mutants:
         raise UsageError("the chosen functions have no mutant (no operator applies to them)")
-    out = (args.run_dir or root / "runs" / f"mutate-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    out = (args.run_dir or rundir.default_path(root / rundir.RUNS, kind="mutate")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tests = tuple(args.tests) or DEFAULT_TESTS
     print(f"{PROG}: {len(mutants)} mutant(s) of {len(funcs)} function(s) on {target.label()}; candidates "

@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import report, runs
+from harness import report, rundir, runs
 from harness.commands import UsageError as CommandUsageError
 from harness.commands import rerun_args as args_mod
 from harness.commands import showcommands
@@ -129,7 +129,7 @@ def _write_comment(path: Path, statuses: list[comment.GroupStatus]) -> None:
 
 def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, target: target_mod.Target) -> int:
     root = args.repo_root.resolve()
-    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}").resolve()
+    run_dir = (args.run_dir or rundir.default_path(root / rundir.RUNS)).resolve()
     joined = joined_preflight(args.ray_address) if args.ray_address else None  # refused: no run directory
     with runs.record(run_dir, [PROG, *getattr(args, "argv", [])], target=target.label()) as rec:
         code, page = _execute(args, reg, p, target, run_dir, joined)
@@ -281,7 +281,7 @@ def _from_repro(args: argparse.Namespace) -> int:
     from harness.gates.bundle import ReproError
 
     root = args.repo_root.resolve()
-    run_dir = (args.run_dir or root / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-repro").resolve()
+    run_dir = (args.run_dir or rundir.default_path(root / rundir.RUNS, suffix="repro")).resolve()
     gpus = detect_gpus() if args.gpus is None else args.gpus
     try:
         return reproduce.reproduce(args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir),
