@@ -503,7 +503,7 @@ def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_pa
     """))
     cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_fork.py"), "-q", "-p", "no:cacheprovider",
            "-W", "error::pytest.PytestAssertRewriteWarning"]
-    argv, env = server_preload.python_command(cmd, dict(os.environ))  # one thread each by default: forkable
+    argv, env = fork_preload.python_command(cmd, dict(os.environ))  # one thread each by default: forkable
     # Run from the repository, as rerun-test runs its groups: pytest rewrites a module its import path
     # finds (from elsewhere, a fresh interpreter finds the editable-installed harness through its
     # finder, unrewritten, and so would the child).

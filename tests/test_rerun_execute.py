@@ -269,7 +269,7 @@ def test_both_fork_servers_start_side_by_side_before_a_cpu_server_group(tmp_path
     from harness.engines.server import stack
 
     calls: list[str] = []
-    monkeypatch.setattr(preload, "python_command", lambda argv, env: calls.append("python") or (argv, env))
+    monkeypatch.setattr(fork_preload, "python_command", lambda argv, env: calls.append("python") or (argv, env))
     monkeypatch.setattr(stack, "share_fork_server", lambda topology: calls.append(f"server {topology.name}") or True)
     real = Item("s_server.py::t", "/x/s_server.py::t", 30, "s_server.py", "sglang-server")
     sim = Item("s.py::t", "/x/s.py::t", 20, "s.py")
