@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.soak_driver import BatchOutcome, Checkpoint, LeakError, SoakResult, drive, mix
+from harness.engines.interface import BatchOutcome, Checkpoint, LeakError
+from harness.engines.soak_driver import SoakResult, drive, mix
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,18 +2,18 @@
 
 A soak pushes many requests through one PD pair in batches of ``every`` (:func:`drive`); after each
 batch, once nothing is in flight and the cache is flushed (or its evictable pages counted as free), the
-engine reads every pool of both sides against its baseline: a :class:`Checkpoint`. A leak is not a
-tolerance: every checkpoint must read zero, so the slope of the leak over the requests is exactly zero
-(:attr:`SoakResult.slope`, slots per 1,000 requests, for the benchmarks' report).
+engine reads every pool of both sides against its baseline: a :class:`~harness.engines.interface.Checkpoint`.
+A leak is not a tolerance: every checkpoint must read zero, so the slope of the leak over the requests is
+exactly zero (:attr:`SoakResult.slope`, slots per 1,000 requests, for the benchmarks' report).
 
 Each batch is :func:`mix` — prompt lengths at page boundaries ±1 and uniform, a fraction aborted, every
 third request sharing its prompt with the others of its prefix group (radix hits) — so every
-engine runs the same requests for the same seed. An engine (:class:`SoakEngine`) runs a batch and reads
-a checkpoint: the simulated PD engine over Ray (:mod:`harness.engines.sim.sim_soak`) and a real sglang PD stack
-(:mod:`harness.engines.server.server_soak`). The first batch or checkpoint that finds something wrong
-ends the soak; the result says how far it got and why.
+engine runs the same requests for the same seed. An engine (:class:`harness.engines.interface.Engine`) runs a
+batch and reads a checkpoint: the simulated PD engine over Ray (:mod:`harness.engines.sim.sim_soak`) and a real
+sglang PD stack (:mod:`harness.engines.server.server_soak`). The first batch or checkpoint that finds something
+wrong ends the soak; the result says how far it got and why.
 
-It imports nothing of the harness (the ground layer): both engines' layers build on it.
+It imports only :mod:`harness.engines.interface` (the ground of the engines): both engines build on it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, Sequence
+from typing import Any
+
+from harness.engines.interface import Checkpoint, Engine, LeakError, SoakRequest
 
 #: Prefix groups per batch: every third request shares its prompt with the others of its group. One:
 #: on hybrid-SWA pools a radix hit needs the prefix's window still cached, and spread over more groups
@@ -29,29 +31,6 @@ from typing import Any, Protocol, Sequence
 GROUPS = 1
 #: Fraction of requests aborted.
 ABORT_RATE = 0.1
-
-
-class LeakError(AssertionError):
-    """A soak checkpoint found a pool not back at its baseline, or an engine's check failed."""
-
-
-@dataclass(frozen=True)
-class SoakRequest:
-    """One request of a soak.
-
-    Attributes:
-        rid: request id (unique in the soak).
-        length: prompt tokens.
-        new_tokens: tokens to generate (decode steps).
-        abort: the engine aborts it (the simulated engine mid-transfer; a real stack wherever it is).
-        group: its prefix group (requests of a group share their prompt), or None.
-    """
-
-    rid: str
-    length: int
-    new_tokens: int
-    abort: bool = False
-    group: str | None = None
 
 
 def mix(seed: int, n: int, *, page_size: int, max_prompt: int, max_new: int = 8, abort_rate: float = 0.0,
@@ -89,58 +68,6 @@ def mix(seed: int, n: int, *, page_size: int, max_prompt: int, max_new: int = 8,
         group = f"{prefix}g{(i // 3) % groups}" if groups and i % 3 == 0 else None
         out.append(SoakRequest(f"{prefix}{i}", length, rng.randint(1, max_new), abort, group))
     return out
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The pools after ``requests`` requests, nothing in flight.
-
-    Attributes:
-        requests: requests run so far.
-        leak: per pool (an engine may name its pools by side: ``decode.swa``), the slots not back at
-            baseline; ``live``, requests a side still holds (0: balanced).
-        held: requests still held (prefill's, or not yet released anywhere).
-        problem: what an engine's own check of the checkpoint found (a real server's ledger), or None.
-    """
-
-    requests: int
-    leak: dict[str, int]
-    held: int = 0
-    problem: str | None = None
-
-    @property
-    def total(self) -> int:
-        """All slots and requests not back at baseline."""
-        return sum(abs(v) for v in self.leak.values()) + self.held
-
-
-@dataclass(frozen=True)
-class BatchOutcome:
-    """What an engine ran of one batch.
-
-    Attributes:
-        completed: requests that finished.
-        aborted: requests that ended aborted.
-        prefix_hits: requests that reused a cached prefix.
-        failure: what broke a rule while the batch ran (ends the soak), or None.
-    """
-
-    completed: int
-    aborted: int
-    prefix_hits: int = 0
-    failure: BaseException | None = None
-
-
-class SoakEngine(Protocol):
-    """What runs a soak's requests: one PD pair of some engine."""
-
-    def run_batch(self, requests: Sequence[SoakRequest]) -> BatchOutcome:
-        """Run the batch to its end (every request finished or aborted)."""
-        ...
-
-    def checkpoint(self, requests: int) -> Checkpoint:
-        """Once nothing is in flight: every pool against its baseline, after ``requests`` requests."""
-        ...
 
 
 @dataclass
@@ -199,7 +126,7 @@ class SoakResult:
                 "max_leak": self.max_leak, "slope": self.slope}
 
 
-def drive(engine: SoakEngine, n: int, *, every: int, seed: int, page_size: int, max_prompt: int,
+def drive(engine: Engine, n: int, *, every: int, seed: int, page_size: int, max_prompt: int,
           max_new: int = 8, abort_rate: float = ABORT_RATE) -> SoakResult:
     """Run ``n`` requests through ``engine`` in batches of ``every``, a checkpoint after each.
 

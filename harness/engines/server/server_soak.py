@@ -2,7 +2,7 @@
 every pool of both servers back at its baseline exactly at every checkpoint, read by the servers'
 accounting probes.
 
-:class:`StackEngine` is the real stack's :class:`harness.engines.soak_driver.SoakEngine` (the simulated engine's is
+:class:`StackEngine` is the real stack's :class:`harness.engines.interface.Engine` (the simulated engine's is
 :class:`harness.engines.sim.sim_soak.PairEngine`; both run :func:`harness.engines.soak_driver.drive`, so the same seed gives the
 same requests):
 
@@ -41,7 +41,8 @@ import requests
 
 from harness import ledger
 from harness.clock import wait_for
-from harness.engines.soak_driver import BatchOutcome, Checkpoint, SoakRequest, SoakResult, drive
+from harness.engines.interface import BatchOutcome, Checkpoint, SoakRequest
+from harness.engines.soak_driver import SoakResult, drive
 from harness.engines.server.http_client import Generation, ServerHTTPError
 from harness.engines.server.reset import ResetError, reset_server
 from harness.engines.server.stack import PdStack
@@ -89,7 +90,7 @@ def server_rid(tag: str, rid: str) -> str:
 
 
 class StackEngine:
-    """A real :class:`~.stack.PdStack` as a :class:`harness.engines.soak_driver.SoakEngine`.
+    """A real :class:`~.stack.PdStack` as a :class:`harness.engines.interface.Engine`.
 
     Creating it resets both servers (their baselines: the free sizes that flush left).
 

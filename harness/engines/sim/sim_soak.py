@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from harness.engines.interface import BatchOutcome, Checkpoint, SoakRequest
 from harness.engines.sim.errors import PDError
 from harness.engines.sim.driver import PDPair, run
 from harness.engines.sim.workload import PDRequest
-from harness.engines.soak_driver import BatchOutcome, Checkpoint, SoakRequest, SoakResult, drive
+from harness.engines.soak_driver import SoakResult, drive
 
 __all__ = ["PairEngine", "soak"]
 
 
 class PairEngine:
-    """A simulated :class:`~harness.engines.sim.driver.PDPair` as a :class:`harness.engines.soak_driver.SoakEngine`."""
+    """A simulated :class:`~harness.engines.sim.driver.PDPair` as a :class:`harness.engines.interface.Engine`."""
 
     def __init__(self, pair: PDPair, chunk_pages: int = 4) -> None:
         self.pair = pair
