@@ -2,11 +2,8 @@
 the actor in its placement-group bundle, starts its payload and waits until it is ready
 (:func:`launch_worker` starts it without the wait).
 
-Every poll of a starting worker first checks that the actor and its subprocess are alive; a worker
-that dies raises :class:`~harness.workers.spec.WorkerDied` (name, cause, last 50 log lines; a lost
-node is named in the cause) from :meth:`Worker.wait_ready`, :meth:`Worker.call` and
-:meth:`Worker.check`. Stop is graceful: SIGTERM to the payload's process group, a bounded wait,
-SIGKILL; then the actor is killed, and a payload left on this machine is reaped from here.
+A worker that dies raises :class:`~harness.workers.spec.WorkerDied`; stop is graceful, then the actor is
+killed. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Which Ray node a worker runs on, and whether that node still answers.
 
-A node the harness starts carries the custom resource ``harness_node_<i>`` (:data:`NODE_RESOURCE`);
-a node of a joined cluster may carry the label ``pd-harness/node=<i>`` (:data:`NODE_LABEL`) instead.
-:func:`node_index` reads that index back, :class:`NodeRef` names a worker's node for its errors
-(``node1/10.0.0.2``), and :func:`raylet_answers` knocks on the node's raylet: Ray lists a lost node
-as alive until its GCS health check gives up (about 15 s), while a raylet that is gone refuses
-connections at once. The cluster (:mod:`harness.cluster`) starts and pins nodes by the same names.
+:func:`node_index` reads a node's harness index back (:data:`NODE_RESOURCE` or :data:`NODE_LABEL`),
+:class:`NodeRef` names a worker's node for its errors, and :func:`raylet_answers` knocks on the node's
+raylet, because Ray lists a lost node as alive for about 15 s. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Ports for the processes the harness starts: free when chosen, and never handed out twice.
 
-A server's port is chosen before the server starts (it is on its command line), so between the
-choice and the server's ``bind`` another process can take it. Two kinds of process do:
-
-* any outgoing connection: the kernel gives it a source port from its ephemeral range
-  (``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default). A port the OS picked for a
-  ``bind`` to port 0 comes from that range too, and once that socket is closed any ``connect`` on
-  the machine may take it (seen: a server's ``--nccl-port`` taken before torch could listen on it);
-* another harness process choosing ports at the same time: two pytest-xdist workers, two CI jobs.
-
-So ports come from :func:`port_range`: above Ray's worker ports (10002-19999 unless configured) and
-below the ephemeral range, chosen at random, checked free with a ``bind``, and leased in a ledger
-every harness process on the machine shares (:data:`LEASES`, under a file lock): a port leased in
-the last :data:`LEASE_S` seconds is not handed out again, by any process. The run directory's
-``ports`` file keeps one run from handing out any port twice. Where the range is too small (an
-ephemeral range that starts low), the OS picks, as before.
+A server's port is chosen before the server binds it, so an outgoing connection or another harness process
+can take it in between. So ports come from :func:`port_range` (above Ray's worker ports, below the
+ephemeral range), are checked free, and are leased in a ledger every harness process on the machine shares
+(:data:`LEASES`). Why and how: docs/modules.md.
 """
 
 from __future__ import annotations

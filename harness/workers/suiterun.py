@@ -1,11 +1,8 @@
 """Run pytest suites inside a harness Ray worker, on the device the worker was given.
 
-:class:`SuiteRunner` is an in-process worker payload (``InProcess("harness.workers.suiterun:
-SuiteRunner")``). Its :meth:`SuiteRunner.run` picks the device from the worker (``cuda:0`` when the
-worker sees a CUDA device: Ray set ``CUDA_VISIBLE_DEVICES`` to its GPU; ``cpu`` when its GPUs are
-Ray logical GPUs of a simulated topology), exports it as ``HARNESS_DEVICE`` (which the unit suites'
-``device`` fixture reads, so the same builders run on it), and runs ``pytest.main`` in the worker's
-own process. Output goes to the worker's log; the result comes back as plain data.
+:class:`SuiteRunner` is an in-process worker payload; :meth:`SuiteRunner.run` picks the device, exports it
+as ``HARNESS_DEVICE`` and runs ``pytest.main`` in the worker's process, so the unit suites run on the
+worker's GPU (or CPU). Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """In a forked child of the fork server: become the process the client asked for, as the fresh
 interpreter it replaces would be.
 
-The child gets the client's argv, environment, working directory, stdio, priority and SIGINT
-disposition (KeyboardInterrupt); what the preload's imports set in the environment; its own torch and
-numpy seeds; ``sitecustomize`` run again with its own environment; on exit, its threads joined and
-its ``atexit`` handlers run, and a death by signal for an uncaught KeyboardInterrupt. A client
-leading its own session has its child lead one too, and one leading its own process group (a Ray
-worker) has its child lead one.
+It takes the client's argv, environment, working directory, stdio, priority, signals and session, reseeds,
+reruns ``sitecustomize``, and on exit joins threads and runs ``atexit`` handlers. The full list:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The fork server's client: what Ray runs as a worker's ``py_executable`` (stdlib only, run by path).
 
-Ray starts a worker as ``<py_executable> default_worker.py ARGS``. With the fork server's
-``py_executable`` that is this file: it hands its argv, environment, working directory and stdio
-(the log files Ray opened for the worker) to the fork server named by ``$HARNESS_FORKSERVER``,
-which forks a child from a process that already imported what the worker runs; the child becomes
-the Ray worker. This process stays as its stand-in for the raylet that started it: it forwards
-SIGTERM/SIGINT/SIGHUP to the child and exits with the child's exit status; if it is killed, the
-child sees its connection close and kills itself. It imports nothing but the standard library, so
-it costs a few milliseconds of CPU.
-
-The server may name env vars its children must share with it (``match.json`` beside its socket:
-what decided the modules it imported, such as the import path; ``env`` names single variables,
-``prefixes`` whole families, such as ``OMP_``, where a variable only one side has differs too). A
-client whose values differ is not forked: it says so on stderr and runs its command as a fresh
-interpreter (the same process, by ``exec``), so a mismatch costs the start-up it would have saved
-and never runs the wrong code. A value the server's preload set itself (``set_by_preload``) matches
-too, and variables read only when used (``ignore``) are not compared.
-
-A client that leads its own session (its caller started it with ``start_new_session``, so that a
-signal to the group or a kill of the group ends everything the command started) has its child lead
-a session too: what it forwards goes to the child's whole group, and the child's group dies with
-the client, as the command's process tree would in the client's own session. A client that leads
-only a process group of its own (Ray starts its workers so) has its child lead one.
+It hands its argv, environment, working directory and stdio to the fork server named by
+``$HARNESS_FORKSERVER``, whose forked child becomes the Ray worker, and stays as the child's stand-in for the
+raylet (signals forwarded, the child's exit status returned). A client whose environment differs from the
+server's runs its command as a fresh interpreter instead. It imports only the standard library, so it costs
+a few milliseconds. Detail (environment matching, sessions): docs/modules.md.
 """
 
 import json

@@ -1,12 +1,8 @@
 """Which environment a client must share with a fork server to be forked from it.
 
-Modules read some environment at import (sglang's env flags, ``HARNESS_FAULTS``, OpenMP's thread
-count): a fork carries what the preload imported under the server's values. :class:`EnvReads` records
-what the preload read while it ran (reads, not scans of the whole environment), and
-:func:`write_match` writes the values a client must have — those, the families of
-:data:`SCANNED_PREFIXES` and what the preload itself set — beside the server's socket
-(:data:`~harness.workers.forkserver.client.MATCH_FILE`), where the client and
-:meth:`~harness.workers.forkserver.ForkServer.serves` compare them.
+Modules read some environment at import, so a fork carries what the preload imported under the server's
+values. :class:`EnvReads` records what the preload read; :func:`write_match` writes the values a client
+must have beside the server's socket, where the client and the server compare them. More: docs/modules.md.
 """
 
 from __future__ import annotations

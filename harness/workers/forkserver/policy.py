@@ -1,17 +1,9 @@
 """Whether a process the harness starts runs as a fork of a preloaded fork server: one rule for every
 kind of process, and one switch.
 
-Kinds: ``rank`` (a simulated PD rank's Ray actor, :mod:`harness.engines.sim.deploy`), ``server`` (a real sglang
-server on CPU, :mod:`harness.engines.server.stack`) and ``python`` (one of the harness's own
-pytest subprocesses: the fault check's runs, ``rerun-test``'s groups; :func:`.handle.python_command`).
-
-A process is forked only when it drives no real GPU (a CUDA context does not survive a fork) and the
-fork server can run beside it (the cluster is one this machine started: a joined cluster's workers
-run on other machines), and not when switched off: ``HARNESS_FORK_START=0`` (:data:`OFF_ENV`) starts
-every kind as a fresh interpreter. The switches of each kind from before (:data:`OLD_ENV`:
-``HARNESS_RANK_FORKSERVER``, ``HARNESS_SERVER_FORKSERVER``, ``HARNESS_FORK_PYTHON``) still turn their
-own kind off, with a warning naming the new one. (``HARNESS_FORKSERVER`` is something else: the
-socket a client hands its command to.)
+A process (kind ``rank``, ``server`` or ``python``) is forked only when it drives no real GPU and the fork
+server can run beside it, unless ``HARNESS_FORK_START=0`` (:data:`OFF_ENV`). The kinds and the old
+per-kind switches: docs/modules.md.
 """
 
 from __future__ import annotations

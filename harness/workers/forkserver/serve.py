@@ -1,11 +1,8 @@
 """The fork server process: run the preload once, then fork one child per client request
 (``python -m harness.workers.forkserver``, started by :meth:`~harness.workers.forkserver.ForkServer.start`).
 
-It refuses to serve when the preload left more than one thread (a fork copies only the calling
-thread; a lock held by another would stay held forever in every child), writes what a client must
-share with it beside its socket (:mod:`.envmatch`), and exits when its owner (the process that started
-it: its parent, or ``--owner``) is gone, or on SIGTERM.
-A child whose client goes away is killed, with its session's group when it leads one.
+It refuses a preload that left threads, writes what a client must share with it (:mod:`.envmatch`), and
+exits with its owner or on SIGTERM. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
