@@ -1,29 +1,9 @@
 """The one surface the suites import from (as ``pytest`` re-exports ``_pytest``): every name a suite
 needs of the harness, so the modules behind it can move without breaking a suite.
 
-Importing it is cheap and changes nothing: it imports neither sglang nor Ray nor torch, and applies
-no fault; each name is loaded on first use from the module that defines it (:data:`NAMES`).
-``tests/test_api.py`` checks both, and that ``suites/`` imports nothing else of ``harness``.
-
-The names, by what they are for:
-
-* the simulated PD engine over Ray: :func:`run`, :class:`KVSpec`, :class:`PDRequest`, :func:`workload`,
-  :func:`soak`;
-* its checks and evidence: ``ledger`` (the accounting ledger module: ``ledger.check``, ``ledger.read``,
-  ``ledger.assert_clean``, ``ledger.LedgerWriter``, ...), :func:`expect` (named comparisons), :func:`wait_for` (the one bounded wait), :class:`KVCorruption`, :class:`WindowLost`, :class:`PreallocError`,
-  :class:`PDError`;
-* topologies: ``topology`` (the module: ``topology.get("cpu")``);
-* workers: :class:`InProcess`, :class:`WorkerDied`, :class:`SuiteRunner` (pytest inside a worker),
-  :data:`DEVICE_ENV` (the device a worker's suites build their pools on);
-* the simulated engine's sglang objects, in process: :class:`DecodeConfig`, :class:`DecodeSide`, :class:`PreallocResult`,
-  :class:`PreallocFailed`, :class:`PoolSizes`, :data:`SWA_PAGE_SIZES`, :func:`make_req`, and the
-  capability checks :func:`require_capability` and :func:`device_missing`;
-* real sglang servers: :class:`ServerClient`, :class:`ServerHTTPError`, :func:`start_pd_stack`,
-  :func:`leftover_processes`, :data:`HISPARSE_DECODE_ARGS`, :data:`CPU_COMPAT_PATCHES`,
-  :func:`reset_server` and :class:`ResetError` (a server back at baseline, by its probe's ledger),
-  :func:`soak_stack` (the soak of :func:`soak` on a real PD stack), and
-  ``hold`` (the module holding a request before prefill sends its KV: ``hold.hold_file``, ``hold.held``,
-  ``hold.release``).
+Importing it is cheap and changes nothing (no sglang, Ray or torch, no fault): each name is loaded on first
+use from the module that defines it (:data:`NAMES`). ``tests/test_api.py`` checks both, and that
+``suites/`` imports nothing else of ``harness``. The names by what they are for: docs/modules.md.
 """
 
 from __future__ import annotations

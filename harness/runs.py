@@ -1,19 +1,9 @@
 """Runs a person can find: what each run under ``runs/`` was, ``runs/latest``, and how many are kept.
 
-Every command that makes a run directory under ``runs/`` (``rerun-test``, ``harness gate run``,
-``harness matrix``, ``harness faults check``, a plain ``pytest`` of the suites) records it with
-:func:`record`: a ``run.json`` in the directory says when it started, the command, the sglang target,
-its state (``running`` until it ends, then ``passed`` / ``failed`` / ``error``) and where its report
-is. When a run ends, ``runs/latest`` is pointed at it (a symbolic link, replaced atomically) and the
-runs beyond the newest :data:`DEFAULT_KEEP` are removed (:func:`prune`; ``HARNESS_KEEP_RUNS=N``
-changes N, ``0`` keeps every run). Never removed: a run still in progress (its process alive), the CI
-run directory ``runs/ci``, a run holding a repro bundle (``repro.json``) or one another run's
-``run.json`` names as its source (``rerun-test --from``), and a directory without ``run.json`` that
-changed in the last hour (a command that does not record itself may still be writing it), and the run
-``latest`` points at.
-
-``harness runs`` lists them (:func:`scan`). Stdlib only: the bot side reads it on a bare interpreter,
-and no library keeps an index of directories like this one.
+Every command that makes a run directory records it with :func:`record` (a ``run.json``); when a run ends,
+``runs/latest`` points at it and the runs beyond the newest :data:`DEFAULT_KEEP` are removed (:func:`prune`,
+``HARNESS_KEEP_RUNS``). ``harness runs`` lists them (:func:`scan`). Stdlib only: the bot side reads it on a
+bare interpreter. What is recorded and what is never removed: docs/modules.md.
 
 >>> import tempfile
 >>> base = Path(tempfile.mkdtemp()) / "runs"

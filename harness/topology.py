@@ -1,30 +1,9 @@
 """Typed, validated topologies: the one object that drives placement, ports, runner labels and reports.
 
-A topology file (``topologies/NAME.toml``) says what cluster a suite needs and how the prefill,
-decode and router roles sit on it. ``load`` validates everything at load time; every problem is
-one :class:`TopologyError` naming the file, the key and the fix. Defaults live only here.
-
-File shape::
-
-    name = "2-gpu-h100"
-    description = "..."
-    runner = "2-gpu-h100"            # CI runner label
-    allow_simulation = true          # may run on Ray logical GPUs when no real GPUs are present
-    transfer_backend = "mooncake"
-
-    [cluster]
-    nodes = 1
-    gpus_per_node = 2
-    gpu_model = "H100"
-    gpu_memory_gb = 80
-
-    [roles.prefill]                  # kind defaults to the table name
-    count = 1                        # instances
-    tp = 1
-    dp = 1                           # tp, dp and dp_attention are read from engine_args when not given;
-    gpus_per_rank = 1                # given, they must agree with them
-    node = 0                         # optional: pin to this node index
-    engine_args = []
+A topology file (``topologies/NAME.toml``) says what cluster a suite needs and how the prefill, decode and
+router roles sit on it. ``load`` validates everything at load time; every problem is one
+:class:`TopologyError` naming the file, the key and the fix. Defaults live only here. The file's shape:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,44 +1,10 @@
 """The Ray cluster a run uses, and the placement groups a topology needs on it.
 
-A :class:`Cluster` is either *started* by the harness (the embedded default: a local Ray with the
-dashboard off, quiet logs and a short temp dir; a node start that Ray's fixed 30 s wait times out, load on a small machine, is
-retried once) or *joined* (``--ray-address``: a real, possibly
-multi-node cluster). The harness only ever stops a cluster it started.
-
-Simulation (``simulate=True``) gives a CPU machine the topology's GPUs as Ray *logical* GPUs. A
-one-node topology becomes one local Ray node with ``gpus_per_node`` GPUs; a multi-node topology
-becomes a ``ray.cluster_utils.Cluster`` with one Ray node per topology node. Every node started by
-the harness carries the custom resource ``harness_node_<i>`` so a role with ``node = i`` is pinned
-there. A joined cluster names its nodes with the same resource or, the Ray 2.60 way, with the node
-label ``pd-harness/node=<i>`` (``ray start --labels pd-harness/node=1``; pinned through the
-placement group's ``bundle_label_selector``); otherwise pinning uses the i-th node's ``node:<ip>``
-resource.
-
-Joining (``Cluster.join``) is checked first by :func:`harness.cluster.join.probe` (one classified
-:class:`harness.cluster.join.JoinError` when it cannot work: unreachable, refused auth, version mismatch),
-and the connection carries the harness and a tree or wheel target to every node (:func:`harness.cluster.join.connect`,
-:mod:`harness.cluster.carry`: a joined cluster's nodes need not have this machine's paths; a started one
-uploads nothing); then every node is asked for its versions and GPU devices (:func:`harness.cluster.nodes.survey`:
-``cluster.facts``, ``cluster.gpu_kind`` says whether its GPUs are ``real`` or ``logical``).
-
-Placement: one placement group per role group (``RoleSpec.groups`` = count × dp), one bundle per TP
-rank, ``STRICT_PACK`` so a TP group sits on one node. On a cluster the harness started, a one-node
-topology is kept on node 0 (so a simulated cluster shaped for the largest topology still places a
-small one the way its real runner would). :meth:`Cluster.check` tells within ``timeout``
-(5 s by default) whether a topology fits and, if not, which resource is missing, using the
-scheduling state Ray records in ``placement_group_table`` (``INFEASIBLE``: the cluster can never
-hold it; ``NO_RESOURCES``: it could, but the resources are in use now).
-
-API::
-
-    Cluster.start(topology=None, *, simulate=False, nodes=None, gpus_per_node=None, num_cpus=None,
-                  temp_dir=None) -> Cluster
-    Cluster.join(address) -> Cluster
-    cluster.check(topology, timeout=5.0) -> Fit           # never raises for "does not fit"
-    cluster.place(topology, timeout=30.0) -> Placement    # raises PlacementError (carries the Fit)
-    cluster.release(placement)                            # removes its placement groups
-    cluster.shutdown(timeout=15.0)                        # stops what we started; verifies no process is left
-    placement.of("prefill") -> tuple[GroupPlacement, ...] # one per group; .pg, .bundles, .node_ids()
+A :class:`Cluster` is either *started* by the harness (a local Ray, or with ``simulate=True`` the topology's
+GPUs as Ray logical GPUs on a CPU machine) or *joined* (``--ray-address``); the harness only ever stops a
+cluster it started. Over 400 lines because it is one object's whole life: starting Ray (with its retry and
+leftover cleanup), joining, placing and a verified shutdown. Simulation, joining, placement and the API
+list: docs/modules.md.
 
 Example (run by ``tests/test_examples.py``)::
 

@@ -1,42 +1,9 @@
 """Joining a Ray cluster the harness did not start (``--ray-address``): checked once, before any test.
 
 :func:`probe` decides whether this process can join, without joining: every way it can fail is one
-:class:`JoinError` whose message is one line, what failed and the fix. In order:
-
-``address``     not ``host:port``.
-``setting``     ``HARNESS_JOIN_TIMEOUT`` is set but is not a number of seconds > 0.
-``auth``        this process's own auth settings are unusable (``RAY_AUTH_MODE=token`` without a
-                token, ``RAY_AUTH_TOKEN_PATH`` naming no readable file).
-``unreachable`` nothing accepts TCP connections at the address.
-``not-ray``     something answers, but no Ray GCS within the probe's deadline.
-``auth``        the GCS refused this process: it requires a token and none was sent, or the token
-                sent is not the cluster's.
-``version``     the cluster's Ray or Python differs from this process's (Ray's own rule: the same
-                Ray, Python to the patch level unless ``RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL=minor``).
-``carry``       joining (:func:`connect`) could not upload what travels with the run (too large,
-                unreadable).
-
-Auth follows Ray 2.60's rules (``ray/_private/authentication``): ``RAY_AUTH_MODE`` is ``token`` or
-``disabled``; the token is ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``, else
-``~/.ray/auth_token``. Ray turns token mode on by itself only for a cluster it starts or finds on
-its own (``address="auto"``), never for an explicit address: so a cluster that requires a token,
-joined with ``RAY_AUTH_MODE`` unset, is the user's say-so to give, and the error names the variable.
-The harness changes none of these variables; every process it starts inherits them (the pytest
-processes of ``rerun-test`` and gates from it; Ray workers and the servers they start from their
-node, which has its own).
-
-The GCS is asked in a child process with a deadline (``HARNESS_JOIN_TIMEOUT`` seconds, default 15):
-Ray's client retries a silent address for about 40 s and aborts its process when token mode has no
-token.
-
-Joining is :func:`connect`, which carries the harness and a tree or wheel target to every node
-(:mod:`harness.cluster.carry`; kind ``carry`` when that upload fails). Once joined,
-:func:`harness.cluster.nodes.survey` asks every node (one small task pinned to it, in the same job, so
-with what was carried) for its package versions and its real GPU devices:
-:func:`harness.cluster.nodes.skew` names a node whose sglang (what it will import), Ray, Python or
-torch differs from this process's, and :attr:`~harness.cluster.nodes.NodeFacts.gpu_kind`
-says whether its Ray GPUs are devices or only logical resources (``ray start --num-gpus`` on a machine
-without them).
+:class:`JoinError` of one line, what failed and the fix. :func:`connect` joins and carries the harness and
+the target (:mod:`harness.cluster.carry`). The kinds of error in the order they are checked, Ray's auth
+rules and the probe's deadline (``HARNESS_JOIN_TIMEOUT``): docs/modules.md.
 """
 
 from __future__ import annotations

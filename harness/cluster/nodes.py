@@ -2,16 +2,9 @@
 harness index), their GPUs (real devices or only Ray resources) and the versions they would import,
 asked of every node at once.
 
-:func:`survey` runs one small task pinned to each alive node of the connected cluster; each answers
-with :func:`installed_versions` (python, torch, ray, sglang, the transfer engine; the sglang version
-is the run's *target*, ``HARNESS_SGLANG``, resolved on that node: a tree or wheel the job carried
-there is that node's copy, and a node whose ``import sglang`` would give another tree names it) and
-:func:`local_gpus` (the NVIDIA devices the node itself sees). :func:`skew` names a node whose sglang, Ray, Python or torch differs
-from this process's; :attr:`NodeFacts.gpu_kind` says whether a node's Ray GPUs are devices or only
-logical resources (``ray start --num-gpus`` on a machine without them).
-
-Versions come from package metadata (``importlib.metadata``): reading them imports nothing, so a
-survey never pays torch's or sglang's import time, and a broken install still reports its version.
+:func:`survey` runs one small task on each node; :func:`skew` names a node whose sglang, Ray, Python or torch
+differs from this process's. Versions come from package metadata, so a survey imports nothing heavy.
+Detail: docs/modules.md.
 """
 
 from __future__ import annotations
