@@ -1,28 +1,10 @@
 """What a simulated PD rank or a harness Python subprocess imports, imported ahead of time: the fork
 servers' preloads.
 
-A rank (:class:`harness.engines.sim.prefill_rank.PrefillWorker`, :class:`harness.engines.sim.decode_rank.DecodeWorker`) runs
-sglang's real memory paths: pools, allocators, the radix cache, the decode prealloc queue, request
-objects. Importing them pulls a large part of sglang's import graph (quantization, model loading,
-transformers, torch's compiler stack), about six CPU seconds on a small machine, and every rank
-paid it. :func:`rank` imports exactly the modules the rank code imports (at module level and inside
-its functions) in a :mod:`harness.workers.forkserver` process, so each rank is a fork that already has
-them: the same modules, executed the same way, once.
-
-A real sglang server on CPU is a different case: it imports sglang itself, after its own
-``sitecustomize`` ran, so its fork server preloads only sglang's third-party graph
-(:mod:`harness.engines.server.server_preload`).
-
-The harness's own Python subprocesses (the fault check's pytest runs, ``rerun-test``'s groups)
-import the same third-party graph before they import sglang, from whichever tree the run selects
-(a patched scratch copy, a PR's tree). :func:`python_command` starts them as forks of a server that
-ran :func:`python` (the server preload, plus pytest and Ray) with their environment.
-
-Nothing here changes sglang: the modules are imported, not stubbed or patched (a rank applies
-``HARNESS_FAULTS`` itself once forked: :class:`harness.engines.sim.payload.RankPayload`). Nothing here
-touches a device either: no tensor is created, no process group, no CUDA call, so the process
-forks safely. ``tests/test_forkserver.py`` checks that a rank built after :func:`rank` imports no
-further sglang module (the list below covers what ranks run).
+Importing sglang's memory paths costs about six CPU seconds per rank. :func:`rank` imports exactly what rank
+code imports, once, in a fork server, so each rank is a fork that already has them; :func:`python` does the
+same for the harness's own pytest subprocesses. Nothing here changes sglang or touches a device. The cases
+and their checks: docs/modules.md.
 """
 
 from __future__ import annotations

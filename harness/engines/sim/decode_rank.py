@@ -1,25 +1,10 @@
 """The decode worker payload: one per decode TP rank, on the real sglang decode paths.
 
-* :meth:`DecodeWorker.admit` — the prealloc queue: a request waits (returns None) until the pools
-  can hold it and its decode growth, then goes through the real ``DecodePreallocQueue._pre_alloc``;
-  the reply names the page ids sglang allocated, where the prefill pages must land;
-* :meth:`DecodeWorker.write_chunk` / :meth:`DecodeWorker.commit` — received pages are written at
-  those pages; commit verifies every transferred token's bytes (request, buffer, position named
-  on a mismatch);
-* :meth:`DecodeWorker.step` — one batched decode step through the real ``alloc_for_decode`` (SWA
-  window eviction included), KV of the new token written, then the window's KV verified for every
-  running request; finished requests go through the real release path;
-* :meth:`DecodeWorker.abort` — release of a request aborted mid-transfer or mid-decode;
-* :meth:`DecodeWorker.fail` — a transfer that failed mid-flight, through sglang's failed-transfer path;
-* :meth:`DecodeWorker.retract` / :meth:`DecodeWorker.resume` — a running request retracted (its KV
-  backed up, its pages released) and resumed by sglang's ``resume_retracted_reqs``.
-
-Every prealloc, failed prealloc, transfer, decode allocation, eviction and release is a ledger
-event whose pages are the ids that left or joined the allocator's free lists.
-
-Why one module of more than 400 lines: it is one object, the decode rank, whose steps (admit,
-write, commit, step, release) all read and change the same live requests, pools and ledger books;
-split, each part would reach into the others' state. Its errors are :mod:`harness.engines.sim.errors`.
+:class:`DecodeWorker` admits a request through the real prealloc, receives and verifies its pages, runs
+batched decode steps, and aborts, fails, retracts and resumes requests; every page move is a ledger event.
+Why one module of more than 400 lines: it is one object, the decode rank, whose steps all read and change
+the same live requests, pools and ledger books; split, each part would reach into the others' state. Its
+errors are :mod:`harness.engines.sim.errors`; each operation's real path: docs/modules.md.
 """
 
 from __future__ import annotations

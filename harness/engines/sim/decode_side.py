@@ -1,21 +1,10 @@
 """The decode side of a PD pair, on sglang's real objects: prealloc, release and pool snapshots.
 
-:class:`DecodeSide` holds one decode worker's memory graph (pools, allocator, request slots, tree
-cache, for hisparse the coordinator) and a ``DecodePreallocQueue`` whose methods are sglang's own.
-Its operations are named after the real paths they drive:
-
-* :meth:`DecodeSide.prealloc` -> ``DecodePreallocQueue._pre_alloc`` (after the decode radix-cache
-  prefix match, as ``pop_preallocated`` does when the cache is on), which reaches
-  ``alloc_for_decode_prealloc`` / ``alloc_for_decode_prealloc_hisparse``, the allocator's
-  ``alloc_extend_swa_tail`` and the page-alignment assertion;
-* :meth:`DecodeSide.release` -> ``HiSparseCoordinator.request_finished`` (hisparse) then
-  ``release_kv_cache(req, tree_cache, checkpoint=True)``, as the decode loop does on finish;
-* :meth:`DecodeSide.snapshot` -> free sizes of every pool and the KV state of chosen requests.
-
-Only *environment* is hand-provided: the queue shell is built with ``__new__`` (its ``__init__``
-wants a KV transfer manager and a TP gloo group) and the scheduler is a namespace carrying the
-fields ``_pre_alloc`` reads. Allocators, pools, ``_swa_tail_len``, prealloc and release are always
-sglang's own (or a fault from ``harness.faults`` when one is deliberately injected).
+:class:`DecodeSide` holds one decode worker's memory graph and a ``DecodePreallocQueue`` whose methods are
+sglang's own; only the environment (the queue shell, the scheduler's fields) is hand-made. Why one module of
+more than 400 lines: :class:`DecodeSide` is one memory graph, each of its operations drives sglang's objects
+through the same hand-built scheduler and queue shell, and its configuration and results are small value
+types that only it builds. Each operation's real path: docs/modules.md.
 
 Example (run by ``tests/test_examples.py``)::
 
@@ -27,10 +16,6 @@ Example (run by ``tests/test_examples.py``)::
     assert result.swa_tail_len == 108  # the window start floored to a page: 300 - 192
     side.release(req)
     assert side.snapshot().free() == side.baseline.free()
-
-Why one module of more than 400 lines: :class:`DecodeSide` is one memory graph, and each of its
-operations drives sglang's objects through the same hand-built scheduler and queue shell; its
-configuration and results are small value types that only it builds.
 """
 
 from __future__ import annotations

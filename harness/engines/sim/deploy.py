@@ -1,18 +1,9 @@
 """Put PD pairs of a topology on a Ray cluster: one worker (actor) per TP rank of the first prefill
-and the first decode group, started in parallel in the topology's placement groups. ``instances``
-starts more pairs: pair *i* is the *i*-th group of the first prefill role and the *i*-th of the first
-decode role (``4-node-32-gpu-h200``: two TP8 instances per role, 32 ranks; a router's share each).
+and the first decode group, started in parallel in the topology's placement groups.
 
-Each worker holds a :class:`~harness.engines.sim.prefill_rank.PrefillWorker` or
-:class:`~harness.engines.sim.decode_rank.DecodeWorker` payload built inside its actor (sglang is imported there,
-never in the driver). Workers get any ``HARNESS_FAULTS`` of the driver, so a fault injected for a
-test reaches the ranks (the SWA eviction interval comes with each configuration, ``KVSpec``).
-
-Ranks without a real GPU (CPU topologies, simulated GPUs) start as forks of a
-:mod:`harness.workers.forkserver` that already imported what a rank runs
-(:data:`harness.engines.fork_preload.RANK_PRELOAD`), one per driver process and rank environment:
-each rank is still its own Ray actor in its placement-group bundle, but pays a fork instead of
-sglang's import (the rule, and its switch ``HARNESS_FORK_START=0``: :mod:`harness.workers.forkserver.policy`).
+Each worker builds its rank payload inside its actor (sglang is imported there, never in the driver) and
+gets the driver's ``HARNESS_FAULTS``; ranks without a real GPU start as forks of a fork server. More
+pairs (``instances``) and the fork rule: docs/modules.md.
 """
 
 from __future__ import annotations

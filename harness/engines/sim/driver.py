@@ -1,14 +1,8 @@
 """The PD driver: a workload through prefill and decode ranks, with the ledger as the oracle.
 
-Loop: the head of the queue is offered to decode (every rank runs the real prealloc); if the pools
-cannot hold it yet it waits — nothing is dropped — while running requests take decode steps and
-free memory. Once admitted, prefill allocates and writes its prompt, the pages move (chunked,
-bounded in flight), prefill releases, and decode verifies and starts decoding. A request marked
-for abort stops mid-transfer (or after some decode steps) and both sides release it; one whose
-transfer is marked to fail stops mid-transfer and decode gives it up through sglang's failed-transfer
-path; one marked for retraction is retracted after some decode steps and resumed as sglang resumes
-it. At the end the decode radix cache is drained, both sides must be back to their baseline, and the
-ledger events of this run are checked.
+Nothing is dropped: a request the pools cannot hold yet waits while running requests decode and free memory.
+At the end both sides must be back to their baseline and the run's ledger events are checked. The loop as
+numbered steps, with aborts, failed transfers and retractions: docs/modules.md.
 """
 
 from __future__ import annotations

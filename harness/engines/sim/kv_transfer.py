@@ -1,24 +1,9 @@
 """Chunked P→D page transfer with a bound on bytes in flight, batched into few messages.
 
-For each TP rank, the pages a request needs (full pages past any cached prefix, SWA pages of the
-window) go from prefill rank r to decode rank r in chunks of at most ``chunk_pages`` pages, full
-pages first; a chunk may carry pages of both pools (a short prompt moves in one chunk). Chunks are
-the unit of the plan and of an abort mid-transfer.
-
-A message is what crosses Ray: consecutive chunks of one rank merged (:func:`messages`), as many as
-fit in that rank's share of ``max_inflight_bytes``, with the pages of each pool in one part. Each
-message costs one object-store round trip (two actor calls and one object) whatever its size, so a
-request whose pages fit the bound moves in one message per rank instead of one per chunk; merged
-pages that form one run of page ids leave the prefill as a view of its buffer, with no gather copy.
-The prefill returns a message as numpy arrays (``read_chunk``), which Ray copies once into its
-object store; the decode actor receives the ObjectRef, reads the arrays zero-copy and writes them at
-the pages sglang allocated (``write_chunk``). At most ``max_inflight_bytes`` are unacknowledged at
-once (a single chunk larger than a rank's share goes alone).
-
-Given a :class:`harness.engines.sim.peer.Link`, a message skips the store: one call on the prefill rank
-(``send_pages``) writes its pages into the decode rank's buffers over Mooncake, and the decode rank
-is not called at all until ``commit`` verifies the request. Without one (``HARNESS_PD_TRANSPORT``,
-or the automatic fallback: :func:`harness.engines.sim.peer.connect`), messages go through the store as above.
+A request's pages go from prefill rank r to decode rank r in chunks (the unit of the plan and of an abort),
+merged into as few messages as ``max_inflight_bytes`` allows, since each message costs one object-store
+round trip. Given a :class:`harness.engines.sim.peer.Link`, a message skips the store (Mooncake). Chunks,
+messages, copies and the transport choice: docs/modules.md.
 """
 
 from __future__ import annotations

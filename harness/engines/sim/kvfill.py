@@ -1,15 +1,8 @@
 """Deterministic KV content and page moves (pure torch; no sglang).
 
-Every token's KV bytes in every buffer are ``content(seed(rid, shard), buffer, position)``, so the
-decode side can verify each byte it received or kept without seeing the prefill side. A buffer is
-viewed as ``[pages, page_bytes]`` uint8 (a view, never a copy: the adapter's
-:func:`harness.engines.sim.prefill_side.byte_view`); token ``s`` of a page owns bytes
-``[s * token_bytes, (s + 1) * token_bytes)`` with ``token_bytes = page_bytes // page_size`` (any
-padding at the end of a page is not content).
-
-Transfers move whole pages: :func:`pack_pages` gives one numpy array per buffer (a view of the
-buffer when the pages are one run; read zero-copy from Ray's object store on the other side),
-:func:`unpack_pages` writes them at the receiver's pages.
+Every token's KV bytes are ``content(seed(rid, shard), buffer, position)``, so the decode side verifies each
+byte it received or kept without seeing the prefill side. :func:`pack_pages` and :func:`unpack_pages` move
+whole pages. The byte layout: docs/modules.md.
 """
 
 from __future__ import annotations

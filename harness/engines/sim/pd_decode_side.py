@@ -1,22 +1,9 @@
 """Decode-side operations a PD run needs beyond prealloc and release (``decode.py``):
 
-* :class:`Dsv4DecodeSide` — a :class:`~harness.engines.sim.decode_side.DecodeSide` over
-  DeepSeek-V4 pools *without* hisparse (the adapter's DeepSeek-V4 graph is the hisparse one);
-* :func:`decode_step` — one batched decode step through the real ``alloc_for_decode`` (which runs
-  ``ScheduleBatch.maybe_evict_swa`` — SWA window eviction — then ``alloc_paged_token_slots_decode``);
-* :func:`abort` — release of a request aborted before it finished (``release_kv_cache`` without
-  checkpoint, as the scheduler does for an abort);
-* :func:`fail_transfer` — a transfer that failed mid-flight, through the real
-  ``DecodeTransferQueue.pop_transferred`` (its ``KVPoll.Failed`` branch: ``prepare_abort``, then the
-  release of what prealloc took);
-* :func:`retract` / :func:`resume` — a decoding request retracted as ``ScheduleBatch.retract_decode``
-  retracts one (``release_req``: KV backed up, pages released) and resumed through
-  ``DecodePreallocQueue.resume_retracted_reqs`` (prealloc again, the backup restored).
-
-Only environment is hand-made: the ``ScheduleBatch`` carries the tensors ``prepare_for_decode``
-would have (``seq_lens``, ``req_pool_indices``) and a model config namespace; the transfer queue, the
-fields an idle scheduler gives it and the KV receiver of the harness's own transport
-(:class:`FailedReceiver`), which reports what sglang's receiver reports when its transfer failed.
+:class:`Dsv4DecodeSide` (DeepSeek-V4 pools without hisparse), :func:`decode_step`, :func:`abort`,
+:func:`fail_transfer`, :func:`retract` and :func:`resume`, each through sglang's real path. Only the
+environment is hand-made (the ``ScheduleBatch`` tensors, a model config, :class:`FailedReceiver`). Which real
+path each drives: docs/modules.md.
 """
 
 from __future__ import annotations

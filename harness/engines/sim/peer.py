@@ -1,35 +1,9 @@
 """Store-free P→D page transfer: prefill rank r writes its pages straight into decode rank r's pool
 buffers through Mooncake's ``TransferEngine`` over TCP; Ray's object store stays the fallback.
 
-Each rank opens one :class:`Endpoint` (an engine, its pool buffers registered); the decode ranks'
-endpoints (session and buffer addresses) form the pair's :class:`Link`. A message is then one call
-on the prefill rank (``send_pages``): its pages, taken through :func:`harness.engines.sim.kvfill.pack_pages`
-(a view of the buffer for a run of page ids, so the harness's ``corrupt-kv-page`` fault still
-reaches the wire), go by one batched write to the decode page addresses. The decode rank is not
-called per message and copies nothing; its ``commit`` verifies every byte as on the store path.
-
-Why Mooncake and not Ray's direct actor tensor transport (``ray.experimental.rdt`` / a GLOO
-``ray.util.collective`` group, both in Ray 2.60):
-
-* Mooncake writes into memory the receiver registered, so KV lands at the decode pages with no
-  receiver call and no unpack copy. RDT hands the receiving method new tensors that it must still
-  copy into its pages, and point-to-point GLOO needs both actors inside a call at the same time.
-* It is what real PD systems and this project's real CPU stack run (``requirements/server-cpu.txt``,
-  the doctor's network probe), so the simulated engine exercises the same library.
-* Teardown is one object per rank: dropping the engine closes its listening ports and its
-  connections (no group to destroy on every member, no driver-side registry);
-  ``bench/peer_teardown.py`` opens, uses and closes it 50 times and counts what is left.
-
-What it removes is the store's copy and the per-message object round trip (one actor call per
-message instead of two and an object). What it keeps is TCP: on one machine loopback TCP still
-copies into the kernel and out, so its ceiling is the loopback floor ``bench/transfer.py`` prints
-beside both paths' ratios, not a one-copy rate.
-
-The choice is made in one place, :func:`connect`, from ``HARNESS_PD_TRANSPORT``: ``auto``
-(default: this path when every rank can open its endpoint, else the store, with one warning line
-saying why), ``peer`` (this path or an error) or ``store``. Ranks whose pools are not in host
-memory (a real GPU: the installed non-CUDA Mooncake moves host memory only) fall back under
-``auto``.
+Each rank opens one :class:`Endpoint`; the decode ranks' endpoints form the pair's :class:`Link`, and a message
+is one call on the prefill rank. :func:`connect` chooses the path from ``HARNESS_PD_TRANSPORT`` (``auto``,
+``peer``, ``store``). Why Mooncake and not Ray's tensor transport, and what it saves: docs/modules.md.
 """
 
 from __future__ import annotations

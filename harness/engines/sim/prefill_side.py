@@ -1,17 +1,8 @@
 """The prefill side of a PD pair on sglang's real objects, plus page-level views both sides share.
 
-:class:`PrefillSide` holds one prefill rank's memory graph: the KV pool (``SWAKVPool`` for hybrid
-SWA, ``DeepSeekV4TokenToKVPool`` for DeepSeek-V4), ``SWATokenToKVPoolAllocator`` over it (as a PD
-prefill worker builds it: ``need_sort=True``), ``ReqToTokenPool`` and the tree cache. Its
-operations drive the real paths:
-
-* :meth:`PrefillSide.alloc` -> ``SWATokenToKVPoolAllocator.alloc_extend`` for the whole prompt
-  (full and SWA slots, as a non-chunked prefill extend allocates), written into ``req_to_token``;
-* :meth:`PrefillSide.release` -> ``release_kv_cache(req, tree_cache, checkpoint=False)`` after the
-  transfer, as the prefill inflight queue does.
-
-Shared helpers name the page-indexed buffers a PD transfer moves (:func:`page_buffers`), the free
-page ids of each pool (:func:`free_pages`) and where a request's tokens live (:func:`token_locs`).
+:class:`PrefillSide` holds one prefill rank's memory graph and drives the real ``alloc_extend`` and
+``release_kv_cache``. Shared helpers: :func:`page_buffers`, :func:`free_pages`, :func:`token_locs`. The pools
+and paths: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Process-level environment the decode-side objects need: the published runtime context, a
 world-size-1 process group and host-pool allocation without CUDA pinning.
 
-These are *environment*, not code under test: sglang's scheduler normally provides them.
-
-* sglang reads server settings through a published runtime context (``get_disagg()`` and friends);
-  a PD decode worker publishes one with ``disaggregation_mode="decode"``. The radix-cache flag
-  (``disaggregation_decode_enable_radix_cache``) changes what ``_swa_tail_len`` and ``_pre_alloc``
-  do, so :func:`publish` re-publishes when a caller needs the other setting (about 2 ms).
-* ``HiSparseCoordinator`` needs ``torch.distributed`` initialised (gloo, world size 1).
-* The coordinator's host pool registers its memory with ``cudaHostRegister``; with no CUDA driver
-  that fails, so :func:`unpinned_host_pools` makes CPU host pools unpinned while one is built.
-* sglang books host pools against the machine's available memory minus a 10 GiB reserve meant for
-  a whole server; the harness's host pool is a few MB, so :func:`host_pool_budget` books it against
-  the available memory itself, through sglang's own ``host_memory_budget_scope`` (otherwise the
-  build fails whenever the shared machine has under 10 GiB free).
+These are *environment*, not code under test: sglang's scheduler normally provides them (:func:`publish`,
+:func:`unpinned_host_pools`, :func:`host_pool_budget`). Why each is needed: docs/modules.md.
 """
 
 from __future__ import annotations

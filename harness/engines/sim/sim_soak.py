@@ -1,13 +1,9 @@
 """A soak of the simulated PD engine: many requests through one PD pair, the pools back at their baseline
 exactly at every checkpoint.
 
-The soak itself — the request mix, the batches, the checkpoints, the slope and the verdict — is
-:mod:`harness.engines.soak_driver`, which a real sglang stack's soak (:mod:`harness.engines.server.server_soak`) drives
-too. This is its simulated engine (:class:`PairEngine`): each batch runs through :func:`harness.engines.sim.driver.run`
-— every KV byte verified, the ledger of the batch checked, the radix cache drained at its end — with the
-mix's aborts landing mid-transfer (after the first chunk) and its prefix groups sharing their prompt
-(radix hits when the pair's spec has the radix cache on). After each batch, once nothing is in flight, the
-checkpoint reads every decode rank's free size per pool against its baseline and what prefill still holds.
+The soak itself is :mod:`harness.engines.soak_driver`; this is its simulated engine (:class:`PairEngine`): each
+batch runs through :func:`harness.engines.sim.driver.run`, and each checkpoint reads every decode rank's free
+sizes against its baseline. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
