@@ -1,55 +1,10 @@
 """Accounting probe: records the KV pages a real sglang server takes and returns, without changing it.
 
-Enabled in a server process by env var (the launcher sets them when given a run directory)::
-
-    HARNESS_PROBE_LEDGER=<run_dir>/ledger/<worker>.jsonl
-    HARNESS_PROBE_WORKER=<worker>       HARNESS_PROBE_COMPONENT=prefill|decode
-
-The ``sitecustomize`` on the servers' PYTHONPATH calls :func:`install_from_env`, which wraps, at
-import time (:mod:`.hooks`):
-
-* ``decode.alloc_for_decode_prealloc`` and ``decode.alloc_for_decode_prealloc_hisparse`` — one
-  ``prealloc`` event: rid, fill_len, swa_tail_len, the SWA floor sglang recorded on the request
-  (``evicted_seqlen``), page size, window, the page ids taken per pool (read from the returned
-  ``kv_loc`` and the full→SWA mapping), and each pool's free size before and after;
-* ``ScheduleBatch._evict_swa`` (the SWA sliding-window free path) — one ``evict`` event with the SWA
-  pages the request stopped holding, the positions whose SWA slots the call really freed
-  (``freed_spans``: its row's SWA mapping cleared, or its SWA page handed to the free list by
-  ``SWATokenToKVPoolAllocator._free_swa_pages_*``, whatever floor sglang recorded), and a
-  ``decode_alloc`` event for pages it gained by decoding since the last event (read once
-  ``ScheduleBatch.maybe_evict_swa``'s free group is over: up to 0.5.18 the frees happen at its end);
-* ``mem_cache.common.release_kv_cache`` — one ``release`` event with every page the request still
-  held (and a ``decode_alloc`` for pages gained since the last event);
-* ``Scheduler.flush_cache`` (sglang's ``/flush_cache``, how the harness resets a shared server
-  between tests) — one ``reset`` event when the flush ran: per pool (``full``, ``swa``,
-  ``req_slots``) the free size plus what the cache held just before, and the free size after, so
-  the ledger's ``reset-leak`` rule sees a slot that was neither free nor cached (a leak the flush's
-  ``clear()`` would otherwise hide).
-
-The decode paths are wrapped only in a ``decode`` probe; the flush is wrapped in every probe (a
-``prefill`` probe writes ``reset`` events only).
-
-Before its first prealloc event the probe writes a ``config`` event (:class:`harness.ledger.LedgerConfig`)
-from the server's configuration — page size, the scheduler's ``sliding_window_size``, the decode
-radix-cache flag, the SWA-tail pool, ``SGLANG_SWA_EVICTION_INTERVAL``, the hisparse host page and
-compression — so the ledger checker derives the exact tail, charge and decode-window bounds itself.
-Every ``_evict_swa`` call records the request's sequence length and SWA floor (``evict``, pages
-possibly empty), so the decode rules see the floor even when nothing was freed.
-
-A field the probe cannot read is never silently ``None``: the event it belongs to carries
-``note="unreadable: <field> (<error>)"``, which the ledger reports as ``probe-unreadable``, failing
-the suite that checks the ledger with what could not be read.
-
-"Held" is read from the real state before and after each call (the request's ``req_to_token`` row
-and the allocator's full→SWA mapping), never computed from a formula, so the ledger checker
-(:func:`harness.ledger.check`) can catch a real leak or an over-window SWA tail. Every wrapper calls
-the original with the same arguments and returns its result unchanged; an exception from the
-original propagates after an ``alloc_fail`` event is written. Events are appended with
-:class:`harness.ledger.LedgerWriter`, created on the first event so only the scheduler process
-(the one that allocates) writes the file.
-
-What the wrappers read of sglang's state (and how a field that cannot be read is named) is
-:mod:`.probe_read`; this module wraps sglang's calls and writes the events.
+Enabled in a server process by ``HARNESS_PROBE_LEDGER`` (and ``HARNESS_PROBE_WORKER``,
+``HARNESS_PROBE_COMPONENT``): the servers' ``sitecustomize`` calls :func:`install_from_env`, which wraps
+sglang's prealloc, SWA eviction, release and flush paths at import time and writes one ledger event per call.
+"Held" is read from the real state, never computed, so the ledger checker can catch a real leak; a field it
+cannot read is named in the event's ``note``. What each wrapper records: docs/modules.md.
 """
 
 from __future__ import annotations

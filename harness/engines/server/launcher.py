@@ -1,26 +1,9 @@
 """From a topology role to the exact command line of a real sglang server or router process.
 
-Pure functions: nothing here starts a process or imports sglang, so the argv of every topology role
-can be tested exactly and fast. The worker that runs the command owns the process; this module only
-says what to run and with which environment.
-
-* :func:`server_command` — ``python -m sglang.launch_server`` for a ``prefill`` or ``decode`` role:
-  ``--disaggregation-mode``, ``--tp``, DP / DP-attention from the role, the topology's transfer
-  backend, and the ports the harness got from the OS (``--port``, ``--nccl-port``, and on prefill
-  ``--disaggregation-bootstrap-port``). GPUs are never chosen here: the server sees exactly the
-  ``CUDA_VISIBLE_DEVICES`` Ray gave its worker, so there is no ``--base-gpu-id``. On a GPU topology
-  with the mooncake backend the server's ``--disaggregation-ib-device`` is chosen for those GPUs when
-  it starts (:mod:`.rdma`: the server carries its node's GPU count in ``HARNESS_IB_NODE_GPUS``).
-* :func:`plain_server_command` — the same engine without disaggregation: the parity baseline.
-* :func:`router_command` — sglang-router's ``--pd-disaggregation`` router (or ``--mini-lb``) over the
-  prefill and decode URLs, through :mod:`.router` (upstream's launcher without its import of sglang).
-
-On a topology without GPUs (``cpu``) the servers get the measured CPU recipe (reference README, "A
-real prefill + decode + router stack on CPU"): :data:`CPU_SERVER_ARGS`, :data:`CPU_ENV`, the
-import-only ``sgl_kernel`` shim on ``PYTHONPATH``, and the CPU compat patches of
-:mod:`harness.engines.server.patches`. Every server, on any topology, runs with sglang's own
-checks on (:mod:`harness.targets.sglang.compat.checks`; ``HARNESS_SGLANG_CHECKS=0`` turns them off). Role ``engine_args`` come last, and a flag they already
-set is not added again, so the topology file wins over these defaults.
+Pure functions: nothing here starts a process or imports sglang, so the argv of every topology role can be
+tested exactly and fast. :func:`server_command` (prefill, decode), :func:`plain_server_command` (the parity
+baseline) and :func:`router_command`; GPUs are never chosen here, and role ``engine_args`` win over these
+defaults. The flags, the CPU recipe and sglang's checks: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """Where real sglang server processes sit on a topology: the placement shape Ray gets, and the plain baseline.
 
-A topology places one bundle per TP *rank* (the in-process PD workers run one actor per rank). A
-real server is ONE process that drives every GPU of its TP group, and a Ray actor sees only the GPUs
-of its own bundle (``CUDA_VISIBLE_DEVICES`` is set from them), so a TP4 server started in rank 0's
-one-GPU bundle would see one GPU. :func:`server_layout` therefore derives, for GPU topologies, a
-placement topology with one bundle per server process holding all its GPUs (``tp × gpus_per_rank``,
-times ``dp`` unless DP is attention-DP inside the TP group). The command line still comes from the
-original topology (:mod:`.launcher`): only the placement changes.
-
-The plain (non-PD) baseline server has the decode role's shape and needs GPUs of its own:
-
-* spare GPUs on the decode node for it: it gets its own bundle (role ``plain``) and runs beside the
-  PD stack;
-* none, and decode is a one-GPU server (``2-gpu-h100``): decode and plain share that GPU, half a Ray
-  GPU each, and both get ``--mem-fraction-static`` :data:`SHARED_GPU_MEM_FRACTION` so both fit;
-* none, and decode is a multi-GPU server (``8-gpu-h200``): the plain server cannot run beside the
-  PD stack (``plain_beside_pd`` is False); it runs after the stack stopped, in the prefill group.
-
-Topologies without GPUs (``cpu``) are returned unchanged: the CPU stack runs unplaced as before.
+A real server is ONE process that drives every GPU of its TP group, and a Ray actor sees only its bundle's
+GPUs, so :func:`server_layout` places one bundle per server process holding all its GPUs (the command line
+still comes from the original topology). Where the plain baseline server goes in each case: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Which local model directory a real-server suite gets for a logical model name (never the hub).
 
-Suites name their model logically (``tiny-llama``, ``tiny-mellum-swa``, ``dsv4``); this module is the
-one place that turns such a name into a directory, in this order:
-
-1. ``--model NAME=PATH`` (pytest option, repeatable) — the command line wins;
-2. env ``HARNESS_MODEL_<NAME>`` (NAME upper-cased, ``-`` → ``_``: ``HARNESS_MODEL_TINY_LLAMA``);
-3. on a topology without GPUs (``cpu``) only: a tiny model of that name built locally
-   (:func:`harness.engines.server.models.ensure_model`).
-
-On a GPU topology a model must be given (1 or 2): tiny random-weight models say nothing about a
-real GPU run. A given directory must exist and hold a ``config.json``; servers load it with
-``HF_HUB_OFFLINE=1``, so a name that is not a local directory never reaches the hub.
-
-API::
-
-    env_var("tiny-llama") -> "HARNESS_MODEL_TINY_LLAMA"
-    overrides(option_values, environ) -> {name: Path}   # validated; raises ModelError
-    resolve(name, overrides, topology, *, cache_dir=None) -> Path       # raises ModelError
+Suites name their model logically (``tiny-llama``, ``tiny-mellum-swa``, ``dsv4``); this is the one place
+that turns such a name into a directory: ``--model NAME=PATH``, then ``HARNESS_MODEL_<NAME>``, then (CPU only)
+a tiny model built locally. On a GPU topology a model must be given. The order, the checks and the API:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Tiny random-weight models for running real sglang servers on CPU, built locally (never the hub).
 
-Two shapes, both small enough that a server starts in seconds and a 3000-token prompt runs on CPU:
-
-* ``tiny-llama``: Llama-style, 2 layers, full attention only (no SWA).
-* ``tiny-mellum-swa``: Mellum-style hybrid SWA, 4 layers ``[full, sliding×3]``, ``sliding_window=64``
-  and dense MLPs: sglang detects it as a hybrid-SWA model (SWAKVPool, FULL+SWA radix cache).
-
-Each comes with a byte-level BPE tokenizer trained here on a fixed text, so the directory is a
-complete Hugging Face model dir that sglang loads with ``HF_HUB_OFFLINE=1``. Weights come from a
-fixed seed, so two builds give the same model. A build goes to a temporary sibling directory and is
-renamed into place, so a crashed build never leaves a half-written model that later runs would load.
+``tiny-llama`` (full attention) and ``tiny-mellum-swa`` (hybrid SWA), each with a tokenizer trained here,
+small enough that a server starts in seconds on CPU. Builds are deterministic and atomic. The shapes:
+docs/modules.md.
 """
 
 from __future__ import annotations

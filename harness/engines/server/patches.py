@@ -1,31 +1,9 @@
 """Compatibility patches: the documented, named changes the harness makes to sglang to run it on CPU.
 
-Each :class:`CompatPatch` fixes one thing that breaks a *CPU* run of sglang 0.5.23 and says why.
-They are enabled per server process through the env var ``HARNESS_COMPAT_PATCHES``
-(comma-separated names), which the launcher sets only on the ``cpu`` topology; the ``sitecustomize``
-on the servers' ``PYTHONPATH`` calls :func:`install_from_env`, and each patch is applied when its
-target module is first imported (:mod:`.hooks`). Applying one logs a line in the server log.
-
-``mooncake-host-tensor-indices``
-    ``prefill._send_kv_chunk`` takes a pinned-memory + ``torch.cuda.Event`` path when the sender
-    says ``supports_host_tensor_indices`` (True for ``MooncakeKVSender``): "Found no NVIDIA driver" on
-    CPU. Setting the class attribute False makes prefill use the plain ``kv_to_page_indices`` path,
-    which is what every other sender does. GPU runs need no patch.
-``torch-native-swa-read``
-    An upstream bug: ``TorchNativeAttnBackend`` *writes* SWA layers at the translated SWA slot but
-    *reads* them with full-pool indices (``req_to_token``) straight into the smaller SWA buffer. A
-    fresh server happens to line up; once SWA pages are freed the reads drift (wrong tokens on a
-    repeated prompt) or run past the SWA buffer (``IndexError``). The patch reads SWA layers through
-    ``full_to_swa_index_mapping``. ``suites/disaggregation/test_disaggregation_basic_server.py``
-    shows the bug on an unpatched server and fails once upstream fixes it, so this patch is dropped
-    then.
-``cpu-fork-children``
-    sglang's engine sets the ``spawn`` start method before it starts the scheduler and detokenizer
-    processes, so each of them imports torch and sglang again (about 8 CPU-seconds each; three
-    servers of a CPU stack paid 9 such imports on 2 cores). ``spawn`` protects a CUDA context that a
-    CPU server never creates, so on CPU the engine keeps ``fork``: the children start from the
-    server's already-imported modules and run the same functions. Measured on
-    ``test_disaggregation_basic_server.py``: stack start 45.5 s -> 27.9 s, the module 144 s -> 102 s.
+Each :class:`CompatPatch` fixes one thing that breaks a *CPU* run of sglang 0.5.23 and says why. They are
+enabled per server by ``HARNESS_COMPAT_PATCHES`` (set by the launcher only on the ``cpu`` topology) and
+applied when their target module is first imported (:mod:`.hooks`). Each patch and its evidence:
+docs/modules.md.
 """
 
 from __future__ import annotations

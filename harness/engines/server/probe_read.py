@@ -1,11 +1,9 @@
-"""What the accounting probe (:mod:`.probe`) reads of a real sglang server's state: the pages a request
-holds (its ``req_to_token`` row and the allocator's full→SWA mapping), the positions an eviction freed,
-the SWA floor sglang recorded, each pool's free size, and the server's configuration for the ledger.
+"""What the accounting probe (:mod:`.accounting_probe`) reads of a real sglang server's state: the pages a
+request holds, the positions an eviction freed, the SWA floor, each pool's free size, and the configuration.
 
-Each reader returns what it read or raises :class:`ProbeReadError` naming the field it could not read
-(never a silent None); the probe writes that into its event's ``note`` (:func:`unreadable`), and the
-ledger reports it. Nothing here changes sglang's state. Split from :mod:`.probe` (which wraps sglang's
-calls and writes the events) so that each stays one concern.
+Each reader returns what it read or raises :class:`ProbeReadError` naming the field (never a silent None).
+Nothing here changes sglang's state. Split from the probe (which wraps sglang's calls and writes the events)
+so that each stays one concern.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Which RDMA devices a GPU server's KV transfer opens: its ``--disaggregation-ib-device``.
 
-sglang's mooncake backend takes the devices from that flag. The harness picks them the way
-sglang's own PD fixture does in its CI (``sglang/test/server_fixtures/disaggregation_fixture.py``,
-``_get_available_ib_devices`` and ``get_rdma_devices_args``), so a server here talks over the NICs an
-upstream test would give it:
-
-* the node's devices are those under ``/sys/class/infiniband`` whose port 1 is ``ACTIVE``, whose name
-  has no ``eth`` (Ethernet NICs that do not do RDMA well) and whose rate is at least 100 Gb/s; or,
-  when set, the comma list in ``HARNESS_IB_DEVICES`` (empty: none);
-* a server gets the devices of its GPUs, the node's GPUs spread over the devices in index order
-  (GPU ``g`` of ``n`` on ``k`` devices: device ``g // max(1, n // k)``, the last one at most).
-
-No device found: no flag, and mooncake chooses as it does by default.
-
-Which GPUs a server drives is known only once Ray started its worker (``CUDA_VISIBLE_DEVICES``), so a
-server on a GPU topology carries :data:`NODE_GPUS_ENV` (its node's GPU count) and its
-``sitecustomize`` completes the command with :func:`complete_argv` before sglang reads it; ``rerun-test
---show-commands`` applies the same function to the GPUs the placement will give.
+The harness picks them as sglang's own PD fixture does in its CI, so a server talks over the NICs an
+upstream test would give it (``HARNESS_IB_DEVICES`` overrides). The GPUs are known only once Ray started the
+worker, so the server's ``sitecustomize`` completes the command (:func:`complete_argv`). The rule:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -3,12 +3,8 @@ Rust router, parsed and started as upstream's ``sglang_router.launch_router`` st
 ``RouterArgs`` flags, then ``Router.from_args(...).start()``), without that module's import of the
 Python MiniLB.
 
-Why not upstream's module: ``sglang_router.launch_router`` imports ``sglang_router.mini_lb`` at module
-level, which imports sglang (and so torch and transformers) only to offer ``--mini-lb``. On this 2-core
-machine that import took 6.8 s wall and 5.4 CPU-s before the Rust router began, once per stack start;
-``sglang_router.router`` and ``router_args`` import in 0.05 s. No flag of sglang-router turns the import
-off, so the harness keeps this one function. ``--mini-lb`` (the Python balancer, which needs sglang
-anyway) still runs upstream's module.
+Why: upstream's module imports sglang (torch, transformers) only to offer ``--mini-lb``, 6.8 s per stack
+start on a 2-core machine. ``--mini-lb`` still runs upstream's module. Measurements: docs/modules.md.
 """
 
 from __future__ import annotations

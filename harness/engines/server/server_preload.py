@@ -1,16 +1,9 @@
 """What a real sglang server on CPU imports ahead of time: the server fork server's preload.
 
-A real sglang server on CPU (:mod:`harness.engines.server.stack`) has its ``sitecustomize``
-install the compat patches, the accounting probe and the faults as import hooks that must fire when
-*sglang* is first imported, with that server's environment. So :func:`server` imports the
-third-party modules sglang's server graph pulls in (torch, transformers, fastapi, aiohttp, ... :
-about 85% of its import time) and nothing of sglang or the harness adapter: each forked server
-imports sglang itself, after its own ``sitecustomize`` ran, exactly as a fresh interpreter does. The
-list (:data:`SERVER_MODULES_FILE`) is written by
-``python -m harness.engines.server.server_preload --write-server-modules`` from a real import of the
-server graph; ``tests/test_forkserver.py`` fails when it is stale.
-
-Nothing here changes sglang or touches a device, so the process forks safely.
+:func:`server` imports the third-party modules sglang's server graph pulls in (about 85 % of its import
+time) and nothing of sglang, so each forked server imports sglang itself after its own ``sitecustomize``
+ran. The list (:data:`SERVER_MODULES_FILE`) is generated and checked for staleness. Nothing here touches a
+device. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

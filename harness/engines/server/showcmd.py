@@ -1,15 +1,7 @@
 """The command lines a topology's PD stack runs, shown without starting anything (``rerun-test --show-commands``).
 
-Per server role the same :func:`.stack.pd_commands` the stack starts (with the layout's flags: a
-shared GPU's memory fraction), as its process will get it: the ``CUDA_VISIBLE_DEVICES`` Ray gives
-its worker and the ``--disaggregation-ib-device`` its ``sitecustomize`` adds for those GPUs
-(:func:`.rdma.complete_argv`, from this machine's RDMA devices or ``HARNESS_IB_DEVICES``); then the
-router over them (:func:`.launcher.router_command`). No Ray, no process, no sglang import.
-
-What is known only when the stack starts stays a placeholder: ``{model}`` (the suite's model
-directory), ``{run_dir}``, and the ports each worker leases from the OS (``{http}``, ``{nccl}``,
-``{bootstrap}``, the router's ``{prometheus}``; the router names the servers' as ``{prefill.http}``).
-The GPUs are the ones an idle node gives: each server's bundle in role order, from GPU 0 of its node.
+The same :func:`.stack.pd_commands` the stack starts, with the GPUs and RDMA devices the process would get,
+then the router's. No Ray, no process, no sglang import. What stays a placeholder: docs/modules.md.
 """
 
 from __future__ import annotations

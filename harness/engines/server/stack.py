@@ -1,30 +1,9 @@
 """A real prefill + decode + router stack, each server the subprocess payload of a Ray worker.
 
-:func:`start_pd_stack` starts prefill, decode and the router at once (each server needs tens of
-seconds on a CPU), prefill and decode in the topology's placement groups, and registers each server
-with the router (its ``/workers`` API) once it is ready. Each worker's command
-comes from :mod:`.launcher`; its ports are leased inside the worker actor (:mod:`harness.workers.ports`) and filled into
-the ``{http}``/``{nccl}``/``{bootstrap}`` placeholders (:mod:`harness.workers`).
-
-Readiness, with one deadline for the whole stack: every server answers ``/health`` while its
-process is alive (the worker checks liveness on each poll), and the router answers ``/health`` *and*
-lists both servers as registered and healthy (it registers them in the background after it is
-up). A death while starting raises :class:`harness.workers.WorkerDied` naming the worker (its name
-starts with the role) with its log tail; a timeout raises ``TimeoutError`` with the log tails. In both
-cases everything already started is stopped before the error propagates.
-
-:func:`start_plain_server` starts the same engine without disaggregation: the parity baseline.
-
-Between tests a started server is reset through sglang's own ``/flush_cache`` (:mod:`.reset`).
-
-Servers on a cluster this process started, without real GPUs (``forkserver=True``; the caller
-decides with :meth:`harness.cluster.Cluster.starts_forked`), start as forks of a :mod:`harness.workers.forkserver` that imported
-the third-party half of sglang's server graph once (:func:`harness.engines.server.server_preload.server`):
-the Ray worker runs the fork server's client, which hands over its command, environment and log
-files; the forked child runs ``sitecustomize`` with that environment and then ``-m
-sglang.launch_server`` as a fresh interpreter would, importing sglang itself. A server whose
-import-deciding environment (:data:`IMPORT_ENV`) differs from the fork server's runs as a fresh
-interpreter instead. ``HARNESS_FORK_START=0`` turns it off (:mod:`harness.workers.forkserver.policy`).
+:func:`start_pd_stack` starts the three at once and waits until the router lists both servers healthy;
+:func:`start_plain_server` starts the parity baseline. Over 400 lines because starting a stack is one
+sequence (commands, fork servers, parallel start, one deadline, cleanup on any failure) over the same
+workers. The start as numbered steps, readiness and the fork rule: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Loaded by every sglang server process the harness starts (this directory is on its PYTHONPATH).
 
-It changes nothing unless asked by env var: ``HARNESS_COMPAT_PATCHES`` (compat patches),
-``HARNESS_IB_NODE_GPUS`` (a GPU server's ``--disaggregation-ib-device`` for the GPUs Ray gave it:
-:mod:`harness.engines.server.rdma`),
-``HARNESS_PROBE_LEDGER`` (the accounting probe, and on prefill the request hold) and ``HARNESS_FAULTS`` (the fault catalog:
-:func:`harness.faults.activate_from_env` checks that the sglang this server imports carries them). A failure here must stop the server rather than let it run without what
-the harness asked for, so errors are printed and the process exits.
-
-A server forked from :mod:`harness.workers.forkserver` runs this file a second time, with its own
-environment (the fork server's first run, without these variables, did nothing).
+It changes nothing unless asked by env var (``HARNESS_COMPAT_PATCHES``, ``HARNESS_IB_NODE_GPUS``,
+``HARNESS_PROBE_LEDGER``, ``HARNESS_FAULTS``). A failure here stops the server rather than let it run without
+what the harness asked for. A forked server runs it again with its own environment. What each variable
+turns on: docs/modules.md.
 """
 
 import os

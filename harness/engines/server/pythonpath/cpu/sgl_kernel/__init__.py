@@ -1,11 +1,8 @@
 """Import-only stand-in for ``sgl_kernel`` on CPU machines (no CPU build of sgl_kernel exists).
 
-sglang 0.5.23 imports ``sgl_kernel`` (and submodules such as ``sgl_kernel.kvcacheio``) at module level
-even with ``SGLANG_USE_CPU_ENGINE=1``, though the torch-native CPU path never calls into it. This
-package satisfies those imports: every name it hands out is a :class:`MissingKernel` that raises
-``RuntimeError`` naming itself when called, so a CPU run that reaches a real kernel fails loudly
-instead of computing something wrong. The harness puts this directory on the server processes'
-``PYTHONPATH`` only on CPU topologies; a real sgl_kernel is never shadowed on GPU machines.
+sglang imports ``sgl_kernel`` at module level even on its CPU path, which never calls it. Every name here
+is a :class:`MissingKernel` that raises when called, so a CPU run that reaches a real kernel fails loudly. On
+``PYTHONPATH`` on CPU topologies only. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
