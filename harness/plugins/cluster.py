@@ -1,20 +1,9 @@
 """pytest plugin concern: the session's Ray cluster and run directory, and workers placed on the cluster.
 
-Fixtures:
-    run_dir      the session's :class:`harness.rundir.RunDir` (created on first use)
-    ray_cluster  the session's :class:`harness.cluster.Cluster` (started on first use, stopped at the end;
-                 simulated: as many Ray nodes as the largest topology the session's markers name, 8
-                 logical GPUs each; a one-node topology is kept on node 0)
-    pd_workers   a :class:`PdWorkers` factory: ``pd_workers("decode", payload, group=0, rank=0, **spec)``
-                 starts a worker in the topology's placement group (placed on first call) and stops
-                 it, and releases the placement, after the test
-
-A topology that cannot be placed (real GPUs missing and simulation not allowed) skips the test with
-``needs 2×H100 (runner 2-gpu-h100); run with --simulate or on that runner``.
-
-Teardown (workers stopped: SIGTERM, wait, SIGKILL of their process groups; placement groups
-removed; the Ray we started stopped) runs on failure, timeout and Ctrl-C; what a SIGKILLed run
-leaves behind is reaped at the next run's start (:mod:`harness.plugins.state`).
+Fixtures ``run_dir``, ``ray_cluster`` (started on first use, stopped at the end) and ``pd_workers`` (workers
+in the topology's placement groups, stopped after the test). A topology that cannot be placed skips the
+test saying what it needs. Teardown runs on failure, timeout and Ctrl-C. Each fixture in detail:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """pytest plugin concern: label the target's measured lines with the test that ran them.
 
-When the run measures the target (``rerun-test --coverage``: :mod:`harness.changes.measure` started
-coverage.py in this process through its own start-up hook), each test's phases run under the dynamic
-context of its node id, so a line this process executes during a test is attributed to that test;
-lines executed between tests (session fixtures, collection) keep the group's static context.
-
-Why not pytest-cov's ``--cov-context=test``: pytest-cov also owns starting, combining and reporting the
-data, which here spans the group's servers and Ray workers and several groups of one run; coverage.py
-starts itself in every one of those processes, and this concern only names the tests.
+When the run measures the target (``rerun-test --coverage``), each test's phases run under the dynamic
+context of its node id, so a line executed during a test is attributed to it. Not pytest-cov's
+``--cov-context=test``, because pytest-cov also owns starting and combining the data, which here spans
+servers, Ray workers and several groups. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

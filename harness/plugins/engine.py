@@ -1,25 +1,8 @@
 """pytest plugin concern: which engine the suites run against, and which models real servers get.
 
-Option (group ``pd-harness``, ini ``harness_engine``; the command line wins):
-    --engine {all,sim,sglang-server}   ``sim``: in-process / simulated suites only; ``sglang-server``:
-                                       only tests that start real sglang servers; ``all`` (default,
-                                       what CI runs): both.
-
-Option (same group): ``--model NAME=PATH`` (repeatable), env fallback ``HARNESS_MODEL_<NAME>``
-(NAME upper-cased, ``-`` → ``_``): the local model directory a real-server suite gets for its logical
-model NAME (``tiny-llama``, ``tiny-mellum-swa``, ``dsv4``). Required on GPU topologies; on ``cpu`` an
-unmapped tiny model is built locally. Resolution: :mod:`harness.engines.server.modelmap`.
-
-Marker:
-    engine(name, *, models=(), gpu_topologies=(), server_args=()): the test needs engine ``name``
-        (``sim`` or ``sglang-server``); it is deselected when ``--engine`` excludes it. Unmarked tests
-        count as ``sim``. For ``sglang-server``: ``models`` are the logical models it serves (named in
-        the skip reason, checked before anything starts on a GPU topology); ``gpu_topologies`` are
-        topologies it also runs on when ``--topology`` names one (the ``topology`` marker stays the
-        default, so a plain run collects no extra variants); ``server_args`` are flags every server
-        of the module gets (read from the module's marker).
-
-The real-server fixtures (``sglang_servers``, ``tiny_model``) are :mod:`harness.plugins.servers`.
+Options ``--engine {all,sim,sglang-server}`` and ``--model NAME=PATH``; marker ``engine(name, *, models,
+gpu_topologies, server_args)`` (unmarked tests count as ``sim``). The real-server fixtures are
+:mod:`harness.plugins.servers`. Each option and the marker's arguments: docs/modules.md.
 """
 
 from __future__ import annotations

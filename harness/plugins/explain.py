@@ -1,47 +1,9 @@
 """pytest plugin concern: every failing test's first line says what broke, from the evidence.
 
-For a failing test the plugin builds one headline — the *evidence class*, then what the evidence
-names (the broken rule, the request, the pages, the rule's sentence), then where to look (the sglang
-functions that decide that rule in the target under test, or the last sglang frame) — and makes it
-the failure's message: pytest's short summary line, the JUnit ``message`` (and so ``summary.md``,
-``summary.json``, the run page and the ``/rerun-test`` comment, which read it) all start with it. The
-test's own traceback and output stay in the report body, unchanged.
-
-Evidence classes, first match wins (:func:`headline`):
-
-``prealloc``       (first) sglang refused a prealloc mid-run (:class:`~harness.engines.sim.errors.PreallocError`)
-                   and every rule the ledger found broken it found only at the end (the pages the
-                   refused prealloc kept, as leaks): the refusal leads, the ledger's finding follows
-``ledger``         a broken ledger rule: any exception carrying ledger ``violations``
-                   (:class:`harness.ledger.LedgerBroken`, the PD run's :class:`~harness.engines.sim.errors.PDError`,
-                   or a rank's error the PD run attached the ledger's verdict to); the earliest root cause
-                   leads (:func:`harness.ledger.root_causes`), its knock-ons are counted after it, then
-                   what stopped the run when that was not the ledger check itself
-``kv``             the PD engine's own check of every byte and window position it keeps
-                   (:class:`~harness.engines.sim.errors.KVCorruption`, :class:`~harness.engines.sim.errors.WindowLost`)
-``sglang-check``   one of sglang's own checks, which the harness turns on in every server and rank
-                   (:mod:`harness.targets.sglang.compat.checks`), raised: the check, what it names (an
-                   invariant, a pool) and its line, found in the exception, a worker's remote traceback
-                   or log tail; sglang's oracle, not the harness's (a ledger rule broken too leads, and
-                   the check follows it as ``sglang's check agreed``)
-``worker-death``   a worker died (:class:`harness.workers.WorkerDied`): its cause and the last sglang
-                   frame of its log tail
-``timeout``        the test, or a call it made, ran out of time: the last sglang frame of the log
-                   tails of the workers it owned
-``sglang-assert``  an exception raised in sglang's own code (its innermost frame is under ``sglang/``,
-                   locally or in a worker's remote traceback): that frame
-``prealloc``       sglang refused a prealloc (:class:`~harness.engines.sim.errors.PreallocError`)
-``assertion``      the test's own assertion (a named comparison says ``swa_tail_len 44 != 108``)
-``error``          anything else
-
-A test that failed otherwise than by a broken ledger, while the ledgers its workers wrote during it
-break a rule (a real server's probe saw a short tail, and the test then saw PD's tokens differ from
-the plain server's), is a ``ledger`` failure too: the rule leads, then ``the test saw:`` and its own
-headline.
-
-Ray's wrapper never leads (workers hand back the payload's own exception,
-:func:`harness.workers.payload_error`), ANSI colour codes are stripped, and nothing is cut before
-the cause: the headline is one line of at most :data:`MAX_CHARS` characters, cut at its end.
+For a failing test the plugin builds one headline (the *evidence class*, what the evidence names, where to
+look in sglang) and makes it the failure's message, which pytest's summary line, the JUnit message, the
+run page and the ``/rerun-test`` comment all start with; the traceback stays unchanged. The evidence
+classes in the order :func:`headline` tries them: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """pytest plugin concern: fail-fast — a worker's death fails the test that owns it, with log tails.
 
-A watchdog thread (:class:`harness.plugins.state.HarnessState`) polls every started worker; if one
-(or its subprocess) dies while a test body runs, the test fails within about a second with
-:class:`harness.workers.WorkerDied` (name, cause, last 50 log lines), raised in the test's main
-thread through SIGUSR2 — never ``os._exit``. Inside a blocking ``ray.get`` the death arrives as
-``KeyboardInterrupt`` (the only exception Ray's get loop lets through) and is turned back into the
-``WorkerDied`` here. A death the test swallowed, or one just after it ended, still fails it.
-
-Ownership: a fixture that starts workers for a test calls :func:`own_workers` (``pd_workers``,
-``pd_pair``, ``sglang_servers`` do); only deaths of owned workers fail the test, and on any failure
-each owned worker's log tail is attached to the report. :func:`owned_workers` reads them back.
+A watchdog polls every started worker; a death while a test body runs fails that test within about a
+second with :class:`harness.workers.WorkerDied`, raised in its main thread through SIGUSR2, never
+``os._exit``. Only owned workers count (:func:`own_workers`). How the death arrives inside ``ray.get``, and
+ownership: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """pytest plugin concern: inject named faults from the catalog (``harness/faults``) into the engine.
 
-Option (group ``pd-harness``):
-    --inject-fault NAME   apply fault NAME for the whole session (repeatable). Known names and what
-                          they break: ``harness faults`` / ``harness.faults.catalog()``.
-
-How: source-patch faults are applied to a scratch copy of the target's sglang tree
-(:func:`harness.faults.source.scratch_copy`, in a temporary directory) put first on ``sys.path`` and
-env ``PYTHONPATH``; env ``HARNESS_FAULT_FIRED`` names the file their marker lines append to (kept
-if the caller set it, as the kill matrix does). The names are added to env ``HARNESS_FAULTS`` for the
-session and applied here (:func:`harness.faults.activate`: runtime wrappers put in place, the patched
-copy checked to be the sglang this process imports), and in every process the tests start that runs
-engine code: PD ranks (their payload) and server subprocesses (their ``sitecustomize``). Faults named
-in ``HARNESS_FAULTS`` by the caller (a pytest run that a worker or the kill matrix started) apply too. At the end
-of the session the faults are undone, the copy removed and the variables restored. Active faults are
-printed in the report header, so a failing run says it was deliberately broken.
-
-Failure modes (usage errors, exit 4, before any test): an unknown name (naming the known ones), a
-patch that does not apply to the target (naming file and hunk), or a patch fault requested after
-sglang was already imported in this process.
+``--inject-fault NAME`` (repeatable) applies a fault for the whole session, in this process and every
+process the tests start that runs engine code, and undoes it at the end; active faults are printed in the
+report header. A bad name or patch is a usage error before any test. How and where it applies, and the
+failure modes: docs/modules.md.
 """
 
 from __future__ import annotations

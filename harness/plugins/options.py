@@ -1,18 +1,8 @@
 """pytest plugin concern: the harness's options and ini keys, and the settings they resolve to.
 
-Options (group ``pd-harness``; each has an ini key, the command line wins):
-    --topology NAME     (ini ``harness_topology``)    run tests on this topology only
-    --simulate          (ini ``harness_simulate``)    allow Ray logical GPUs when the machine has none
-    --no-simulate                                     never simulate (overrides the ini key)
-    --ray-address ADDR  (ini ``harness_ray_address``) join this Ray cluster instead of starting one
-    --run-dir DIR       (ini ``harness_run_dir``)     default ``runs/<timestamp>-<pid>`` in the repo
-    --sglang TARGET     (env ``HARNESS_SGLANG``, ini ``harness_sglang``) the sglang under test:
-                        ``installed``, a release ``0.5.21``, a source tree or a wheel (resolved and put
-                        on every process's import path by :mod:`harness.plugins.target`)
-
-Other concerns add their own options to the same group (``--engine``, ``--workload-seed``,
-``--inject-fault``); this module is registered before them, so the group is created here with its
-title and these options come first in ``--help``.
+Options ``--topology``, ``--simulate``/``--no-simulate``, ``--ray-address``, ``--run-dir`` and ``--sglang``,
+each with an ini key; the command line wins. This module is registered first, so it creates the
+``pd-harness`` option group the other concerns add to. Each option: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """pytest plugin concern: running one session's tests in several processes (pytest-xdist).
 
-``./dev test`` runs ``pytest -n auto --dist loadgroup``: tests are handed to worker processes a
-group at a time, and this module decides the groups. Tests that share something the session keeps
-alive run in the one process that holds it, in collection order, so it starts once and the test
-that last uses it (which the plugin that owns it marks at collection) runs there too:
-
-    sglang-servers  tests taking ``sglang_servers`` (the session's real server stacks, and the
-                    stack of the next model started ahead of its tests)
-    pd-pairs        tests taking ``pd_pair`` (the session's simulated PD pair per topology)
-
-A test with an ``xdist_group`` marker runs in that group; every other test in its module's group,
-so module-scoped fixtures start once. Without ``--dist loadgroup`` (one process, ``-n 0``, or
-another ``--dist``) the groups change nothing.
-
-Groups are handed out longest first (:func:`estimates`: the ``est_time`` markers, read as the rerun
-registry reads them; an unmarked test counts :data:`UNMARKED_EST_S`), so the groups left for the end
-are short ones and the workers finish together. (xdist's own order, most tests first, left the
-slowest single-test modules for last, with one worker running them alone.)
-
-How the groups reach the scheduler: which fixtures a test takes is known only where tests are
-collected (the workers), and the scheduler runs in the controller, which sees node ids. Each
-worker writes ``{node id: group}`` to a file in a directory the controller hands it
-(``workerinput``) before it reports its collection; the controller's scheduler
-(:class:`GroupScheduling`, xdist's ``loadscope`` with these groups as scopes) reads it once every
-worker has collected. (xdist's own ``loadgroup`` puts the group into the node id, which pytest 9.2's
-nodes no longer allow: its groups never formed.)
-
-``-n auto`` is one worker per usable CPU, at most :data:`MAX_AUTO_WORKERS` (each worker starts its
-own Ray cluster, fork servers and, for its groups, server stacks), and one on a joined cluster or a
-machine with GPUs (:func:`pytest_xdist_auto_num_workers`).
+Tests that share something the session keeps alive (``sglang-servers``, ``pd-pairs``) run in one process;
+every other test with its module. Groups are handed out longest first so the workers finish together, and
+reach xdist's scheduler through a file, because xdist's own ``loadgroup`` puts the group in the node id,
+which pytest 9.2 no longer allows. The groups, the order, the hand-over and ``-n auto``: docs/modules.md.
 """
 
 from __future__ import annotations

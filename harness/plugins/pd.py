@@ -1,22 +1,8 @@
 """pytest concern plugin: PD pairs of sglang-backed prefill/decode rank workers on Ray.
 
-Fixtures:
-    pd_pair      ``pd_pair(spec) -> PDPair`` for the test's topology: one worker per TP rank of the
-                 first prefill and decode groups (:mod:`harness.engines.sim.deploy`), started on first use
-                 and kept for the session (sglang's import, seconds per rank, is paid once),
-                 reconfigured for ``spec`` (a :class:`harness.engines.sim.workload.KVSpec`) on every call. After
-                 a test that failed, the next one gets a clean pair: every rank drops what the
-                 failure left, rebuilds its pools and is verified idle at its baseline; a pair that
-                 cannot be reset (a dead rank, a pool off its baseline) is stopped and started anew.
-                 So one fault gives one failure, not one per later test. A test asking for another
-                 topology stops the previous pair first (a simulated node holds one); collection
-                 groups the tests using it by topology, and the last test of a group stops the
-                 group's workers.
-                 Every worker is watched by the fail-fast watchdog and owned by each test using it
-                 (log tails on failure). Skips when the topology cannot run here.
-    pd_report    ``pd_report(result)``: writes the run's summary and ledger verdict to
-                 ``<run_dir>/report/pd/<test>.json``, attaches the ledger summary to the test report
-                 (``record_property``) and logs it.
+Fixtures ``pd_pair`` (one pair per topology, kept for the session and reconfigured per call; after a
+failure the next test gets a clean pair, so one fault gives one failure) and ``pd_report`` (the run's
+summary and ledger verdict in the report). Each in detail: docs/modules.md.
 """
 
 from __future__ import annotations

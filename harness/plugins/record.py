@@ -1,17 +1,8 @@
 """pytest plugin concern: a record of every test, so the run report can show what each test did.
 
 After each test's teardown, one JSON line goes to ``<run_dir>/tests.jsonl`` (read back by
-:func:`harness.report.records.read_records`)::
-
-    {"path": "/abs/suites/x/test_a.py", "suffix": "::test_b[p]", "outcome": "failed",
-     "start": 1796000000.1, "stop": 1796000003.4, "seeds": {"workload_base": 7, "workload": 123, "hypothesis": null},
-     "workers": ["pd-2-gpu-h100-decode-0-r0", ...],
-     "logs": {"workers/pd-…-r0.log": [1200, 5600]}, "ledgers": {"ledger/pd-…-r0.jsonl": [0, 48211]}}
-
-``logs`` / ``ledgers`` are the byte ranges of each worker log and ledger file that grew from the
-test's setup to the end of its teardown. Tests of one session run one after another, and workers
-(a PD pair kept for the session) serve several tests, so a byte range is what *this* test wrote.
-Nothing is written when the session has no run directory on disk (a plain unit-test session).
+:func:`harness.report.records.read_records`): its outcome, seeds, workers and the byte ranges of the worker
+logs and ledgers it wrote. The line's shape: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """pytest plugin concern: seeds a failing test can be rerun with, and a record of what a failure touched.
 
-Option (group ``pd-harness``; the command line wins, then env ``HARNESS_WORKLOAD_SEED``, then ini):
-    --workload-seed N   (ini ``harness_workload_seed``) base seed of the suites' workloads; absent:
-                        drawn at random per session and shown in the report header
-
-Fixtures:
-    workload_seed   this test's seed: derived from the base seed and the test's file name + node id
-                    suffix, so a test rerun alone (``rerun-test --from repro.json``) gets the same seed
-                    it had inside a whole gate run
-    workload_rng    ``random.Random(workload_seed)``
-
-Hypothesis has its own ``--hypothesis-seed`` (its pytest plugin); the gate passes both.
-
-A test using ``workload_seed`` carries it as a JUnit property (``workload_seed``), and when it fails
-its report gets a ``workload seed`` section: the seed, its base and how to replay it.
-
-Record: for every test that fails, one JSON line in ``<run_dir>/failed-tests.jsonl`` with the file,
-node id suffix, seeds, the workers it owned (``pd_workers`` / ``sglang_servers``) and when it ran
-(epoch seconds), so the gate can pick the right worker logs and ledgers for its repro bundle.
+``--workload-seed N`` and the fixtures ``workload_seed`` (derived per test, so a test rerun alone gets the
+seed it had in a gate run) and ``workload_rng``; every failing test gets a line in
+``<run_dir>/failed-tests.jsonl`` for the gate's repro bundle. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """pytest plugin concern: how long a soak runs.
 
-Option (group ``pd-harness``):
-    --soak N        requests the soak suites push through their PD pair (default: the simulated
-                    engine's :data:`DEFAULT_REQUESTS`, what ``./dev test`` runs, and the real CPU stack's
-                    :data:`DEFAULT_SERVER_REQUESTS`; ``bench/soak.py`` runs 10,000 and 2,000)
-
-Fixtures:
-    soak_requests          N, or :data:`DEFAULT_REQUESTS`
-    server_soak_requests   N, or :data:`DEFAULT_SERVER_REQUESTS`
+``--soak N`` and the fixtures ``soak_requests`` and ``server_soak_requests`` (defaults
+:data:`DEFAULT_REQUESTS` and :data:`DEFAULT_SERVER_REQUESTS`). Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """pytest plugin concern: the session's state (one :class:`HarnessState` per config) and the report header.
 
-:class:`HarnessState` holds what the session shares: the run directory, the Ray cluster (started or
-joined on first use), whether a topology can run here (simulate/skip decisions), unique worker
-names, and the watchdog over every started worker with the fail-fast arming that
-:mod:`harness.plugins.failfast` drives. Other concerns reach it through :func:`state`.
-
-Configure: a previous run killed with SIGKILL may have left processes; they are reaped (ours only)
-and this run claims its own. Unconfigure: every worker is stopped, the watchdog closed and the Ray
-cluster the harness started shut down.
-
-Header: the topology, Ray address, simulation and run directory (the sglang target: :mod:`harness.plugins.target`).
+:class:`HarnessState` holds what the session shares (run directory, cluster, skip decisions, worker names,
+the watchdog); other concerns reach it through :func:`state`. Configure reaps what a killed run left;
+unconfigure stops everything. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

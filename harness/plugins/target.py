@@ -1,12 +1,8 @@
 """pytest plugin concern: the sglang under test (``--sglang TARGET``, env ``HARNESS_SGLANG``, ini
 ``harness_sglang``; the option wins, then the env var, then the ini key, then ``installed``).
 
-The target is resolved and activated in ``pytest_load_initial_conftests``, before any conftest or
-test module can import sglang, so this process, the Ray workers it starts and every server
-subprocess import the same tree (:mod:`harness.targets.sglang.selection`). A bad TARGET stops the
-session before collection with one line (pytest's usage error). The target is named in the report
-header and, as ``sglang_*`` properties, in the JUnit XML; so are sglang's own checks the servers and
-ranks run with (``sglang_checks``: which are on, which this target lacks).
+Resolved in ``pytest_load_initial_conftests``, before anything imports sglang, so every process imports the
+same tree; named in the report header and the JUnit XML. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """pytest plugin concern: which topology a test runs on (markers, parametrization, the ``topology`` fixture).
 
-Markers:
-    topology(*names): the topologies a test runs on (``topologies/NAME.toml``); with several names
-        and no ``--topology`` the test is parametrized over them.
-    est_time(seconds): estimated wall time, used by rerun-test to plan and shard (registered here
-        with the other selection marker; nothing in the plugin reads it).
-
-Fixture:
-    topology     the test's :class:`harness.topology.Topology` (marker, ``--topology``, else ``cpu``)
-
-Collection records every topology the selected tests name in the session state, so a simulated
-cluster is started with as many nodes as the largest of them.
+Markers ``topology(*names)`` and ``est_time(seconds)``; fixture ``topology``. Collection records the
+topologies the selected tests name, so a simulated cluster gets enough nodes. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
