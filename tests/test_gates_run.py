@@ -185,7 +185,12 @@ def test_flaky_rerun_crash_never_rerun_informational_and_junit(repo, tmp_path):
     assert [t.nodeid for t in history.flaky(records, 5)] == ["suites/gate/test_flaky.py::test_latency"]
 
 
-def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys):
+def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys, monkeypatch):
+    # Secrets set in the environment, as the README tells joined-cluster users to: no file the failing
+    # gate run writes, and no line the rerun prints, may carry their values.
+    secrets = {"RAY_AUTH_TOKEN": "ray-tok-8c1f0e7d", "SGLANG_API_KEY": "sgl-key-51b2a9", "HARNESS_GH_TOKEN": "gh-3d0c"}
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
     run_dir = tmp_path / "runs" / "gate"
     rc = harness_cli.main(["gate", "run", str(repo / "gates" / "broken.toml"), "--repo-root", str(repo),
                            "--run-dir", str(run_dir), "--gpus", "0", "--hypothesis-seed", "5", "--workload-seed", "7"])
@@ -215,12 +220,20 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys):
     assert (bundle_path.parent / "workers" / "decode-0.log").read_text() == "decode-0: prealloc r1\n"
     assert "report/pd/suites_gate_test_ledger.py_test_release_balances.json" in bundle["files"]  # the suite's own report
     assert "env" in bundle["environment"] and bundle["engine_args"].keys() >= {"prefill", "decode"}
+    assert bundle["environment"]["env"]["RAY_AUTH_TOKEN"] == "<present>"
+    leaked = [f"{f.relative_to(run_dir)}: {k}" for f in run_dir.rglob("*") if f.is_file()
+              for k, v in secrets.items() if v.encode() in f.read_bytes()]
+    assert not leaked, leaked
     first_seeds = (Path(tmp_path / "state" / "seeds").read_text().split())
     assert first_seeds[0] == "5" and int(first_seeds[1]) == bundle["seeds"]["workload"]
 
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "ray-tok-another-run")  # a rerun elsewhere holds another token
+    monkeypatch.delenv("SGLANG_API_KEY")
     rc = rerun_cli.main(["--from", str(bundle_path), "--repo-root", str(repo), "--run-dir", str(tmp_path / "repro"), "--gpus", "0"])
     out = capsys.readouterr().out
     assert rc == 1, out
+    assert "ray-tok" not in out and "sgl-key" not in out and "RAY_AUTH_TOKEN" not in out  # same presence: no line
+    assert "differs: env.SGLANG_API_KEY: set → (unset)" in out
     assert "REPRODUCED: suites/gate/test_ledger.py::test_release_balances failed again (same class)" in out
     assert "[repro/cpu] failed  1/1 failed 1" in out  # the live line
     assert _count("ledger") == 2
@@ -243,6 +256,18 @@ def test_repro_not_reproduced_and_bad_bundle(repo, tmp_path, capsys):
     path.write_text(json.dumps({**bundle, "topology": "8-gpu-h200"}))
     assert rerun_cli.main(["--from", str(path), "--repo-root", str(repo)]) == 2
     assert "no longer runs on 8-gpu-h200 (it declares cpu)" in capsys.readouterr().err
+    # A tampered bundle: wrong types, and a tree outside the repository and the target cache, are refused in
+    # one line before any target is selected (a bundle must not choose which code is imported).
+    for tampered, says in (
+        ({"engine": ["x"]}, "engine must be a string or null"),
+        ({"seeds": {"hypothesis": 1, "workload_base": 2**70}}, "seeds.workload_base must be an integer"),
+        ({"sglang": {"origin": "tree", "spec": "t", "root": str(tmp_path / "evil"), "version": "0.5.23"}},
+         "lies outside the repository and the target cache; give --sglang to choose the target"),
+    ):
+        path.write_text(json.dumps({**bundle, **tampered}))
+        assert rerun_cli.main(["--from", str(path), "--repo-root", str(repo)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
 def test_selection_errors_are_suite_failures(repo):

@@ -57,7 +57,13 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
     """
     from harness.targets.sglang import selection as target_mod
 
+    from harness.targets.sglang import resolve as target_resolve
+
     data = repro.load(bundle_path)
+    if sglang is None:  # the bundle chooses what is imported: only from the repository or the target cache
+        problem = repro.target_problem(data, repo_root.resolve(), target_resolve.cache_dir().resolve())
+        if problem:
+            raise repro.ReproError(f"{bundle_path}: {problem}; give --sglang to choose the target")
     target = target_mod.select_for_cli(sglang or bundle_target(data), "rerun-test")
     reg = collector.collect(repo_root.resolve(), list(suites_dirs))
     try:
