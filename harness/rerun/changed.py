@@ -1,11 +1,8 @@
 """``rerun-test --coverage [--changed BASE]``: what the run executed of the target's ``sglang/`` lines.
 
-The base of a change is read before any group starts (a bad one: one line, exit 2, nothing run): for a
-source-tree target inside a git checkout, ``BASE`` is a git revision of it (the working tree against it,
-uncommitted edits and untracked files included); for any other target (a release, a wheel, a tree
-outside git), ``BASE`` is another TARGET (``0.5.22``, a tree, a wheel) whose ``sglang/`` the target's
-is compared with. After the run the groups' measurement is combined (:mod:`harness.changes.measure`)
-and joined with the change (:mod:`harness.changes.report`).
+``BASE`` is a git revision for a source tree in a checkout, else another TARGET; it is read before any
+group starts. The groups' measurement is combined (:mod:`harness.changes.measure`) and joined with the
+change (:mod:`harness.changes.report`). Detail: docs/modules.md.
 """
 
 from __future__ import annotations

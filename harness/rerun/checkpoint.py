@@ -1,22 +1,9 @@
 """The run job's side of the comment heartbeat: a long phase (the ``--mutate`` run) goes on in the
 background while the job's later steps hand its status file out as an artifact, one checkpoint at a time.
 
-    python -m harness.rerun.checkpoint start  --dir DIR -- COMMAND ...
-    python -m harness.rerun.checkpoint wait   --dir DIR --status-file FILE [--max-s 100]
-    python -m harness.rerun.checkpoint finish --dir DIR
-
-Why this exists: the job that runs a PR's code holds a read-only token, so it cannot edit the status
-comment, and GitHub hands a job's files to other jobs only through artifacts, which only a step can upload
-(the runtime token of the artifact service reaches actions, not shell steps). A step cannot upload while
-another step of its job runs. So ``start`` leaves the command running (its own session; the runner ends
-orphans only when the job ends), and each checkpoint step (``wait``) returns after at most ``--max-s`` or
-when the command has ended, printing what the command printed meanwhile and saying through
-``$GITHUB_OUTPUT`` whether the status file changed since the last checkpoint (``changed=true``): the
-workflow uploads it then, and the trusted relay job (:mod:`harness.rerun.relay`) copies its lines into the
-comment. ``finish`` waits for the command and exits with its exit status. Standard library only.
-
-The files under ``DIR``: ``pid``, ``log`` (the command's output), ``rc`` (its exit status, once ended),
-``offset`` (how much of the log the checkpoints printed), ``seen`` (the status text last handed out).
+Commands ``start``, ``wait`` and ``finish`` (``python -m harness.rerun.checkpoint``). Why: the job holds a
+read-only token and only a step can upload an artifact, never while another step runs. Standard library
+only. The commands, the steps and the files under ``DIR``: docs/modules.md.
 """
 
 from __future__ import annotations

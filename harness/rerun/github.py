@@ -1,17 +1,8 @@
 """The GitHub side of the rerun bot, called by the workflows in ``ci/`` (stdlib only: no installs).
 
-    python -m harness.rerun.github check    --event EVENT.json [--body-out FILE] [--refusal-out FILE]
-    python -m harness.rerun.github comment  --pr N --body-file FILE [--comment-id ID]
-    python -m harness.rerun.github update   --comment-id ID --status-file FILE... [--matrix JSON]
-    python -m harness.rerun.github dispatch --workflow FILE.yml --ref REF --input KEY=VALUE ...
-
-Outputs (``allowed``, ``reason``, ``pr``, ``sha``, ``comment_id``) go to ``$GITHUB_OUTPUT`` when
-set. The token comes from ``GITHUB_TOKEN``, the repository from ``GITHUB_REPOSITORY``. All HTTP goes
-through one :class:`GitHub` object whose transport tests replace with an in-memory fake.
-
-The workflows split by privilege: jobs that run a PR's code hold a read-only token and hand their
-status files over as artifacts; only ``comment``, ``update`` and ``dispatch``, run from trusted
-code, write.
+Commands ``check``, ``comment``, ``update`` and ``dispatch``; all HTTP goes through one :class:`GitHub`
+object that tests replace with a fake. Jobs that run a PR's code hold a read-only token; only these
+writes, run from trusted code, change anything. The commands and outputs: docs/modules.md.
 """
 
 from __future__ import annotations

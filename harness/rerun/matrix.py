@@ -1,16 +1,8 @@
 """The version matrix: the same specs on several sglang targets, one table.
 
-``harness matrix --sglang 0.5.19,0.5.20,PATH SPECS…`` resolves every target first (a bad one: one
-line, exit 2, nothing run; releases are installed into the cache with a progress line), then runs
-``rerun-test --sglang TARGET SPECS --run-dir RUN/<n>-<target>`` for each target, one after another,
-and reads each run's ``report/summary.json``. Targets never share a Ray session: a Ray worker
-process that imported one sglang cannot import another, so each rerun-test starts its own (as it
-always does per group). Every target's run directory is kept.
-
-Output: a text table (target × test file → ``N passed``, ``N failed``, ``N skipped``), the reasons
-of every failure and skip, and the same as ``matrix.md`` and ``matrix.json`` in the run directory.
-The pure parts (:func:`summarize`, :func:`render_text`, :func:`render_markdown`, :func:`to_json`)
-take plain data.
+``harness matrix --sglang A,B,... SPECS`` resolves every target first, then runs ``rerun-test`` per target
+one after another (a Ray worker that imported one sglang cannot import another) and tabulates the results.
+The pure parts take plain data. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

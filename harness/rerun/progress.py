@@ -1,14 +1,8 @@
 """A tiny pytest plugin that streams per-test results as JSON lines for rerun-test's live progress.
 
 Loaded by the executor with ``-p harness.rerun.progress``; it writes to the file named in
-``HARNESS_RERUN_PROGRESS`` (and does nothing without it). One line per event::
-
-    {"event": "collected", "count": 12}
-    {"event": "result", "path": "/abs/test_a.py", "suffix": "::TestC::test_y[p]", "outcome": "failed",
-     "duration": 0.41, "message": "AssertionError: assert 3 == 4"}
-
-The node id's file part is an absolute path so the parent can map it back to its display path
-whatever pytest's rootdir was. Each line is written and flushed at once so a reader sees progress.
+``HARNESS_RERUN_PROGRESS`` (and does nothing without it), one flushed line per event. The lines' shape:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """The registry: which suite files exist, which tests they hold, where they run and how long they take.
 
-Read statically with :mod:`ast` — never by importing a suite (that would import sglang, take seconds
-and run module-level code from a PR). A pytest suite declares itself with markers::
-
-    pytestmark = [pytest.mark.topology("cpu", "2-gpu-h100"), pytest.mark.est_time(120)]
-
-    @pytest.mark.topology("8-gpu-h200")     # on a class or a function: the closest marker wins
-    @pytest.mark.est_time(30)
-    def test_x(): ...
-
-``est_time`` covers the node it marks: a module's or class's estimate is shared equally by its tests
-that carry no closer estimate. A file without a ``topology`` marker runs on :data:`DEFAULT_TOPOLOGY`.
-``pytest.mark.engine("sglang-server", ...)`` (closest wins, as for pytest) says a test starts real
-sglang servers; unmarked tests run the simulated engine (``sim``).
-
-One behaviour is often covered twice: by a simulated PD suite (Ray ranks on real allocators) and by
-a real CPU server-stack suite. :data:`PAIRS` says which files pair up, so re-running one by name
-runs its counterparts too (:func:`counterparts`).
-Measured durations (``{"suites/a/test_x.py::TestC::test_y": 1.5, ...}`` in ``suites/durations.json``
-or a run's ``report/durations.json``) replace the estimates of the tests they name.
-
-sglang-style files (``register_cuda_ci(...)``) are read by :mod:`harness.rerun.upstream`.
+Read statically with :mod:`ast`, never by importing a suite (that would import sglang, take seconds and
+run a PR's module-level code). Markers ``topology``, ``est_time`` and ``engine`` say where a test runs and
+how long; :data:`PAIRS` pairs a simulated suite with its real-server counterpart; measured durations
+replace the estimates. The marker rules: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The trusted side of the comment heartbeat: while the run jobs work, copy the progress they hand out
 as artifacts into the status comment, at least every ``--every`` seconds.
 
-    python -m harness.rerun.relay --comment-id ID --run-id RUN --matrix JSON [--every 60] [--max-s 3600]
-
-The run jobs hold a read-only token (they run the PR's code), so they upload their status file as the
-artifact ``progress-<group>`` at each checkpoint (:mod:`harness.rerun.checkpoint`, ``overwrite``). This
-job runs this branch's harness, never the PR's, with ``actions: read`` and ``issues: write``: each round it
-lists the workflow run's artifacts, downloads each ``progress-*`` artifact that changed since the last
-round, and writes its ``mutation`` line (``mutation: 7 / 20 mutants run``) into the comment through the
-same read-modify-write as the other jobs (:func:`harness.rerun.github.update_lines`). It never replaces a
-final line (the score) with a progress line, so a late round cannot undo what the report job wrote. It
-ends once every run job of the matrix has completed (one last round first), or after ``--max-s``.
-Standard library only, as the rest of the bot.
+It runs this branch's harness, never the PR's, and never replaces a final line with a progress line; it
+ends once every run job has completed or after ``--max-s``. Standard library only. Its rounds:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Parse rerun specs: what a user or a PR comment asked to run.
 
-Accepted forms (several at once): a bare file name (``test_x.py``), a path (``suites/pd/test_x.py``,
-absolute inside the repository or a ``--suites-dir``), ``file::Class::test``, ``file::Class.test``,
-``file::test`` and a parametrize id (``file::test[case-1]``). A comment body whose first non-empty
-line is ``/rerun-test …`` yields the specs on that line; other lines are ignored.
-
-Anything else is refused with :class:`SpecError` before anything runs: shell metacharacters, ``..``,
-``~``, options (a token or path segment starting with ``-``), control characters, URLs, names that do
-not end in ``.py``. The spec never reaches a shell, but the same text is echoed into workflow logs,
-comments and pytest's command line, so the grammar is deliberately narrow.
+Accepted: file names, paths, ``file::Class::test`` and parametrize ids, or a ``/rerun-test …`` comment
+line. Anything else is refused with :class:`SpecError` before anything runs, because the text is echoed
+into logs, comments and pytest's command line. The grammar: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """sglang-style registered test files (``test/registered/``) and the map onto our topologies.
 
-Upstream files declare where they run with module-level literal calls, e.g.::
-
-    register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
-    register_cuda_ci(est_time=300, stage="stage-b", runner_config="2-gpu-large")
-    register_cuda_ci(120, "per-commit-8-gpu-h200")          # legacy positional suite
-
-They are read with :mod:`ast` only (never imported or executed). ``topologies/_upstream-map.toml``
-sends each registration to one of our topologies; an unmapped one is an error naming the suite and
-the map file. Only CPU and CUDA registrations concern us; AMD/NPU/… calls are ignored. The files are
-unittest style and run under pytest in their topology's group.
+Upstream files declare where they run with ``register_*_ci(...)`` calls, read with :mod:`ast` only;
+``topologies/_upstream-map.toml`` sends each to one of our topologies (unmapped: an error). Only CPU and
+CUDA registrations concern us. Examples: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What the harness knows of each sglang release before it imports one: the static half of the adapter's
 version differences (the capability probes and shims, which import sglang, are :mod:`.compat`).
 
-Read while a target is resolved (:mod:`.selection`), so nothing here imports sglang: the supported
-range and the oldest release (:func:`release_refused`), the core the adapter cannot run without
-(:func:`core_missing`, read from a tree's source), the module-level dependency pins a release needs
-where the venv's differ (:data:`RELEASE_DEPS`) and the environment a release needs on this machine
-(:func:`process_env`). Entries cite the release or upstream PR that made them necessary and say when
-they can go.
+Read while a target is resolved, so nothing here imports sglang: :func:`release_refused`,
+:func:`core_missing`, :data:`RELEASE_DEPS`, :func:`process_env`. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Resolving a ``--sglang TARGET`` to a :class:`Target`: the tree on disk it names, its version and
 provenance, installing a release or wheel into the target cache once.
 
-TARGET (option ``--sglang`` of every entry point, env ``HARNESS_SGLANG``) is one of:
-
-* ``installed`` (the default): the sglang the running Python imports (``.venv``'s; a cluster's own);
-* a release, ``0.5.21``: installed once from the package index with ``pip install --no-deps --target``
-  into a cache keyed by version (``<sys.prefix>/sglang-targets/<version>/``, i.e. inside ``.venv``;
-  env ``HARNESS_SGLANG_CACHE`` moves it), plus the module-level dependencies that release pins where
-  the venv's differ (:data:`harness.targets.sglang.releases.RELEASE_DEPS`), then reused;
-* a directory: a sglang checkout's ``python/`` directory, the checkout itself, or any directory
-  holding ``sglang/`` (an unpacked wheel), used in place, so an edit to the tree is what runs;
-* a wheel file, installed into the cache keyed by the wheel's content hash.
-
-Installs: ``pip install --no-deps --target`` into ``<sys.prefix>/sglang-targets/<key>/``; a
-``.complete`` marker written last makes a half-finished install invisible, and a lock makes a
-parallel run wait for it, then reuse it.
-
-Failure modes: every bad TARGET raises :class:`TargetError` with one line saying what was wrong and
-what to pass instead; entry points print it and exit 2 before running anything.
+TARGET is ``installed`` (the default), a release (``0.5.21``), a directory used in place, or a wheel file.
+A bad TARGET raises :class:`TargetError` with one line saying what to pass instead; entry points exit 2
+before running anything. Each form, the cache and its install: docs/modules.md.
 """
 
 from __future__ import annotations

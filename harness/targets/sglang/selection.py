@@ -1,15 +1,9 @@
 """Which sglang this process and every process it starts runs: the selected :class:`Target`
 (resolved by :mod:`.resolve`) made the one every process imports.
 
-:func:`activate` puts the target first on ``sys.path`` and on ``PYTHONPATH`` and records the TARGET
-in ``HARNESS_SGLANG``: pytest subprocesses, Ray workers (a local cluster inherits the driver's
-environment; a worker actor selects it again through :func:`worker_spec`, on whichever node it runs:
-on a joined cluster a tree or wheel arrives there with the job, :mod:`.travel`) and real server
-subprocesses all import the same tree. :func:`current` is the target this process
-runs; :func:`stamp` is how a report names it.
-
-Failure modes: every bad TARGET raises :class:`TargetError` with one line saying what was wrong and
-what to pass instead; entry points print it and exit 2 before running anything.
+:func:`activate` puts the target first on the import path and records it in ``HARNESS_SGLANG``, so every
+process imports the same tree; :func:`current` is the target this process runs; :func:`stamp` is how a
+report names it. A bad TARGET raises :class:`TargetError`. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """A target that travels: a source tree or wheel the driver selected, carried to the nodes of a joined
 cluster by Ray's runtime environment (``py_modules``) instead of being looked for at the driver's path.
 
-A release and ``installed`` are names every node resolves on its own (a release from that node's
-cache, installed there on first use); a tree or a wheel is a path on the driver's disk, which a
-node of a joined cluster need not have. Such a target :func:`travels`: the driver hands Ray its
-``sglang/`` package directory (:func:`package`; a wheel's, as the driver installed it into the
-target cache, so a node runs no pip of its own) and the target's description in the environment of
-every task and actor of the job (:func:`environment`). Ray uploads the package once (content-hashed)
-and unpacks it under each node's ``<session>/runtime_resources/py_modules_files/``, first on the
-worker's ``PYTHONPATH``. On the node, :func:`arrived` turns the TARGET back into a :class:`Target`
-whose root is that copy (its version and git state are the driver's: the copy is the driver's tree,
-byte for byte, and a checkout's ``git describe`` does not travel); the adapter's ``current()``
-activates it, so the worker and every process it starts import the copy, and a server subprocess
-re-resolving ``HARNESS_SGLANG`` finds the copy by its local path.
-
-Fork servers: a joined cluster's workers never start as forks (:mod:`harness.workers.forkserver.policy`:
-the fork server runs beside a cluster this machine started), so nothing preloaded from another tree
-stands between a worker and the shipped copy: every worker imports it fresh.
-
-:func:`imported_root` says which tree ``import sglang`` gives this process, without importing it:
-what the version-skew check compares on every node (:mod:`harness.cluster.nodes`).
-
-Which cluster a target travels to is decided in one place, :mod:`harness.cluster.carry` (a joined
-one); a cluster the harness started runs on this machine, where the target's path is.
+A tree or wheel is a path on the driver's disk, so it :func:`travels`; :func:`arrived` turns it back into a
+:class:`Target` on the node; :func:`imported_root` says which tree ``import sglang`` gives, for the skew
+check. How the copy is made and found, and why fork servers never meet it: docs/modules.md.
 """
 
 from __future__ import annotations

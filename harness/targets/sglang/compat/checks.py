@@ -1,17 +1,9 @@
 """sglang's own runtime checks, turned on as a second oracle beside the harness's ledger.
 
-sglang ships checks of its own memory accounting that are off by default (all but the idle memory
-check). Every server and simulated rank the harness starts runs with each one the target has on
-(:func:`environment`), and a failure that one of them raised is evidence of its own class
-(``sglang-check``, :func:`hit`), attributed to sglang's oracle, never to the harness's.
-
-Each :class:`EngineCheck` is an environment variable sglang reads when the check runs (so setting it
-before the process starts is enough), the value that turns it on at its strictest, and how a hit
-reads in an exception or a log. What a target has is read from its source, importing nothing
-(:func:`present`), the way :func:`harness.targets.sglang.releases.process_env` reads it: the variable
-in ``srt/environ.py``, and for the invariant level the named contracts that suites lean on.
-
-Why no library: these are sglang's own switches; nothing outside sglang knows them.
+Every server and simulated rank runs with each off-by-default check the target has on (:func:`environment`);
+a failure one raised is evidence of its own class (``sglang-check``, :func:`hit`), attributed to sglang's
+oracle. What a target has is read from its source (:func:`present`). No library: nothing outside sglang
+knows these switches. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Shim: a request's KV state (its request slot, committed / allocated lengths, SWA cursor), which
 moved into ``Req.kv`` over three releases.
 
-* 0.5.19 … 0.5.23: ``req.kv`` is a ``ReqKvInfo`` that owns all of it (``req_pool_idx``,
-  ``kv_committed_len``, ``kv_allocated_len``, ``cache_protected_len``, ``swa_evicted_seqlen``,
-  ``holds_kv``, ``mark_kv_released()``); :func:`req_kv` returns it as it is.
-* 0.5.16 … 0.5.18: ``req.kv`` is an optional two-field ``ReqKvInfo(kv_allocated_len,
-  swa_evicted_seqlen)``, None while the request holds no KV (``release_kv_cache`` asserts
-  ``(req.req_pool_idx is None) == (req.kv is None)`` and sets it back to None); the slot, the
-  committed length and the protected prefix are attributes of the request.
-* 0.5.15: no ``req.kv``; every field is an attribute of the request.
-
-For the two older shapes :func:`req_kv` returns a :class:`LegacyReqKv` view with 0.5.19's names that
-reads and writes the request's own fields, so the adapter is written once against 0.5.19's shape.
-Nothing is computed here: every value is sglang's. Remove with 0.5.18.
+:func:`req_kv` returns 0.5.19's ``req.kv`` as it is, and for older releases a :class:`LegacyReqKv` view with
+0.5.19's names over the request's own fields, so the adapter is written once. Nothing is computed here.
+Remove with 0.5.18. The three shapes: docs/modules.md.
 """
 
 from __future__ import annotations

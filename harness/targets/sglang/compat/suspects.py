@@ -1,11 +1,8 @@
 """Where to look when a rule breaks: the sglang functions that decide each ledger rule and each of the
 PD engine's own checks, named in the file of the *target under test*.
 
-:data:`SUSPECTS` maps a rule (``swa-tail-short``, ...) or an evidence class (``WindowLost``, ...) to
-the functions whose code decides it (``path under sglang/ : Qual.name``, as of 0.5.23).
-:func:`suspects` resolves them in a target's tree: each is said with its file there, or as "not in
-this release" when the tree has no such function (``tests/test_suspects.py`` checks every entry
-against every supported release's source). Nothing here imports sglang: the source is read.
+:data:`SUSPECTS` maps a rule or evidence class to those functions; :func:`suspects` resolves them in a
+target's tree by reading source (nothing imports sglang). Detail: docs/modules.md.
 """
 
 from __future__ import annotations
