@@ -1,17 +1,8 @@
 """The sglang faults of the catalog: one :class:`~harness.faults.model.Fault` entry per deliberate breakage.
 
-sglang faults are source patches (``harness/faults/patches/<name>.diff``, what a bad PR would do,
-each with a marker line proving it ran); the harness's own KV transfer keeps its runtime wrapper
-(:mod:`harness.faults.pd`). Each entry names the evidence its catch must show — ledger rules
-(:mod:`harness.ledger`) or general invariants (``KVCorruption`` / ``WindowLost``: content and window
-verification of every PD request) — and the smallest suite selection that carries it, which is what
-``harness faults check`` runs in CI; ``harness faults check --all --table`` runs every fault against
-every suite that asserts accounting.
-
-Add a fault: write its diff against the target sglang (paths ``a/sglang/...``, one marker line
-appending the name to ``$HARNESS_FAULT_FIRED`` where the broken code runs) and append an entry. Its
-``est_s`` is the seconds ``harness faults check`` printed for its run (measured on the 2-core CPU
-runner; it only orders the runs).
+Each is a source patch (``harness/faults/patches/<name>.diff``) with a marker line proving it ran, and names
+the evidence its catch must show and the smallest suite selection that carries it. How to add a fault:
+docs/modules.md.
 """
 
 from __future__ import annotations

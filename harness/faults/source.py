@@ -1,20 +1,9 @@
 """Source-patch faults: a unified diff against the target's sglang tree, applied to a scratch copy.
 
-A patch fault is what a bad PR would do to sglang, written as a small unified diff
-(``harness/faults/patches/<name>.diff``, paths ``a/sglang/...``). It never touches the installed
-package: :func:`scratch_copy` builds a copy of the target's ``sglang`` package — real directories,
-each file a symlink to the original, the files a patch names real copies with the patch applied —
-and the caller puts that copy first on ``sys.path`` and ``PYTHONPATH`` so every process of the run
-(pytest, Ray workers, server subprocesses) imports the patched code. sglang's version is still
-read from the installed dist-info, so the adapter's version check keeps working.
-
-Every patch adds a marker: a line that appends the fault's name to the file named by env
-``HARNESS_FAULT_FIRED`` where the broken code runs, so a run can prove the fault fired
-(:func:`fired`). :func:`patch_errors` says why a patch does not apply to a tree (context lines
-differ), without changing anything; nothing is applied half-way.
-
-The tree a patch applies to is given by the caller: the directory holding the selected target's
-``sglang`` package (:func:`harness.targets.sglang.selection.sglang_root`).
+:func:`scratch_copy` builds a copy of the target's ``sglang`` package (symlinks, the patched files real)
+that the caller puts first on the import path, so the installed package is never touched. Every patch adds
+a marker proving it ran (:func:`fired`); :func:`patch_errors` says why a patch does not apply. Detail:
+docs/modules.md.
 """
 
 from __future__ import annotations

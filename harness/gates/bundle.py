@@ -1,21 +1,8 @@
 """Repro bundles: everything needed to rerun one failing test anywhere, as one ``repro.json``.
 
-Fields (``version`` 1)::
-
-    spec            the test's node id, also a rerun-test spec (suites/x/test_a.py::TestC::test_y[p])
-    gate, suite     where it failed
-    topology        the group's topology; ``simulated``: whether its GPUs were Ray logical GPUs
-    engine          the pytest --engine of the suite (null: the default)
-    seeds           hypothesis (--hypothesis-seed), workload_base (--workload-seed), workload (derived per test)
-    engine_args     per topology role, the engine arguments it declares
-    environment     what matters for reproduction (:func:`environment`); a secret only as present or absent
-    sglang_version, git_sha
-    sglang          the sglang target the failure ran on (version, origin, root, commit, dirty)
-    failure         class, outcome, message, attempts
-    workers         the workers the test owned; ``files``: their logs/ledgers copied next to the bundle
-    ledger_excerpt  per worker: broken ledger invariants and the last events
-
-Pure except :func:`environment` (reads this process's environment) and :func:`load` / :func:`write`.
+A bundle names the test, where and on what it failed (gate, topology, engine, seeds, sglang target,
+environment), the failure, and the workers' files and ledger excerpts. Pure except :func:`environment`,
+:func:`load` and :func:`write`. The fields of version 1: docs/modules.md.
 """
 
 from __future__ import annotations

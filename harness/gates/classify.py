@@ -1,24 +1,8 @@
 """Classify a test failure from its JUnit element, so the flaky policy reruns only what may be flaky.
 
-Classes, first match wins (order matters: an accounting assertion that mentions a timing word is
-still accounting, and a crash is a crash whatever else its message says, unless sglang's own check
-caused it):
-
-``crash``       a worker or process died (``WorkerDied``, a signal, a segfault, a core dump)
-``import``      ``ImportError`` / ``ModuleNotFoundError`` / a collection error
-``timeout``     the test hung past its limit (pytest-timeout, Ray ``GetTimeoutError``)
-``accounting``  a ledger / page-accounting invariant broke (``Violation``, a ``[rule]`` of the ledger,
-                leaks, free-page balances, KV content or window verification, a PD invariant), or one
-                of sglang's own checks did (``sglang-check``; first, before ``crash``: it may have
-                taken its server down)
-``accuracy``    a quality metric fell short (``AccuracyError``, "accuracy", gsm8k/mmlu scores)
-``timing``      a latency or throughput bound was missed (``TimingError``, "latency", "too slow")
-``assertion``   any other ``AssertionError``
-``error``       anything else (setup errors, unexpected exceptions)
-
-Suites that want a failure treated as flaky raise an exception whose type name contains
-``Accuracy`` or ``Timing`` (or say "accuracy"/"latency" in the message). Only ``accuracy`` and
-``timing`` may ever be rerun (:data:`harness.gates.model.FLAKY_ELIGIBLE`).
+Classes, first match wins: ``crash``, ``import``, ``timeout``, ``accounting``, ``accuracy``, ``timing``,
+``assertion``, ``error``. Only ``accuracy`` and ``timing`` may ever be rerun
+(:data:`harness.gates.model.FLAKY_ELIGIBLE`). What each class matches, and why the order: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The flaky record: every gate run appends its per-test outcomes; flaky tests are read back from it.
 
-The file is ``flaky-history.jsonl`` in the run directory root (``runs/`` by default: the parent of
-every run directory), one JSON line per run::
-
-    {"run": "20261129-200102-4242", "gate": "per-commit", "ts": 1796000000.0, "git_sha": "abc…",
-     "tests": {"suites/unit/test_a.py::test_x": ["failed", "passed"], ...}}
-
-Each test maps to the outcomes of its attempts in that run (a flaky rerun adds one), skips left out.
-A test is flaky when its pass rate over all attempts in the last N runs is strictly between 0 and
-100 %. Appending is one ``write`` of one line in append mode, so concurrent runs do not interleave.
+One JSON line per run in ``flaky-history.jsonl`` (the runs directory's root), appended in one ``write``
+so concurrent runs do not interleave. A test is flaky when its pass rate over the last N runs is strictly
+between 0 and 100 %. The line's shape: docs/modules.md.
 """
 
 from __future__ import annotations

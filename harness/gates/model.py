@@ -1,33 +1,8 @@
 """Gate files: typed, validated descriptions of what must pass before a build ships.
 
-A gate file (``ci/gates/NAME.toml``)::
-
-    name = "per-commit"
-    description = "..."
-    sglang_version = "0.5.23"        # required installed version ("" or absent: not checked)
-    min_pass_rate = 1.0              # default for each suite: passed / (passed + failed), skips excluded
-    timeout = 900                    # default seconds per suite group (one pytest process)
-
-    [flaky]
-    reruns = 2                       # reruns of a failure classified as flaky, per test
-    classes = ["accuracy", "timing"] # which classes count as flaky (a subset of FLAKY_ELIGIBLE)
-
-    [seeds]                          # optional: fixed seeds (absent: drawn per run, recorded)
-    hypothesis = 0
-    workload = 0
-
-    [[suites]]
-    name = "unit"
-    select = ["suites/unit/"]        # rerun-test specs, or a directory ending in "/" (every suite file under it)
-    topologies = ["cpu"]             # optional: keep only tests declared for these topologies
-    required = true                  # false: informational (reported, never fails the gate)
-    timeout = 600                    # optional: overrides the gate's
-    min_pass_rate = 1.0              # optional: overrides the gate's
-    engine = "sim"                   # optional: pytest --engine (all, sim, sglang-server)
-    require = ["suites/x/test_y.py"] # optional: tests that must RUN on this entry's runner (node ids
-                                     # or prefixes); one that skipped fails the gate with its reason
-
-Every problem is one :class:`GateError`: ``<file>: <key>: <problem>; <fix>``. Defaults live only here.
+A gate file (``ci/gates/NAME.toml``) names the suites that must pass, where, how often, and the flaky
+policy. Every problem is one :class:`GateError`: ``<file>: <key>: <problem>; <fix>``. Defaults live only
+here. The file's shape, key by key: docs/modules.md.
 """
 
 from __future__ import annotations

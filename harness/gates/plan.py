@@ -1,13 +1,8 @@
 """What a gate runs and where: each suite entry's plan, and the gate as a GitHub Actions matrix.
 
-Pure over the suite registry and the topology files, and standard library only (the CI plan job
-runs ``harness gate plan`` with a bare interpreter, before ``./dev install``).
-
-The matrix has one ``include`` entry per runner label: a group runs on its topology's runner label,
-except that with ``simulate`` a GPU group whose topology allows simulation runs on the runner of the
-:data:`CPU_TOPOLOGY` (Ray logical GPUs need no GPU machine). Each CI job then runs
-``harness gate run NAME --runner LABEL`` (the same rule picks its groups), so every group runs on
-exactly one job.
+Pure, and standard library only (the CI plan job runs it before ``./dev install``). One matrix entry per
+runner label, so every group runs on exactly one job; with ``simulate`` a GPU group may run on the CPU
+runner. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

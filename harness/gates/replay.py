@@ -1,13 +1,8 @@
 """``rerun-test --from repro.json``: rerun one failing test with its seeds, and say whether it reproduces.
 
-The test runs alone in its recorded topology on whatever is at hand: the local machine (simulated
-GPUs when the topology needs missing ones and allows it) or the cluster at ``--ray-address``. It gets
-the bundle's ``--hypothesis-seed``, ``--workload-seed`` and ``--engine``. The answer is one line,
-``REPRODUCED`` (it failed again; the class is compared with the recorded one) or ``NOT REPRODUCED``
-(it passed), followed by the environment differences that might explain a difference.
-
-Exit status follows rerun-test's: 1 when the test failed (reproduced), 0 when it passed; the command
-line (defaults, the one-line errors) is ``rerun-test``'s (:mod:`harness.commands.rerun`).
+The test runs alone in its recorded topology with the bundle's seeds and engine; the answer is one line,
+``REPRODUCED`` or ``NOT REPRODUCED``, then the environment differences. Exit status and command line are
+``rerun-test``'s. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Run a gate through rerun-test's machinery and write its reports, repro bundles and flaky record.
 
-For each ``[[suites]]`` entry, in gate order: select (rerun-test specs, or every registered file
-under a directory) → :func:`harness.rerun.plan.make_plan` → keep the entry's topologies →
-:func:`harness.rerun.execute.run_plan` under ``<run_dir>/suites/<entry>/`` with the entry's timeout,
-``--engine``, and the run's ``--hypothesis-seed`` / ``--workload-seed``. Each failure is classified
-from its JUnit element; one the flaky policy allows is rerun alone (same seeds, same topology) up to
-``flaky.reruns`` times, each rerun under ``<entry>/reruns/``. A crash, an import error, a timeout or
-an accounting/assertion failure is never rerun.
-
-Then: the verdict (:mod:`harness.gates.verdict`), ``<run_dir>/report/{junit.xml,summary.md,result.json,durations.json}``,
-per failing test ``<run_dir>/report/failures/<test>/`` (``repro.json``, the workers' logs and ledgers
-the test owned, the pytest log of its last failing run), and one line in ``<runs>/flaky-history.jsonl``.
+Each suite entry is selected, planned and executed; failures the flaky policy allows are rerun alone; then
+the verdict, the reports, a repro bundle per failing test and a flaky-history line are written. The run as
+numbered steps: docs/modules.md.
 """
 
 from __future__ import annotations

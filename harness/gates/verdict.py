@@ -1,14 +1,9 @@
 """The verdict of a gate run: pure functions from per-suite outcomes to PASS / FAIL with reasons.
 
-A suite entry passes when it ran at least one test, every test it requires (``require``) ran —
-one that skipped fails the entry with its skip reason, one that never reported fails it too —, no
-group failed as a whole (crash of pytest, timeout, nothing collected, not runnable here), its pass rate — passed / (passed + failed), skips
-excluded, a test that passed on a flaky rerun counts as passed — reaches its ``min_pass_rate``, and
-no test failed with a class that is never tolerated (:data:`NEVER_TOLERATED`: a crash, an import
-error or an accounting violation fails the gate whatever the rate).
-
-The gate passes when the sglang target (--sglang) is the version it requires and every *required* suite
-passes. Informational suites are reported (as warnings) and never change the verdict.
+A suite entry passes when it ran, its required tests ran, no group failed whole, its pass rate reaches
+``min_pass_rate`` and no test failed with a class in :data:`NEVER_TOLERATED`. The gate passes when the
+target is the version it requires and every *required* suite passes. The conditions in full:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Root cause first: of a run's violations, which broke a rule on its own and which only followed from
 an earlier one; and the error a broken ledger raises (:class:`LedgerBroken`, :func:`assert_clean`).
 
-A violation is a *knock-on* when an earlier violation on the same worker — on the same request, or
-one of the worker's pools as a whole (a leak or a baseline the end of the run found) — breaks a rule
-whose :data:`~harness.ledger.rules.KNOCK_ONS` list names it. :func:`root_causes` returns the others,
-earliest first, each with the knock-ons that followed it; reports and failure headlines lead with the
-first root.
+:func:`root_causes` returns the violations that are not *knock-ons* of an earlier one (by
+:data:`~harness.ledger.rules.KNOCK_ONS`), earliest first, each with its knock-ons; reports and failure
+headlines lead with the first root. The knock-on rule: docs/modules.md.
 
 >>> from harness.ledger.events import Violation
 >>> tail = Violation("swa-tail-short", "fill 300: tail 44 < 100", seq=3, worker="d0", rid="r0")

@@ -1,61 +1,9 @@
 """The rules the ledger's checker enforces (:data:`RULES`, the sentence a report shows beside each),
 and those that judge one event on its own (:func:`prealloc_violations`).
 
-:func:`harness.ledger.check.check` is pure (no I/O): given the events of one run it returns the broken invariants as
-:class:`Violation` objects (empty list = the books balance). Invariants (``W_eff`` is W, or
-``max(W, P) + 1`` with the decode radix cache, as sglang keeps a whole window before the cached key):
-
-``page-double-alloc`` / ``page-double-free`` / ``page-leak``
-    every page allocated is freed exactly once, per (worker, component, pool). Pages are tracked by
-    id when an event lists ids, by count when it gives a number.
-``transfer-unowned``
-    a transfer names only pages the request holds on that worker.
-``no-config``
-    an SWA-tail prealloc on a worker that wrote no ``config`` event: nothing to derive bounds from.
-``swa-tail-short`` / ``swa-tail-long``
-    a preallocated SWA tail keeps the window and at most one page more: ``min(W_eff, fill) <= tail < W_eff + P``.
-``evicted-negative`` / ``evicted-unaligned`` / ``evicted-mismatch``
-    an SWA eviction floor is >= 0, a multiple of P, and on a prealloc equals ``fill - tail``.
-``swa-charge`` / ``full-charge`` / ``host-charge``
-    a prealloc takes ``ceil(tail / P)`` SWA pages, ``ceil(fill / P) - prefix / P`` full pages, and
-    (hisparse) ``ceil((fill // compression) / host_page)`` host pages.
-``reserve-short``
-    the admission reservation sglang reports for a prealloc (decode reserve excluded) covers the
-    whole pages it charges: ``ceil(fill / P) * P`` full tokens and, on the SWA pool, its SWA charge in
-    tokens, ``(ceil(fill / P) - max(floor, prefix) / P) * P`` (``ceil(tail / P) * P`` without a prefix
-    hit; a radix prefix the tree keeps SWA for is not charged).
-``swa-window-lost``
-    at decode, every position of the window ``[fill - W, fill)`` keeps its SWA slot: floor <= fill - W,
-    and an eviction's ``freed_spans`` (the positions whose SWA slots it really freed, read by the
-    engine's probe, whatever floor it recorded) end at or before ``fill - W``. Where the config says the
-    protected prefix keeps its SWA slots in the radix tree (``prefix_swa_in_tree``), a floor up to the
-    request's prefix (its prealloc's ``prefix_len``) loses nothing: floor <= max(fill - W, prefix).
-``swa-evict-late``
-    at decode, nothing before the window survives longer than the eviction interval I allows:
-    ``fill - 1 - floor <= max(W_eff + P, W + I, ceil(max(W, P) / P) * P + P) - 1``.
-``swa-over-window``
-    a request never holds more SWA pages than its live span ``[floor, fill)`` covers (the pages it
-    really holds, so an eviction that freed less than its floor says breaks this one, and with
-    ``swa-evict-late`` the interval bounds what it really keeps).
-``alloc-after-admit``
-    a prealloc failed for a request admission had accepted (its pages were promised).
-``probe-unreadable``
-    the writer could not read a field of the event (never a silent None): the note names it.
-``not-baseline``
-    whenever a worker holds no live request and no cached page, every pool's free size equals the
-    baseline of its ``config`` event (else the free size the worker started with).
-``free-mismatch``
-    on an event that lists page ids and both free sizes, the pool's free size moved by exactly the
-    pages taken or returned.
-``reset-leak``
-    on a ``reset`` (sglang's own cache flush, recorded by the server probe), every pool's free size
-    before the flush plus what its cache held equals its free size after: a slot neither free nor
-    cached while the server was idle is a leak the flush would otherwise hide.
-``unknown-kind``
-    an event's kind is not one of :data:`KINDS`.
-
-Pages still held by a request when it is released (a radix cache keeping them) move to the
-worker's cache; a later ``evict`` under any rid frees them.
+:func:`harness.ledger.check.check` is pure: given one run's events it returns the broken invariants as
+:class:`Violation` objects (empty: the books balance). Every rule with its exact bound (``W_eff``, the
+SWA tail, charges, windows, baselines): docs/modules.md.
 """
 
 from __future__ import annotations
