@@ -37,6 +37,10 @@ KEEP_ENV = "HARNESS_KEEP_RUNS"
 PROTECTED = ("ci", LATEST)
 #: A directory without ``run.json`` this recent may still be being written.
 UNRECORDED_GRACE_S = 3600.0
+#: The file that marks a runs base the harness created: only there are directories without ``run.json``
+#: ever removed, and only there does a run that ends prune its siblings (a folder merely named ``runs``
+#: may hold a person's own directories).
+BASE_MARKER = ".pd-harness-runs"
 STATES = ("running", "passed", "failed", "error")
 
 
@@ -178,7 +182,10 @@ def begin(run_dir: str | Path, command: Sequence[str], *, target: str = "", sour
     """Start recording a run in ``run_dir`` (created): ``run.json`` says it is running. The caller
     ends it with :meth:`Recording.end` (see :func:`record` for the arguments)."""
     root = Path(run_dir).resolve()
+    made_base = not root.parent.exists()
     root.mkdir(parents=True, exist_ok=True)
+    if made_base or root.parent == Path(DEFAULT_BASE).resolve() or (base is not None and Path(base).resolve() == root.parent):
+        mark_base(root.parent)
     words = [Path(command[0]).name, *command[1:]] if command else []
     rec = Recording(RunInfo(path=root, started=time.time(), command=shlex.join(words), target=target, state="running",
                             pid=os.getpid(), host=socket.gethostname(), source=str(source)), base)
@@ -186,9 +193,22 @@ def begin(run_dir: str | Path, command: Sequence[str], *, target: str = "", sour
     return rec
 
 
+def mark_base(base: Path) -> None:
+    """Mark ``base`` as a runs base the harness owns (:data:`BASE_MARKER`)."""
+    marker = Path(base) / BASE_MARKER
+    if not marker.is_file():
+        marker.write_text("runs of pd-harness: retention may remove old runs here\n", encoding="utf-8")
+
+
+def is_marked(base: Path) -> bool:
+    """Whether the harness owns ``base`` (it holds :data:`BASE_MARKER`)."""
+    return (Path(base) / BASE_MARKER).is_file()
+
+
 def _ended(root: Path, base: Path | None) -> None:
-    """A run ended: ``latest`` points at it and the retention applies (for a run directly under its base)."""
-    runs_base = Path(base).resolve() if base is not None else (root.parent if root.parent.name == "runs" else None)
+    """A run ended: ``latest`` points at it and the retention applies (for a run directly under a base the
+    harness owns: one it was given, or one holding :data:`BASE_MARKER`)."""
+    runs_base = Path(base).resolve() if base is not None else (root.parent if is_marked(root.parent) else None)
     if runs_base is None or root.parent != runs_base:
         return
     point_latest(runs_base, root)
@@ -254,6 +274,8 @@ def kept_because(run: RunInfo, runs: Sequence[RunInfo], now: float | None = None
     latest = run.path.parent / LATEST
     if latest.is_symlink() and latest.resolve() == run.path.resolve():
         return "runs/latest points at it"
+    if not run.recorded and not is_marked(run.path.parent):
+        return "not recorded, in a folder the harness did not create"
     if not run.recorded and now - run.started < UNRECORDED_GRACE_S:
         return "not recorded and changed in the last hour"
     if next(run.path.glob("**/repro.json"), None) is not None:

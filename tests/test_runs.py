@@ -98,7 +98,7 @@ def test_retention_keeps_the_newest_and_never_the_protected(tmp_path):
 
     removed = runs.prune(base, keep=3)  # the newest three: fresh-unrecorded, repro, old-0
 
-    kept = sorted(p.name for p in base.iterdir())
+    kept = sorted(p.name for p in base.iterdir() if p.name != runs.BASE_MARKER)
     assert sorted(p.name for p in removed) == sorted(["old-1", "old-2", "old-3", "dead", "stale-unrecorded"])
     assert kept == sorted(["ci", "fresh-unrecorded", "gate-with-repro", "latest", "old-0", "repro", "reran", "running"])
     found = runs.scan(base)
@@ -108,6 +108,23 @@ def test_retention_keeps_the_newest_and_never_the_protected(tmp_path):
     assert why["fresh-unrecorded"].startswith("not recorded") and why["old-0"] == ""
     assert why["repro"] == "runs/latest points at it"
     assert runs.prune(base, keep=0) == []  # 0 keeps every run
+
+
+def test_retention_never_removes_a_folder_the_harness_did_not_create(tmp_path):
+    # A person's own ~/runs holds experiments; a run given --run-dir ~/runs/x must not prune them, nor may
+    # `harness runs --prune` there (before: any parent named `runs` was a runs base; 5 folders deleted).
+    home_runs = tmp_path / "home" / "runs"
+    old = time.time() - 20_000
+    for i in range(5):
+        (home_runs / f"my-experiment-{i}").mkdir(parents=True)
+        os.utime(home_runs / f"my-experiment-{i}", (old, old))
+    with runs.record(home_runs / "x", ["rerun-test", "x"]) as rec:
+        rec.finish("passed")
+    assert runs.prune(home_runs, keep=1) == []
+    assert sorted(p.name for p in home_runs.iterdir()) == [*(f"my-experiment-{i}" for i in range(5)), "x"]
+    assert not runs.is_marked(home_runs)
+    why = {r.name: runs.kept_because(r, runs.scan(home_runs)) for r in runs.scan(home_runs)}
+    assert why["my-experiment-0"] == "not recorded, in a folder the harness did not create"
 
 
 def test_the_kept_count_is_stated_and_a_bad_one_refused():
