@@ -1,13 +1,8 @@
 """The changed lines of a target tree, and the function each one lies in.
 
-Two sources of a change: a source tree in a git checkout against a rev (``git diff`` of the working
-tree, so a PR author's uncommitted edits count, plus untracked files), and a release or wheel
-against another tree (the two ``sglang/`` packages compared file by file). Only Python files of
-the ``sglang/`` package count; paths are relative to the tree's root (``sglang/srt/...``).
-
-Why not diff-cover: it reads one coverage XML report against a git branch; here the changed lines must
-also come from two release trees with no git, and be joined with per-test and per-process data it
-does not keep, so what is shared with it is only the parsing of ``git diff -U0``'s hunk headers.
+A change is ``git diff`` of a source tree against a rev (uncommitted and untracked files included), or two
+release trees compared file by file; only Python files of ``sglang/`` count. Not diff-cover, because the
+change may come from two trees without git and must join per-test data. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """One run's measurement of the target's ``sglang/`` lines, in every process the run starts.
 
-coverage.py starts itself: its ``.pth`` file (installed with it) calls ``coverage.process_startup()``
-in every interpreter of the venv whose environment names a configuration (``COVERAGE_PROCESS_START``),
-so pytest, Ray's workers, real servers and their scheduler children are measured from their first
-line; ``patch = fork`` restarts the measurement in a forked child, ``patch = _exit`` saves it on
-``os._exit``, ``sigterm = true`` on SIGTERM. Processes the harness would otherwise fork from a preloaded
-fork server start as fresh interpreters here (``HARNESS_FORK_START=0``): a fork server started without
-this configuration, or for another run, would not measure its children.
-
-Each group of a run gets its own configuration whose static context is the group's name; the pytest
-process switches a dynamic context per test (:mod:`harness.plugins.coverage`), so a line carries
-``<group>|<test node id>`` when a test's own process ran it, and ``<group>`` when a process the group
-started (a server shared by the session, a Ray worker) did. The data files are combined by
-coverage.py (``Coverage.combine``); each measured file is then read back as the target's file it is
-(a link tree's files were measured under their originals' paths: coverage.py resolves symlinks, so
-its ``[paths]`` aliases, which resolve them again, cannot map them back).
+coverage.py starts itself in every interpreter whose environment names a configuration, so every process
+of the run is measured from its first line (forks and ``os._exit`` included; fork servers are off). Lines
+carry ``<group>|<test>`` or ``<group>`` as their context; the data is combined and mapped back to the
+target's files. How, and why symlinks need mapping: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -3,9 +3,7 @@ executed, which it never did, and which tests ran each line (:func:`changed_cove
 ``summary.md`` (:func:`markdown`), ``summary.json`` (:meth:`ChangedCoverage.to_json`) and the one
 line of the bot's comment (:meth:`ChangedCoverage.line`).
 
-Attribution: a line a test's own pytest process ran names that test (context ``<group>|<node id>``);
-a line only a process the group started ran (a session's server, a Ray worker: context ``<group>``)
-counts for every test of that group, said as ``<group> (its servers and workers)``.
+How a line is attributed to a test or a group: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The coverage.py plugin each measured process loads (``[run] plugins``): it writes
 ``<dir>/<pid>.json`` (pid, parent pid, command line) once the process has imported sglang, forks included.
 
-Why a plugin: coverage.py writes a process's data only when the process ends through ``exit``,
-SIGTERM (``sigterm = true``) or ``os._exit`` (``patch = _exit``); a process killed by SIGKILL leaves
-nothing, which must read as "not measured", not as "lines not executed". coverage.py records no list
-of the processes it started in; its plugin start-up hook runs in every one (after a fork too, where
-``patch = fork`` restarts the measurement), so that is where the list is kept. It registers no file
-tracer or reporter, and imports only the standard library (every measured process loads it).
-
-The record is written by a daemon thread, at the first look after :data:`FIRST_LOOK_S` that finds
-``sglang`` imported: a process that never imports the target (an idle Ray worker, Ray's own helpers)
-is no process whose lines are unknown, and a fork that execs another program at once (``subprocess``
-with a ``preexec_fn`` runs the fork hooks that restart coverage before the ``exec``) is gone before it.
+Why: a process killed by SIGKILL leaves no coverage data, which must read as "not measured", not "lines not
+executed", and coverage.py keeps no list of its processes. Standard library only. When the record is
+written: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """``harness faults list`` and ``harness faults check [--fault NAME ...] [--suite PATH ... | --all] [--json | --table]``.
 
-``list`` prints the fault catalog: name, the upstream issue it mirrors, its form (source patch or
-runtime wrapper), the evidence a catch must show, the suites it targets and a one-line description.
-``check`` runs the kill matrix (``harness.faultcheck.matrix``): the clean run of every selected suite
-(or ``--clean-junit``; with ``--wait-for PID`` the report is still being written by that process, and
-the fault runs go ahead meanwhile), then each fault in a fresh pytest subprocess, and writes the run's HTML page
-(``<run-dir>/report/index.html``: the fault × suite table, each run's tests with their KV-pool
-timelines); it exits 0 when the clean run passed and no fault was missed or broken, 1 otherwise, 2
-on bad input. ``--all`` runs every fault against every suite that asserts accounting; ``--table``
-prints the fault x suite table (markdown) after the matrix. ``--sglang TARGET`` runs it against
-another sglang (a fault that cannot apply to it says so and is not counted).
+``list`` prints the fault catalog; ``check`` runs the kill matrix (:mod:`harness.faultcheck`) and writes the
+run's HTML page. Exit 0 when the clean run passed and no fault was missed or broken, 1 otherwise, 2 on bad
+input. Each option: docs/modules.md.
 """
 
 from __future__ import annotations

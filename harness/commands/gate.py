@@ -1,13 +1,8 @@
 """``harness gate list | show NAME | plan NAME | run NAME [--simulate] [--ray-address ADDR] | verdict NAME``.
 
-``run`` prints a live line per running group, then ``PASS`` or ``FAIL`` with the reasons, and
-writes ``report/{junit.xml,summary.md,result.json}`` and ``report/failures/<test>/repro.json`` into
-the run directory. Exit 0 only on PASS, 1 on FAIL, 2 on bad input (an unknown or invalid gate).
-
-In CI (``ci/workflows/gates.yml``) a gate is split per runner label: ``plan`` prints the GitHub
-Actions matrix (one entry per label; :mod:`harness.gates.plan`), each job runs
-``run NAME --runner LABEL``, and ``verdict`` combines the jobs' ``result.json`` into one PASS / FAIL
-(exit 0 / 1). ``plan`` and ``verdict`` need only the standard library.
+``run`` prints live progress, then ``PASS`` or ``FAIL`` with the reasons, and writes the reports and repro
+bundles; exit 0 only on PASS, 1 on FAIL, 2 on bad input. In CI a gate is split per runner label
+(``plan``, ``run --runner``, ``verdict``). Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """``rerun-test``: run tests by name (or a ``/rerun-test`` comment) on the topologies they declare.
 
-    rerun-test                                     # every registered suite (the embedded default)
-    rerun-test test_a.py suites/b/test_b.py::TestC::test_d
-    rerun-test --dry-run "/rerun-test test_a.py"   # the plan as a GitHub Actions matrix (JSON)
-    rerun-test --shards 4 --shard-index 1 ...      # one shard of every group, split by est_time
-    rerun-test --suites-dir ../sglang/test/registered test_x.py
-    rerun-test --engine sim test_disaggregation_basic.py   # without its real server-stack counterparts
-    rerun-test --show-commands 8-gpu-h200          # each role's server command there; starts nothing
-
-A file named whole also runs the files it pairs with (``harness.rerun.registry.PAIRS``: a simulated
-PD suite and the real CPU server-stack suites covering the same behaviour); ``--engine`` keeps the
-tests of one engine only.
-
-parse → resolve → plan → run → report, one module each. Bad input: one line on stderr, exit 2,
-nothing run. Exit 0 only when every group passed; 1 when any failed; 130 when interrupted.
-
-``--sglang TARGET`` (env ``HARNESS_SGLANG``) picks the sglang under test (installed, a release, a
-source tree, a wheel; :mod:`harness.targets.sglang.selection`): resolved once before any group starts
-(a bad one: one line, exit 2) and inherited by every pytest subprocess; the reports name it.
+parse → resolve → plan → run → report, one module each. A file named whole also runs the files it pairs
+with. Bad input: one line on stderr, exit 2, nothing run; exit 0 only when every group passed, 1 when any
+failed, 130 when interrupted. ``--sglang TARGET`` picks the sglang under test. Usage examples:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """GPU checks: the devices a topology's bundles got are the model and size it names, are free, and
 every node runs the same driver.
 
-The probe actors read a :class:`GpuSnapshot` from a device source; the checks are pure functions of
-snapshots, so the harness's own tests drive them with a hand-built snapshot (a fake source), never a
-GPU. The real source is ``nvidia-smi`` (NVML underneath); it does not create a CUDA context, so the
-probe itself never shows up as a process holding GPU memory. Without ``nvidia-smi`` the source falls
-back to ``torch.cuda`` (no process list then, which the processes check reports as a failure).
-
-GPU ids are the ones Ray assigned to the bundle (``ray.get_gpu_ids()``, the values Ray puts in
-``CUDA_VISIBLE_DEVICES``): physical indices or UUIDs, possibly non-contiguous.
+The checks are pure functions of :class:`GpuSnapshot`, so tests drive them without a GPU. The real source
+is ``nvidia-smi`` (no CUDA context), else ``torch.cuda``. GPU ids are the ones Ray assigned. Detail:
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Network checks between every prefill bundle and every decode bundle.
 
-Three measurements, each run inside the probe actors on the nodes Ray placed them on:
-
-- ``network.tcp_rtt``: a TCP round trip to a listener the decode probe opened on an OS-assigned port
-  (never a port computed from a base);
-- ``network.transfer``: a few MB moved through the topology's transfer backend. For ``mooncake`` this
-  is mooncake's own transfer engine (TCP here; RDMA where the node has InfiniBand devices or
-  ``MOONCAKE_PROTOCOL`` says so), written into a buffer the decode probe registered and verified by
-  digest there. When mooncake cannot be imported the check FAILS with the install hint; the plain
-  TCP bulk figure is shown beside it, labelled as such. Backends without a self-test here get the
-  plain TCP socket bulk transfer, labelled as such in the detail;
-- ``network.port``: fixed ports the topology's engine args name (``--port N``, ``--*-port N``) or the
-  caller lists are free on every node; a bound one is reported with the process holding it.
-
-The probe side (:class:`Listener`, :func:`round_trip`, :func:`bulk_send`, :class:`MooncakeEndpoint`,
-:func:`port_holder`) does the I/O; the ``check_*`` functions are pure.
+``network.tcp_rtt``, ``network.transfer`` (through the topology's transfer backend, mooncake's own engine
+when it is mooncake) and ``network.port``, each measured inside the probe actors; the probe side does the
+I/O and the ``check_*`` functions are pure. Each measurement: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The probe: one Ray actor per topology bundle, placed exactly where a suite's worker would sit.
 
-A probe only *reads* its node (versions, GPUs, host facts, fixed ports) and *measures* the network
-to its peers; every judgement is made on the driver by the pure ``check_*`` functions. What a probe
-reads comes from :class:`Sources`, so tests inject fakes (a GPU snapshot, versions that differ, a
-source that never returns) without touching the checks.
-
-The actor is threaded (``max_concurrency``): a family that hangs blocks only its own call, so the
-runner can report *which* check hung while the others still answer.
+A probe only *reads* its node and *measures* the network; every judgement is made on the driver by pure
+``check_*`` functions, and what it reads comes from injectable :class:`Sources`. The actor is threaded, so
+a hung family blocks only its own call. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

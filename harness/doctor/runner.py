@@ -1,14 +1,9 @@
 """The doctor's runner: place probes like a suite's workers, ask every family its question with a
 deadline, and turn the answers into rows.
 
-Every call to a probe goes through :func:`gather`, which waits on all outstanding calls together
-with ``ray.wait(timeout=...)``. A call that has not answered by then is reported ``hung`` (with the
-probe, node and log file) and never waited on again; at the end every probe actor is killed, so a
-probe stuck in a syscall or a C extension costs one timeout, not the run.
-
-Order: fit → place → probes start (``start_timeout_s``) → software, host, GPU and fixed-port reads
-in parallel (``check_timeout_s``) → network: decode probes listen, prefill probes measure, decode
-probes verify (``check_timeout_s`` each).
+Every call goes through :func:`gather`: a call that has not answered by its deadline is reported ``hung``
+and never waited on again, and every probe actor is killed at the end. The order of the run as steps:
+docs/modules.md.
 """
 
 from __future__ import annotations

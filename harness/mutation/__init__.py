@@ -1,14 +1,8 @@
 """Mutation score of the sglang code under test: would any test notice if these lines were wrong?
 
-    operators  mutants of one function (standard operators and the engine's own: ± a page, floor <-> ceil)
-    select     which tests reach a mutant's lines: one measured run of the candidate tests
-               (:mod:`harness.changes.measure`), each test's own lines by its dynamic context
-    run        each mutant as a scratch copy of the target with the one file changed and a fired
-               marker, its selected tests forked from the third-party preload; the verdicts
-    score      killed / survived / timeout / not covered per function, the survivors as diffs,
-               markdown and the report-page tables
-
-``harness mutate`` (:mod:`harness.commands.mutate`) is the front end.
+Modules: :mod:`.operators` (the mutants), :mod:`.select` (which tests reach them), :mod:`.run` (one pytest
+run per mutant, the verdicts), :mod:`.score` (per function, with the survivors as diffs). ``harness mutate``
+(:mod:`harness.commands.mutate`) is the front end. Each module: docs/modules.md.
 """
 
 #: The default functions (sglang 0.5.23 names): the PD decode prealloc and SWA eviction / free paths.

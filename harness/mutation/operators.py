@@ -1,26 +1,9 @@
 """Mutants of one function's source: standard operators, and the ones this engine's bugs are made of.
 
-Each operator finds nodes of the function's AST and proposes a replacement text for the node's exact
-source span (:class:`Mutant`); :func:`mutate_source` splices it into the file with a fired marker and
-keeps every other line where it was (so the target's coverage maps onto the mutant unchanged).
-
-Operators (cosmic-ray's and mutmut's names where they have one):
-
-    arith        ``+``<->``-``, ``*``<->``//``, ``%``->``//``            (binary operator replacement)
-    compare      ``<``<->``<=``, ``>``<->``>=``, ``==``<->``!=``          (comparison boundary / negation)
-    boolean      ``and``<->``or``; ``not x``->``x``                       (logical connector / unary)
-    number       an integer constant ``n`` -> ``n + 1`` and ``n - 1``   (number replacer)
-    page         a value assigned or returned in a function that reads a page size, ``± page_size``
-    align        ``(a // p) * p`` (floor to a page) <-> ``-(-a // p) * p`` (ceil), and back
-    minmax       ``max(...)`` <-> ``min(...)``
-    call         a statement that is only a call, removed                (remove statement)
-    assign       an assignment, removed                                  (remove statement)
-    constant     ``True`` <-> ``False``
-
-Why not a mutation library's own operators: cosmic-ray and mutmut rewrite whole files through their
-own runners (mutmut 3 rewrites every function into a trampoline); the harness must hand a mutant to
-its existing source-patch path as one small diff with a fired marker, and needs the two
-engine-specific operators (``page``, ``align``) they do not have. The names above follow theirs.
+Each operator proposes a replacement for one AST node's exact source span (:class:`Mutant`);
+:func:`mutate_source` splices it in with a fired marker, keeping every other line in place. Not a mutation
+library's operators, because the mutant must be one small diff for the source-patch path and the engine
+needs ``page`` and ``align``. The operators: docs/modules.md.
 """
 
 from __future__ import annotations

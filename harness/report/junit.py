@@ -1,14 +1,9 @@
 """The one reader (and merger) of pytest's JUnit XML: every consumer — rerun-test, the gates, the fault
 matrix, the run report, a suite run inside a worker — reads JUnit here and nowhere else.
 
-:func:`parse_junit` / :func:`read_junit`
-    a pytest JUnit document → :class:`~harness.report.results.CaseResult` per test case (node id
-    rebuilt from ``file`` of ``junit_family=xunit1``, else from ``classname`` and ``name``; an
-    expected failure, which JUnit records as a skip of type ``pytest.xfail``, is ``xfailed`` with its
-    reason; a strict xfail that passed is a ``failure`` whose message says ``[XPASS(strict)]`` and why).
-:func:`merge_junit`
-    per-group documents folded into one, each ``<testsuite>`` stamped with ``<property>`` elements
-    (topology, runner, group, …) so a merged file still says where each test ran.
+:func:`parse_junit` / :func:`read_junit` give a :class:`~harness.report.results.CaseResult` per test case;
+:func:`merge_junit` folds per-group documents into one, each suite stamped with where it ran. How node ids,
+xfails and strict xpasses are read: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The run report people look at: ``<run_dir>/report/index.html``, one static page per run.
 
-:func:`write` takes a run's results — its verdict, its groups (:class:`harness.report.results.GroupResult`,
-each with its pytest run directory) and any tables of its own (a gate's verdict table and flaky
-record, the fault × suite matrix) — and writes the page with one PNG per ledger-writing test beside
-it in ``report/timelines/``. ``rerun-test``, ``harness gate run`` and ``harness faults check`` call
-it; so can any other runner of groups.
-
-The page: a header (verdict and reasons, the sglang target, the harness commit, seeds, wall times,
-topology and runner per group), the run's own tables, then per test its outcome, duration and
-failure message, the KV-pool timeline of every rank it used (:mod:`harness.report.timeline`) with the
-ledger violations listed beside it at the event that broke each rule, a per-request table, and the
-log tail each worker wrote while the test ran. No script, no network: it reads the same from a CI
-artifact download or a file browser. Links are relative to the report directory.
+:func:`write` takes a run's verdict, groups and own tables and writes the page, with one KV-pool timeline
+PNG per ledger-writing test. No script, no network, relative links: it reads the same from a CI artifact or
+a file browser. What the page shows: docs/modules.md.
 """
 
 from __future__ import annotations

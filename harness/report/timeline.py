@@ -1,16 +1,8 @@
 """KV-pool timelines of one test: pages in use per pool on every rank, the events that moved them,
 and the ledger violations placed at the event that broke each rule.
 
-:func:`build` is pure: ledger events (what one test wrote, per worker) → one :class:`Rank` per
-worker with a step series per pool (``full`` / ``swa`` / ``host`` pages in use, counted from the
-pages each event takes or returns), the marked events (prealloc, transfer, decode-evict, release,
-alloc-fail), a per-request breakdown, and the :func:`harness.ledger.check` violations of those events,
-each tied to its event (a leak, which has none, to the last event of its request).
-
-:func:`plot` draws the ranks of one test into one PNG with matplotlib (Agg): one panel per rank,
-pages in use as step lines, an event strip under it, violations as red lines labelled ``V1``, ``V2``…
-Long series are reduced to at most :data:`MAX_POINTS` steps per pool, keeping each bin's peak, so a
-200-request run stays a small image. The PNG's text chunks carry the violations (one line each).
+:func:`build` is pure (ledger events → one :class:`Rank` per worker); :func:`plot` draws one PNG with
+matplotlib, series reduced to :data:`MAX_POINTS` steps per pool. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
