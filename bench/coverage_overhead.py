@@ -1,15 +1,9 @@
 """What measuring the target costs: ``rerun-test --coverage`` against the same run without it, side by side.
 
-Each round runs the same specs twice in a row (plain, then ``--coverage``; every round in a fresh
-run directory) and the ratio of the two wall times is taken per round, the median over ``--repeat``
-rounds reported: the machine's load moves every number between minutes, the pair measured side by
-side is what to compare. Default specs: an in-process unit suite and the simulated PD suite (its
-ranks are Ray workers), so both kinds of process are measured; with ``--server`` the real CPU
-server stack's suite too (slow).
+Each round runs the same specs plain, then with ``--coverage``; the median ratio over ``--repeat`` rounds is
+reported, because the machine's load moves every absolute number. What it runs: docs/modules.md.
 
-Usage::
-
-    .venv/bin/python bench/coverage_overhead.py [--repeat N] [--server] [SPEC ...]
+Usage: ``.venv/bin/python bench/coverage_overhead.py [--repeat N] [--server] [SPEC ...]``
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Mutants per minute of ``harness mutate`` on the default function set, on this machine.
 
-Runs ``harness mutate --limit N`` (default 30: the issue's goal is at least 30 mutants of the default
-set in at most 10 minutes on 2 cores) on the installed sglang and reads its ``mutation.json``: the
-whole wall time, the coverage map's share (one measured run of the candidate tests) and the mutants'
-(each a fork of the third-party preload that imports only sglang, then its selected tests), mutants
-per minute, and the verdict counts. Also the per-mutant time, so a slow selection shows.
+Runs ``harness mutate --limit N`` (default 30: the issue's goal is at least 30 mutants in at most 10 minutes
+on 2 cores) and reads its ``mutation.json``: wall time, its split, mutants per minute, verdicts. Detail:
+docs/modules.md.
 
-Usage::
-
-    .venv/bin/python bench/mutate.py [--limit N] [--jobs J]
+Usage: ``.venv/bin/python bench/mutate.py [--limit N] [--jobs J]``
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Harness overhead per topology (simulated), as ratios against a bare ``ray.init`` + actor in the same run.
 
-Each measurement runs in a fresh Python process (one Ray per process), timed from its invocation:
+Each measurement (bare Ray, the harness API, a no-op test) runs in a fresh process; each topology row is
+paired with a baseline measured just before it, because the machine's load moves absolute numbers. The
+three measurements: docs/modules.md.
 
-* baseline: ``ray.init`` (dashboard off, same temp-dir style) + one actor with ``num_cpus=0.1`` answering
-  a call ("ready"), then ``ray.shutdown`` ("total");
-* harness API: ``Cluster.start(topology, simulate=True)`` + ``place`` + the first worker ready
-  (``start_worker`` of a :class:`harness.workers.Probe` in the first prefill group), then a worker per role
-  group and ``shutdown`` ("total");
-* no-op test: ``pytest`` running one test that starts one worker per role through ``pd_workers`` and
-  does nothing else ("total" = the whole pytest process).
-
-Usage::
-
-    .venv/bin/python bench/overhead.py [--topology NAME ...] [--repeat N]
-
-Each topology row is paired with a baseline measured just before it, and its ratios are taken
-against that neighbour (median over ``--repeat``): the machine's load moves every number between
-minutes, the ratios measured side by side are what to compare.
+Usage: ``.venv/bin/python bench/overhead.py [--topology NAME ...] [--repeat N]``
 """
 
 from __future__ import annotations

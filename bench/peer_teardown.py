@@ -1,23 +1,10 @@
 """Teardown of the store-free P→D transport (:mod:`harness.engines.sim.peer`) over many runs: nothing leaks.
 
-Starts a local Ray (topology ``cpu``: one prefill and one decode rank worker), then ``--runs``
-times: opens the transport on both ranks (a Mooncake engine each, pool buffers registered), moves
-one request's pages over it, has the decode side verify every byte, releases the request on both
-sides, and closes the transport. After every run it counts, over this driver's whole process tree
-(Ray's own processes, the fork server, the rank workers): processes, listening TCP ports,
-established TCP connections, and threads and open fds of the two rank processes; and the Ray
-collective groups this process knows (the transport uses none; counted to show it creates none).
-The baseline is taken after the first ``WARM_UP`` runs (Mooncake starts process-wide threads on
-its first engines and transfers, which stay); every later run must match it exactly, so a leak of
-one endpoint per run shows from the first run after it. The counts while run 1's transport is open
-show what a leaked endpoint would add (its engine's listening ports, connections, threads, fds). At the end the deployment is stopped and the rank processes and their ports
-must be gone.
+``--runs`` times it opens the transport, moves and verifies one request, and closes it, counting processes,
+ports, connections, threads and fds; every run after the warm-up must match the baseline exactly. Exits 1
+on a leak. What it counts and why the warm-up: docs/modules.md.
 
-Usage::
-
-    .venv/bin/python bench/peer_teardown.py [--runs 50]
-
-Prints the baseline, any run that differs from it, the final counts, and exits 1 on a leak.
+Usage: ``.venv/bin/python bench/peer_teardown.py [--runs 50]``
 """
 
 from __future__ import annotations

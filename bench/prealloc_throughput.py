@@ -1,27 +1,10 @@
 """PD decode prealloc + release throughput on sglang's real objects, against a bare allocator loop.
 
-For each path (non-hisparse: SWAKVPool page 64; hisparse: DeepSeek-V4 page 256) it measures, in
-one process and side by side:
+For the non-hisparse and hisparse paths it times real prealloc + release cycles and bare allocator cycles
+side by side and prints the ratio, the number to compare. Target: >= 2,000 real cycles/s on the
+non-hisparse path on a 2-core CPU machine. What each cycle is and why one torch thread: docs/modules.md.
 
-* real cycles: ``DecodeSide.prealloc`` (``DecodePreallocQueue._pre_alloc`` -> the SWA-tail
-  allocation and its assertion) then ``DecodeSide.release`` (``release_kv_cache``, plus the
-  coordinator's ``request_finished`` on hisparse), on a fixed mix of fill lengths;
-* bare cycles: the same fills through one paged allocator alone (``alloc_extend`` + ``free`` on
-  the path's full-attention ``PagedTokenToKVPoolAllocator``): no request, queue, tree cache or SWA
-  pool. (The SWA composite's own set-shaped ``free`` is not a floor: it expands every index to its
-  page, so it is slower than the segment frees ``release_kv_cache`` uses.)
-
-Requests are built before timing. torch runs with ``--torch-threads`` intra-op threads (default 1):
-the tensors are a few thousand elements, and on a busy 2-core machine handing them to a second
-thread costs about 5x the work itself. Each figure is the median of ``--repeat`` timed windows of
-``--seconds``. It prints cycles per wall second, the ratio real/bare, and cycles per CPU second of
-this process (close to what an idle machine gives); the machine's load moves the wall numbers, the
-ratio measured in the same run is what to compare. Target: >= 2,000 real cycles/s on the
-non-hisparse path on a 2-core CPU machine.
-
-Usage::
-
-    .venv/bin/python bench/prealloc_throughput.py [--seconds 1.0] [--repeat 3] [--device cpu] [--torch-threads 1]
+Usage: ``.venv/bin/python bench/prealloc_throughput.py [--seconds 1.0] [--repeat 3] [--device cpu] [--torch-threads 1]``
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The run report of a 200-request PD run: how long it takes to write, how heavy it is, how fast it loads.
 
-A run directory is built with the ledger a real 1P1D run of ``--requests`` requests leaves (per
-request: prefill prealloc/transfer/release; decode prealloc, transfer, one ``decode_alloc`` per
-decode step with an SWA eviction each time the window slides past a page, release), in one test,
-then :func:`harness.report.page.write` renders it and headless Chromium opens it
-(``tests/browser.py``: DevTools protocol). Printed as JSON:
+It builds a run directory with a real 1P1D run's ledger, renders the page and opens it in headless Chromium,
+printing ``write_s``, ``page_bytes``, ``png_bytes``, ``load_s`` and the load ratio to a blank page as JSON.
+Detail: docs/modules.md.
 
-* ``write_s``: rendering the page and its timeline PNG;
-* ``page_bytes`` / ``png_bytes``: what the browser loads;
-* ``load_s``: navigation to the load event (images decoded), median of ``--repeat`` loads, and
-  ``load_ratio_to_blank``: against an ``about:blank``-sized page with one small image loaded in the
-  same browser just before (the machine's load moves absolute numbers; the ratio is measured side by side).
-
-Usage::
-
-    .venv/bin/python bench/report_page.py [--requests 200] [--decode-steps 40] [--repeat 5]
+Usage: ``.venv/bin/python bench/report_page.py [--requests 200] [--decode-steps 40] [--repeat 5]``
 """
 
 from __future__ import annotations

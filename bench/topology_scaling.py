@@ -1,48 +1,9 @@
 """PD over Ray at 2, 8, 16 and 32 simulated ranks, in one run: wall time, CPU seconds and memory per size.
 
-Sizes (``--sizes``, default all four), each a shipped topology on a local Ray with its GPUs as
-logical GPUs, every node a Ray node of its own (``ray.cluster_utils``):
-
-====  =======================  =============================================================
-2     ``2-gpu-h100``           prefill TP1 + decode TP1, one node
-8     ``8-gpu-h200``           TP4 + TP4, one node
-16    ``2-node-16-gpu-h200``   TP8 + TP8, two nodes
-32    ``4-node-32-gpu-h200``   two TP8 prefill and two TP8 decode instances, four nodes
-====  =======================  =============================================================
-
-Every rank of every instance starts (:func:`harness.engines.sim.deploy.start` with ``instances=None``) and
-builds real sglang pools; then the seeded randomized workload of ``suites/e2e/test_swa_accounting.py``
-(``--requests`` requests, hybrid-SWA pools, page 64, window 100) runs through the full P→D path with
-the ledger checked at the end. With two instances the requests are dealt round robin over the pairs
-(a router's job) and both pairs run at once, each in a thread of the driver.
-
-Ranks start two ways (``--rank-start``, default ``fork``):
-
-* ``fork`` — the default of :mod:`harness.engines.sim.deploy`: each rank's Ray worker is a fork of a
-  :mod:`harness.workers.forkserver` that imported what a rank runs once. The server is started
-  before the ranks and timed on its own (``preload s``; its CPU and memory on their own line): one
-  serves every deployment whose environment is its own, and a multi-node cluster's environment
-  differs (``RAY_TMPDIR``: the cluster's temp dir), so such a cluster starts one of its own;
-* ``fresh`` — every rank's process imports torch and sglang itself (``HARNESS_FORK_START=0``; at 32
-  ranks that is about 32 × 0.5 GB of private memory: ask for it with small ``--sizes``).
-
-Per mode and size it prints: rank start-up and workload seconds, requests/s, the CPU seconds of the
-rank processes (start-up and workload; start-up includes, for forked ranks, the process Ray started
-for each, ``setup_worker.py`` exec'd into the fork server's client), **CPU-s per rank start**, and the
-memory of the rank processes after the workload: **PSS** summed over them (each shared page counted
-once over all processes that map it: the fork server's pages are split between it and its children)
-and RSS (which counts a shared page in every process) for contrast, per rank process and for Ray's
-stand-in processes. Then the issue's two goals, each PASS or FAIL with its measured value:
-
-* memory: PSS summed over the ranks (rank processes and their stand-ins) grows by ≤ 150 MB per added
-  rank, between every two consecutive sizes;
-* time: (T32 − T16) / 16 ≤ (T8 − T2) / 6, T the wall time of rank start-up + workload (the fork
-  server's preload apart): the cost of a rank at 32 is no more than at 8.
-
-Usage::
-
-    .venv/bin/python bench/topology_scaling.py [--requests 200] [--seed 20251129] [--rank-start fork|fresh|both]
-                                               [--sizes 2,8,16,32]
+Every rank of each shipped topology starts (forked or fresh, ``--rank-start``) and a seeded workload runs
+through the full P→D path. It prints times, CPU-s per rank start, memory (PSS) and the issue's two goals,
+each PASS or FAIL. Sizes, start modes and goals: docs/modules.md. Usage:
+``.venv/bin/python bench/topology_scaling.py [--requests 200] [--seed N] [--rank-start fork|fresh|both] [--sizes 2,8]``
 """
 
 from __future__ import annotations

@@ -1,36 +1,10 @@
 """P→D KV transfer rate of both transports, each as a ratio to an in-process torch copy of the same bytes.
 
-Starts a local Ray (topology ``cpu``: one prefill and one decode worker on real sglang DeepSeek-V4
-pools), preallocates one long request on decode (the real ``_pre_alloc``), prefills it, then moves
-its pages (full pages for all tokens, SWA pages of the window) ``--repeat`` times through
-:func:`harness.engines.sim.kv_transfer.transfer` over each transport: chunks of ``--chunk-pages`` pages batched
-into messages of up to ``--inflight-mb``, either prefill actor → object store → decode actor (numpy,
-read zero-copy; one object-store round trip per message) or store-free (:mod:`harness.engines.sim.peer`:
-the prefill actor writes into the decode pages over Mooncake, one actor call per message). After
-each pair of transfers the same chunk sizes are copied in this process with ``torch.Tensor.copy_``
-(the reference). The first transfer is store-free into pages nothing wrote yet, and the decode side
-verifies every byte after it and again at the end; then both sides release the request. Without
-the store-free transport (``HARNESS_PD_TRANSPORT=store``, or it cannot be set up: the log line says
-why) only the store path is measured.
+One long request's pages move ``--repeat`` times over the object store and store-free (Mooncake), each
+transfer followed by a reference copy; the median ratio (goal ≥ 0.5) is the number to compare. It also
+measures what bounds the ratio (message cost, store floor, two-copy ceiling, loopback TCP): docs/modules.md.
 
-In the same run, what bounds the ratio: the fixed cost of one message (an empty one through both
-actors: two actor calls and one small object, ``--repeat`` × 5 times); the object-store floor (the
-same arrays ``ray.put`` and ``ray.get`` in this process, then copied out: the per-byte cost of any
-path through the store, with no actor hop); and the two-copy ceiling (the same bytes copied twice
-in this process: a store-and-forward path copies into the store and out of it, so even with a free
-store and no per-message cost it reaches about half the one-copy rate); and the loopback TCP floor
-(the same bytes over one TCP connection in this process: the store-free path goes over TCP, which
-also copies into the kernel and out of it).
-
-Usage::
-
-    .venv/bin/python bench/transfer.py [--pages 240] [--chunk-pages 64] [--inflight-mb 64] [--repeat 9]
-
-Prints the bytes moved, the rates (median over the repeats), the median of the per-repeat ratios
-of each transport (goal ≥ 0.5), chunks and messages per transfer, the per-message cost of each and
-the ceiling those allow.
-The machine's load moves every rate; each ratio compares a transfer with the copy made right after
-it, so the median ratio is the number to compare across runs.
+Usage: ``.venv/bin/python bench/transfer.py [--pages 240] [--chunk-pages 64] [--inflight-mb 64] [--repeat 9]``
 """
 
 from __future__ import annotations
