@@ -1,11 +1,8 @@
 """A pytest run directory's per-test record and what each test wrote.
 
-:func:`read_records`
-    ``<run_dir>/tests.jsonl`` (written by :mod:`harness.plugins.record`) → :class:`TestRecord` per
-    test: when it ran, its seeds, the workers it owned, and the byte range of every worker log and
-    ledger file it wrote.
-:func:`span_events` / :func:`span_tail`
-    the ledger events and the log lines of one such byte range.
+:func:`read_records` reads ``<run_dir>/tests.jsonl`` (written by :mod:`harness.plugins.record`) into a
+:class:`TestRecord` per test; :func:`span_events` / :func:`span_tail` give the ledger events and log lines of
+one of its byte ranges. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
