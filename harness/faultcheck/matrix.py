@@ -1,7 +1,8 @@
 """The kill matrix's runs: the clean run (or the clean results of a test run that already ran the
 suites), then one ``python -m pytest --inject-fault NAME`` subprocess per fault, at most ``jobs`` at a
-time; each fault's verdict comes from :mod:`.verdicts`. The whole method is :mod:`harness.faultcheck`'s
-docstring.
+time; each fault's verdict comes from :mod:`.verdicts`. Over 400 lines because the clean run, the fault runs
+and their order and shared fork servers are one procedure. The whole method: :mod:`harness.faultcheck`'s
+section in docs/modules.md.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from harness.rundir import REPO_ROOT, RunDir
 from harness.engines import fork_preload
 from harness.targets.sglang import selection
 from harness.targets.sglang.compat import checks
-from harness.workers import procs
+from harness.workers import childpytest, procs
 
 logger = logging.getLogger(__name__)
 
@@ -174,15 +175,13 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     junit.unlink(missing_ok=True)
     # The fault goes in through the plugin's --inject-fault (it sets HARNESS_FAULTS for the session and
     # everything the tests start); a value inherited from the caller must not leak into any run.
-    env = dict(os.environ)
-    env.pop(fault_catalog.ENV_VAR, None)
     fired_file = out_dir / "fired" / f"{label}.txt"
     fired_file.parent.mkdir(parents=True, exist_ok=True)
     fired_file.unlink(missing_ok=True)
-    env[source.FIRED_ENV] = str(fired_file)
-    cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-           "-o", "junit_family=xunit1", "--run-dir", str(out_dir / "pytest" / label),
-           f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"]
+    env = childpytest.environment({source.FIRED_ENV: str(fired_file)}, drop=[fault_catalog.ENV_VAR])
+    cmd = childpytest.command(suites, junit=junit, run_dir=out_dir / "pytest" / label,
+                              before=["-q", "-p", "no:cacheprovider"],
+                              after=[f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"])
     if fault is not None:
         cmd += ["--inject-fault", fault]
         env.update(checks_env(fault))

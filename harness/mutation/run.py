@@ -1,27 +1,16 @@
 """Running mutants: the coverage map that selects each mutant's tests, one pytest run per mutant, the
 verdicts.
 
-A mutant runs as a fault does (:mod:`harness.faults.source`): a scratch copy of the target's ``sglang``
-whose one mutated file is real, first on the import path of every process the tests start (through
-``HARNESS_SGLANG_OVERLAY``, which the run's target plugin puts before the target), with
-``HARNESS_FAULT_FIRED`` naming the file its marker appends to; the marker module sits beside the
-copy. Its pytest run is a fork of the third-party preload (:func:`harness.engines.fork_preload.python_command`),
-so it imports only sglang, and stops at the first failure (``-x``).
-
-Verdicts: ``killed`` (a selected test failed: the first one, its evidence's first line, and whether
-the catch came from sglang's own checks or the harness's oracle), ``survived`` (every selected test
-passed, whether or not the mutant fired: a mutant nobody can tell from the original survives),
-``timeout`` (the run passed its limit), ``not covered`` (no candidate test reaches its lines; not run).
-A failure while the mutant's marker never ran is the original code failing (a flaky test): the mutant
-survives, that failure kept as its evidence.
+A mutant runs as a fault does: a scratch copy of the target with the one file mutated, first on every
+process's import path, its pytest run forked from the third-party preload and stopped at the first
+failure. Verdicts: ``killed``, ``survived``, ``timeout``, ``not covered``. How, and each verdict's rule:
+docs/modules.md.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -36,7 +25,7 @@ from harness.mutation.operators import MARKER_MODULE, MARKER_SOURCE, Mutant, mut
 from harness.report import junit
 from harness.engines import fork_preload
 from harness.targets.sglang.selection import OVERLAY_ENV
-from harness.workers import procs
+from harness.workers import childpytest, procs
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +94,8 @@ class CoverageMap:
 
 def pytest_command(tests: Sequence[str], junit_path: Path, run_dir: Path, *, first_failure: bool = True) -> list[str]:
     """The pytest command of a map, mutant or clean run (``first_failure``: stop at the first failure)."""
-    return [sys.executable, "-m", "pytest", *tests, *(["-x"] if first_failure else []), "-q", "-p", "no:cacheprovider",
-            "-p", "no:xdist", f"--junitxml={junit_path}", "-o", "junit_family=xunit1", "--run-dir", str(run_dir)]
+    return childpytest.command(tests, junit=junit_path, run_dir=run_dir,
+                               before=[*(["-x"] if first_failure else []), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"])
 
 
 def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, timeout_s: float) -> CoverageMap:
@@ -117,7 +106,7 @@ def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, t
     """
     measure = Measurement(out / "coverage", tree)
     junit_path = out / "map.xml"
-    env = {**os.environ, **measure.env("map")}
+    env = childpytest.environment(measure.env("map"))
     start = time.monotonic()
     code, timed_out = procs.run_logged(pytest_command(candidates, junit_path, out / "pytest" / "map"), cwd=root, env=env,
                                        log=out / "map.log", timeout_s=timeout_s)
@@ -142,7 +131,7 @@ def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Pat
         # The copy goes first through the overlay alone: the run's target plugin puts it first on
         # sys.path and PYTHONPATH (for everything the tests start). PYTHONPATH is left as it is, so
         # every mutant forks from one fork server (a preload read PYTHONPATH: a new value, a new server).
-        env = {**os.environ, OVERLAY_ENV: str(scratch), source.FIRED_ENV: str(fired_file)}
+        env = childpytest.environment({OVERLAY_ENV: str(scratch), source.FIRED_ENV: str(fired_file)})
         junit_path = out / "junit" / f"{label}.xml"
         junit_path.parent.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)

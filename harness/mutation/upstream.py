@@ -1,17 +1,13 @@
 """The same mutants against sglang's own tests: what the harness adds over the engine's unit tests.
 
-When the target is a checkout (``<repo>/python`` with ``<repo>/test/registered/``), sglang's own
-CPU-registered unit test files that import a mutated module run on each of its mutants, through the
-same scratch copy and fork (:func:`harness.mutation.run.run_mutant`); their verdicts sit beside the
-harness's. Which upstream files are CPU-registered is read by the caller (the registrations are
-``rerun``'s to parse); which modules a file imports is read here, with :mod:`ast` only. A mutant whose
-module no such file imports is "not covered" by upstream.
+When the target is a checkout, sglang's CPU-registered unit tests that import a mutated module run on each
+of its mutants through the same scratch copy and fork; their verdicts sit beside the harness's. Detail:
+docs/modules.md.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,7 +15,7 @@ from harness.mutation.operators import Mutant
 from harness.mutation.run import Verdict, in_pool, pytest_command
 from harness.report import junit
 from harness.engines import fork_preload
-from harness.workers import procs
+from harness.workers import childpytest, procs
 
 
 def checkout_tests(tree: Path) -> Path | None:
@@ -72,7 +68,7 @@ def failing_clean(files: Sequence[Path], out: Path, root: Path, timeout_s: float
     junit_path = out / "upstream" / "clean.xml"
     junit_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = pytest_command([str(f) for f in files], junit_path, out / "upstream" / "pytest-clean", first_failure=False)
-    argv, env = fork_preload.python_command(cmd, dict(os.environ), sglang_only_overlay=True)
+    argv, env = fork_preload.python_command(cmd, childpytest.environment(), sglang_only_overlay=True)
     procs.run_logged(argv, cwd=root, env=env, log=out / "upstream" / "clean.log", timeout_s=timeout_s)
     cases = junit.read_junit(junit_path, root) if junit_path.exists() else []
     if not cases:  # nothing readable (a crash in collection): none of them can judge a mutant

@@ -1,18 +1,9 @@
 """Execute a plan: one pytest subprocess per group, with its own JUnit XML and run directory.
 
-Each group gets ``pytest TARGETS --topology T [--simulate] --run-dir RUN/groups/NAME
-[--ray-address A] --junitxml RUN/junit/NAME.xml`` with the progress plugin
-(:mod:`harness.rerun.progress`) streaming results for the live line. Groups run at the same time
-when the machine can hold them (real GPUs free for a real group, fewer than ``jobs`` running);
-otherwise the longest waits first. A group whose topology needs more GPUs than the machine has runs
-simulated (Ray logical GPUs) if the topology allows it, else it is reported as not runnable here.
-
-Lifecycle per group (Dynamo's shape): spawn in its own session → poll → on timeout or interrupt
-SIGTERM the group, bounded wait, SIGKILL → reap. Nothing is left running when :func:`run_plan` returns.
-
-The run directory is this module's: :func:`harness.rerun.reports.write_reports` merges the groups' JUnit files into
-``report/`` with the markdown, JSON and HTML views (for ``rerun-test`` and ``rerun-test --from``
-alike), and :func:`detect_gpus` says how many real GPUs the groups may take.
+Groups run at the same time when the machine can hold them, the longest first; a group needing more GPUs
+than the machine has runs simulated if its topology allows. Nothing is left running when :func:`run_plan`
+returns. Over 400 lines because scheduling, running and reaping the groups share one set of live state.
+The command, each group's lifecycle as steps and the reports: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -36,6 +27,7 @@ from harness.rerun.plan import Group, Item, Plan, compact
 from harness.report import page
 from harness.rundir import RunDir
 from harness.engines import fork_preload
+from harness.workers import childpytest
 
 log = logging.getLogger(__name__)
 
@@ -156,13 +148,11 @@ def targets(items: tuple[Item, ...], file_tests: dict[str, int]) -> list[str]:
 
 def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: dict[str, int]) -> list[str]:
     """The full pytest command of one group."""
-    cmd = [opts.python, "-m", "pytest", *targets(group.items, file_tests),
-           "-p", "harness.rerun.progress",
-           "--topology", group.topology,
-           "--run-dir", str(opts.run_dir / "groups" / group.name),
-           "--junitxml", str(RunDir(opts.run_dir).junit_file(group.name)),
-           "-o", "junit_family=xunit1", "-o", f"junit_suite_name={group.name}",
-           "--rootdir", str(opts.repo_root), "-q", "-rfE"]
+    cmd = childpytest.command(targets(group.items, file_tests), junit=RunDir(opts.run_dir).junit_file(group.name),
+                              run_dir=opts.run_dir / "groups" / group.name, python=opts.python,
+                              before=["-p", "harness.rerun.progress", "--topology", group.topology],
+                              after=["-o", f"junit_suite_name={group.name}", "--rootdir", str(opts.repo_root), "-q",
+                                     "-rfE"])
     ini = opts.repo_root / "pyproject.toml"
     if ini.is_file():  # the repository's pytest settings also for files outside it (--suites-dir)
         cmd += ["-c", str(ini)]
@@ -209,7 +199,7 @@ class _Running:
         self.events_path = gdir / "progress.jsonl"
         self.events_path.write_text("")
         self.log_path = gdir / "pytest.log"
-        env = {**os.environ, PROGRESS_ENV: str(self.events_path), **GROUP_ENV}
+        env = childpytest.environment({PROGRESS_ENV: str(self.events_path), **GROUP_ENV})
         if opts.measure is not None:
             env.update(opts.measure.env(group.name))
         (gdir / "command.json").write_text(json.dumps(cmd))
