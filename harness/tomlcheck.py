@@ -6,6 +6,8 @@ so a user sees which file, which key and what to do (pytest-timeout's ``where`` 
 
 from __future__ import annotations
 
+import math
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,41 @@ def take(error: type[Exception], table: dict[str, Any], key: str, kind: type | t
         names = "/".join(k.__name__ for k in kinds)
         raise fail(error, where, f"{ctx}{key}", f"expected {names}, got {value!r}", f"set {ctx}{key} to a {names}")
     return value
+
+
+def number(error: type[Exception], value: float, where: str, key: str, low: float, high: float, fix: str) -> float:
+    """``value`` when it is finite and in ``[low, high]``; else the one-line ``error`` naming the range.
+
+    >>> number(ValueError, 5, "g.toml", "timeout", 1, 86400, "set seconds")
+    5
+    >>> number(ValueError, float("nan"), "g.toml", "timeout", 1, 86400, "set seconds")
+    Traceback (most recent call last):
+    ValueError: g.toml: timeout: must be a finite number from 1 to 86400, got nan; set seconds
+    """
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+        raise fail(error, where, key, f"must be a finite number from {low:g} to {high:g}, got {value!r}", fix)
+    return value
+
+
+def read(error: type[Exception], path: Path, kind: str, listing: str) -> dict[str, Any]:
+    """The TOML document in ``path``, or one error line naming the file and the fix (missing, a directory,
+    unreadable, not UTF-8, not TOML). ``listing`` is the command that lists the shipped ones."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: file not found; pass an existing {kind} file or a name from `{listing}`") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not a {kind} file; pass a .toml file or a name from `{listing}`") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror}); check its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path.name}: not UTF-8 text (byte {e.start}); save the file as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{path.name}: not valid TOML ({e}); fix the syntax") from None
 
 
 def check_unknown(error: type[Exception], table: dict[str, Any], allowed: set[str], where: str, ctx: str) -> None:

@@ -8,7 +8,6 @@ docs/modules.md.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -169,9 +168,20 @@ _take = partial(tomlcheck.take, TopologyError)
 _check_unknown = partial(tomlcheck.check_unknown, TopologyError)
 
 
-def _positive(value: int, where: str, key: str, minimum: int = 1) -> int:
+#: The largest count a topology may give (nodes, ranks, tp, dp, instances): far above any real cluster, and small
+#: enough that every loop over a topology ends at once.
+MAX_COUNT = 1024
+#: The largest GPUs per node or per rank, GPU memory (GB) and CPUs per node a topology may give.
+MAX_GPUS_PER_NODE = 64
+MAX_GPU_MEMORY_GB = 4096
+MAX_CPUS_PER_NODE = 4096
+
+
+def _positive(value: int, where: str, key: str, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
     if value < minimum:
         raise _fail(where, key, f"must be ≥ {minimum}, got {value}", f"set {key} = {minimum} or more")
+    if value > maximum:
+        raise _fail(where, key, f"must be ≤ {maximum}, got {value}", f"set {key} to at most {maximum}")
     return value
 
 
@@ -189,6 +199,8 @@ def _parse_role(name: str, table: Any, where: str) -> RoleSpec:
     cpus = _take(table, "cpus_per_rank", (int, float), DEFAULT_CPUS_PER_RANK, where, ctx)
     if cpus <= 0:
         raise _fail(where, f"{ctx}cpus_per_rank", f"must be > 0, got {cpus}", "use a small fraction such as 0.1")
+    tomlcheck.number(TopologyError, cpus, where, f"{ctx}cpus_per_rank", 0.0, MAX_CPUS_PER_NODE,
+                     "use a small fraction such as 0.1")
     node = _take(table, "node", int, None, where, ctx)
     if node is not None:
         _positive(node, where, f"{ctx}node", minimum=0)
@@ -200,7 +212,8 @@ def _parse_role(name: str, table: Any, where: str) -> RoleSpec:
         count=_positive(_take(table, "count", int, 1, where, ctx), where, f"{ctx}count"),
         tp=tp,
         dp=dp,
-        gpus_per_rank=_positive(_take(table, "gpus_per_rank", int, default_gpus, where, ctx), where, f"{ctx}gpus_per_rank", 0),
+        gpus_per_rank=_positive(_take(table, "gpus_per_rank", int, default_gpus, where, ctx), where, f"{ctx}gpus_per_rank", 0,
+                                MAX_GPUS_PER_NODE),
         cpus_per_rank=float(cpus),
         node=node,
         engine_args=tuple(engine_args),
@@ -263,10 +276,17 @@ def parse(data: dict[str, Any], where: str) -> Topology:
         raise _fail(where, "cluster", "missing table", "add a [cluster] table with nodes and gpus_per_node")
     _check_unknown(cluster, _CLUSTER_KEYS, where, "cluster.")
     nodes = _positive(_take(cluster, "nodes", int, 1, where, "cluster."), where, "cluster.nodes")
-    gpus_per_node = _positive(_take(cluster, "gpus_per_node", int, 0, where, "cluster."), where, "cluster.gpus_per_node", 0)
+    gpus_per_node = _positive(_take(cluster, "gpus_per_node", int, 0, where, "cluster."), where, "cluster.gpus_per_node", 0,
+                              MAX_GPUS_PER_NODE)
     gpu_model = _take(cluster, "gpu_model", str, None, where, "cluster.")
     gpu_mem = _take(cluster, "gpu_memory_gb", (int, float), None, where, "cluster.")
+    if gpu_mem is not None:
+        tomlcheck.number(TopologyError, gpu_mem, where, "cluster.gpu_memory_gb", 1, MAX_GPU_MEMORY_GB,
+                         "set the memory of one GPU in GB, e.g. 80")
     cpus_per_node = _take(cluster, "cpus_per_node", (int, float), None, where, "cluster.")
+    if cpus_per_node is not None:
+        tomlcheck.number(TopologyError, cpus_per_node, where, "cluster.cpus_per_node", 0.001, MAX_CPUS_PER_NODE,
+                         "set the CPUs of one node, e.g. 16")
     if gpus_per_node and not gpu_model:
         raise _fail(where, "cluster.gpu_model", "missing for a GPU cluster", 'add gpu_model = "H100" (or the model you need)')
     if gpus_per_node and gpu_mem is None:
@@ -335,14 +355,7 @@ def load(path: str | Path) -> Topology:
     """
     p = Path(path)
     where = p.name
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise TopologyError(f"{p}: file not found; pass an existing topology file or a name from `harness topology list`") from None
-    try:
-        data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TopologyError(f"{where}: not valid TOML ({e}); fix the syntax") from None
+    data = tomlcheck.read(TopologyError, p, "topology", "harness topology list")
     topo = parse(data, where)
     if topo.name != p.stem:
         raise _fail(where, "name", f"{topo.name!r} differs from the file name", f'set name = "{p.stem}" or rename the file')

@@ -135,6 +135,7 @@ def test_cli_doctor_simulate_json(scenarios):
     (["doctor", "no-such-topology", "--simulate"], "unknown topology 'no-such-topology'"),
     (["doctor", "cpu", "--simulate", "--port", "70000"], "--port 70000"),
     (["doctor", "cpu", "--simulate", "--timeout", "0"], "--timeout 0"),
+    (["doctor", "cpu", "--simulate", "--timeout", "nan"], "--timeout nan: must be a finite number of seconds"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
     assert cli.main(argv) == 2

@@ -90,13 +90,32 @@ def test_good_file_defaults_and_overrides(tmp_path):
     ('name = "g"\n[flaky]\nreruns = 99\n[[suites]]\nname = "a"\nselect = ["t.py"]\n',
      "g.toml: flaky.reruns: must be in 0..10, got 99; rerun a flaky failure a few times at most"),
     ('name = "g"\n[seeds]\nhypothesis = -1\n[[suites]]\nname = "a"\nselect = ["t.py"]\n',
-     "g.toml: seeds.hypothesis: must be ≥ 0, got -1; use a non-negative integer"),
+     "g.toml: seeds.hypothesis: must be from 0 to 2**64-1, got -1; use a non-negative integer"),
+    # before: accepted, and the group then never timed out
+    ('name = "g"\ntimeout = nan\n[[suites]]\nname = "a"\nselect = ["t.py"]\n',
+     "g.toml: timeout: must be a finite number from 0 to 86400, got nan; set it to the suite's worst-case seconds"),
+    ('name = "g"\n[[suites]]\nname = "a"\ntimeout = inf\nselect = ["t.py"]\n',
+     "g.toml: suites[0].timeout: must be a finite number from 0 to 86400, got inf; "
+     "set it to the suite's worst-case seconds"),
+    # before: the suite's directory escaped the run directory
+    ('name = "g"\n[[suites]]\nname = "../.."\nselect = ["t.py"]\n',
+     "g.toml: suites[0].name: '../..' is not a plain name; use letters, digits, '-', '_' and '.', starting with a "
+     "letter or digit, at most 64"),
     ('name = "g"\nsuites = [1]\n', "g.toml: suites[0]: must be a table; write each entry as [[suites]]"),
 ])
 def test_bad_gate_files(tmp_path, body, message):
     with pytest.raises(GateError) as e:
         _load(tmp_path, body)
     assert str(e.value) == message
+
+
+def test_a_gate_file_that_is_not_utf8_or_is_a_directory_is_one_line(tmp_path):
+    (tmp_path / "g.toml").write_bytes(b'name = "g\xff"\n')
+    with pytest.raises(GateError, match=r"^g\.toml: not UTF-8 text \(byte 9\); save the file as UTF-8$"):
+        model.load(tmp_path / "g.toml")
+    (tmp_path / "d.toml").mkdir()
+    with pytest.raises(GateError, match=r"d\.toml: is a directory, not a gate file; pass a \.toml file"):
+        model.load(tmp_path / "d.toml")
 
 
 def test_bad_toml_and_unknown_name(tmp_path):

@@ -228,6 +228,10 @@ def test_the_plan_estimates_only_what_can_run_here(tmp_path):
     (["--jobs", "0", "test_x.py"], "--jobs 0: must be ≥ 1"),
     (["--gpus", "-1", "test_x.py"], "--gpus -1: must be ≥ 0"),
     (["--timeout", "0", "test_x.py"], "--timeout 0: must be > 0"),
+    # before: accepted, and the group then never timed out
+    (["--timeout", "nan", "test_x.py"], "--timeout nan: must be a finite number of seconds above 0 and at most 86400"),
+    (["--timeout", "1e9", "test_x.py"], "--timeout 1e+09: must be a finite number of seconds"),
+    (["--dry-run", "--max-shard-time", "inf", "test_x.py"], "--max-shard-time inf: must be a finite number"),
 ])
 def test_bad_numbers_are_refused_in_one_line(argv, message, capsys):
     assert cli.main(argv) == 2

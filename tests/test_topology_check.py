@@ -45,6 +45,7 @@ def test_check_on_this_machine_and_simulated():
      "harness: cannot join the Ray cluster at nohostport: address: not host:port; pass the head's GCS address, e.g. "
      "10.0.0.1:6379 (`ray status` on the head prints it)"),
     (["cpu", "--timeout", "0"], "harness: --timeout must be > 0, got 0"),
+    (["cpu", "--timeout", "inf"], "harness: --timeout inf: must be a finite number of seconds above 0 and at most 86400"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, line):
     assert cli.main(["topology", "check", *args]) == 2

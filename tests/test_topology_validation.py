@@ -106,6 +106,23 @@ BAD = [
         "gpus-on-cpu-cluster.toml: roles.prefill.gpus_per_rank: asks for 1 GPU(s) on a cluster without GPUs; "
         "set gpus_per_rank = 0 or give [cluster] gpus_per_node",
     ),
+    (  # before: accepted, and `harness topology show` then looped over 9.2e18 nodes
+        "nodes-huge",
+        lambda t: t.replace("nodes = 1", "nodes = 9223372036854775807"),
+        "nodes-huge.toml: cluster.nodes: must be ≤ 1024, got 9223372036854775807; set cluster.nodes to at most 1024",
+    ),
+    (
+        "gpu-memory-nan",
+        lambda t: t.replace("gpu_memory_gb = 80", "gpu_memory_gb = nan"),
+        "gpu-memory-nan.toml: cluster.gpu_memory_gb: must be a finite number from 1 to 4096, got nan; "
+        "set the memory of one GPU in GB, e.g. 80",
+    ),
+    (
+        "cpus-inf",
+        lambda t: t.replace("tp = 1\n", "tp = 1\ncpus_per_rank = inf\n", 1),
+        "cpus-inf.toml: roles.prefill.cpus_per_rank: must be a finite number from 0 to 4096, got inf; "
+        "use a small fraction such as 0.1",
+    ),
 ]
 
 
@@ -130,6 +147,16 @@ def test_not_toml_names_the_file(tmp_path):
     p.write_text("name = \n")
     with pytest.raises(topology.TopologyError, match=r"^broken\.toml: not valid TOML \(.*\); fix the syntax$"):
         topology.load(p)
+
+
+def test_a_file_that_is_not_utf8_or_is_a_directory_is_one_line(tmp_path):
+    bad = tmp_path / "latin.toml"
+    bad.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(topology.TopologyError, match=r"^latin\.toml: not UTF-8 text \(byte 11\); save the file as UTF-8$"):
+        topology.load(bad)
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(topology.TopologyError, match=r"dir\.toml: is a directory, not a topology file; "):
+        topology.load(tmp_path / "dir.toml")
 
 
 def test_bad_topology_in_the_cli_is_one_line_and_exit_2(tmp_path, capsys):

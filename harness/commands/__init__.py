@@ -8,6 +8,7 @@ sub-command answers ``--version`` (:func:`add_version`).
 
 from __future__ import annotations
 
+import math
 import typing
 
 if typing.TYPE_CHECKING:
@@ -16,6 +17,21 @@ if typing.TYPE_CHECKING:
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
+
+
+#: The longest duration any option takes (a day): a bound every timeout and shard time keeps.
+MAX_SECONDS = 86400.0
+
+
+def check_seconds(value: float | None, option: str) -> None:
+    """Refuse a duration that is not finite or not in (0, :data:`MAX_SECONDS`] (``--timeout nan`` never times out).
+
+    >>> check_seconds(float("nan"), "--timeout")
+    Traceback (most recent call last):
+    harness.commands.UsageError: --timeout nan: must be a finite number of seconds above 0 and at most 86400
+    """
+    if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise UsageError(f"{option} {value:g}: must be a finite number of seconds above 0 and at most {MAX_SECONDS:g}")
 
 
 def version_text(prog: str) -> str:

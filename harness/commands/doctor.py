@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from harness import rundir, topology
-from harness.commands import UsageError
+from harness.commands import UsageError, check_seconds
 from harness.targets.sglang import selection as sglang_target
 
 
@@ -43,6 +43,7 @@ def _doctor(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {bad[0]}: not a TCP port; pass a number from 1 to 65535")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be > 0 seconds")
+    check_seconds(args.timeout, "--timeout")
     limits = doctor.Limits()
     if args.timeout is not None:
         limits = dataclasses.replace(limits, check_timeout_s=args.timeout)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from harness import faultcheck, faults, rundir, runs
-from harness.commands import UsageError
+from harness.commands import UsageError, check_seconds
 from harness.targets.sglang import selection as sglang_target
 from harness.workers import procs
 
@@ -85,6 +85,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    check_seconds(args.timeout, "--timeout")
 
 
 def _check(args: argparse.Namespace) -> int:

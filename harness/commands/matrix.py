@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness import rundir
 from harness import runs as run_record
-from harness.commands import UsageError
+from harness.commands import UsageError, check_seconds
 from harness.rerun import matrix as versions
 from harness.targets.sglang import selection as sglang_target
 
@@ -39,6 +39,7 @@ def _matrix(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    check_seconds(args.timeout, "--timeout")
     resolved = []
     for spec in specs:
         try:  # resolve only: each target is activated in its own rerun-test, never in this process

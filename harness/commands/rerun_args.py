@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from harness.commands import add_version
+from harness.commands import add_version, check_seconds
 from harness.rerun import comment, spec
 from harness.rundir import REPO_ROOT
 from harness.targets.sglang import selection as target_mod
@@ -95,6 +95,8 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--gpus {args.gpus}: must be ≥ 0 (the real GPUs this machine has)")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be > 0 seconds per group")
+    check_seconds(args.timeout, "--timeout")
+    check_seconds(args.max_shard_time, "--max-shard-time")
     if args.shard_index is not None and args.shards < 2:
         raise UsageError("--shard-index needs --shards N with N ≥ 2")
 

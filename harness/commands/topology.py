@@ -13,7 +13,7 @@ import argparse
 import json
 
 from harness import topology
-from harness.commands import UsageError
+from harness.commands import UsageError, check_seconds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,6 +82,7 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("--simulate starts a local cluster and --ray-address joins one: pass only one")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    check_seconds(args.timeout, "--timeout")
     if args.ray_address:
         try:
             cluster = Cluster.join(args.ray_address, survey=False)  # only the fit is asked

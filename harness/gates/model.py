@@ -8,7 +8,6 @@ here. The file's shape, key by key: docs/modules.md.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -33,6 +32,11 @@ _FLAKY_KEYS = {"reruns", "classes"}
 _SEED_KEYS = {"hypothesis", "workload"}
 # A relative directory: segments like rerun-test's spec paths (never an option, a dot file or "..").
 _DIR_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.\-]*/)+$")
+#: A suite's name names a directory of the run: a plain name, never a path.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+#: The longest timeout a gate or suite may set (a day), and the seeds' range (64-bit unsigned).
+MAX_TIMEOUT_S = 86400.0
+MAX_SEED = 2**64 - 1
 _SUITE_KEYS = {"name", "select", "topologies", "required", "timeout", "min_pass_rate", "engine", "require"}
 
 
@@ -143,7 +147,7 @@ def _timeout(table: dict[str, Any], where: str, ctx: str, default: float) -> flo
     t = float(_take(table, "timeout", (int, float), default, where, ctx))
     if t <= 0:
         raise _fail(where, f"{ctx}timeout", f"must be > 0 seconds, got {t:g}", "set it to the suite's worst-case seconds")
-    return t
+    return tomlcheck.number(GateError, t, where, f"{ctx}timeout", 0, MAX_TIMEOUT_S, "set it to the suite's worst-case seconds")
 
 
 def _parse_select(values: tuple[str, ...], where: str, ctx: str) -> tuple[str, ...]:
@@ -172,6 +176,9 @@ def _parse_suite(i: int, table: Any, where: str, gate_timeout: float, gate_rate:
     name = _take(table, "name", str, "", where, ctx)
     if not name:
         raise _fail(where, f"{ctx}name", "is missing", 'give the entry a name, e.g. name = "unit"')
+    if not _NAME_RE.fullmatch(name):  # it names a directory of the run
+        raise _fail(where, f"{ctx}name", f"{name!r} is not a plain name",
+                    "use letters, digits, '-', '_' and '.', starting with a letter or digit, at most 64")
     topologies = _strings(table, "topologies", where, ctx)
     for t in topologies:
         if topo_names and t not in topo_names:
@@ -222,8 +229,8 @@ def _parse_seeds(table: Any, where: str) -> tuple[int | None, int | None]:
     out = []
     for key in ("hypothesis", "workload"):
         v = _take(table, key, int, None, where, "seeds.")
-        if v is not None and v < 0:
-            raise _fail(where, f"seeds.{key}", f"must be ≥ 0, got {v}", "use a non-negative integer")
+        if v is not None and not 0 <= v <= MAX_SEED:
+            raise _fail(where, f"seeds.{key}", f"must be from 0 to 2**64-1, got {v}", "use a non-negative integer")
         out.append(v)
     return out[0], out[1]
 
@@ -276,12 +283,7 @@ def load(path: str | Path, topo_names: list[str] | None = None) -> Gate:
     """
     p = Path(path)
     where = p.name
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GateError(f"{p}: file not found; pass an existing gate file or a name from `harness gate list`") from None
-    except tomllib.TOMLDecodeError as e:
-        raise GateError(f"{where}: not valid TOML ({e}); fix the syntax") from None
+    data = tomlcheck.read(GateError, p, "gate", "harness gate list")
     gate = parse(data, where, topo_names)
     if gate.name != p.stem:
         raise _fail(where, "name", f"{gate.name!r} differs from the file name", f'set name = "{p.stem}" or rename the file')
