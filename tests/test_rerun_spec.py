@@ -45,6 +45,19 @@ def test_several_specs_and_a_comment_token_deduplicate():
     assert [s.text for s in specs] == ["test_a.py", "test_b.py"]
 
 
+def test_specs_are_capped_in_count_and_length():
+    # Before: 9,000 specs were deduplicated pairwise (14 s) and all accepted; a comment is untrusted input.
+    many = [f"suites/a/test_{i}.py" for i in range(9000)]
+    with pytest.raises(SpecError, match=r"^more than 200 tests named; name a directory or a file instead"):
+        parse_specs(many)
+    with pytest.raises(SpecError, match=r"^more than 200 tests named"):
+        parse_comment("/rerun-test " + " ".join(many[:201]))
+    assert len(parse_specs(many[:200] + many[:200])) == 200  # duplicates do not count
+    assert [s.text for s in parse_specs(["test_a.py"] * 500 + ["test_b.py"])] == ["test_a.py", "test_b.py"]
+    with pytest.raises(SpecError, match=r"503 characters, at most 400"):
+        parse_spec("x" * 500 + ".py")
+
+
 @pytest.mark.parametrize("body", ["", "rerun please", "/rerun-test", "/rerun-testx test_a.py", "/retest test_a.py"])
 def test_comment_that_is_not_a_command(body):
     with pytest.raises(SpecError):

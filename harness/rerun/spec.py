@@ -50,6 +50,29 @@ class Spec:
         return "".join(f"::{n}" for n in self.names) + (self.param if self.names else "")
 
 
+#: The most specs one command or comment may name, and the longest one spec may be: a comment is
+#: untrusted input, and the plan, the bot's reply and the dedup all grow with it.
+MAX_SPECS = 200
+MAX_SPEC_LEN = 400
+
+
+def _dedup(specs: list[Spec]) -> list[Spec]:
+    """``specs`` in order, each once (linear: a set of the seen ones)."""
+    seen: set[Spec] = set()
+    out = []
+    for s in specs:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def _capped(specs: list[Spec]) -> list[Spec]:
+    if len(specs) > MAX_SPECS:
+        raise SpecError(f"more than {MAX_SPECS} tests named; name a directory or a file instead of each test")
+    return specs
+
+
 def _refuse(token: str, why: str) -> SpecError:
     shown = token if len(token) <= 60 else token[:57] + "..."
     return SpecError(f"refused {shown!r}: {why}; give test files like test_x.py or file.py::Class::test")
@@ -67,6 +90,8 @@ def parse_spec(token: str) -> Spec:
     Raises:
         SpecError: the token is not a test spec (see the module docstring).
     """
+    if len(token) > MAX_SPEC_LEN:
+        raise _refuse(token, f"{len(token)} characters, at most {MAX_SPEC_LEN}")
     if not token:
         raise _refuse(token, "empty spec")
     if any(ord(c) < 32 or ord(c) == 127 for c in token) or not token.isascii():
@@ -123,12 +148,10 @@ def parse_specs(tokens: list[str], options: dict | None = None) -> list[Spec]:
     out: list[Spec] = []
     for token in tokens:
         if token.lstrip().startswith(COMMAND):
-            specs = _parse_comment(token, options if options is not None else {})
+            out = _dedup(out + _parse_comment(token, options if options is not None else {}))
         else:
-            specs = [parse_spec(token)]
-        for s in specs:
-            if s not in out:
-                out.append(s)
+            out = _dedup([*out, parse_spec(token)])
+        _capped(out)  # stops at the first spec past the cap, so the work stays bounded
     return out
 
 
@@ -192,6 +215,8 @@ def _parse_comment(body: str, options: dict) -> list[Spec]:
         raise SpecError(f"the first line must start with '{COMMAND} ' (got {first[:40]!r}); write /rerun-test test_x.py")
     # Tabs and other separators count as spaces; everything else goes through parse_spec.
     tokens = []
+    if len(rest) > MAX_SPECS * (MAX_SPEC_LEN + 1):
+        raise SpecError(f"the /rerun-test line is {len(rest)} characters long; name at most {MAX_SPECS} tests")
     for t in rest.split():
         if t.startswith("--"):
             parse_option(t, options)
@@ -199,9 +224,4 @@ def _parse_comment(body: str, options: dict) -> list[Spec]:
             tokens.append(t)
     if not tokens:
         raise SpecError("the comment names no tests; write /rerun-test test_x.py [more …]")
-    specs: list[Spec] = []
-    for t in tokens:
-        s = parse_spec(t)
-        if s not in specs:
-            specs.append(s)
-    return specs
+    return _capped(_dedup([parse_spec(t) for t in tokens]))
