@@ -176,11 +176,13 @@ def test_update_edits_only_its_line_and_survives_a_race(tmp_path, monkeypatch):
     status.write_text(comment.apply("", [GroupStatus("2-gpu-h100", "2-gpu-h100", state="passed", passed=2)]))
     other = comment.render_line(GroupStatus("cpu", "ubuntu-latest", state="running"))
     fake.interfere = other  # another job edits the cpu line at the same moment
-    assert github.main(["update", "--comment-id", str(cid), "--status-file", str(status)], transport=fake) == 0
+    matrix = json.dumps({"include": [{"name": g.name, "runner": g.runner} for g in Q]})
+    argv = ["update", "--comment-id", str(cid), "--matrix", matrix, "--queued", "--status-file", str(status)]
+    assert github.main(argv, transport=fake) == 0
     lines = comment.parse(fake.comments[cid])
     assert "✅" in lines["2-gpu-h100"] and lines["cpu"] == other and "⏳" in lines["8-gpu-h200"]
     before = fake.comments[cid]
-    assert github.main(["update", "--comment-id", str(cid), "--status-file", str(status)], transport=fake) == 0
+    assert github.main(argv, transport=fake) == 0
     assert fake.comments[cid] == before  # idempotent
     assert fake.calls[-2:] == [("GET", f"/repos/org/repo/issues/comments/{cid}")] * 2  # no PATCH when nothing changes
 
@@ -207,10 +209,10 @@ def test_update_after_the_runs_closes_out_groups_that_left_no_result(tmp_path, m
         assert "the job ended before it reported a result" in lines[name] and "https://ci/9" in lines[name]
 
 
-def test_update_without_matrix_needs_its_status_files(tmp_path, monkeypatch, capsys):
+def test_update_needs_the_matrix_whose_groups_it_writes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
     assert github.main(["update", "--comment-id", "1"], transport=FakeGitHub()) == 2
-    assert "update needs --status-file FILE or --matrix JSON" in capsys.readouterr().err
+    assert "update needs --matrix JSON: only the matrix's own groups are written" in capsys.readouterr().err
 
 
 def test_dispatch(tmp_path, monkeypatch):
@@ -241,10 +243,72 @@ def test_api_error_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
 
 def test_missing_status_file_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
-    assert github.main(["update", "--comment-id", "1", "--status-file", str(tmp_path / "nope")], transport=FakeGitHub()) == 2
+    matrix = json.dumps({"include": [{"name": "cpu", "runner": "ubuntu-latest"}]})
+    assert github.main(["update", "--comment-id", "1", "--matrix", matrix, "--queued", "--status-file",
+                        str(tmp_path / "nope")], transport=FakeGitHub()) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_missing_token_outside_a_workflow(monkeypatch, capsys):
     monkeypatch.delenv("GITHUB_TOKEN", raising=False)
     assert github.main(["dispatch", "--workflow", "w.yml", "--ref", "main"]) == 2
+
+
+# ---------------------------------------------------------------- what a PR's run writes is data (issue 46)
+
+HOSTILE = ("- ✅ **cpu** (`evil-runner`): passed — 3 passed, 0 failed, 0 skipped · [logs](https://evil.example/x) · "
+           "[report](https://evil.example#artifacts) `x` · hi @admin see [here](https://evil.example) <img src=x> · "
+           "failing: `suites/a.py::t` — boom **bold** @org/team; and 12 more · extra " + comment.group_marker("cpu"))
+
+
+def test_status_lines_are_rerendered_from_parsed_fields_for_the_matrix_groups_only():
+    """A run job's status file (the PR's code wrote it): each line is rebuilt from its state, counts,
+    failures and one note, with the matrix's runner label and the trusted link; markdown and mentions in its
+    text are escaped; a group the matrix does not hold, and a line that does not parse, are dropped."""
+    foreign = comment.render_line(GroupStatus("8-gpu-h200", "x", state="passed", passed=1))
+    text = "\n".join([comment.header(), HOSTILE, foreign, "- ❌ **2-gpu-h100** garbage " + comment.group_marker("2-gpu-h100"),
+                      "- 📏 mutation: 3 / 9 mutants run @admin " + comment.group_marker("mutation")])
+    matrix = {"include": [{"name": "cpu", "runner": "ubuntu-latest"}, {"name": "2-gpu-h100", "runner": "2-gpu-h100"}]}
+    lines = github.final_lines([text], matrix, "https://ci/run/9")
+    assert set(lines) == {"cpu", "2-gpu-h100", "mutation"}  # 8-gpu-h200 is no group of this matrix
+    cpu = lines["cpu"]
+    assert cpu.startswith("- ✅ **cpu** (`ubuntu-latest`): passed — 3 passed, 0 failed, 0 skipped · [logs](https://ci/run/9)")
+    assert "evil" not in cpu.split("· hi")[0]  # its runner, logs link and report link are the matrix's and ours
+    assert "\\[here\\]\\(https://evil.example\\) \\<img src=x\\>" in cpu  # no link, no HTML
+    assert "@\u2060admin" in cpu and "@admin" not in cpu and "\\*\\*bold\\*\\*" in cpu and "and 12 more" in cpu
+    assert "extra" not in cpu and cpu.endswith(comment.group_marker("cpu"))
+    assert comment.state_of(lines["2-gpu-h100"]) == "failed" and "ended before it reported" in lines["2-gpu-h100"]
+    assert lines["mutation"] == comment.note_line("mutation", "mutation: 3 / 9 mutants run @\u2060admin")
+    # the lines the harness itself renders come back unchanged (nothing to escape in them)
+    plain = comment.render_line(comment.GroupStatus("cpu", "ubuntu-latest", state="failed", passed=1, failed=1,
+                                                    link="https://ci/run/9", report=comment.report_path("cpu"),
+                                                    failures=(("suites/a.py::t", "AssertionError: 3 != 4"),)))
+    assert github.final_lines([plain], matrix, "https://ci/run/9")["cpu"] == plain
+
+
+def test_a_push_after_the_comment_refuses_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    fake = FakeGitHub()
+    approved = fake.pr["head"]["sha"]
+    assert github.main(["verify", "--pr", "7", "--sha", approved], transport=fake) == 0
+    fake.pr["head"]["sha"] = "f" * 40  # the fork pushed after /rerun-test
+    assert github.main(["verify", "--pr", "7", "--sha", approved], transport=fake) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"github: not run: the PR's head is now ffffffffffff, not {approved[:12]} approved by the "
+                   "/rerun-test comment (a push after it); comment /rerun-test again to run the new head")
+
+
+def test_a_failed_step_posts_its_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
+    fake = FakeGitHub()
+    err = tmp_path / "error.txt"
+    err.write_text("github: GET /repos/org/repo/pulls/7: HTTP 502 `oops` @admin\n")
+    assert github.main(["comment", "--pr", "7", "--body-file", str(err), "--failed", "the permission check",
+                        "--link", "https://ci/run/9"], transport=fake) == 0
+    assert list(fake.comments.values()) == [
+        "rerun-test: the permission check failed; the run is not going ahead ([logs](https://ci/run/9)).\n\n"
+        "```\ngithub: GET /repos/org/repo/pulls/7: HTTP 502 'oops' @admin\n```\n"]
+    assert github.main(["comment", "--pr", "7", "--body-file", str(tmp_path / "none"), "--failed", "the dispatch",
+                        "--link", "https://ci/run/9"], transport=fake) == 0
+    assert list(fake.comments.values())[-1] == ("rerun-test: the dispatch failed; the run is not going ahead "
+                                                "([logs](https://ci/run/9)).\n")

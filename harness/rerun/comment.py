@@ -40,6 +40,7 @@ class GroupStatus:
         failures: (node id, one-line reason) of failing tests.
         note: one line about the group itself (crash, not runnable here).
         report: where the group's HTML report is, inside the job's artifacts (``""``: none yet).
+        more_failures: failing tests beyond ``failures`` (a line read back shows only the first few).
     """
 
     name: str
@@ -53,6 +54,7 @@ class GroupStatus:
     failures: tuple[tuple[str, str], ...] = ()
     note: str = ""
     report: str = ""
+    more_failures: int = 0
 
     def __post_init__(self) -> None:
         if self.state not in ICONS:
@@ -111,7 +113,7 @@ def render_line(s: GroupStatus) -> str:
         parts.append(_clean(s.note))
     if s.failures:
         shown = [f"`{_clean(nid)}` — {_clean(why)}" for nid, why in s.failures[:MAX_FAILURES_SHOWN]]
-        more = len(s.failures) - MAX_FAILURES_SHOWN
+        more = max(0, len(s.failures) - MAX_FAILURES_SHOWN) + s.more_failures
         parts.append("failing: " + "; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
     return " · ".join(parts) + " " + group_marker(s.name)
 
@@ -195,3 +197,72 @@ def parse(body: str) -> dict[str, str]:
         if m:
             out[m.group(1)] = ln
     return out
+
+
+# ---------------------------------------------------------------- lines from a PR's code, re-rendered
+
+#: Markdown that could format, link, open HTML or reference an issue: backslash-escaped in text read back from a PR's run.
+_MD_SPECIAL = re.compile(r"([\\*_\[\]()<>#|~])")
+#: Note lines (not groups) a run job may hand out: the changed-lines coverage and the mutation phase.
+NOTE_LINES = ("changed-lines", "mutation")
+MAX_COUNT = 10_000_000
+_HEAD_RE = re.compile(r"^- \S+ \*\*(?P<name>[^*]*)\*\* \(`[^`]*`\): (?P<state>" + "|".join(ICONS) + r")"
+                      r"(?: — (?P<p>\d{1,8}) passed, (?P<f>\d{1,8}) failed, (?P<s>\d{1,8}) skipped"
+                      r"(?:, (?P<x>\d{1,8}) xfailed)?)?(?= · | <!--)")
+_FAILURE_RE = re.compile(r"^`(?P<nid>[^`]*)` — (?P<why>.*)$")
+_MORE_RE = re.compile(r"^and (\d{1,8}) more$")
+_NOTE_RE = re.compile(r"^- 📏 (?P<text>.*) <!-- rerun-test:group=[^>]* -->$")
+
+
+def escape(text: str) -> str:
+    """Text from a PR's run as inert markdown: one line (:func:`_clean`), every markdown punctuation that
+    could format, link, embed or open HTML backslash-escaped, and a word joiner after each ``@`` (no mention)."""
+    text = _clean(text)
+    return _MD_SPECIAL.sub(r"\\\1", text).replace("@", "@\u2060")
+
+
+def parse_line(name: str, line: str) -> GroupStatus | None:
+    """The fields of a group line a run job wrote (:func:`render_line`'s format), strictly: the state and
+    counts, the failing tests and one note. Anything else (its link, its runner, its report path, unknown
+    parts) is dropped. None when the line is not a group line of ``name``.
+    """
+    if not line.endswith(" " + group_marker(name)):
+        return None
+    m = _HEAD_RE.match(line)
+    if not m or m.group("name") != name:
+        return None
+    body = line[m.end():-len(group_marker(name)) - 1]
+    counts = {k: min(int(m.group(k) or 0), MAX_COUNT) for k in ("p", "f", "s", "x")}
+    failures: list[tuple[str, str]] = []
+    more, note = 0, ""
+    for part in body.split(" · ")[1:]:
+        if part.startswith("[logs](") or part.startswith("[report]("):
+            continue  # the link and the report path are the trusted side's to write
+        if part.startswith("failing: "):
+            for item in part[len("failing: "):].split("; "):
+                if (f := _FAILURE_RE.match(item)) and len(failures) < MAX_FAILURES_SHOWN:
+                    failures.append((f.group("nid"), f.group("why")))
+                elif (mm := _MORE_RE.match(item)):
+                    more = min(int(mm.group(1)), MAX_COUNT)
+        elif not note:
+            note = part
+    return GroupStatus(name=name, runner="", state=m.group("state"), passed=counts["p"], failed=counts["f"],
+                       skipped=counts["s"], xfailed=counts["x"], failures=tuple(failures), note=note,
+                       more_failures=more)
+
+
+def rerender(name: str, line: str, runner: str, link: str) -> str | None:
+    """A group line a run job wrote, rebuilt from its parsed fields (:func:`parse_line`) with the matrix's
+    runner label, the trusted logs link and the group's report path; its free text escaped (:func:`escape`).
+    A note line (:data:`NOTE_LINES`) keeps only its escaped text. None when nothing parses."""
+    if name in NOTE_LINES:
+        m = _NOTE_RE.match(line) if line.endswith(" " + group_marker(name)) else None
+        return note_line(name, escape(m.group("text"))) if m else None
+    s = parse_line(name, line)
+    if s is None:
+        return None
+    final = s.state in ("passed", "failed")
+    return render_line(GroupStatus(
+        name=name, runner=runner, state=s.state, passed=s.passed, failed=s.failed, skipped=s.skipped,
+        xfailed=s.xfailed, link=link, note=escape(s.note), report=report_path(name) if final else "",
+        failures=tuple((_clean(nid), escape(why)) for nid, why in s.failures), more_failures=s.more_failures))

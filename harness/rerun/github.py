@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harness.rerun import comment
+from harness.rerun import comment, runners
 from harness.rerun.permission import Decision, may_rerun
 
 log = logging.getLogger(__name__)
@@ -155,28 +155,71 @@ def update_lines(gh: GitHub, comment_id: int, lines: dict[str, str]) -> str:
     raise GitHubError(f"comment {comment_id}: lines for {', '.join(lines)} lost to concurrent edits")
 
 
-def final_lines(status_texts: list[str], matrix: dict | None, link: str = comment.LINK_PLACEHOLDER) -> dict[str, str]:
-    """The group lines to write once every runner job has ended.
+def _entries(matrix: dict | None) -> list[dict]:
+    return [e for e in (matrix or {}).get("include", []) if isinstance(e, dict)]
+
+
+def final_lines(status_texts: list[str], matrix: dict | None, link: str = comment.LINK_PLACEHOLDER, *,
+                close_out: bool = True) -> dict[str, str]:
+    """The group lines to write from the run jobs' status files, for the matrix's own groups only.
+
+    A status file is a run job's output (the PR's code): each of its lines is rebuilt from parsed fields
+    (:func:`comment.rerender`: the matrix's runner label, ``link``, escaped text); a line of a group the
+    matrix does not hold, or one that does not parse, is dropped. The note lines (:data:`comment.NOTE_LINES`)
+    pass the same way.
 
     Args:
         status_texts: the ``--comment-out`` files the jobs left (their artifacts).
-        matrix: the plan's matrix; a group of it whose line is missing or not final (queued,
-            running: its job died before reporting) gets a failed line saying so.
-        link: the logs link of such a line (the workflow run).
+        matrix: the plan's matrix as the trusted side placed it (:mod:`harness.rerun.runners`).
+        link: the logs link of every line (the workflow run).
+        close_out: after the runs: a group whose line is missing or not final (queued, running: its job
+            died before reporting) gets a failed line saying so. Before them (False): only the lines found.
 
     Returns:
         Group name → rendered line.
     """
-    lines: dict[str, str] = {}
+    labels = {str(e.get("name")): str(e.get("runner", "")) for e in _entries(matrix)}
+    found: dict[str, str] = {}
     for text in status_texts:
-        lines.update(comment.parse(text))
-    for entry in (matrix or {}).get("include", []):
-        name = entry["name"]
-        if comment.state_of(lines.get(name, "")) not in ("passed", "failed"):
+        found.update(comment.parse(text))
+    lines: dict[str, str] = {}
+    for name, line in found.items():
+        if name in labels:
+            new = comment.rerender(name, line, labels[name], link)
+        elif name in comment.NOTE_LINES:
+            new = comment.rerender(name, line, "", link)
+        else:
+            continue
+        if new is not None:
+            lines[name] = new
+    for name, runner in labels.items():
+        state = comment.state_of(lines.get(name, ""))
+        if close_out and state not in ("passed", "failed"):
             lines[name] = comment.render_line(comment.GroupStatus(
-                name=name, runner=entry["runner"], state="failed", link=link,
+                name=name, runner=runner, state="failed", link=link,
                 note="the job ended before it reported a result; see its log"))
     return lines
+
+
+def verify_head(gh: GitHub, number: int, sha: str) -> None:
+    """The PR's head is still ``sha``, the commit approved when ``/rerun-test`` was checked.
+
+    Raises:
+        GitHubError: a push moved the head after the comment (one line saying so and what to do).
+    """
+    head = str(((gh.pull(number).get("head") or {}).get("sha")) or "")
+    if not sha or head != sha:
+        raise GitHubError(f"not run: the PR's head is now {head[:12] or 'unknown'}, not {sha[:12] or 'unknown'} "
+                          f"approved by the /rerun-test comment (a push after it); comment /rerun-test again "
+                          f"to run the new head")
+
+
+def failure_body(what: str, text: str, link: str) -> str:
+    """The reply when a step failed: what failed, and its error text (a PR's run may have written it) in
+    a code block, backticks removed, at most 40 lines."""
+    lines = [ln.replace("`", "'")[:300] for ln in text.strip().splitlines()[:40]]
+    body = f"rerun-test: {what} failed; the run is not going ahead ([logs]({link}))."
+    return body + ("\n\n```\n" + "\n".join(lines) + "\n```\n" if lines else "\n")
 
 
 def github_output(**values: object) -> None:
@@ -200,12 +243,26 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pr", type=int, required=True)
     c.add_argument("--body-file", type=Path, required=True)
     c.add_argument("--comment-id", type=int)
-    c = sub.add_parser("update", help="apply the group lines of --comment-out files to the status comment")
+    c.add_argument("--failed", metavar="WHAT", help="the body file is the error of WHAT (a step that failed): "
+                   "post it as the reason, escaped; a missing file says to see the log")
+    c.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="the workflow run (with --failed)")
+    c = sub.add_parser("update", help="write the matrix's group lines, rebuilt from --comment-out files, into the comment")
     c.add_argument("--comment-id", type=int, required=True)
     c.add_argument("--status-file", type=Path, action="append", default=[], metavar="FILE",
-                   help="a --comment-out file (repeatable); a missing file is a job that left none")
-    c.add_argument("--matrix", help="the plan's matrix (JSON): its groups without a final line are marked failed")
-    c.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="logs link of the lines --matrix closes out")
+                   help="a --comment-out file (repeatable); with --queued it must exist, after the runs a "
+                        "missing file is a job that left none")
+    c.add_argument("--matrix", help="the matrix as the trusted side placed it (JSON): only its groups are written")
+    c.add_argument("--queued", action="store_true",
+                   help="before the runs: write only the lines found (default: a group without a final line is "
+                        "closed out as failed)")
+    c.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="the logs link of every line (the workflow run)")
+    c = sub.add_parser("verify", help="the PR's head is still the approved commit (a push after /rerun-test refuses)")
+    c.add_argument("--pr", type=int, required=True)
+    c.add_argument("--sha", required=True, help="the commit the /rerun-test check approved")
+    c = sub.add_parser("runners", help="place a plan's matrix on the runners of the allow-list (trusted code only)")
+    c.add_argument("--matrix", required=True, help="the plan's matrix (JSON), as the plan printed it")
+    c.add_argument("--allow", type=Path, required=True, help="the default branch's ci/runners.json")
+    c.add_argument("--cpu-only", action="store_true", help="every group on the CPU runner (a fork's pull request)")
     c = sub.add_parser("dispatch", help="start a workflow_dispatch run")
     c.add_argument("--workflow", required=True)
     c.add_argument("--ref", required=True)
@@ -226,7 +283,11 @@ def run(args: argparse.Namespace, gh: GitHub) -> int:
         github_output(allowed=str(decision.allowed).lower(), reason=decision.reason, pr=number, sha=sha)
         return 0
     if args.command == "comment":
-        body = args.body_file.read_text(encoding="utf-8")
+        if args.failed:
+            text = args.body_file.read_text(encoding="utf-8", errors="replace") if args.body_file.is_file() else ""
+            body = failure_body(args.failed, text, args.link)
+        else:
+            body = args.body_file.read_text(encoding="utf-8")
         if args.comment_id:
             gh.edit_comment(args.comment_id, body)
             github_output(comment_id=args.comment_id)
@@ -234,18 +295,22 @@ def run(args: argparse.Namespace, gh: GitHub) -> int:
             github_output(comment_id=gh.create_comment(args.pr, body))
         return 0
     if args.command == "update":
-        if not args.status_file and not args.matrix:
-            raise ValueError("update needs --status-file FILE or --matrix JSON")
-        if args.matrix:
-            # After the runs, a job that died left no file: its group is closed out, not an error.
-            texts = [f.read_text(encoding="utf-8") for f in args.status_file if f.is_file()]
-            lines = final_lines(texts, json.loads(args.matrix), args.link)
-        else:
-            lines = {}
-            for f in args.status_file:
-                lines.update(comment.parse(f.read_text(encoding="utf-8")))
+        if not args.matrix:
+            raise ValueError("update needs --matrix JSON: only the matrix's own groups are written")
+        # After the runs, a job that died left no file: its group is closed out, not an error.
+        texts = [f.read_text(encoding="utf-8", errors="replace") for f in args.status_file
+                 if args.queued or f.is_file()]
+        lines = final_lines(texts, json.loads(args.matrix), args.link, close_out=not args.queued)
         if lines:
             update_lines(gh, args.comment_id, lines)
+        return 0
+    if args.command == "verify":
+        verify_head(gh, args.pr, args.sha)
+        print(f"the PR's head is the approved commit {args.sha}")
+        return 0
+    if args.command == "runners":
+        matrix = runners.pin(json.loads(args.matrix), runners.load_allow_list(args.allow), cpu_only=args.cpu_only)
+        github_output(matrix=json.dumps(matrix, separators=(",", ":")))
         return 0
     if args.command == "dispatch":
         inputs = dict(kv.split("=", 1) for kv in args.input)
@@ -277,6 +342,9 @@ def main(argv: list[str] | None = None, transport: Transport | None = None) -> i
     except OSError as e:
         print(f"github: cannot read {e.filename}: {e.strerror}; pass an existing file", file=sys.stderr)
         return 2
+    except runners.RunnerError as e:
+        print(f"github: {e}", file=sys.stderr)
+        return 1
     except (json.JSONDecodeError, KeyError, ValueError) as e:
         print(f"github: bad input ({e.__class__.__name__}: {e}); pass the event/entry JSON the workflow provides", file=sys.stderr)
         return 2

@@ -78,13 +78,15 @@ def jobs_done(gh: GitHub, run_id: int, names: set[str]) -> bool:
 
 
 def status_line(zipped: bytes) -> str | None:
-    """The ``mutation`` line of a progress artifact (a zip holding ``status.md``), or None."""
+    """The ``mutation`` line of a progress artifact (a zip holding ``status.md``), rebuilt from its text, or None."""
     with zipfile.ZipFile(io.BytesIO(zipped)) as z:
         names = [n for n in z.namelist() if n.rsplit("/", 1)[-1] == STATUS_NAME]
         if not names:
             return None
         text = z.read(names[0]).decode("utf-8", errors="replace")
-    return comment.parse(text).get(LINE)
+    line = comment.parse(text).get(LINE)
+    # The artifact is a PR's run's output: only its escaped text is kept (comment.rerender).
+    return comment.rerender(LINE, line, "", "") if line else None
 
 
 def relay_once(gh: GitHub, fetch: Fetch, comment_id: int, run_id: int, seen: dict[str, str]) -> str | None:
