@@ -76,30 +76,26 @@ def run_sim(args: argparse.Namespace, run_dir: str):
 
 
 def run_server(args: argparse.Namespace, run_dir: str):
-    import time
-
     from harness import rundir, topology
     from harness.cluster import Cluster
-    from harness.engines.server import modelmap
-    from harness.engines.server.layout import server_layout
     from harness.engines.server.server_soak import soak_stack
-    from harness.engines.server.stack import start_pd_stack
+    from harness.engines.server.stack_pool import StackPool, counted_names
 
     topo = topology.get("cpu")
     run = rundir.create(run_dir)
-    model = modelmap.resolve(SERVER_MODEL, {}, topo)
     with Cluster.start(topo) as cluster:
-        placement = cluster.place(server_layout(topo).placement)
-        t0 = time.monotonic()
-        stack = start_pd_stack(topo, model, run.root, placement=placement, names=("soak-prefill", "soak-decode", "soak-router"))
-        started = time.monotonic() - t0
+        # The stack as the real-server suites get theirs (harness.plugins.stacks): the same pool, its own callbacks.
+        pool = StackPool(cluster, topo, run, unique_name=counted_names("soak-"))
         try:
+            stack = pool.pd(SERVER_MODEL)
             result = soak_stack(stack, run.ledger, args.requests, every=args.every, seed=args.seed, page_size=PAGE,
                                 concurrency=args.concurrency)
         finally:
-            stack.stop()
+            left = pool.close()
+    if left:
+        raise RuntimeError(f"server processes left after the soak: {left}")
     return result, (f"real CPU stack (sglang prefill + decode + router, {SERVER_MODEL}, page {PAGE}, started in "
-                    f"{started:.0f} s), {args.concurrency} in flight")
+                    f"{stack.started_s:.0f} s), {args.concurrency} in flight")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,25 +159,25 @@ def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
 
 def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_path):
     from harness import topology
-    from harness.plugins.stacks import ServerStacks
+    from harness.plugins.stacks import session_stacks
 
-    h100 = ServerStacks(pytestconfig, None, topology.get("2-gpu-h100"), None, server_args=("--page-size", "64"))
+    h100 = session_stacks(pytestconfig, None, topology.get("2-gpu-h100"), None, server_args=("--page-size", "64"))
     with pytest.raises(pytest.fail.Exception, match="topology 2-gpu-h100 runs real models: give model 'tiny-llama' "
                                                     "with --model tiny-llama=PATH or HARNESS_MODEL_TINY_LLAMA=PATH"):
         h100.model("tiny-llama")
     assert h100.role_args("prefill") == ("--page-size", "64")
     assert h100.role_args("decode") == h100.role_args("plain") == ("--page-size", "64", "--mem-fraction-static", "0.4")
     (tmp_path / "config.json").write_text("{}")
-    h200 = ServerStacks(pytestconfig, None, topology.get("8-gpu-h200"), None, models={"dsv4": tmp_path})
+    h200 = session_stacks(pytestconfig, None, topology.get("8-gpu-h200"), None, models={"dsv4": tmp_path})
     assert h200.model("dsv4") == tmp_path and h200.role_args("decode") == ()
     from harness.engines.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
 
     assert (h200.ready_timeout, h100.ready_timeout) == (GPU_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S)
-    assert ServerStacks(pytestconfig, None, topology.get("cpu"), None).ready_timeout == DEFAULT_READY_TIMEOUT_S
+    assert session_stacks(pytestconfig, None, topology.get("cpu"), None).ready_timeout == DEFAULT_READY_TIMEOUT_S
 
 
 def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_after_its_last_test(pytester):
-    """Stacks are session-wide: one ServerStacks per (topology, module server_args); the last test
+    """Stacks are session-wide: one stack pool per (topology, module server_args); the last test
     taking the servers and naming a model is remembered at collection (its servers are stopped
     after it); a test that names the model but takes no servers does not count."""
     pytester.makepyfile(test_a="""

@@ -78,9 +78,10 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
     leaves nothing. Each server exits on the stop's SIGTERM: none waits out the grace to be killed
     (sglang's crash diagnostics, a 5 s sleep, are off on CPU)."""
     from harness import topology
-    from harness.plugins.stacks import ServerStacks
+    from harness.plugins.stacks import session_stacks
 
-    stacks = ServerStacks(request.config, ray_cluster, topology.get("cpu"), run_dir, server_args=("--page-size", "64"))
+    stacks = session_stacks(request.config, ray_cluster, topology.get("cpu"), run_dir,
+                            server_args=("--page-size", "64"))
     stacks.order = ["tiny-llama", "tiny-mellum-swa"]
     try:
         stacks.prestart_next("tiny-llama")

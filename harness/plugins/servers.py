@@ -1,9 +1,9 @@
 """pytest plugin concern: real sglang server stacks for the real-server suites, shared by the session.
 
 Fixtures:
-    sglang_servers  the session's :class:`~harness.plugins.stacks.ServerStacks` for the test's topology and its module's
-                    ``server_args``: ``.pd(model_name)`` returns a ready real prefill + decode +
-                    router stack (started on first use, restarted if one of its workers died;
+    sglang_servers  the session's :class:`~harness.engines.server.stack_pool.StackPool` for the test's
+                    topology and its module's ``server_args``: ``.pd(model_name)`` returns a ready
+                    real prefill + decode + router stack (started on first use, restarted if one of its workers died;
                     ``with_plain=True`` starts the plain baseline at the same time),
                     ``.plain(model_name, compat_patches=None)`` a ready plain server. Stacks live
                     for the session: every test (of any module) asking for the same model, flags and
@@ -18,7 +18,7 @@ Fixtures:
                     teardown asserts that no server process is left. On a topology without
                     GPUs, when a test first takes a model's servers, the stack and baseline of the
                     model the next tests serve start in the background, so that start overlaps
-                    this model's tests (:meth:`~harness.plugins.stacks.ServerStacks.prestart_next`).
+                    this model's tests (:meth:`~harness.engines.server.stack_pool.StackPool.prestart_next`).
                     Every worker is watched by the harness's fail-fast watchdog and owned by each
                     test that uses the fixture, so a server dying mid-test fails that test within
                     about a second with ``WorkerDied`` (name, cause, log tail).
@@ -45,11 +45,12 @@ import pytest
 
 from harness import topology as topology_mod
 from harness.plugins.engine import MODEL_OPTION, models_key, server_kwargs
-from harness.plugins.stacks import ServerStacks
+from harness.plugins.stacks import session_stacks
 from harness.rundir import RunDir
 
 if TYPE_CHECKING:
     from harness.cluster import Cluster
+    from harness.engines.server.stack_pool import StackPool
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +75,21 @@ def tiny_model() -> Callable[[str], Path]:
 
 
 class SessionServers:
-    """The session's :class:`ServerStacks`, one per (topology, module ``server_args``)."""
+    """The session's stack pools (:class:`~harness.engines.server.stack_pool.StackPool`), one per (topology,
+    module ``server_args``)."""
 
     def __init__(self, config: pytest.Config, cluster: Cluster, run_dir: RunDir) -> None:
         self._config = config
         self._cluster = cluster
         self._run_dir = run_dir
-        self._stacks: dict[tuple[str, tuple[str, ...]], ServerStacks] = {}
+        self._stacks: dict[tuple[str, tuple[str, ...]], StackPool] = {}
 
-    def on(self, topology: topology_mod.Topology, server_args: Sequence[str] = ()) -> ServerStacks:
+    def on(self, topology: topology_mod.Topology, server_args: Sequence[str] = ()) -> StackPool:
         """The stacks on ``topology`` whose servers get ``server_args`` (created on first use)."""
         key = (topology.name, tuple(server_args))
         if key not in self._stacks:
-            stacks = self._stacks[key] = ServerStacks(self._config, self._cluster, topology, self._run_dir,
-                                                      models=self._config.stash[models_key], server_args=server_args)
+            stacks = self._stacks[key] = session_stacks(self._config, self._cluster, topology, self._run_dir,
+                                                        models=self._config.stash[models_key], server_args=server_args)
             stacks.order = [m for m, args, names in self._config.stash.get(_order_key, [])
                             if args == tuple(server_args) and (not names or topology.name in names)]
         return self._stacks[key]
@@ -245,9 +247,10 @@ def _sglang_servers_session(request: pytest.FixtureRequest, run_dir: Any) -> Ite
 
 
 @pytest.fixture
-def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology) -> Iterator[ServerStacks]:
-    """The session's :class:`ServerStacks` on the test's topology with its module's ``server_args``;
-    the test owns their workers, and the servers it used are reset (and checked) after it.
+def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology) -> Iterator[StackPool]:
+    """The session's :class:`~harness.engines.server.stack_pool.StackPool` on the test's topology with its
+    module's ``server_args``; the test owns their workers, and the servers it used are reset (and checked)
+    after it.
 
     Through ``topology`` a test marked for other topologies than ``--topology`` is skipped; a GPU
     topology without real GPUs here is skipped with what it needs (before Ray starts). On a GPU
