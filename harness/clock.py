@@ -39,6 +39,25 @@ class FakeClock(Clock):
 DEFAULT = Clock()
 
 
+class Deadline:
+    """A point ``timeout`` seconds from now: for bounded loops that do more than poll one condition."""
+
+    def __init__(self, timeout: float, clock: Clock = DEFAULT) -> None:
+        self.clock = clock
+        self.at = clock.now() + timeout
+
+    def left(self) -> float:
+        """Seconds until the deadline, never below 0."""
+        return max(0.0, self.at - self.clock.now())
+
+    def expired(self) -> bool:
+        return self.clock.now() >= self.at
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, but not past the deadline."""
+        self.clock.sleep(min(seconds, self.left()))
+
+
 def wait_for(condition: Callable[[], T], timeout: float, what: str, *, interval: float = 0.1,
              clock: Clock = DEFAULT) -> T:
     """Call ``condition`` until it returns something truthy; return that.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.clock import FakeClock, wait_for
+from harness.clock import Deadline, FakeClock, wait_for
 
 
 def test_wait_for_returns_the_first_truthy_value():
@@ -30,3 +30,13 @@ def test_a_condition_that_raises_aborts_the_wait():
     with pytest.raises(RuntimeError, match="worker died"):
         wait_for(dead, 100, "x", clock=clock)
     assert clock.now() == 0
+
+
+def test_a_deadline_counts_down_and_sleeps_no_further():
+    clock = FakeClock(t=10)
+    deadline = Deadline(3, clock=clock)
+    assert deadline.left() == 3 and not deadline.expired()
+    deadline.sleep(2)
+    assert deadline.left() == 1 and not deadline.expired()
+    deadline.sleep(2)
+    assert clock.now() == 13 and deadline.left() == 0 and deadline.expired()

@@ -1,24 +1,19 @@
 """Placement groups: one per role group of a topology (``RoleSpec.groups`` = count × dp), one bundle
 per TP rank, ``STRICT_PACK`` so a TP group sits on one node.
 
-:class:`Placements` holds a cluster's: :meth:`~Placements.place` creates a topology's groups and waits
-until all are placed (or names the resource that is missing, :class:`Fit`), :meth:`~Placements.check`
-tells within a timeout whether a topology fits and removes the trial groups again, using the
-scheduling state Ray records in ``placement_group_table`` (``INFEASIBLE``: the cluster can never hold
-it; ``NO_RESOURCES``: it could, but the resources are in use now). A role pinned to a topology node
-is placed there by a slice of the node's ``harness_node_<i>`` resource, its ``pd-harness/node``
-label, or the i-th node's ``node:<ip>`` resource; on a cluster the harness started, a one-node
-topology is kept on node 0 (so a simulated cluster shaped for the largest topology still places a
-small one the way its real runner would).
+:class:`Placements` places a topology's groups (:meth:`~Placements.place`) or tells whether it fits and what is
+missing (:meth:`~Placements.check`, :class:`Fit`), from Ray's scheduling state. Pinning to a node and the
+one-node rule: docs/modules.md.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.clock import DEFAULT as DEFAULT_CLOCK
+from harness.clock import Deadline
 from harness.cluster.nodes import alive_nodes
 from harness.topology import RoleSpec, Topology
 from harness.workers.nodes import NODE_LABEL, NODE_RESOURCE
@@ -199,7 +194,7 @@ class Placements:
         """
         from ray.util.placement_group import placement_group_table
 
-        t0 = time.monotonic()
+        t0 = DEFAULT_CLOCK.now()
         deadline = t0 + timeout
         short_since: float | None = None
         while True:
@@ -208,10 +203,10 @@ class Placements:
                 t = placement_group_table(g.pg)
                 states.append((g, t["state"], t["stats"]["scheduling_state"]))
             if all(s == "CREATED" for _, s, _ in states):
-                return Fit(topo.name, True, "CREATED", seconds=time.monotonic() - t0)
+                return Fit(topo.name, True, "CREATED", seconds=DEFAULT_CLOCK.now() - t0)
             bad = [(g, sched) for g, s, sched in states if s != "CREATED"]
             infeasible = [g for g, sched in bad if sched == "INFEASIBLE"]
-            now = time.monotonic()
+            now = DEFAULT_CLOCK.now()
             if infeasible:
                 g = infeasible[0]
                 return Fit(topo.name, False, "INFEASIBLE", group=g.name, missing=self._missing(g, "INFEASIBLE"), seconds=now - t0)
@@ -229,7 +224,7 @@ class Placements:
                 g, sched = bad[0]
                 state = sched if sched == "NO_RESOURCES" else "PENDING"
                 return Fit(topo.name, False, state, group=g.name, missing=self._missing(g, state), seconds=now - t0)
-            time.sleep(_POLL_S)
+            DEFAULT_CLOCK.sleep(_POLL_S)
 
 
     @staticmethod
@@ -355,10 +350,10 @@ class Placements:
         """
         from ray.util.placement_group import placement_group_table, remove_placement_group
 
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         last: dict[int, tuple[str, str]] = {}
-        stable_since = time.monotonic()
-        while time.monotonic() < deadline:
+        stable_since = DEFAULT_CLOCK.now()
+        while not deadline.expired():
             try:
                 now_states = {}
                 for i, g in enumerate(groups):
@@ -368,22 +363,22 @@ class Placements:
                 log.debug("settle before removal: %s", e)
                 break
             if now_states != last:
-                last, stable_since = now_states, time.monotonic()
+                last, stable_since = now_states, DEFAULT_CLOCK.now()
             busy = any(st == "PREPARED" or sched in ("QUEUED", "SCHEDULING_STARTED") for st, sched in now_states.values())
             if all(st == "CREATED" for st, _ in now_states.values()) or (
-                    not busy and time.monotonic() - stable_since >= _SETTLE_S):
+                    not busy and DEFAULT_CLOCK.now() - stable_since >= _SETTLE_S):
                 break
-            time.sleep(_POLL_S)
+            deadline.sleep(_POLL_S)
         for g in groups:
             try:
                 remove_placement_group(g.pg)
             except Exception as e:  # already removed, or Ray gone: nothing left to free
                 log.debug("remove %s: %s", g.name, e)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         for g in groups:
             try:
-                while placement_group_table(g.pg)["state"] != "REMOVED" and time.monotonic() < deadline:
-                    time.sleep(_POLL_S)
+                while placement_group_table(g.pg)["state"] != "REMOVED" and not deadline.expired():
+                    deadline.sleep(_POLL_S)
             except Exception as e:  # Ray gone
                 log.debug("wait for removal of %s: %s", g.name, e)
 

@@ -1,12 +1,9 @@
 """The worker actor: the Ray actor body that owns one payload from start to reap, inside its process.
 
-It writes its own stdout/stderr (and any child's) to the worker's log, leases the worker's named
-ports, sets ``CUDA_VISIBLE_DEVICES`` from the GPU ids Ray assigned, runs the spec's setup, builds
-an :class:`~harness.workers.spec.InProcess` payload or starts a
-:class:`~harness.workers.spec.Subprocess` one in its own process group, answers the driver's
-liveness and readiness polls from a concurrency group of their own, and stops the payload (SIGTERM
-to its group, a bounded wait, SIGKILL). :func:`current` tells an in-process payload who it is.
-The class is made a Ray actor lazily (:func:`remote_class`), so importing this module imports no Ray.
+It sets up the log, ports and GPUs, builds or starts the payload, answers the driver's liveness and readiness
+polls from a concurrency group of their own, and stops the payload. :func:`current` tells an in-process
+payload who it is. The class is made a Ray actor lazily (:func:`remote_class`), so importing this module
+imports no Ray. The steps: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -18,12 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from harness.changes import measure
+from harness.clock import Deadline
 from harness.workers import procs
 from harness.workers.ports import allocate_ports
 from harness.workers.spec import (
@@ -254,13 +251,13 @@ def stop_group(pgid: int, start: float | None, grace: float, proc: subprocess.Po
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return None
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
+    deadline = Deadline(grace)
+    while not deadline.expired():
         if proc is not None:
             proc.poll()  # reap the leader so it does not linger as a zombie
         if not procs.group_members(pgid):
             return None
-        time.sleep(0.05)
+        deadline.sleep(0.05)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:

@@ -1,14 +1,8 @@
 """The harness's own processes: a registry on disk, so a run killed with SIGKILL is cleaned up by the next.
 
-Every process the harness starts that could outlive its owner (Ray's node processes, worker actors,
-server subprocesses and their process groups) is recorded as one small JSON file in
-:data:`REGISTRY_DIR` with its pid, its start time (so a recycled pid is never mistaken for ours) and
-the pid + start time of its *owner*: the process that ran the harness (pytest, ``harness``).
-:func:`reap_stale` kills the entries whose owner is gone; it touches nothing else on the machine.
-
-Processes are read with psutil (pid, parent, status), their start tick from ``/proc``
-(:func:`start_time`); their process group and session with ``os.getpgid`` / ``os.getsid``. Linux only
-(process groups and sessions as Linux has them).
+Every process the harness starts that could outlive its owner is recorded in :data:`REGISTRY_DIR` with its
+pid, start time and owner; :func:`reap_stale` kills the entries whose owner is gone, and nothing else.
+Linux only. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -20,10 +14,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
+
+from harness.clock import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -260,10 +255,10 @@ def wait_gone(pids: list[int], timeout: float, starts: Mapping[int, float] | Non
     reused its pid: that one does not count as running.
     """
     starts = starts or {}
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     left = [p for p in pids if alive(p, starts.get(p))]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while left and not deadline.expired():
+        deadline.sleep(0.05)
         left = [p for p in left if alive(p, starts.get(p))]
     return left
 

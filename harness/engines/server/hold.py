@@ -1,19 +1,9 @@
 """Holding a request at one phase of the PD path on a real server, so a test reaches that phase
 deterministically (no sleeps, no luck): the prefill server stops before it sends a held request's KV.
 
-A test holds a request by creating ``<run_dir>/ledger/hold/<rid>`` before it sends it (the rid given
-in the request body, :func:`hold_file`). The prefill server's scheduler, about to send that
-request's KV to decode (``send_kv_chunk``: prefill has computed and holds the KV, decode has
-preallocated its pages or is about to), writes ``<rid>.held`` beside it and waits while ``<rid>``
-exists. The test then does what the phase is for — abort the request, kill a server — and removes
-the file to let the send go on (:func:`release`). Every other request passes untouched; a hold
-never outlives :data:`MAX_HOLD_S` (then it goes on, logged), so a test that forgot one cannot hang
-a server.
-
-The whole prefill scheduler waits with the held request (it is one thread): what the test does
-meanwhile goes to decode, the router or the processes themselves. Installed in every prefill server
-started with the probe (``HARNESS_PROBE_LEDGER``); with no hold file it costs one ``stat`` per send.
-Own code, not a library: the wait sits inside sglang's scheduler loop, on its own call.
+A test creates the hold file (:func:`hold_file`) before it sends the request, acts, and removes it
+(:func:`release`); a hold never outlives :data:`MAX_HOLD_S`. Own code, not a library: the wait sits inside
+sglang's scheduler loop. The steps and their cost: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -21,11 +11,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+from harness.clock import Deadline
 from harness.engines.server.hooks import after_import
 
 log = logging.getLogger(__name__)
@@ -67,9 +57,9 @@ def _wrap_send(directory: Path, orig: Callable) -> Callable:
         if gate.exists():
             gate.with_name(gate.name + ".held").touch()
             log.info("holding request %s before its KV send (remove %s to release)", req.rid, gate)
-            deadline = time.monotonic() + MAX_HOLD_S
-            while gate.exists() and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
+            deadline = Deadline(MAX_HOLD_S)
+            while gate.exists() and not deadline.expired():
+                deadline.sleep(_POLL_S)
             if gate.exists():
                 log.warning("hold of %s outlived %g s: sending", req.rid, MAX_HOLD_S)
         return orig(self, req, *args, **kwargs)

@@ -5,12 +5,12 @@ rule) and that the decode books of every request since the start balance."""
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import requests
 
 from harness import ledger
+from harness.clock import Deadline
 from harness.engines.server.http_client import ServerClient, ServerHTTPError
 from harness.workers import Worker
 
@@ -66,20 +66,20 @@ def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.
     path = Path(ledger_path)
     seen = len(_resets(path))
     client = ServerClient(worker.url("http"))
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         worker.check()
         try:
             # The whole time left, not a shorter per-call bound: a loaded machine's scheduler can take
             # more than 10 s to answer a flush, and the answer is what the reset waits for.
-            client.flush_cache(timeout_s=max(1.0, deadline - time.monotonic()))
+            client.flush_cache(timeout_s=max(1.0, deadline.left()))
             break
         except requests.Timeout:
             raise ResetError(f"{worker.name}: /flush_cache did not answer within {timeout_s:g} s") from None
         except ServerHTTPError as e:
-            if e.status != 400 or time.monotonic() >= deadline:
+            if e.status != 400 or deadline.expired():
                 raise ResetError(f"{worker.name}: /flush_cache did not succeed within {timeout_s:g} s: {e}") from None
-        time.sleep(_POLL_S)
+        deadline.sleep(_POLL_S)
     resets = _resets(path)
     if len(resets) <= seen:
         raise ResetError(f"{worker.name}: the flush wrote no reset event to {path}; was it started with the probe?")

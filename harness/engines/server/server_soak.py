@@ -2,29 +2,9 @@
 every pool of both servers back at its baseline exactly at every checkpoint, read by the servers'
 accounting probes.
 
-:class:`StackEngine` is the real stack's :class:`harness.engines.interface.Engine` (the simulated engine's is
-:class:`harness.engines.sim.sim_soak.PairEngine`; both run :func:`harness.engines.soak_driver.drive`, so the same seed gives the
-same requests):
-
-* a batch sends its requests ``concurrency`` at a time, greedy, each with its own ``rid``. Token ids are
-  drawn per request (ids 4..511: the tiny models' vocabulary, no special tokens); a request of a prefix
-  group takes its prompt from the group's one sequence, so the group's requests share their leading
-  pages in prefill's radix cache (on by default on a PD prefill server; a PD decode server has none),
-  and decode reports prefill's hit as ``cached_tokens``. A request that is not aborted goes through the
-  router. An aborted one asks for :data:`ABORT_NEW` tokens and goes to prefill and decode directly, with
-  the bootstrap fields the router would add (the router retries a failed request under the same
-  ``rid``: an aborted one would come back, two of its tries holding decode pages at once under one
-  rid); after a seeded delay of up to :data:`ABORT_DELAY_S` it is aborted through sglang's own
-  ``/abort_request`` on both servers (queued for prealloc, with its KV in flight, or mid-decode:
-  wherever it is then), again every :data:`ABORT_RETRY_S` until both answered.
-* a checkpoint first waits until decode's ledger shows a release for every prealloc of the batch (an
-  aborted transfer's pages come back after sglang's deferred-release wait), then resets each server
-  (:func:`.reset.reset_server`: sglang's ``/flush_cache`` once it is idle, which drops the radix cache,
-  and the probe's whole ledger checked: ``page-leak``, ``reset-leak``, ``not-baseline``, ...), and
-  reads every pool (``full``, ``swa``, ``req_slots``) of each server as the probe saw it just before
-  the flush, its evictable cached pages counted as free (what the flush left free says nothing:
-  sglang's flush clears the allocator whole), against the sizes the flush before the soak left: the
-  leak, named ``<role>.<pool>``. A broken ledger rule is the checkpoint's ``problem``.
+:class:`StackEngine` is the real stack's engine (the simulated one is
+:class:`harness.engines.sim.sim_soak.PairEngine`; both run :func:`harness.engines.soak_driver.drive`, so the
+same seed gives the same requests). How a batch sends and aborts, and a checkpoint's steps: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -40,7 +20,7 @@ from typing import Any, Sequence
 import requests
 
 from harness import ledger
-from harness.clock import wait_for
+from harness.clock import Deadline, wait_for
 from harness.engines.interface import BatchOutcome, Checkpoint, SoakRequest
 from harness.engines.soak_driver import SoakResult, drive
 from harness.engines.server.http_client import Generation, ServerHTTPError
@@ -140,8 +120,8 @@ class StackEngine:
         clients = [self.stack.client(role) for role in ("prefill", "decode")]
         answers = [aborter.submit(c.generate, ids, ABORT_NEW, extra=body, timeout_s=GENERATE_S) for c in clients]
         time.sleep(random.Random(rid).uniform(0.0, ABORT_DELAY_S))
-        deadline = time.monotonic() + GENERATE_S
-        while not all(a.done() for a in answers) and time.monotonic() < deadline:
+        deadline = Deadline(GENERATE_S)
+        while not all(a.done() for a in answers) and not deadline.expired():
             for c in clients:
                 try:
                     c.abort(rid)
@@ -149,7 +129,7 @@ class StackEngine:
                     return "failed", f"{rid}: aborting it on {c.base_url} failed: {e}"
             concurrent.futures.wait(answers, timeout=ABORT_RETRY_S)
         try:
-            outcome = [a.result(timeout=max(0.0, deadline - time.monotonic())) for a in answers]
+            outcome = [a.result(timeout=deadline.left()) for a in answers]
         except (ServerHTTPError, requests.RequestException):
             return "aborted", None  # a server answers an aborted request with an error
         except concurrent.futures.TimeoutError:

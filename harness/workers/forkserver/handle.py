@@ -1,6 +1,7 @@
 """The driver's side of a fork server: start one (:meth:`ForkServer.start`), reuse one per preload and
 environment (:func:`shared`), and run the harness's Python subprocesses as forks (:func:`python_command`).
-The whole story is the package's docstring (:mod:`harness.workers.forkserver`).
+Over 400 lines because starting, sharing and choosing fork-or-fresh all lean on one socket-and-match logic.
+The whole story: the package's section in docs/modules.md (:mod:`harness.workers.forkserver`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from harness.clock import Deadline
 from harness.workers import procs
 from harness.workers.forkserver import client, policy
 from harness.workers.forkserver.serve import READY, ForkServerError
@@ -140,10 +141,10 @@ class ForkServer(_BySocket):
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=full)
         procs.register(proc.pid, label="fork server")
         server = cls(proc, socket_path, log_path, tmpdir, preload)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         assert proc.stdout is not None
         while True:
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(1.0, deadline - time.monotonic())))
+            ready, _, _ = select.select([proc.stdout], [], [], min(1.0, deadline.left()))
             line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
             if line == READY:
                 break
@@ -152,7 +153,7 @@ class ForkServer(_BySocket):
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
-            if proc.poll() is not None or time.monotonic() >= deadline:
+            if proc.poll() is not None or deadline.expired():
                 why = f"exited with {proc.poll()}" if proc.poll() is not None else f"not ready within {timeout:g} s"
                 tail = server.tail()
                 server.stop()
