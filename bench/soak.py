@@ -1,26 +1,10 @@
 """Soak figures of a PD pair: requests/s and the leak's slope over many requests, on either engine.
 
-Both engines run :func:`harness.engines.soak_driver.drive` — the code the soak suites run (``--soak N``) — over batches of
-``--every`` requests (page-boundary prompt lengths, a tenth aborted, every third sharing a prefix), every
-pool read against its baseline after each batch:
+Both engines run :func:`harness.engines.soak_driver.drive`, the code the soak suites run: ``--engine sim``
+(10,000 requests) or ``--engine server`` (2,000, the real CPU stack). It prints requests/s, the largest leak
+and its slope per 1,000 requests. Goal: slope 0 (a leak is never a tolerance). Setup: docs/modules.md.
 
-* ``--engine sim`` (the default, 10,000 requests): :func:`harness.engines.sim.sim_soak.soak` on one PD pair of the
-  simulated 2-GPU H100 topology, hybrid-SWA pools with the radix cache on, aborts mid-transfer
-  (``suites/disaggregation/test_disaggregation_soak.py``, 300 requests under ``./dev test``);
-* ``--engine server`` (2,000 requests: sgl#25805's double free crashed at about 2,000): the real CPU
-  stack — sglang prefill + decode + router serving the tiny hybrid-SWA ``tiny-mellum-swa`` (window and
-  page 64) with the accounting probe — through
-  :func:`harness.engines.server.server_soak.soak_stack`: aborts through sglang's ``/abort_request``,
-  prefix hits in prefill's radix cache, both servers flushed and their ledgers checked at each
-  checkpoint (``suites/disaggregation/test_disaggregation_soak_server.py``, 50 under ``./dev test``).
-
-It prints requests per second of the soak's wall time (stack start excluded), the checkpoints, the
-largest leak any of them read and the slope of the leak (slots per 1,000 requests). Goal: slope 0
-(exactly: a leak is never a tolerance).
-
-Usage::
-
-    .venv/bin/python bench/soak.py [--engine sim|server] [--requests N] [--every K] [--seed 0]
+Usage: ``.venv/bin/python bench/soak.py [--engine sim|server] [--requests N] [--every K] [--seed 0]``
 """
 
 from __future__ import annotations

@@ -1,37 +1,9 @@
 """pytest plugin concern: real sglang server stacks for the real-server suites, shared by the session.
 
-Fixtures:
-    sglang_servers  the session's :class:`~harness.engines.server.stack_pool.StackPool` for the test's
-                    topology and its module's ``server_args``: ``.pd(model_name)`` returns a ready
-                    real prefill + decode + router stack (started on first use, restarted if one of its workers died;
-                    ``with_plain=True`` starts the plain baseline at the same time),
-                    ``.plain(model_name, compat_patches=None)`` a ready plain server. Stacks live
-                    for the session: every test (of any module) asking for the same model, flags and
-                    topology gets the same servers. After each test, every server it used is reset
-                    through sglang's own ``/flush_cache`` and the server's accounting probe must show
-                    that the flush found every pool back at baseline (the ledger's ``reset-leak``
-                    rule); a server that fails the reset is stopped (the next test gets a fresh one)
-                    and the test errors naming it. After the last test that takes the servers and
-                    names a model (its ``engine`` marker's ``models``), that model's servers are
-                    stopped, so two models' stacks never hold memory at once (after the last
-                    model, the placements are given back too); at session end everything is stopped and
-                    teardown asserts that no server process is left. On a topology without
-                    GPUs, when a test first takes a model's servers, the stack and baseline of the
-                    model the next tests serve start in the background, so that start overlaps
-                    this model's tests (:meth:`~harness.engines.server.stack_pool.StackPool.prestart_next`).
-                    Every worker is watched by the harness's fail-fast watchdog and owned by each
-                    test that uses the fixture, so a server dying mid-test fails that test within
-                    about a second with ``WorkerDied`` (name, cause, log tail).
-    tiny_model      ``tiny_model(name) -> Path``: a tiny random-weight model built locally (no hub).
-
-Servers on a machine without the CPU stack's packages (``sglang_router``, mooncake) fail with a
-message saying to run ``./dev install``. Real servers never run on simulated GPUs: on a GPU topology
-without real GPUs (``--simulate``, the default ini) ``sglang_servers`` skips the test saying what it
-needs, and so it does on a joined cluster whose GPU nodes lack the devices (logical GPUs: ``ray start
---num-gpus`` on a machine without them; the nodes are asked, :mod:`harness.cluster.join`); otherwise the
-topology's own skip decision (:meth:`HarnessState.skip_reason`) applies.
-Servers are placed by :func:`harness.engines.server.layout.server_layout` (one bundle with all
-of a server's GPUs). Which engine and which models: :mod:`harness.plugins.engine`.
+Fixtures ``sglang_servers`` (the session's :class:`~harness.engines.server.stack_pool.StackPool`: ready PD
+stacks and plain servers per model, kept for the session, reset and checked after each test) and
+``tiny_model``. Real servers never run on simulated GPUs. The fixture's life (sharing, reset, one model at
+a time, prestart) and its skips: docs/modules.md.
 """
 
 from __future__ import annotations
