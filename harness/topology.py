@@ -51,11 +51,6 @@ class RoleSpec:
     dp_attention: bool = False
 
     @property
-    def ranks_per_group(self) -> int:
-        """Ranks in one TP group (one placement group, packed onto one node)."""
-        return self.tp
-
-    @property
     def groups(self) -> int:
         """Placement groups this role needs: one per instance and DP replica (attention-DP replicas
         share their instance's TP group, so then one per instance)."""

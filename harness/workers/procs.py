@@ -230,24 +230,6 @@ def reap_stale() -> list[Entry]:
     return killed
 
 
-def reap_owned(kinds: tuple[str, ...] = ("pgid", "pid", "dir")) -> list[Entry]:
-    """Kill everything this owner registered (last-resort teardown); remove the entries.
-
-    Returns:
-        The entries that still had something to kill.
-    """
-    own, _ = owner()
-    killed = []
-    for kind in kinds:
-        for e in entries():
-            if e.owner != own or e.kind != kind:
-                continue
-            if kill_entry(e):
-                killed.append(e)
-            _file(e).unlink(missing_ok=True)
-    return killed
-
-
 def wait_gone(pids: list[int], timeout: float, starts: Mapping[int, float] | None = None) -> list[int]:
     """Wait until none of ``pids`` runs; return those still running at the deadline.
 
