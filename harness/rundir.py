@@ -14,7 +14,9 @@ The default is ``runs/<UTC timestamp>-<pid>`` under the repository root (``runs/
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,3 +120,23 @@ def create(path: str | Path | None = None) -> RunDir:
     for sub in SUBDIRS:
         (root / sub).mkdir(parents=True, exist_ok=True)
     return RunDir(root.resolve())
+
+
+def safe_name(text: str, limit: int = 120) -> str:
+    """A file or directory name for ``text`` (a node id, a suite and group): letters, digits, ``_.-`` only, never
+    hidden or ``..``, at most ``limit`` characters; when cut, it ends in a short hash of the whole text, so two
+    node ids that differ only past the cut (a long parametrize id) still get two names.
+
+    >>> safe_name("suites/a/test_x.py::test_y[p]")
+    'suites_a_test_x.py_test_y_p'
+    >>> a, b = (safe_name("t.py::test[" + "x" * 200 + c + "]") for c in "ab")
+    >>> len(a) == 120 and a != b and a[:100] == b[:100]
+    True
+    >>> safe_name("../..")
+    '_'
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or "_"
+    if len(name) > limit:
+        digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+        name = f"{name[: limit - len(digest) - 1]}-{digest}"
+    return name

@@ -359,3 +359,15 @@ def test_a_failing_e2e_seed_replays_with_the_same_seed_and_workload(tmp_path, mo
     assert rc == 1 and "REPRODUCED" in out and "(same class)" in out, out
     again = _testcase_properties(tmp_path / "repro", spec)
     assert (again["workload_seed"], again["workload_fingerprint"]) == (str(seed), first["workload_fingerprint"])
+
+
+def test_two_long_node_ids_that_differ_past_the_cut_get_two_evidence_directories():
+    # Before: names were cut at 120 characters, so the basic server suite's [prefill] / [decode] pair shared one
+    # repro directory and the second failure overwrote the first's bundle.
+    from harness.gates.evidence import safe_name
+
+    base = ("suites/disaggregation/test_disaggregation_basic_server.py::"
+            "test_a_server_killed_while_kv_is_in_flight_frees_every_page_on_the_side_left[")
+    prefill, decode = safe_name(base + "prefill]"), safe_name(base + "decode]")
+    assert prefill != decode and len(prefill) <= 120 and len(decode) <= 120
+    assert safe_name("../..") == "_"  # never a path out of the run directory

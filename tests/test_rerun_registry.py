@@ -114,6 +114,22 @@ def test_bad_durations_file_is_one_clear_error(tmp_path):
         collector.collect(repo)
 
 
+def test_a_truncated_durations_file_of_a_past_run_is_skipped_with_one_warning(tmp_path, capsys):
+    # Before: one truncated runs/*/report/durations.json (a run killed mid-write) made every later
+    # rerun-test and gate plan exit 2, without saying which run held it.
+    repo = make_repo(tmp_path)
+    bad = repo / "runs" / "r1" / "report" / "durations.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"suites/test_hisparse_allocator.py::test_alloc_extend": 1')
+    good = repo / "runs" / "r2" / "report" / "durations.json"
+    good.parent.mkdir(parents=True)
+    good.write_text(json.dumps({"suites/test_hisparse_allocator.py::test_alloc_extend": 4.0}))
+    reg = collector.collect(repo)
+    assert {t.suffix: t.est_time for t in _file(reg, "suites/test_hisparse_allocator.py").tests}["::test_alloc_extend"] == 4.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {bad}: not valid JSON") and err[0].endswith("skipped (delete it to silence this)")
+
+
 # ---------------------------------------------------------------- upstream (sglang test/registered)
 
 

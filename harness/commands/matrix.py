@@ -9,10 +9,9 @@ run passed, 1 otherwise, 2 on bad input.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from harness import rundir
+from harness import atomic, rundir
 from harness import runs as run_record
 from harness.commands import UsageError, check_seconds
 from harness.rerun import matrix as versions
@@ -57,8 +56,8 @@ def _matrix(args: argparse.Namespace) -> int:
             runs.append(versions.run_target(spec, target.label(), list(args.specs),
                                             run_dir / f"{i + 1}-{versions.slug(target.spec)}", repo_root=root,
                                             extra_args=extra, timeout_s=args.timeout))
-        (run_dir / "matrix.md").write_text(versions.render_markdown(runs), encoding="utf-8")
-        (run_dir / "matrix.json").write_text(json.dumps(versions.to_json(runs), indent=2) + "\n", encoding="utf-8")
+        atomic.write_text(run_dir / "matrix.md", versions.render_markdown(runs))
+        atomic.write_json(run_dir / "matrix.json", versions.to_json(runs))
         print()
         print(versions.render_text(runs))
         print(f"\nmatrix: {run_dir / 'matrix.md'}  json: {run_dir / 'matrix.json'}")

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import report, rundir, runs
+from harness import atomic, report, rundir, runs
 from harness.commands import UsageError as CommandUsageError
 from harness.commands import rerun_args as args_mod
 from harness.commands import showcommands
@@ -110,7 +110,7 @@ def _write_comment(path: Path, statuses: list[comment.GroupStatus]) -> None:
     body = path.read_text(encoding="utf-8") if path.exists() else ""
     new = comment.apply(body, statuses)
     if new != body:
-        path.write_text(new, encoding="utf-8")
+        atomic.write_text(path, new)
 
 
 def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, target: target_mod.Target) -> int:
@@ -253,8 +253,7 @@ def save_durations(path: Path, measured: dict[str, float]) -> None:
         base = k.split("[", 1)[0]
         sums[base] = sums.get(base, 0.0) + v
     merged.update({k: round(v, 3) for k, v in sums.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(sorted(merged.items())), indent=2) + "\n", encoding="utf-8")
+    atomic.write_json(path, dict(sorted(merged.items())))
 
 
 def _from_repro(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from harness import atomic
+
 VERSION = 1
 #: Environment variables that change what a test does (prefixes); anything else is noise.
 ENV_PREFIXES = ("HARNESS_", "SGLANG_", "CUDA_", "NCCL_", "TORCH_", "RAY_", "PYTHONHASHSEED", "OMP_NUM_THREADS")
@@ -137,9 +139,7 @@ def bundle(*, spec: str, gate: str, suite: str, topology: str, simulated: bool, 
 
 def write(path: Path, data: dict[str, Any]) -> Path:
     """Write a bundle (creating its directory)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return path
+    return atomic.write_json(path, data, sort_keys=True)
 
 
 def load(path: Path) -> dict[str, Any]:

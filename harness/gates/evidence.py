@@ -19,13 +19,15 @@ from harness.gates.runs import EntryRun, GateOptions
 from harness.gates.verdict import TestOutcome
 from harness.plugins import seeds as seeds_mod
 from harness.rerun import execute
+from harness import rundir
 from harness.rundir import RunDir
 
 LEDGER_TAIL = 20
 
 
 def safe_name(nodeid: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:120]
+    """The directory name of a failure's evidence (:func:`harness.rundir.safe_name`: unique when cut)."""
+    return rundir.safe_name(nodeid)
 
 
 def _records(group_dir: Path) -> dict[tuple[str, str], dict]:

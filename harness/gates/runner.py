@@ -7,7 +7,6 @@ numbered steps: docs/modules.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -15,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from harness import report
+from harness import atomic, report
 from harness import topology as topo_mod
 from harness.gates import bundle as repro
 from harness.gates import classify, history, render
@@ -285,12 +284,12 @@ def write_reports(runs: list[EntryRun], info: render.RunInfo, v: Verdict, repros
         for k, (nodeid, res, rdir) in enumerate(r.reruns, 1):
             part(res, RunDir(rdir).junit, f"{r.entry.name}/{res.name}/rerun-{k}", suite=r.entry.name,
                  required=str(r.entry.required).lower(), rerun_of=nodeid)
-    (out / "junit.xml").write_text(render.merged_junit(info, parts), encoding="utf-8")
-    (out / "summary.md").write_text(render.summary_md(info, v, repros, page=page.INDEX), encoding="utf-8")
-    (out / "result.json").write_text(json.dumps(render.result_json(info, v, repros), indent=2) + "\n", encoding="utf-8")
+    atomic.write_text(out / "junit.xml", render.merged_junit(info, parts))
+    atomic.write_text(out / "summary.md", render.summary_md(info, v, repros, page=page.INDEX))
+    atomic.write_json(out / "result.json", render.result_json(info, v, repros))
     # measured durations: the next plan's est_time (and so the live ETA) comes from them
     measured = report.durations([res for r in runs for res in r.results])
-    (out / "durations.json").write_text(json.dumps(measured, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic.write_json(out / "durations.json", measured, sort_keys=True)
     groups = [replace(res, name=f"{r.entry.name}/{res.name}") for r in runs for res in r.results]
     groups += [replace(res, name=f"{r.entry.name}/{res.name}/rerun-{k}") for r in runs for k, (_, res, _) in enumerate(r.reruns, 1)]
     recent = history.flaky(history.read(run_dir.parent / history.FILE_NAME), FLAKY_WINDOW)

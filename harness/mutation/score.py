@@ -8,11 +8,11 @@ must not lean on sglang's asserts).
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from harness import atomic
 from harness.mutation.operators import Mutant, mutate_source
 from harness.mutation.run import KILLED, NOT_COVERED, SURVIVED, TIMEOUT, Verdict
 
@@ -131,8 +131,8 @@ def write(out: Path, verdicts: Sequence[Verdict], tree: Path, theirs: Sequence[V
     if theirs is not None:
         text += "\n" + compare_markdown(verdicts, theirs)
         data["upstream"] = to_json(theirs, tree) | {"files": [str(f) for f in upstream_files]}
-    md.write_text(text, encoding="utf-8")
-    js.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    atomic.write_text(md, text)
+    atomic.write_json(js, data)
     return md, js
 
 

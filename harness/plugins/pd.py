@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pytest
 
-from harness import ledger
+from harness import atomic, ledger
 from harness import topology as topology_mod
 from harness.plugins.failfast import own_workers
 from harness.plugins.options import settings
@@ -158,8 +158,7 @@ def pd_report(request: pytest.FixtureRequest, run_dir: Any, record_property: Cal
         summary = result.summary()
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
         out = run_dir.report / "pd" / f"{name}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(summary, indent=2, sort_keys=True))
+        atomic.write_text(out, json.dumps(summary, indent=2, sort_keys=True))
         text = ledger.format_summary(summary["ledger"])
         record_property("pd_summary", json.dumps({k: v for k, v in summary.items() if k != "ledger"}, sort_keys=True))
         record_property("ledger", text)

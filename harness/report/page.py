@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from harness import atomic, rundir
 from harness.report import records as run_records
 from harness.report import stamp, timeline
 from harness.report.records import TestRecord
@@ -95,7 +95,7 @@ class Header:
 
 
 def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120]
+    return rundir.safe_name(text)
 
 
 def _file_name(text: str) -> str:
@@ -178,7 +178,7 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
                      for g, records in per_group],
         log_tail_lines=LOG_TAIL_LINES)
     out = report_dir / INDEX
-    out.write_text(page, encoding="utf-8")
+    atomic.write_text(out, page)
     log.info("report page: %s", out)
     return out
 

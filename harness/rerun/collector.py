@@ -101,9 +101,10 @@ def collect(repo_root: Path, suites_dirs: list[Path] | None = None, durations_fi
             if sf is not None:
                 files.append(sf)
     duration_sources = [repo_root / "suites" / registry.DURATIONS_FILE]
-    duration_sources += registry.recent_run_durations(repo_root / "runs")
+    past_runs = registry.recent_run_durations(repo_root / "runs")
+    duration_sources += past_runs
     duration_sources += list(durations_files or [])
-    durations = registry.load_durations(duration_sources)
+    durations = registry.load_durations(duration_sources, tolerant=past_runs)
     if durations:
         files = [registry.apply_durations(f, durations) for f in files]
     log.debug("registry: %d files from %d roots, %d measured durations", len(files), len(roots), len(durations))

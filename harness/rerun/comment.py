@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import atomic
 from harness.report.results import MESSAGE_CHARS, GroupResult
 
 STATUS_MARKER = "<!-- rerun-test:status -->"
@@ -131,7 +132,7 @@ def note_line(name: str, text: str) -> str:
 def write_note(path: Path, name: str, text: str) -> None:
     """Put the note line ``name`` (:func:`note_line`) into the comment file at ``path`` (created when missing)."""
     body = path.read_text(encoding="utf-8") if path.exists() else ""
-    path.write_text(apply_lines(body, {name: note_line(name, text)}), encoding="utf-8")
+    atomic.write_text(path, apply_lines(body, {name: note_line(name, text)}))
 
 
 def header(title: str = "rerun-test") -> str:
@@ -201,7 +202,7 @@ def parse(body: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- lines from a PR's code, re-rendered
 
-#: Markdown that could format, link, open HTML or reference an issue: backslash-escaped in text read back from a PR's run.
+#: Markdown that could format, link, open HTML or reference an issue: backslash-escaped in text a PR's run wrote.
 _MD_SPECIAL = re.compile(r"([\\*_\[\]()<>#|~])")
 #: Note lines (not groups) a run job may hand out: the changed-lines coverage and the mutation phase.
 NOTE_LINES = ("changed-lines", "mutation")

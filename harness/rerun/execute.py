@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from harness import atomic
 from harness.changes.measure import Measurement
 from harness.report.results import CaseResult, GroupResult, one_line
 from harness.rerun.plan import Group, Item, Plan, compact
@@ -202,7 +203,7 @@ class _Running:
         env = childpytest.environment({PROGRESS_ENV: str(self.events_path), **GROUP_ENV})
         if opts.measure is not None:
             env.update(opts.measure.env(group.name))
-        (gdir / "command.json").write_text(json.dumps(cmd))
+        atomic.write_text(gdir / "command.json", json.dumps(cmd))
         argv = cmd
         if not opts.gpus:
             # Without GPUs the groups share this machine's cores: one OpenMP / BLAS thread each (unless

@@ -11,8 +11,11 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import math
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -280,28 +283,39 @@ def counterparts(rel: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------
 
 
-def load_durations(files: list[Path]) -> dict[str, float]:
+def load_durations(files: list[Path], tolerant: Sequence[Path] = ()) -> dict[str, float]:
     """Merge duration files (later files win); parametrized cases are summed into their function.
 
     Args:
         files: JSON files mapping node ids to seconds; missing files are skipped.
+        tolerant: those of ``files`` a bad copy of which is skipped with a one-line warning on stderr
+            naming it (a past run's, which a killed run may have left truncated), not refused.
 
     Returns:
         ``{"suites/x/test_a.py::TestC::test_y": seconds}`` without ``[param]`` parts.
 
     Raises:
-        RegistryError: a file exists but is not such a mapping.
+        RegistryError: a file not in ``tolerant`` exists but is not such a mapping.
     """
     merged: dict[str, float] = {}
     for f in files:
         if not f.is_file():
             continue
+        problem = ""
+        data: Any = None
         try:
-            data = json.loads(f.read_text())
+            data = json.loads(f.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RegistryError(f"{f.name}: not valid JSON ({e}); delete it or fix it") from None
-        if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
-            raise RegistryError(f"{f.name}: must map test ids to seconds; delete it or fix it")
+            problem = f"not valid JSON ({e})"
+        if not problem and (not isinstance(data, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in data.values())):
+            problem = "must map test ids to seconds"
+        if problem and f in tolerant:
+            print(f"warning: {f}: {problem}; skipped (delete it to silence this)", file=sys.stderr)
+            continue
+        if problem:
+            raise RegistryError(f"{f.name}: {problem}; delete it or fix it")
         per_file: dict[str, float] = {}
         for nodeid, secs in data.items():
             base = nodeid.split("[", 1)[0]

@@ -5,11 +5,10 @@ page (:mod:`harness.report.page`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness import report
+from harness import atomic, report
 from harness.changes import report as changed
 from harness.changes.report import ChangedCoverage
 from harness.report import page
@@ -46,18 +45,18 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
         xml = RunDir(run_dir).junit_file(r.name)
         text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
         parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
-    (out / "junit.xml").write_text(report.merge_junit(parts), encoding="utf-8")
+    atomic.write_text(out / "junit.xml", report.merge_junit(parts))
     md = report.markdown(results, link if link != LINK_PLACEHOLDER else "")
     if coverage is not None:
         md = f"{md.rstrip()}\n\n{changed.markdown(coverage)}"
-    (out / "summary.md").write_text(md, encoding="utf-8")
+    atomic.write_text(out / "summary.md", md)
     summary = report.to_json(results)
     if target is not None:
         summary["sglang"] = target.to_dict()
     if coverage is not None:
         summary["coverage"] = coverage.to_json()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "durations.json").write_text(json.dumps(report.durations(results), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic.write_json(out / "summary.json", summary)
+    atomic.write_json(out / "durations.json", report.durations(results), sort_keys=True)
     failed = [f"{r.name}: {r.note}" for r in results if r.note]
     failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
     header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time,
