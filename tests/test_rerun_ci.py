@@ -30,10 +30,14 @@ def _load(path: Path) -> dict:
     return doc
 
 
+#: The step that ends what a PR's code left running (inline shell: the one step that is no harness call).
+END_STEP = "End every process the PR's code left running (the steps below hold a token)"
+
+
 def _runs(doc: dict):
     for job_name, job in doc["jobs"].items():
         for step in job["steps"]:
-            if "run" in step:
+            if "run" in step and step.get("name") != END_STEP:
                 yield job_name, step
 
 
@@ -151,7 +155,8 @@ def test_checkouts_do_not_persist_credentials(path):
     assert checkouts and all(s["with"]["persist-credentials"] is False for s in checkouts)
 
 
-_TRUSTED_REFS = {None, "${{ env.HARNESS_REF }}"}  # the workflow's own ref, or the pinned harness
+DEFAULT_BRANCH = "${{ github.event.repository.default_branch }}"
+_TRUSTED_REFS = {None, "${{ env.HARNESS_REF }}", DEFAULT_BRANCH}  # the workflow's own ref, the pinned harness, main
 _TOKEN_RE = re.compile(r"github\.token|secrets\.")
 
 
@@ -257,14 +262,15 @@ def test_rerun_matrix_comes_from_dry_run_and_runs_on_runner_label():
     plan_cmd = next(s["run"] for s in plan["steps"] if s.get("id") == "plan")
     assert "harness.commands.rerun --dry-run --github-output" in plan_cmd
     assert plan["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
-    assert run["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    # the plan's matrix reaches the run jobs only through the runners job (labels from ci/runners.json)
+    assert run["strategy"]["matrix"] == "${{ fromJSON(needs.runners.outputs.matrix) }}"
     assert run["runs-on"] == "${{ matrix.runner }}"
     assert run["env"]["ENTRY"] == "${{ toJSON(matrix) }}"
     cmds = [s["run"] for s in run["steps"] if "run" in s]
     assert any("--plan-entry" in c and "--comment-out runs/ci/status.md" in c for c in cmds)
     # the results reach the comment through the report job, which closes out groups that left none
     report = doc["jobs"]["report"]
-    assert set(report["needs"]) == {"plan", "run"} and "!cancelled()" in report["if"]
+    assert set(report["needs"]) == {"runners", "run"} and "!cancelled()" in report["if"]
     update = next(s["run"] for s in report["steps"] if "github update" in s.get("run", ""))
     assert '--matrix "$MATRIX"' in update and update.endswith("--status-file results/*/status.md")
 
@@ -303,8 +309,8 @@ def test_gates_workflow_triggers_matrix_and_verdict():
     plan_cmds = {s["id"]: s["run"] for s in plan["steps"] if "run" in s}
     assert all("harness.cli gate plan" in c and '--github-output "$GITHUB_OUTPUT"' in c for c in plan_cmds.values())
     assert plan["outputs"]["matrix"] == "${{ " + " || ".join(f"steps.{i}.outputs.matrix" for i in plan_cmds) + " }}"
-    assert run["strategy"] == {"fail-fast": False, "matrix": "${{ fromJSON(needs.plan.outputs.matrix) }}"}
-    assert run["runs-on"] == "${{ matrix.runner }}" and run["env"]["RUNNER_LABEL"] == "${{ matrix.runner }}"
+    assert run["strategy"] == {"fail-fast": False, "matrix": "${{ fromJSON(needs.runners.outputs.matrix) }}"}
+    assert run["runs-on"] == FORK_RUNS_ON and run["env"]["RUNNER_LABEL"] == "${{ matrix.runner }}"
     from harness.engines.server import modelmap
 
     # every model a real-server suite may need reaches the gate from a repository variable
@@ -322,9 +328,205 @@ def test_gates_workflow_triggers_matrix_and_verdict():
     upload = next(s for s in run["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["if"] == "always()"
     assert upload["with"]["name"] == "${{ matrix.artifact }}" and upload["with"]["path"] == "runs/${{ matrix.artifact }}"
-    assert set(verdict["needs"]) == {"plan", "run"} and verdict["if"] == "${{ !cancelled() }}"
+    assert set(verdict["needs"]) == {"runners", "run"} and verdict["if"] == "${{ !cancelled() }}"
     download = next(s for s in verdict["steps"] if s.get("uses", "").startswith("actions/download-artifact"))
     assert download["with"] == {"pattern": "gate-*", "path": "reports"}
     final = verdict["steps"][-1]["run"]
     assert final.startswith('python -m harness.cli gate verdict "$GATE" --matrix "$MATRIX" --reports reports')
-    assert verdict["env"]["MATRIX"] == "${{ needs.plan.outputs.matrix }}"
+    assert verdict["env"]["MATRIX"] == "${{ needs.runners.outputs.matrix }}"
+
+
+# ---------------------------------------------------------------- the bot runs what was approved, where it may run
+# (issue 46): each rule below fails on the workflows of 2cc470a.
+
+FORK = "github.event_name == 'pull_request' && github.event.pull_request.head.repo.full_name != github.repository"
+FORK_RUNS_ON = "${{ " + FORK + " && 'ubuntu-latest' || matrix.runner }}"
+_MATRIX_RE = re.compile(r"^\$\{\{ fromJSON\(needs\.(\w+)\.outputs\.matrix\) \}\}$")
+_OUTPUT_RE = re.compile(r"steps\.(\w+)\.outputs\.matrix")
+
+
+def _checkout_refs(job: dict) -> list:
+    return [(s.get("with") or {}).get("ref") for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+
+
+def _placement_violations(doc: dict) -> list[str]:
+    """Every job whose runs-on reads its matrix must take that matrix from a job that runs only trusted code
+    (it checks out the default branch or the pinned harness explicitly) and sets it from the allow-list
+    (`harness.rerun.github runners --allow ci/runners.json`)."""
+    bad = []
+    for name, job in doc["jobs"].items():
+        if "matrix." not in str(job.get("runs-on", "")):
+            continue
+        m = _MATRIX_RE.match(str((job.get("strategy") or {}).get("matrix", "")))
+        if not m:
+            bad.append(f"{name}: its matrix is no job's output")
+            continue
+        src = doc["jobs"][m.group(1)]
+        refs = _checkout_refs(src)
+        if not refs or not all(r in (DEFAULT_BRANCH, "${{ env.HARNESS_REF }}") for r in refs):
+            bad.append(f"{name}: its matrix comes from {m.group(1)}, which checks out {refs}, not only trusted code")
+        steps = {s.get("id"): s for s in src["steps"]}
+        for sid in _OUTPUT_RE.findall(src["outputs"]["matrix"]):
+            run = steps[sid]["run"]
+            if "harness.rerun.github runners" not in run or "--allow ci/runners.json" not in run:
+                bad.append(f"{name}: its labels come from {m.group(1)}.{sid}, not from the allow-list")
+    return bad
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_runs_on_labels_come_only_from_trusted_code(path):
+    assert _placement_violations(_load(path)) == []
+
+
+def test_runs_on_rule_catches_a_matrix_from_the_plan_job():
+    """The rule can fail: the shape of 2cc470a (run's matrix straight from the plan job that ran PR code)."""
+    doc = _load(ROOT / "ci" / "workflows" / "rerun-test.yml")
+    doc["jobs"]["run"]["strategy"]["matrix"] = "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert _placement_violations(doc) == [
+        "run: its matrix comes from plan, which checks out ['${{ inputs.sha }}'], not only trusted code",
+        "run: its labels come from plan.plan, not from the allow-list"]
+
+
+def test_runner_allow_list_is_the_default_branch_topologies():
+    from harness import topology
+    from harness.rerun import runners
+
+    allow = runners.load_allow_list(ROOT / "ci" / "runners.json")
+    assert allow == {n: topology.get(n).runner for n in topology.names()}
+    entry = {"name": "8-gpu-h200", "topology": "8-gpu-h200", "specs": ["a.py"]}
+    # the PR's label is never used: the allow-list's is
+    assert runners.pin({"include": [{**entry, "runner": "some-other-runner"}]}, allow) == {
+        "include": [{**entry, "runner": "8-gpu-h200"}]}
+    for bad, why in [({**entry, "topology": "my-new-topology"}, "is not in the default branch's ci/runners.json"),
+                     ({**entry, "name": "x; rm -rf /"}, "is not a plain name"),
+                     ({"include": "x"}, "is not"), ]:
+        with pytest.raises(runners.RunnerError, match=re.escape(why)):
+            runners.pin(bad if "include" in bad else {"include": [bad]}, allow)
+
+
+def test_a_fork_pull_request_gets_the_cpu_runner_only():
+    from harness.rerun import runners
+
+    doc = _load(ROOT / "ci" / "workflows" / "gates.yml")
+    assert doc["env"]["FORK"] == "${{ " + FORK + " }}"
+    assert doc["jobs"]["run"]["runs-on"] == FORK_RUNS_ON  # whatever the matrix says
+    pins = {s["id"]: s for s in doc["jobs"]["runners"]["steps"] if "run" in s}
+    assert pins["pin_fork"]["if"] == "env.FORK == 'true'" and pins["pin_fork"]["run"].endswith("--cpu-only")
+    assert pins["pin"]["if"] == "env.FORK != 'true'" and "--cpu-only" not in pins["pin"]["run"]
+    allow = runners.load_allow_list(ROOT / "ci" / "runners.json")
+    simulated = {"name": "ubuntu-latest", "runner": "ubuntu-latest", "artifact": "gate-x-ubuntu-latest",
+                 "topologies": ["cpu", "8-gpu-h200"]}
+    assert runners.pin({"include": [simulated]}, allow, cpu_only=True) == {"include": [simulated]}
+    gpu = {**simulated, "name": "8-gpu-h200", "runner": "8-gpu-h200", "topologies": ["8-gpu-h200"]}
+    with pytest.raises(runners.RunnerError, match="a pull request from a fork runs on 'ubuntu-latest' only"):
+        runners.pin({"include": [gpu]}, allow, cpu_only=True)
+
+
+def test_the_approved_commit_runs_and_a_push_after_the_comment_refuses():
+    doc = _load(ROOT / "ci" / "workflows" / "rerun-test.yml")
+    jobs = doc["jobs"]
+    verify = next(s for s in jobs["verify"]["steps"] if "run" in s)
+    assert verify["run"].startswith('python -m harness.rerun.github verify --pr "$PR" --sha "$SHA"')
+    assert verify["env"]["SHA"] == "${{ inputs.sha }}" and not _untrusted_checkout(jobs["verify"])
+    assert jobs["plan"]["needs"] == "verify"  # nothing of the PR's runs before the head is checked
+    for name, job in jobs.items():  # every checkout of the PR's code is the approved commit
+        refs = set(_checkout_refs(job))
+        assert refs - _TRUSTED_REFS <= {"${{ inputs.sha }}"}, name
+    said = next(s for s in jobs["queue"]["steps"] if s.get("if") == "env.VERIFIED == 'failure'")
+    assert "--body-file reply/verify.txt --failed" in said["run"]
+    sg = _load(ROOT / "ci" / "workflows" / "sglang-rerun-test.yml")["jobs"]["plan"]["steps"]
+    runs = [s for s in sg if "run" in s]
+    assert "github verify" in runs[0]["run"] and runs[0]["env"]["SHA"] == "${{ needs.check.outputs.sha }}"
+
+
+def _pr_code_runs(path: Path, job: dict) -> bool:
+    return _untrusted_checkout(job) or "pull_request" in _load(path)["on"]
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_pr_processes_are_ended_before_any_step_that_holds_a_token(path):
+    """In a job that runs the PR's code, every action after the first PR step (an upload holds the artifact
+    token) comes after the step that ends the PR's leftovers, with no PR step between; none detaches."""
+    doc = _load(path)
+    for name, job in doc["jobs"].items():
+        if not _pr_code_runs(path, job):
+            continue
+        pr_started = ended = False
+        for step in job["steps"]:
+            if step.get("name") == END_STEP:
+                assert step["if"] == "always()" and step["shell"] == "sh", name
+                ended = True
+            elif "run" in step and (pr_started or step.get("id") != "check"):
+                pr_started, ended = True, False
+                assert "--mutate-detached" not in step["run"] and "checkpoint" not in step["run"], name
+            elif "uses" in step and pr_started:
+                assert ended, f"{path.name}:{name}: {step['uses']} runs after the PR's code with no end step between"
+    ends = [s["run"] for p in WORKFLOWS for _, _, s in _steps(p) if s.get("name") == END_STEP]
+    assert len(ends) >= 4 and len(set(ends)) == 1  # one script, the same everywhere
+
+
+def test_end_step_kills_a_daemon_the_pr_left(tmp_path):
+    """The end step's script, in a PID namespace of its own: a daemon that left its session is gone after it."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("unshare") or subprocess.run(["unshare", "--user", "--map-root-user", "--pid", "--fork",
+                                                      "--mount-proc", "true"], capture_output=True).returncode:
+        pytest.skip("no unprivileged PID namespace here")
+    script = next(s["run"] for _, _, s in _steps(ROOT / "ci" / "workflows" / "rerun-test.yml")
+                  if s.get("name") == END_STEP)
+    (tmp_path / "end.sh").write_text(script)
+    (tmp_path / "daemon.sh").write_text("while :; do sleep 1; done\n")
+    runner = ("sleep 1; setsid sh daemon.sh & sleep 1; sh -e end.sh; echo rc=$?; "
+              "ps -e -o args= | grep -c '^sh daemon.sh$' || true")
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "sh", "-c", runner],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.stdout.splitlines() == ["ending 2 process(es) the PR's code left running", "rc=0", "0"], r
+
+
+@pytest.mark.parametrize("path", [p for p in WORKFLOWS if "rerun-test" in p.name], ids=lambda p: p.name)
+def test_status_lines_are_rerendered_for_the_matrix_groups_only(path):
+    """Every status comment update takes the placed matrix (its groups only, lines rebuilt from parsed fields);
+    an error text a job wrote is posted only through --failed (escaped, in a code block)."""
+    doc = _load(path)
+    for name, step in _runs(doc):
+        run = step["run"]
+        if "harness.rerun.github update" in run:
+            assert '--matrix "$MATRIX"' in run, name
+            matrix = {**doc["jobs"][name].get("env", {}), **step.get("env", {})}["MATRIX"]
+            assert matrix in ("${{ needs.runners.outputs.matrix }}", "${{ needs.plan.outputs.matrix }}"), name
+            if matrix.endswith("plan.outputs.matrix }}"):  # the sglang variant's plan runs the pinned harness
+                assert not _untrusted_checkout(doc["jobs"]["plan"])
+        if "harness.rerun.github comment" in run and re.search(r"(error|verify|runners|failure)\.txt", run):
+            assert "--failed" in run, f"{name}: {run}"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_each_workflow_has_a_concurrency_group(path):
+    doc = _load(path)
+    group = doc["concurrency"]["group"]
+    assert "${{" in group
+    if "issue_comment" in doc["on"]:  # other comments never share (and so never replace) a waiting rerun
+        assert "github.event.issue.number" in group and "github.event.comment.id" in group
+        assert doc["concurrency"]["cancel-in-progress"] is False
+    if path.name == "rerun-test.yml":
+        assert group == "rerun-test-pr-${{ inputs.pr }}" and doc["concurrency"]["cancel-in-progress"] is False
+
+
+def test_a_failed_check_or_dispatch_posts_its_reason():
+    [job] = _load(ROOT / "ci" / "workflows" / "slash-command.yml")["jobs"].values()
+    steps = job["steps"]
+    last = steps[-1]
+    assert last["if"] == "failure() && steps.parse.outcome != 'failure'"
+    assert "harness.rerun.github comment" in last["run"] and "--body-file failure.txt --failed" in last["run"]
+    assert last["env"]["PR"] == "${{ github.event.issue.number }}"  # known even when the check itself failed
+    for s in steps:
+        if re.search(r"github (check|dispatch|comment --pr \"\$PR\" --body-file (refusal|status))", s.get("run", "")):
+            assert s["run"].rstrip().endswith("2>> failure.txt"), s["name"]
+    sg = _load(ROOT / "ci" / "workflows" / "sglang-rerun-test.yml")["jobs"]
+    assert sg["announce"]["if"] == "${{ !cancelled() && needs.check.result != 'skipped' }}"
+    check_failed = next(s for s in sg["announce"]["steps"] if s.get("if") == "env.CHECKED == 'failure'")
+    assert "--body-file reply/reply-failure.txt --failed" in check_failed["run"]
+    queue = _load(ROOT / "ci" / "workflows" / "rerun-test.yml")["jobs"]["queue"]
+    posted = {s["if"] for s in queue["steps"] if "--failed" in s.get("run", "")}
+    assert posted == {"env.VERIFIED == 'failure'", "env.PLANNED == 'failure'", "env.PLACED == 'failure'"}

@@ -256,7 +256,8 @@ def test_missing_token_outside_a_workflow(monkeypatch, capsys):
 
 # ---------------------------------------------------------------- what a PR's run writes is data (issue 46)
 
-HOSTILE = ("- ✅ **cpu** (`evil-runner`): passed — 3 passed, 0 failed, 0 skipped · [logs](https://evil.example/x) · "
+HOSTILE = ("- ✅ **cpu** (`evil-runner`): passed — 3 passed, 0 failed, 0 skipped · "
+           "[logs](https://evil.example/x) · "
            "[report](https://evil.example#artifacts) `x` · hi @admin see [here](https://evil.example) <img src=x> · "
            "failing: `suites/a.py::t` — boom **bold** @org/team; and 12 more · extra " + comment.group_marker("cpu"))
 
@@ -266,13 +267,15 @@ def test_status_lines_are_rerendered_from_parsed_fields_for_the_matrix_groups_on
     failures and one note, with the matrix's runner label and the trusted link; markdown and mentions in its
     text are escaped; a group the matrix does not hold, and a line that does not parse, are dropped."""
     foreign = comment.render_line(GroupStatus("8-gpu-h200", "x", state="passed", passed=1))
-    text = "\n".join([comment.header(), HOSTILE, foreign, "- ❌ **2-gpu-h100** garbage " + comment.group_marker("2-gpu-h100"),
+    garbage = "- ❌ **2-gpu-h100** garbage " + comment.group_marker("2-gpu-h100")
+    text = "\n".join([comment.header(), HOSTILE, foreign, garbage,
                       "- 📏 mutation: 3 / 9 mutants run @admin " + comment.group_marker("mutation")])
     matrix = {"include": [{"name": "cpu", "runner": "ubuntu-latest"}, {"name": "2-gpu-h100", "runner": "2-gpu-h100"}]}
     lines = github.final_lines([text], matrix, "https://ci/run/9")
     assert set(lines) == {"cpu", "2-gpu-h100", "mutation"}  # 8-gpu-h200 is no group of this matrix
     cpu = lines["cpu"]
-    assert cpu.startswith("- ✅ **cpu** (`ubuntu-latest`): passed — 3 passed, 0 failed, 0 skipped · [logs](https://ci/run/9)")
+    assert cpu.startswith("- ✅ **cpu** (`ubuntu-latest`): passed — 3 passed, 0 failed, 0 skipped · "
+                          "[logs](https://ci/run/9)")
     assert "evil" not in cpu.split("· hi")[0]  # its runner, logs link and report link are the matrix's and ours
     assert "\\[here\\]\\(https://evil.example\\) \\<img src=x\\>" in cpu  # no link, no HTML
     assert "@\u2060admin" in cpu and "@admin" not in cpu and "\\*\\*bold\\*\\*" in cpu and "and 12 more" in cpu

@@ -162,22 +162,14 @@ def _load(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["rerun-test.yml", "sglang-rerun-test.yml"])
-def test_each_checkpoint_is_followed_by_its_upload_and_the_relay_may_only_read_actions(name):
+def test_the_workflows_run_mutation_in_the_group_step_with_no_progress_upload_beside_it(name):
+    """Issue 46: no process of the PR's may outlive its step into one that holds the artifact token, so the
+    workflows no longer start the mutation run detached with checkpoint uploads and a relay beside it: it
+    runs inside the group's step, and its score reaches the comment through the report job."""
     doc = _load(name)
     steps = doc["jobs"]["run"]["steps"]
-    group = next(i for i, s in enumerate(steps) if "harness.commands.rerun" in s.get("run", ""))
-    assert "--mutate-detached runs/ci/mutate-bg" in steps[group]["run"]
-    waits = [i for i, s in enumerate(steps) if "harness.rerun.checkpoint wait" in s.get("run", "")]
-    assert len(waits) >= 10 and waits[0] == group + 1
-    for i in waits:
-        cp, up = steps[i], steps[i + 1]
-        assert "--dir runs/ci/mutate-bg" in cp["run"] and "--max-s 100" in cp["run"]  # a heartbeat under 2 minutes
-        assert up["uses"].startswith("actions/upload-artifact@")
-        assert f"steps.{cp['id']}.outputs.changed == 'true'" in up["if"]
-        assert up["with"] == {"name": "progress-${{ matrix.name }}", "path": "runs/ci/status.md", "overwrite": True}
-    finish = steps[waits[-1] + 2]
-    assert "harness.rerun.checkpoint finish --dir runs/ci/mutate-bg" in finish["run"]
-    job = doc["jobs"]["relay"]
-    assert job["permissions"] == {"contents": "read", "actions": "read", "issues": "write"}
-    assert "run" not in (job["needs"] if isinstance(job["needs"], list) else [job["needs"]])  # runs beside them
-    assert relay.PROGRESS_PREFIX == "progress-" and '"mutate":true' in job["if"]  # the --github-output matrix is compact
+    group = next(s for s in steps if "harness.commands.rerun" in s.get("run", ""))
+    assert "--mutate-detached" not in group["run"] and "--comment-out runs/ci/status.md" in group["run"]
+    assert not [s for s in steps if "harness.rerun.checkpoint" in s.get("run", "")]
+    assert not [s for s in steps if str((s.get("with") or {}).get("name", "")).startswith(relay.PROGRESS_PREFIX)]
+    assert "relay" not in doc["jobs"]

@@ -232,6 +232,11 @@ def github_output(**values: object) -> None:
                 f.write(f"{k}={v}\n")
 
 
+def comment_id(value: str) -> int | None:
+    """A comment id option: a number, or empty (a step output that was never set)."""
+    return int(value) if value.strip() else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.rerun.github", description="GitHub side of the rerun bot")
     sub = p.add_subparsers(dest="command", required=True)
@@ -242,11 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("comment", help="create or replace the status comment")
     c.add_argument("--pr", type=int, required=True)
     c.add_argument("--body-file", type=Path, required=True)
-    c.add_argument("--comment-id", type=int)
+    c.add_argument("--comment-id", type=comment_id, help="edit this comment (empty: post a new one)")
     c.add_argument("--failed", metavar="WHAT", help="the body file is the error of WHAT (a step that failed): "
                    "post it as the reason, escaped; a missing file says to see the log")
     c.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="the workflow run (with --failed)")
-    c = sub.add_parser("update", help="write the matrix's group lines, rebuilt from --comment-out files, into the comment")
+    c = sub.add_parser("update", help="write the matrix's group lines, rebuilt from --comment-out files")
     c.add_argument("--comment-id", type=int, required=True)
     c.add_argument("--status-file", type=Path, action="append", default=[], metavar="FILE",
                    help="a --comment-out file (repeatable); with --queued it must exist, after the runs a "
