@@ -27,6 +27,6 @@ def test_environment_drops_then_updates(monkeypatch):
 
 def test_mutation_command_is_unchanged():
     cmd = mutation_run.pytest_command(["suites/unit"], Path("j.xml"), Path("r"))
-    assert cmd == [sys.executable, "-m", "pytest", "suites/unit", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                   "--junitxml=j.xml", "-o", "junit_family=xunit1", "--run-dir", "r"]
+    assert cmd == [sys.executable, "-m", "pytest", "suites/unit", "-x", "-q", "-p", "no:cacheprovider",
+                   "-p", "no:xdist", "--junitxml=j.xml", "-o", "junit_family=xunit1", "--run-dir", "r"]
     assert "-x" not in mutation_run.pytest_command(["suites/unit"], Path("j.xml"), Path("r"), first_failure=False)

@@ -7,7 +7,8 @@
 
 Flow: functions → mutants (:mod:`harness.mutation.operators`) → one measured run of the candidate tests
 (which test reaches which line) → each mutant's selected tests on a scratch copy of the target →
-verdicts → ``mutation.md`` / ``mutation.json`` and the report page under the run directory. Bad input
+verdicts → ``mutation.md`` / ``mutation.json`` and the report page under the run directory (the run itself:
+:func:`harness.mutation.flow.mutate`; this front end parses, checks and chooses). Bad input
 (a function the target lacks, a bad BASE, no mutant): one line, exit 2, nothing run. Exit 0 when the
 run finished (whatever the score), 1 when the candidate tests fail on the unmutated target or the
 harness itself failed running a mutant (one line naming it).
@@ -17,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import time
 from pathlib import Path
 
 from harness import rundir
-from harness import runs as run_record
 from harness.changes.lines import ChangeError
 from harness.commands import UsageError
-from harness.mutation import DEFAULT_FUNCTIONS, run, score, upstream
+from harness.mutation import DEFAULT_FUNCTIONS, flow, upstream
 from harness.mutation import select as choose
-from harness.report import page
 from harness.rerun import changed as change_of
 from harness.rerun import comment
 from harness.rerun import upstream as registrations
@@ -35,7 +33,7 @@ from harness.targets.sglang import selection as sglang_target
 #: The candidate tests by default: the suites that run sglang's real prealloc, eviction and free paths in
 #: the test's own process (each mutant's tests are the candidates whose coverage reached its lines).
 DEFAULT_TESTS = ("suites/unit",)
-PROG = "harness mutate"
+PROG = flow.PROG
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,7 +103,7 @@ def _mutate(args: argparse.Namespace) -> int:
     except sglang_target.TargetError as e:
         raise UsageError(str(e)) from None
     tree = Path(target.root).resolve()
-    upstream_files = _upstream_files(target, tree) if args.compare_upstream else []
+    upstream_files = _upstream_files(target, tree) if args.compare_upstream else None
     lines = None
     try:
         if args.changed:
@@ -127,57 +125,6 @@ def _mutate(args: argparse.Namespace) -> int:
     tests = tuple(args.tests) or DEFAULT_TESTS
     print(f"{PROG}: {len(mutants)} mutant(s) of {len(funcs)} function(s) on {target.label()}; candidates "
           f"{' '.join(tests)}; run dir {out}", flush=True)
-    with run_record.record(out, ["harness", *getattr(args, "argv", [])], target=target.label()) as rec:
-        started = time.monotonic()
-        _comment(args.comment_out, f"mutation: mapping which tests reach the {len(mutants)} mutants")
-        try:
-            cmap = run.coverage_map(tests, out, root, tree, args.timeout * 4)
-        except RuntimeError as e:
-            print(f"{PROG}: {e}")
-            rec.finish("failed")
-            return 1
-        print(f"{PROG}: coverage map of {len(cmap.tests_seen)} test(s) in {cmap.wall_s:.0f} s", flush=True)
-
-        def on_done(v: run.Verdict, done: int, total: int) -> None:
-            by = f" by {v.killer}" if v.killer else ""
-            print(f"  [{done}/{total}] {v.verdict:11} {v.mutant.id} {v.mutant.describe()}{by} ({v.seconds:.0f} s)",
-                  flush=True)
-            _comment(args.comment_out, f"mutation: {done} / {total} mutants run")
-
-        theirs = None
-        try:
-            verdicts = run.run_all(mutants, cmap, out, root, tree, jobs=args.jobs, timeout_s=args.timeout,
-                                   on_done=on_done)
-            wall = time.monotonic() - started
-            if args.compare_upstream:
-                broken = upstream.failing_clean(upstream_files, out, root, args.timeout)
-                for f in sorted(broken):
-                    print(f"{PROG}: sglang's {f} fails on the unmutated target; left out of the comparison", flush=True)
-                upstream_files = [f for f in upstream_files if str(f) not in broken]
-                print(f"{PROG}: the same mutants against {len(upstream_files)} CPU-registered sglang test file(s)",
-                      flush=True)
-                theirs = upstream.run_upstream(
-                    mutants, upstream_files, out, root, tree, jobs=args.jobs, timeout_s=args.timeout,
-                    on_done=lambda v, d, n: print(f"  upstream [{d}/{n}] {v.verdict:11} {v.mutant.id}", flush=True))
-        except run.MutationError as e:
-            print(f"{PROG}: {e}")
-            rec.finish("failed")
-            return 1
-        md, js = score.write(out, verdicts, tree, theirs, upstream_files)
-        header = page.Header("harness mutate", passed=True, wall_time=wall, sglang=sglang_target.stamp(target))
-        tables = [page.Table("Mutation score", tuple(score.HEAD), tuple(score.rows(verdicts)), note=score.line(verdicts)),
-                  page.Table("Survivors", ("mutant", "operator", "diff"),
-                             tuple((v.mutant.id, v.mutant.operator, score.diff(v.mutant, tree))
-                                   for v in verdicts if v.verdict == run.SURVIVED))]
-        if theirs is not None:
-            compared = score.compare_line(verdicts, theirs)
-            tables.append(page.Table("The same mutants against sglang's own tests", score.SIDE_HEAD,
-                                     tuple(score.side_by_side(verdicts, theirs)), note=compared))
-            print(compared)
-        report = page.write(out / "report", header, [], tuple(tables), repo_root=root)
-        _comment(args.comment_out, score.comment_line(verdicts))
-        print()
-        print(score.line(verdicts) + f" ({wall:.0f} s)")
-        print(f"mutation: {md}  json: {js}  report: {report}")
-        rec.finish("passed", report=report)
-    return 0
+    return flow.mutate(mutants, target, tests, out, root, command=["harness", *getattr(args, "argv", [])],
+                       jobs=args.jobs, timeout_s=args.timeout, upstream_files=upstream_files,
+                       note=lambda text: _comment(args.comment_out, text))

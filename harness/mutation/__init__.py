@@ -1,8 +1,9 @@
 """Mutation score of the sglang code under test: would any test notice if these lines were wrong?
 
 Modules: :mod:`.operators` (the mutants), :mod:`.select` (which tests reach them), :mod:`.run` (one pytest
-run per mutant, the verdicts), :mod:`.score` (per function, with the survivors as diffs). ``harness mutate``
-(:mod:`harness.commands.mutate`) is the front end. Each module: docs/modules.md.
+run per mutant, the verdicts), :mod:`.score` (per function, with the survivors as diffs), :mod:`.flow` (one
+whole run, map to score). ``harness mutate`` (:mod:`harness.commands.mutate`) is the front end. Each module:
+docs/modules.md.
 """
 
 #: The default functions (sglang 0.5.23 names): the PD decode prealloc and SWA eviction / free paths.

@@ -95,7 +95,8 @@ class CoverageMap:
 def pytest_command(tests: Sequence[str], junit_path: Path, run_dir: Path, *, first_failure: bool = True) -> list[str]:
     """The pytest command of a map, mutant or clean run (``first_failure``: stop at the first failure)."""
     return childpytest.command(tests, junit=junit_path, run_dir=run_dir,
-                               before=[*(["-x"] if first_failure else []), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"])
+                               before=[*(["-x"] if first_failure else []), "-q", "-p", "no:cacheprovider",
+                                       "-p", "no:xdist"])
 
 
 def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, timeout_s: float) -> CoverageMap:
