@@ -62,3 +62,22 @@ def test_where_the_range_is_too_small_the_os_picks(tmp_path, monkeypatch):
     monkeypatch.setattr(ports, "port_range", lambda: None)
     got = ports.allocate_ports(("a", "b"), tmp_path, leases=tmp_path / "leases")
     assert len(set(got.values())) == 2
+
+
+def test_a_held_lease_lock_fails_in_one_line_and_a_symlinked_ledger_is_refused(tmp_path, monkeypatch):
+    # Before: an unbounded flock on a predictable file: anyone holding the lock hung every run.
+    import fcntl
+
+    leases = tmp_path / "leases"
+    monkeypatch.setattr(ports, "LOCK_TIMEOUT_S", 0.3)
+    with open(leases, "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(ports.LeaseLockError, match=r"leases: its lock was held by another process for 0.3 s; "):
+            ports.allocate_ports(("a",), leases=leases)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("")
+    link = tmp_path / "linked"
+    link.symlink_to(elsewhere)
+    with pytest.raises(ports.LeaseLockError, match="a symlink is refused"):
+        ports.allocate_ports(("a",), leases=link)
+    assert elsewhere.read_text() == ""

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -76,14 +82,16 @@ def test_a_step_of_the_wall_clock_leaves_a_live_owner_alive(registry, tmp_path, 
     import psutil._pslinux
 
     monkeypatch.delenv(procs.OWNER_ENV, raising=False)
-    ray_dir = tmp_path / "ray-temp"
-    ray_dir.mkdir()
-    assert procs.register(os.getpid(), kind="dir", label="ray temp dir", path=ray_dir) is not None
-    before = procs.start_time(os.getpid())
-    real = psutil._pslinux.boot_time
-    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real() + 1.0)
-    assert procs.start_time(os.getpid()) == before
-    assert procs.reap_stale() == [] and ray_dir.is_dir() and len(procs.entries()) == 1
+    ray_dir = Path(tempfile.mkdtemp(prefix="ph-", dir="/tmp"))  # as the cluster makes its Ray temp dir
+    try:
+        assert procs.register(os.getpid(), kind="dir", label="ray temp dir", path=ray_dir) is not None
+        before = procs.start_time(os.getpid())
+        real = psutil._pslinux.boot_time
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real() + 1.0)
+        assert procs.start_time(os.getpid()) == before
+        assert procs.reap_stale() == [] and ray_dir.is_dir() and len(procs.entries()) == 1
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def test_register_and_unregister(registry):
@@ -154,3 +162,38 @@ def test_wait_gone_tells_a_process_from_a_later_one_with_its_pid():
     assert procs.wait_gone([me], 0.2, {me: start}) == [me]
     # ... and a process that started at another time under this pid is gone (its pid was reused).
     assert procs.wait_gone([me], 0.2, {me: start + 1}) == []
+
+
+def test_a_planted_dir_entry_never_removes_a_directory_the_harness_did_not_make(registry, tmp_path):
+    # Before: reap_stale rmtree'd whatever a dead owner's `dir` entry named (reproduced: a planted entry deleted
+    # its target). Now only the harness's own temp directories (ph-* in the temp directory) are ever removed.
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep")
+    procs.registry_dir()
+    planted = procs.Entry(kind="dir", pid=1, start=0, owner=2**22 + 11, owner_start=1.0, label="x", path=str(precious))
+    (registry / f"{planted.owner}-dir-1.json").write_text(json.dumps(dataclasses.asdict(planted)))
+    assert procs.reap_stale() == []
+    assert (precious / "data").read_text() == "keep" and procs.entries() == []
+    with pytest.raises(ValueError, match="not a directory the harness made"):
+        procs.register(os.getpid(), kind="dir", path=precious)
+
+
+def test_the_state_directory_must_be_the_users_own(tmp_path):
+    mine = procs.private_dir(tmp_path / "state")
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    os.chmod(mine, 0o755)  # ours, readable by others: narrowed
+    assert stat.S_IMODE(procs.private_dir(mine).stat().st_mode) == 0o700
+    os.chmod(mine, 0o777)  # others could plant entries: refused
+    with pytest.raises(procs.UnsafeDirError, match=r"others can write it \(mode 777\); remove it"):
+        procs.private_dir(mine)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(procs.UnsafeDirError, match="not a directory"):
+        procs.private_dir(link)
+    if os.getuid() == 0:  # only root can hand a directory to another user
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 12345, 12345)
+        with pytest.raises(procs.UnsafeDirError, match=r"owned by uid 12345, not by you"):
+            procs.private_dir(theirs)

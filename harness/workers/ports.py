@@ -13,12 +13,13 @@ import fcntl
 import os
 import random
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Iterator
 
+from harness.clock import Deadline
 from harness.rundir import RunDir
+from harness.workers import procs
 
 #: Ray's default worker ports end here (``--max-worker-port``); ours start above.
 RAY_MAX_WORKER_PORT = 19999
@@ -26,9 +27,15 @@ RAY_MAX_WORKER_PORT = 19999
 MIN_RANGE = 1000
 #: A leased port is not handed out again for this long: the time a server may take to bind it.
 LEASE_S = 900.0
-#: The leases of the harness processes on this machine (``port expiry`` per line; one file per user,
-#: so no one's file is unwritable to another).
-LEASES = Path(tempfile.gettempdir()) / f"pdh-port-leases-{os.getuid()}"
+#: The leases of the harness processes on this machine (``port expiry`` per line; one file per user, in the
+#: user's own 0700 state directory, so no one else can plant it, link it elsewhere, or hold its lock).
+LEASES = procs.STATE_DIR / "port-leases"
+#: The longest a process waits for a lease ledger's lock (held for milliseconds by a healthy run).
+LOCK_TIMEOUT_S = 30.0
+
+
+class LeaseLockError(RuntimeError):
+    """A lease ledger's lock stayed held past :data:`LOCK_TIMEOUT_S`: one line, naming the file."""
 _TRIES = 1000
 #: Not the module-level generator: tests seed that one (Hypothesis, workload seeds), and forked
 #: children share its state, so two processes would try the same ports in the same order.
@@ -62,10 +69,33 @@ def is_free(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[IO[str]]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def _locked(path: Path, timeout: float | None = None) -> Iterator[IO[str]]:
+    """``path`` opened for update and locked, never through a symlink, within ``timeout`` (default
+    :data:`LOCK_TIMEOUT_S`).
+
+    Raises:
+        LeaseLockError: the lock stayed held; or the path is a symlink.
+    """
+    if path == LEASES:
+        procs.private_dir(path.parent)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise LeaseLockError(f"{path}: cannot be opened ({e.strerror}; a symlink is refused); remove it") from None
+    with os.fdopen(fd, "a+") as f:
+        bound = LOCK_TIMEOUT_S if timeout is None else timeout
+        deadline = Deadline(bound)
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline.expired():
+                    raise LeaseLockError(f"{path}: its lock was held by another process for {bound:g} s; "
+                                         "find it with `fuser -v` on the file, or remove the file") from None
+                deadline.sleep(0.02)
         f.seek(0)
         yield f
 

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
@@ -22,9 +23,67 @@ from harness.clock import Deadline
 
 log = logging.getLogger(__name__)
 
+#: The harness's per-user state on this machine (the process registry, the port leases): a directory of mode
+#: 0700 that :func:`private_dir` checks before anything in it is read or trusted.
+STATE_DIR = Path(tempfile.gettempdir()) / f"pd-harness-{os.getuid()}"
 #: One directory per user on this machine (``$HARNESS_PROCS_DIR`` overrides it, for tests); entries
 #: are ``<owner pid>-<kind>-<pid>.json``.
-REGISTRY_DIR = Path(os.environ.get("HARNESS_PROCS_DIR") or Path(tempfile.gettempdir()) / f"pd-harness-{os.getuid()}" / "procs")
+REGISTRY_DIR = Path(os.environ.get("HARNESS_PROCS_DIR") or STATE_DIR / "procs")
+#: Where a ``dir`` entry may point: a directory the harness made in the system temp directory with one of these
+#: prefixes (a Ray temp dir, :func:`harness.cluster.cluster`'s ``ph-``). Anything else is never removed.
+DIR_PREFIXES = ("ph-",)
+
+
+class UnsafeDirError(RuntimeError):
+    """The harness's state directory is not this user's own: one line, naming it and the fix."""
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only this user can write, created with mode 0700 when missing.
+
+    One owned by another user, a symlink, or one others can write is refused (someone could plant entries that
+    steer the cleanup, or hold the lease lock); one of ours that others can only read is narrowed to 0700.
+
+    Raises:
+        UnsafeDirError: one line naming the directory, what is wrong and the fix.
+    """
+    path = Path(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        private_dir(path.parent)
+        return private_dir(path)
+    st = os.lstat(path)
+    fix = "remove it, or point TMPDIR at a directory of your own"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirError(f"{path}: not a directory (a symlink or a file) where the harness keeps its state; {fix}")
+    if st.st_uid != os.getuid():
+        raise UnsafeDirError(f"{path}: owned by uid {st.st_uid}, not by you (uid {os.getuid()}); {fix}")
+    if st.st_mode & 0o022:
+        raise UnsafeDirError(f"{path}: others can write it (mode {stat.S_IMODE(st.st_mode):o}); {fix}")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def registry_dir() -> Path:
+    """:data:`REGISTRY_DIR`, checked (:func:`private_dir`; its parent too when it is the default)."""
+    if REGISTRY_DIR == STATE_DIR / "procs":
+        private_dir(STATE_DIR)
+    return private_dir(REGISTRY_DIR)
+
+
+def dir_allowed(path: str | Path) -> bool:
+    """Whether a ``dir`` entry names a directory the harness made (:data:`DIR_PREFIXES` in the temp directory).
+
+    >>> dir_allowed(Path(tempfile.gettempdir()) / "ph-abc123"), dir_allowed("/home/me/data"), dir_allowed("/tmp/ph-x/..")
+    (True, False, False)
+    """
+    p = Path(os.path.normpath(path))
+    parents = {Path(os.path.normpath(tempfile.gettempdir())), Path("/tmp")}
+    return p.parent in parents and p.name.startswith(DIR_PREFIXES) and p.name not in ("", "..")
 
 #: Environment variable that names the run's owner (``pid:start``) to processes started for it.
 OWNER_ENV = "HARNESS_OWNER"
@@ -154,9 +213,10 @@ def register(pid: int, *, kind: str = "pid", label: str = "", path: str | Path =
     st = start_time(pid) if kind != "dir" else 0
     if st is None:
         return None
+    if kind == "dir" and not dir_allowed(path):
+        raise ValueError(f"{path}: not a directory the harness made in the temp directory ({', '.join(DIR_PREFIXES)}*)")
     entry = Entry(kind=kind, pid=pid, start=st, owner=own, owner_start=own_start, label=label, path=str(path))
-    REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
-    f = REGISTRY_DIR / f"{own}-{kind}-{pid}.json"
+    f = registry_dir() / f"{own}-{kind}-{pid}.json"
     tmp = f.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(entry)))
     tmp.replace(f)
@@ -172,7 +232,7 @@ def unregister(pid: int, *, kind: str = "pid") -> None:
 def entries() -> list[Entry]:
     """All registry entries (any owner)."""
     out = []
-    for f in sorted(REGISTRY_DIR.glob("*.json")) if REGISTRY_DIR.exists() else []:
+    for f in sorted(registry_dir().glob("*.json")):
         try:
             out.append(Entry(**json.loads(f.read_text())))
         except (OSError, ValueError, TypeError):
@@ -191,7 +251,10 @@ def kill_entry(e: Entry) -> bool:
         True if something was killed or removed.
     """
     if e.kind == "dir":
-        if e.path and Path(e.path).exists():
+        if not dir_allowed(e.path):
+            log.warning("refused to remove %s: a registry entry may name only the harness's own temp directories", e.path)
+            return False
+        if e.path and Path(e.path).is_dir() and not Path(e.path).is_symlink():
             shutil.rmtree(e.path, ignore_errors=True)
             return True
         return False
