@@ -64,22 +64,12 @@ def _ceil(n: int, p: int) -> int:
 
 
 class DecodeWorker(RankPayload):
-    """Decode payload of one TP rank.
-
-    Args:
-        name: worker name (ledger file ``<run_dir>/ledger/<name>.jsonl``).
-        shard: TP rank (its head shard).
-        tp: TP size of the role (the rank stores ``spec.kv_heads // tp`` KV heads).
-        spec: the pool configuration.
-        run_dir: the run directory.
-    """
+    """Decode payload of one TP rank (arguments: :class:`RankPayload`'s; its component is ``decode``)."""
 
     def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str, tp: int = 1):
-        super().__init__(name, shard, tp, run_dir, "decode")
-        self.side: Any = None
         self.live: dict[str, _Live] = {}
         self.retracted: dict[str, _Live] = {}  # retracted, their KV backed up, waiting to resume
-        self.configure(spec)
+        super().__init__(name, shard, tp, run_dir, "decode", spec)
 
     # ---------------------------------------------------------------- set-up
 

@@ -153,9 +153,19 @@ class DecodeSide:
         self._settings = rank_runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache,
                                                   page_size=config.page_size)
         rank_runtime.publish(self._settings)
-        sizes, device = config.sizes, config.device
-        self.req_to_token_pool = pool_builders.build_req_to_token_pool(sizes, device)
+        self.req_to_token_pool = pool_builders.build_req_to_token_pool(config.sizes, config.device)
         self.coordinator = None
+        self._build_pools()
+        self.tree_cache = pool_builders.build_tree_cache(
+            self.req_to_token_pool, self.allocator, config.page_size, config.window,
+            radix_cache=config.radix_cache)
+        self.queue = self._build_queue()
+        self.baseline = self.snapshot()
+
+    def _build_pools(self) -> None:
+        """Build the KV pool and its allocators (and the hisparse coordinator on that path)."""
+        config = self.config
+        sizes, device = config.sizes, config.device
         if config.hisparse:
             built = pool_builders.build_hisparse_pools(config.page_size, config.window or 0, sizes, device)
             self.kv_pool, self.allocator = built.kv_pool, built.allocator
@@ -167,11 +177,6 @@ class DecodeSide:
             swa = pool_builders.build_swa_pools(config.page_size, sizes, device)
             self.kv_pool, self.allocator = swa.kv_pool, swa.allocator
             self._full_allocator = swa.allocator
-        self.tree_cache = pool_builders.build_tree_cache(
-            self.req_to_token_pool, self.allocator, config.page_size, config.window,
-            radix_cache=config.radix_cache)
-        self.queue = self._build_queue()
-        self.baseline = self.snapshot()
 
     def _build_queue(self) -> Any:
         from sglang.srt.disaggregation.decode import DecodePreallocQueue

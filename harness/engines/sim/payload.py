@@ -21,11 +21,12 @@ class RankPayload:
     :mod:`harness.engines.sim.deploy` gives every rank) before it builds anything.
 
     Args:
-        name: worker name.
+        name: worker name (ledger file ``<run_dir>/ledger/<name>.jsonl``).
         shard: TP rank (its head shard).
-        tp: TP size of the role.
+        tp: TP size of the role (the rank stores ``spec.kv_heads // tp`` KV heads).
         run_dir: the run directory.
         component: ``prefill`` or ``decode`` (the ledger's component).
+        spec: the pool configuration, which :meth:`configure` builds the pools for; None: not yet.
 
     Raises:
         ValueError: ``shard`` is not a rank of ``tp``.
@@ -35,12 +36,19 @@ class RankPayload:
     buffers: Any  # the pool buffers a transfer moves (``.full`` / ``.swa`` page views), set by configure()
     peer: Endpoint | None = None
 
-    def __init__(self, name: str, shard: int, tp: int, run_dir: str, component: str):
+    def __init__(self, name: str, shard: int, tp: int, run_dir: str, component: str, spec: KVSpec | None = None):
         if not 0 <= shard < tp:
             raise ValueError(f"{name}: shard {shard} is not a rank of TP {tp}")
         faults.activate_from_env()
         self.name, self.shard, self.tp = name, shard, tp
         self.ledger = LedgerWriter(RunDir(Path(run_dir)).ledger_file(name), worker=name, component=component)
+        self.side: Any = None
+        if spec is not None:
+            self.configure(spec)
+
+    def configure(self, spec: KVSpec, discard: bool = False) -> str:
+        """(Re)build the pools for ``spec`` (the prefill or decode rank's); returns the device."""
+        raise NotImplementedError
 
     def pool_sizes(self, spec: KVSpec) -> Any:
         """This rank's :class:`~harness.engines.sim.pools.PoolSizes` for ``spec`` (its KV head shard).

@@ -17,7 +17,6 @@ import torch
 
 from harness.targets.sglang import compat
 from harness.engines.sim import rank_runtime
-from harness.engines.sim import pools as pool_builders
 from harness.engines.sim.decode_side import DecodeConfig, DecodeSide
 from harness.engines.sim.prefill_side import build_dsv4_pools
 
@@ -34,19 +33,12 @@ class Dsv4DecodeSide(DecodeSide):
     def __init__(self, config: DecodeConfig):
         if config.hisparse:
             raise ValueError("Dsv4DecodeSide is the non-hisparse graph; use DecodeSide for hisparse")
-        self.config = config
-        self._settings = rank_runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache,
-                                                  page_size=config.page_size)
-        rank_runtime.publish(self._settings)
-        sizes, device = config.sizes, config.device
-        self.req_to_token_pool = pool_builders.build_req_to_token_pool(sizes, device)
-        self.coordinator = None
-        self.kv_pool, self.allocator = build_dsv4_pools(config.page_size, config.window or 0, sizes, device)
+        super().__init__(config)
+
+    def _build_pools(self) -> None:
+        config = self.config
+        self.kv_pool, self.allocator = build_dsv4_pools(config.page_size, config.window or 0, config.sizes, config.device)
         self._full_allocator = self.allocator
-        self.tree_cache = pool_builders.build_tree_cache(self.req_to_token_pool, self.allocator, config.page_size,
-                                                         config.window, radix_cache=config.radix_cache)
-        self.queue = self._build_queue()
-        self.baseline = self.snapshot()
 
 
 def decode_step(side: DecodeSide, reqs: list[Any], step: int) -> torch.Tensor:

@@ -97,7 +97,6 @@ def build_swa_pools(page_size: int, sizes: PoolSizes, device: str) -> SwaPools:
         raise ValueError(f"page_size {page_size} not supported; use one of {SWA_PAGE_SIZES}")
     if sizes.head_num < 1:
         raise ValueError(f"head_num={sizes.head_num} must be ≥ 1 (this rank's KV heads)")
-    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
     size, size_swa = sizes.checked(page_size)
@@ -114,16 +113,23 @@ def build_swa_pools(page_size: int, sizes: PoolSizes, device: str) -> SwaPools:
         device=device,
         enable_memory_saver=False,
     )
-    allocator = SWATokenToKVPoolAllocator(
+    allocator = _swa_allocator(size, size_swa, page_size, torch.bfloat16, device, kv_pool)
+    return SwaPools(kv_pool=kv_pool, allocator=allocator)
+
+
+def _swa_allocator(size: int, size_swa: int, page_size: int, dtype: Any, device: str, kv_pool: Any) -> Any:
+    """sglang's ``SWATokenToKVPoolAllocator`` over ``kv_pool``, as the SWA and the hisparse pools use it."""
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+
+    return SWATokenToKVPoolAllocator(
         size=size,
         size_swa=size_swa,
         page_size=page_size,
-        dtype=torch.bfloat16,
+        dtype=dtype,
         device=device,
         kvcache=kv_pool,
         need_sort=True,  # what PD prefill and decode workers use
     )
-    return SwaPools(kv_pool=kv_pool, allocator=allocator)
 
 
 def build_hisparse_pools(page_size: int, window: int, sizes: PoolSizes, device: str) -> HisparsePools:
@@ -144,7 +150,6 @@ def build_hisparse_pools(page_size: int, window: int, sizes: PoolSizes, device: 
     if page_size not in HISPARSE_PAGE_SIZES:
         raise ValueError(f"hisparse page_size {page_size} not supported; use one of {HISPARSE_PAGE_SIZES}")
     from sglang.srt.mem_cache.allocator.hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
     size, size_swa = sizes.checked(page_size)
@@ -174,15 +179,7 @@ def build_hisparse_pools(page_size: int, window: int, sizes: PoolSizes, device: 
         enable_hisparse=True,
         full_size=size,
     )))
-    logical = SWATokenToKVPoolAllocator(
-        size=size,
-        size_swa=size_swa,
-        page_size=page_size,
-        dtype=torch.float8_e4m3fn,
-        device=device,
-        kvcache=kv_pool,
-        need_sort=True,
-    )
+    logical = _swa_allocator(size, size_swa, page_size, torch.float8_e4m3fn, device, kv_pool)
     allocator = DeepSeekV4HiSparseTokenToKVPoolAllocator(logical)
     return HisparsePools(kv_pool=kv_pool, logical_allocator=logical, allocator=allocator)
 

@@ -37,20 +37,10 @@ def pick_device(wanted: str) -> str:
 
 
 class PrefillWorker(RankPayload):
-    """Prefill payload of one TP rank.
-
-    Args:
-        name: worker name (ledger file ``<run_dir>/ledger/<name>.jsonl``).
-        shard: TP rank (its head shard).
-        tp: TP size of the role (the rank stores ``spec.kv_heads // tp`` KV heads).
-        spec: the pool configuration.
-        run_dir: the run directory.
-    """
+    """Prefill payload of one TP rank (arguments: :class:`RankPayload`'s; its component is ``prefill``)."""
 
     def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str, tp: int = 1):
-        super().__init__(name, shard, tp, run_dir, "prefill")
-        self.side: Any = None
-        self.configure(spec)
+        super().__init__(name, shard, tp, run_dir, "prefill", spec)
 
     def configure(self, spec: KVSpec, discard: bool = False) -> str:
         """(Re)build the pools for ``spec``; ledger events of this configuration get their own books.
