@@ -3,7 +3,9 @@
 Tests that share something the session keeps alive (``sglang-servers``, ``pd-pairs``) run in one process;
 every other test with its module. Groups are handed out longest first so the workers finish together, and
 reach xdist's scheduler through a file, because xdist's own ``loadgroup`` puts the group in the node id,
-which pytest 9.2 no longer allows. The groups, the order, the hand-over and ``-n auto``: docs/modules.md.
+which pytest 9.2 no longer allows: pytest-dev/pytest-xdist#1386 (fix proposed in #1388). Once an xdist release
+groups under pytest 9.2, the file hand-over can go. The groups, the order, the hand-over and ``-n auto``:
+docs/modules.md.
 """
 
 from __future__ import annotations
