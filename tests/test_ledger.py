@@ -149,6 +149,40 @@ def test_alloc_fail_pages_must_be_returned():
     assert rules(evs) == ["page-leak"]
 
 
+def test_a_request_still_in_flight_at_the_end_is_named_with_its_last_phase_not_a_leak():
+    # r1 preallocated and decoded a step; its release is not written yet: in flight, not a leak.
+    # r2 finished (aborted, the abort recorded with its release) and still holds a page: a leak.
+    evs = [config(),
+           ev(0, "prealloc", rid="r1", pages={"full": (0, 1, 2, 3)}),
+           ev(1, "prealloc", rid="r2", pages={"full": (4, 5)}),
+           ev(2, "decode_alloc", rid="r1", pages={"full": (6,)}),
+           ev(3, "release", rid="r2", pages={"full": (4,)}, note="abort: client gave up")]
+    found = check(evs)
+    assert [(v.rule, v.rid) for v in found] == [("page-leak", "r2"), (ledger.IN_FLIGHT, "r1")]
+    leak, flying = found
+    assert "never freed (still held after its release)" in leak.message
+    assert (flying.worker, flying.kind, flying.seq) == ("d0", "decode_alloc", None)
+    assert flying.message.startswith("decode request still in flight at the end, last phase decode_alloc (#2)")
+    assert "pool 'full': 5 page(s)" in flying.message and "never freed" not in flying.message
+    assert flying.headline().startswith("[in-flight-at-end] d0 decode_alloc of r1: decode request still in flight")
+    assert ledger.split_in_flight(found) == ([leak], [flying])
+    # once its release is written it is neither
+    assert rules(evs + [ev(4, "release", rid="r1", pages={"full": (0, 1, 2, 3, 6)})]) == ["page-leak"]
+
+
+def test_pages_held_across_an_idle_flush_or_by_no_request_are_a_leak_not_in_flight():
+    # sglang flushes only an idle server: a request still holding pages at the flush had finished
+    idle = {"full": 640}
+    evs = [ev(0, "prealloc", rid="r1", window=None, pages={"full": (0, 1)}), reset(1, idle, idle)]
+    assert rules(evs) == ["page-leak"]
+    # a request that arrived after the flush is in flight again
+    assert rules([*evs[1:], ev(2, "prealloc", rid="r2", window=None, pages={"full": 3})]) == [ledger.IN_FLIGHT]
+    # a request the caller knows finished (its client got the answer) holds its pages as a leak
+    assert rules(evs[:1]) == [ledger.IN_FLIGHT] and [v.rule for v in check(evs[:1], finished=["r1"])] == ["page-leak"]
+    # pages no request owns (a rank's stray allocation) are no request in flight
+    assert rules([ev(0, "decode_alloc", rid="<unattributed>", pages={"full": (9,)})]) == ["page-leak"]
+
+
 def test_writer_reader_round_trip(tmp_path):
     path = tmp_path / "ledger" / "d0.jsonl"
     with LedgerWriter(path, worker="d0", component="decode") as w:
@@ -207,24 +241,24 @@ def prealloc(fill, tail, floor, swa, full=None, seq=0, config_=CONFIG, **kw) -> 
 
 def test_prealloc_rules_pass_on_sglang_values():
     # page 64 / window 100: sglang's own tails for fills 300, 1000, 1; radix on keeps max(W, P) + 1 = 101
-    assert rules(prealloc(300, 108, 192, (7, 8))) == ["page-leak"] * 2  # only the missing release
-    assert [r for r in rules(prealloc(1000, 104, 896, (1, 2))) if r != "page-leak"] == []
-    assert [r for r in rules(prealloc(1, 1, 0, (3,))) if r != "page-leak"] == []
+    assert rules(prealloc(300, 108, 192, (7, 8))) == [ledger.IN_FLIGHT]  # only its release, not written yet
+    assert [r for r in rules(prealloc(1000, 104, 896, (1, 2))) if r != ledger.IN_FLIGHT] == []
+    assert [r for r in rules(prealloc(1, 1, 0, (3,))) if r != ledger.IN_FLIGHT] == []
     radix = LedgerConfig(page_size=P, window=W, radix_cache=True, swa_tail=True)
-    assert [r for r in rules(prealloc(300, 108, 192, (7, 8), config_=radix)) if r != "page-leak"] == []
+    assert [r for r in rules(prealloc(300, 108, 192, (7, 8), config_=radix)) if r != ledger.IN_FLIGHT] == []
 
 
 def test_tail_one_page_too_long_stays_aligned_and_is_caught():
     # The review's case: fill 300, tail 172 = 3 pages, floor 128 aligned and == fill - tail, 3 pages
     # within the old ceil((W + P) / P) cap; the exact rule tail < W + P = 164 catches it.
     evs = prealloc(300, 172, 128, (6, 7, 8))
-    assert [r for r in rules(evs) if r != "page-leak"] == ["swa-tail-long"]
+    assert [r for r in rules(evs) if r != ledger.IN_FLIGHT] == ["swa-tail-long"]
 
 
 def test_tail_too_short_loses_the_window():
     # floor rounded up instead of down: tail 44 < W = 100 (aligned, consistent, within every cap)
     evs = prealloc(300, 44, 256, (8,))
-    assert [r for r in rules(evs) if r != "page-leak"] == ["swa-tail-short"]
+    assert [r for r in rules(evs) if r != ledger.IN_FLIGHT] == ["swa-tail-short"]
     radix = LedgerConfig(page_size=P, window=W, radix_cache=True, swa_tail=True)
     # with the radix cache sglang must keep 101 tokens: tail 100 (floor 200 is unaligned too) and 44 are short
     assert "swa-tail-short" in rules(prealloc(300, 44, 256, (8,), config_=radix))
@@ -238,25 +272,25 @@ def test_swa_and_full_charge_from_the_config():
     assert "full-charge" in rules(evs)
     # a prefix of 128 reused from the radix cache: 3 new full pages
     evs = prealloc(300, 108, 192, (7, 8), full=(2, 3, 4), prefix_len=128)
-    assert [r for r in rules(evs) if r != "page-leak"] == []
+    assert [r for r in rules(evs) if r != ledger.IN_FLIGHT] == []
 
 
 def test_host_charge_from_compression_and_host_page():
     hisparse = LedgerConfig(page_size=256, window=200, swa_tail=True, host_page=64, compression=4)
     evs = [config(hisparse), ev(0, "prealloc", page_size=256, fill_len=512, swa_tail_len=256, evicted_seqlen=256,
                                 pages={"host": 2})]
-    assert [r for r in rules(evs) if r != "page-leak"] == []  # 512 // 4 = 128 host tokens = 2 pages
+    assert [r for r in rules(evs) if r != ledger.IN_FLIGHT] == []  # 512 // 4 = 128 host tokens = 2 pages
     evs[1] = Event(**{**evs[1].__dict__, "pages": {"host": 8}})  # uncompressed: 512 / 64
-    assert [r for r in rules(evs) if r != "page-leak"] == ["host-charge"]
+    assert [r for r in rules(evs) if r != ledger.IN_FLIGHT] == ["host-charge"]
 
 
 def test_reservation_must_cover_whole_pages():
     cfg = LedgerConfig(page_size=P, window=W, swa_tail=True, decode_reserve=512, swa_decode_reserve=512)
     ok = prealloc(300, 108, 192, (7, 8), config_=cfg, reserved={"full": 320 + 512, "swa": 128 + 512})
-    assert [r for r in rules(ok) if r != "page-leak"] == []
+    assert [r for r in rules(ok) if r != ledger.IN_FLIGHT] == []
     # not rounded to pages (sglang#35265): 300 + 512 and 108 + 512, hidden by the reserve unless it is subtracted
     short = prealloc(300, 108, 192, (7, 8), config_=cfg, reserved={"full": 300 + 512, "swa": 108 + 512})
-    assert [r for r in rules(short) if r != "page-leak"] == ["reserve-short", "reserve-short"]
+    assert [r for r in rules(short) if r != ledger.IN_FLIGHT] == ["reserve-short", "reserve-short"]
 
 
 def test_decode_window_lost_when_floor_passes_the_window():

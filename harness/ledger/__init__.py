@@ -16,6 +16,7 @@ from harness.ledger.events import (
     FREE_KINDS,
     FULL_POOL,
     HOST_POOL,
+    IN_FLIGHT,
     KINDS,
     SWA_POOL,
     TAKE_KINDS,
@@ -27,6 +28,7 @@ from harness.ledger.events import (
     Violation,
     config_event,
     spans,
+    split_in_flight,
 )
 from harness.ledger.io import LedgerWriter, read, read_dir
 from harness.ledger.rules import KNOCK_ONS, RULES, prealloc_violations, swa_page_bound
@@ -40,6 +42,7 @@ __all__ = [
     "FREE_KINDS",
     "FULL_POOL",
     "HOST_POOL",
+    "IN_FLIGHT",
     "KINDS",
     "SWA_POOL",
     "TAKE_KINDS",
@@ -51,6 +54,7 @@ __all__ = [
     "Violation",
     "config_event",
     "spans",
+    "split_in_flight",
     "LedgerWriter",
     "read",
     "read_dir",

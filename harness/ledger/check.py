@@ -1,6 +1,13 @@
 """The walk over one run's events that :func:`check` is: per worker and component, books of which
 request holds which pages of which pool, kept event by event, with every rule of :mod:`.rules` applied
 where it belongs (the rules and their sentences are listed there). Pure: no I/O.
+
+What is still held at the end is judged by what the events say of its owner. Pages a request kept past
+its release, pages of a refused allocation (``alloc_fail``), pages held across a flush (a ``reset``:
+sglang flushes only an idle server, so every request had finished), and pages of a non-request owner
+(``<...>``) are a ``page-leak``. Pages of a request that took them and has no release yet are
+:data:`~harness.ledger.events.IN_FLIGHT`: one finding per request, naming its side and its last phase,
+since nothing in the events shows it finished (its release may still come).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from harness.ledger.events import (
     ADMITTED,
     CACHE_OWNER,
     FREE_KINDS,
+    IN_FLIGHT,
     KINDS,
     SWA_POOL,
     TAKE_KINDS,
@@ -34,6 +42,8 @@ class _Books:
         self.baseline: dict[str, int] = {}
         self.span: dict[str, tuple[int, int]] = {}  # rid -> (seq length, SWA floor) last seen
         self.prefix: dict[str, int] = {}  # rid -> its prealloc's prefix_len (the radix match it holds)
+        self.last: dict[str, Event] = {}  # rid -> its latest event (its last phase)
+        self.finished: set[str] = set()  # rids known finished: holding pages at an idle server's flush, or told so
 
     def held(self, pool: str, rid: str) -> int:
         return sum(1 for o in self.owner[pool].values() if o == rid) + self.counted[(pool, rid)]
@@ -42,13 +52,15 @@ class _Books:
         return sum(len(m) for m in self.owner.values()) + sum(self.counted.values())
 
 
-def check(events: Iterable[Event]) -> list[Violation]:
+def check(events: Iterable[Event], *, finished: Iterable[str] = ()) -> list[Violation]:
     """Check the accounting invariants (see the module docstring) over the events of one run.
 
     Events are processed per worker in ``seq`` order; workers are independent books.
 
     Args:
         events: events of any number of workers, in any order.
+        finished: rids the caller knows finished although no event says so (their client got its
+            answer): pages they still hold are a ``page-leak``, never in flight.
 
     Returns:
         The violations found, in event order per worker (empty when everything balances).
@@ -57,20 +69,24 @@ def check(events: Iterable[Event]) -> list[Violation]:
     by_worker: dict[tuple[str, str], list[Event]] = defaultdict(list)
     for ev in events:
         by_worker[(ev.worker, ev.component)].append(ev)
+    done = frozenset(finished)
     for (worker, _component), evs in sorted(by_worker.items()):
-        out.extend(_check_worker(worker, sorted(evs, key=lambda e: e.seq)))
+        out.extend(_check_worker(worker, sorted(evs, key=lambda e: e.seq), done))
     return out
 
 
-def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
+def _check_worker(worker: str, evs: list[Event], finished: frozenset[str] = frozenset()) -> list[Violation]:
     out: list[Violation] = []
     books = _Books()
+    books.finished.update(finished)
     config: LedgerConfig | None = None
 
     def bad(rule: str, ev: Event | None, msg: str) -> None:
         out.append(Violation(rule, msg, ev.seq if ev else None, worker, ev.rid if ev else "", ev.kind if ev else ""))
 
     for ev in evs:
+        if not ev.rid.startswith("<"):
+            books.last[ev.rid] = ev
         if ev.kind not in KINDS:
             bad("unknown-kind", ev, f"kind {ev.kind!r} is not one of {', '.join(KINDS)}")
             continue
@@ -122,17 +138,36 @@ def _check_worker(worker: str, evs: list[Event]) -> list[Violation]:
                 now = ev.free_after.get(pool)
                 if now is not None and now != base:
                     bad("not-baseline", ev, f"worker idle but pool {pool!r} has {now} free, started with {base}")
+    flying: dict[str, list[str]] = defaultdict(list)  # rid -> what it holds, pool by pool
     for pool, owners in books.owner.items():
         for owner, n in sorted(Counter(owners.values()).items()):
             example = sorted(p for p, o in owners.items() if o == owner)[:4]
+            if _in_flight(books, owner):
+                flying[owner].append(f"pool {pool!r}: {n} page(s) (e.g. {example})")
+                continue
             rid = owner.removeprefix(CACHE_OWNER)
             where = " (still held after its release)" if owner != rid else ""
             out.append(Violation("page-leak", f"pool {pool!r}: {n} page(s) never freed{where} (e.g. {example})",
                                  None, worker, rid))
     for (pool, rid), n in sorted(books.counted.items()):
-        if n:
+        if n and _in_flight(books, rid):
+            flying[rid].append(f"pool {pool!r}: {n} counted page(s)")
+        elif n:
             out.append(Violation("page-leak", f"pool {pool!r}: {n} counted page(s) never freed", None, worker, rid))
+    for rid, holds in sorted(flying.items()):
+        last = books.last[rid]
+        out.append(Violation(IN_FLIGHT, f"{last.component} request still in flight at the end, last phase "
+                                        f"{last.kind} (#{last.seq}), not released yet; holds {'; '.join(holds)}",
+                             None, worker, rid, last.kind))
     return out
+
+
+def _in_flight(books: _Books, owner: str) -> bool:
+    """Whether ``owner``'s pages at the end are those of a request in flight (see the module docstring):
+    a request that took them, was never released (its pages would be the cache's), did not hold them
+    across an idle server's flush (nor is known finished), and whose last event is not a refused allocation."""
+    last = books.last.get(owner)
+    return last is not None and owner not in books.finished and last.kind != "alloc_fail"
 
 
 def _take(books: _Books, ev: Event, bad) -> None:
@@ -180,7 +215,10 @@ def _hand_to_cache(books: _Books, rid: str) -> None:
 
 
 def _reset(books: _Books, ev: Event, bad) -> None:
-    """A flush of an idle server: whatever was neither free nor cached before it had leaked."""
+    """A flush of an idle server: whatever was neither free nor cached before it had leaked, and a
+    request holding pages of its own across it had finished (it is not in flight)."""
+    books.finished.update(o for live in books.owner.values() for o in live.values() if not o.startswith(CACHE_OWNER))
+    books.finished.update(r for (_, r), n in books.counted.items() if n and r != CACHE_OWNER)
     for pool, before in ev.free_before.items():
         after = ev.free_after.get(pool)
         if after is not None and after != before:

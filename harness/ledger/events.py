@@ -241,3 +241,20 @@ ADMITTED = "admitted:"
 
 #: ``note`` prefix of an event a field of which the writer (a probe) could not read.
 UNREADABLE = "unreadable:"
+
+
+#: The finding of a request still in flight when the ledger is read: it holds pages, was never
+#: released, and nothing shows it finished (no later flush of an idle server, no refused allocation).
+#: Not a broken invariant yet (its release may still come), so never a ``page-leak``.
+IN_FLIGHT = "in-flight-at-end"
+
+
+def split_in_flight(violations: Iterable["Violation"]) -> tuple[list["Violation"], list["Violation"]]:
+    """``(broken, in_flight)``: the violations that break a rule, and the requests still in flight.
+
+    >>> split_in_flight([Violation(IN_FLIGHT, "m", None, "d0", "r1"), Violation("page-leak", "m", None, "d0", "r2")])
+    ([Violation(rule='page-leak', message='m', seq=None, worker='d0', rid='r2', kind='')], \
+[Violation(rule='in-flight-at-end', message='m', seq=None, worker='d0', rid='r1', kind='')])
+    """
+    found = list(violations)
+    return [v for v in found if v.rule != IN_FLIGHT], [v for v in found if v.rule == IN_FLIGHT]

@@ -23,6 +23,8 @@ RULES: dict[str, str] = {
     "page-double-alloc": "a page is allocated only while it is free (never twice without a free between)",
     "page-double-free": "a page is freed once, by the request that holds it (or from the prefix cache)",
     "page-leak": "every page allocated is freed exactly once, per worker and pool",
+    "in-flight-at-end": "a request holding pages when the ledger is read, never released and not shown finished, "
+                        "is in flight: named with its side and last phase, never called a leak",
     "transfer-unowned": "a transfer names only pages the request holds on that worker",
     "evicted-negative": "an SWA eviction floor (evicted_seqlen) is never negative",
     "evicted-unaligned": "an SWA eviction floor is a multiple of the page size",

@@ -51,6 +51,10 @@ SUSPECTS: dict[str, tuple[str, ...]] = {
     "not-baseline": _FREE,
     "free-mismatch": _FREE,
     "reset-leak": ("srt/managers/scheduler.py:Scheduler.flush_cache", f"{_COMMON}:release_kv_cache"),
+    # a request that never finished: decode waits on its transfer, prefill on its bootstrap
+    "in-flight-at-end": (f"{_DECODE}:DecodeTransferQueue.pop_transferred",
+                         "srt/disaggregation/prefill.py:PrefillBootstrapQueue.pop_bootstrapped",
+                         "srt/disaggregation/common/conn.py:CommonKVManager.update_status"),
     # the PD engine's own checks of every byte and window position it keeps
     "WindowLost": (*_EVICT, *_TAIL),
     "KVCorruption": (f"{_DECODE}:alloc_for_decode_prealloc", f"{_SWA}:SWATokenToKVPoolAllocator.alloc_extend_swa_tail"),
