@@ -29,12 +29,15 @@ class StandIn:
         self.name = "decode-0"
         self.writer = LedgerWriter(path, self.name, "decode")
         self.resets: list[dict] = []
+        self.after_flush: list[str] = []  # rids preallocated right after the next flush (a health probe)
         stand_in = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 before, after = stand_in.resets.pop(0)
                 stand_in.writer.record("reset", "<flush>", P, free_before=before, free_after=after)
+                while stand_in.after_flush:
+                    stand_in.writer.record("prealloc", stand_in.after_flush.pop(0), P, pages={"full": (9,)})
                 self.send_response(200)
                 self.end_headers()
 
@@ -93,3 +96,19 @@ def test_a_leak_takes_the_server_out_of_service(server):
     with pytest.raises(ResetError) as exc:  # a slot neither free nor cached, beside the under-reservation
         reset(server, before={"full": 576, "swa": 320})
     assert "[reset-leak]" in str(exc.value) and not exc.value.reusable, exc.value
+
+
+def test_a_request_that_arrives_after_the_flush_is_in_flight_and_not_judged(server):
+    # A health probe preallocated between the flush and the reading of the ledger: in flight, no leak.
+    server.request("a", {"full": 320 + 512, "swa": 128 + 512})
+    server.after_flush.append("HEALTH_CHECK_1")
+    reset(server)
+    assert [v.rule for v in ledger.check(ledger.read(server.writer.path))] == [ledger.IN_FLIGHT]
+
+
+def test_a_request_holding_pages_across_the_flush_is_a_leak(server):
+    # sglang flushes only an idle server: a request still holding its pages then had finished.
+    server.writer.record("prealloc", "a", P, pages={"full": (0, 1)})
+    with pytest.raises(ResetError, match=r"\[page-leak\].*rid=a") as exc:
+        reset(server)
+    assert not exc.value.reusable and "in-flight" not in str(exc.value), exc.value
