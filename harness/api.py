@@ -35,10 +35,10 @@ NAMES: dict[str, str] = {
     "SuiteRunner": "harness.workers.suiterun:SuiteRunner",
     "DEVICE_ENV": "harness.workers.suiterun:DEVICE_ENV",
     # the sglang adapter, in process
-    "DecodeConfig": "harness.engines.sim.decode_side:DecodeConfig",
+    "DecodeConfig": "harness.engines.sim.decode_types:DecodeConfig",
     "DecodeSide": "harness.engines.sim.decode_side:DecodeSide",
-    "PreallocResult": "harness.engines.sim.decode_side:PreallocResult",
-    "PreallocFailed": "harness.engines.sim.decode_side:PreallocFailed",
+    "PreallocResult": "harness.engines.sim.decode_types:PreallocResult",
+    "PreallocFailed": "harness.engines.sim.decode_types:PreallocFailed",
     "PoolSizes": "harness.engines.sim.pools:PoolSizes",
     "SWA_PAGE_SIZES": "harness.engines.sim.pools:SWA_PAGE_SIZES",
     "make_req": "harness.engines.sim.requests:make_req",

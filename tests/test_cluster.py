@@ -196,7 +196,7 @@ def test_gpu_ids_and_nodes(cluster, name):
 def test_a_node_start_that_ray_times_out_is_tried_once_more_and_nothing_else_is():
     # Ray's node start waits a fixed 30 s for the raylet to register; a loaded 2-core machine running
     # several clusters at once has missed it (a CI run's group failed in setup with that message).
-    from harness.cluster.cluster import _with_one_retry
+    from harness.cluster.local_ray import with_one_retry
 
     timeout = Exception("The current node timed out during startup. This could happen because some "
                         "of the raylet failed to startup or the GCS has become overloaded.")
@@ -210,14 +210,14 @@ def test_a_node_start_that_ray_times_out_is_tried_once_more_and_nothing_else_is(
             return "started"
         return once
 
-    assert _with_one_retry(start([timeout])) == "started" and len(calls) == 2
+    assert with_one_retry(start([timeout])) == "started" and len(calls) == 2
     calls.clear()
     with pytest.raises(Exception, match="timed out during startup"):  # twice: raised, not a third try
-        _with_one_retry(start([timeout, timeout, timeout]))
+        with_one_retry(start([timeout, timeout, timeout]))
     assert len(calls) == 2
     calls.clear()
     with pytest.raises(RuntimeError, match="port in use"):  # anything else: at once
-        _with_one_retry(start([RuntimeError("port in use")]))
+        with_one_retry(start([RuntimeError("port in use")]))
     assert len(calls) == 1
 
 
@@ -228,7 +228,7 @@ _TIMED_OUT_START = '''
 import os, time
 import ray._private.node as node_mod, ray._private.services as services
 from harness.cluster import Cluster
-from harness.cluster import cluster as cluster_mod
+from harness.cluster import local_ray
 from harness.workers import procs
 
 real_get_node, failing = services.get_node, [True]
@@ -248,7 +248,7 @@ class Clock:
         return getattr(time, name)
 
 services.get_node, node_mod.time = get_node, Clock()
-start_ray = cluster_mod._start_ray
+start_ray = local_ray.start_ray
 
 def once(*args):
     try:
@@ -258,7 +258,7 @@ def once(*args):
             failing[0] = False
             print("left by the failed attempt:", procs.descendants(os.getpid()), flush=True)
 
-cluster_mod._start_ray = once
+local_ray.start_ray = once
 cluster = Cluster.start()
 print("started", flush=True)
 cluster.shutdown()

@@ -373,16 +373,16 @@ _PRELOAD_MODULE = """
 
 @pytest.fixture
 def python_servers():
-    """The test's own Python fork servers (``forkserver.handle._PYTHON``), stopped after it; the process's
+    """The test's own Python fork servers (``forkserver.sharing._PYTHON``), stopped after it; the process's
     others (started by earlier tests of this worker, and advertised in its environment) are hidden
     meanwhile and put back."""
-    saved = list(forkserver.handle._PYTHON), os.environ.get(forkserver.ADVERTISE_ENV)
-    forkserver.handle._PYTHON.clear()
+    saved = list(forkserver.sharing._PYTHON), os.environ.get(forkserver.ADVERTISE_ENV)
+    forkserver.sharing._PYTHON.clear()
     os.environ.pop(forkserver.ADVERTISE_ENV, None)
     yield
-    for server in forkserver.handle._PYTHON:
+    for server in forkserver.sharing._PYTHON:
         server.stop()
-    forkserver.handle._PYTHON[:] = saved[0]
+    forkserver.sharing._PYTHON[:] = saved[0]
     if saved[1] is None:
         os.environ.pop(forkserver.ADVERTISE_ENV, None)
     else:
@@ -414,7 +414,7 @@ def test_a_python_subprocess_is_a_fork_that_ends_as_a_fresh_interpreter_ends(tmp
                          preexec_fn=_sigint_default)
     out, err = p.communicate(timeout=60)
     ppid, mode, set_by_import, sigint_default = out.split()
-    assert int(ppid) == forkserver.handle._PYTHON[0].pid, "not forked from the server"
+    assert int(ppid) == forkserver.sharing._PYTHON[0].pid, "not forked from the server"
     # What the import set is there, SIGINT raises KeyboardInterrupt, atexit ran, SystemExit's message
     # was printed with status 1: as `python child.py` does.
     assert (mode, set_by_import, sigint_default) == ("a", "yes", "True")
@@ -431,7 +431,7 @@ def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(t
         argv, cenv = forkserver.python_command([sys.executable, str(script)], {**env, "FS_MODE": mode}, preload="fs_pymod")
         out = subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split()
         seen.append((int(out[0]), out[1]))
-    servers = [s.pid for s in forkserver.handle._PYTHON]
+    servers = [s.pid for s in forkserver.sharing._PYTHON]
     # FS_MODE was read by the preload: "b" cannot share "a"'s server; the second "a" reuses the first.
     assert seen == [(servers[0], "a"), (servers[1], "b"), (servers[0], "a")]
     # A variable the preload did not read, or only saw in a scan of the whole environment, or one read
@@ -442,7 +442,7 @@ def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(t
                                             "PYTHONBREAKPOINT": "0", "FS_SET_BY_IMPORT": "yes"}, preload="fs_pymod")
     assert subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split() == [str(servers[0]), "a"]
     # A client of a server whose preload read another value is not forked.
-    p = _client(forkserver.handle._PYTHON[0], [str(script)], {**env, "FS_MODE": "c"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = _client(forkserver.sharing._PYTHON[0], [str(script)], {**env, "FS_MODE": "c"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = p.communicate(timeout=60)
     assert out.split()[1] == b"c" and b"FS_MODE differ from the fork server's" in err
     # Options before the script, and HARNESS_FORK_START=0 (or the old HARNESS_FORK_PYTHON=0), keep the command as it is.
@@ -474,7 +474,7 @@ def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, p
     p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL,
                          preexec_fn=lambda: (os.nice(4), _sigint_default()))
     child, grandchild = map(int, _wait_file(tmp_path / "pids", p).split())
-    assert psutil.Process(child).ppid() == forkserver.handle._PYTHON[0].pid
+    assert psutil.Process(child).ppid() == forkserver.sharing._PYTHON[0].pid
     assert psutil.Process(child).nice() == os.nice(0) + 4
     if (tmp_path / "autogroup").exists():
         assert (tmp_path / "autogroup").read_text().split()[-1] == str(os.nice(0) + 4)
@@ -511,7 +511,7 @@ def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_pa
                        timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert "warning" not in p.stdout.lower(), p.stdout[-2000:]
-    assert int((tmp_path / "ppid").read_text()) == forkserver.handle._PYTHON[0].pid, "not forked"
+    assert int((tmp_path / "ppid").read_text()) == forkserver.sharing._PYTHON[0].pid, "not forked"
 
 
 def test_a_child_stuck_holding_the_gil_goes_with_its_killed_client(tmp_path, python_servers):
@@ -538,7 +538,7 @@ def test_a_client_its_server_cannot_serve_runs_the_command_itself(tmp_path, pyth
     script = tmp_path / "child.py"
     script.write_text("import os\nprint(os.getpid())\n")
     argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
-    forkserver.handle._PYTHON[0].stop()  # gone before the command starts
+    forkserver.sharing._PYTHON[0].stop()  # gone before the command starts
     p = subprocess.Popen(argv, env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0 and "starting a fresh interpreter" in err, err
@@ -550,14 +550,14 @@ def test_a_descendant_forks_from_its_ancestors_server(tmp_path, python_servers):
     script = tmp_path / "child.py"
     script.write_text("import os\nprint(os.getppid())\n")
     forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
-    [server] = forkserver.handle._PYTHON
+    [server] = forkserver.sharing._PYTHON
     # A process this one starts (as a test starts rerun-test) builds its own command: it takes the
     # server this process advertises, starts none, and its command runs as that server's child.
     code = textwrap.dedent(f"""
         import os, subprocess, sys
         from harness.workers import forkserver
         argv, env = forkserver.python_command([sys.executable, {str(script)!r}], dict(os.environ), preload="fs_pymod")
-        print(env[forkserver.SOCKET_ENV], len(forkserver.handle._PYTHON), subprocess.run(argv, env=env, capture_output=True,
+        print(env[forkserver.SOCKET_ENV], len(forkserver.sharing._PYTHON), subprocess.run(argv, env=env, capture_output=True,
               text=True, timeout=60).stdout.strip())
     """)
     out = subprocess.run([sys.executable, "-c", code], env={**env, **{k: v for k, v in os.environ.items()
@@ -587,7 +587,7 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
         print(me.ppid(), me.parent().ppid(), "fs_ext" in sys.modules, os.getpgid(0) == os.getpid(), flush=True)
     """))
     forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
-    [python_server] = forkserver.handle._PYTHON
+    [python_server] = forkserver.sharing._PYTHON
 
     def launch(argv, launch_env):
         return forkserver.python_command(argv, launch_env, preload="fs_pymod", start_server=False)

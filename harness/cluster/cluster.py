@@ -2,9 +2,8 @@
 
 A :class:`Cluster` is either *started* by the harness (a local Ray, or with ``simulate=True`` the topology's
 GPUs as Ray logical GPUs on a CPU machine) or *joined* (``--ray-address``); the harness only ever stops a
-cluster it started. Over 400 lines because it is one object's whole life: starting Ray (with its retry and
-leftover cleanup), joining, placing and a verified shutdown. Simulation, joining, placement and the API
-list: docs/modules.md.
+cluster it started. Ray's node processes start in :mod:`harness.cluster.local_ray`. Simulation, joining,
+placement and the API list: docs/modules.md.
 
 Example (run by ``tests/test_examples.py``)::
 
@@ -29,9 +28,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
 from harness.cluster import join as join_mod
+from harness.cluster import local_ray
 from harness.cluster import nodes as node_facts
 from harness.cluster.nodes import NodeInfo, alive_nodes, local_gpus
 from harness.cluster.placement import (
@@ -42,15 +42,12 @@ from harness.cluster.placement import (
 from harness.topology import Topology
 from harness.workers import procs
 from harness.workers.forkserver.policy import Kind, forks
-from harness.workers.nodes import NODE_RESOURCE
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster as RayCluster
 
 log = logging.getLogger(__name__)
 
-#: Amount of ``harness_node_<i>`` each harness-started node has; bundles take a tiny slice of it.
-_NODE_RESOURCE_AMOUNT = 1000.0
 #: Logical CPUs per harness-started node: actors take 0.1, so this holds many; kept small because
 #: Ray may prestart one Python worker per CPU on a 2-core machine.
 DEFAULT_NUM_CPUS = 4
@@ -121,7 +118,7 @@ class Cluster:
 
         if ray.is_initialized():
             raise RuntimeError("this process is already connected to Ray; shut it down or use Cluster.join")
-        _own_token()
+        local_ray.own_token()
         procs.reap_stale()
         # The driver owns the cluster: if it is SIGKILLed, the next run reaps what is left.
         procs.claim()
@@ -139,9 +136,9 @@ class Cluster:
         t0 = time.monotonic()
         saved_tmpdir = os.environ.get("RAY_TMPDIR")
         try:
-            sim = _with_one_retry(lambda: _start_ray(nodes, cpus, gpus, tdir, object_store_mb))
+            sim = local_ray.with_one_retry(lambda: local_ray.start_ray(nodes, cpus, gpus, tdir, object_store_mb))
         except BaseException:
-            _restore_env("RAY_TMPDIR", saved_tmpdir)
+            local_ray.restore_env("RAY_TMPDIR", saved_tmpdir)
             if made_temp:
                 shutil.rmtree(tdir, ignore_errors=True)
                 procs.unregister(os.getpid(), kind="dir")
@@ -276,7 +273,7 @@ class Cluster:
         ray.shutdown()
         if self._sim_cluster is not None:
             self._sim_cluster.shutdown()
-            _restore_env("RAY_TMPDIR", self._saved_tmpdir)
+            local_ray.restore_env("RAY_TMPDIR", self._saved_tmpdir)
         left = procs.wait_gone(self._pids + tree, timeout)
         for pid in left:
             try:
@@ -290,116 +287,3 @@ class Cluster:
             procs.unregister(os.getpid(), kind="dir")
         if left:
             raise RuntimeError(f"Ray processes still running {timeout:.0f} s after shutdown (killed): {left}")
-
-
-#: What Ray raises when a node it started has not registered with the GCS within its fixed 30 s
-#: (``ray._private.node.Node``; no setting lengthens it): on a 2-core machine running several clusters
-#: at once this is load, not a broken install.
-_STARTUP_TIMEOUT = "timed out during startup"
-
-
-def _with_one_retry(start: Callable[[], Any]) -> Any:
-    """``start()``, and once more if Ray's node start timed out (:data:`_STARTUP_TIMEOUT`).
-
-    A second timeout, or any other failure, is raised as it came. Ray retries nothing here itself,
-    and no library wraps this one case; tenacity would be a dependency for a two-line loop.
-    """
-    try:
-        return start()
-    except Exception as e:  # noqa: BLE001 - only Ray's startup timeout is retried; the rest re-raised
-        if _STARTUP_TIMEOUT not in str(e):
-            raise
-        log.warning("Ray's node start timed out (%s); starting it once more", e)
-    return start()
-
-
-def _start_ray(nodes: int, cpus: float, gpus: int | None, tdir: Path, object_store_mb: int) -> Any:
-    """Start Ray's node(s) and connect this process: one in-process head for one node, else a
-    ``cluster_utils.Cluster`` of ``nodes`` (returned; None for one node). A failure leaves no Ray
-    process (:func:`_stop_leftovers`) and this process disconnected."""
-    import ray
-
-    sim = None
-    try:
-        if nodes == 1:
-            kwargs: dict[str, Any] = dict(
-                include_dashboard=False, logging_level="ERROR", _temp_dir=str(tdir), num_cpus=cpus,
-                resources={NODE_RESOURCE.format(0): _NODE_RESOURCE_AMOUNT}, log_to_driver=False,
-                object_store_memory=object_store_mb << 20,
-                _system_config={"preallocate_plasma_memory": True},
-            )
-            if gpus is not None:
-                kwargs["num_gpus"] = gpus
-            ray.init(**kwargs)
-        else:
-            from ray.cluster_utils import Cluster as RayCluster
-
-            # cluster_utils writes the cluster address to <RAY_TMPDIR>/ray/ray_current_cluster:
-            # keep it inside our own temp dir so no other Ray user on the machine is redirected.
-            os.environ["RAY_TMPDIR"] = str(tdir)
-            (tdir / "ray").mkdir(exist_ok=True)
-            sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
-            for i in range(nodes):
-                args: dict[str, Any] = dict(num_cpus=cpus, resources={NODE_RESOURCE.format(i): _NODE_RESOURCE_AMOUNT},
-                                            object_store_memory=object_store_mb << 20)
-                if gpus is not None:
-                    args["num_gpus"] = gpus
-                if i == 0:
-                    args.update(include_dashboard=False)
-                sim.add_node(wait=False, **args)
-            sim.wait_for_nodes(timeout=60)
-            ray.init(address=sim.address, logging_level="ERROR", log_to_driver=False)
-    except BaseException:
-        if sim is not None:
-            sim.shutdown()
-        if ray.is_initialized():
-            ray.shutdown()
-        _stop_leftovers(tdir)
-        raise
-    return sim
-
-
-def _stop_leftovers(tdir: Path, timeout: float = 10.0) -> None:
-    """Kill the processes a failed start left: a node whose start raised (Ray's startup timeout among
-    them) is known to neither ``ray.shutdown`` nor its ``cluster_utils.Cluster``, yet its GCS, raylet and
-    monitors run on. They are this process's descendants that name ``tdir`` on their command line
-    (every Ray process of the attempt does: its session lives there), so a concurrent start of
-    something else here is left alone."""
-    import psutil
-
-    mine = []
-    for pid in procs.descendants(os.getpid()):
-        try:
-            if str(tdir) in " ".join(psutil.Process(pid).cmdline()):
-                os.kill(pid, 9)
-                mine.append(pid)
-        except (psutil.Error, ProcessLookupError):
-            continue
-    left = procs.wait_gone(mine, timeout)
-    if left:
-        log.warning("processes of a failed Ray start still running %.0f s after SIGKILL: %s", timeout, left)
-
-
-def _own_token() -> None:
-    """Give a cluster started here a token of its own, in the environment, when Ray would write one.
-
-    ``ray.init()`` starting a cluster turns token auth on and, finding no token, writes one to
-    ``~/.ray/auth_token``. That file then turns token auth on for every later ``ray start --head``
-    on the machine, whose clients joining by address must set ``RAY_AUTH_MODE=token`` (issue 17's
-    first failed try). A token in ``RAY_AUTH_TOKEN`` keeps auth on, is inherited by the cluster's
-    processes, and leaves the home directory alone. A token the user already has, or a mode the
-    user set, is left as it is.
-    """
-    import secrets
-
-    if os.environ.get(join_mod.AUTH_MODE_ENV) is None and not join_mod.auth_settings().has_token:
-        os.environ[join_mod.TOKEN_ENV] = secrets.token_hex(32)  # Ray's own token size (256 bits)
-
-
-def _restore_env(key: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value
-
-

@@ -25,7 +25,7 @@ from harness.engines.interface import BatchOutcome, Checkpoint, SoakRequest
 from harness.engines.soak_driver import SoakResult, drive
 from harness.engines.server.http_client import Generation, ServerHTTPError
 from harness.engines.server.reset import ResetError, reset_server
-from harness.engines.server.stack import PdStack
+from harness.engines.server.pd_stack import PdStack
 
 #: New tokens an aborted request asks for (enough that the abort lands before it finishes).
 ABORT_NEW = 200
@@ -70,7 +70,7 @@ def server_rid(tag: str, rid: str) -> str:
 
 
 class StackEngine:
-    """A real :class:`~.stack.PdStack` as a :class:`harness.engines.interface.Engine`.
+    """A real :class:`~.pd_stack.PdStack` as a :class:`harness.engines.interface.Engine`.
 
     Creating it resets both servers (their baselines: the free sizes that flush left).
 

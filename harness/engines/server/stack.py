@@ -1,9 +1,8 @@
 """A real prefill + decode + router stack, each server the subprocess payload of a Ray worker.
 
 :func:`start_pd_stack` starts the three at once and waits until the router lists both servers healthy;
-:func:`start_plain_server` starts the parity baseline. Over 400 lines because starting a stack is one
-sequence (commands, fork servers, parallel start, one deadline, cleanup on any failure) over the same
-workers. The start as numbered steps, readiness and the fork rule: docs/modules.md.
+:func:`start_plain_server` starts the parity baseline. The started stack is :class:`.pd_stack.PdStack`. The
+start as numbered steps, readiness and the fork rule: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -12,13 +11,10 @@ import concurrent.futures
 import importlib.util
 import logging
 import os
-import random
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
-from urllib.parse import urlparse
 
 from harness.targets.sglang import selection
 from harness.engines.server.http_client import ServerClient
@@ -32,6 +28,7 @@ from harness.engines.server.launcher import (
     server_command,
 )
 from harness.engines.server.accounting_probe import COMPONENT_ENV, LEDGER_ENV, WORKER_ENV
+from harness.engines.server.pd_stack import PdStack
 from harness.engines.server.rdma import NODE_GPUS_ENV
 from harness.topology import Topology
 from harness.workers import (
@@ -73,93 +70,12 @@ _POLL_S = 0.5
 OnStart = Callable[["Worker"], None]
 
 
-@dataclass(frozen=True)
-class PdStack:
-    """A started PD stack: three :class:`harness.workers.Worker` handles and their clients."""
-
-    prefill: Worker
-    decode: Worker
-    router: Worker
-    model: str
-    started_s: float = 0.0
-
-    @property
-    def workers(self) -> tuple[Worker, ...]:
-        return (self.prefill, self.decode, self.router)
-
-    def client(self, which: str, timeout_s: float = 10.0) -> ServerClient:
-        """Client of ``prefill``, ``decode`` or ``router``."""
-        return ServerClient(getattr(self, which).url("http"), timeout_s)
-
-    def bootstrap_fields(self, rid: str, room: int | None = None) -> dict:
-        """The bootstrap fields the router adds to a PD request, for one sent to prefill and decode
-        directly (without the router's retries, which bring a failed request back under its rid):
-        prefill's host and bootstrap port, and ``room`` (default: one derived from ``rid``)."""
-        return {"rid": rid, "bootstrap_host": urlparse(self.prefill.url("http")).hostname,
-                "bootstrap_port": self.prefill.ports["bootstrap"],
-                "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room}
-
-    @property
-    def deferred_release_s(self) -> float:
-        """Seconds decode may still hold a request's pages after it gave the request up (answered it
-        as failed or aborted): its deferred-release timeout as decode was started."""
-        payload = self.decode.spec.payload
-        env = payload.env if isinstance(payload, Subprocess) else {}
-        return float(env.get(DEFERRED_RELEASE_ENV) or DEFERRED_RELEASE_DEFAULT_S)
-
-    def decode_gave_up_bootstrap(self, addr: str) -> bool:
-        """Whether decode's log says sglang gave up the bootstrap address ``addr`` (``host:port``)
-        after its retries (:data:`BOOTSTRAP_GAVE_UP`): the phase where it must fail the requests
-        sent there."""
-        return BOOTSTRAP_GAVE_UP.format(addr=addr) in self.decode.tail(_GAVE_UP_TAIL)
-
-    def check(self) -> None:
-        """Raise :class:`harness.workers.WorkerDied` for the first dead worker."""
-        for w in self.workers:
-            w.check()
-
-    def payload_pids(self) -> list[int]:
-        """Process (group) ids of the three server processes."""
-        return [w.info.payload_pid for w in self.workers if w.info and w.info.payload_pid]
-
-    def stop(self) -> None:
-        """Stop router, decode and prefill side by side (each: SIGTERM its process group, wait, SIGKILL)."""
-        stop_all(self.workers)
-
-
-def stop_all(workers: Sequence[Worker]) -> None:
-    """Stop workers side by side (each drains and exits on its own: seconds per server on a CPU).
-
-    Raises:
-        Exception: the first one a worker's ``stop`` raised, after every worker was stopped.
-    """
-    workers = list(workers)
-    if len(workers) <= 1:
-        for w in workers:
-            w.stop()
-        return
-    with concurrent.futures.ThreadPoolExecutor(len(workers), thread_name_prefix="stop") as pool:
-        futures = [pool.submit(w.stop) for w in workers]
-    for f in futures:
-        f.result()
-
-
 #: Lines of a server's log that mean it no longer serves though its process runs, so the stack is
 #: dead (the running test fails at once, the next gets a fresh stack): sglang's mooncake transfer
 #: thread ends on any exception (sglang#27162), after which every P→D transfer of that prefill
 #: hangs; one it meets is a race of that thread with the scheduler clearing a finished request
 #: (``KeyError`` in ``check_status``), seen on a loaded 2-core machine.
 SERVER_FATAL: tuple[str, ...] = ("Transfer thread failed because of",)
-
-#: The line decode's log gets when sglang gives up fetching a prefill's parallel info from a bootstrap
-#: address (``{addr}``: ``host:port``) after its bounded retries, before it fails that address's
-#: requests: the same in every supported release (0.5.16 ... 0.5.23).
-BOOTSTRAP_GAVE_UP = "Could not fetch prefill parallel info from {addr}"
-#: Lines of decode's log read for it (the retries log nothing in between; health checks a few lines).
-_GAVE_UP_TAIL = 400
-#: How long decode holds a failed transfer's pages for prefill's acknowledgements before it releases
-#: them, and sglang's default for it (0.5.23; the CPU recipe sets 5 s).
-DEFERRED_RELEASE_ENV, DEFERRED_RELEASE_DEFAULT_S = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0
 
 #: What decides which modules the fork server imported, and how: a server whose values differ is not
 #: forked. ``PYTHONPATH`` may differ where it shadows none of them: the fork server imports no sglang,

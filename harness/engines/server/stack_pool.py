@@ -24,7 +24,7 @@ from harness.rundir import RunDir
 
 if TYPE_CHECKING:
     from harness.cluster import Cluster, Placement
-    from harness.engines.server.stack import PdStack
+    from harness.engines.server.pd_stack import PdStack
     from harness.workers import PlacementBundles, Worker
 
 log = logging.getLogger(__name__)
@@ -430,7 +430,7 @@ class StackPool:
         self._placement, self._more_placements = None, []
 
     def _stop(self, workers: Sequence[Any]) -> None:
-        from harness.engines.server.stack import stop_all
+        from harness.engines.server.pd_stack import stop_all
 
         workers = list(workers)
         for w in workers:

@@ -2,9 +2,10 @@
 radix cache) driven in rank processes over Ray, with the KV transfer, the driver loop and the ledger.
 
 Ranks: ``prefill_rank`` / ``decode_rank`` (the Ray payloads), ``payload``, ``ranks``, ``deploy`` (placing them).
-sglang's objects in process: ``decode_side`` (:class:`DecodeSide`), ``prefill_side``, ``pd_decode_side``,
-``pools``, ``snapshot``, ``requests``, ``rank_runtime``. The run: ``workload``, ``kvfill``, ``kv_transfer``,
-``peer`` (rank-to-rank transport), ``driver``, ``sim_soak``. The names below load on first use, after the target.
+sglang's objects in process: ``decode_side`` (:class:`DecodeSide`), ``decode_types``, ``prefill_side``,
+``pd_decode_side``, ``pools``, ``snapshot``, ``requests``, ``rank_runtime``. The run: ``workload``, ``kvfill``,
+``kv_transfer``, ``peer`` (rank-to-rank transport), ``driver``, ``sim_soak``. The names below load on first use,
+after the target.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any
 from harness.targets.sglang import selection as _target
 
 _LAZY = {
-    "DecodeConfig": "decode_side",
+    "DecodeConfig": "decode_types",
     "DecodeSide": "decode_side",
-    "PreallocResult": "decode_side",
-    "PreallocFailed": "decode_side",
+    "PreallocResult": "decode_types",
+    "PreallocFailed": "decode_types",
     "PoolSnapshot": "snapshot",
     "ReqState": "snapshot",
     "PoolSizes": "pools",

@@ -84,7 +84,8 @@ class DecodeWorker(RankPayload):
         Raises:
             RuntimeError: requests are live and ``discard`` is False.
         """
-        from harness.engines.sim.decode_side import DecodeConfig, DecodeSide
+        from harness.engines.sim.decode_side import DecodeSide
+        from harness.engines.sim.decode_types import DecodeConfig
         from harness.engines.sim.pd_decode_side import Dsv4DecodeSide
         from harness.engines.sim.prefill_side import page_buffers
 
@@ -215,7 +216,7 @@ class DecodeWorker(RankPayload):
         if grow is None:
             return None
         from harness.ledger import ADMITTED
-        from harness.engines.sim.decode_side import PreallocFailed
+        from harness.engines.sim.decode_types import PreallocFailed
 
         before, free_before = self._pages(), self._free()
         reserved = self.side.reservation(req)

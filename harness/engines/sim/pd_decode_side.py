@@ -17,7 +17,8 @@ import torch
 
 from harness.targets.sglang import compat
 from harness.engines.sim import rank_runtime
-from harness.engines.sim.decode_side import DecodeConfig, DecodeSide
+from harness.engines.sim.decode_side import DecodeSide
+from harness.engines.sim.decode_types import DecodeConfig
 from harness.engines.sim.prefill_side import build_dsv4_pools
 
 logger = logging.getLogger(__name__)

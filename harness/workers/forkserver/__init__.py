@@ -8,15 +8,17 @@ before. How it works, its enforced limits and its modules: docs/modules.md.
 
 from harness.workers.forkserver.envmatch import SCANNED_PREFIXES
 from harness.workers.forkserver.handle import (
-    ADVERTISE_ENV,
     CLIENT,
     DEFAULT_START_TIMEOUT_S,
     MATCH_FILE,
     SOCKET_ENV,
-    VOLATILE_ENV,
     ForkServer,
-    Inherited,
     client_command,
+)
+from harness.workers.forkserver.sharing import (
+    ADVERTISE_ENV,
+    VOLATILE_ENV,
+    Inherited,
     python_command,
     running_shared,
     shared,
