@@ -4,6 +4,7 @@ that say why it exists (the release or PR that changed it) and when it can go.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -75,11 +76,18 @@ def commit_decode_tokens(reqs: Any, token_per_req: int) -> None:
     """
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-    commits = commits_after_alloc(inspect.getsource(ScheduleBatch.prepare_for_decode))
+    commits = _commits_after_alloc(ScheduleBatch.prepare_for_decode)
     for req in reqs:
         req.decode_batch_idx += 1
         if commits:
             req.kv_committed_len += token_per_req
+
+
+@functools.lru_cache(maxsize=8)
+def _commits_after_alloc(prepare_for_decode: Any) -> bool:
+    # Read once per function object (a patched copy's is another object): the source read costs a
+    # decode step more than the step itself.
+    return commits_after_alloc(inspect.getsource(prepare_for_decode))
 
 
 def release_kv_cache(req: Any, tree_cache: Any, *, checkpoint: bool) -> None:
