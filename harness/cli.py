@@ -24,6 +24,7 @@ COMMANDS = (
     "harness.commands.matrix",
     "harness.commands.mutate",
     "harness.commands.runs",
+    "harness.commands.explore",
 )
 
 

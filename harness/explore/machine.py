@@ -1,0 +1,375 @@
+"""The Hypothesis state machine over one in-process PD pair, the exploration loop, and replay of what it found.
+
+:class:`Session` runs batches of schedules (each batch one seeded Hypothesis run) until its examples or its
+time are spent; a failing batch shrinks to a minimal schedule, which the session keeps as a :class:`Finding`
+(the steps, the pools, the failure, the ledger events). :func:`write_repro` writes it to a file and
+:func:`replay` runs such a file's steps again, exactly, without Hypothesis.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from harness.explore.pair import Pair, PairConfig, Step
+
+#: The repro file's format version.
+REPRO_VERSION = 1
+#: Schedules per Hypothesis run (a batch); the session runs batches until its budget is spent.
+BATCH = 25
+#: Most operations in one schedule.
+MAX_STEPS = 40
+#: Page sizes drawn (the first is what shrinking goes to; page 1 fails in the sim prefill side itself).
+PAGE_SIZES = (16, 64)
+
+
+@dataclass
+class Finding:
+    """A failing schedule, shrunk: what a repro file holds."""
+
+    seed: int
+    config: PairConfig
+    steps: list[Step]
+    failure: str
+    at_end: bool  # broke in the end checks, after the last step
+    log: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The schedule as numbered readable steps, the pools first and the failure last."""
+        c = self.config
+        out = [f"pools: page {c.page_size}, window {c.window}, full {c.full_pages} pages, swa {c.swa_pages} pages, "
+               f"{c.req_slots} request slots, radix cache {'on' if c.radix_cache else 'off'}, "
+               f"eviction interval {c.eviction_interval}, {c.chunk_pages} pages per chunk"]
+        out += [f"{i:>3}. {s.line()}" for i, s in enumerate(self.steps, 1)]
+        if self.at_end:
+            out.append(f"{len(self.steps) + 1:>3}. end: abort what is in flight, flush, check the baseline")
+        out.append(f"  => {self.failure}")
+        return out
+
+
+@dataclass
+class Progress:
+    """What a session did so far."""
+
+    schedules: int = 0
+    steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    rule_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    rule_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def slowest(self) -> tuple[str, float]:
+        """The rule with the largest mean time (ms), or ``("", 0)`` before any."""
+        if not self.rule_calls:
+            return "", 0.0
+        name = max(self.rule_calls, key=lambda r: self.rule_seconds[r] / self.rule_calls[r])
+        return name, 1000 * self.rule_seconds[name] / self.rule_calls[name]
+
+    def line(self) -> str:
+        wall = time.perf_counter() - self.started
+        name, ms = self.slowest()
+        rate = self.steps / wall if wall else 0.0
+        return (f"explore: {self.schedules} schedules, {self.steps} steps ({rate:.0f} steps/s) in {wall:.0f}s; "
+                f"slowest rule {name or '-'} ({ms:.1f} ms)")
+
+
+class Session:
+    """One exploration: its seed, its budget, the run directory the ledgers go to, and what it found.
+
+    Args:
+        seed: the first batch's seed (batch i runs with ``seed + i``).
+        run_dir: where the ranks write their ledgers (one file per rank, rewritten per schedule).
+        examples: most schedules in all (None: no bound).
+        seconds: time budget (None: no bound).
+        faults: the faults active in this process (recorded in a repro).
+        report: where progress lines go.
+    """
+
+    def __init__(self, seed: int, run_dir: Path, *, examples: int | None = None, seconds: float | None = None,
+                 faults: list[str] | None = None, report: Callable[[str], None] = lambda line: None):
+        self.seed, self.run_dir, self.examples, self.seconds = seed, run_dir, examples, seconds
+        self.faults = list(faults or [])
+        self.report = report
+        self.progress = Progress()
+        self.finding: Finding | None = None
+        self.first_failure_s: float | None = None
+        self._last: tuple[Pair, int] | None = None
+        self._failure: tuple[str, bool] | None = None
+        self._batch_seed = seed
+        self._last_report = 0.0
+
+    def _left(self) -> bool:
+        if self.examples is not None and self.progress.schedules >= self.examples:
+            return False
+        return self.seconds is None or time.perf_counter() - self.progress.started < self.seconds
+
+    def run(self) -> Finding | None:
+        """Run batches until the budget is spent or a schedule fails; the finding (shrunk) or None."""
+        batch = 0
+        while self._left() and self.finding is None:
+            n = BATCH if self.examples is None else max(1, min(BATCH, self.examples - self.progress.schedules))
+            self._batch_seed = self.seed + batch
+            batch += 1
+            try:
+                self._run_batch(n)
+            except Exception as e:  # noqa: BLE001 - any failure of a schedule is what exploration looks for
+                self._found(e)
+        self.report(self.progress.line())
+        return self.finding
+
+    def _run_batch(self, n: int) -> None:
+        from hypothesis.stateful import get_state_machine_test
+
+        machine = type("ExploreMachine", (PairMachine,), {"session": self})
+        options = settings(max_examples=n, stateful_step_count=MAX_STEPS, deadline=None, database=None,
+                           derandomize=False, report_multiple_bugs=False, print_blob=False,
+                           suppress_health_check=list(HealthCheck),
+                           phases=[Phase.generate, Phase.shrink])
+        test = get_state_machine_test(machine, settings=options)
+        hypothesis_seed(self._batch_seed)(test)
+        test()
+
+    def _found(self, error: BaseException) -> None:
+        if self._last is None:
+            raise error
+        pair, batch_seed = self._last
+        message, at_end = self._failure or (_describe(error), False)
+        self.finding = Finding(seed=batch_seed, config=pair.config, steps=list(pair.steps), failure=message,
+                               at_end=at_end, log=list(pair.log), faults=self.faults)
+
+    # -- called by the machine ---------------------------------------------------------------
+
+    def start(self, pair: Pair) -> None:
+        self._last = (pair, self._batch_seed)
+        self._failure = None
+
+    def failed(self, message: str, at_end: bool) -> None:
+        self._failure = (message, at_end)
+        if self.first_failure_s is None:
+            self.first_failure_s = time.perf_counter() - self.progress.started
+
+    def timed(self, name: str, seconds: float) -> None:
+        p = self.progress
+        p.rule_seconds[name] += seconds
+        p.rule_calls[name] += 1
+        p.steps += 1
+        now = time.perf_counter()
+        if now - self._last_report >= 5.0:
+            self._last_report = now
+            self.report(p.line())
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+
+
+def _can(op: str) -> Callable[[Any], bool]:
+    """A precondition: ``op`` has a request to act on."""
+    return lambda self: self.pair is not None and bool(self.pair.candidates(op))
+
+
+class PairMachine(RuleBasedStateMachine):
+    """Rules over one :class:`Pair`: every operation of the PD lifecycle, each picking the request it acts on
+    by an index into the requests it may act on (so shrinking moves to the first one)."""
+
+    session: Session
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair: Pair | None = None
+
+    @initialize(data=st.data())
+    def build(self, data: st.DataObject) -> None:
+        P = data.draw(st.sampled_from(PAGE_SIZES), label="page_size")
+        config = PairConfig(
+            page_size=P,
+            window=data.draw(st.integers(max(2, P // 2), 4 * P), label="window"),
+            full_pages=data.draw(st.integers(12, 64), label="full_pages"),
+            swa_pages=data.draw(st.integers(4, 48), label="swa_pages"),
+            req_slots=data.draw(st.integers(2, 6), label="req_slots"),
+            radix_cache=data.draw(st.booleans(), label="radix_cache"),
+            eviction_interval=data.draw(st.sampled_from((1, 2, 16)), label="eviction_interval"),
+            chunk_pages=data.draw(st.integers(1, 4), label="chunk_pages"),
+        )
+        self.session.progress.schedules += 1
+        self.pair = Pair(config, self.session.run_dir)
+        self.session.start(self.pair)
+
+    def _do(self, op: str, **args: Any) -> None:
+        assert self.pair is not None
+        t0 = time.perf_counter()
+        try:
+            self.pair.apply(op, **args)
+        except Exception as e:
+            self.session.failed(f"step {len(self.pair.steps) + 1} ({op}): {_describe(e)}", False)
+            raise
+        finally:
+            self.session.timed(op, time.perf_counter() - t0)
+
+    def _pick(self, op: str, pick: int) -> str:
+        assert self.pair is not None
+        rids = self.pair.candidates(op)
+        return rids[pick % len(rids)]
+
+    @rule(data=st.data(), group=st.integers(0, 2), steps=st.integers(1, 6))
+    def submit(self, data: st.DataObject, group: int, steps: int) -> None:
+        assert self.pair is not None
+        P = self.pair.config.page_size
+        near_page = st.builds(lambda k, d: max(1, k * P + d), st.integers(1, 5), st.integers(-1, 1))
+        length = data.draw(st.one_of(near_page, st.integers(1, 5 * P)), label="prompt_len")
+        self._do("submit", prompt_len=length, group=group, steps=steps)
+
+    @precondition(_can("prealloc"))
+    @rule(pick=st.integers(0, 7))
+    def prealloc(self, pick: int) -> None:
+        self._do("prealloc", rid=self._pick("prealloc", pick))
+
+    @precondition(_can("prefill"))
+    @rule(pick=st.integers(0, 7))
+    def prefill(self, pick: int) -> None:
+        self._do("prefill", rid=self._pick("prefill", pick))
+
+    @precondition(_can("transfer"))
+    @rule(pick=st.integers(0, 7))
+    def transfer(self, pick: int) -> None:
+        self._do("transfer", rid=self._pick("transfer", pick))
+
+    @precondition(_can("commit"))
+    @rule(pick=st.integers(0, 7))
+    def commit(self, pick: int) -> None:
+        self._do("commit", rid=self._pick("commit", pick))
+
+    @precondition(lambda self: self.pair is not None and bool(self.pair.running()))
+    @rule(n=st.integers(1, 4))
+    def decode(self, n: int) -> None:
+        self._do("decode", n=n)
+
+    @precondition(_can("abort"))
+    @rule(pick=st.integers(0, 7))
+    def abort(self, pick: int) -> None:
+        self._do("abort", rid=self._pick("abort", pick))
+
+    @precondition(_can("fail"))
+    @rule(pick=st.integers(0, 7))
+    def fail(self, pick: int) -> None:
+        self._do("fail", rid=self._pick("fail", pick))
+
+    @precondition(_can("retract"))
+    @rule(pick=st.integers(0, 7))
+    def retract(self, pick: int) -> None:
+        self._do("retract", rid=self._pick("retract", pick))
+
+    @precondition(lambda self: self.pair is not None and bool(self.pair.retracted()))
+    @rule()
+    def resume(self) -> None:
+        self._do("resume")
+
+    @precondition(lambda self: self.pair is not None and self.pair.config.radix_cache)
+    @rule()
+    def flush(self) -> None:
+        self._do("flush")
+
+    @invariant()
+    def holds(self) -> None:
+        if self.pair is None:
+            return
+        try:
+            self.pair.check()
+        except Exception as e:
+            self.session.failed(f"after step {len(self.pair.steps)}: {_describe(e)}", False)
+            raise
+
+    def teardown(self) -> None:
+        if self.pair is None:
+            return
+        try:
+            self.pair.close()
+        except Exception as e:
+            if self.session._failure is None:
+                self.session.failed(f"at the end: {_describe(e)}", True)
+                raise
+
+
+def write_repro(finding: Finding, path: Path) -> Path:
+    """Write ``finding`` as a repro file (JSON: seed, pools, faults, steps, failure)."""
+    data = {"version": REPRO_VERSION, "seed": finding.seed, "config": asdict(finding.config),
+            "faults": finding.faults, "steps": [s.to_dict() for s in finding.steps], "failure": finding.failure,
+            "at_end": finding.at_end}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def read_repro(path: Path) -> dict[str, Any]:
+    """Read a repro file.
+
+    Raises:
+        ValueError: it is not one (unreadable, another version, or fields missing).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != REPRO_VERSION:
+            raise ValueError(f"version {data.get('version')!r}, this harness reads {REPRO_VERSION}")
+        data["config"] = PairConfig(**data["config"])
+        data["steps"] = [(s["op"], dict(s["args"])) for s in data["steps"]]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not an explore repro file ({e})") from None
+    return data
+
+
+@dataclass
+class Replayed:
+    """What a replay did: its steps, the failure (None: none), and the ledger events as JSON lines."""
+
+    steps: list[Step]
+    failure: str | None
+    at_end: bool
+    log: list[str]
+
+    def log_bytes(self) -> bytes:
+        return "".join(line + "\n" for line in self.log).encode()
+
+
+def replay(config: PairConfig, steps: list[tuple[str, dict[str, Any]]], run_dir: Path) -> Replayed:
+    """Run ``steps`` on a fresh pair of ``config``, checking the invariants after each, then the end checks.
+
+    Args:
+        config: the pools.
+        steps: ``(operation, arguments)`` in order.
+        run_dir: where the ranks write their ledgers.
+
+    Returns:
+        The :class:`Replayed`; the first failure stops the steps (the end checks still run, unjudged).
+    """
+    pair = Pair(config, run_dir)
+    failure: str | None = None
+    at_end = False
+    try:
+        for i, (op, args) in enumerate(steps, 1):
+            try:
+                pair.apply(op, **args)
+            except Exception as e:  # noqa: BLE001 - the failure is the replay's result
+                failure = f"step {i} ({op}): {_describe(e)}"
+                break
+            try:
+                pair.check()
+            except Exception as e:  # noqa: BLE001
+                failure = f"after step {i}: {_describe(e)}"
+                break
+    finally:
+        try:
+            pair.close()
+        except Exception as e:  # noqa: BLE001
+            if failure is None:
+                failure, at_end = f"at the end: {_describe(e)}", True
+    return Replayed(steps=list(pair.steps), failure=failure, at_end=at_end, log=list(pair.log))
