@@ -66,7 +66,8 @@ def test_the_report_lists_the_root_cause_first_with_its_knock_ons_under_it():
     config = ledger.LedgerConfig(page_size=64, window=100, swa_tail=True)
     events = [ev(0, "config", ledger.CONFIG_RID, 0.0, **ledger.config_event(config, {"full": 64, "swa": 64})),
               ev(1, "prealloc", "r1", 1.0, pages={"full": [1, 2, 3, 4, 5], "swa": [1]}, fill_len=300, swa_tail_len=44,
-                 evicted_seqlen=256, window=100)]
+                 evicted_seqlen=256, window=100),
+              ev(2, "release", "r1", 2.0, pages={"full": [1, 2, 3, 4]})]  # a page of each pool kept: a leak
     violations = ledger.check(events)
     rules = {v.rule for v in violations}
     assert "swa-tail-short" in rules and "page-leak" in rules, violations

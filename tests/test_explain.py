@@ -5,6 +5,7 @@ summary line and the JUnit message (:mod:`harness.plugins.explain`)."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from harness import ledger
 from harness.engines.sim.errors import KVCorruption, PDError, PreallocError, WindowLost
 from harness.engines.sim.kvfill import Mismatch
-from harness.plugins.explain import CLASSES, clean, headline, sglang_frames
+from harness.plugins.explain import CLASSES, clean, headline, sglang_frames, stall_line
 from harness.targets.sglang import selection
 from harness.workers import WorkerDied
 
@@ -190,14 +191,19 @@ from harness import ledger
 from harness.engines.sim.errors import PreallocError
 
 
-def _keep_a_page(run_dir, rid, page):
-    # What a decode rank's probe writes when sglang's prealloc takes a page and never gives it back.
+def _keep_a_page(run_dir, rid, page, refused=False):
+    # What a decode rank's probe writes when sglang's prealloc takes a page and never gives it back:
+    # refused (its prealloc raised), or its release leaving the page behind.
     with ledger.LedgerWriter(run_dir.ledger / "d0.jsonl", "d0", "decode") as w:
-        w.record("prealloc", rid, 64, pages={"swa": (page,)})
+        if refused:
+            w.record("alloc_fail", rid, 64, pages={"swa": (page,)})
+            return
+        w.record("prealloc", rid, 64, pages={"swa": (page, page + 1)})
+        w.record("release", rid, 64, pages={"swa": (page + 1,)})
 
 
 def test_refused(run_dir):
-    _keep_a_page(run_dir, "v255", 7)
+    _keep_a_page(run_dir, "v255", 7, refused=True)
     raise PreallocError("decode prealloc of v255 (fill 255, swa tail -1) failed")
 
 
@@ -225,3 +231,147 @@ def test_the_workers_ledgers_join_the_line_a_refused_prealloc_still_leads(pytest
     other = messages["test_saw_other"]
     assert other.startswith("ledger [page-leak] d0 v300: pool 'swa': 1 page(s) never freed"), other
     assert "; the test saw: assertion" in other and "the reply differs" in other, other
+
+
+# ------------------------------------------------------------------ a request in flight at the failure
+
+
+def _ev(seq, kind, rid, ts, component="decode", worker="decode-0", **kw) -> ledger.Event:
+    return ledger.Event(seq=seq, ts=ts, kind=kind, rid=rid, component=component, worker=worker, page_size=64, **kw)
+
+
+#: The fresh clone's failure (issue 47): decode preallocated 0.03 s into the test, prefill never
+#: scheduled the request, the client gave up at +120 s, and decode released it on the abort.
+T0 = 1_000.0
+STALLED = [_ev(0, "prealloc", "r9", T0 + 0.03, pages={"full": (1, 2, 3, 4)}),
+           _ev(1, "release", "r9", T0 + 120.4, pages={"full": (1, 2, 3, 4)}, note="abort: client gave up")]
+PREFILL_BUSY = [_ev(0, "prealloc", "other", T0 + 1, component="prefill", worker="prefill-0")]
+
+
+def test_a_stall_says_where_each_side_was_from_the_ledgers():
+    flying = ledger.check(STALLED[:1])
+    assert [v.rule for v in flying] == [ledger.IN_FLIGHT]
+    # prefill writes requests' events (it holds another): it never scheduled this one
+    line = stall_line(flying, STALLED + PREFILL_BUSY, start=T0, failed_at=T0 + 120.1, read_at=T0 + 121)
+    assert line == ("stall: request r9: decode prealloc at +0.03 s, nothing after it for 120 s; prefill never "
+                    "scheduled it | decode released it 0.3 s after the failure (abort: client gave up)"), line
+    # prefill reached a phase of its own; the release never came
+    prefill = [_ev(3, "transfer", "r9", T0 + 0.5, component="prefill", worker="prefill-0")]
+    line = stall_line(flying, STALLED[:1] + prefill, start=T0, failed_at=T0 + 120.1, read_at=T0 + 130.1)
+    assert line.endswith("; prefill transfer at +0.50 s, nothing after it for 120 s | still in flight 10 s after "
+                         "the failure"), line
+    # a prefill ledger with no request's events (the real server's probe records none there) says so
+    line = stall_line(flying, STALLED[:1], start=T0, failed_at=T0 + 120.1, read_at=T0 + 121)
+    assert "; prefill recorded nothing of it (no request's events in its ledger) |" in line, line
+    # the request that stalled longest leads, the others are counted
+    later = [_ev(5, "prealloc", "r10", T0 + 100, pages={"full": (9,)})]
+    line = stall_line(ledger.check(STALLED[:1] + later), STALLED[:1] + later, start=T0, failed_at=T0 + 120.1,
+                      read_at=T0 + 121)
+    assert line.startswith("stall: request r9:") and line.endswith(" (+1 more in flight)"), line
+
+
+def test_a_carrier_of_requests_in_flight_only_is_a_stall_not_a_leak():
+    flying = ledger.check(STALLED[:1])
+    kind, line = headline(ledger.LedgerBroken(flying, "of decode-0: the release never came"))
+    assert kind == "stall", line
+    assert line.startswith("stall: request r9 (decode-0, last phase prealloc) still in flight"), line
+    assert "[page-leak]" not in line and "never freed" not in line
+    # beside a broken rule the rule leads, as before
+    kind, line = headline(ledger.LedgerBroken([*flying, TAIL]))
+    assert kind == "ledger" and line.startswith("ledger [swa-tail-short]"), line
+    # a KV check that stopped the run with requests in flight stays a kv failure
+    wrong = KVCorruption("r9", "swa", Mismatch(2, 130, 2, 2), "after transfer")
+    wrong.violations = tuple(flying)  # type: ignore[attr-defined]
+    assert headline(wrong)[0] == "kv"
+
+
+def test_a_stall_is_a_timeout_to_the_gates_never_accounting():
+    from harness.gates.classify import classify
+
+    line = stall_line(ledger.check(STALLED[:1]), STALLED, start=T0, failed_at=T0 + 120.1, read_at=T0 + 121)
+    assert classify("failure", f"{line}; the test saw: assertion ledger broken: [in-flight-at-end] ...") == "timeout"
+    kind, said = headline(ledger.LedgerBroken(ledger.check(STALLED[:1])))
+    assert classify("failure", said) == "timeout", said
+
+
+def test_the_verdict_waits_a_bounded_time_for_the_release_and_ends_at_it():
+    from harness.clock import FakeClock
+    from harness.plugins.record import SETTLE_S, LedgerReading, settle
+
+    clock = FakeClock()
+
+    def fake_ledger() -> LedgerReading:  # the abort's release is written 0.6 s after the failure
+        events = STALLED if clock.now() >= 0.6 else STALLED[:1]
+        return LedgerReading(ledger.check(events), events)
+
+    got = settle(fake_ledger, clock=clock)
+    assert got.violations == [] and 0.6 <= clock.now() < 1.0  # returned as soon as nothing was in flight
+    # judged at once, as before, the same ledger blamed what was only in flight
+    assert [v.rule for v in ledger.check(STALLED[:1])] == [ledger.IN_FLIGHT]
+    never = FakeClock()
+    got = settle(lambda: LedgerReading(ledger.check(STALLED[:1]), STALLED[:1]), clock=never)
+    assert [v.rule for v in got.violations] == [ledger.IN_FLIGHT] and never.now() == SETTLE_S == 10.0
+    idle = FakeClock()
+    assert settle(lambda: LedgerReading(), clock=idle) == LedgerReading() and idle.now() == 0  # nothing to wait for
+
+
+IN_FLIGHT_TESTS = '''
+import threading
+import time
+
+import requests
+
+from harness import ledger
+
+
+def _gives_up(run_dir, rid, release_after_s):
+    # decode preallocated; the client gives up; sglang aborts it and releases its pages a moment later
+    w = ledger.LedgerWriter(run_dir.ledger / f"{rid}.jsonl", "decode-0", "decode")
+    w.record("prealloc", rid, 64, pages={"full": (1, 2, 3, 4)})
+
+    def abort():
+        time.sleep(release_after_s)
+        w.record("release", rid, 64, pages={"full": (1, 2, 3, 4)}, note="abort: client gave up")
+        w.close()
+
+    if release_after_s is not None:
+        threading.Thread(target=abort).start()
+
+
+def test_released_a_moment_later(run_dir):
+    _gives_up(run_dir, "slow-1", 1.0)
+    raise requests.exceptions.ReadTimeout("HTTPConnectionPool(host='127.0.0.1', port=1): Read timed out.")
+
+
+def test_never_released(run_dir):
+    _gives_up(run_dir, "stuck-1", None)
+    raise requests.exceptions.ReadTimeout("HTTPConnectionPool(host='127.0.0.1', port=1): Read timed out.")
+
+
+def test_assertion_while_in_flight(run_dir):
+    _gives_up(run_dir, "slow-2", 0.5)
+    assert 1 + 1 == 3, "the reply differs"
+'''
+
+
+def test_a_failure_with_a_request_in_flight_waits_for_its_release_and_never_blames_a_leak(pytester, tmp_path):
+    # Before: judged as soon as the test body failed, the abort's release not written yet: "[page-leak]".
+    pytester.makepyfile(test_in_flight=IN_FLIGHT_TESTS)
+    pytester.makeconftest("import harness.plugins.record as record\nrecord.SETTLE_S = 3.0\n")
+    junit = tmp_path / "junit.xml"
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1",
+                                           "--run-dir", str(tmp_path / "run"), timeout=300)
+    result.assert_outcomes(failed=3)
+    messages = {c.get("name"): (c.find("failure").get("message") or "") for c in ET.parse(junit).iter("testcase")}
+    assert all("[page-leak]" not in m and "never freed" not in m for m in messages.values()), messages
+    late = messages["test_released_a_moment_later"]
+    assert late.startswith("stall: request slow-1: decode prealloc at +"), late
+    assert "; prefill recorded nothing of it" in late and "| decode released it " in late, late
+    assert "s after the failure (abort: client gave up); the test saw: timeout ReadTimeout" in late, late
+    stuck = messages["test_never_released"]
+    assert stuck.startswith("stall: request stuck-1: decode prealloc at +") and "| still in flight 3 s after" in stuck
+    # not a timeout (nothing gave up on the request, no wait): the test's own line leads, the request follows
+    assert messages["test_assertion_while_in_flight"] == ("assertion the reply differs | assert (1 + 1) == 3; still "
+                                                          "in flight: request slow-2 (decode-0, last phase prealloc)")
+    assert time.monotonic() - started < 120  # the wait is bounded (3 s here), and ends at the release

@@ -37,6 +37,16 @@ def T(nodeid, outcome, attempts=None, cls="", msg="", group="cpu"):
     ("failure", "AssertionError: fill 300: [swa-tail-short] tail 44 (throughput fine)", "", "accounting"),
     ("failure", "KVCorruption in request r3: full buffer 0 (latency)", "", "accounting"),
     ("failure", "harness.engines.sim.decode_rank.WindowLost: position 200 too slow", "", "accounting"),
+    # a stall (a request in flight when the test gave up on it) is a timeout, never accounting, whatever
+    # ledger words its line quotes and even without the client's "timed out"
+    ("failure", "stall: request r9: decode prealloc at +0.03 s, nothing after it for 120 s; prefill never scheduled "
+                "it | decode released it 0.3 s after the failure (abort: client gave up); the test saw: timeout "
+                "ReadTimeout: HTTPConnectionPool(host='127.0.0.1', port=1): Read timed out.",
+     "E   requests.exceptions.ReadTimeout: Read timed out.", "timeout"),
+    ("failure", "stall: request r9 (decode-0, last phase prealloc) still in flight; the test saw: LedgerBroken: "
+                "ledger broken of decode-0: 1 violation(s) [in-flight-at-end] decode-0 rid=r9: decode request ...",
+     "E   harness.ledger.causes.LedgerBroken: ledger broken", "timeout"),
+    ("failure", "ledger [in-flight-at-end] decode-0 prealloc of r9: ...", "", "accounting"),  # never a headline
 ])
 def test_classify(kind, message, text, expected):
     assert classify.classify(kind, message, text) == expected

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import traceback
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -23,7 +24,10 @@ log = logging.getLogger(__name__)
 #: The longest headline; what is longer is cut at its end (the cause always comes first).
 MAX_CHARS = 400
 #: The classes, in the order :func:`headline` tries them.
-CLASSES = ("ledger", "kv", "sglang-check", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
+CLASSES = ("ledger", "stall", "kv", "sglang-check", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion",
+           "error")
+#: The ledger's components, as a stall headline names them (decode first: it holds the pages).
+SIDES = ("decode", "prefill")
 
 _ADAPTER = "/harness/targets/sglang/"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -136,6 +140,65 @@ def _carrier(exc: BaseException) -> BaseException | None:
     return next((e for e in _chain(exc) if getattr(e, "violations", None)), None)
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether the failure's chain holds a timeout (a client's ``Read timed out``, a bounded wait's)."""
+    return any(_TIMEOUT.search(_message(e)) or type(e).__name__ in ("Timeout", "ReadTimeout") for e in _chain(exc))
+
+
+def _side(component: str, rid: str, events: Sequence[ledger.Event], start: float, failed_at: float) -> str:
+    """Where one side was with ``rid`` when the test failed: its last phase (the kind of its last event
+    before the failure) and how long after the test's start, or that it has none."""
+    mine = [e for e in events if e.component == component and e.rid == rid and e.ts <= failed_at]
+    if mine:
+        last = max(mine, key=lambda e: (e.ts, e.seq))
+        quiet = failed_at - last.ts
+        return f"{component} {last.kind} at +{last.ts - start:.2f} s" + (
+            f", nothing after it for {quiet:.0f} s" if quiet >= 1 else "")
+    if any(e.component == component and not e.rid.startswith("<") for e in events):
+        return f"{component} never scheduled it"
+    return f"{component} recorded nothing of it (no request's events in its ledger)"
+
+
+def stall_line(flying: Sequence[ledger.Violation], events: Sequence[ledger.Event], *, start: float,
+               failed_at: float, read_at: float) -> str:
+    """The first line of a test that failed while requests were in flight (on a timeout: it stalled).
+
+    ``stall: request R: decode <last phase> at +T s[, nothing after it for N s]; prefill <last phase,
+    'never scheduled it', or that its ledger holds no request's events>``, then what came after the
+    failure (the release the client's abort set off, or that it is still in flight), for the request
+    that stalled longest; ``(+N more in flight)`` counts the others. ``+T`` counts from the test's start.
+
+    Args:
+        flying: the :data:`harness.ledger.IN_FLIGHT` findings at the failure.
+        events: every event of the ledgers the test's workers wrote, as read last (after the failure).
+        start: when the test started (epoch seconds, as the events' ``ts``).
+        failed_at: when it failed.
+        read_at: when ``events`` were read.
+    """
+    def stalled_since(v: ledger.Violation) -> float:
+        return max((e.ts for e in events if e.rid == v.rid and e.ts <= failed_at), default=failed_at)
+
+    rids = list(dict.fromkeys(v.rid for v in sorted(flying, key=stalled_since)))
+    rid = rids[0]
+    sides = "; ".join(_side(c, rid, events, start, failed_at) for c in SIDES)
+    release = next((e for e in sorted(events, key=lambda e: e.ts) if e.rid == rid and e.kind == "release"
+                    and e.ts > failed_at), None)
+    if release is not None:
+        why = f" ({release.note})" if release.note else ""
+        after = f" | {release.component} released it {release.ts - failed_at:.1f} s after the failure{why}"
+    else:
+        after = f" | still in flight {read_at - failed_at:.0f} s after the failure"
+    more = f" (+{len(rids) - 1} more in flight)" if len(rids) > 1 else ""
+    return f"stall: request {rid}: {sides}{after}{more}"
+
+
+def _flying_brief(flying: Sequence[ledger.Violation]) -> str:
+    """``request R (decode-0, last phase prealloc)``, and how many more, for a line that leads with something else."""
+    v = flying[0]
+    more = f" (+{len(flying) - 1} more)" if len(flying) > 1 else ""
+    return f"request {v.rid} ({v.worker}, last phase {v.kind}){more}"
+
+
 def _where(frames: Sequence[str]) -> str:
     return f" | last sglang frame: {frames[-1]}" if frames else ""
 
@@ -164,13 +227,16 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
     evidence = "\n".join([*(f"{type(e).__name__}: {e}\n{_traceback_text(e)}" for e in chain),
                           *([died.tail] if died is not None else []), *logs])
     label, hit_line = _check_hit(evidence)
-    broken = _carrier(exc)
+    carrier = _carrier(exc)
+    # A request still in flight breaks no rule: a carrier of nothing else is no ledger failure.
+    violations, flying = ledger.split_in_flight(getattr(carrier, "violations", None) or ())
+    broken = carrier if violations else None
     pre = next((e for e in chain if _is(e, "PreallocError")), None)
-    if broken is not None and pre is not None and _found_at_end(getattr(broken, "violations")):
+    if broken is not None and pre is not None and _found_at_end(violations):
         # sglang refused a prealloc mid-run, keeping the pages it had taken; every rule the ledger
         # found broken it found at the end (the leaks those pages are): the refusal came first.
         return "prealloc", _fit(f"prealloc {_message(pre)}{_suspect_text('PreallocError', root)}"
-                                + _then_found(getattr(broken, "violations")))
+                                + _then_found(violations))
     if broken is not None:
         said = _message(broken)
         if label:  # sglang's own check saw it too (and, when the hit is what stopped the run, stopped it)
@@ -179,7 +245,11 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
             stopped = ""
         else:
             stopped = f"; it stopped the run as {said}"
-        return "ledger", _fit(_ledger_line(getattr(broken, "violations"), root) + stopped)
+        return "ledger", _fit(_ledger_line(violations, root) + stopped)
+    if flying and pre is None and (_timed_out(exc) or isinstance(carrier, ledger.LedgerBroken)
+                                   or type(carrier).__name__ == "PDError"):
+        # the ledger check (or a timeout) found only requests still in flight: the test stalled on them
+        return "stall", _fit(f"stall: {_flying_brief(flying)} still in flight; the test saw: {_message(exc)}")
     kv = next((e for e in chain if _is(e, "KVCorruption", "WindowLost")), None)
     if kv is not None:
         return "kv", _fit(f"kv {_message(kv)}{_suspect_text(type(kv).__name__, root)}")
@@ -262,13 +332,25 @@ def _explain(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport
     kind, line = headline(call.excinfo.value, logs=logs, root=root)
     if kind != "ledger" and report.when == "call":
         # What the test saw may follow from a rule its workers broke first (a real server's ledger
-        # probe): then that rule is the root cause and leads; what the test saw comes after it.
-        from harness.plugins.record import ledger_violations
+        # probe): then that rule is the root cause and leads; what the test saw comes after it. When
+        # the test gave up on a request still in flight (a client's timeout, a bounded wait), its
+        # servers first get a bounded chance to write what that set off (an abort's release).
+        from harness.plugins.record import read_ledger, settle
 
-        found = ledger_violations(item)
+        at_failure = read_ledger(item)
+        stalled = kind == "stall" or _timed_out(call.excinfo.value)
+        now = settle(lambda: read_ledger(item)) if at_failure.in_flight and stalled else at_failure
+        found, still = ledger.split_in_flight(now.violations)
         if found and kind == "prealloc" and _found_at_end(found):
             if _carrier(call.excinfo.value) is None:  # else headline() said what the refusal carried
                 line = _fit(line + _then_found(found))  # a refused prealloc's kept pages: the refusal leads
         elif found:
             kind, line = "ledger", _fit(f"{_ledger_line(found, root)}; the test saw: {line}")
+        elif at_failure.in_flight and stalled:
+            said = _message(call.excinfo.value) if kind == "stall" else line
+            stall = stall_line(at_failure.in_flight, now.events, start=call.start, failed_at=call.stop,
+                               read_at=time.time())
+            kind, line = "stall", _fit(f"{stall}; the test saw: {said}")
+        elif still:
+            line = _fit(f"{line}; still in flight: {_flying_brief(still)}")
     return kind, line

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
+from harness.clock import DEFAULT, Clock, wait_for
 from harness.plugins.failfast import owned_workers
 from harness.plugins.seeds import base_seed_key, derive
 from harness.plugins.state import state_key
@@ -80,18 +82,40 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     return report
 
 
-def ledger_violations(item: pytest.Item) -> list:
-    """The ledger violations of what ``item`` made its workers do so far: every ledger file that grew
-    since the test's setup is checked whole (its configuration and earlier requests are context), and
-    the violations at an event the test wrote (or, found at the end, on a request it wrote) are kept.
+#: Seconds, at most, a failed test's verdict waits while a request of the test is still in flight, for
+#: its servers to write what the failure set off (the release an abort triggers) before judging.
+SETTLE_S = 10.0
+
+
+@dataclass(frozen=True)
+class LedgerReading:
+    """What a test's workers wrote to their ledgers: ``violations``, the findings on what the test made
+    them do (a request still in flight among them, :data:`harness.ledger.IN_FLIGHT`), and ``events``,
+    those of every ledger file that grew during the test, whole (the context a request's phases need)."""
+
+    violations: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> list:
+        """The findings of requests still in flight."""
+        from harness import ledger
+
+        return ledger.split_in_flight(self.violations)[1]
+
+
+def read_ledger(item: pytest.Item) -> LedgerReading:
+    """The ledger of what ``item`` made its workers do so far: every ledger file that grew since the
+    test's setup is checked whole (its configuration and earlier requests are context), and the
+    violations at an event the test wrote (or, found at the end, on a request it wrote) are kept.
     Empty when the session has no run directory or the files cannot be read."""
     from harness import ledger
 
     run_dir = _run_dir(item.config)
     before = item.stash.get(_sizes_key, None)
     if run_dir is None or before is None:
-        return []
-    found = []
+        return LedgerReading()
+    found, seen = [], []
     for rel, size in _sizes(run_dir).items():
         if not rel.startswith("ledger/") or size <= before.get(rel, 0):
             continue
@@ -99,6 +123,7 @@ def ledger_violations(item: pytest.Item) -> list:
             events = ledger.read(run_dir / rel)
         except (OSError, ValueError):
             continue
+        seen.extend(events)
         start = before.get(rel, 0)
         mine = _events_from(run_dir / rel, start)
         seqs = {(e.worker, e.seq) for e in mine}
@@ -106,7 +131,37 @@ def ledger_violations(item: pytest.Item) -> list:
         for v in ledger.check(events):
             if (v.worker, v.seq) in seqs or (v.seq is None and (v.worker, v.rid) in rids):
                 found.append(v)
-    return found
+    return LedgerReading(found, seen)
+
+
+def settle(read: Callable[[], LedgerReading], *, timeout_s: float | None = None,
+           clock: Clock = DEFAULT) -> LedgerReading:
+    """``read()`` again until no request is in flight, for at most ``timeout_s`` (default
+    :data:`SETTLE_S`): the servers' bounded chance to write what a failure set off (a client that gave
+    up makes sglang abort its request and release its pages a moment later) before a verdict is taken.
+
+    Returns:
+        The first reading with nothing in flight, else the last one (taken at the bound).
+    """
+    last = read()
+    if not last.in_flight:
+        return last
+
+    def quiet() -> LedgerReading | None:
+        nonlocal last
+        last = read()
+        return None if last.in_flight else last
+
+    try:
+        return wait_for(quiet, SETTLE_S if timeout_s is None else timeout_s, "requests in flight to finish",
+                        interval=0.25, clock=clock)
+    except TimeoutError:
+        return last
+
+
+def ledger_violations(item: pytest.Item) -> list:
+    """The violations of :func:`read_ledger` (read once, at once)."""
+    return read_ledger(item).violations
 
 
 def _events_from(path: Path, start: int) -> list:
