@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import topology
-from harness.doctor import gpu, host, network, placement, render, software
+from harness.doctor import gpu, host, network, placement_check, render, software
 from harness.doctor.probe import Probe, Sources, Target
 from harness.doctor.result import CheckResult, Limits, Report, Status
 
@@ -386,18 +386,19 @@ def test_mooncake_endpoints_transfer_and_verify(monkeypatch: pytest.MonkeyPatch)
 
 
 def _seat(group: str, rank: int, node: str, gpus: tuple[str, ...], index: int | None = 0, role: str | None = None):
-    return placement.BundleSeat(role or group.split("-")[0], group, rank, node, index, gpus)
+    return placement_check.BundleSeat(role or group.split("-")[0], group, rank, node, index, gpus)
 
 
 def test_placement_seats_pass():
-    rows = placement.seat_rows(H100, [_seat("prefill-0", 0, NODE, ("0",)), _seat("decode-0", 0, NODE, ("1",)),
+    rows = placement_check.seat_rows(H100, [_seat("prefill-0", 0, NODE, ("0",)), _seat("decode-0", 0, NODE, ("1",)),
                                       _seat("router-0", 0, NODE, ())])
     assert len(rows) == 3 and all(r.status is Status.PASSED for r in rows)
     assert rows[0].gpu == "0" and "prefill-0" in rows[0].detail
 
 
 def test_placement_split_tp_group_and_wrong_gpu_count_fail():
-    rows = placement.seat_rows(H200x8, [_seat("prefill-0", 0, "n0", ("0",)), _seat("prefill-0", 1, "n1", ("0", "1"))])
+    rows = placement_check.seat_rows(H200x8, [_seat("prefill-0", 0, "n0", ("0",)),
+                                              _seat("prefill-0", 1, "n1", ("0", "1"))])
     row = _one(rows, "placement.group")
     assert row.status is Status.FAILED and "split across nodes" in row.detail and "GPU count" in row.detail and row.fix
 
@@ -405,18 +406,19 @@ def test_placement_split_tp_group_and_wrong_gpu_count_fail():
 def test_placement_pinned_role_elsewhere_fails():
     two = topology.get("2-node-16-gpu-h200")
     seats = [_seat("decode-0", r, "node0/x", (str(r),), index=0) for r in range(8)]
-    row = _one(placement.seat_rows(two, seats), "placement.group")
+    row = _one(placement_check.seat_rows(two, seats), "placement.group")
     assert row.status is Status.FAILED and "pinned to node 1" in row.detail
 
 
 def test_fit_rows():
-    ok = placement.fit_row(H100, True, "CREATED", "", "", "a local Ray")
+    ok = placement_check.fit_row(H100, True, "CREATED", "", "", "a local Ray")
     assert ok.status is Status.PASSED
-    bad = placement.fit_row(H200x8, False, "INFEASIBLE", "prefill-0", "GPU: needs 4 on one node, the largest node has 2", "x")
+    bad = placement_check.fit_row(H200x8, False, "INFEASIBLE", "prefill-0",
+                                  "GPU: needs 4 on one node, the largest node has 2", "x")
     assert bad.status is Status.FAILED and "GPU: needs 4" in bad.detail and "8×H200" in bad.fix
-    busy = placement.fit_row(H100, False, "NO_RESOURCES", "decode-0", "GPU: ...", "x")
+    busy = placement_check.fit_row(H100, False, "NO_RESOURCES", "decode-0", "GPU: ...", "x")
     assert "ray status" in busy.fix
-    assert placement.simulation_refused_row(H100).status is Status.FAILED
+    assert placement_check.simulation_refused_row(H100).status is Status.FAILED
 
 
 # ------------------------------------------------------------------------------ result and render

@@ -159,7 +159,7 @@ def _scenarios(run_dir: Path) -> dict[str, Any]:
     from harness.cluster import Cluster
     from harness.doctor import Limits, Sources, run
     from harness.doctor.gpu import GpuDevice, GpuProcess, GpuSnapshot, StaticSource
-    from harness.doctor.render import to_json
+    from harness.doctor.report_text import to_json
 
     h100 = topology.get("2-gpu-h100")
     out: dict[str, Any] = {}

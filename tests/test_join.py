@@ -15,7 +15,7 @@ from harness.cluster import join
 from harness.cluster import nodes as node_facts
 from harness.cluster.join import Auth, ClusterMeta, JoinError
 from harness.cluster.nodes import NodeFacts
-from harness.workers.nodes import node_index
+from harness.workers.node_ref import node_index
 
 pytest_plugins = ["pytester"]
 

@@ -171,7 +171,7 @@ def test_plain():
 
 
 def test_expected_failures_are_counted_and_shown_with_their_reason(pytester, tmp_path: Path):
-    from harness.report import summary
+    from harness.report import result_tables as summary
     from harness.report.results import GroupResult
     from harness.rerun import comment
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.rerun import matrix as versions
+from harness.rerun import version_matrix as versions
 from harness.targets.sglang import compat
 from harness.targets.sglang import resolve as resolve_mod
 from harness.targets.sglang import selection as target

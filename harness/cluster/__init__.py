@@ -9,7 +9,7 @@ Modules: :mod:`.cluster` (the :class:`Cluster`: started, simulated or joined, an
 from harness.cluster.cluster import DEFAULT_NUM_CPUS, DEFAULT_OBJECT_STORE_MB, Cluster
 from harness.cluster.nodes import NodeFacts, NodeInfo, local_gpus
 from harness.cluster.placement import Fit, GroupPlacement, Placement, PlacementError, Placements
-from harness.workers.nodes import NODE_LABEL, NODE_RESOURCE
+from harness.workers.node_ref import NODE_LABEL, NODE_RESOURCE
 
 __all__ = ["DEFAULT_NUM_CPUS", "DEFAULT_OBJECT_STORE_MB", "NODE_LABEL", "NODE_RESOURCE", "Cluster", "Fit",
            "GroupPlacement", "NodeFacts", "NodeInfo", "Placement", "PlacementError", "Placements", "local_gpus"]

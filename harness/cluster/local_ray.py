@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from harness.cluster import join as join_mod
 from harness.workers import procs
-from harness.workers.nodes import NODE_RESOURCE
+from harness.workers.node_ref import NODE_RESOURCE
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 from harness.targets.sglang import selection, travel
 from harness.targets.sglang.version import UNKNOWN, read_version
-from harness.workers.nodes import node_index, raylet_answers
+from harness.workers.node_ref import node_index, raylet_answers
 
 SURVEY_TIMEOUT_S = 60.0  # a node may have to start a Ray worker process for the task
 #: What :func:`skew` compares between this process and every node.

@@ -16,7 +16,7 @@ from harness.clock import DEFAULT as DEFAULT_CLOCK
 from harness.clock import Deadline
 from harness.cluster.nodes import alive_nodes
 from harness.topology import RoleSpec, Topology
-from harness.workers.nodes import NODE_LABEL, NODE_RESOURCE
+from harness.workers.node_ref import NODE_LABEL, NODE_RESOURCE
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup

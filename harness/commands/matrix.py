@@ -2,7 +2,7 @@
 
 Every target is resolved before anything runs (an unknown release, a missing path, a directory
 without ``sglang/``, a release older than the supported range: one line, exit 2); then each runs in
-its own rerun-test, one after another (:mod:`harness.rerun.matrix`). Exit 0 when every target's
+its own rerun-test, one after another (:mod:`harness.rerun.version_matrix`). Exit 0 when every target's
 run passed, 1 otherwise, 2 on bad input.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from harness import atomic, rundir
 from harness import runs as run_record
 from harness.commands import UsageError, check_seconds
-from harness.rerun import matrix as versions
+from harness.rerun import version_matrix as versions
 from harness.targets.sglang import selection as sglang_target
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from harness import rundir
 from harness.changes.lines import ChangeError
 from harness.commands import UsageError
-from harness.mutation import DEFAULT_FUNCTIONS, flow, upstream
+from harness.mutation import DEFAULT_FUNCTIONS, flow, upstream_tests
 from harness.mutation import select as choose
 from harness.rerun import changed as change_of
 from harness.rerun import comment
@@ -69,7 +69,7 @@ def _upstream_files(target: sglang_target.Target, tree: Path) -> list[Path]:
     Raises:
         UsageError: the target is no checkout with ``test/registered/`` (wheels and releases ship none).
     """
-    registered = upstream.checkout_tests(tree)
+    registered = upstream_tests.checkout_tests(tree)
     if registered is None:
         raise UsageError(f"--compare-upstream: {target.label()} has no test/registered/ beside its sglang/ "
                          "(releases and wheels do not ship sglang's tests); pass a checkout's python/ directory")

@@ -5,7 +5,7 @@ node and measure the network, and pure check functions turn that into rows (chec
 detail, how to fix). The check families, the runner and the API: docs/modules.md.
 """
 
-from harness.doctor import render
+from harness.doctor import report_text as render
 from harness.doctor.probe import Sources
 from harness.doctor.result import CheckResult, Limits, Report, Status
 from harness.doctor.runner import run

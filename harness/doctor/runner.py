@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Hashable
 
-from harness.doctor import gpu, host, network, placement, software
+from harness.doctor import gpu, host, network, placement_check, software
 from harness.doctor.gather import Outcome, gather
 from harness.doctor.probe import MAX_CONCURRENCY, Probe, ProbeInfo, Sources, Target
 from harness.doctor.result import CheckResult, Limits, Report, Status
@@ -98,16 +98,16 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
     try:
         before = _free()
         if simulate and not topology.allow_simulation:
-            rows.append(placement.simulation_refused_row(topology))
+            rows.append(placement_check.simulation_refused_row(topology))
             return _report(topology, simulate, rows, t0, desc)
         fit = cluster.check(topology, timeout=min(5.0, limits.start_timeout_s))
-        rows.append(placement.fit_row(topology, fit.ok, fit.state, fit.group, fit.missing, desc))
+        rows.append(placement_check.fit_row(topology, fit.ok, fit.state, fit.group, fit.missing, desc))
         if not fit.ok:
             return _report(topology, simulate, rows, t0, desc)
         try:
             placed = cluster.place(topology, timeout=limits.start_timeout_s)
         except PlacementError as e:
-            rows[-1] = placement.fit_row(topology, False, e.fit.state, e.fit.group, e.fit.missing, desc)
+            rows[-1] = placement_check.fit_row(topology, False, e.fit.state, e.fit.group, e.fit.missing, desc)
             return _report(topology, simulate, rows, t0, desc)
         seats = _start_probes(placed, simulate, str(run_dir), sources)
         rows += _identify(cluster, topology, seats, limits)
@@ -196,8 +196,8 @@ def _identify(cluster: Cluster, topology: Topology, seats: list[_Seat], limits: 
         s.info = o.value
         s.node_index = index.get(s.info.node_id)
         s.node = _node_label(s.info.ip, s.info.node_id, s.node_index)
-        found.append(placement.BundleSeat(s.role, s.group, s.rank, s.node, s.node_index, s.info.gpu_ids))
-    return placement.seat_rows(topology, found) + rows
+        found.append(placement_check.BundleSeat(s.role, s.group, s.rank, s.node, s.node_index, s.info.gpu_ids))
+    return placement_check.seat_rows(topology, found) + rows
 
 
 def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: Limits,

@@ -3,7 +3,7 @@
 :func:`check` runs every selected suite once clean (or reads a clean JUnit report), then once per fault in a
 fresh ``pytest --inject-fault NAME`` subprocess, and judges each fault × suite cell ``caught``, ``broken``,
 ``missed`` or ``n/a`` from the JUnit XML and the fault's marker lines. Modules: :mod:`.matrix` (the runs),
-:mod:`.verdicts` (pure), :mod:`.render`; names re-exported here. The method and each verdict's rule:
+:mod:`.verdicts` (pure), :mod:`.matrix_report`; names re-exported here. The method and each verdict's rule:
 docs/modules.md.
 """
 
@@ -25,7 +25,7 @@ from harness.faultcheck.matrix import (
     submission_order,
     targets_for,
 )
-from harness.faultcheck.render import page_groups, page_table, render, table, to_dict, write_page
+from harness.faultcheck.matrix_report import page_groups, page_table, render, table, to_dict, write_page
 from harness.faultcheck.verdicts import (
     BROKEN,
     CAUGHT,

@@ -6,7 +6,7 @@ runs engine code; each names the evidence its catch must show. This package impo
 harness. Forms, activation and failure modes: docs/modules.md.
 """
 
-from harness.faults.model import ENV_VAR, Fault, FaultError
+from harness.faults.fault import ENV_VAR, Fault, FaultError
 from harness.faults.names import catalog, get, parse_names
 from harness.faults.runtime import activate, activate_from_env, active, deactivate
 

@@ -4,7 +4,7 @@ runtime fault of its PD transfer (:mod:`.pd`), looked up and validated."""
 from __future__ import annotations
 
 from harness.faults import pd, sglang
-from harness.faults.model import Fault, FaultError
+from harness.faults.fault import Fault, FaultError
 
 
 def catalog() -> dict[str, Fault]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from harness.faults.model import Fault
+from harness.faults.fault import Fault
 from harness.faults.source import FIRED_ENV
 
 NAME = "corrupt-kv-page"

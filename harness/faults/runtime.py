@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.faults import source
-from harness.faults.model import ENV_VAR, Fault, FaultError
+from harness.faults.fault import ENV_VAR, Fault, FaultError
 from harness.faults.names import get, parse_names
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The sglang faults of the catalog: one :class:`~harness.faults.model.Fault` entry per deliberate breakage.
+"""The sglang faults of the catalog: one :class:`~harness.faults.fault.Fault` entry per deliberate breakage.
 
 Each is a source patch (``harness/faults/patches/<name>.diff``) with a marker line proving it ran, and names
 the evidence its catch must show and the smallest suite selection that carries it. How to add a fault:
@@ -7,7 +7,7 @@ docs/modules.md.
 
 from __future__ import annotations
 
-from harness.faults.model import Fault
+from harness.faults.fault import Fault
 
 _LEDGER = "suites/unit/disaggregation/test_decode_prealloc_ledger.py"
 _SWEEP = "suites/unit/disaggregation/test_swa_prealloc_accounting.py::test_swa_prealloc_accounting_sweep"

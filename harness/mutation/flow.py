@@ -3,7 +3,7 @@
 1. Record the run (``run.json``) in its directory.
 2. Map which candidate tests reach which lines (:func:`harness.mutation.run.coverage_map`).
 3. Run each mutant's tests (:func:`harness.mutation.run.run_all`), and with ``upstream_files`` the same
-   mutants against sglang's own tests (:mod:`harness.mutation.upstream`).
+   mutants against sglang's own tests (:mod:`harness.mutation.upstream_tests`).
 4. Write ``mutation.md`` / ``mutation.json`` and the report page; print the score.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from harness import runs as run_record
-from harness.mutation import run, score, upstream
+from harness.mutation import run, score, upstream_tests
 from harness.mutation.operators import Mutant
 from harness.report import page
 from harness.targets.sglang import selection as sglang_target
@@ -63,12 +63,12 @@ def mutate(mutants: Sequence[Mutant], target: sglang_target.Target, tests: Seque
             verdicts = run.run_all(mutants, cmap, out, root, tree, jobs=jobs, timeout_s=timeout_s, on_done=on_done)
             wall = time.monotonic() - started
             if upstream_files is not None:
-                broken = upstream.failing_clean(files, out, root, timeout_s)
+                broken = upstream_tests.failing_clean(files, out, root, timeout_s)
                 for f in sorted(broken):
                     print(f"{PROG}: sglang's {f} fails on the unmutated target; left out of the comparison", flush=True)
                 files = [f for f in files if str(f) not in broken]
                 print(f"{PROG}: the same mutants against {len(files)} CPU-registered sglang test file(s)", flush=True)
-                theirs = upstream.run_upstream(
+                theirs = upstream_tests.run_upstream(
                     mutants, files, out, root, tree, jobs=jobs, timeout_s=timeout_s,
                     on_done=lambda v, d, n: print(f"  upstream [{d}/{n}] {v.verdict:11} {v.mutant.id}", flush=True))
         except run.MutationError as e:

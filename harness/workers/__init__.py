@@ -31,8 +31,8 @@ Example (an in-process payload and a server subprocess, each in its placement gr
 
 from harness.workers.actor import current, tail_file
 from harness.workers.handle import Worker, launch_worker, payload_error, start_worker
-from harness.workers.nodes import NodeRef
-from harness.workers.probe import Probe
+from harness.workers.node_ref import NodeRef
+from harness.workers.probe_payload import Probe
 from harness.workers.spec import (
     TAIL_LINES,
     CallCheck,

@@ -18,7 +18,7 @@ from harness.clock import DEFAULT as DEFAULT_CLOCK
 from harness.clock import Clock
 from harness.workers import procs
 from harness.workers.actor import remote_class, stop_group, tail_file
-from harness.workers.nodes import NodeRef, node_of, raylet_answers
+from harness.workers.node_ref import NodeRef, node_of, raylet_answers
 from harness.workers.spec import TAIL_LINES, PlacementBundles, WorkerDied, WorkerInfo, WorkerSpec
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from harness.workers.handle import Worker
-from harness.workers.nodes import raylet_answers
+from harness.workers.node_ref import raylet_answers
 from harness.workers.spec import WorkerDied
 
 log = logging.getLogger(__name__)

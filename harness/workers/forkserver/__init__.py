@@ -7,7 +7,7 @@ before. How it works, its enforced limits and its modules: docs/modules.md.
 """
 
 from harness.workers.forkserver.envmatch import SCANNED_PREFIXES
-from harness.workers.forkserver.handle import (
+from harness.workers.forkserver.server_handle import (
     CLIENT,
     DEFAULT_START_TIMEOUT_S,
     MATCH_FILE,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.workers.forkserver import client, policy
-from harness.workers.forkserver.handle import SOCKET_ENV, BySocket, ForkServer, Launch, client_command, match_of
+from harness.workers.forkserver.server_handle import SOCKET_ENV, BySocket, ForkServer, Launch, client_command, match_of
 from harness.workers.forkserver.serve import ForkServerError
 
 log = logging.getLogger(__name__)
