@@ -49,8 +49,10 @@ def main() -> int:
     print(f"rerun-test {' '.join(specs)}: {args.repeat} round(s), plain then --coverage")
     print(f"  plain      {', '.join(f'{w:.0f}' for w in plain)} s")
     print(f"  --coverage {', '.join(f'{w:.0f}' for w in measured)} s")
-    print(f"  overhead   x{statistics.median(ratios):.2f} (median of the rounds' ratios; min x{min(ratios):.2f}, "
-          f"max x{max(ratios):.2f})")
+    print(
+        f"  overhead   x{statistics.median(ratios):.2f} (median of the rounds' ratios; min x{min(ratios):.2f}, "
+        f"max x{max(ratios):.2f})"
+    )
     return 0
 
 

@@ -29,23 +29,44 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-mutate-") as tmp:
         out = Path(tmp) / "run"
         start = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "harness.cli", "mutate", "--limit", str(args.limit),
-                               "--jobs", str(args.jobs), "--run-dir", str(out)], cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness.cli",
+                "mutate",
+                "--limit",
+                str(args.limit),
+                "--jobs",
+                str(args.jobs),
+                "--run-dir",
+                str(out),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         wall = time.monotonic() - start
         if done.returncode != 0:
             print(done.stdout[-2000:], done.stderr[-2000:], sep="\n")
             return 1
         result = json.loads((out / "mutation.json").read_text())
-        map_s = next((float(line.split(" in ")[1].split()[0]) for line in done.stdout.splitlines()
-                      if "coverage map of" in line), 0.0)
+        map_s = next(
+            (float(line.split(" in ")[1].split()[0]) for line in done.stdout.splitlines() if "coverage map of" in line),
+            0.0,
+        )
     per = [m["seconds"] for m in result["mutants"] if m["verdict"] != "not covered"]
     n = result["total"]
     print(f"harness mutate --limit {args.limit} --jobs {args.jobs} (default set, installed sglang)")
-    print(f"  mutants            {n} ({result['killed']} killed: {result['killed_by_sglang']} by sglang's checks, "
-          f"{result['killed_by_crash']} by a crash; {result['survived']} survived, {result['timeout']} timeout, "
-          f"{result['not_covered']} not covered); score {result['score']:.2f}")
+    print(
+        f"  mutants            {n} ({result['killed']} killed: {result['killed_by_sglang']} by sglang's checks, "
+        f"{result['killed_by_crash']} by a crash; {result['survived']} survived, {result['timeout']} timeout, "
+        f"{result['not_covered']} not covered); score {result['score']:.2f}"
+    )
     print(f"  wall               {wall:.0f} s (coverage map {map_s:.0f} s, mutants {wall - map_s:.0f} s)")
-    print(f"  mutants per minute {60 * n / wall:.1f} (goal: ≥ 30 in ≤ 600 s: {'met' if n >= 30 and wall <= 600 else 'not met'})")
+    print(
+        f"  mutants per minute {60 * n / wall:.1f} (goal: ≥ 30 in ≤ 600 s: {'met' if n >= 30 and wall <= 600 else 'not met'})"
+    )
     if per:
         print(f"  per mutant run     median {statistics.median(per):.1f} s, max {max(per):.1f} s")
     return 0

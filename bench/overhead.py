@@ -78,7 +78,9 @@ def _run(argv: list[str], env_extra: dict | None = None, json_out: bool = True) 
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     wall = time.time() - t0
     if proc.returncode != 0:
-        sys.exit(f"overhead: {' '.join(argv[:4])} ... failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        sys.exit(
+            f"overhead: {' '.join(argv[:4])} ... failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     if not json_out:
         return {"total": wall}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -87,9 +89,25 @@ def _run(argv: list[str], env_extra: dict | None = None, json_out: bool = True) 
 def _noop_pytest(name: str, workdir: Path) -> dict:
     test = workdir / "test_noop_overhead.py"
     test.write_text(NOOP_TEST)
-    return _run([sys.executable, "-m", "pytest", str(test), "-q", "-p", "no:cacheprovider", "--simulate",
-                 "--topology", name, "--run-dir", str(workdir / f"run-{name}"), "--rootdir", str(workdir)],
-                json_out=False)
+    return _run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(test),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--simulate",
+            "--topology",
+            name,
+            "--run-dir",
+            str(workdir / f"run-{name}"),
+            "--rootdir",
+            str(workdir),
+        ],
+        json_out=False,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,14 +142,20 @@ def main(argv: list[str] | None = None) -> int:
                 row.setdefault("base_ready", []).append(base["ready"])
                 row.setdefault("base_total", []).append(base["total"])
     med = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in rows.items()}
-    print(f"ratios against a bare ray.init + 1 actor (num_cpus=0.1) measured just before each row; "
-          f"median of {args.repeat}; load {os.getloadavg()[0]:.1f}")
-    print(f"{'topology':20} {'baseline ready/total':>21} {'first worker ready':>19} {'ratio':>6} "
-          f"{'all workers+shutdown':>21} {'ratio':>6} {'no-op pytest':>13} {'ratio':>6}")
+    print(
+        f"ratios against a bare ray.init + 1 actor (num_cpus=0.1) measured just before each row; "
+        f"median of {args.repeat}; load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'topology':20} {'baseline ready/total':>21} {'first worker ready':>19} {'ratio':>6} "
+        f"{'all workers+shutdown':>21} {'ratio':>6} {'no-op pytest':>13} {'ratio':>6}"
+    )
     for n in names:
         r = med[n]
-        print(f"{n:20} {r['base_ready']:>9.1f} s /{r['base_total']:>6.1f} s {r['ready']:>17.1f} s {r['ready_ratio']:>6.2f} "
-              f"{r['total']:>19.1f} s {r['total_ratio']:>6.2f} {r['noop']:>11.1f} s {r['noop_ratio']:>6.2f}")
+        print(
+            f"{n:20} {r['base_ready']:>9.1f} s /{r['base_total']:>6.1f} s {r['ready']:>17.1f} s {r['ready_ratio']:>6.2f} "
+            f"{r['total']:>19.1f} s {r['total_ratio']:>6.2f} {r['noop']:>11.1f} s {r['noop_ratio']:>6.2f}"
+        )
     return 0
 
 

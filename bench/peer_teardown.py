@@ -20,13 +20,17 @@ import psutil
 
 WARM_UP = 3  # runs before the baseline
 
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/peer_teardown.py", description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=50, help="open/transfer/close runs (default 50)")
     args = p.parse_args(argv)
     if args.runs <= WARM_UP:
-        print(f"bench/peer_teardown.py: --runs must be > {WARM_UP} (the first {WARM_UP} set the baseline), "
-              f"got {args.runs}", file=sys.stderr)
+        print(
+            f"bench/peer_teardown.py: --runs must be > {WARM_UP} (the first {WARM_UP} set the baseline), "
+            f"got {args.runs}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     return args
 
@@ -51,9 +55,14 @@ def counts(rank_pids: list[int]) -> dict[str, int]:
         except psutil.NoSuchProcess:
             pass
     ranks = [psutil.Process(pid) for pid in rank_pids]
-    return {"processes": procs, "listening": len(listen), "connections": conns,
-            "rank_threads": sum(r.num_threads() for r in ranks), "rank_fds": sum(r.num_fds() for r in ranks),
-            "collective_groups": len(get_collective_groups([]))}
+    return {
+        "processes": procs,
+        "listening": len(listen),
+        "connections": conns,
+        "rank_threads": sum(r.num_threads() for r in ranks),
+        "rank_fds": sum(r.num_fds() for r in ranks),
+        "collective_groups": len(get_collective_groups([])),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,8 +92,15 @@ def main(argv: list[str] | None = None) -> int:
                 rid = f"t{i}"
                 dst = pair.decode.all("admit", rid, 700, 1)
                 src = pair.prefill.all("prefill", rid, 700)
-                st = transfer(pair.prefill, pair.decode, rid, plan(src, dst, 4), pair.page_bytes,
-                              max_inflight_bytes=1 << 20, link=link)
+                st = transfer(
+                    pair.prefill,
+                    pair.decode,
+                    rid,
+                    plan(src, dst, 4),
+                    pair.page_bytes,
+                    max_inflight_bytes=1 << 20,
+                    link=link,
+                )
                 assert st.peer and st.bytes > 0
                 if i == 0:  # what an endpoint left open would add to the counts below
                     print(f"run 1, transport open: {counts(rank_pids)}")
@@ -102,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"baseline: run {WARM_UP}; after run {args.runs}: {now} ({len(leaks)} run(s) off the baseline)")
         finally:
             dep.stop()
-        gone = [pid for pid in rank_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        gone = [
+            pid for pid in rank_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        ]
         print(f"after stop: rank processes left {gone}, tree {counts([]) if not gone else '-'}")
         if gone:
             leaks.append(f"rank processes {gone} outlived the deployment")

@@ -71,8 +71,7 @@ def measure(case: PathCase, device: str, seconds: float, repeat: int) -> dict[st
 
     from harness.engines.sim import DecodeConfig, DecodeSide, make_req
 
-    side = DecodeSide(DecodeConfig(hisparse=case.hisparse, page_size=case.page_size, window=case.window,
-                                   device=device))
+    side = DecodeSide(DecodeConfig(hisparse=case.hisparse, page_size=case.page_size, window=case.window, device=device))
     pending: list[Any] = []
 
     def refill() -> None:
@@ -87,9 +86,17 @@ def measure(case: PathCase, device: str, seconds: float, repeat: int) -> dict[st
 
     swa_allocator = side.allocator.logical_attn_allocator if case.hisparse else side.allocator
     allocator = swa_allocator.full_attn_allocator
-    lens = [(torch.tensor([0], dtype=torch.int64, device=device), torch.tensor([0], dtype=torch.int64),
-             torch.tensor([n], dtype=torch.int64, device=device), torch.tensor([n], dtype=torch.int64),
-             torch.tensor([-1], dtype=torch.int64, device=device), n) for n in FILLS]
+    lens = [
+        (
+            torch.tensor([0], dtype=torch.int64, device=device),
+            torch.tensor([0], dtype=torch.int64),
+            torch.tensor([n], dtype=torch.int64, device=device),
+            torch.tensor([n], dtype=torch.int64),
+            torch.tensor([-1], dtype=torch.int64, device=device),
+            n,
+        )
+        for n in FILLS
+    ]
 
     def bare(i: int) -> None:
         args = lens[i % len(lens)]
@@ -101,10 +108,17 @@ def measure(case: PathCase, device: str, seconds: float, repeat: int) -> dict[st
     real_rate, real_cpu = _rate(real, seconds, repeat)
     bare_rate, bare_cpu = _rate(bare, seconds, repeat)
     if side.snapshot().free() != side.baseline.free():
-        raise RuntimeError(f"{case.name}: pools did not return to baseline: "
-                           f"{side.snapshot().taken_since(side.baseline)}")
-    return {"path": case.name, "real": real_rate, "bare": bare_rate, "ratio": real_rate / bare_rate,
-            "real_cpu": real_cpu, "bare_cpu": bare_cpu}
+        raise RuntimeError(
+            f"{case.name}: pools did not return to baseline: {side.snapshot().taken_since(side.baseline)}"
+        )
+    return {
+        "path": case.name,
+        "real": real_rate,
+        "bare": bare_rate,
+        "ratio": real_rate / bare_rate,
+        "real_cpu": real_cpu,
+        "bare_cpu": bare_cpu,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.repeat < 1 or args.torch_threads < 1:
-        print("prealloc_throughput: --seconds must be > 0, --repeat and --torch-threads >= 1; "
-              "e.g. --seconds 1 --repeat 3", file=sys.stderr)
+        print(
+            "prealloc_throughput: --seconds must be > 0, --repeat and --torch-threads >= 1; "
+            "e.g. --seconds 1 --repeat 3",
+            file=sys.stderr,
+        )
         return 2
     import torch
 
@@ -124,21 +141,27 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     import harness.targets.sglang as adapter
 
-    print(f"{adapter.TARGET.label()}; faults active: {adapter.ACTIVE_FAULTS or 'none'}; "
-          f"device {args.device}; torch threads {torch.get_num_threads()}; fills {FILLS}; "
-          f"{args.repeat} x {args.seconds:.1f} s windows; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{adapter.TARGET.label()}; faults active: {adapter.ACTIVE_FAULTS or 'none'}; "
+        f"device {args.device}; torch threads {torch.get_num_threads()}; fills {FILLS}; "
+        f"{args.repeat} x {args.seconds:.1f} s windows; load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'path':<14}{'real /s':>10}{'bare /s':>10}{'real/bare':>11}{'real /cpu-s':>13}{'bare /cpu-s':>13}")
     for case in CASES:
         # sglang's scheduler loop runs under DynamicGradMode (torch.inference_mode), so the real
         # path is timed the way it runs in a server: no autograd bookkeeping on its small tensors.
         with torch.inference_mode():
             row = measure(case, args.device, args.seconds, args.repeat)
-        print(f"{row['path']:<14}{row['real']:>10,.0f}{row['bare']:>10,.0f}{row['ratio']:>11.3f}"
-              f"{row['real_cpu']:>13,.0f}{row['bare_cpu']:>13,.0f}")
+        print(
+            f"{row['path']:<14}{row['real']:>10,.0f}{row['bare']:>10,.0f}{row['ratio']:>11.3f}"
+            f"{row['real_cpu']:>13,.0f}{row['bare_cpu']:>13,.0f}"
+        )
         if not case.hisparse:
             verdict = "meets" if row["real"] >= TARGET_NON_HISPARSE else "below"
-            print(f"  non-hisparse {verdict} the {TARGET_NON_HISPARSE:,.0f} cycles/s target in wall time "
-                  f"({row['real_cpu']:,.0f} per CPU second)")
+            print(
+                f"  non-hisparse {verdict} the {TARGET_NON_HISPARSE:,.0f} cycles/s target in wall time "
+                f"({row['real_cpu']:,.0f} per CPU second)"
+            )
     return 0
 
 

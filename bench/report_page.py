@@ -41,8 +41,20 @@ def _events(n: int, steps: int, seed: int) -> dict[str, list[ledger.Event]]:
         nonlocal t
         t += 0.0005
         evs = out[worker]
-        evs.append(ledger.Event(seq=len(evs), ts=t, kind=kind, rid=rid, component=worker.split("-")[0], worker=worker,
-                                page_size=PAGE, window=WINDOW if worker.startswith("decode") else None, pages=pages, **kw))
+        evs.append(
+            ledger.Event(
+                seq=len(evs),
+                ts=t,
+                kind=kind,
+                rid=rid,
+                component=worker.split("-")[0],
+                worker=worker,
+                page_size=PAGE,
+                window=WINDOW if worker.startswith("decode") else None,
+                pages=pages,
+                **kw,
+            )
+        )
 
     def take(worker: str, k: int) -> tuple[int, ...]:
         return tuple(free[worker].pop(0) for _ in range(k))
@@ -86,8 +98,14 @@ def _run_dir(base: Path, events: dict[str, list[ledger.Event]]) -> results.Group
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("".join(e.to_json() + "\n" for e in evs))
         spans[f"ledger/{worker}.jsonl"] = [0, p.stat().st_size]
-    rec = {"path": "/x/suites/pd/test_bench.py", "suffix": "::test_200_requests", "outcome": "passed", "start": 0, "stop": 1,
-           "ledgers": spans}
+    rec = {
+        "path": "/x/suites/pd/test_bench.py",
+        "suffix": "::test_200_requests",
+        "outcome": "passed",
+        "start": 0,
+        "stop": 1,
+        "ledgers": spans,
+    }
     (gdir / rundir.RECORD_FILE).write_text(json.dumps(rec) + "\n")
     case = results.CaseResult("suites/pd/test_bench.py::test_200_requests", "passed", 1.0)
     return results.GroupResult("cpu", "cpu", "ubuntu-latest", (case,), 1.0, 0, properties=(("run_dir", str(gdir)),))
@@ -123,11 +141,24 @@ def main(argv: list[str] | None = None) -> int:
             widths = tab.evaluate("[...document.querySelectorAll('img.timeline')].map(i => i.naturalWidth)")
             errors = list(tab.errors)
         load, blank_load = statistics.median(loads), statistics.median(blanks)
-        print(json.dumps({"requests": args.requests, "ledger_events": n_events, "violations": len(violations),
-                          "write_s": round(write_s, 3), "page_bytes": page.stat().st_size, "png_bytes": png.stat().st_size,
-                          "load_s": round(load, 3), "blank_load_s": round(blank_load, 3),
-                          "load_ratio_to_blank": round(load / blank_load, 2), "images_rendered": widths,
-                          "console_errors": errors}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "requests": args.requests,
+                    "ledger_events": n_events,
+                    "violations": len(violations),
+                    "write_s": round(write_s, 3),
+                    "page_bytes": page.stat().st_size,
+                    "png_bytes": png.stat().st_size,
+                    "load_s": round(load, 3),
+                    "blank_load_s": round(blank_load, 3),
+                    "load_ratio_to_blank": round(load / blank_load, 2),
+                    "images_rendered": widths,
+                    "console_errors": errors,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

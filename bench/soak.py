@@ -24,8 +24,12 @@ SERVER_MODEL = "tiny-mellum-swa"
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", choices=sorted(DEFAULTS), default="sim",
-                   help="sim: the simulated PD engine on Ray; server: the real CPU stack (default sim)")
+    p.add_argument(
+        "--engine",
+        choices=sorted(DEFAULTS),
+        default="sim",
+        help="sim: the simulated PD engine on Ray; server: the real CPU stack (default sim)",
+    )
     p.add_argument("--requests", type=int, default=None, help="requests in all (default 10000 sim, 2000 server)")
     p.add_argument("--every", type=int, default=None, help="requests per batch, between checkpoints (default 100)")
     p.add_argument("--concurrency", type=int, default=4, help="server: requests in flight at once (default 4)")
@@ -35,8 +39,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.requests = n if args.requests is None else args.requests
     args.every = every if args.every is None else args.every
     if args.requests < 1 or args.every < 1 or args.concurrency < 1:
-        p.error(f"--requests, --every and --concurrency must be at least 1 "
-                f"(got {args.requests}, {args.every}, {args.concurrency})")
+        p.error(
+            f"--requests, --every and --concurrency must be at least 1 "
+            f"(got {args.requests}, {args.every}, {args.concurrency})"
+        )
     return args
 
 
@@ -47,8 +53,15 @@ def run_sim(args: argparse.Namespace, run_dir: str):
     from harness.engines.sim.sim_soak import soak
     from harness.engines.sim.workload import KVSpec
 
-    spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, radix_cache=True, full_tokens=48 * PAGE,
-                  swa_tokens=16 * PAGE, req_slots=8)
+    spec = KVSpec(
+        kind="swa",
+        page_size=PAGE,
+        window=WINDOW,
+        radix_cache=True,
+        full_tokens=48 * PAGE,
+        swa_tokens=16 * PAGE,
+        req_slots=8,
+    )
     topo = topology.get("2-gpu-h100")
     with Cluster.start(topo, simulate=True) as cluster:
         dep = deploy.start(cluster, topo, run_dir, spec, name_prefix="soak-")
@@ -72,14 +85,23 @@ def run_server(args: argparse.Namespace, run_dir: str):
         pool = StackPool(cluster, topo, run, unique_name=counted_names("soak-"))
         try:
             stack = pool.pd(SERVER_MODEL)
-            result = soak_stack(stack, run.ledger, args.requests, every=args.every, seed=args.seed, page_size=PAGE,
-                                concurrency=args.concurrency)
+            result = soak_stack(
+                stack,
+                run.ledger,
+                args.requests,
+                every=args.every,
+                seed=args.seed,
+                page_size=PAGE,
+                concurrency=args.concurrency,
+            )
         finally:
             left = pool.close()
     if left:
         raise RuntimeError(f"server processes left after the soak: {left}")
-    return result, (f"real CPU stack (sglang prefill + decode + router, {SERVER_MODEL}, page {PAGE}, started in "
-                    f"{stack.started_s:.0f} s), {args.concurrency} in flight")
+    return result, (
+        f"real CPU stack (sglang prefill + decode + router, {SERVER_MODEL}, page {PAGE}, started in "
+        f"{stack.started_s:.0f} s), {args.concurrency} in flight"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,11 +117,17 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         s = result.summary()
         load = os.getloadavg()
-        print(f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {what}; seed {args.seed}")
-        print(f"requests {s['requests']} (completed {s['completed']}, aborted {s['aborted']}, prefix hits "
-              f"{s['prefix_hits']}) in {s['wall_s']:.1f} s: {s['requests_per_s']:.1f} requests/s")
-        print(f"checkpoints {s['checkpoints']} (every {args.every}); largest leak {s['max_leak']}; "
-              f"slope {s['slope']:.4f} slots per 1,000 requests (goal: 0)")
+        print(
+            f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {what}; seed {args.seed}"
+        )
+        print(
+            f"requests {s['requests']} (completed {s['completed']}, aborted {s['aborted']}, prefix hits "
+            f"{s['prefix_hits']}) in {s['wall_s']:.1f} s: {s['requests_per_s']:.1f} requests/s"
+        )
+        print(
+            f"checkpoints {s['checkpoints']} (every {args.every}); largest leak {s['max_leak']}; "
+            f"slope {s['slope']:.4f} slots per 1,000 requests (goal: 0)"
+        )
         try:
             result.assert_clean()
         except AssertionError as e:  # PDError and LeakError are

@@ -80,13 +80,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/topology_scaling.py", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=200, help="requests in the workload (default 200)")
     p.add_argument("--seed", type=int, default=20251129, help="workload seed (default 20251129)")
-    p.add_argument("--rank-start", choices=("both", *MODES), default="fork",
-                   help="fork (from the fork server, default), fresh (own imports) or both")
-    p.add_argument("--sizes", type=_sizes, default=sorted(SIZES), help="rank counts, comma-separated (default 2,8,16,32)")
+    p.add_argument(
+        "--rank-start",
+        choices=("both", *MODES),
+        default="fork",
+        help="fork (from the fork server, default), fresh (own imports) or both",
+    )
+    p.add_argument(
+        "--sizes", type=_sizes, default=sorted(SIZES), help="rank counts, comma-separated (default 2,8,16,32)"
+    )
     args = p.parse_args(argv)
     if args.requests < 1:
-        print(f"bench/topology_scaling.py: --requests must be ≥ 1, got {args.requests}; pass a positive integer",
-              file=sys.stderr)
+        print(
+            f"bench/topology_scaling.py: --requests must be ≥ 1, got {args.requests}; pass a positive integer",
+            file=sys.stderr,
+        )
         sys.exit(2)
     return args
 
@@ -145,7 +153,9 @@ def measure(ranks: int, requests: int, seed: int, mode: str) -> Measured:
     name = SIZES[ranks]
     os.environ[forkserver.OFF_ENV] = "1" if mode == "fork" else "0"
     spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=24 * PAGE, swa_tokens=10 * PAGE, req_slots=8)
-    reqs = workload(seed, requests, page_size=PAGE, max_prompt=6 * PAGE, max_steps=12, abort_rate=0.05, prefix=f"{name}-")
+    reqs = workload(
+        seed, requests, page_size=PAGE, max_prompt=6 * PAGE, max_steps=12, abort_rate=0.05, prefix=f"{name}-"
+    )
     topo = topology.get(name)
     run_dir = tempfile.mkdtemp(prefix="pd-scaling-")
     try:
@@ -165,11 +175,12 @@ def measure(ranks: int, requests: int, seed: int, mode: str) -> Measured:
                 start_cpu = _cpu_s(pids)
                 standins = _standins({s.socket_path for s in forkserver.running_shared()}) if mode == "fork" else []
                 standin_cpu = _cpu_s(standins)
-                shares = [reqs[i::len(dep.pairs)] for i in range(len(dep.pairs))]
+                shares = [reqs[i :: len(dep.pairs)] for i in range(len(dep.pairs))]
                 t1 = time.perf_counter()
                 with ThreadPoolExecutor(max_workers=len(dep.pairs)) as pool:
-                    results: list[RunResult] = list(pool.map(lambda ps: run(ps[0], ps[1], chunk_pages=8),
-                                                             zip(dep.pairs, shares)))
+                    results: list[RunResult] = list(
+                        pool.map(lambda ps: run(ps[0], ps[1], chunk_pages=8), zip(dep.pairs, shares))
+                    )
                 work_s = time.perf_counter() - t1
                 for res in results:  # every request ended (completed, aborted, ...), or run() raised
                     res.assert_clean()
@@ -179,7 +190,9 @@ def measure(ranks: int, requests: int, seed: int, mode: str) -> Measured:
                 dep.stop()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return Measured(name, ranks, preload_s, start_s, work_s, len(reqs), start_cpu, work_cpu, standin_cpu, rank_mem, standin_mem)
+    return Measured(
+        name, ranks, preload_s, start_s, work_s, len(reqs), start_cpu, work_cpu, standin_cpu, rank_mem, standin_mem
+    )
 
 
 def goals(got: dict[int, Measured]) -> list[str]:
@@ -190,23 +203,29 @@ def goals(got: dict[int, Measured]) -> list[str]:
     if steps:
         worst = max(v for _, v in steps)
         shown = ", ".join(f"{a}→{b}: {v:.0f}" for (a, b), v in steps)
-        lines.append(f"memory goal: PSS growth per added rank ≤ {PSS_GOAL_MB:.0f} MB: {shown} MB/rank "
-                     f"→ {'PASS' if worst <= PSS_GOAL_MB else 'FAIL'}")
+        lines.append(
+            f"memory goal: PSS growth per added rank ≤ {PSS_GOAL_MB:.0f} MB: {shown} MB/rank "
+            f"→ {'PASS' if worst <= PSS_GOAL_MB else 'FAIL'}"
+        )
     else:
         lines.append("memory goal: needs two sizes")
     if all(n in got for n in (2, 8, 16, 32)):
         small = (got[8].total_s - got[2].total_s) / 6
         large = (got[32].total_s - got[16].total_s) / 16
-        lines.append(f"time goal: (T32 − T16) / 16 = {large:.2f} s/rank ≤ (T8 − T2) / 6 = {small:.2f} s/rank "
-                     f"→ {'PASS' if large <= small else 'FAIL'}")
+        lines.append(
+            f"time goal: (T32 − T16) / 16 = {large:.2f} s/rank ≤ (T8 − T2) / 6 = {small:.2f} s/rank "
+            f"→ {'PASS' if large <= small else 'FAIL'}"
+        )
         for what in ("start_s", "work_s"):
             s8, s2, s32, s16 = (getattr(got[n], what) for n in (8, 2, 32, 16))
             lines.append(f"  ({what.removesuffix('_s')} only: {(s32 - s16) / 16:.2f} vs {(s8 - s2) / 6:.2f} s/rank)")
         # The same comparison in CPU seconds of the rank processes: what the wall time is made of on a
         # machine whose cores are shared, without the other work's share of them.
         c8, c2, c32, c16 = (got[n].start_cpu_s + got[n].standin_cpu_s + got[n].work_cpu_s for n in (8, 2, 32, 16))
-        lines.append(f"  (in CPU-s, start-up + workload: {(c32 - c16) / 16:.2f} vs {(c8 - c2) / 6:.2f} cpu-s/rank "
-                     f"→ {'PASS' if (c32 - c16) / 16 <= (c8 - c2) / 6 else 'FAIL'}; not the goal, less bent by other load)")
+        lines.append(
+            f"  (in CPU-s, start-up + workload: {(c32 - c16) / 16:.2f} vs {(c8 - c2) / 6:.2f} cpu-s/rank "
+            f"→ {'PASS' if (c32 - c16) / 16 <= (c8 - c2) / 6 else 'FAIL'}; not the goal, less bent by other load)"
+        )
     else:
         lines.append("time goal: needs sizes 2, 8, 16 and 32")
     return lines
@@ -225,19 +244,27 @@ def main(argv: list[str] | None = None) -> int:
     server_mem = _memory([s.pid for s in servers])
     forkserver.stop_shared()
     after = os.getloadavg()
-    print(f"{os.cpu_count()} CPU cores; load average before {before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, "
-          f"after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}; workload: {args.requests} requests, seed {args.seed}")
-    print(f"{'mode':5} {'topology':18} {'ranks':>5} {'preload s':>9} {'start s':>7} {'work s':>6} {'total s':>7} {'req/s':>5} "
-          f"{'start cpu-s':>11} {'of it stand-ins':>15} {'work cpu-s':>10} {'cpu-s/rank start':>16} {'PSS MB':>7} {'RSS MB':>7} "
-          f"{'PSS/rank':>8} {'RSS/rank':>8} {'stand-in PSS':>12}")
+    print(
+        f"{os.cpu_count()} CPU cores; load average before {before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, "
+        f"after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}; workload: {args.requests} requests, seed {args.seed}"
+    )
+    print(
+        f"{'mode':5} {'topology':18} {'ranks':>5} {'preload s':>9} {'start s':>7} {'work s':>6} {'total s':>7} {'req/s':>5} "
+        f"{'start cpu-s':>11} {'of it stand-ins':>15} {'work cpu-s':>10} {'cpu-s/rank start':>16} {'PSS MB':>7} {'RSS MB':>7} "
+        f"{'PSS/rank':>8} {'RSS/rank':>8} {'stand-in PSS':>12}"
+    )
     for (mode, _), m in got.items():
-        print(f"{mode:5} {m.topology:18} {m.ranks:5d} {m.preload_s:9.1f} {m.start_s:7.1f} {m.work_s:6.1f} {m.total_s:7.1f} "
-              f"{m.requests / m.work_s:5.1f} {m.start_cpu_s + m.standin_cpu_s:11.1f} {m.standin_cpu_s:15.1f} {m.work_cpu_s:10.1f} "
-              f"{m.cpu_per_rank_start:16.2f} {m.pss / MB:7.0f} {(m.rank_mem + m.standin_mem).rss / MB:7.0f} "
-              f"{m.rank_mem.pss / m.ranks / MB:8.0f} {m.rank_mem.rss / m.ranks / MB:8.0f} {m.standin_mem.pss / MB:12.0f}")
+        print(
+            f"{mode:5} {m.topology:18} {m.ranks:5d} {m.preload_s:9.1f} {m.start_s:7.1f} {m.work_s:6.1f} {m.total_s:7.1f} "
+            f"{m.requests / m.work_s:5.1f} {m.start_cpu_s + m.standin_cpu_s:11.1f} {m.standin_cpu_s:15.1f} {m.work_cpu_s:10.1f} "
+            f"{m.cpu_per_rank_start:16.2f} {m.pss / MB:7.0f} {(m.rank_mem + m.standin_mem).rss / MB:7.0f} "
+            f"{m.rank_mem.pss / m.ranks / MB:8.0f} {m.rank_mem.rss / m.ranks / MB:8.0f} {m.standin_mem.pss / MB:12.0f}"
+        )
     if "fork" in modes:
-        print(f"fork servers ({len(servers)}; one per environment, started before the ranks, not in start s or T): "
-              f"preload {preload_cpu:.1f} cpu-s, PSS {server_mem.pss / MB:.0f} MB, RSS {server_mem.rss / MB:.0f} MB at the end")
+        print(
+            f"fork servers ({len(servers)}; one per environment, started before the ranks, not in start s or T): "
+            f"preload {preload_cpu:.1f} cpu-s, PSS {server_mem.pss / MB:.0f} MB, RSS {server_mem.rss / MB:.0f} MB at the end"
+        )
     for mode in modes:
         print(f"{mode}:")
         for line in goals({n: m for (md, n), m in got.items() if md == mode}):

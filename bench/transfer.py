@@ -33,8 +33,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     for name in ("pages", "chunk_pages", "repeat"):
         if getattr(args, name) < 1:
-            print(f"bench/transfer.py: --{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}; "
-                  "pass a positive integer", file=sys.stderr)
+            print(
+                f"bench/transfer.py: --{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}; "
+                "pass a positive integer",
+                file=sys.stderr,
+            )
             sys.exit(2)
     if args.inflight_mb <= 0:
         print(f"bench/transfer.py: --inflight-mb must be > 0, got {args.inflight_mb}; pass e.g. 64", file=sys.stderr)
@@ -186,8 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     from harness.engines.sim.kv_transfer import plan, transfer
 
     pages = args.pages
-    spec = KVSpec(kind="dsv4", page_size=PAGE, window=128, full_tokens=(pages + 4) * PAGE, swa_tokens=8 * PAGE,
-                  req_slots=2, max_context_len=(pages + 4) * PAGE)
+    spec = KVSpec(
+        kind="dsv4",
+        page_size=PAGE,
+        window=128,
+        full_tokens=(pages + 4) * PAGE,
+        swa_tokens=8 * PAGE,
+        req_slots=2,
+        max_context_len=(pages + 4) * PAGE,
+    )
     topo = topology.get("cpu")
     run_dir = tempfile.mkdtemp(prefix="pd-bench-")
     prompt = pages * PAGE - 1
@@ -204,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
             full = [sorted(d["full"].values()) for d in dst]
             swa = [sorted(d["swa"].values()) for d in dst]
             if link is not None:  # into pages nothing wrote yet: the decode side verifies what arrived
-                transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound, link=link)
+                transfer(
+                    pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound, link=link
+                )
                 pair.decode.get([pair.decode.submit(0, "commit", "bench", full[0], swa[0])])
                 message_cost(pair, "bench", 3, link)  # warm-up
             transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound)  # warm-up
@@ -216,8 +228,17 @@ def main(argv: list[str] | None = None) -> int:
                 st = transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes, max_inflight_bytes=bound)
                 ray_s.append(st.seconds)
                 if link is not None:
-                    peer_s.append(transfer(pair.prefill, pair.decode, "bench", chunks, pair.page_bytes,
-                                           max_inflight_bytes=bound, link=link).seconds)
+                    peer_s.append(
+                        transfer(
+                            pair.prefill,
+                            pair.decode,
+                            "bench",
+                            chunks,
+                            pair.page_bytes,
+                            max_inflight_bytes=bound,
+                            link=link,
+                        ).seconds
+                    )
                     peer_msg_s.extend(message_cost(pair, "bench", 5, link))
                 local_s.append(local.once())
                 floor_s.append(floor.once())
@@ -239,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     two = statistics.median(floor_s)
     floor_store = statistics.median(store_s)
     one = statistics.median(local_s)
-    print(f"request: {prompt} tokens, {len(chunks)} chunks of ≤{args.chunk_pages} pages in {st.messages} message(s), "
-          f"{nbytes / 2**20:.1f} MiB per transfer, in-flight bound {args.inflight_mb:g} MiB, {args.repeat} transfers")
+    print(
+        f"request: {prompt} tokens, {len(chunks)} chunks of ≤{args.chunk_pages} pages in {st.messages} message(s), "
+        f"{nbytes / 2**20:.1f} MiB per transfer, in-flight bound {args.inflight_mb:g} MiB, {args.repeat} transfers"
+    )
     print(f"P→D through Ray's store:  {ray_rate:8.3f} GB/s (median)")
     if peer_s:
         print(f"P→D store-free (mooncake):{nbytes / statistics.median(peer_s) / 1e9:8.3f} GB/s (median)")
@@ -253,14 +276,24 @@ def main(argv: list[str] | None = None) -> int:
         print("ratio, store-free:             n/a (no store-free transport: see the log line above)")
     print(f"one message, no pages:    {msg * 1e3:8.3f} ms (median of {len(msg_s)}: two actor calls + one object)")
     if peer_msg_s:
-        print(f"  store-free:             {statistics.median(peer_msg_s) * 1e3:8.3f} ms (median of {len(peer_msg_s)}: one actor call)")
-    print(f"two copies in process:    {nbytes / two / 1e9:8.3f} GB/s → ratio ceiling {one / two:.3f} for any store-and-forward path")
-    print(f"object-store floor:       {nbytes / floor_store / 1e9:8.3f} GB/s (put + get + copy out, no actor hop) "
-          f"→ ratio ceiling {one / floor_store:.3f}")
-    print(f"loopback TCP floor:       {nbytes / statistics.median(tcp_s) / 1e9:8.3f} GB/s (one connection, no actor hop) "
-          f"→ ratio ceiling {one / statistics.median(tcp_s):.3f} for any path over TCP (the store-free one here)")
-    print(f"model (store + messages): ratio ≤ {one / (floor_store + st.messages * msg):.3f} "
-          f"({floor_store * 1e3:.2f} ms store + {st.messages} × {msg * 1e3:.2f} ms vs {statistics.median(ray_s) * 1e3:.2f} ms measured)")
+        print(
+            f"  store-free:             {statistics.median(peer_msg_s) * 1e3:8.3f} ms (median of {len(peer_msg_s)}: one actor call)"
+        )
+    print(
+        f"two copies in process:    {nbytes / two / 1e9:8.3f} GB/s → ratio ceiling {one / two:.3f} for any store-and-forward path"
+    )
+    print(
+        f"object-store floor:       {nbytes / floor_store / 1e9:8.3f} GB/s (put + get + copy out, no actor hop) "
+        f"→ ratio ceiling {one / floor_store:.3f}"
+    )
+    print(
+        f"loopback TCP floor:       {nbytes / statistics.median(tcp_s) / 1e9:8.3f} GB/s (one connection, no actor hop) "
+        f"→ ratio ceiling {one / statistics.median(tcp_s):.3f} for any path over TCP (the store-free one here)"
+    )
+    print(
+        f"model (store + messages): ratio ≤ {one / (floor_store + st.messages * msg):.3f} "
+        f"({floor_store * 1e3:.2f} ms store + {st.messages} × {msg * 1e3:.2f} ms vs {statistics.median(ray_s) * 1e3:.2f} ms measured)"
+    )
     return 0
 
 

@@ -63,8 +63,10 @@ __all__ = sorted(NAMES)
 def __getattr__(name: str) -> Any:
     where = NAMES.get(name)
     if where is None:
-        raise AttributeError(f"harness.api has no {name!r}; a suite needs of the harness only the names of "
-                             f"harness.api.NAMES (add one there for a new need)")
+        raise AttributeError(
+            f"harness.api has no {name!r}; a suite needs of the harness only the names of "
+            f"harness.api.NAMES (add one there for a new need)"
+        )
     module_name, _, attr = where.partition(":")
     if module_name.startswith(("harness.targets.sglang", "harness.engines")):
         from harness.targets.sglang import selection

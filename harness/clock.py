@@ -58,8 +58,9 @@ class Deadline:
         self.clock.sleep(min(seconds, self.left()))
 
 
-def wait_for(condition: Callable[[], T], timeout: float, what: str, *, interval: float = 0.1,
-             clock: Clock = DEFAULT) -> T:
+def wait_for(
+    condition: Callable[[], T], timeout: float, what: str, *, interval: float = 0.1, clock: Clock = DEFAULT
+) -> T:
     """Call ``condition`` until it returns something truthy; return that.
 
     ``condition`` may raise to abort the wait (a liveness check fails fast that way).

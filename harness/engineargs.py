@@ -48,5 +48,5 @@ def parallelism(args: tuple[str, ...]) -> dict[str, int | bool | None]:
         elif said.isdigit() and int(said) >= 1:
             out[key] = int(said)
         else:
-            raise ValueError(f"{flags[-1]} {said!r} is not a whole number ≥ 1; write e.g. [\"{flags[1]}\", \"2\"]")
+            raise ValueError(f'{flags[-1]} {said!r} is not a whole number ≥ 1; write e.g. ["{flags[1]}", "2"]')
     return out

@@ -135,15 +135,28 @@ class Recording:
         """Record how the run ended (``passed`` / ``failed`` / ``error``) and its report."""
         if state not in STATES[1:]:
             raise ValueError(f"unknown run state {state!r}; use one of {', '.join(STATES[1:])}")
-        self.info = RunInfo(**{**asdict(self.info), "state": state, "ended": time.time(),
-                               "report": str(report) if report else self.info.report})
+        self.info = RunInfo(
+            **{
+                **asdict(self.info),
+                "state": state,
+                "ended": time.time(),
+                "report": str(report) if report else self.info.report,
+            }
+        )
         _write(self.info)
         self._ended = True
 
 
 @contextmanager
-def record(run_dir: str | Path, command: Sequence[str], *, target: str = "", source: str = "",
-           base: Path | None = None, refused: tuple[type[BaseException], ...] = ()) -> Iterator[Recording]:
+def record(
+    run_dir: str | Path,
+    command: Sequence[str],
+    *,
+    target: str = "",
+    source: str = "",
+    base: Path | None = None,
+    refused: tuple[type[BaseException], ...] = (),
+) -> Iterator[Recording]:
     """Record a run in ``run_dir`` (created) while the block runs; when it ends, point ``latest`` at it
     and apply the retention (both only for a run directly under ``base``, default the directory's parent
     when that is ``runs/``).
@@ -177,18 +190,34 @@ def record(run_dir: str | Path, command: Sequence[str], *, target: str = "", sou
     rec.end("passed")
 
 
-def begin(run_dir: str | Path, command: Sequence[str], *, target: str = "", source: str = "",
-          base: Path | None = None) -> Recording:
+def begin(
+    run_dir: str | Path, command: Sequence[str], *, target: str = "", source: str = "", base: Path | None = None
+) -> Recording:
     """Start recording a run in ``run_dir`` (created): ``run.json`` says it is running. The caller
     ends it with :meth:`Recording.end` (see :func:`record` for the arguments)."""
     root = Path(run_dir).resolve()
     made_base = not root.parent.exists()
     root.mkdir(parents=True, exist_ok=True)
-    if made_base or root.parent == Path(DEFAULT_BASE).resolve() or (base is not None and Path(base).resolve() == root.parent):
+    if (
+        made_base
+        or root.parent == Path(DEFAULT_BASE).resolve()
+        or (base is not None and Path(base).resolve() == root.parent)
+    ):
         mark_base(root.parent)
     words = [Path(command[0]).name, *command[1:]] if command else []
-    rec = Recording(RunInfo(path=root, started=time.time(), command=shlex.join(words), target=target, state="running",
-                            pid=os.getpid(), host=socket.gethostname(), source=str(source)), base)
+    rec = Recording(
+        RunInfo(
+            path=root,
+            started=time.time(),
+            command=shlex.join(words),
+            target=target,
+            state="running",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            source=str(source),
+        ),
+        base,
+    )
     _write(rec.info)
     return rec
 
@@ -259,8 +288,11 @@ def scan(base: Path = DEFAULT_BASE) -> list[RunInfo]:
     base = Path(base)
     if not base.is_dir():
         return []
-    runs = [read(p) for p in base.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
-            and p.name != LATEST]
+    runs = [
+        read(p)
+        for p in base.iterdir()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and p.name != LATEST
+    ]
     return sorted(runs, key=lambda r: (r.started, r.name), reverse=True)
 
 

@@ -17,8 +17,15 @@ def fail(error: type[Exception], where: str, key: str, problem: str, fix: str) -
     return error(f"{where}: {key}: {problem}; {fix}")
 
 
-def take(error: type[Exception], table: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any,
-         where: str, ctx: str) -> Any:
+def take(
+    error: type[Exception],
+    table: dict[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    default: Any,
+    where: str,
+    ctx: str,
+) -> Any:
     """Return ``table[key]`` checked against ``kind``, or ``default`` when the key is absent.
 
     Raises:
@@ -58,7 +65,9 @@ def read(error: type[Exception], path: Path, kind: str, listing: str) -> dict[st
     except FileNotFoundError:
         raise error(f"{path}: file not found; pass an existing {kind} file or a name from `{listing}`") from None
     except IsADirectoryError:
-        raise error(f"{path}: is a directory, not a {kind} file; pass a .toml file or a name from `{listing}`") from None
+        raise error(
+            f"{path}: is a directory, not a {kind} file; pass a .toml file or a name from `{listing}`"
+        ) from None
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror}); check its permissions") from None
     try:
@@ -75,7 +84,9 @@ def check_unknown(error: type[Exception], table: dict[str, Any], allowed: set[st
     """Raise ``error`` naming the first key of ``table`` not in ``allowed``, with the allowed keys as the fix."""
     unknown = sorted(set(table) - allowed)
     if unknown:
-        raise fail(error, where, f"{ctx}{unknown[0]}", "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
+        raise fail(
+            error, where, f"{ctx}{unknown[0]}", "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}"
+        )
 
 
 def names(directory: Path) -> list[str]:

@@ -194,8 +194,9 @@ def _parse_role(name: str, table: Any, where: str) -> RoleSpec:
     cpus = _take(table, "cpus_per_rank", (int, float), DEFAULT_CPUS_PER_RANK, where, ctx)
     if cpus <= 0:
         raise _fail(where, f"{ctx}cpus_per_rank", f"must be > 0, got {cpus}", "use a small fraction such as 0.1")
-    tomlcheck.number(TopologyError, cpus, where, f"{ctx}cpus_per_rank", 0.0, MAX_CPUS_PER_NODE,
-                     "use a small fraction such as 0.1")
+    tomlcheck.number(
+        TopologyError, cpus, where, f"{ctx}cpus_per_rank", 0.0, MAX_CPUS_PER_NODE, "use a small fraction such as 0.1"
+    )
     node = _take(table, "node", int, None, where, ctx)
     if node is not None:
         _positive(node, where, f"{ctx}node", minimum=0)
@@ -207,8 +208,13 @@ def _parse_role(name: str, table: Any, where: str) -> RoleSpec:
         count=_positive(_take(table, "count", int, 1, where, ctx), where, f"{ctx}count"),
         tp=tp,
         dp=dp,
-        gpus_per_rank=_positive(_take(table, "gpus_per_rank", int, default_gpus, where, ctx), where, f"{ctx}gpus_per_rank", 0,
-                                MAX_GPUS_PER_NODE),
+        gpus_per_rank=_positive(
+            _take(table, "gpus_per_rank", int, default_gpus, where, ctx),
+            where,
+            f"{ctx}gpus_per_rank",
+            0,
+            MAX_GPUS_PER_NODE,
+        ),
         cpus_per_rank=float(cpus),
         node=node,
         engine_args=tuple(engine_args),
@@ -234,8 +240,12 @@ def _parallelism(table: dict[str, Any], engine_args: tuple[str, ...], where: str
         if given is not None and derived is not None and given != derived:
             flags = engineargs.PARALLEL_FLAGS[key]
             flag_text = flags[0] if key == "dp_attention" else f"{flags[1]} {derived}"
-            raise _fail(where, f"{ctx}{key}", f"is {str(given).lower()} but engine_args say {flag_text}",
-                        f"drop {ctx}{key} (it is read from engine_args) or make the two agree")
+            raise _fail(
+                where,
+                f"{ctx}{key}",
+                f"is {str(given).lower()} but engine_args say {flag_text}",
+                f"drop {ctx}{key} (it is read from engine_args) or make the two agree",
+            )
         out[key] = given if given is not None else derived
     tp = _positive(out["tp"] if out["tp"] is not None else 1, where, f"{ctx}tp")
     dp = _positive(out["dp"] if out["dp"] is not None else 1, where, f"{ctx}dp")
@@ -264,28 +274,49 @@ def parse(data: dict[str, Any], where: str) -> Topology:
         raise _fail(where, "runner", "missing", 'add runner = "<CI runner label>", e.g. "ubuntu-latest"')
     backend = _take(data, "transfer_backend", str, "mooncake", where, "")
     if backend not in _TRANSFER_BACKENDS:
-        raise _fail(where, "transfer_backend", f"unknown backend {backend!r}", f"use one of {', '.join(_TRANSFER_BACKENDS)}")
+        raise _fail(
+            where, "transfer_backend", f"unknown backend {backend!r}", f"use one of {', '.join(_TRANSFER_BACKENDS)}"
+        )
 
     cluster = data.get("cluster")
     if not isinstance(cluster, dict):
         raise _fail(where, "cluster", "missing table", "add a [cluster] table with nodes and gpus_per_node")
     _check_unknown(cluster, _CLUSTER_KEYS, where, "cluster.")
     nodes = _positive(_take(cluster, "nodes", int, 1, where, "cluster."), where, "cluster.nodes")
-    gpus_per_node = _positive(_take(cluster, "gpus_per_node", int, 0, where, "cluster."), where, "cluster.gpus_per_node", 0,
-                              MAX_GPUS_PER_NODE)
+    gpus_per_node = _positive(
+        _take(cluster, "gpus_per_node", int, 0, where, "cluster."), where, "cluster.gpus_per_node", 0, MAX_GPUS_PER_NODE
+    )
     gpu_model = _take(cluster, "gpu_model", str, None, where, "cluster.")
     gpu_mem = _take(cluster, "gpu_memory_gb", (int, float), None, where, "cluster.")
     if gpu_mem is not None:
-        tomlcheck.number(TopologyError, gpu_mem, where, "cluster.gpu_memory_gb", 1, MAX_GPU_MEMORY_GB,
-                         "set the memory of one GPU in GB, e.g. 80")
+        tomlcheck.number(
+            TopologyError,
+            gpu_mem,
+            where,
+            "cluster.gpu_memory_gb",
+            1,
+            MAX_GPU_MEMORY_GB,
+            "set the memory of one GPU in GB, e.g. 80",
+        )
     cpus_per_node = _take(cluster, "cpus_per_node", (int, float), None, where, "cluster.")
     if cpus_per_node is not None:
-        tomlcheck.number(TopologyError, cpus_per_node, where, "cluster.cpus_per_node", 0.001, MAX_CPUS_PER_NODE,
-                         "set the CPUs of one node, e.g. 16")
+        tomlcheck.number(
+            TopologyError,
+            cpus_per_node,
+            where,
+            "cluster.cpus_per_node",
+            0.001,
+            MAX_CPUS_PER_NODE,
+            "set the CPUs of one node, e.g. 16",
+        )
     if gpus_per_node and not gpu_model:
-        raise _fail(where, "cluster.gpu_model", "missing for a GPU cluster", 'add gpu_model = "H100" (or the model you need)')
+        raise _fail(
+            where, "cluster.gpu_model", "missing for a GPU cluster", 'add gpu_model = "H100" (or the model you need)'
+        )
     if gpus_per_node and gpu_mem is None:
-        raise _fail(where, "cluster.gpu_memory_gb", "missing for a GPU cluster", "add gpu_memory_gb = 80 (the memory per GPU)")
+        raise _fail(
+            where, "cluster.gpu_memory_gb", "missing for a GPU cluster", "add gpu_memory_gb = 80 (the memory per GPU)"
+        )
 
     roles_table = data.get("roles")
     if not isinstance(roles_table, dict) or not roles_table:
@@ -299,27 +330,49 @@ def parse(data: dict[str, Any], where: str) -> Topology:
     for r in roles:
         key = f"roles.{r.name}"
         if r.gpus_per_rank and not gpus_per_node:
-            raise _fail(where, f"{key}.gpus_per_rank", f"asks for {r.gpus_per_rank} GPU(s) on a cluster without GPUs",
-                        "set gpus_per_rank = 0 or give [cluster] gpus_per_node")
+            raise _fail(
+                where,
+                f"{key}.gpus_per_rank",
+                f"asks for {r.gpus_per_rank} GPU(s) on a cluster without GPUs",
+                "set gpus_per_rank = 0 or give [cluster] gpus_per_node",
+            )
         if gpus_per_node and r.kind != "router" and not r.gpus_per_rank:
-            raise _fail(where, f"{key}.gpus_per_rank", "is 0 on a GPU cluster", f"set {key}.gpus_per_rank = 1 (or more)")
+            raise _fail(
+                where, f"{key}.gpus_per_rank", "is 0 on a GPU cluster", f"set {key}.gpus_per_rank = 1 (or more)"
+            )
         if r.gpus_per_group and gpus_per_node % r.gpus_per_group:
-            raise _fail(where, f"{key}.tp", f"tp × gpus_per_rank = {r.gpus_per_group} does not divide gpus_per_node = {gpus_per_node}",
-                        f"choose tp so that {gpus_per_node} is a multiple of tp × gpus_per_rank")
+            raise _fail(
+                where,
+                f"{key}.tp",
+                f"tp × gpus_per_rank = {r.gpus_per_group} does not divide gpus_per_node = {gpus_per_node}",
+                f"choose tp so that {gpus_per_node} is a multiple of tp × gpus_per_rank",
+            )
         if r.node is not None and r.node >= nodes:
-            raise _fail(where, f"{key}.node", f"node {r.node} does not exist (cluster has {nodes})",
-                        f"use a node index from 0 to {nodes - 1}")
+            raise _fail(
+                where,
+                f"{key}.node",
+                f"node {r.node} does not exist (cluster has {nodes})",
+                f"use a node index from 0 to {nodes - 1}",
+            )
 
     used = sum(r.total_gpus for r in roles)
     if used > nodes * gpus_per_node:
         detail = ", ".join(f"{r.name} {r.total_gpus}" for r in roles if r.total_gpus)
-        raise _fail(where, "roles", f"GPUs do not add up: roles need {used} ({detail}) but the cluster has {nodes * gpus_per_node}",
-                    "lower count/tp/dp/gpus_per_rank or raise cluster.gpus_per_node / cluster.nodes")
+        raise _fail(
+            where,
+            "roles",
+            f"GPUs do not add up: roles need {used} ({detail}) but the cluster has {nodes * gpus_per_node}",
+            "lower count/tp/dp/gpus_per_rank or raise cluster.gpus_per_node / cluster.nodes",
+        )
     for n in range(nodes):
         pinned = sum(r.total_gpus for r in roles if r.node == n)
         if pinned > gpus_per_node:
-            raise _fail(where, "roles", f"roles pinned to node {n} need {pinned} GPUs but a node has {gpus_per_node}",
-                        "spread the roles over more nodes or lower their tp/count")
+            raise _fail(
+                where,
+                "roles",
+                f"roles pinned to node {n} need {pinned} GPUs but a node has {gpus_per_node}",
+                "spread the roles over more nodes or lower their tp/count",
+            )
 
     return Topology(
         name=name,
@@ -353,7 +406,9 @@ def load(path: str | Path) -> Topology:
     data = tomlcheck.read(TopologyError, p, "topology", "harness topology list")
     topo = parse(data, where)
     if topo.name != p.stem:
-        raise _fail(where, "name", f"{topo.name!r} differs from the file name", f'set name = "{p.stem}" or rename the file')
+        raise _fail(
+            where, "name", f"{topo.name!r} differs from the file name", f'set name = "{p.stem}" or rename the file'
+        )
     return Topology(**{**topo.__dict__, "path": p})
 
 

@@ -24,8 +24,18 @@ from contextlib import contextmanager
 
 #: The line a developer runs when the browser is missing (tests print it when they skip).
 INSTALL_LINE = "apt-get update && apt-get install -y chromium"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--hide-scrollbars", "--remote-debugging-port=0", "--remote-allow-origins=*")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--remote-debugging-port=0",
+    "--remote-allow-origins=*",
+)
 
 
 def find() -> str | None:
@@ -45,7 +55,9 @@ class Page:
     def _event(self, msg: dict) -> None:
         method, params = msg.get("method"), msg.get("params", {})
         if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            self.errors.append("console: " + " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
+            self.errors.append(
+                "console: " + " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+            )
         elif method == "Runtime.exceptionThrown":
             d = params.get("exceptionDetails", {})
             self.errors.append(f"exception: {d.get('text')} {d.get('exception', {}).get('description', '')}")
@@ -111,7 +123,13 @@ class Page:
     def screenshot(self, path: Path, width: int = 1300) -> Path:
         """A PNG of the whole page (not only the viewport) at ``width`` CSS pixels."""
         height = int(self.evaluate("document.documentElement.scrollHeight") or 800)
-        self.call("Emulation.setDeviceMetricsOverride", width=width, height=min(height, 16000), deviceScaleFactor=1, mobile=False)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=min(height, 16000),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
@@ -134,8 +152,13 @@ def chromium(timeout: float = 60.0) -> Iterator[Page]:
     profile = Path(tempfile.mkdtemp(prefix="chromium-"))
     log = open(profile.parent / f"{profile.name}.log", "wb")
     # Own session: the browser's zygote and renderers are killed with it, nothing else.
-    proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", "about:blank"], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     ws = None
     try:
         port_file = profile / "DevToolsActivePort"

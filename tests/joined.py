@@ -43,12 +43,15 @@ def clean_env(home: Path, procs_dir: Path, **extra: str) -> dict[str, str]:
 def run(argv: list[str], env: dict[str, str], timeout: float = COMMAND_TIMEOUT_S) -> Done:
     """Run one of the installed commands (``rerun-test``, ``harness``) from the repository root and wait for it."""
     exe = str(Path(sys.executable).with_name(argv[0]))
-    done = subprocess.run([exe, *argv[1:]], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [exe, *argv[1:]], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
     return Done(done.returncode, done.stdout + done.stderr)
 
 
-def rerun_test(cluster: CliCluster, env: dict[str, str], run_dir: Path, *specs: str, address: str | None = None) -> Done:
+def rerun_test(
+    cluster: CliCluster, env: dict[str, str], run_dir: Path, *specs: str, address: str | None = None
+) -> Done:
     return run(["rerun-test", "--ray-address", address or cluster.address, "--run-dir", str(run_dir), *specs], env)
 
 

@@ -20,8 +20,12 @@ DECODE = "sglang/srt/disaggregation/decode.py"
 
 
 def git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t", *args],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout
 
 

@@ -56,8 +56,14 @@ STOP_GRACE_S = 10.0
 _DEFAULTS = {"num_cpus": 2, "num_gpus": 1, "object_store_mb": 128}
 # Every port a node listens on, besides the worker range: leased (harness.workers.ports), so no two clusters on
 # the machine (nor the head and a worker here) collide on Ray's fixed defaults (10001, 52365, ...).
-_NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-               "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+_NODE_PORTS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
 _HEAD_PORTS = ("--port", "--dashboard-port")
 
 
@@ -132,8 +138,9 @@ class CliCluster:
         env.update(extra or {})
         return env
 
-    def add_node(self, *, env: dict[str, str] | None = None, wait: bool = True, index: int | None = None,
-                 **args: object) -> CliNode:
+    def add_node(
+        self, *, env: dict[str, str] | None = None, wait: bool = True, index: int | None = None, **args: object
+    ) -> CliNode:
         """Start one node: the head if none exists yet, else a worker joining the head.
 
         Args:
@@ -159,14 +166,29 @@ class CliCluster:
         names = (_HEAD_PORTS if head else ()) + _NODE_PORTS
         ports = dict(zip(names, free_ports(len(names))))
         labels = {NODE_LABEL: str(index), **dict(opts.get("labels") or {})}
-        argv = [RAY, "start", "--block", "--disable-usage-stats", f"--temp-dir={tdir}", f"--num-cpus={opts['num_cpus']}", f"--num-gpus={opts['num_gpus']}",
-                f"--object-store-memory={int(opts['object_store_mb']) << 20}", f"--labels={json.dumps(labels)}",
-                *(f"{k}={v}" for k, v in ports.items())]
+        argv = [
+            RAY,
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            f"--temp-dir={tdir}",
+            f"--num-cpus={opts['num_cpus']}",
+            f"--num-gpus={opts['num_gpus']}",
+            f"--object-store-memory={int(opts['object_store_mb']) << 20}",
+            f"--labels={json.dumps(labels)}",
+            *(f"{k}={v}" for k, v in ports.items()),
+        ]
         argv += ["--head", "--include-dashboard=false"] if head else [f"--address={self.address}"]
         log_path = self.root / f"node{index}.log"
         with open(log_path, "ab") as out:  # a node that replaces a lost one appends to its log
-            proc = subprocess.Popen(argv, env=self._node_env(env), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=self._node_env(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         node = CliNode(index, proc, tdir, log_path, argv, self._node_env(env))
         self.nodes.append(node)
         if head:
@@ -246,8 +268,13 @@ def _node_ip() -> str:
 
 
 @contextmanager
-def two_nodes(prefix: str, *, env: dict[str, str] | None = None, token: str | None = None,
-              worker_env: dict[str, str] | None = None) -> Iterator[CliCluster]:
+def two_nodes(
+    prefix: str,
+    *,
+    env: dict[str, str] | None = None,
+    token: str | None = None,
+    worker_env: dict[str, str] | None = None,
+) -> Iterator[CliCluster]:
     """A head (topology node 0) and one worker node (node 1), one logical GPU each, under a fresh
     short temp dir (Ray's sockets live under it) with a home directory of their own; both stopped
     and the dir removed afterwards.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-_RECORD = '''
+_RECORD = """
 import os
 
 
@@ -21,10 +21,10 @@ def _record(name):
     if path:
         with open(path, "a") as f:
             f.write(name + "\\n")
-'''
+"""
 
 FILES = {
-    "suites/test_hisparse_allocator.py": '''
+    "suites/test_hisparse_allocator.py": """
         import pytest
         pytestmark = [pytest.mark.topology("cpu"), pytest.mark.est_time(30)]
         {record}
@@ -39,8 +39,8 @@ FILES = {
             def test_release_returns_pages(self, pages):
                 _record(f"release[{{pages}}]")
                 assert pages > 0
-        ''',
-    "suites/pd/test_disaggregation_basic.py": '''
+        """,
+    "suites/pd/test_disaggregation_basic.py": """
         import pytest
         {record}
 
@@ -54,8 +54,8 @@ FILES = {
             @pytest.mark.est_time(20)
             def test_transfer(self):
                 _record("basic.transfer")
-        ''',
-    "suites/pd/test_disaggregation_dsv4.py": '''
+        """,
+    "suites/pd/test_disaggregation_dsv4.py": """
         import pytest
         pytestmark = pytest.mark.topology("8-gpu-h200")
         {record}
@@ -64,15 +64,15 @@ FILES = {
         @pytest.mark.est_time(300)
         def test_dsv4_swa_tail():
             _record("dsv4.swa_tail")
-        ''',
-    "suites/a/test_dup.py": '''
+        """,
+    "suites/a/test_dup.py": """
         def test_in_a():
             pass
-        ''',
-    "suites/b/test_dup.py": '''
+        """,
+    "suites/b/test_dup.py": """
         def test_in_b():
             pass
-        ''',
+        """,
 }
 
 
@@ -86,7 +86,7 @@ def make_repo(root: Path, extra: dict[str, str] | None = None) -> Path:
 
 
 UPSTREAM = {
-    "registered/cpu/test_cpu_utils.py": '''
+    "registered/cpu/test_cpu_utils.py": """
         import unittest
         from sglang.test.ci.ci_register import register_cpu_ci
         register_cpu_ci(est_time=12, suite="stage-a-test-cpu")
@@ -102,8 +102,8 @@ UPSTREAM = {
 
         if __name__ == "__main__":
             unittest.main()
-        ''',
-    "registered/pd/test_pd_large.py": '''
+        """,
+    "registered/pd/test_pd_large.py": """
         import unittest
         from sglang.test.ci.ci_register import register_cuda_ci
         register_cuda_ci(est_time=400, stage="stage-b", runner_config="2-gpu-large")
@@ -112,8 +112,8 @@ UPSTREAM = {
         class TestPD(unittest.TestCase):
             def test_gsm8k(self):
                 pass
-        ''',
-    "registered/pd/test_deepep.py": '''
+        """,
+    "registered/pd/test_deepep.py": """
         import unittest
         from sglang.test.ci.ci_register import register_cuda_ci
         register_cuda_ci(est_time=900, stage="stage-c", runner_config="deepep-8-gpu-h200")
@@ -126,14 +126,14 @@ UPSTREAM = {
 
             def test_gsm8k(self):
                 pass
-        ''',
-    "registered/amd/test_amd_only.py": '''
+        """,
+    "registered/amd/test_amd_only.py": """
         from sglang.test.ci.ci_register import register_amd_ci
         register_amd_ci(est_time=100, suite="stage-a-test-1-gpu-amd")
 
         def test_amd():
             pass
-        ''',
+        """,
 }
 
 

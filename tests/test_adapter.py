@@ -22,22 +22,25 @@ def _python(code: str, env_extra: dict[str, str], *, pythonpath: Path | None = N
     env.update(env_extra)
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), str(REPO)])
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_importing_the_adapter_applies_no_fault():
     # Faults apply where engine code runs (plugin, rank payload, server sitecustomize), never on import.
-    code = ("import harness.targets.sglang; from harness import faults; from harness.engines.sim import kvfill; "
-            "print(faults.active(), kvfill.pack_pages.__module__)")
+    code = (
+        "import harness.targets.sglang; from harness import faults; from harness.engines.sim import kvfill; "
+        "print(faults.active(), kvfill.pack_pages.__module__)"
+    )
     done = _python(code, {ENV_VAR: "corrupt-kv-page"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[] harness.engines.sim.kvfill"
 
 
 def test_a_rank_payload_applies_the_runs_faults(tmp_path):
-    code = ("from harness.engines.sim.payload import RankPayload; from harness import faults; from harness.engines.sim import kvfill; "
-            f"RankPayload('r0', 0, 1, {str(tmp_path)!r}, 'prefill'); print(faults.active(), kvfill.pack_pages.__module__)")
+    code = (
+        "from harness.engines.sim.payload import RankPayload; from harness import faults; from harness.engines.sim import kvfill; "
+        f"RankPayload('r0', 0, 1, {str(tmp_path)!r}, 'prefill'); print(faults.active(), kvfill.pack_pages.__module__)"
+    )
     done = _python(code, {ENV_VAR: "corrupt-kv-page"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "['corrupt-kv-page'] harness.faults.pd"

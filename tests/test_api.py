@@ -42,28 +42,44 @@ def harness_imports(source: str, where: str = "<source>") -> list[str]:
 
 
 def test_suites_import_only_harness_api():
-    found = [line for path in sorted(SUITES.rglob("*.py"))
-             for line in harness_imports(path.read_text(encoding="utf-8"), str(path.relative_to(REPO_ROOT)))]
+    found = [
+        line
+        for path in sorted(SUITES.rglob("*.py"))
+        for line in harness_imports(path.read_text(encoding="utf-8"), str(path.relative_to(REPO_ROOT)))
+    ]
     assert not found, "suites must import the harness only through harness.api:\n" + "\n".join(found)
 
 
 def test_the_scan_sees_imports_inside_functions_and_in_strings():
-    code = ("from harness import api\nfrom harness.api import run\n"
-            "def test_x():\n    from harness.engines.sim.driver import run\n    import harness.workers\n"
-            "    return InProcess('harness.workers.suiterun:SuiteRunner'), 'see harness.ledger.check'\n")
-    assert harness_imports(code) == ["<source>:4: harness.engines.sim.driver", "<source>:5: harness.workers",
-                                     "<source>:6: harness.workers.suiterun"]
+    code = (
+        "from harness import api\nfrom harness.api import run\n"
+        "def test_x():\n    from harness.engines.sim.driver import run\n    import harness.workers\n"
+        "    return InProcess('harness.workers.suiterun:SuiteRunner'), 'see harness.ledger.check'\n"
+    )
+    assert harness_imports(code) == [
+        "<source>:4: harness.engines.sim.driver",
+        "<source>:5: harness.workers",
+        "<source>:6: harness.workers.suiterun",
+    ]
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
 
 
 def test_importing_the_api_imports_no_engine_and_applies_no_fault():
-    code = ("import sys, harness.api; "
-            "print(sorted(m for m in ('sglang', 'ray', 'torch', 'harness.faults.runtime', 'harness.targets.sglang') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, harness.api; "
+        "print(sorted(m for m in ('sglang', 'ray', 'torch', 'harness.faults.runtime', 'harness.targets.sglang') "
+        "if m in sys.modules))"
+    )
     done = _python(code, HARNESS_FAULTS="corrupt-kv-page")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
@@ -73,8 +89,10 @@ def test_what_a_simulated_suite_imports_at_collection_loads_no_torch():
     # Collecting a PD suite takes its names from the api; torch (2 s to import on this machine) is
     # loaded by the workers that run it, not by every pytest process that only collects it.
     names = "KVSpec, PDRequest, PDError, KVCorruption, WindowLost, expect, ledger, run, topology"
-    done = _python(f"import sys\nfrom harness.api import {names}\n"
-                   "print(sorted(m for m in ('torch', 'numpy', 'ray', 'sglang') if m in sys.modules))")
+    done = _python(
+        f"import sys\nfrom harness.api import {names}\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'ray', 'sglang') if m in sys.modules))"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
 

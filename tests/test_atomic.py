@@ -22,6 +22,10 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path):
 def test_no_result_file_is_written_with_a_plain_write_text():
     # A JSON, Markdown, XML or HTML result written with write_text can be left truncated by a killed run.
     plain = re.compile(r"""\(\s*\w+\s*/\s*["'][\w.-]+\.(json|md|xml|html)["']\s*\)\.write_text\(""")
-    found = [f"{p.relative_to(REPO_ROOT)}:{i}" for p in (REPO_ROOT / "harness").rglob("*.py")
-             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if plain.search(line)]
+    found = [
+        f"{p.relative_to(REPO_ROOT)}:{i}"
+        for p in (REPO_ROOT / "harness").rglob("*.py")
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if plain.search(line)
+    ]
     assert not found, found

@@ -36,8 +36,8 @@ def test_changed_lines_of_a_checkout_count_edits_untracked_files_and_deletions(t
     pr_checkout.git(tmp_path, "init", "-q")
     pr_checkout.git(tmp_path, "add", ".")
     pr_checkout.git(tmp_path, "commit", "-qm", "base")
-    (pkg / "a.py").write_text("x = 1\ny = 20\nz = 3\n")          # line 2 replaced, line 4 deleted
-    (pkg / "new.py").write_text("a = 1\nb = 2\n")                 # untracked: every line changed
+    (pkg / "a.py").write_text("x = 1\ny = 20\nz = 3\n")  # line 2 replaced, line 4 deleted
+    (pkg / "new.py").write_text("a = 1\nb = 2\n")  # untracked: every line changed
     (pkg / "notes.txt").write_text("changed, but no Python\n")
     change = change_lines.from_git(tmp_path, "HEAD")
     assert change.lines == {"sglang/a.py": frozenset({2}), "sglang/new.py": frozenset({1, 2})}
@@ -47,7 +47,10 @@ def test_changed_lines_of_a_checkout_count_edits_untracked_files_and_deletions(t
 
 
 def test_changed_lines_between_two_release_trees(tmp_path):
-    for name, text in (("old", "def f():\n    return 1\n"), ("new", "def f():\n    return 2\n\n\ndef g():\n    pass\n")):
+    for name, text in (
+        ("old", "def f():\n    return 1\n"),
+        ("new", "def f():\n    return 2\n\n\ndef g():\n    pass\n"),
+    ):
         (tmp_path / name / "sglang").mkdir(parents=True)
         (tmp_path / name / "sglang" / "m.py").write_text(text)
     change = change_lines.between_trees(tmp_path / "new", tmp_path / "old", "sglang 0.0.1")
@@ -57,7 +60,7 @@ def test_changed_lines_between_two_release_trees(tmp_path):
         change_lines.between_trees(tmp_path / "new", tmp_path, "nothing")
 
 
-PACKAGE = '''
+PACKAGE = """
 def by_plain():
     return max(
         1,
@@ -83,10 +86,10 @@ def by_untraced_thread():
 
 def never():
     return 6
-'''
+"""
 
 # One process per case above; each imports the package named sglang (the temporary one).
-DRIVER = '''
+DRIVER = """
 import _thread, os, signal, subprocess, sys, threading, time
 import sglang
 from harness.changes import measure
@@ -115,7 +118,7 @@ killed = subprocess.Popen([sys.executable, "-c",
     "import os, time, sglang; sglang.by_killed(); time.sleep(1.5); os.kill(os.getpid(), 9)"])
 killed.wait()
 print(killed.pid)
-'''
+"""
 
 
 def test_every_process_kind_is_measured_and_a_killed_one_is_said_not_measured(tmp_path):
@@ -124,11 +127,15 @@ def test_every_process_kind_is_measured_and_a_killed_one_is_said_not_measured(tm
     (tree / "sglang" / "__init__.py").write_text(PACKAGE)
     m = Measurement(tmp_path / "coverage", tree)
     env = {**os.environ, **m.env("grp"), "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)])}
-    driver = subprocess.run([sys.executable, "-c", DRIVER], env=env, check=True, timeout=120, capture_output=True, text=True)
+    driver = subprocess.run(
+        [sys.executable, "-c", DRIVER], env=env, check=True, timeout=120, capture_output=True, text=True
+    )
     combined = m.combine()
     ran = combined.lines["sglang/__init__.py"]
-    body = {name: PACKAGE.splitlines().index(f"def {name}():") + 2 for name in
-            ("by_plain", "by_fork", "by_killed", "by_traced_thread", "by_untraced_thread", "never")}
+    body = {
+        name: PACKAGE.splitlines().index(f"def {name}():") + 2
+        for name in ("by_plain", "by_fork", "by_killed", "by_traced_thread", "by_untraced_thread", "never")
+    }
     assert body["by_plain"] in ran and body["by_fork"] in ran and body["by_traced_thread"] in ran
     # Lost with the SIGKILLed process (its lines are unknown), never run by the native thread that
     # did not install the hook, never called at all.
@@ -141,7 +148,9 @@ def test_every_process_kind_is_measured_and_a_killed_one_is_said_not_measured(tm
     # Joined with a change that touches an argument line of by_plain's multi-line call (it counts as the
     # call's statement), by_fork and never: two of three executed, the process named.
     inside_call = body["by_plain"] + 2
-    change = change_lines.Change("base", {"sglang/__init__.py": frozenset({inside_call, body["by_fork"], body["never"]})}, {})
+    change = change_lines.Change(
+        "base", {"sglang/__init__.py": frozenset({inside_call, body["by_fork"], body["never"]})}, {}
+    )
     cov = changed_coverage(change, combined, tree, m.statements)
     assert (cov.executed, cov.changed) == (2, 3)
     assert [(r.function, r.missed) for r in cov.rows] == [("by_plain", []), ("by_fork", []), ("never", [body["never"]])]
@@ -149,12 +158,16 @@ def test_every_process_kind_is_measured_and_a_killed_one_is_said_not_measured(tm
     assert "not unexecuted" in markdown(cov)
 
 
-EDIT_RAN = ("        window_start = (window_start // page_size) * page_size\n        return seq_len - window_start\n",
-            "        aligned = (window_start // page_size) * page_size\n        return seq_len - aligned\n")
-EDIT_NEVER = ("    req.kv.kv_allocated_len = fill_len\n    device = allocator.device\n",
-              "    allocated = fill_len\n    req.kv.kv_allocated_len = allocated\n    device = allocator.device\n")
+EDIT_RAN = (
+    "        window_start = (window_start // page_size) * page_size\n        return seq_len - window_start\n",
+    "        aligned = (window_start // page_size) * page_size\n        return seq_len - aligned\n",
+)
+EDIT_NEVER = (
+    "    req.kv.kv_allocated_len = fill_len\n    device = allocator.device\n",
+    "    allocated = fill_len\n    req.kv.kv_allocated_len = allocated\n    device = allocator.device\n",
+)
 
-SUITE = '''
+SUITE = """
 import types
 
 import pytest
@@ -174,7 +187,7 @@ def test_tail_of_a_window():
                                   scheduler=types.SimpleNamespace(sliding_window_size=100),
                                   token_to_kv_pool_allocator=types.SimpleNamespace(page_size=64))
     assert DecodePreallocQueue._swa_tail_len(queue, 300) == 300 - 192
-'''
+"""
 
 
 @pytest.mark.est_time(40)
@@ -184,9 +197,26 @@ def test_rerun_reports_which_changed_lines_ran_and_which_never(tmp_path):
     suites.mkdir()
     (suites / "test_changed_tail.py").write_text(textwrap.dedent(SUITE))
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "harness.commands.rerun", "--sglang", str(tree), "--changed", "HEAD",
-                           "--suites-dir", str(suites), "test_changed_tail.py", "--run-dir", str(run)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.commands.rerun",
+            "--sglang",
+            str(tree),
+            "--changed",
+            "HEAD",
+            "--suites-dir",
+            str(suites),
+            "test_changed_tail.py",
+            "--run-dir",
+            str(run),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = json.loads((run / "report" / "summary.json").read_text())["coverage"]
     rows = {r["function"]: r for r in summary["functions"]}

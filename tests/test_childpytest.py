@@ -10,10 +10,28 @@ from harness.workers import childpytest
 
 
 def test_command_puts_the_callers_options_around_the_junit_and_run_dir_core():
-    cmd = childpytest.command(["suites/a.py", "suites/b.py::test_x"], junit=Path("out/j.xml"), run_dir=Path("out/r"),
-                              before=["-q"], after=["--simulate"], python="py")
-    assert cmd == ["py", "-m", "pytest", "suites/a.py", "suites/b.py::test_x", "-q", "--junitxml=out/j.xml",
-                   "-o", "junit_family=xunit1", "--run-dir", "out/r", "--simulate"]
+    cmd = childpytest.command(
+        ["suites/a.py", "suites/b.py::test_x"],
+        junit=Path("out/j.xml"),
+        run_dir=Path("out/r"),
+        before=["-q"],
+        after=["--simulate"],
+        python="py",
+    )
+    assert cmd == [
+        "py",
+        "-m",
+        "pytest",
+        "suites/a.py",
+        "suites/b.py::test_x",
+        "-q",
+        "--junitxml=out/j.xml",
+        "-o",
+        "junit_family=xunit1",
+        "--run-dir",
+        "out/r",
+        "--simulate",
+    ]
     assert childpytest.command([], junit=Path("j"), run_dir=Path("r"))[0] == sys.executable
 
 
@@ -27,6 +45,21 @@ def test_environment_drops_then_updates(monkeypatch):
 
 def test_mutation_command_is_unchanged():
     cmd = mutation_run.pytest_command(["suites/unit"], Path("j.xml"), Path("r"))
-    assert cmd == [sys.executable, "-m", "pytest", "suites/unit", "-x", "-q", "-p", "no:cacheprovider",
-                   "-p", "no:xdist", "--junitxml=j.xml", "-o", "junit_family=xunit1", "--run-dir", "r"]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "pytest",
+        "suites/unit",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "--junitxml=j.xml",
+        "-o",
+        "junit_family=xunit1",
+        "--run-dir",
+        "r",
+    ]
     assert "-x" not in mutation_run.pytest_command(["suites/unit"], Path("j.xml"), Path("r"), first_failure=False)

@@ -125,7 +125,9 @@ def test_no_resources_when_the_gpus_are_in_use(cluster):
     try:
         fit = cluster.check(topology.get("2-gpu-h100"), timeout=5)
         assert (fit.ok, fit.state, fit.group) == (False, "NO_RESOURCES", "prefill-0")
-        assert fit.missing == "GPU: needs 1 on one node, at most 0 free now (in use by other placement groups or actors)"
+        assert (
+            fit.missing == "GPU: needs 1 on one node, at most 0 free now (in use by other placement groups or actors)"
+        )
     finally:
         cluster.release(full)
     assert cluster.check(topology.get("2-gpu-h100")).ok
@@ -145,7 +147,11 @@ def _probe(group, index):
 
     @ray.remote(num_cpus=0.01)
     def where():
-        return ray.get_runtime_context().get_node_id(), [int(g) for g in ray.get_gpu_ids()], os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return (
+            ray.get_runtime_context().get_node_id(),
+            [int(g) for g in ray.get_gpu_ids()],
+            os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        )
 
     opts = {"scheduling_strategy": PlacementGroupSchedulingStrategy(group.pg, placement_group_bundle_index=index)}
     gpus = group.bundles[index].get("GPU", 0)
@@ -198,8 +204,10 @@ def test_a_node_start_that_ray_times_out_is_tried_once_more_and_nothing_else_is(
     # several clusters at once has missed it (a CI run's group failed in setup with that message).
     from harness.cluster.local_ray import with_one_retry
 
-    timeout = Exception("The current node timed out during startup. This could happen because some "
-                        "of the raylet failed to startup or the GCS has become overloaded.")
+    timeout = Exception(
+        "The current node timed out during startup. This could happen because some "
+        "of the raylet failed to startup or the GCS has become overloaded."
+    )
     calls: list[int] = []
 
     def start(fail: list[BaseException]):
@@ -208,6 +216,7 @@ def test_a_node_start_that_ray_times_out_is_tried_once_more_and_nothing_else_is(
             if fail:
                 raise fail.pop(0)
             return "started"
+
         return once
 
     assert with_one_retry(start([timeout])) == "started" and len(calls) == 2
@@ -224,7 +233,7 @@ def test_a_node_start_that_ray_times_out_is_tried_once_more_and_nothing_else_is(
 #: Run in a fresh interpreter (this one is connected to the session's cluster): the first node start
 #: meets a GCS that never answers (Ray's own wait loop, its clock moved past its 30 s), the second a
 #: working one; what the first attempt started must be gone before the second, and nothing after shutdown.
-_TIMED_OUT_START = '''
+_TIMED_OUT_START = """
 import os, time
 import ray._private.node as node_mod, ray._private.services as services
 from harness.cluster import Cluster
@@ -263,7 +272,7 @@ cluster = Cluster.start()
 print("started", flush=True)
 cluster.shutdown()
 print("left after shutdown:", procs.descendants(os.getpid()), flush=True)
-'''
+"""
 
 
 def test_a_timed_out_node_start_leaves_no_process_and_the_retry_starts_the_cluster(tmp_path):
@@ -271,8 +280,9 @@ def test_a_timed_out_node_start_leaves_no_process_and_the_retry_starts_the_clust
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    done = subprocess.run([sys.executable, "-c", _TIMED_OUT_START], env=env, capture_output=True, text=True,
-                          timeout=180, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _TIMED_OUT_START], env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "node start timed out" in done.stderr, done.stderr[-3000:]  # the retry's warning: it did time out
     lines = done.stdout.splitlines()

@@ -40,19 +40,36 @@ def _uv() -> str:
 @pytest.mark.est_time(12)
 def test_cuda_set_resolves_against_the_registry(tmp_path):
     locked = pins(LOCK.read_text(encoding="utf-8"))
-    assert locked["sglang"] and locked["mooncake-transfer-engine"], "the CUDA lock must pin sglang and mooncake's CUDA build"
+    assert locked["sglang"] and locked["mooncake-transfer-engine"], (
+        "the CUDA lock must pin sglang and mooncake's CUDA build"
+    )
     out = tmp_path / "resolved.txt"
     proc = subprocess.run(
-        [_uv(), "pip", "compile", str(LOCK), *PLATFORM, "--system-certs", "--no-header", "--no-annotate", "-q",
-         "-o", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            _uv(),
+            "pip",
+            "compile",
+            str(LOCK),
+            *PLATFORM,
+            "--system-certs",
+            "--no-header",
+            "--no-annotate",
+            "-q",
+            "-o",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, f"the CUDA set does not resolve:\n{proc.stderr[-3000:]}"
     resolved = pins(out.read_text(encoding="utf-8"))
     assert resolved == locked, (
         f"resolution differs from the lock: unpinned {sorted(set(resolved) - set(locked))}, "
         f"changed {sorted(k for k in resolved.keys() & locked.keys() if resolved[k] != locked[k])}; "
-        f"recompile it (the command is in requirements/cuda/sglang.in)")
+        f"recompile it (the command is in requirements/cuda/sglang.in)"
+    )
 
 
 def test_cuda_set_tests_the_same_sglang_and_torch_as_the_cpu_set():
@@ -60,20 +77,29 @@ def test_cuda_set_tests_the_same_sglang_and_torch_as_the_cpu_set():
     locked = pins(LOCK.read_text(encoding="utf-8"))
     cpu = pins((ROOT / "requirements" / "sglang-cpu.txt").read_text(encoding="utf-8"))
     torch_cpu = re.search(r'"torch==([^"]+)"', (ROOT / "dev").read_text(encoding="utf-8"))
-    assert torch_cpu, "./dev no longer pins torch for the CPU set as \"torch==VERSION\""
+    assert torch_cpu, './dev no longer pins torch for the CPU set as "torch==VERSION"'
     assert locked["sglang"] == cpu["sglang"]
     assert locked["torch"] == torch_cpu[1]
     assert "mooncake-transfer-engine-non-cuda" not in locked, "the CUDA set must use mooncake's CUDA build"
 
 
-@pytest.mark.parametrize("smi, forced, expected", [
-    ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)", None, "cuda"),
-    ("No devices were found", None, "cpu"),
-    pytest.param(None, None, "cpu", marks=pytest.mark.skipif(
-        bool(shutil.which("nvidia-smi", path="/usr/bin:/bin")), reason="this machine has an nvidia-smi")),
-    ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)", "cpu", "cpu"),
-    (None, "cuda", "cuda"),
-])
+@pytest.mark.parametrize(
+    "smi, forced, expected",
+    [
+        ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)", None, "cuda"),
+        ("No devices were found", None, "cpu"),
+        pytest.param(
+            None,
+            None,
+            "cpu",
+            marks=pytest.mark.skipif(
+                bool(shutil.which("nvidia-smi", path="/usr/bin:/bin")), reason="this machine has an nvidia-smi"
+            ),
+        ),
+        ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)", "cpu", "cpu"),
+        (None, "cuda", "cuda"),
+    ],
+)
 def test_dev_picks_the_cuda_set_where_nvidia_smi_lists_a_gpu(tmp_path, smi, forced, expected):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -89,8 +115,14 @@ def test_dev_picks_the_cuda_set_where_nvidia_smi_lists_a_gpu(tmp_path, smi, forc
 
 
 def test_dev_refuses_an_unknown_install_set():
-    proc = subprocess.run([str(ROOT / "dev"), "install-set"], env={"PATH": "/usr/bin:/bin", "HARNESS_INSTALL_SET": "gpu"},
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [str(ROOT / "dev"), "install-set"],
+        env={"PATH": "/usr/bin:/bin", "HARNESS_INSTALL_SET": "gpu"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "dev: HARNESS_INSTALL_SET=gpu: use cpu or cuda (or leave it unset: cuda where nvidia-smi lists a GPU)"]
+        "dev: HARNESS_INSTALL_SET=gpu: use cpu or cuda (or leave it unset: cuda where nvidia-smi lists a GPU)"
+    ]

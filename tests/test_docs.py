@@ -21,11 +21,22 @@ def test_every_harness_variable_is_in_the_env_var_table():
     named: set[str] = set()
     for top in ("harness", "bench", "tests", "suites", "ci", ".ci"):
         for path in (REPO_ROOT / top).rglob("*"):
-            if path.is_file() and path.suffix in (".py", ".yml", ".toml", ".sh", ".md", "") and "__pycache__" not in path.parts:
+            if (
+                path.is_file()
+                and path.suffix in (".py", ".yml", ".toml", ".sh", ".md", "")
+                and "__pycache__" not in path.parts
+            ):
                 named |= set(pattern.findall(path.read_text(encoding="utf-8", errors="replace")))
     named |= set(pattern.findall((REPO_ROOT / "dev").read_text(encoding="utf-8")))
     table = (REPO_ROOT / "docs" / "env-vars.md").read_text(encoding="utf-8")
     listed = {m for m in re.findall(r"^\| `(HARNESS_[A-Z0-9_<>]+)`", table, re.M)}
-    missing = sorted(n for n in named if n not in listed and not any(
-        lst.endswith("<NAME>`") or (lst.endswith("_<NAME>") and n.startswith(lst[: -len("<NAME>")])) for lst in listed))
+    missing = sorted(
+        n
+        for n in named
+        if n not in listed
+        and not any(
+            lst.endswith("<NAME>`") or (lst.endswith("_<NAME>") and n.startswith(lst[: -len("<NAME>")]))
+            for lst in listed
+        )
+    )
     assert not missing, f"name these in docs/env-vars.md: {missing}"

@@ -43,27 +43,38 @@ def _dev(i: int, name: str = "NVIDIA H100 80GB HBM3", total: int = 81559, free: 
     return gpu.GpuDevice(i, f"GPU-{i:04d}", name, total, free)
 
 
-def _snap(*devices: gpu.GpuDevice, procs: tuple[gpu.GpuProcess, ...] | None = (), driver: str = "550.54.15",
-          cuda: str = "12.4") -> gpu.GpuSnapshot:
+def _snap(
+    *devices: gpu.GpuDevice,
+    procs: tuple[gpu.GpuProcess, ...] | None = (),
+    driver: str = "550.54.15",
+    cuda: str = "12.4",
+) -> gpu.GpuSnapshot:
     return gpu.StaticSource(gpu.GpuSnapshot(devices, procs, driver, cuda, "fake")).snapshot()
 
 
 def test_gpu_checks_pass_on_matching_free_devices():
-    rows = gpu.check_node(H100, NODE, _snap(_dev(0), _dev(1))) + gpu.check_bundle(H100, NODE, ["1"], _snap(_dev(0), _dev(1)), LIMITS)
+    rows = gpu.check_node(H100, NODE, _snap(_dev(0), _dev(1))) + gpu.check_bundle(
+        H100, NODE, ["1"], _snap(_dev(0), _dev(1)), LIMITS
+    )
     assert [r.check for r in rows] == ["gpu.count", "gpu.model", "gpu.memory", "gpu.free_memory", "gpu.processes"]
     assert all(r.status is Status.PASSED for r in rows), rows
     assert all(r.gpu == "1" for r in rows[1:])
 
 
 def test_gpu_model_mismatch_fails_with_fix():
-    row = _one(gpu.check_bundle(H100, NODE, ["0"], _snap(_dev(0, name="NVIDIA H200", total=143771)), LIMITS), "gpu.model")
+    row = _one(
+        gpu.check_bundle(H100, NODE, ["0"], _snap(_dev(0, name="NVIDIA H200", total=143771)), LIMITS), "gpu.model"
+    )
     assert row.status is Status.FAILED
     assert "NVIDIA H200" in row.detail and "H100" in row.detail
     assert "H100" in row.fix
 
 
 def test_gpu_memory_size_mismatch_fails():
-    row = _one(gpu.check_bundle(H100, NODE, ["0"], _snap(_dev(0, name="NVIDIA H100 NVL", total=95830, free=95000)), LIMITS), "gpu.memory")
+    row = _one(
+        gpu.check_bundle(H100, NODE, ["0"], _snap(_dev(0, name="NVIDIA H100 NVL", total=95830, free=95000)), LIMITS),
+        "gpu.memory",
+    )
     assert row.status is Status.FAILED and "93.6 GiB" in row.detail and row.fix
 
 
@@ -73,8 +84,14 @@ def test_gpu_low_free_memory_fails():
 
 
 def test_gpu_foreign_process_is_listed_with_pid_and_command():
-    snap = _snap(_dev(0), _dev(1), procs=(gpu.GpuProcess(4242, "GPU-0000", 30000, "python -m sglang.launch_server"),
-                                          gpu.GpuProcess(77, "GPU-0001", 500, "other")))
+    snap = _snap(
+        _dev(0),
+        _dev(1),
+        procs=(
+            gpu.GpuProcess(4242, "GPU-0000", 30000, "python -m sglang.launch_server"),
+            gpu.GpuProcess(77, "GPU-0001", 500, "other"),
+        ),
+    )
     row = _one(gpu.check_bundle(H100, NODE, ["0"], snap, LIMITS), "gpu.processes")
     assert row.status is Status.FAILED
     assert "pid 4242" in row.detail and "sglang.launch_server" in row.detail and "pid 77" not in row.detail
@@ -117,7 +134,9 @@ def test_gpu_query_error_fails_with_fix():
 def test_gpu_driver_versions_equal_and_differing():
     same = gpu.check_versions_equal({"a": _snap(_dev(0)), "b": _snap(_dev(0))})
     assert _one(same, "gpu.driver").status is Status.PASSED
-    diff = _one(gpu.check_versions_equal({"a": _snap(_dev(0)), "b": _snap(_dev(0), driver="535.1", cuda="12.2")}), "gpu.driver")
+    diff = _one(
+        gpu.check_versions_equal({"a": _snap(_dev(0)), "b": _snap(_dev(0), driver="535.1", cuda="12.2")}), "gpu.driver"
+    )
     assert diff.status is Status.FAILED and "535.1" in diff.detail and "550.54.15" in diff.detail and diff.fix
 
 
@@ -172,8 +191,13 @@ GOOD = {"python": "3.11.7", "torch": "2.14.1", "ray": "2.60.0", "sglang": "0.5.2
 def test_software_identical_and_supported_passes():
     rows = software.check_versions({"a": dict(GOOD), "b": dict(GOOD)})
     assert all(r.status is Status.PASSED for r in rows), rows
-    assert {r.check for r in rows} >= {"software.python", "software.torch", "software.ray", "software.sglang",
-                                      "software.sglang_supported"}
+    assert {r.check for r in rows} >= {
+        "software.python",
+        "software.torch",
+        "software.ray",
+        "software.sglang",
+        "software.sglang_supported",
+    }
 
 
 def test_software_version_mismatch_across_nodes_fails():
@@ -204,8 +228,10 @@ def test_software_missing_required_package_fails():
 
 def test_doctor_imports_no_sglang_and_reads_the_adapters_range():
     # Doctor reports a broken or unsupported sglang, so it must not import it to learn the range.
-    code = ("import sys, harness.doctor, harness.commands.doctor; "
-            "print(sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')))")
+    code = (
+        "import sys, harness.doctor, harness.commands.doctor; "
+        "print(sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"
     from harness.targets.sglang import compat
@@ -240,12 +266,15 @@ def test_host_checks_pass():
     assert all(r.status is Status.PASSED for r in rows)
 
 
-@pytest.mark.parametrize("field,value,check", [
-    ("disk_free_bytes", 2 << 30, "host.disk"),
-    ("nofile_hard", 4096, "host.open_files"),
-    ("shm_bytes", 64 << 20, "host.shm"),
-    ("shm_bytes", None, "host.shm"),
-])
+@pytest.mark.parametrize(
+    "field,value,check",
+    [
+        ("disk_free_bytes", 2 << 30, "host.disk"),
+        ("nofile_hard", 4096, "host.open_files"),
+        ("shm_bytes", 64 << 20, "host.shm"),
+        ("shm_bytes", None, "host.shm"),
+    ],
+)
 def test_host_check_fails_with_fix(field: str, value, check: str):
     kw = {field: value, **({"nofile_soft": 1024} if field == "nofile_hard" else {})}
     row = _one(host.check_host(NODE, _facts(**kw), LIMITS), check)
@@ -300,18 +329,37 @@ def test_port_holder_free_port():
 
 
 def test_fixed_ports_from_engine_args():
-    topo = topology.parse({
-        "name": "t", "runner": "r", "cluster": {"nodes": 1, "gpus_per_node": 0},
-        "roles": {"prefill": {"gpus_per_rank": 0, "engine_args": ["--port", "30000", "--disaggregation-bootstrap-port=8998"]},
-                  "decode": {"gpus_per_rank": 0, "engine_args": ["--mem-fraction-static", "0.8"]}},
-    }, "t.toml")
+    topo = topology.parse(
+        {
+            "name": "t",
+            "runner": "r",
+            "cluster": {"nodes": 1, "gpus_per_node": 0},
+            "roles": {
+                "prefill": {
+                    "gpus_per_rank": 0,
+                    "engine_args": ["--port", "30000", "--disaggregation-bootstrap-port=8998"],
+                },
+                "decode": {"gpus_per_rank": 0, "engine_args": ["--mem-fraction-static", "0.8"]},
+            },
+        },
+        "t.toml",
+    )
     assert network.fixed_ports(topo) == {"prefill": (30000, 8998)}
 
 
 def _pair(**kw) -> network.PairResult:
-    base = dict(src="prefill-0.r0", dst="decode-0.r0", src_node="n0", dst_node="n1",
-                rtt=network.RoundTrip(0.1, 0.2, 5), tcp_bulk_s=0.01, transfer_s=0.02, transfer_protocol="tcp",
-                verified=True, sent_digest="x")
+    base = dict(
+        src="prefill-0.r0",
+        dst="decode-0.r0",
+        src_node="n0",
+        dst_node="n1",
+        rtt=network.RoundTrip(0.1, 0.2, 5),
+        tcp_bulk_s=0.01,
+        transfer_s=0.02,
+        transfer_protocol="tcp",
+        verified=True,
+        sent_digest="x",
+    )
     return network.PairResult(**{**base, **kw})
 
 
@@ -322,31 +370,49 @@ def test_pair_passes_with_mooncake_transfer_and_bandwidth():
 
 
 def test_pair_without_mooncake_fails_with_install_hint_and_labels_the_tcp_fallback():
-    row = _one(network.check_pair(_pair(mooncake_missing="ImportError: no module mooncake", transfer_s=None), "mooncake", 4 << 20),
-               "network.transfer")
+    row = _one(
+        network.check_pair(
+            _pair(mooncake_missing="ImportError: no module mooncake", transfer_s=None), "mooncake", 4 << 20
+        ),
+        "network.transfer",
+    )
     assert row.status is Status.FAILED
     assert "mooncake-transfer-engine" in row.fix and "plain TCP socket bulk transfer" in row.detail
 
 
-@pytest.mark.parametrize("kw", [dict(verified=False), dict(verified=None),
-                                dict(transfer_s=None, transfer_error="transfer_sync_write returned -1")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(verified=False),
+        dict(verified=None),
+        dict(transfer_s=None, transfer_error="transfer_sync_write returned -1"),
+    ],
+)
 def test_pair_transfer_failure_or_corruption_fails(kw):
     row = _one(network.check_pair(_pair(**kw), "mooncake", 4 << 20), "network.transfer")
     assert row.status is Status.FAILED and row.fix
 
 
 def test_pair_rtt_failure_fails():
-    row = _one(network.check_pair(_pair(rtt=None, rtt_error="TCP to 10.0.0.2:4000 failed: refused"), "mooncake", 1 << 20),
-               "network.tcp_rtt")
+    row = _one(
+        network.check_pair(_pair(rtt=None, rtt_error="TCP to 10.0.0.2:4000 failed: refused"), "mooncake", 1 << 20),
+        "network.tcp_rtt",
+    )
     assert row.status is Status.FAILED and "refused" in row.detail and "firewall" in row.fix
 
 
 def test_pair_other_backend_uses_labelled_tcp_bulk():
     row = _one(network.check_pair(_pair(transfer_s=None), "nixl", 4 << 20), "network.transfer")
-    assert row.status is Status.PASSED and "plain TCP socket bulk transfer" in row.detail and "no nixl self-test" in row.detail
+    assert (
+        row.status is Status.PASSED
+        and "plain TCP socket bulk transfer" in row.detail
+        and "no nixl self-test" in row.detail
+    )
 
 
-def test_probe_without_mooncake_fails_the_transfer_and_labels_the_tcp_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_probe_without_mooncake_fails_the_transfer_and_labels_the_tcp_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     # A probe built in-process (no Ray, no log redirection) on a node where mooncake is missing.
     monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # the next import raises ImportError
     monkeypatch.setenv("MC_FORCE_TCP", "1")  # the endpoint sets it before importing; restored after
@@ -354,13 +420,18 @@ def test_probe_without_mooncake_fails_the_transfer_and_labels_the_tcp_fallback(t
     assert probe.mooncake_target(["prefill-0.r0"], 1 << 20)["missing"].startswith("ImportError")
     lis = network.Listener("127.0.0.1")
     try:
-        (pair,) = probe.measure("n0", "0", [Target("decode-0.r0", "n0", "1", lis.host, lis.port)], 1 << 20, 2, mooncake=True)
+        (pair,) = probe.measure(
+            "n0", "0", [Target("decode-0.r0", "n0", "1", lis.host, lis.port)], 1 << 20, 2, mooncake=True
+        )
     finally:
         lis.close()
     assert pair.rtt is not None and pair.tcp_bulk_s is not None and pair.mooncake_missing
     rtt, transfer = network.check_pair(pair, "mooncake", 1 << 20)
     assert rtt.status is Status.PASSED and rtt.gpu == "0→1"
-    assert transfer.status is Status.FAILED and "plain TCP socket bulk transfer (not the transfer backend)" in transfer.detail
+    assert (
+        transfer.status is Status.FAILED
+        and "plain TCP socket bulk transfer (not the transfer backend)" in transfer.detail
+    )
     assert transfer.fix == network.MOONCAKE_INSTALL_HINT
 
 
@@ -390,15 +461,17 @@ def _seat(group: str, rank: int, node: str, gpus: tuple[str, ...], index: int | 
 
 
 def test_placement_seats_pass():
-    rows = placement_check.seat_rows(H100, [_seat("prefill-0", 0, NODE, ("0",)), _seat("decode-0", 0, NODE, ("1",)),
-                                      _seat("router-0", 0, NODE, ())])
+    rows = placement_check.seat_rows(
+        H100, [_seat("prefill-0", 0, NODE, ("0",)), _seat("decode-0", 0, NODE, ("1",)), _seat("router-0", 0, NODE, ())]
+    )
     assert len(rows) == 3 and all(r.status is Status.PASSED for r in rows)
     assert rows[0].gpu == "0" and "prefill-0" in rows[0].detail
 
 
 def test_placement_split_tp_group_and_wrong_gpu_count_fail():
-    rows = placement_check.seat_rows(H200x8, [_seat("prefill-0", 0, "n0", ("0",)),
-                                              _seat("prefill-0", 1, "n1", ("0", "1"))])
+    rows = placement_check.seat_rows(
+        H200x8, [_seat("prefill-0", 0, "n0", ("0",)), _seat("prefill-0", 1, "n1", ("0", "1"))]
+    )
     row = _one(rows, "placement.group")
     assert row.status is Status.FAILED and "split across nodes" in row.detail and "GPU count" in row.detail and row.fix
 
@@ -413,8 +486,9 @@ def test_placement_pinned_role_elsewhere_fails():
 def test_fit_rows():
     ok = placement_check.fit_row(H100, True, "CREATED", "", "", "a local Ray")
     assert ok.status is Status.PASSED
-    bad = placement_check.fit_row(H200x8, False, "INFEASIBLE", "prefill-0",
-                                  "GPU: needs 4 on one node, the largest node has 2", "x")
+    bad = placement_check.fit_row(
+        H200x8, False, "INFEASIBLE", "prefill-0", "GPU: needs 4 on one node, the largest node has 2", "x"
+    )
     assert bad.status is Status.FAILED and "GPU: needs 4" in bad.detail and "8×H200" in bad.fix
     busy = placement_check.fit_row(H100, False, "NO_RESOURCES", "decode-0", "GPU: ...", "x")
     assert "ray status" in busy.fix
@@ -433,15 +507,29 @@ def test_a_failing_row_needs_a_fix_hint():
 
 
 def test_report_exit_code_and_rendering():
-    ok_rows = (CheckResult("a.b", Status.PASSED, "fine"), CheckResult("gpu.model", Status.SIMULATED, "logical", gpu="0"))
+    ok_rows = (
+        CheckResult("a.b", Status.PASSED, "fine"),
+        CheckResult("gpu.model", Status.SIMULATED, "logical", gpu="0"),
+    )
     assert Report("t", True, ok_rows).exit_code == 0
     assert Report("t", True, ()).exit_code == 1  # nothing checked is not a pass
-    bad = Report("t", False, ok_rows + (CheckResult("host.shm", Status.FAILED, "/dev/shm 0.1 GiB", "enlarge it", node="n0"),), 1.5)
+    bad = Report(
+        "t",
+        False,
+        ok_rows + (CheckResult("host.shm", Status.FAILED, "/dev/shm 0.1 GiB", "enlarge it", node="n0"),),
+        1.5,
+    )
     assert bad.exit_code == 1 and bad.counts() == {"passed": 1, "simulated": 1, "failed": 1}
     text = render.table(bad)
     assert "host.shm" in text and "how to fix: enlarge it" in text and text.rstrip().endswith("in 1.5 s")
     assert "NOT OK" in text
     doc = json.loads(render.to_json(bad))
-    assert doc["exit_code"] == 1 and doc["rows"][2] == {"check": "host.shm", "status": "failed", "detail": "/dev/shm 0.1 GiB",
-                                                         "fix": "enlarge it", "node": "n0", "gpu": "-"}
+    assert doc["exit_code"] == 1 and doc["rows"][2] == {
+        "check": "host.shm",
+        "status": "failed",
+        "detail": "/dev/shm 0.1 GiB",
+        "fix": "enlarge it",
+        "node": "n0",
+        "gpu": "-",
+    }
     assert "simulated rows count as passed" in render.verdict(Report("t", True, ok_rows))

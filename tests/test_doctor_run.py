@@ -69,8 +69,18 @@ def test_healthy_simulated_cluster_passes(scenarios):
     bad = [r for r in rep["rows"] if r["status"] not in ("passed", "simulated")]
     assert rep["exit_code"] == 0 and not bad, bad
     checks = {r["check"] for r in rep["rows"]}
-    assert {"placement.fit", "placement.group", "software.sglang_supported", "host.disk", "host.open_files", "host.shm",
-            "gpu.model", "gpu.processes", "network.tcp_rtt", "network.transfer"} <= checks
+    assert {
+        "placement.fit",
+        "placement.group",
+        "software.sglang_supported",
+        "host.disk",
+        "host.open_files",
+        "host.shm",
+        "gpu.model",
+        "gpu.processes",
+        "network.tcp_rtt",
+        "network.transfer",
+    } <= checks
     assert all(r["status"] == "simulated" for r in rep["rows"] if r["check"].startswith("gpu."))
     (transfer,) = _rows(rep, "network.transfer")
     assert "mooncake tcp" in transfer["detail"] and "MB/s" in transfer["detail"] and "verified" in transfer["detail"]
@@ -90,7 +100,9 @@ def test_topology_that_does_not_fit_fails_placement(scenarios):
 def test_port_already_bound_is_reported_with_its_holder(scenarios):
     rep = scenarios["port_bound"]
     (row,) = _rows(rep, "network.port")
-    assert row["status"] == "failed" and f"pid {rep['holder_pid']}" in row["detail"] and str(rep["port"]) in row["detail"]
+    assert (
+        row["status"] == "failed" and f"pid {rep['holder_pid']}" in row["detail"] and str(rep["port"]) in row["detail"]
+    )
     assert row["fix"] and rep["exit_code"] == 1
     assert all(r["status"] in ("passed", "simulated") for r in rep["rows"] if r["check"] != "network.port")
 
@@ -131,12 +143,15 @@ def test_cli_doctor_simulate_json(scenarios):
     assert doc["counts"]["simulated"] > 0 and "failed" not in doc["counts"]
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["doctor", "no-such-topology", "--simulate"], "unknown topology 'no-such-topology'"),
-    (["doctor", "cpu", "--simulate", "--port", "70000"], "--port 70000"),
-    (["doctor", "cpu", "--simulate", "--timeout", "0"], "--timeout 0"),
-    (["doctor", "cpu", "--simulate", "--timeout", "nan"], "--timeout nan: must be a finite number of seconds"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["doctor", "no-such-topology", "--simulate"], "unknown topology 'no-such-topology'"),
+        (["doctor", "cpu", "--simulate", "--port", "70000"], "--port 70000"),
+        (["doctor", "cpu", "--simulate", "--timeout", "0"], "--timeout 0"),
+        (["doctor", "cpu", "--simulate", "--timeout", "nan"], "--timeout nan: must be a finite number of seconds"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -189,8 +204,14 @@ def _scenarios(run_dir: Path) -> dict[str, Any]:
         old = Sources(versions=functools.partial(dict, python="3.11.7", torch="2.14.1", ray="2.60.0", sglang="0.4.10"))
         report("old_sglang", h100, sources=old)
         snap = GpuSnapshot(
-            devices=(GpuDevice(0, "GPU-a", "NVIDIA H200", 143771, 143000), GpuDevice(1, "GPU-b", "NVIDIA H100 80GB HBM3", 81559, 81000)),
-            processes=(GpuProcess(4242, "GPU-b", 300, "python leftover.py"),), driver_version="550.54.15", cuda_version="12.4")
+            devices=(
+                GpuDevice(0, "GPU-a", "NVIDIA H200", 143771, 143000),
+                GpuDevice(1, "GPU-b", "NVIDIA H100 80GB HBM3", 81559, 81000),
+            ),
+            processes=(GpuProcess(4242, "GPU-b", 300, "python leftover.py"),),
+            driver_version="550.54.15",
+            cuda_version="12.4",
+        )
         report("fake_gpus", h100, simulate=False, sources=Sources(devices=StaticSource(snap)))
     return out
 

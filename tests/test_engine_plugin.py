@@ -93,8 +93,9 @@ def test_model_option_errors_are_one_usage_line(pytester, tmp_path):
     assert result.ret == 4  # pytest's usage error
     result.stderr.fnmatch_lines(["ERROR: --model 'dsv4': write NAME=PATH, e.g. --model dsv4=/models/DeepSeek-V4"])
     result = _inline(pytester, "--model", f"dsv4={tmp_path / 'nope'}")
-    result.stderr.fnmatch_lines([f"ERROR: --model dsv4={tmp_path / 'nope'}: * does not exist; give a local model "
-                                 "directory (no hub download)"])
+    result.stderr.fnmatch_lines(
+        [f"ERROR: --model dsv4={tmp_path / 'nope'}: * does not exist; give a local model directory (no hub download)"]
+    )
 
 
 def test_env_models_are_validated_and_shown_in_the_header(pytester, tmp_path, monkeypatch):
@@ -102,7 +103,9 @@ def test_env_models_are_validated_and_shown_in_the_header(pytester, tmp_path, mo
     (tmp_path / "m").mkdir()
     monkeypatch.setenv("HARNESS_MODEL_DSV4", str(tmp_path / "m"))
     result = _inline(pytester)
-    result.stderr.fnmatch_lines(["ERROR: env HARNESS_MODEL_DSV4: * has no config.json; give a Hugging Face model directory"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: env HARNESS_MODEL_DSV4: * has no config.json; give a Hugging Face model directory"]
+    )
     (tmp_path / "m" / "config.json").write_text("{}")
     result = _inline(pytester)
     result.assert_outcomes(passed=3)
@@ -130,8 +133,12 @@ def test_real_servers_on_a_simulated_gpu_topology_skip_saying_what_they_need(pyt
     """)
     result = _inline(pytester, "-rs", "--simulate")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*real sglang servers need real GPUs: run with --topology 8-gpu-h200 on a GPU machine "
-                                 "without --simulate, and --model dsv4=PATH"])
+    result.stdout.fnmatch_lines(
+        [
+            "*real sglang servers need real GPUs: run with --topology 8-gpu-h200 on a GPU machine "
+            "without --simulate, and --model dsv4=PATH"
+        ]
+    )
 
 
 def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
@@ -142,9 +149,13 @@ def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
 
     h200 = topology.get("8-gpu-h200")
     real = SimpleNamespace(gpu_kind="real")
-    joined = SimpleNamespace(cluster=None, settings=SimpleNamespace(ray_address="10.0.0.1:6379"),
-                             get_cluster=lambda: real, joined="node0 (8 GPU)",
-                             skip_reason=lambda t: f"session says no to {t.name}")
+    joined = SimpleNamespace(
+        cluster=None,
+        settings=SimpleNamespace(ray_address="10.0.0.1:6379"),
+        get_cluster=lambda: real,
+        joined="node0 (8 GPU)",
+        skip_reason=lambda t: f"session says no to {t.name}",
+    )
     assert server_skip_reason(joined, h200, ("dsv4",)) == "session says no to 8-gpu-h200"
     assert server_skip_reason(joined, topology.get("cpu"), ()) is None
     # A joined cluster whose GPUs are Ray resources on nodes without the devices: refused, saying so.
@@ -152,8 +163,9 @@ def test_server_skip_reason_defers_to_the_session_on_a_joined_cluster():
     reason = server_skip_reason(joined, h200, ("dsv4",))
     assert reason.startswith("real sglang servers need real GPUs: the Ray cluster at 10.0.0.1:6379 has logical ones")
     assert server_skip_reason(joined, topology.get("cpu"), ()) is None  # the CPU stack needs no GPU
-    simulated = SimpleNamespace(cluster=SimpleNamespace(simulate=True), settings=SimpleNamespace(ray_address=None),
-                                skip_reason=lambda t: None)
+    simulated = SimpleNamespace(
+        cluster=SimpleNamespace(simulate=True), settings=SimpleNamespace(ray_address=None), skip_reason=lambda t: None
+    )
     assert server_skip_reason(simulated, h200, ()).endswith("and --model NAME=PATH for each model")
 
 
@@ -162,8 +174,11 @@ def test_server_stacks_resolve_models_and_flags_per_topology(pytestconfig, tmp_p
     from harness.plugins.stacks import session_stacks
 
     h100 = session_stacks(pytestconfig, None, topology.get("2-gpu-h100"), None, server_args=("--page-size", "64"))
-    with pytest.raises(pytest.fail.Exception, match="topology 2-gpu-h100 runs real models: give model 'tiny-llama' "
-                                                    "with --model tiny-llama=PATH or HARNESS_MODEL_TINY_LLAMA=PATH"):
+    with pytest.raises(
+        pytest.fail.Exception,
+        match="topology 2-gpu-h100 runs real models: give model 'tiny-llama' "
+        "with --model tiny-llama=PATH or HARNESS_MODEL_TINY_LLAMA=PATH",
+    ):
         h100.model("tiny-llama")
     assert h100.role_args("prefill") == ("--page-size", "64")
     assert h100.role_args("decode") == h100.role_args("plain") == ("--page-size", "64", "--mem-fraction-static", "0.4")
@@ -180,7 +195,8 @@ def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_af
     """Stacks are session-wide: one stack pool per (topology, module server_args); the last test
     taking the servers and naming a model is remembered at collection (its servers are stopped
     after it); a test that names the model but takes no servers does not count."""
-    pytester.makepyfile(test_a="""
+    pytester.makepyfile(
+        test_a="""
         import pytest
         pytestmark = pytest.mark.engine("sglang-server", models=("tiny-llama",))
         def test_one(sglang_servers): pass
@@ -188,13 +204,15 @@ def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_af
         def test_two(sglang_servers): pass
         def test_three(sglang_servers): pass
         def test_names_it_without_servers(): pass
-    """, test_b="""
+    """,
+        test_b="""
         import pytest
         pytestmark = pytest.mark.engine("sglang-server", models=("tiny-mellum-swa",))
         def test_four(sglang_servers): pass
         def test_plain_sim(sglang_servers): pass
         def test_after_the_last_server_test(): pass
-    """, conftest="""
+    """,
+        conftest="""
         import pytest
         from harness.plugins import servers
 
@@ -206,10 +224,15 @@ def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_af
             cpu, h100 = topology.get("cpu"), topology.get("2-gpu-h100")
             a, b = s.on(cpu, ("--page-size", "64")), s.on(cpu, ("--page-size", "64"))
             print("SAME", a is b, a is not s.on(cpu, ()), a is not s.on(h100, ("--page-size", "64")))
-    """)
+    """,
+    )
     result = pytester.runpytest("--collect-only", "-q", "-s")
-    result.stdout.fnmatch_lines(["LAST [(['tiny-llama'], 'test_a.py::test_three'), (['tiny-mellum-swa'], 'test_b.py::test_plain_sim')]",
-                                 "SAME True True True"])
+    result.stdout.fnmatch_lines(
+        [
+            "LAST [(['tiny-llama'], 'test_a.py::test_three'), (['tiny-mellum-swa'], 'test_b.py::test_plain_sim')]",
+            "SAME True True True",
+        ]
+    )
 
 
 SPENDERS = {
@@ -261,5 +284,13 @@ def test_a_test_that_spends_its_models_stack_runs_after_the_models_other_tests(p
     pytester.makepyfile(**SPENDERS)
     result = _inline(pytester, "--collect-only", "-q")
     ids = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
-    assert ids == ["test_a1", "test_a2", "test_alone_kill", "test_no_servers", "test_b1", "test_a_kill",
-                   "test_b_kill", "test_b_plain"], ids
+    assert ids == [
+        "test_a1",
+        "test_a2",
+        "test_alone_kill",
+        "test_no_servers",
+        "test_b1",
+        "test_a_kill",
+        "test_b_kill",
+        "test_b_plain",
+    ], ids

@@ -29,12 +29,15 @@ pytestmark = pytest.mark.est_time(20)
 
 #: Modules that are scripts or run inside other processes (importing them here would run them).
 _NOT_IMPORTED = re.compile(r"\.__main__$|\.pythonpath\.")
-_EXAMPLE = re.compile(r"^(?P<indent> *)Example\b[^\n]*(?:\n(?P=indent)[^\n]*)*?::\n\n(?P<body>(?:(?P=indent) {4}[^\n]*\n|\n)+)",
-                      re.M)
+_EXAMPLE = re.compile(
+    r"^(?P<indent> *)Example\b[^\n]*(?:\n(?P=indent)[^\n]*)*?::\n\n(?P<body>(?:(?P=indent) {4}[^\n]*\n|\n)+)", re.M
+)
 
 
 def _modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.walk_packages(harness.__path__, "harness.") if not _NOT_IMPORTED.search(m.name))
+    return sorted(
+        m.name for m in pkgutil.walk_packages(harness.__path__, "harness.") if not _NOT_IMPORTED.search(m.name)
+    )
 
 
 def examples(source: str) -> list[str]:
@@ -65,8 +68,9 @@ def test_every_doctest_of_the_harness_passes():
 @pytest.mark.parametrize(("where", "code"), _example_cases(), ids=[w for w, _ in _example_cases()])
 def test_each_example_runs(where: str, code: str, tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, f"the example of {where} fails:\n{done.stderr[-3000:]}"
 
 

@@ -73,8 +73,14 @@ def test_scratch_copy_links_the_tree_patches_a_copy_and_leaves_the_original(tmp_
     assert source.applied_in(dest / "sglang") == ["fake"] and source.applied_in(tree / "sglang") == []
     fired = tmp_path / "fired.txt"
     code = "import sglang.mod as m, sglang.sub as s; print(m.tail(300, 100, 64), s.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(dest), source.FIRED_ENV: str(fired)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(dest), source.FIRED_ENV: str(fired)},
+    )
     assert out.returncode == 0, out.stderr
     tail, path = out.stdout.split()
     assert tail == "100" and path.startswith(str(dest))  # unfloored: 300 - 200; the subpackage from the copy too
@@ -107,10 +113,31 @@ def test_inject_fault_runs_a_suite_on_the_patched_copy_and_the_ledger_names_the_
     fired = tmp_path / "fired.txt"
     env = {**os.environ, source.FIRED_ENV: str(fired)}
     env.pop(faults.ENV_VAR, None)
-    out = subprocess.run([sys.executable, "-m", "pytest", "suites/unit/disaggregation/test_decode_prealloc_ledger.py",
-                          "-q", "-p", "no:cacheprovider", "-k", "page64", "--inject-fault", "swa-tail-unaligned",
-                          f"--junitxml={junit}", "-o", "junit_family=xunit1", "--run-dir", str(tmp_path / "run")],
-                         cwd=faultcheck.REPO_ROOT, env=env, capture_output=True, text=True, timeout=850)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "suites/unit/disaggregation/test_decode_prealloc_ledger.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "page64",
+            "--inject-fault",
+            "swa-tail-unaligned",
+            f"--junitxml={junit}",
+            "-o",
+            "junit_family=xunit1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=faultcheck.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     [case] = faultcheck.parse_junit(junit)
     assert case.outcome == "failed" and faultcheck.has_evidence(case, faults.get("swa-tail-unaligned").evidence)
@@ -123,6 +150,7 @@ def test_inject_fault_runs_a_suite_on_the_patched_copy_and_the_ledger_names_the_
         text = (selection.sglang_root().resolve() / "sglang/srt/disaggregation/decode.py").read_text()
         print("window_start = (window_start // page_size) * page_size" in text)
     """)
-    check = subprocess.run([sys.executable, "-c", installed], cwd=faultcheck.REPO_ROOT, capture_output=True, text=True,
-                           timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-c", installed], cwd=faultcheck.REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert check.stdout.strip() == "True", check.stderr

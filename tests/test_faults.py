@@ -47,7 +47,9 @@ def test_parse_names_strips_blanks_and_duplicates():
     assert faults.parse_names(None) == []
     assert faults.parse_names(" ,") == []
     assert faults.parse_names("release-leaks-swa, swa-tail-unaligned,release-leaks-swa") == [
-        "release-leaks-swa", "swa-tail-unaligned"]
+        "release-leaks-swa",
+        "swa-tail-unaligned",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(n for n, f in faults.catalog().items() if not f.is_patch))
@@ -83,10 +85,19 @@ class _PatchedRun:
     def __init__(self, tmp_path, names, code):
         scratch = source.scratch_copy(names, tmp_path / "scratch", selection.sglang_root().resolve())
         self.fired_path = tmp_path / "fired.txt"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scratch), os.environ.get("PYTHONPATH", "")]),
-               faults.ENV_VAR: ",".join(names), source.FIRED_ENV: str(self.fired_path)}
-        self.proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(scratch), os.environ.get("PYTHONPATH", "")]),
+            faults.ENV_VAR: ",".join(names),
+            source.FIRED_ENV: str(self.fired_path),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     def result(self) -> tuple[str, set[str]]:
         """Wait for it: its output and the faults that fired."""
@@ -114,7 +125,10 @@ def test_swa_tail_patches_move_the_window_start(tmp_path):
         print(DecodeSide(DecodeConfig(page_size=64, window=100)).swa_tail_len(300))
     """
     # Both copies at once: each child mostly imports sglang, on one core.
-    runs = [_PatchedRun(tmp_path / "u", ["swa-tail-unaligned"], code), _PatchedRun(tmp_path / "s", ["swa-tail-short"], code)]
+    runs = [
+        _PatchedRun(tmp_path / "u", ["swa-tail-unaligned"], code),
+        _PatchedRun(tmp_path / "s", ["swa-tail-short"], code),
+    ]
     try:
         # window start 200: floored to 192 (installed), left at 200 (unaligned), rounded up to 256 (short)
         assert runs[0].result() == ("100", {"swa-tail-unaligned"})
@@ -162,7 +176,10 @@ def test_an_eviction_that_frees_the_window_is_what_the_probe_reads_and_the_ledge
         print([(e.evicted_seqlen, e.freed_spans) for e in evs if e.kind == "evict" and e.freed_spans])
         print([v.headline() for v in ledger.check(evs) if v.rule != ledger.IN_FLIGHT])  # never released: in flight
     """
-    runs = [_PatchedRun(tmp_path / "clean", [], code), _PatchedRun(tmp_path / "fault", ["swa-evict-frees-window"], code)]
+    runs = [
+        _PatchedRun(tmp_path / "clean", [], code),
+        _PatchedRun(tmp_path / "fault", ["swa-evict-frees-window"], code),
+    ]
     try:
         (clean, _), (broken, fired) = (run.result() for run in runs)
     finally:
@@ -172,5 +189,7 @@ def test_an_eviction_that_frees_the_window_is_what_the_probe_reads_and_the_ledge
     assert clean.splitlines() == ["[(64, ((48, 64),)), (80, ((64, 80),))]", "[]"]
     spans, found = broken.splitlines()
     assert spans == "[(64, ((48, 80),)), (80, ((80, 96),))]" and fired == {"swa-evict-frees-window"}
-    assert found.startswith("['[swa-window-lost] d0 evict of r: seq 105: the eviction freed the SWA slots of 15 "
-                            "position(s) inside the window [65, 105) ([65, 80); recorded floor 64)'"), found
+    assert found.startswith(
+        "['[swa-window-lost] d0 evict of r: seq 105: the eviction freed the SWA slots of 15 "
+        "position(s) inside the window [65, 105) ([65, 80); recorded floor 64)'"
+    ), found

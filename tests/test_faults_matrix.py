@@ -22,8 +22,16 @@ from harness import faultcheck
 pytestmark = pytest.mark.est_time(45)
 
 #: The upstream fixes the catalog must cover (issues 8 and 14), each fault with the issue it mirrors.
-REQUIRED_FAULTS = ("swa-tail-unaligned", "swa-tail-short", "prealloc-no-swa-evict", "release-leaks-swa",
-                   "swa-full-length", "decode-reserve-unaligned", "hisparse-budget-swa", "decode-skips-swa-evict")
+REQUIRED_FAULTS = (
+    "swa-tail-unaligned",
+    "swa-tail-short",
+    "prealloc-no-swa-evict",
+    "release-leaks-swa",
+    "swa-full-length",
+    "decode-reserve-unaligned",
+    "hisparse-budget-swa",
+    "decode-skips-swa-evict",
+)
 UPSTREAM = ("#35286", "#35396", "#35265", "#40309", "#30408", "#24036")
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -40,14 +48,33 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 """
 
 
-def _run(label: str, outcomes: dict[str, str], returncode: int = 1, texts: dict[str, str] | None = None,
-         fired: tuple[str, ...] = ("f",)) -> faultcheck.SuiteRun:
+def _run(
+    label: str,
+    outcomes: dict[str, str],
+    returncode: int = 1,
+    texts: dict[str, str] | None = None,
+    fired: tuple[str, ...] = ("f",),
+) -> faultcheck.SuiteRun:
     texts = texts or {}
-    cases = tuple(faultcheck.TestOutcome(test_id=t, file=t.split("::")[0], outcome=o,
-                                     text=texts.get(t, "E   [page-leak] d0: pool 'swa' ..." if o == "failed" else ""))
-                  for t, o in outcomes.items())
-    return faultcheck.SuiteRun(label=label, suites=(), returncode=returncode, outcomes=cases, wall_s=1.0,
-                           junit=Path("j.xml"), log=Path("l.log"), fired=frozenset(fired))
+    cases = tuple(
+        faultcheck.TestOutcome(
+            test_id=t,
+            file=t.split("::")[0],
+            outcome=o,
+            text=texts.get(t, "E   [page-leak] d0: pool 'swa' ..." if o == "failed" else ""),
+        )
+        for t, o in outcomes.items()
+    )
+    return faultcheck.SuiteRun(
+        label=label,
+        suites=(),
+        returncode=returncode,
+        outcomes=cases,
+        wall_s=1.0,
+        junit=Path("j.xml"),
+        log=Path("l.log"),
+        fired=frozenset(fired),
+    )
 
 
 EVIDENCE = ("[page-leak]",)
@@ -85,8 +112,10 @@ def test_cells_count_only_tests_that_passed_clean():
 
     cells = faultcheck.build_cells("f", ("s/a.py", "s/b.py::t3"), clean, run, EVIDENCE)
 
-    assert cells == (faultcheck.Cell("f", "s/a.py", faultcheck.CAUGHT, ("s/a.py::t1",)),
-                     faultcheck.Cell("f", "s/b.py", faultcheck.MISSED))
+    assert cells == (
+        faultcheck.Cell("f", "s/a.py", faultcheck.CAUGHT, ("s/a.py::t1",)),
+        faultcheck.Cell("f", "s/b.py", faultcheck.MISSED),
+    )
     assert faultcheck.verdict("f", cells, run).status == faultcheck.CAUGHT
 
 
@@ -100,8 +129,11 @@ def test_a_directory_suite_owns_the_files_under_it():
 def test_a_failure_without_the_evidence_is_broken_not_caught():
     clean = _run("clean", {"s/a.py::t": "passed", "s/a.py::u": "passed"}, 0)
     # sglang's own assert, a TypeError of stale code: a failure, but not the evidence the fault names
-    run = _run("f", {"s/a.py::t": "failed", "s/a.py::u": "passed"},
-               texts={"s/a.py::t": "E   AssertionError: swa_evicted_seqlen % page_size == 0"})
+    run = _run(
+        "f",
+        {"s/a.py::t": "failed", "s/a.py::u": "passed"},
+        texts={"s/a.py::t": "E   AssertionError: swa_evicted_seqlen % page_size == 0"},
+    )
 
     [cell] = faultcheck.build_cells("f", ("s/a.py",), clean, run, EVIDENCE)
 
@@ -140,7 +172,9 @@ def test_all_skipped_is_not_applicable_and_a_missed_fault_fails_the_check():
     v = faultcheck.verdict("f", cells, run)
     assert v.status == faultcheck.MISSED
     assert not faultcheck.Matrix(clean=clean, runs={"f": run}, cells=cells, verdicts=(v,)).ok
-    assert "| f | missed | n/a | missed |" in faultcheck.table(faultcheck.Matrix(clean=clean, cells=cells, verdicts=(v,)))
+    assert "| f | missed | n/a | missed |" in faultcheck.table(
+        faultcheck.Matrix(clean=clean, cells=cells, verdicts=(v,))
+    )
 
 
 def test_a_run_that_did_not_finish_is_broken_not_caught():
@@ -185,7 +219,7 @@ def test_every_accounting_suite_module_exists():
 # ---------------------------------------------------------------------------- subprocess runs
 
 
-CATCHER = '''
+CATCHER = """
 import os
 
 def test_prealloc():
@@ -195,7 +229,7 @@ def test_prealloc():
 
 def test_unrelated():
     pass
-'''
+"""
 
 
 def _project(tmp_path: Path, body: str = CATCHER) -> Path:
@@ -208,13 +242,21 @@ def _project(tmp_path: Path, body: str = CATCHER) -> Path:
 def test_check_catches_a_fault_and_reports_a_miss(tmp_path: Path):
     root = _project(tmp_path)
 
-    result = faultcheck.check(["corrupt-kv-page", "decode-reserve-unaligned"], suites=("suites/test_catcher.py",),
-                          out_dir=tmp_path / "out", jobs=2, timeout_s=300, root=root)
+    result = faultcheck.check(
+        ["corrupt-kv-page", "decode-reserve-unaligned"],
+        suites=("suites/test_catcher.py",),
+        out_dir=tmp_path / "out",
+        jobs=2,
+        timeout_s=300,
+        root=root,
+    )
 
     assert result.clean.passed and len(result.clean.outcomes) == 2
     # decode-reserve-unaligned's patch goes on the import path, but nothing here imports sglang
-    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", faultcheck.CAUGHT),
-                                                              ("decode-reserve-unaligned", faultcheck.BROKEN)]
+    assert [(v.fault, v.status) for v in result.verdicts] == [
+        ("corrupt-kv-page", faultcheck.CAUGHT),
+        ("decode-reserve-unaligned", faultcheck.BROKEN),
+    ]
     assert "never ran" in result.verdicts[1].reason
     caught = result.cells[0]
     assert caught.tests == ("suites/test_catcher.py::test_prealloc",)
@@ -237,8 +279,9 @@ def test_check_stops_when_the_clean_run_fails(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv(faults.ENV_VAR, "corrupt-kv-page")
     root = _project(tmp_path, CATCHER + "\ndef test_broken_anyway():\n    assert False\n")
 
-    result = faultcheck.check(["corrupt-kv-page"], suites=("suites",), out_dir=tmp_path / "out",
-                          timeout_s=120, root=root)
+    result = faultcheck.check(
+        ["corrupt-kv-page"], suites=("suites",), out_dir=tmp_path / "out", timeout_s=120, root=root
+    )
 
     assert not result.clean.passed and result.runs == {} and not result.ok
     assert set(result.clean.failing()) == {"suites/test_catcher.py::test_broken_anyway"}
@@ -251,16 +294,28 @@ def test_clean_run_taken_from_an_earlier_junit_report(tmp_path: Path):
     earlier = faultcheck.run_suites("earlier", ("suites",), tmp_path / "earlier", root=root)
     assert earlier.passed
 
-    result = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
-                          timeout_s=120, root=root, clean_junit=earlier.junit)
+    result = faultcheck.check(
+        ["corrupt-kv-page"],
+        suites=("suites/test_catcher.py",),
+        out_dir=tmp_path / "out",
+        timeout_s=120,
+        root=root,
+        clean_junit=earlier.junit,
+    )
 
     assert result.clean.passed and result.clean.wall_s == 0 and len(result.clean.outcomes) == 2
     assert not (tmp_path / "out" / "junit" / "clean.xml").exists(), "the clean run ran again"
     assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", faultcheck.CAUGHT)]
     # A report that does not cover a targeted suite is no clean run.
     (root / "suites" / "test_other.py").write_text("def test_x():\n    pass\n")
-    uncovered = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_other.py",), out_dir=tmp_path / "o2",
-                             timeout_s=120, root=root, clean_junit=earlier.junit)
+    uncovered = faultcheck.check(
+        ["corrupt-kv-page"],
+        suites=("suites/test_other.py",),
+        out_dir=tmp_path / "o2",
+        timeout_s=120,
+        root=root,
+        clean_junit=earlier.junit,
+    )
     assert not uncovered.clean.passed and uncovered.runs == {}
 
 
@@ -272,15 +327,29 @@ def test_fault_runs_go_ahead_while_the_clean_report_is_still_being_written(tmp_p
     fault_junit = tmp_path / "out" / "junit" / "corrupt-kv-page.xml"
     # The "test run": writes its report once the fault run has written its own (at most a minute: a
     # check that waited for this process before its fault runs would get the report late, and fail below).
-    writer = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
-                               "end = time.monotonic() + 60\n"
-                               f"while not os.path.exists({str(fault_junit)!r}) and time.monotonic() < end:\n"
-                               "    time.sleep(0.1)\n"
-                               "sys.exit(__import__('pytest').main(['suites', '-q', '-p', 'no:cacheprovider', "
-                               f"'--junitxml={junit}', '-o', 'junit_family=xunit1']))"], cwd=root)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "end = time.monotonic() + 60\n"
+            f"while not os.path.exists({str(fault_junit)!r}) and time.monotonic() < end:\n"
+            "    time.sleep(0.1)\n"
+            "sys.exit(__import__('pytest').main(['suites', '-q', '-p', 'no:cacheprovider', "
+            f"'--junitxml={junit}', '-o', 'junit_family=xunit1']))",
+        ],
+        cwd=root,
+    )
     try:
-        result = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out",
-                              timeout_s=120, root=root, clean_junit=junit, clean_writer=writer.pid)
+        result = faultcheck.check(
+            ["corrupt-kv-page"],
+            suites=("suites/test_catcher.py",),
+            out_dir=tmp_path / "out",
+            timeout_s=120,
+            root=root,
+            clean_junit=junit,
+            clean_writer=writer.pid,
+        )
         assert writer.wait(5) == 0
     finally:
         writer.kill()
@@ -290,8 +359,15 @@ def test_fault_runs_go_ahead_while_the_clean_report_is_still_being_written(tmp_p
     # A writer that exits without a report fails the clean run (the faults ran, but are not judged).
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    missing = faultcheck.check(["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "o2",
-                           timeout_s=120, root=root, clean_junit=tmp_path / "never.xml", clean_writer=gone.pid)
+    missing = faultcheck.check(
+        ["corrupt-kv-page"],
+        suites=("suites/test_catcher.py",),
+        out_dir=tmp_path / "o2",
+        timeout_s=120,
+        root=root,
+        clean_junit=tmp_path / "never.xml",
+        clean_writer=gone.pid,
+    )
     assert not missing.clean.passed and missing.runs == {} and not missing.ok
 
 
@@ -309,8 +385,9 @@ def test_a_run_past_its_limit_is_killed_and_broken(tmp_path: Path):
 def _harness(*args: str) -> subprocess.CompletedProcess:
     # Through main() as the console script does (``-m harness.cli`` would make a second UsageError class).
     code = "import sys; from harness.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
-                          cwd=faultcheck.REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=faultcheck.REPO_ROOT
+    )
 
 
 def test_cli_list_names_every_fault_and_its_upstream_issue():
@@ -321,16 +398,22 @@ def test_cli_list_names_every_fault_and_its_upstream_issue():
     assert "sglang#40309" in out.stdout and "sglang#35265" in out.stdout
 
 
-@pytest.mark.parametrize("args, says", [
-    (("--fault", "no-such-fault"), "unknown fault 'no-such-fault'"),
-    (("--suite", "suites/nowhere"), "suite 'suites/nowhere' not found"),
-    (("--jobs", "0"), "--jobs must be >= 1"),
-    (("--clean-junit", "no/such.xml"), "--clean-junit no/such.xml: no such file"),
-    (("--all", "--suite", "suites/unit"), "--all and --suite exclude each other"),
-    (("--wait-for", "123"), "--wait-for PID needs --clean-junit XML"),
-    (("--clean-junit", "x.xml", "--wait-for", "0"), "--wait-for takes the pid of the process writing the report"),
-    (("--clean-junit", "x.xml", "--wait-for", "4194304"), "--wait-for 4194304: no such process, and no report at x.xml"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--fault", "no-such-fault"), "unknown fault 'no-such-fault'"),
+        (("--suite", "suites/nowhere"), "suite 'suites/nowhere' not found"),
+        (("--jobs", "0"), "--jobs must be >= 1"),
+        (("--clean-junit", "no/such.xml"), "--clean-junit no/such.xml: no such file"),
+        (("--all", "--suite", "suites/unit"), "--all and --suite exclude each other"),
+        (("--wait-for", "123"), "--wait-for PID needs --clean-junit XML"),
+        (("--clean-junit", "x.xml", "--wait-for", "0"), "--wait-for takes the pid of the process writing the report"),
+        (
+            ("--clean-junit", "x.xml", "--wait-for", "4194304"),
+            "--wait-for 4194304: no such process, and no report at x.xml",
+        ),
+    ],
+)
 def test_cli_check_bad_input_is_one_line_and_exit_2(args, says):
     out = _harness("faults", "check", *args)
     assert out.returncode == 2
@@ -342,16 +425,22 @@ def test_clean_run_of_two_suite_groups_runs_both_and_merges(tmp_path: Path):
     (root / "other").mkdir()
     (root / "other" / "test_more.py").write_text("def test_more():\n    pass\n")
 
-    clean = faultcheck.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
+    clean = faultcheck.run_clean(
+        ("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root
+    )
 
     assert clean.passed and clean.label == faultcheck.CLEAN
-    assert {o.test_id for o in clean.outcomes} == {"suites/test_catcher.py::test_prealloc",
-                                                    "suites/test_catcher.py::test_unrelated",
-                                                    "other/test_more.py::test_more"}
+    assert {o.test_id for o in clean.outcomes} == {
+        "suites/test_catcher.py::test_prealloc",
+        "suites/test_catcher.py::test_unrelated",
+        "other/test_more.py::test_more",
+    }
     assert len(list((tmp_path / "out" / "junit").glob("clean-*.xml"))) == 2
 
     (root / "other" / "test_more.py").write_text("def test_more():\n    assert False\n")
-    clean = faultcheck.run_clean(("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root)
+    clean = faultcheck.run_clean(
+        ("suites/test_catcher.py", "other"), tmp_path / "out", jobs=2, timeout_s=120, root=root
+    )
     assert not clean.passed and set(clean.failing()) == {"other/test_more.py::test_more"}
 
 
@@ -402,8 +491,15 @@ def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monk
         with lock:
             events.append(("end", label))
         ran = (faultcheck.TestOutcome(test_id=f"{suites[0]}::test_x", file=suites[0], outcome="passed"),)
-        return faultcheck.SuiteRun(label=label, suites=tuple(suites), returncode=0, outcomes=ran, wall_s=0.0,
-                                   junit=Path("j.xml"), log=Path("l.log"))
+        return faultcheck.SuiteRun(
+            label=label,
+            suites=tuple(suites),
+            returncode=0,
+            outcomes=ran,
+            wall_s=0.0,
+            junit=Path("j.xml"),
+            log=Path("l.log"),
+        )
 
     monkeypatch.setattr(matrix, "run_suites", fake_run)
     suites = ("suites/unit/disaggregation/test_decode_reservation.py",)

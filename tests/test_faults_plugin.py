@@ -41,8 +41,9 @@ def test_unknown_fault_is_a_usage_error(pytester):
 def test_injected_fault_is_in_env_adapter_and_header(pytester, monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
     pytester.makepyfile(CHECK_INJECTED)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--run-dir", "rd",
-                                           "--inject-fault", "swa-tail-unaligned", timeout=600)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--run-dir", "rd", "--inject-fault", "swa-tail-unaligned", timeout=600
+    )
     result.stdout.fnmatch_lines(["faults: swa-tail-unaligned (sglang#35286 / sglang#35396)", "*1 passed*"])
     assert result.ret == 0
 

@@ -43,8 +43,9 @@ class SuiteRun:
     tail: str
 
     def failed_in(self, suite: str) -> list[str]:
-        return [test for test, outcome in self.outcomes.items()
-                if test.startswith(suite) and outcome in ("failed", "error")]
+        return [
+            test for test, outcome in self.outcomes.items() if test.startswith(suite) and outcome in ("failed", "error")
+        ]
 
     def ran_in(self, suite: str) -> list[str]:
         return [test for test in self.outcomes if test.startswith(suite)]
@@ -56,8 +57,18 @@ class _Started:
     def __init__(self, tmp_path: Path, *extra: str):
         self.junit = tmp_path / "junit.xml"
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}  # only what this test injects
-        cmd = [sys.executable, "-m", "pytest", *SUITES, "-q", "-p", "no:warnings", f"--junitxml={self.junit}",
-               f"--run-dir={tmp_path / 'run'}", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *SUITES,
+            "-q",
+            "-p",
+            "no:warnings",
+            f"--junitxml={self.junit}",
+            f"--run-dir={tmp_path / 'run'}",
+            *extra,
+        ]
         # As the fault check runs them: one thread each, forked from the preloaded interpreter.
         cmd, env = fork_preload.python_command(cmd, env)
         # Output to a file, not a pipe: a run nobody reads yet must not block on a full pipe.
@@ -95,7 +106,9 @@ CLEAN = "clean"
 
 
 @pytest.fixture(scope="module")
-def suite_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Started]]:
+def suite_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, _Started]]:
     """The clean run and one run per fault, each started once for the module: only those a selected
     test of this module needs, all at the same time."""
     wanted = []
@@ -104,8 +117,10 @@ def suite_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             label = item.callspec.params.get("fault", CLEAN) if hasattr(item, "callspec") else CLEAN
             if label not in wanted:
                 wanted.append(label)
-    runs = {label: _Started(tmp_path_factory.mktemp(label), *([] if label == CLEAN else [f"--inject-fault={label}"]))
-            for label in wanted}
+    runs = {
+        label: _Started(tmp_path_factory.mktemp(label), *([] if label == CLEAN else [f"--inject-fault={label}"]))
+        for label in wanted
+    }
     try:
         yield runs
     finally:

@@ -49,11 +49,13 @@ def _client(server: ForkServer, argv: list[str], extra_env: dict | None = None, 
 def test_child_runs_the_script_with_the_clients_argv_env_and_exit_status(tmp_path):
     env = _module(tmp_path, "fs_preload", "import json\nLOADED = True\n")
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys
         print("args", sys.argv[1:], os.environ["CHILD_VAR"], "fs_preload" in sys.modules, flush=True)
         sys.exit(7)
-    """))
+    """)
+    )
     server = ForkServer.start("fs_preload", env)
     try:
         out = tmp_path / "out.txt"
@@ -103,11 +105,15 @@ def test_child_dies_with_its_client(tmp_path):
 
 
 def test_server_refuses_to_fork_with_threads_running(tmp_path):
-    env = _module(tmp_path, "fs_threads", """
+    env = _module(
+        tmp_path,
+        "fs_threads",
+        """
         import threading, time
         def start():
             threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
-    """)
+    """,
+    )
     with pytest.raises(ForkServerError, match="left 2 threads; a fork would copy only one"):
         ForkServer.start("fs_threads:start", env)
 
@@ -131,8 +137,13 @@ def test_preload_covers_every_sglang_module_a_rank_imports():
             PrefillWorker("p", 0, spec, d)
         print("NEW", sorted(m for m in sys.modules if m.startswith(("sglang", "harness")) and m not in before))
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     new = next(line for line in r.stdout.splitlines() if line.startswith("NEW"))
     assert [m for m in eval(new[4:]) if m.startswith("sglang")] == [], new
@@ -204,8 +215,11 @@ def test_every_instance_of_a_topology_is_its_own_pair_of_forked_ranks(ray_cluste
             assert len(res.completed) == 2
     finally:
         dep.stop()
-    with pytest.raises(ValueError, match=r"^two-instances: instances=3, but the topology has 2 prefill/decode "
-                                         r"pair\(s\); pass 1 to 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"^two-instances: instances=3, but the topology has 2 prefill/decode "
+        r"pair\(s\); pass 1 to 2",
+    ):
         deploy.start(ray_cluster, topo, run_dir.root, SPEC, instances=3)
     with pytest.raises(ValueError, match=r"^two-instances: prefill has 2 group\(s\), decode 1: pairs need as many"):
         deploy.start(ray_cluster, _two_instances(tmp_path, decode=1), run_dir.root, SPEC, instances=None)
@@ -215,13 +229,15 @@ def _site(tmp_path, body: str) -> str:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent(body))
-    (site / "fs_mod.py").write_text(textwrap.dedent("""
+    (site / "fs_mod.py").write_text(
+        textwrap.dedent("""
         import os, sys
         import sitecustomize
         with open(os.environ["OUT"], "w") as f:
             f.write(repr((__name__, sys.argv[1:], sitecustomize.SEEN, os.getpid(), os.nice(0),
                           open("/proc/self/cmdline", "rb").read().replace(b"\\0", b" ").decode().strip())))
-    """))
+    """)
+    )
     return str(site)
 
 
@@ -230,8 +246,12 @@ def test_module_child_reruns_sitecustomize_with_its_env_at_the_clients_priority(
     server = ForkServer.start("json", {**os.environ, "PYTHONPATH": site}, must_match=("PYTHONPATH",))
     try:
         out = tmp_path / "out.txt"
-        p = _client(server, ["-m", "fs_mod", "x", "--y"], {"SITE_VAR": "child", "OUT": str(out), "PYTHONPATH": site},
-                    preexec_fn=lambda: os.nice(3))
+        p = _client(
+            server,
+            ["-m", "fs_mod", "x", "--y"],
+            {"SITE_VAR": "child", "OUT": str(out), "PYTHONPATH": site},
+            preexec_fn=lambda: os.nice(3),
+        )
         assert p.wait(60) == 0
         name, args, seen, pid, nice, cmdline = eval(out.read_text())
         assert (name, args) == ("__main__", ["x", "--y"])
@@ -246,8 +266,9 @@ def test_module_child_reruns_sitecustomize_with_its_env_at_the_clients_priority(
 
 def test_a_client_whose_import_path_differs_runs_a_fresh_interpreter(tmp_path):
     site = _site(tmp_path, "SEEN = 'fresh'\n")
-    server = ForkServer.start("json", {**os.environ, "PYTHONPATH": site + os.pathsep + str(tmp_path)},
-                              must_match=("PYTHONPATH",))
+    server = ForkServer.start(
+        "json", {**os.environ, "PYTHONPATH": site + os.pathsep + str(tmp_path)}, must_match=("PYTHONPATH",)
+    )
     try:
         out = tmp_path / "out.txt"
         p = _client(server, ["-m", "fs_mod", "z"], {"OUT": str(out), "PYTHONPATH": site}, stderr=subprocess.PIPE)
@@ -272,8 +293,9 @@ def test_a_free_path_server_forks_a_client_whose_path_shadows_nothing_it_importe
     (overlay / "fs_pkg").mkdir(parents=True)
     (overlay / "fs_pkg" / "__init__.py").write_text("")
     (shadow / "harness").mkdir(parents=True)
-    probe = ("import os, sys, fs_pkg\n"
-             "open(os.environ['OUT'], 'w').write(repr((os.getpid(), fs_pkg.__file__, sys.path)))\n")
+    probe = (
+        "import os, sys, fs_pkg\nopen(os.environ['OUT'], 'w').write(repr((os.getpid(), fs_pkg.__file__, sys.path)))\n"
+    )
     (overlay / "fs_probe.py").write_text(probe)
     try:
         out = tmp_path / "out.txt"
@@ -287,8 +309,12 @@ def test_a_free_path_server_forks_a_client_whose_path_shadows_nothing_it_importe
         assert sys_path.index(str(overlay)) < sys_path.index(site) < sys_path.index(os.path.dirname(os.__file__))
         assert sys_path.count(site) == 1
 
-        p = _client(server, ["-m", "fs_mod"], {"OUT": str(out), "PYTHONPATH": os.pathsep.join([str(shadow), site])},
-                    stderr=subprocess.PIPE)
+        p = _client(
+            server,
+            ["-m", "fs_mod"],
+            {"OUT": str(out), "PYTHONPATH": os.pathsep.join([str(shadow), site])},
+            stderr=subprocess.PIPE,
+        )
         _, err = p.communicate(timeout=60)
         assert p.returncode == 0, err
         assert eval(out.read_text())[3] == p.pid, "a client whose path shadows the harness was forked"
@@ -321,12 +347,19 @@ def test_a_descendant_uses_its_ancestors_advertised_free_path_server(tmp_path):
     server = forkserver.shared("json", {}, base=env, must_match=("PYTHONPATH",), free_path=True, advertise=True)
     assert isinstance(server, ForkServer)
     try:
-        code = ("import os\nfrom harness.workers import forkserver\n"
-                "s = forkserver.shared('json', {}, base={**os.environ, 'PYTHONPATH': os.environ['B']}, "
-                "must_match=('PYTHONPATH',), free_path=True)\n"
-                "print(type(s).__name__, s.socket_path)")
-        r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "B": str(tmp_path / "b")},
-                           capture_output=True, text=True, timeout=60)
+        code = (
+            "import os\nfrom harness.workers import forkserver\n"
+            "s = forkserver.shared('json', {}, base={**os.environ, 'PYTHONPATH': os.environ['B']}, "
+            "must_match=('PYTHONPATH',), free_path=True)\n"
+            "print(type(s).__name__, s.socket_path)"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "B": str(tmp_path / "b")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == ["Inherited", server.socket_path]
     finally:
@@ -345,8 +378,13 @@ def test_server_preload_imports_no_sglang_and_leaves_one_thread():
         assert not [m for m in sys.modules if m.split(".")[0] == "sglang"]
         print(len(os.listdir("/proc/self/task")), "torch" in sys.modules, "transformers.modeling_utils" in sys.modules)
     """)
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["1", "True", "True"]
 
@@ -400,18 +438,21 @@ def _wait_file(path, proc, timeout=60.0) -> str:
 def test_a_python_subprocess_is_a_fork_that_ends_as_a_fresh_interpreter_ends(tmp_path, python_servers):
     env = {**_module(tmp_path, "fs_pymod", _PRELOAD_MODULE), "FS_MODE": "a"}
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import atexit, os, signal, sys
         import fs_pymod
-        atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, "w").write("ran"))
+        atexit.register(lambda: open({str(tmp_path / "atexit")!r}, "w").write("ran"))
         print(os.getppid(), fs_pymod.MODE, os.environ.get("FS_SET_BY_IMPORT"),
               signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
         sys.exit("a message")
-    """))
+    """)
+    )
     argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
     assert argv[:4] == [sys.executable, "-I", "-S", str(CLIENT)] and cenv[SOCKET_ENV]
-    p = subprocess.Popen(argv, env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_sigint_default)
+    p = subprocess.Popen(
+        argv, env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default
+    )
     out, err = p.communicate(timeout=60)
     ppid, mode, set_by_import, sigint_default = out.split()
     assert int(ppid) == forkserver.sharing._PYTHON[0].pid, "not forked from the server"
@@ -428,7 +469,9 @@ def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(t
     script.write_text("import os, fs_pymod\nprint(os.getppid(), fs_pymod.MODE)\n")
     seen = []
     for mode in ("a", "b", "a"):
-        argv, cenv = forkserver.python_command([sys.executable, str(script)], {**env, "FS_MODE": mode}, preload="fs_pymod")
+        argv, cenv = forkserver.python_command(
+            [sys.executable, str(script)], {**env, "FS_MODE": mode}, preload="fs_pymod"
+        )
         out = subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split()
         seen.append((int(out[0]), out[1]))
     servers = [s.pid for s in forkserver.sharing._PYTHON]
@@ -437,42 +480,63 @@ def test_a_python_subprocess_whose_import_time_env_differs_gets_its_own_server(t
     # A variable the preload did not read, or only saw in a scan of the whole environment, or one read
     # only when used (PYTHONBREAKPOINT) is the child's own business; a value the preload's imports set
     # themselves (the client's parent made the same imports) is where the server's ended up too.
-    argv, cenv = forkserver.python_command([sys.executable, str(script)],
-                                           {**env, "FS_MODE": "a", "FS_OTHER": "x", "FS_SCANNED": "2",
-                                            "PYTHONBREAKPOINT": "0", "FS_SET_BY_IMPORT": "yes"}, preload="fs_pymod")
-    assert subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split() == [str(servers[0]), "a"]
+    argv, cenv = forkserver.python_command(
+        [sys.executable, str(script)],
+        {**env, "FS_MODE": "a", "FS_OTHER": "x", "FS_SCANNED": "2", "PYTHONBREAKPOINT": "0", "FS_SET_BY_IMPORT": "yes"},
+        preload="fs_pymod",
+    )
+    assert subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60).stdout.split() == [
+        str(servers[0]),
+        "a",
+    ]
     # A client of a server whose preload read another value is not forked.
-    p = _client(forkserver.sharing._PYTHON[0], [str(script)], {**env, "FS_MODE": "c"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = _client(
+        forkserver.sharing._PYTHON[0],
+        [str(script)],
+        {**env, "FS_MODE": "c"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = p.communicate(timeout=60)
     assert out.split()[1] == b"c" and b"FS_MODE differ from the fork server's" in err
     # Options before the script, and HARNESS_FORK_START=0 (or the old HARNESS_FORK_PYTHON=0), keep the command as it is.
     assert forkserver.python_command([sys.executable, "-X", "dev", str(script)], env, preload="fs_pymod")[0][1] == "-X"
     for off in ({**env, forkserver.OFF_ENV: "0"}, {**env, "HARNESS_FORK_PYTHON": "0"}):
-        assert forkserver.python_command([sys.executable, str(script)], off, preload="fs_pymod")[0] == [sys.executable, str(script)]
+        assert forkserver.python_command([sys.executable, str(script)], off, preload="fs_pymod")[0] == [
+            sys.executable,
+            str(script),
+        ]
 
 
 def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, python_servers):
     env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
     script = tmp_path / "tree.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, subprocess, sys, time
         grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         if os.path.exists("/proc/self/autogroup"):
-            open({str(tmp_path / 'autogroup')!r}, "w").write(open("/proc/self/autogroup").read())
-        open({str(tmp_path / 'pids')!r}, "w").write(f"{{os.getpid()}} {{grandchild.pid}}")
+            open({str(tmp_path / "autogroup")!r}, "w").write(open("/proc/self/autogroup").read())
+        open({str(tmp_path / "pids")!r}, "w").write(f"{{os.getpid()}} {{grandchild.pid}}")
         try:
             time.sleep(600)
         except KeyboardInterrupt:
-            open({str(tmp_path / 'interrupted')!r}, "w").write("yes")
+            open({str(tmp_path / "interrupted")!r}, "w").write("yes")
             raise
-    """))
+    """)
+    )
     argv, cenv = forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
     # ^C to the session (as a terminal or rerun-test's stop sends it): KeyboardInterrupt in the child,
     # which then dies by SIGINT, and its client with it.
     # Started niced (as CI starts the fault check): the session's scheduling group gets that priority
     # too, where the kernel groups by session (autogroups), or a niced command would take a full share.
-    p = subprocess.Popen(argv, env=cenv, start_new_session=True, stderr=subprocess.DEVNULL,
-                         preexec_fn=lambda: (os.nice(4), _sigint_default()))
+    p = subprocess.Popen(
+        argv,
+        env=cenv,
+        start_new_session=True,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: (os.nice(4), _sigint_default()),
+    )
     child, grandchild = map(int, _wait_file(tmp_path / "pids", p).split())
     assert psutil.Process(child).ppid() == forkserver.sharing._PYTHON[0].pid
     assert psutil.Process(child).nice() == os.nice(0) + 4
@@ -495,20 +559,32 @@ def test_a_session_client_interrupts_and_kills_its_childs_whole_tree(tmp_path, p
 def test_a_forked_pytest_rewrites_the_harness_plugin_and_warns_of_nothing(tmp_path, python_servers):
     from harness.engines import fork_preload
 
-    (tmp_path / "test_fork.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "test_fork.py").write_text(
+        textwrap.dedent(f"""
         import os, sys
         def test_it():
-            open({str(tmp_path / 'ppid')!r}, "w").write(str(os.getppid()))
+            open({str(tmp_path / "ppid")!r}, "w").write(str(os.getppid()))
             assert type(sys.modules["harness"].__loader__).__name__ == "AssertionRewritingHook"
-    """))
-    cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_fork.py"), "-q", "-p", "no:cacheprovider",
-           "-W", "error::pytest.PytestAssertRewriteWarning"]
+    """)
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(tmp_path / "test_fork.py"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "error::pytest.PytestAssertRewriteWarning",
+    ]
     argv, env = fork_preload.python_command(cmd, dict(os.environ))  # one thread each by default: forkable
     # Run from the repository, as rerun-test runs its groups: pytest rewrites a module its import path
     # finds (from elsewhere, a fresh interpreter finds the editable-installed harness through its
     # finder, unrewritten, and so would the child).
-    p = subprocess.run(argv + ["--rootdir", str(tmp_path)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        argv + ["--rootdir", str(tmp_path)], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert "warning" not in p.stdout.lower(), p.stdout[-2000:]
     assert int((tmp_path / "ppid").read_text()) == forkserver.sharing._PYTHON[0].pid, "not forked"
@@ -560,15 +636,24 @@ def test_a_descendant_forks_from_its_ancestors_server(tmp_path, python_servers):
         print(env[forkserver.SOCKET_ENV], len(forkserver.sharing._PYTHON), subprocess.run(argv, env=env, capture_output=True,
               text=True, timeout=60).stdout.strip())
     """)
-    out = subprocess.run([sys.executable, "-c", code], env={**env, **{k: v for k, v in os.environ.items()
-                                                                      if k == forkserver.ADVERTISE_ENV}},
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, **{k: v for k, v in os.environ.items() if k == forkserver.ADVERTISE_ENV}},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [server.socket_path, "0", str(server.pid)]
     # Once it is gone, a descendant starts its own.
     server.stop()
-    out = subprocess.run([sys.executable, "-c", code], env={**env, forkserver.ADVERTISE_ENV: server.socket_path},
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, forkserver.ADVERTISE_ENV: server.socket_path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "1"
 
@@ -581,11 +666,13 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
     env = _module(tmp_path, "fs_pymod", _PRELOAD_MODULE)
     (tmp_path / "fs_ext.py").write_text("import fs_pymod\nEXTENDED = True\n")
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, psutil
         me = psutil.Process()
         print(me.ppid(), me.parent().ppid(), "fs_ext" in sys.modules, os.getpgid(0) == os.getpid(), flush=True)
-    """))
+    """)
+    )
     forkserver.python_command([sys.executable, str(script)], env, preload="fs_pymod")
     [python_server] = forkserver.sharing._PYTHON
 
@@ -595,11 +682,20 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
     ext = ForkServer.start("fs_ext", env, launch=launch)
     try:
         for group, leads in ((False, "False"), (True, "True")):
-            out = subprocess.run(ext.command([sys.executable, str(script)]), env={**env, SOCKET_ENV: ext.socket_path},
-                                 capture_output=True, text=True, timeout=60, preexec_fn=os.setpgrp if group else None)
+            out = subprocess.run(
+                ext.command([sys.executable, str(script)]),
+                env={**env, SOCKET_ENV: ext.socket_path},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                preexec_fn=os.setpgrp if group else None,
+            )
             assert out.returncode == 0, out.stderr
-            assert out.stdout.split() == [str(ext.serving_pid), str(python_server.pid), "True", leads], \
-                (group, out.stdout, out.stderr)
+            assert out.stdout.split() == [str(ext.serving_pid), str(python_server.pid), "True", leads], (
+                group,
+                out.stdout,
+                out.stderr,
+            )
     finally:
         ext.stop()
     # Without a Python server serving it, the command is left as it was (a fresh interpreter).
@@ -616,8 +712,12 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
         print(ext.socket_path, flush=True)
         time.sleep(600)
     """)
-    owner = subprocess.Popen([sys.executable, "-c", code], env={**env, forkserver.ADVERTISE_ENV: python_server.socket_path},
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**env, forkserver.ADVERTISE_ENV: python_server.socket_path},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     socket_path = owner.stdout.readline().strip()
     [served] = [p for p in psutil.Process(python_server.pid).children() if socket_path in " ".join(p.cmdline())]
     owner.kill()
@@ -628,20 +728,23 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
 # ------------------------------------------------------------------- which processes start as forks (policy)
 
 
-@pytest.mark.parametrize(("kind", "kwargs", "env", "want"), [
-    ("rank", {}, {}, True),
-    ("server", {}, {}, True),
-    ("python", {}, {}, True),
-    ("rank", {"real_devices": True}, {}, False),      # a CUDA context does not survive a fork
-    ("server", {"local": False}, {}, False),          # a joined cluster's workers run elsewhere
-    ("rank", {}, {"HARNESS_FORK_START": "0"}, False),  # the one switch, for every kind
-    ("server", {}, {"HARNESS_FORK_START": "0"}, False),
-    ("python", {}, {"HARNESS_FORK_START": "0"}, False),
-    ("rank", {}, {"HARNESS_RANK_FORKSERVER": "0"}, False),   # the old per-kind switches still work...
-    ("server", {}, {"HARNESS_RANK_FORKSERVER": "0"}, True),  # ...for their own kind only
-    ("server", {}, {"HARNESS_SERVER_FORKSERVER": "0"}, False),
-    ("python", {}, {"HARNESS_FORK_PYTHON": "0"}, False),
-])
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "env", "want"),
+    [
+        ("rank", {}, {}, True),
+        ("server", {}, {}, True),
+        ("python", {}, {}, True),
+        ("rank", {"real_devices": True}, {}, False),  # a CUDA context does not survive a fork
+        ("server", {"local": False}, {}, False),  # a joined cluster's workers run elsewhere
+        ("rank", {}, {"HARNESS_FORK_START": "0"}, False),  # the one switch, for every kind
+        ("server", {}, {"HARNESS_FORK_START": "0"}, False),
+        ("python", {}, {"HARNESS_FORK_START": "0"}, False),
+        ("rank", {}, {"HARNESS_RANK_FORKSERVER": "0"}, False),  # the old per-kind switches still work...
+        ("server", {}, {"HARNESS_RANK_FORKSERVER": "0"}, True),  # ...for their own kind only
+        ("server", {}, {"HARNESS_SERVER_FORKSERVER": "0"}, False),
+        ("python", {}, {"HARNESS_FORK_PYTHON": "0"}, False),
+    ],
+)
 def test_one_rule_decides_which_processes_start_as_forks(kind, kwargs, env, want):
     assert forkserver.forks(kind, env=env, **kwargs) is want
 
@@ -656,7 +759,9 @@ def test_an_old_switch_warns_with_the_new_one(caplog):
 
 
 def test_a_cluster_forks_simulated_ranks_and_servers_only_without_real_gpus(ray_cluster):
-    assert ray_cluster.starts_forked("rank", topology.get("cpu")) and ray_cluster.starts_forked("server", topology.get("cpu"))
+    assert ray_cluster.starts_forked("rank", topology.get("cpu")) and ray_cluster.starts_forked(
+        "server", topology.get("cpu")
+    )
     # Logical GPUs: a simulated GPU topology's processes drive no device.
     assert ray_cluster.starts_forked("rank", topology.get("8-gpu-h200")) is ray_cluster.simulate
 
@@ -668,7 +773,9 @@ def test_a_server_knows_its_owner_gone_with_or_without_pidfds(monkeypatch):
     dead.wait()
     for pidfds in (True, False):
         if not pidfds:  # a kernel before 5.3
-            monkeypatch.setattr(os, "pidfd_open", lambda pid: (_ for _ in ()).throw(OSError(38, "Function not implemented")))
+            monkeypatch.setattr(
+                os, "pidfd_open", lambda pid: (_ for _ in ()).throw(OSError(38, "Function not implemented"))
+            )
         assert not serve._owner_gone(os.getpid())(), pidfds
         assert serve._owner_gone(dead.pid)(), pidfds
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

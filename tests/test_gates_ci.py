@@ -21,7 +21,7 @@ pytestmark = pytest.mark.est_time(8)
 
 ROOT = Path(__file__).resolve().parent.parent
 
-GATE = '''
+GATE = """
     name = "ci"
     [[suites]]
     name = "alloc"
@@ -30,7 +30,7 @@ GATE = '''
     name = "pd"
     select = ["suites/pd/"]
     required = false
-    '''
+    """
 
 
 @pytest.fixture
@@ -50,8 +50,13 @@ def test_plan_one_entry_per_runner_label(repo, tmp_path, capsys):
     gate = str(repo / "gates" / "ci.toml")
     out = tmp_path / "github_output"
     assert harness_cli.main(["gate", "plan", gate, "--repo-root", str(repo), "--github-output", str(out)]) == 0
-    expected = {"include": [_entry("2-gpu-h100", ["2-gpu-h100"], ["pd"]), _entry("8-gpu-h200", ["8-gpu-h200"], ["pd"]),
-                            _entry("ubuntu-latest", ["cpu"], ["alloc"])]}
+    expected = {
+        "include": [
+            _entry("2-gpu-h100", ["2-gpu-h100"], ["pd"]),
+            _entry("8-gpu-h200", ["8-gpu-h200"], ["pd"]),
+            _entry("ubuntu-latest", ["cpu"], ["alloc"]),
+        ]
+    }
     assert capsys.readouterr().out == json.dumps(expected, indent=2) + "\n"
     assert out.read_text() == "matrix=" + json.dumps(expected, separators=(",", ":")) + "\n"
     # --simulate: the GPU groups may simulate, so they run on the cpu topology's runner
@@ -75,8 +80,10 @@ def test_plan_bad_input_is_one_line_exit_2(repo, tmp_path, capsys):
     broken = tmp_path / "broken.toml"
     broken.write_text('name = "broken"\n[[suites]]\nname = "x"\nselect = ["suites/none/"]\n')
     assert harness_cli.main(["gate", "plan", str(broken), "--repo-root", str(repo)]) == 2
-    assert capsys.readouterr().err == ("harness: gate broken cannot be planned: 'suites/none/' holds no registered suite "
-                                       "file with tests; fix the path or remove it\n")
+    assert capsys.readouterr().err == (
+        "harness: gate broken cannot be planned: 'suites/none/' holds no registered suite "
+        "file with tests; fix the path or remove it\n"
+    )
 
 
 def test_run_with_runner_runs_only_that_labels_groups(repo, tmp_path):
@@ -90,29 +97,61 @@ def test_run_with_runner_runs_only_that_labels_groups(repo, tmp_path):
     saved = json.loads((opts.run_dir / "report" / "result.json").read_text())
     assert saved["passed"] is True and [s["name"] for s in saved["suites"]] == ["alloc"]
     assert not any("[pd" in line for line in lines)
-    with pytest.raises(Exception, match=r"gate ci runs nothing on runner 'nowhere'; `harness gate plan ci` lists its runner labels"):
-        runner.run_gate(gate, runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "none", runner="nowhere"), out=lines.append)
+    with pytest.raises(
+        Exception, match=r"gate ci runs nothing on runner 'nowhere'; `harness gate plan ci` lists its runner labels"
+    ):
+        runner.run_gate(
+            gate,
+            runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "none", runner="nowhere"),
+            out=lines.append,
+        )
 
 
 def test_run_cli_unknown_runner_exit_2(repo, tmp_path, capsys):
-    assert harness_cli.main(["gate", "run", str(repo / "gates" / "ci.toml"), "--repo-root", str(repo), "--run-dir",
-                             str(tmp_path / "r"), "--runner", "nowhere", "--gpus", "0"]) == 2
-    assert capsys.readouterr().err == ("harness: gate ci runs nothing on runner 'nowhere'; `harness gate plan ci` lists its "
-                                       "runner labels\n")
+    assert (
+        harness_cli.main(
+            [
+                "gate",
+                "run",
+                str(repo / "gates" / "ci.toml"),
+                "--repo-root",
+                str(repo),
+                "--run-dir",
+                str(tmp_path / "r"),
+                "--runner",
+                "nowhere",
+                "--gpus",
+                "0",
+            ]
+        )
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        "harness: gate ci runs nothing on runner 'nowhere'; `harness gate plan ci` lists its runner labels\n"
+    )
 
 
 def _result(passed: bool, reasons: list[str], suites: list[str]) -> dict:
-    return {"gate": "per-commit", "verdict": "PASS" if passed else "FAIL", "passed": passed, "reasons": reasons,
-            "suites": [{"name": s} for s in suites]}
+    return {
+        "gate": "per-commit",
+        "verdict": "PASS" if passed else "FAIL",
+        "passed": passed,
+        "reasons": reasons,
+        "suites": [{"name": s} for s in suites],
+    }
 
 
 def test_judge_jobs():
     ok = _result(True, [], ["unit"])
     assert verdict.judge_jobs([("ubuntu-latest", ok)]) == (True, ())
     bad = _result(False, ["pd: suites/e2e/test_x.py::test_y [8-gpu-h200] accounting: page leak"], ["pd"])
-    assert verdict.judge_jobs([("ubuntu-latest", ok), ("8-gpu-h200", bad), ("2-gpu-h100", None)]) == (False, (
-        "8-gpu-h200: pd: suites/e2e/test_x.py::test_y [8-gpu-h200] accounting: page leak",
-        "2-gpu-h100: no result.json; the job ended before the gate reported (see its log)"))
+    assert verdict.judge_jobs([("ubuntu-latest", ok), ("8-gpu-h200", bad), ("2-gpu-h100", None)]) == (
+        False,
+        (
+            "8-gpu-h200: pd: suites/e2e/test_x.py::test_y [8-gpu-h200] accounting: page leak",
+            "2-gpu-h100: no result.json; the job ended before the gate reported (see its log)",
+        ),
+    )
     assert verdict.judge_jobs([]) == (False, ("no runner job: the plan is empty or the plan job failed (see its log)",))
     # a result that does not say passed (truncated, another tool's file) is a failure, not a pass
     assert verdict.judge_jobs([("a", {"verdict": "PASS"})]) == (False, ("a: FAIL (no reason recorded)",))
@@ -131,7 +170,9 @@ def test_verdict_cli_combines_the_jobs(tmp_path, capsys):
     for e in entries:
         e["artifact"] = f"gate-per-commit-{e['name']}"
     matrix = json.dumps({"include": entries})
-    _write_job(reports, "gate-per-commit-ubuntu-latest", _result(True, [], ["unit"]), "# Gate `per-commit`: ✅ PASS\n\nrows\n")
+    _write_job(
+        reports, "gate-per-commit-ubuntu-latest", _result(True, [], ["unit"]), "# Gate `per-commit`: ✅ PASS\n\nrows\n"
+    )
     assert harness_cli.main(["gate", "verdict", "per-commit", "--matrix", matrix, "--reports", str(reports)]) == 1
     assert capsys.readouterr().out == textwrap.dedent("""\
         # Gate `per-commit`: ❌ FAIL on 2 runner(s)
@@ -153,13 +194,16 @@ def test_verdict_cli_combines_the_jobs(tmp_path, capsys):
         """)
     _write_job(reports, "gate-per-commit-8-gpu-h200", _result(True, [], ["pd"]), "# Gate `per-commit`: ✅ PASS\n")
     assert harness_cli.main(["gate", "verdict", "per-commit", "--matrix", matrix, "--reports", str(reports)]) == 0
-    assert capsys.readouterr().out.startswith("# Gate `per-commit`: ✅ PASS on 2 runner(s)\n\n| runner | verdict | suites |\n")
+    assert capsys.readouterr().out.startswith(
+        "# Gate `per-commit`: ✅ PASS on 2 runner(s)\n\n| runner | verdict | suites |\n"
+    )
 
 
 def test_verdict_cli_no_plan_and_bad_matrix(tmp_path, capsys):
     assert harness_cli.main(["gate", "verdict", "release", "--matrix", "", "--reports", str(tmp_path)]) == 1
     assert capsys.readouterr().out == render.jobs_md(
-        "release", [], False, ("no runner job: the plan is empty or the plan job failed (see its log)",))
+        "release", [], False, ("no runner job: the plan is empty or the plan job failed (see its log)",)
+    )
     assert harness_cli.main(["gate", "verdict", "release", "--matrix", "{not json", "--reports", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("harness: --matrix: not a matrix from `harness gate plan` (")
 
@@ -167,11 +211,32 @@ def test_verdict_cli_no_plan_and_bad_matrix(tmp_path, capsys):
 def test_plan_and_verdict_need_only_the_standard_library(repo, tmp_path):
     """The CI plan and verdict steps run on a bare setup-python interpreter (no site-packages: -S)."""
     gate = str(repo / "gates" / "ci.toml")
-    r = subprocess.run([sys.executable, "-S", "-m", "harness.cli", "gate", "plan", gate, "--repo-root", str(repo), "--simulate"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-S", "-m", "harness.cli", "gate", "plan", gate, "--repo-root", str(repo), "--simulate"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     [entry] = json.loads(r.stdout)["include"]
-    r = subprocess.run([sys.executable, "-S", "-m", "harness.cli", "gate", "verdict", gate, "--matrix",
-                        json.dumps({"include": [entry]}), "--reports", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "harness.cli",
+            "gate",
+            "verdict",
+            gate,
+            "--matrix",
+            json.dumps({"include": [entry]}),
+            "--reports",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1 and r.stdout.startswith("# Gate `ci`: ❌ FAIL on 1 runner(s)"), r.stderr

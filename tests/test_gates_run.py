@@ -37,7 +37,7 @@ def _runs(name):
 '''
 
 FILES = {
-    "suites/gate/test_ok.py": '''
+    "suites/gate/test_ok.py": """
         import pytest
         pytestmark = [pytest.mark.topology("cpu"), pytest.mark.est_time(1)]
 
@@ -47,8 +47,9 @@ FILES = {
         @pytest.mark.parametrize("pages", [1, 2])
         def test_pages(pages):
             assert pages > 0
-        ''',
-    "suites/gate/test_flaky.py": _COUNT + '''
+        """,
+    "suites/gate/test_flaky.py": _COUNT
+    + """
 import pytest
 pytestmark = pytest.mark.topology("cpu")
 
@@ -60,8 +61,9 @@ class TimingError(AssertionError):
 def test_latency():
     if _runs("latency") == 1:
         raise TimingError("decode latency 12 ms > 10 ms budget")
-''',
-    "suites/gate/test_crash.py": _COUNT + '''
+""",
+    "suites/gate/test_crash.py": _COUNT
+    + """
 import pytest
 pytestmark = pytest.mark.topology("cpu")
 
@@ -69,8 +71,9 @@ pytestmark = pytest.mark.topology("cpu")
 def test_worker_dies():
     _runs("crash")
     raise RuntimeError("WorkerDied: worker decode-0 died (exit cause: SIGKILL)")
-''',
-    "suites/gate/test_ledger.py": _COUNT + '''
+""",
+    "suites/gate/test_ledger.py": _COUNT
+    + """
 import json
 import os
 from pathlib import Path
@@ -91,11 +94,11 @@ def test_release_balances(run_dir, workload_seed, request):
     (run_dir.report / "pd").mkdir(parents=True, exist_ok=True)
     (run_dir.report / "pd" / "suites_gate_test_ledger.py_test_release_balances.json").write_text('{"requests": 1}')
     assert False, "ledger violation [page-leak] decode-0: 3 pages never freed"
-''',
+""",
 }
 
 GATES = {
-    "sample": '''
+    "sample": """
         name = "sample"
         sglang_version = "0.5.23"
         [flaky]
@@ -110,8 +113,8 @@ GATES = {
         name = "crashy"
         select = ["suites/gate/test_crash.py"]
         required = false
-        ''',
-    "broken": '''
+        """,
+    "broken": """
         name = "broken"
         [flaky]
         reruns = 3
@@ -119,7 +122,7 @@ GATES = {
         name = "accounting"
         select = ["suites/gate/"]
         topologies = ["cpu"]
-        ''',
+        """,
 }
 
 
@@ -141,6 +144,7 @@ def repo(tmp_path, monkeypatch):
 
 def _count(name: str) -> int:
     import os
+
     p = Path(os.environ["GATE_SAMPLE_STATE"]) / name
     return int(p.read_text()) if p.exists() else 0
 
@@ -173,7 +177,13 @@ def test_flaky_rerun_crash_never_rerun_informational_and_junit(repo, tmp_path):
     assert props["crashy/cpu"]["required"] == "false"
     assert root.get("tests") == "6"  # 4 + 1 rerun + 1 crash
     res = json.loads((run_dir / "report" / "result.json").read_text())
-    assert res["verdict"] == "PASS" and res["suites"][0]["counts"] == {"passed": 4, "failed": 0, "skipped": 0, "xfailed": 0, "flaky": 1}
+    assert res["verdict"] == "PASS" and res["suites"][0]["counts"] == {
+        "passed": 4,
+        "failed": 0,
+        "skipped": 0,
+        "xfailed": 0,
+        "flaky": 1,
+    }
     assert "✅ PASS" in (run_dir / "report" / "summary.md").read_text()
     assert "suites/gate/test_ok.py::test_pages[2]" in json.loads((run_dir / "report" / "durations.json").read_text())
     # the flaky record
@@ -192,8 +202,23 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys, m
     for k, v in secrets.items():
         monkeypatch.setenv(k, v)
     run_dir = tmp_path / "runs" / "gate"
-    rc = harness_cli.main(["gate", "run", str(repo / "gates" / "broken.toml"), "--repo-root", str(repo),
-                           "--run-dir", str(run_dir), "--gpus", "0", "--hypothesis-seed", "5", "--workload-seed", "7"])
+    rc = harness_cli.main(
+        [
+            "gate",
+            "run",
+            str(repo / "gates" / "broken.toml"),
+            "--repo-root",
+            str(repo),
+            "--run-dir",
+            str(run_dir),
+            "--gpus",
+            "0",
+            "--hypothesis-seed",
+            "5",
+            "--workload-seed",
+            "7",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "\nFAIL\n" in out
@@ -214,22 +239,34 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys, m
     assert '<h1 id="verdict" class="verdict fail">gate broken: FAIL</h1>' in page
     assert "<h2>Gate verdict</h2>" in page and "<h2>Flaky record</h2>" in page and "hypothesis=5, workload=7" in page
     assert page.count('<img class="timeline"') == 1 and "test_release_balances-" in page
-    assert '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="0" data-rid="r1" data-follows="">' in page  # a root cause: follows none
+    assert (
+        '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="0" data-rid="r1" data-follows="">'
+        in page
+    )  # a root cause: follows none
     assert bundle["workers"] == ["decode-0"] and "ledger/decode-0.jsonl" in bundle["files"]
     assert any("page-leak" in v for v in bundle["ledger_excerpt"]["decode-0"]["violations"])
     assert (bundle_path.parent / "workers" / "decode-0.log").read_text() == "decode-0: prealloc r1\n"
-    assert "report/pd/suites_gate_test_ledger.py_test_release_balances.json" in bundle["files"]  # the suite's own report
+    assert (
+        "report/pd/suites_gate_test_ledger.py_test_release_balances.json" in bundle["files"]
+    )  # the suite's own report
     assert "env" in bundle["environment"] and bundle["engine_args"].keys() >= {"prefill", "decode"}
     assert bundle["environment"]["env"]["RAY_AUTH_TOKEN"] == "<present>"
-    leaked = [f"{f.relative_to(run_dir)}: {k}" for f in run_dir.rglob("*") if f.is_file()
-              for k, v in secrets.items() if v.encode() in f.read_bytes()]
+    leaked = [
+        f"{f.relative_to(run_dir)}: {k}"
+        for f in run_dir.rglob("*")
+        if f.is_file()
+        for k, v in secrets.items()
+        if v.encode() in f.read_bytes()
+    ]
     assert not leaked, leaked
-    first_seeds = (Path(tmp_path / "state" / "seeds").read_text().split())
+    first_seeds = Path(tmp_path / "state" / "seeds").read_text().split()
     assert first_seeds[0] == "5" and int(first_seeds[1]) == bundle["seeds"]["workload"]
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", "ray-tok-another-run")  # a rerun elsewhere holds another token
     monkeypatch.delenv("SGLANG_API_KEY")
-    rc = rerun_cli.main(["--from", str(bundle_path), "--repo-root", str(repo), "--run-dir", str(tmp_path / "repro"), "--gpus", "0"])
+    rc = rerun_cli.main(
+        ["--from", str(bundle_path), "--repo-root", str(repo), "--run-dir", str(tmp_path / "repro"), "--gpus", "0"]
+    )
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "ray-tok" not in out and "sgl-key" not in out and "RAY_AUTH_TOKEN" not in out  # same presence: no line
@@ -242,17 +279,26 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys, m
 
 
 def test_repro_not_reproduced_and_bad_bundle(repo, tmp_path, capsys):
-    bundle = {"version": 1, "spec": "suites/gate/test_ok.py::test_balanced", "topology": "cpu",
-              "seeds": {"hypothesis": 1, "workload_base": 2, "workload": 3}, "failure": {"class": "assertion"}}
+    bundle = {
+        "version": 1,
+        "spec": "suites/gate/test_ok.py::test_balanced",
+        "topology": "cpu",
+        "seeds": {"hypothesis": 1, "workload_base": 2, "workload": 3},
+        "failure": {"class": "assertion"},
+    }
     path = tmp_path / "repro.json"
     path.write_text(json.dumps(bundle))
-    rc = rerun_cli.main(["--from", str(path), "--repo-root", str(repo), "--run-dir", str(tmp_path / "r"), "--gpus", "0"])
+    rc = rerun_cli.main(
+        ["--from", str(path), "--repo-root", str(repo), "--run-dir", str(tmp_path / "r"), "--gpus", "0"]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "NOT REPRODUCED: suites/gate/test_ok.py::test_balanced passed" in out
     path.write_text(json.dumps({**bundle, "seeds": {"hypothesis": "x"}}))
     assert rerun_cli.main(["--from", str(path), "--repo-root", str(repo)]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == f"rerun-test: {path}: seeds.hypothesis and seeds.workload_base must be integers; fix the bundle"
+    assert (
+        err.strip() == f"rerun-test: {path}: seeds.hypothesis and seeds.workload_base must be integers; fix the bundle"
+    )
     path.write_text(json.dumps({**bundle, "topology": "8-gpu-h200"}))
     assert rerun_cli.main(["--from", str(path), "--repo-root", str(repo)]) == 2
     assert "no longer runs on 8-gpu-h200 (it declares cpu)" in capsys.readouterr().err
@@ -261,8 +307,10 @@ def test_repro_not_reproduced_and_bad_bundle(repo, tmp_path, capsys):
     for tampered, says in (
         ({"engine": ["x"]}, "engine must be a string or null"),
         ({"seeds": {"hypothesis": 1, "workload_base": 2**70}}, "seeds.workload_base must be an integer"),
-        ({"sglang": {"origin": "tree", "spec": "t", "root": str(tmp_path / "evil"), "version": "0.5.23"}},
-         "lies outside the repository and the target cache; give --sglang to choose the target"),
+        (
+            {"sglang": {"origin": "tree", "spec": "t", "root": str(tmp_path / "evil"), "version": "0.5.23"}},
+            "lies outside the repository and the target cache; give --sglang to choose the target",
+        ),
     ):
         path.write_text(json.dumps({**bundle, **tampered}))
         assert rerun_cli.main(["--from", str(path), "--repo-root", str(repo)]) == 2
@@ -294,15 +342,19 @@ def test_gate_cli_bad_input(capsys):
 def test_gpu_group_without_simulate_fails_with_the_fix(repo, tmp_path):
     (repo / "suites" / "gpu").mkdir()
     (repo / "suites" / "gpu" / "test_two_gpus.py").write_text(
-        'import pytest\npytestmark = pytest.mark.topology("2-gpu-h100")\n\ndef test_pair():\n    pass\n')
+        'import pytest\npytestmark = pytest.mark.topology("2-gpu-h100")\n\ndef test_pair():\n    pass\n'
+    )
     gate = model.Gate(name="gpu", suites=(model.GateSuite(name="pd", select=("suites/gpu/",)),))
     lines: list[str] = []
-    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "g"), out=lines.append)
+    result = runner.run_gate(
+        gate, runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "g"), out=lines.append
+    )
     assert result.exit_code == 1
     assert result.verdict.reasons == (
         "pd: [2-gpu-h100] needs 2 GPUs, this machine has 0; pass --simulate to run it on Ray logical GPUs, "
         "or run on runner 2-gpu-h100",
-        "pd: no test ran (0 skipped); a gate needs evidence")
+        "pd: no test ran (0 skipped); a gate needs evidence",
+    )
     assert "[pd/2-gpu-h100] not run: needs 2 GPUs" in "\n".join(lines)
 
 
@@ -313,8 +365,11 @@ def test_a_gate_whose_required_dsv4_server_tests_skip_fails_naming_them(tmp_path
     dsv4 = "suites/disaggregation/test_disaggregation_dsv4_server.py"
     assert dsv4 in model.get("release").suite("pd").require
     gate = model.Gate(name="dsv4", suites=(model.GateSuite(name="pd", select=(dsv4,), engine="all", require=(dsv4,)),))
-    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo_root, run_dir=tmp_path / "runs" / "g", simulate=True),
-                             out=lambda line: None)
+    result = runner.run_gate(
+        gate,
+        runner.GateOptions(repo_root=repo_root, run_dir=tmp_path / "runs" / "g", simulate=True),
+        out=lambda line: None,
+    )
     assert result.exit_code == 1
     skipped = [r for r in result.verdict.reasons if r.startswith(f"pd: required test {dsv4}::")]
     assert len(skipped) == 10 and all("[8-gpu-h200] skipped: " in r and "real GPUs" in r for r in skipped)
@@ -338,11 +393,15 @@ def test_a_failing_e2e_seed_replays_with_the_same_seed_and_workload(tmp_path, mo
     repo_root = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("HARNESS_FAULTS", "corrupt-kv-page")
     spec = "suites/e2e/test_swa_accounting.py::test_randomized_workload_ledger_balances[radix-off]"
-    gate = model.Gate(name="e2e", suites=(model.GateSuite(name="e2e", select=(spec,), engine="sim",
-                                                          topologies=("2-gpu-h100",)),), workload_seed=4242)
+    gate = model.Gate(
+        name="e2e",
+        suites=(model.GateSuite(name="e2e", select=(spec,), engine="sim", topologies=("2-gpu-h100",)),),
+        workload_seed=4242,
+    )
     run_dir = tmp_path / "runs" / "gate"
-    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo_root, run_dir=run_dir, simulate=True),
-                             out=lambda line: None)
+    result = runner.run_gate(
+        gate, runner.GateOptions(repo_root=repo_root, run_dir=run_dir, simulate=True), out=lambda line: None
+    )
     assert result.exit_code == 1
     [(key, rel)] = result.repros.items()
     bundle = json.loads((run_dir / rel).read_text())
@@ -353,8 +412,18 @@ def test_a_failing_e2e_seed_replays_with_the_same_seed_and_workload(tmp_path, mo
     log = (run_dir / rel).parent / "pytest.log"
     assert f"workload_seed={seed} (base 4242)" in log.read_text(), "the failing seed is printed"
 
-    rc = rerun_cli.main(["--from", str(run_dir / rel), "--repo-root", str(repo_root), "--run-dir",
-                         str(tmp_path / "repro"), "--gpus", "0"])
+    rc = rerun_cli.main(
+        [
+            "--from",
+            str(run_dir / rel),
+            "--repo-root",
+            str(repo_root),
+            "--run-dir",
+            str(tmp_path / "repro"),
+            "--gpus",
+            "0",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 1 and "REPRODUCED" in out and "(same class)" in out, out
     again = _testcase_properties(tmp_path / "repro", spec)
@@ -366,8 +435,10 @@ def test_two_long_node_ids_that_differ_past_the_cut_get_two_evidence_directories
     # repro directory and the second failure overwrote the first's bundle.
     from harness.gates.evidence import safe_name
 
-    base = ("suites/disaggregation/test_disaggregation_basic_server.py::"
-            "test_a_server_killed_while_kv_is_in_flight_frees_every_page_on_the_side_left[")
+    base = (
+        "suites/disaggregation/test_disaggregation_basic_server.py::"
+        "test_a_server_killed_while_kv_is_in_flight_frees_every_page_on_the_side_left["
+    )
     prefill, decode = safe_name(base + "prefill]"), safe_name(base + "decode]")
     assert prefill != decode and len(prefill) <= 120 and len(decode) <= 120
     assert safe_name("../..") == "_"  # never a path out of the run directory

@@ -65,22 +65,40 @@ def test_token_mode_without_a_token_is_refused_here_before_ray_would_abort(tmp_p
     assert e.value.kind == "auth" and "RAY_AUTH_MODE=token but no token" in e.value.detail
 
 
-REFUSED = {"error": "AuthenticationError", "message": "RPC error: InvalidAuthToken: Authentication token is missing or incorrect"}
+REFUSED = {
+    "error": "AuthenticationError",
+    "message": "RPC error: InvalidAuthToken: Authentication token is missing or incorrect",
+}
 
 
-@pytest.mark.parametrize("auth, says, fix", [
-    (Auth("unset", "/h/.ray/auth_token"), "requires token authentication and RAY_AUTH_MODE is unset", "set RAY_AUTH_MODE=token"),
-    (Auth("disabled", None), "this process has no token", "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN"),
-    (Auth("token", "RAY_AUTH_TOKEN"), "refused the token from RAY_AUTH_TOKEN", "`ray get-auth-token` on the head"),
-])
+@pytest.mark.parametrize(
+    "auth, says, fix",
+    [
+        (
+            Auth("unset", "/h/.ray/auth_token"),
+            "requires token authentication and RAY_AUTH_MODE is unset",
+            "set RAY_AUTH_MODE=token",
+        ),
+        (Auth("disabled", None), "this process has no token", "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN"),
+        (Auth("token", "RAY_AUTH_TOKEN"), "refused the token from RAY_AUTH_TOKEN", "`ray get-auth-token` on the head"),
+    ],
+)
 def test_a_refusal_is_classified_by_what_this_process_sent(auth, says, fix):
     e = join._classify("h:1", REFUSED, auth, 15.0)
     assert e.kind == "auth" and says in e.detail and fix in e.fix
 
 
 def test_silence_and_other_errors_are_not_ray():
-    assert join._classify("h:1", {"error": "timeout", "message": "no Ray GCS answered within 15 s"}, Auth("unset", None), 15).kind == "not-ray"
-    assert join._classify("h:1", {"error": "crashed", "message": "the probe exited -6"}, Auth("unset", None), 15).kind == "not-ray"
+    assert (
+        join._classify(
+            "h:1", {"error": "timeout", "message": "no Ray GCS answered within 15 s"}, Auth("unset", None), 15
+        ).kind
+        == "not-ray"
+    )
+    assert (
+        join._classify("h:1", {"error": "crashed", "message": "the probe exited -6"}, Auth("unset", None), 15).kind
+        == "not-ray"
+    )
 
 
 def test_version_mismatch_names_both_sides(monkeypatch):
@@ -97,23 +115,30 @@ OURS = {"python": "3.11.7", "ray": "2.60.0", "sglang": "0.5.23", "torch": "2.14.
 
 
 def _node(i, gpus=1.0, devices=0, error=None, **versions):
-    return NodeFacts(f"{i:02d}" * 20, "10.0.0.1", i, gpus, devices if error is None else None, {**OURS, **versions}, error)
+    return NodeFacts(
+        f"{i:02d}" * 20, "10.0.0.1", i, gpus, devices if error is None else None, {**OURS, **versions}, error
+    )
 
 
 def test_skew_names_the_node_and_both_versions_and_skips_silent_nodes():
     nodes = [_node(0), _node(1, sglang="0.5.22", torch="2.13.0"), _node(2, error="did not answer")]
-    assert node_facts.skew(nodes, OURS) == ["node1/10.0.0.1: sglang 0.5.22 there, 0.5.23 here, torch 2.13.0 there, 2.14.1 here"]
+    assert node_facts.skew(nodes, OURS) == [
+        "node1/10.0.0.1: sglang 0.5.22 there, 0.5.23 here, torch 2.13.0 there, 2.14.1 here"
+    ]
     assert node_facts.skew([_node(0, mooncake="0.4")], OURS) == []  # only what must match everywhere
     assert "did not answer" in node_facts.describe(nodes)
 
 
-@pytest.mark.parametrize("nodes, kind", [
-    ([_node(0, gpus=0.0)], "none"),
-    ([_node(0, gpus=8.0, devices=8), _node(1, gpus=8.0, devices=8)], "real"),
-    ([_node(0, gpus=8.0, devices=8), _node(1, gpus=8.0, devices=0)], "logical"),
-    ([_node(0, gpus=2.0, devices=1)], "logical"),
-    ([_node(0, gpus=1.0, error="gone")], "unknown"),
-])
+@pytest.mark.parametrize(
+    "nodes, kind",
+    [
+        ([_node(0, gpus=0.0)], "none"),
+        ([_node(0, gpus=8.0, devices=8), _node(1, gpus=8.0, devices=8)], "real"),
+        ([_node(0, gpus=8.0, devices=8), _node(1, gpus=8.0, devices=0)], "logical"),
+        ([_node(0, gpus=2.0, devices=1)], "logical"),
+        ([_node(0, gpus=1.0, error="gone")], "unknown"),
+    ],
+)
 def test_gpu_kind_asks_every_gpu_node(nodes, kind):
     assert node_facts.gpu_kind(nodes) == kind
 
@@ -126,7 +151,8 @@ def test_node_index_from_resource_or_label():
 
 def test_pytest_on_a_cluster_it_cannot_join_is_one_error_for_the_session(pytester, tmp_path):
     """Two tests that need the cluster: the session ends at the first with one line and exit 2."""
-    pytester.makepyfile(test_two="""
+    pytester.makepyfile(
+        test_two="""
         import pytest
         from harness.workers import InProcess
 
@@ -137,7 +163,8 @@ def test_pytest_on_a_cluster_it_cannot_join_is_one_error_for_the_session(pyteste
 
         def test_two(pd_workers):
             pd_workers("decode", InProcess(dict))
-        """)
+        """
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
@@ -174,7 +201,9 @@ def test_a_tree_or_wheel_travels_with_the_harness_and_a_release_or_installed_doe
     from harness.targets.sglang import travel
     from harness.targets.sglang.resolve import Target
 
-    tree = Target(spec="../src/python", origin="tree", version="0.5.23", root=str(tmp_path), commit="c" * 40, dirty=True)
+    tree = Target(
+        spec="../src/python", origin="tree", version="0.5.23", root=str(tmp_path), commit="c" * 40, dirty=True
+    )
     env = carry.runtime_env(tree)
     assert env["py_modules"] == [str(REPO_ROOT / "harness"), str(tmp_path / "sglang")]
     assert "__pycache__/" in env["excludes"]
@@ -189,13 +218,25 @@ def test_a_node_resolves_the_travelling_target_to_the_copy_on_its_path(tmp_path,
     from harness.targets.sglang import travel
     from harness.targets.sglang.resolve import Target, TargetError
 
-    sent = Target(spec="/driver/only/python", origin="tree", version="0.5.23", root="/driver/only/python",
-                  commit="a" * 40, dirty=False)
+    sent = Target(
+        spec="/driver/only/python",
+        origin="tree",
+        version="0.5.23",
+        root="/driver/only/python",
+        commit="a" * 40,
+        dirty=False,
+    )
     copy = _tree(tmp_path / "_ray_pkg_1", version="0.5.99")  # what the copy's files say does not matter
     monkeypatch.setenv(travel.CARRIED_ENV, json.dumps(sent.to_dict()))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'elsewhere'}:{copy}:{_tree(tmp_path / 'later')}")
     got = travel.arrived(sent.spec)
-    assert (got.root, got.spec, got.origin, got.version, got.commit) == (str(copy), str(copy), "tree", "0.5.23", "a" * 40)
+    assert (got.root, got.spec, got.origin, got.version, got.commit) == (
+        str(copy),
+        str(copy),
+        "tree",
+        "0.5.23",
+        "a" * 40,
+    )
     assert travel.arrived("0.5.21") is None  # another TARGET resolves as it always did
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "elsewhere"))
     with pytest.raises(TargetError, match="was shipped with this job but no copy of it is on this node's PYTHONPATH"):

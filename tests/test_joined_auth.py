@@ -98,8 +98,9 @@ def test_no_token_anywhere_is_one_line(token_cluster, tmp_path):
 def _system_python_differs() -> str | None:
     if not SYSTEM_PYTHON.exists():
         return f"{SYSTEM_PYTHON} is not installed"
-    version = subprocess.run([str(SYSTEM_PYTHON), "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [str(SYSTEM_PYTHON), "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True
+    ).stdout.strip()
     import platform
 
     return None if version != platform.python_version() else f"{SYSTEM_PYTHON} is Python {version} too"
@@ -112,17 +113,35 @@ def test_a_client_python_other_than_the_clusters_is_one_line_with_both(token_clu
     import ray
 
     site = Path(ray.__file__).resolve().parent.parent  # the venv's packages, under the system interpreter
-    env = clean_env(home_with_token, tmp_path / "procs", RAY_AUTH_MODE="token",
-                    PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
-    done = subprocess.run([str(SYSTEM_PYTHON), "-m", "harness.commands.rerun", "--ray-address", token_cluster.address,
-                           "--run-dir", str(tmp_path / "run"), CROSS_NODE], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = clean_env(
+        home_with_token, tmp_path / "procs", RAY_AUTH_MODE="token", PYTHONPATH=os.pathsep.join([str(REPO), str(site)])
+    )
+    done = subprocess.run(
+        [
+            str(SYSTEM_PYTHON),
+            "-m",
+            "harness.commands.rerun",
+            "--ray-address",
+            token_cluster.address,
+            "--run-dir",
+            str(tmp_path / "run"),
+            CROSS_NODE,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = _one_line(Done(done.returncode, done.stdout + done.stderr), "rerun-test")
     import platform
 
-    theirs = subprocess.run([str(SYSTEM_PYTHON), "-c", "import platform; print(platform.python_version())"],
-                            capture_output=True, text=True).stdout.strip()
-    assert f": version: Python {theirs} here ({SYSTEM_PYTHON}), {platform.python_version()} on the cluster" in line, line
+    theirs = subprocess.run(
+        [str(SYSTEM_PYTHON), "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True
+    ).stdout.strip()
+    assert f": version: Python {theirs} here ({SYSTEM_PYTHON}), {platform.python_version()} on the cluster" in line, (
+        line
+    )
 
 
 def test_a_node_with_another_sglang_is_named_by_doctor_and_stops_rerun_test(token_cluster, home_with_token, tmp_path):
@@ -140,14 +159,27 @@ def test_a_node_with_another_sglang_is_named_by_doctor_and_stops_rerun_test(toke
     node = token_cluster.add_node(num_gpus=1, env={"RAY_AUTH_MODE": "token", "PYTHONPATH": path})
     try:
         env = clean_env(home_with_token, tmp_path / "procs", RAY_AUTH_MODE="token")
-        done = harness(env, "doctor", TOPOLOGY, "--ray-address", token_cluster.address, "--json",
-                       "--run-dir", str(tmp_path / "doctor"))
-        rows = json.loads(done.out[done.out.index("{"):])["rows"]
+        done = harness(
+            env,
+            "doctor",
+            TOPOLOGY,
+            "--ray-address",
+            token_cluster.address,
+            "--json",
+            "--run-dir",
+            str(tmp_path / "doctor"),
+        )
+        rows = json.loads(done.out[done.out.index("{") :])["rows"]
         [driver] = [r for r in rows if r["check"] == "software.driver"]
         assert driver["status"] == "failed"
-        assert f"node{node.index}/" in driver["detail"] and f"sglang {other} there, {SUPPORTED_VERSION} here" in driver["detail"]
+        assert (
+            f"node{node.index}/" in driver["detail"]
+            and f"sglang {other} there, {SUPPORTED_VERSION} here" in driver["detail"]
+        )
         line = _one_line(rerun_test(token_cluster, env, tmp_path / "run", CROSS_NODE), "rerun-test")
-        assert f": version skew: node{node.index}/" in line and f"sglang {other} there, {SUPPORTED_VERSION} here" in line, line
+        assert (
+            f": version skew: node{node.index}/" in line and f"sglang {other} there, {SUPPORTED_VERSION} here" in line
+        ), line
         assert not (tmp_path / "run" / "groups").exists(), "a group started on a skewed cluster"
     finally:
         token_cluster.remove_node(node)

@@ -65,8 +65,10 @@ def _entries(procs_dir: Path) -> list[dict]:
 
 
 def test_doctor_places_prefill_and_decode_on_their_nodes_and_calls_the_gpus_logical(cli_cluster, env, tmp_path):
-    done = harness(env, "doctor", TOPOLOGY, "--ray-address", cli_cluster.address, "--json", "--run-dir", str(tmp_path / "run"))
-    report = json.loads(done.out[done.out.index("{"):])
+    done = harness(
+        env, "doctor", TOPOLOGY, "--ray-address", cli_cluster.address, "--json", "--run-dir", str(tmp_path / "run")
+    )
+    report = json.loads(done.out[done.out.index("{") :])
     rows = {(r["check"], r["detail"].split(" ")[0]): r for r in report["rows"]}
     by_check = {}
     for r in report["rows"]:
@@ -98,7 +100,8 @@ def test_rerun_test_runs_the_cross_node_suite_and_reports_logical_gpus(cli_clust
 
 def test_a_gate_runs_on_the_joined_cluster(cli_cluster, env, tmp_path):
     gate = tmp_path / "joined.toml"
-    gate.write_text(textwrap.dedent(f"""\
+    gate.write_text(
+        textwrap.dedent(f"""\
         name = "joined"
         description = "the cross-node smoke suite on a joined cluster"
         sglang_version = "0.5.23"
@@ -108,8 +111,11 @@ def test_a_gate_runs_on_the_joined_cluster(cli_cluster, env, tmp_path):
         [[suites]]
         name = "cross-node"
         select = ["{CROSS_NODE}"]
-        """))
-    done = harness(env, "gate", "run", str(gate), "--ray-address", cli_cluster.address, "--run-dir", str(tmp_path / "run"))
+        """)
+    )
+    done = harness(
+        env, "gate", "run", str(gate), "--ray-address", cli_cluster.address, "--run-dir", str(tmp_path / "run")
+    )
     assert done.rc == 0, done.out
     assert "PASS" in done.out and f"joined Ray cluster at {cli_cluster.address}" in done.out
     result = json.loads((tmp_path / "run" / "report" / "result.json").read_text())
@@ -122,7 +128,8 @@ def test_unreachable_address_is_one_line_and_exit_2(cli_cluster, env, tmp_path):
     done = rerun_test(cli_cluster, env, tmp_path / "run", CROSS_NODE, address=f"{host}:{port}")
     assert done.rc == 2
     assert done.lines() == [done.lines()[0]] and done.lines()[0].startswith(
-        f"rerun-test: cannot join the Ray cluster at {host}:{port}: unreachable: "), done.out
+        f"rerun-test: cannot join the Ray cluster at {host}:{port}: unreachable: "
+    ), done.out
     assert not (tmp_path / "run" / "groups").exists(), "a group started although the cluster cannot be joined"
 
 
@@ -145,17 +152,29 @@ def test_a_target_too_large_to_ship_is_one_line_and_exit_2(cli_cluster, env, tmp
     # target and what to do, before any group starts.
     tree = linked_tree(tmp_path / "tree")
     (tree / "sglang" / "srt" / "weights.bin").write_bytes(os.urandom(6 << 20))  # 6 MiB that do not compress
-    done = run(["rerun-test", "--ray-address", cli_cluster.address, "--sglang", str(tree), "--run-dir",
-                str(tmp_path / "run"), CROSS_NODE], {**env, "RAY_max_grpc_message_size": str(4 << 20)})
+    done = run(
+        [
+            "rerun-test",
+            "--ray-address",
+            cli_cluster.address,
+            "--sglang",
+            str(tree),
+            "--run-dir",
+            str(tmp_path / "run"),
+            CROSS_NODE,
+        ],
+        {**env, "RAY_max_grpc_message_size": str(4 << 20)},
+    )
     assert done.rc == 2, done.out
     [line] = done.lines()
-    assert line.startswith(f"rerun-test: cannot join the Ray cluster at {cli_cluster.address}: carry: cannot ship "
-                           f"sglang"), line
+    assert line.startswith(
+        f"rerun-test: cannot join the Ray cluster at {cli_cluster.address}: carry: cannot ship sglang"
+    ), line
     assert str(tree.resolve()) in line and "exceeds the maximum size" in line and "leave large files" in line, line
     assert not (tmp_path / "run" / "groups").exists(), "a group started although the target could not be shipped"
 
 
-BLOCKING_SUITE = '''
+BLOCKING_SUITE = """
 import os, signal, time
 from pathlib import Path
 
@@ -182,7 +201,7 @@ def test_blocks_while_its_decode_node_is_lost(pd_workers):
             flag.with_suffix(".end").write_text(str(time.time()))
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {{FAILFAST_SIGNAL}})
-'''
+"""
 
 
 def test_node_loss_fails_the_test_naming_the_node_and_the_next_run_works(cli_cluster, env, tmp_path, record_property):
@@ -191,13 +210,37 @@ def test_node_loss_fails_the_test_naming_the_node_and_the_next_run_works(cli_clu
     suite.write_text(BLOCKING_SUITE.format(topology=TOPOLOGY))
     flag = tmp_path / "flag"
     out = tmp_path / "pytest.log"
-    argv = [sys.executable, "-m", "pytest", str(suite), "--ray-address", cli_cluster.address, "--topology", TOPOLOGY,
-            "--run-dir", str(tmp_path / "run"), "-p", "no:cacheprovider", "-q", "--timeout", "300",
-            "--rootdir", str(suite.parent)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(suite),
+        "--ray-address",
+        cli_cluster.address,
+        "--topology",
+        TOPOLOGY,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--timeout",
+        "300",
+        "--rootdir",
+        str(suite.parent),
+    ]
     with open(out, "wb") as log_file:
-        proc = subprocess.Popen(argv, cwd=REPO, env={**env, "JOINED_FLAG": str(flag)}, stdout=log_file,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env={**env, "JOINED_FLAG": str(flag)},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
+
         def blocking() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"pytest exited {proc.returncode} before blocking:\n{out.read_text()}")
@@ -236,7 +279,7 @@ def test_node_loss_fails_the_test_naming_the_node_and_the_next_run_works(cli_clu
 
 
 # Joins with a tree target, moves the tree away, then starts a probe on each node: where do they import from?
-TRAVEL_DRIVER = '''
+TRAVEL_DRIVER = """
 import json, os, sys
 from pathlib import Path
 
@@ -264,7 +307,7 @@ try:
 finally:
     cluster.shutdown()
 print("SEEN " + json.dumps(seen), flush=True)
-'''
+"""
 
 
 def test_a_tree_target_travels_to_every_node_and_needs_no_path_there(cli_cluster, env, tmp_path):
@@ -274,8 +317,15 @@ def test_a_tree_target_travels_to_every_node_and_needs_no_path_there(cli_cluster
     # Run from outside the repository: Ray puts the driver's working directory on every worker's path,
     # so from the repository a worker here would import the harness from there, as a node with the
     # repository at that path does; a node without it imports the harness the job carried.
-    done = subprocess.run([sys.executable, str(driver), cli_cluster.address, str(tree), str(tmp_path / "run")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, str(driver), cli_cluster.address, str(tree), str(tmp_path / "run")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not tree.exists() and (tmp_path / "tree.moved").is_dir()
     seen = json.loads(done.stdout.split("SEEN ", 1)[1])
@@ -291,11 +341,11 @@ def test_a_tree_target_travels_to_every_node_and_needs_no_path_there(cli_cluster
 
 
 # A node whose interpreter pins another sglang ahead of anything Ray adds to its path.
-PINNING_SITE = '''
+PINNING_SITE = """
 import sys
 sys.path.insert(0, {pinned!r})
 import sglang  # noqa: F401  (imported before any harness code can select the target)
-'''
+"""
 
 
 def test_a_node_whose_import_would_differ_from_the_shipped_tree_is_refused_in_one_line(cli_cluster, env, tmp_path):
@@ -313,8 +363,9 @@ def test_a_node_whose_import_would_differ_from_the_shipped_tree_is_refused_in_on
         cli_cluster.remove_node(node)
     assert done.rc == 2, done.out
     [line] = done.lines()
-    assert line.startswith(f"rerun-test: cannot join the Ray cluster at {cli_cluster.address}: version skew: "
-                           f"node{node.index}/"), line
+    assert line.startswith(
+        f"rerun-test: cannot join the Ray cluster at {cli_cluster.address}: version skew: node{node.index}/"
+    ), line
     assert f"sglang {other} from {pinned.resolve()} there, {read_version(tree)} here" in line, line
     assert "node0/" not in line and "node1/" not in line, line  # the nodes that import the shipped copy pass
     assert not (tmp_path / "run" / "groups").exists(), "a group started on a node that imports another sglang"

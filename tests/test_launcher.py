@@ -24,8 +24,20 @@ CHECKS_ENV = checks.environment(None)
 PREFILL_PORTS = ServerPorts(http=30001, nccl=30002, bootstrap=30003)
 DECODE_PORTS = ServerPorts(http=30011, nccl=30012)
 
-CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-             "--max-total-tokens", "8192", "--page-size", "64", "--random-seed", "0", "--sleep-on-idle"]
+CPU_FLAGS = [
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--disable-cuda-graph",
+    "--max-total-tokens",
+    "8192",
+    "--page-size",
+    "64",
+    "--random-seed",
+    "0",
+    "--sleep-on-idle",
+]
 CPU_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",
     "HF_HUB_OFFLINE": "1",
@@ -42,13 +54,30 @@ CPU_ENV = {
 
 
 def head(ports: ServerPorts) -> list[str]:
-    return [PY, "-m", "sglang.launch_server", "--model-path", MODEL, "--host", "127.0.0.1",
-            "--port", str(ports.http), "--nccl-port", str(ports.nccl)]
+    return [
+        PY,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(ports.http),
+        "--nccl-port",
+        str(ports.nccl),
+    ]
 
 
 def prefill_mode(backend: str = "mooncake") -> list[str]:
-    return ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", backend,
-            "--disaggregation-bootstrap-port", "30003"]
+    return [
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-transfer-backend",
+        backend,
+        "--disaggregation-bootstrap-port",
+        "30003",
+    ]
 
 
 def decode_mode(backend: str = "mooncake") -> list[str]:
@@ -60,7 +89,14 @@ def decode_mode(backend: str = "mooncake") -> list[str]:
 
 def test_cpu_prefill_exact():
     cmd = server_command(topology.get("cpu"), "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY)
-    assert list(cmd.argv) == [*head(PREFILL_PORTS), "--tp", "1", *prefill_mode(), *CPU_FLAGS, "--disable-overlap-schedule"]
+    assert list(cmd.argv) == [
+        *head(PREFILL_PORTS),
+        "--tp",
+        "1",
+        *prefill_mode(),
+        *CPU_FLAGS,
+        "--disable-overlap-schedule",
+    ]
     assert dict(cmd.env) == {**CPU_ENV, **CHECKS_ENV}
     assert cmd.pythonpath == (str(SITE_DIR), str(CPU_SHIM_DIR))
     assert cmd.role == "prefill"
@@ -68,29 +104,84 @@ def test_cpu_prefill_exact():
 
 def test_cpu_decode_exact():
     cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
-    assert list(cmd.argv) == [*head(DECODE_PORTS), "--tp", "1", *decode_mode(), *CPU_FLAGS,
-                              "--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    assert list(cmd.argv) == [
+        *head(DECODE_PORTS),
+        "--tp",
+        "1",
+        *decode_mode(),
+        *CPU_FLAGS,
+        "--disaggregation-decode-retraction-backup",
+        "cpu_tensor",
+    ]
     assert dict(cmd.env) == {**CPU_ENV, **CHECKS_ENV}
     assert cmd.pythonpath == (str(SITE_DIR), str(CPU_SHIM_DIR))
 
 
 def test_cpu_router_exact():
-    cmd = router_command(topology.get("cpu"), prefill=[("http://127.0.0.1:30001", 30003)],
-                         decode=["http://127.0.0.1:30011"], port=30021, prometheus_port=30022, python=PY)
-    assert list(cmd.argv) == [PY, "-m", "harness.engines.server.router", "--host", "127.0.0.1", "--port", "30021",
-                              "--prometheus-host", "127.0.0.1", "--prometheus-port", "30022",
-                              "--pd-disaggregation", "--policy", "round_robin",
-                              "--prefill", "http://127.0.0.1:30001", "30003", "--decode", "http://127.0.0.1:30011"]
+    cmd = router_command(
+        topology.get("cpu"),
+        prefill=[("http://127.0.0.1:30001", 30003)],
+        decode=["http://127.0.0.1:30011"],
+        port=30021,
+        prometheus_port=30022,
+        python=PY,
+    )
+    assert list(cmd.argv) == [
+        PY,
+        "-m",
+        "harness.engines.server.router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30021",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        "30022",
+        "--pd-disaggregation",
+        "--policy",
+        "round_robin",
+        "--prefill",
+        "http://127.0.0.1:30001",
+        "30003",
+        "--decode",
+        "http://127.0.0.1:30011",
+    ]
     assert dict(cmd.env) == {} and cmd.pythonpath == ()
 
 
 def test_cpu_router_mini_lb_is_pd_with_random_policy():
-    cmd = router_command(topology.get("cpu"), prefill=[("http://a:1", None)], decode=["http://b:2"], port=3,
-                         prometheus_port=4, python=PY, mini_lb=True)
-    assert list(cmd.argv) == [PY, "-m", "harness.engines.server.router", "--host", "127.0.0.1", "--port", "3",
-                              "--prometheus-host", "127.0.0.1", "--prometheus-port", "4",
-                              "--pd-disaggregation", "--policy", "random", "--mini-lb",
-                              "--prefill", "http://a:1", "none", "--decode", "http://b:2"]
+    cmd = router_command(
+        topology.get("cpu"),
+        prefill=[("http://a:1", None)],
+        decode=["http://b:2"],
+        port=3,
+        prometheus_port=4,
+        python=PY,
+        mini_lb=True,
+    )
+    assert list(cmd.argv) == [
+        PY,
+        "-m",
+        "harness.engines.server.router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "3",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        "4",
+        "--pd-disaggregation",
+        "--policy",
+        "random",
+        "--mini-lb",
+        "--prefill",
+        "http://a:1",
+        "none",
+        "--decode",
+        "http://b:2",
+    ]
 
 
 def test_cpu_plain_server_is_decode_shape_without_disaggregation():
@@ -101,8 +192,16 @@ def test_cpu_plain_server_is_decode_shape_without_disaggregation():
 
 
 def test_cpu_compat_patches_and_probe_env():
-    cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY,
-                         compat_patches=(), probe_run_dir="/runs/r", worker="decode-2")
+    cmd = server_command(
+        topology.get("cpu"),
+        "decode",
+        model=MODEL,
+        ports=DECODE_PORTS,
+        python=PY,
+        compat_patches=(),
+        probe_run_dir="/runs/r",
+        worker="decode-2",
+    )
     assert "HARNESS_COMPAT_PATCHES" not in cmd.env
     assert cmd.env["HARNESS_PROBE_LEDGER"] == "/runs/r/ledger/decode-2.jsonl"
     assert cmd.env["HARNESS_PROBE_WORKER"] == "decode-2"
@@ -115,13 +214,19 @@ def test_extra_env_is_set_last_and_only_on_its_server():
     # the CPU recipe's, and a stack hands it to the role it names only (stack.pd_commands).
     from harness.engines.server.stack import pd_commands
 
-    cmd = server_command(topology.get("cpu"), "decode", model=MODEL, ports=DECODE_PORTS, python=PY,
-                         extra_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "10",
-                                    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "3"})
+    cmd = server_command(
+        topology.get("cpu"),
+        "decode",
+        model=MODEL,
+        ports=DECODE_PORTS,
+        python=PY,
+        extra_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "10", "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "3"},
+    )
     assert cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "10"
     assert cmd.env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "3"
-    p, d = pd_commands(topology.get("cpu"), MODEL, "/runs/r",
-                       extra_env={"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "10"}})
+    p, d = pd_commands(
+        topology.get("cpu"), MODEL, "/runs/r", extra_env={"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "10"}}
+    )
     assert d.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "10"
     assert "SGLANG_DISAGGREGATION_WAITING_TIMEOUT" not in p.env
 
@@ -155,10 +260,24 @@ def test_2_node_16_gpu_h200_tp8_exact():
     topo = topology.get("2-node-16-gpu-h200")
     p = server_command(topo, "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY, host="10.0.0.1")
     d = server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY, host="10.0.0.2")
-    assert list(p.argv) == [*head(PREFILL_PORTS)[:6], "10.0.0.1", *head(PREFILL_PORTS)[7:], "--tp", "8", *prefill_mode()]
+    assert list(p.argv) == [
+        *head(PREFILL_PORTS)[:6],
+        "10.0.0.1",
+        *head(PREFILL_PORTS)[7:],
+        "--tp",
+        "8",
+        *prefill_mode(),
+    ]
     assert list(d.argv) == [*head(DECODE_PORTS)[:6], "10.0.0.2", *head(DECODE_PORTS)[7:], "--tp", "8", *decode_mode()]
-    r = router_command(topo, prefill=[("http://10.0.0.1:30001", 30003)], decode=["http://10.0.0.2:30011"],
-                       port=30021, prometheus_port=30022, python=PY, host="10.0.0.1")
+    r = router_command(
+        topo,
+        prefill=[("http://10.0.0.1:30001", 30003)],
+        decode=["http://10.0.0.2:30011"],
+        port=30021,
+        prometheus_port=30022,
+        python=PY,
+        host="10.0.0.1",
+    )
     assert r.argv[3:6] == ("--host", "10.0.0.1", "--port")
 
 
@@ -198,7 +317,7 @@ def test_role_engine_args_override_cpu_defaults_once():
 def test_dp_and_dp_attention_from_the_role():
     topo = _with_role(topology.get("8-gpu-h200"), "decode", tp=2, dp=2, dp_attention=True, engine_args=())
     argv = list(server_command(topo, "decode", model=MODEL, ports=DECODE_PORTS, python=PY).argv)
-    assert argv[argv.index("--tp"):argv.index("--tp") + 5] == ["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]
+    assert argv[argv.index("--tp") : argv.index("--tp") + 5] == ["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]
 
 
 def test_placeholder_ports_pass_through_for_the_worker_to_fill():
@@ -230,8 +349,10 @@ def test_launcher_imports_nothing_of_sglang():
     import subprocess
     import sys
 
-    code = ("import sys; import harness.engines.server.launcher as l; "
-            "bad = [m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')]; "
-            "sys.exit(1 if bad else 0)")
+    code = (
+        "import sys; import harness.engines.server.launcher as l; "
+        "bad = [m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')]; "
+        "sys.exit(1 if bad else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
     assert launcher.SERVER_MODULE == "sglang.launch_server"

@@ -32,8 +32,9 @@ def _copy(tmp_path: Path) -> Path:
 
 def _lint(tree: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _plant(path: Path, code: str) -> None:
@@ -49,7 +50,10 @@ def test_the_contracts_hold_on_the_tree(tmp_path: Path):
 def test_an_upward_import_inside_a_function_breaks_the_layers(tmp_path: Path):
     tree = _copy(tmp_path)
     # The ledger is the bottom layer; a lazy import of the rerun-test front end from it runs upward.
-    _plant(tree / "harness" / "ledger" / "events.py", "def _planted():\n    from harness.commands import rerun  # noqa: F401\n")
+    _plant(
+        tree / "harness" / "ledger" / "events.py",
+        "def _planted():\n    from harness.commands import rerun  # noqa: F401\n",
+    )
     done = _lint(tree)
     assert done.returncode != 0
     assert "BROKEN" in done.stdout
@@ -60,7 +64,10 @@ def test_an_upward_import_inside_a_function_breaks_the_layers(tmp_path: Path):
 def test_a_cycle_inside_a_package_breaks_the_acyclic_contract(tmp_path: Path):
     tree = _copy(tmp_path)
     # cluster.join imports cluster.nodes; nodes importing join back closes a cycle of siblings.
-    _plant(tree / "harness" / "cluster" / "nodes.py", "def _planted():\n    from harness.cluster import join  # noqa: F401\n")
+    _plant(
+        tree / "harness" / "cluster" / "nodes.py",
+        "def _planted():\n    from harness.cluster import join  # noqa: F401\n",
+    )
     done = _lint(tree)
     assert done.returncode != 0
     assert "No cycles are allowed in harness.cluster" in done.stdout
@@ -69,8 +76,10 @@ def test_a_cycle_inside_a_package_breaks_the_acyclic_contract(tmp_path: Path):
 def test_an_sglang_import_outside_targets_and_engines_breaks_the_forbidden_contract(tmp_path: Path):
     tree = _copy(tmp_path)
     # The report reads files only; a lazy import of sglang's scheduler there is the adapter's job leaking out.
-    _plant(tree / "harness" / "report" / "junit.py",
-           "def _planted():\n    from sglang.srt.managers import scheduler  # noqa: F401\n")
+    _plant(
+        tree / "harness" / "report" / "junit.py",
+        "def _planted():\n    from sglang.srt.managers import scheduler  # noqa: F401\n",
+    )
     done = _lint(tree)
     assert done.returncode != 0
     assert "Only harness.targets and harness.engines import sglang BROKEN" in done.stdout

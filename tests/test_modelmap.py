@@ -30,18 +30,23 @@ def test_env_var_names():
 
 def test_option_and_env_give_validated_dirs_and_the_option_wins(tmp_path):
     a, b, c = model_dir(tmp_path, "a"), model_dir(tmp_path, "b"), model_dir(tmp_path, "c")
-    got = overrides([f"dsv4={a}", f"tiny-llama={b}"], {"HARNESS_MODEL_DSV4": str(c), "HARNESS_MODEL_TINY_MELLUM_SWA": str(c)})
+    got = overrides(
+        [f"dsv4={a}", f"tiny-llama={b}"], {"HARNESS_MODEL_DSV4": str(c), "HARNESS_MODEL_TINY_MELLUM_SWA": str(c)}
+    )
     assert got == {"dsv4": a.resolve(), "tiny-llama": b.resolve(), "tiny-mellum-swa": c.resolve()}
     assert overrides(None, {}) == {}
     assert overrides(None, {"HARNESS_MODEL_DSV4": ""}) == {}  # an empty var means not given
 
 
-@pytest.mark.parametrize("value, message", [
-    ("dsv4", "--model 'dsv4': write NAME=PATH, e.g. --model dsv4=/models/DeepSeek-V4"),
-    ("=/x", "--model '=/x': write NAME=PATH"),
-    ("dsv4=", "--model 'dsv4=': write NAME=PATH"),
-    ("llama=/x", "unknown model name 'llama' in --model llama=/x: use one of tiny-llama, tiny-mellum-swa, dsv4"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("dsv4", "--model 'dsv4': write NAME=PATH, e.g. --model dsv4=/models/DeepSeek-V4"),
+        ("=/x", "--model '=/x': write NAME=PATH"),
+        ("dsv4=", "--model 'dsv4=': write NAME=PATH"),
+        ("llama=/x", "unknown model name 'llama' in --model llama=/x: use one of tiny-llama, tiny-mellum-swa, dsv4"),
+    ],
+)
 def test_malformed_option_values_are_one_clear_line(value, message):
     with pytest.raises(ModelError) as e:
         overrides([value], {})
@@ -69,8 +74,11 @@ def test_a_name_given_twice_or_an_unknown_env_var_is_an_error(tmp_path):
     d = model_dir(tmp_path)
     with pytest.raises(ModelError, match="--model dsv4=... is given twice; give each model once"):
         overrides([f"dsv4={d}", f"dsv4={d}"], {})
-    with pytest.raises(ModelError, match="env HARNESS_MODEL_DSV3: no model is called that; use one of "
-                                         "HARNESS_MODEL_TINY_LLAMA, HARNESS_MODEL_TINY_MELLUM_SWA, HARNESS_MODEL_DSV4"):
+    with pytest.raises(
+        ModelError,
+        match="env HARNESS_MODEL_DSV3: no model is called that; use one of "
+        "HARNESS_MODEL_TINY_LLAMA, HARNESS_MODEL_TINY_MELLUM_SWA, HARNESS_MODEL_DSV4",
+    ):
         overrides(None, {"HARNESS_MODEL_DSV3": str(d)})
 
 
@@ -92,15 +100,21 @@ def test_cpu_builds_an_unmapped_tiny_model_locally(tmp_path):
 def test_gpu_topologies_need_a_given_model(tmp_path):
     with pytest.raises(ModelError) as e:
         resolve("tiny-llama", {}, H100, cache_dir=tmp_path)
-    assert str(e.value) == ("topology 2-gpu-h100 runs real models: give model 'tiny-llama' with --model tiny-llama=PATH "
-                            "or HARNESS_MODEL_TINY_LLAMA=PATH (a local model directory; no hub download)")
+    assert str(e.value) == (
+        "topology 2-gpu-h100 runs real models: give model 'tiny-llama' with --model tiny-llama=PATH "
+        "or HARNESS_MODEL_TINY_LLAMA=PATH (a local model directory; no hub download)"
+    )
     assert not list(tmp_path.iterdir()), "a tiny model was built for a GPU topology"
-    with pytest.raises(ModelError, match="topology 8-gpu-h200 runs real models: give model 'dsv4' with --model dsv4=PATH"):
+    with pytest.raises(
+        ModelError, match="topology 8-gpu-h200 runs real models: give model 'dsv4' with --model dsv4=PATH"
+    ):
         resolve("dsv4", {}, H200)
 
 
 def test_dsv4_is_never_built_and_unknown_names_fail():
-    with pytest.raises(ModelError, match="model 'dsv4' is not built locally: give it with --model dsv4=PATH or HARNESS_MODEL_DSV4=PATH"):
+    with pytest.raises(
+        ModelError, match="model 'dsv4' is not built locally: give it with --model dsv4=PATH or HARNESS_MODEL_DSV4=PATH"
+    ):
         resolve("dsv4", {}, CPU)
     with pytest.raises(ModelError, match="unknown model name 'gpt2' in a suite's model"):
         resolve("gpt2", {}, CPU)

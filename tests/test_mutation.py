@@ -29,7 +29,7 @@ from harness.rerun import checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 
-SOURCE = '''
+SOURCE = """
 def tail(seq_len, window, page_size):
     if seq_len <= 0:
         return max(seq_len, 0)
@@ -42,7 +42,7 @@ class Pool:
     def free(self, pages):
         self.release(pages)
         self.count = self.count - len(pages)
-'''
+"""
 
 
 def test_operators_cover_the_engine_shapes_and_every_mutant_compiles_in_place():
@@ -80,11 +80,15 @@ def test_a_limit_spreads_over_functions_and_operators(tmp_path):
 
 
 # The edit a PR makes (behaviour unchanged): the early return and the page floor, rewritten.
-EDITS = (("            return max(seq_len, 0)\n", "            return max(0, seq_len)\n"),
-         ("        window_start = (window_start // page_size) * page_size\n        return seq_len - window_start\n",
-          "        aligned = (window_start // page_size) * page_size\n        return seq_len - aligned\n"))
+EDITS = (
+    ("            return max(seq_len, 0)\n", "            return max(0, seq_len)\n"),
+    (
+        "        window_start = (window_start // page_size) * page_size\n        return seq_len - window_start\n",
+        "        aligned = (window_start // page_size) * page_size\n        return seq_len - aligned\n",
+    ),
+)
 
-CANDIDATES = '''
+CANDIDATES = """
 import types
 
 import pytest
@@ -110,12 +114,12 @@ def test_window_path_returns_an_int():
 
     rank_runtime.publish(rank_runtime.RuntimeSettings())
     assert isinstance(DecodePreallocQueue._swa_tail_len(_queue(True), 300), int)
-'''
+"""
 
 
 UPSTREAM = {
     # CPU-registered, imports the module, checks almost nothing: kills no mutant here.
-    "unit/test_tail_registered.py": '''
+    "unit/test_tail_registered.py": """
         import unittest
 
         from sglang.srt.disaggregation.decode import DecodePreallocQueue
@@ -127,9 +131,9 @@ UPSTREAM = {
         class TestTail(unittest.TestCase):
             def test_has_the_method(self):
                 self.assertTrue(callable(DecodePreallocQueue._swa_tail_len))
-        ''',
+        """,
     # Not registered for CPU CI (a CUDA file): left out, though it would fail every mutant.
-    "unit/test_tail_cuda_only.py": '''
+    "unit/test_tail_cuda_only.py": """
         import unittest
 
         from sglang.srt.disaggregation.decode import DecodePreallocQueue
@@ -141,30 +145,62 @@ UPSTREAM = {
         class TestTail(unittest.TestCase):
             def test_always_fails(self):
                 self.fail("a CUDA-only file must not run")
-        ''',
+        """,
 }
 
 
 def test_compare_upstream_needs_a_checkout(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "mutate", "--compare-upstream", "--limit", "1",
-                           "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "mutate",
+            "--compare-upstream",
+            "--limit",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "has no test/registered/" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
 @pytest.mark.est_time(60)
 def test_mutate_kills_what_a_test_pins_and_reports_what_no_test_sees_as_surviving(tmp_path):
-    tree, text = pr_checkout.make(tmp_path / "repo", EDITS,
-                                  {f"test/registered/{name}": body for name, body in UPSTREAM.items()})
+    tree, text = pr_checkout.make(
+        tmp_path / "repo", EDITS, {f"test/registered/{name}": body for name, body in UPSTREAM.items()}
+    )
     rel = pr_checkout.DECODE
     tests = tmp_path / "test_candidates.py"
     tests.write_text(textwrap.dedent(CANDIDATES))
     out, bg, status_file = tmp_path / "run", tmp_path / "mutate-bg", tmp_path / "status.md"
     # As the bot's run job does (--mutate-detached): the run goes on in the background and each checkpoint hands
     # out the status file when it changed; the progress line must show up at a checkpoint before the score.
-    argv = [sys.executable, "-m", "harness.cli", "mutate", "--sglang", str(tree), "--changed", "HEAD",
-            "--tests", str(tests), "--limit", "4", "--compare-upstream", "--run-dir", str(out),
-            "--comment-out", str(status_file)]
+    argv = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "mutate",
+        "--sglang",
+        str(tree),
+        "--changed",
+        "HEAD",
+        "--tests",
+        str(tests),
+        "--limit",
+        "4",
+        "--compare-upstream",
+        "--run-dir",
+        str(out),
+        "--comment-out",
+        str(status_file),
+    ]
     assert checkpoint.start(bg, argv, cwd=REPO) > 0
     handed_out = []
     for _ in range(200):  # 200 checkpoints of at most 3 s: the run's 600 s bound
@@ -231,14 +267,17 @@ def test_mutants_of_awkward_sources_keep_their_place_and_compile_with_their_mark
         assert operators.mutate_source(AWKWARD, m).count("\n") == AWKWARD.count("\n")
 
 
-@pytest.mark.parametrize("evidence, killer, oracle", [
-    ("ledger [swa-tail-short] decode-0 prealloc of r1", "t::a", "harness"),
-    ("assertion tail 44 != 108", "t::a", "harness"),
-    ("sglang-check debug-memory-pool: Full Pool Mem Leak Detected! | at sglang/x.py", "t::a", "sglang"),
-    ("sglang-assert AssertionError: swa_evicted_seqlen % page_size | at sglang/x.py:10", "t::a", "sglang"),
-    ("sglang-assert NameError: name 'window_size' is not defined | at sglang/x.py:5", "t::a", "crash"),
-    ("pytest exited 2 before any test failed", "(pytest run)", "crash"),
-])
+@pytest.mark.parametrize(
+    "evidence, killer, oracle",
+    [
+        ("ledger [swa-tail-short] decode-0 prealloc of r1", "t::a", "harness"),
+        ("assertion tail 44 != 108", "t::a", "harness"),
+        ("sglang-check debug-memory-pool: Full Pool Mem Leak Detected! | at sglang/x.py", "t::a", "sglang"),
+        ("sglang-assert AssertionError: swa_evicted_seqlen % page_size | at sglang/x.py:10", "t::a", "sglang"),
+        ("sglang-assert NameError: name 'window_size' is not defined | at sglang/x.py:5", "t::a", "crash"),
+        ("pytest exited 2 before any test failed", "(pytest run)", "crash"),
+    ],
+)
 def test_who_caught_a_mutant(evidence, killer, oracle):
     m = operators.mutants_of(SOURCE, "sglang/x.py", "tail")[0]
     assert run.Verdict(m, run.KILLED, ("t::a",), killer, evidence, True).oracle == oracle

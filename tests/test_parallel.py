@@ -60,8 +60,9 @@ def test_shared_session_fixtures_and_modules_each_run_in_one_worker(pytester, mo
     where = pytester.path / "where.jsonl"
     monkeypatch.setenv("WHERE", str(where))
     junit = pytester.path / "junit.xml"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
-                                           f"--junitxml={junit}")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", f"--junitxml={junit}"
+    )
     result.assert_outcomes(passed=6 * MODULES)
     pid = _where(where)
     assert len(pid) == 6 * MODULES
@@ -112,8 +113,9 @@ def test_auto_on_a_joined_cluster_is_one_worker(pytester):
         def pytest_configure(config):
             print("AUTO", parallel.pytest_xdist_auto_num_workers(config))
     """)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--ray-address", "127.0.0.1:1",
-                                           "--collect-only", "-q", "-p", "no:xdist")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-s", "--ray-address", "127.0.0.1:1", "--collect-only", "-q", "-p", "no:xdist"
+    )
     result.stdout.fnmatch_lines(["AUTO 1"])
 
 
@@ -140,8 +142,14 @@ def test_estimates_share_a_marker_as_the_rerun_registry_does(pytester):
     items = pytester.getitems(ESTIMATED)
     est = {item.nodeid.split("::", 1)[1]: v for item, v in zip(items, parallel.estimates(items).values())}
     # The module's 10 s: half to test_a, half to test_b's two cases; test_c and the class have their own.
-    assert est == {"test_a": 5.0, "test_b[1]": 2.5, "test_b[2]": 2.5, "test_c": 3.0,
-                   "TestD::test_e": 2.0, "TestD::test_f": 2.0}
+    assert est == {
+        "test_a": 5.0,
+        "test_b[1]": 2.5,
+        "test_b[2]": 2.5,
+        "test_c": 3.0,
+        "TestD::test_e": 2.0,
+        "TestD::test_f": 2.0,
+    }
     plain = pytester.makepyfile(test_plain="def test_x(): pass")
     assert list(parallel.estimates(pytester.getitems(plain)).values()) == [parallel.UNMARKED_EST_S]
 

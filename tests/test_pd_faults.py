@@ -15,8 +15,11 @@ from harness.engines.sim.driver import run
 from harness.engines.sim.workload import KVSpec, PDRequest
 from pdpair import SPEC, pair  # noqa: F401 - the module's fixture
 
-REQS = [PDRequest("r300", 300, decode_steps=150), PDRequest("r129", 129, decode_steps=40),
-        PDRequest("r64", 64, decode_steps=3)]
+REQS = [
+    PDRequest("r300", 300, decode_steps=150),
+    PDRequest("r129", 129, decode_steps=40),
+    PDRequest("r64", 64, decode_steps=3),
+]
 
 
 @pytest.fixture
@@ -121,8 +124,9 @@ def test_a_page_passed_between_requests_within_a_step_is_not_a_cache_eviction(fr
 
     spec = KVSpec(kind="swa", page_size=64, window=100, full_tokens=24 * 64, swa_tokens=10 * 64, req_slots=8)
     fresh.configure(spec)
-    reqs = workload(1972833191, 200, page_size=64, max_prompt=6 * 64, max_steps=12, abort_rate=0.05,
-                    prefix="2-gpu-h100-0-")
+    reqs = workload(
+        1972833191, 200, page_size=64, max_prompt=6 * 64, max_steps=12, abort_rate=0.05, prefix="2-gpu-h100-0-"
+    )
     res = run(fresh, reqs, chunk_pages=8)
     res.assert_clean()
     assert not [e for e in res.events if e.rid == ledger.CACHE_OWNER], "radix cache off: no cache evictions"

@@ -21,8 +21,9 @@ SPEC = KVSpec(kind="swa", page_size=64, window=100, full_tokens=32 * 64, swa_tok
 
 
 def test_decode_worker_killed_mid_run_fails_within_2s_with_log_tail(ray_cluster, run_dir):
-    dep = deploy.start(ray_cluster, topology.get("cpu"), run_dir.root, SPEC, name_prefix="kill-test-",
-                       call_timeout=60.0)
+    dep = deploy.start(
+        ray_cluster, topology.get("cpu"), run_dir.root, SPEC, name_prefix="kill-test-", call_timeout=60.0
+    )
     try:
         decode = dep.pair.decode.members[0]
         killed: dict[str, float] = {}

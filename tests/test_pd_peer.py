@@ -25,8 +25,11 @@ from harness.workers import WorkerDied
 
 pytest.importorskip("mooncake.engine", reason="the store-free transport needs mooncake's transfer engine")
 
-REQS = [PDRequest("r300", 300, decode_steps=20), PDRequest("r129", 129, decode_steps=5),
-        PDRequest("r64", 64, decode_steps=3)]
+REQS = [
+    PDRequest("r300", 300, decode_steps=20),
+    PDRequest("r129", 129, decode_steps=5),
+    PDRequest("r64", 64, decode_steps=3),
+]
 
 
 @pytest.fixture
@@ -54,8 +57,9 @@ def _fresh(pair, monkeypatch, transport):
 
 def _sockets() -> tuple[list[int], int]:
     me = psutil.Process()
-    return sorted(c.laddr.port for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN), \
-        len(me.net_connections("tcp"))
+    return sorted(c.laddr.port for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN), len(
+        me.net_connections("tcp")
+    )
 
 
 def test_kv_moves_over_the_peer_transport_and_is_verified(pair, writes, monkeypatch):
@@ -120,7 +124,9 @@ def test_a_write_into_a_gone_decode_rank_fails_at_once_naming_the_dead_worker(pa
 
 def test_a_bad_transport_name_is_one_clear_error(monkeypatch):
     monkeypatch.setenv(peer.MODE_ENV, "rdma")
-    with pytest.raises(ValueError, match="HARNESS_PD_TRANSPORT='rdma' is not a P→D transport; use one of auto, peer, store"):
+    with pytest.raises(
+        ValueError, match="HARNESS_PD_TRANSPORT='rdma' is not a P→D transport; use one of auto, peer, store"
+    ):
         peer.mode()
 
 

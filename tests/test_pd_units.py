@@ -29,7 +29,10 @@ def test_kvspec_validates():
         KVSpec(page_size=64, full_tokens=100)
     with pytest.raises(ValueError, match="hisparse needs"):
         KVSpec(kind="swa", hisparse=True)
-    assert KVSpec(kind="dsv4", page_size=256, window=128, hisparse=True, full_tokens=4096, swa_tokens=2048).tag == "dsv4-p256-w128-hisparse"
+    assert (
+        KVSpec(kind="dsv4", page_size=256, window=128, hisparse=True, full_tokens=4096, swa_tokens=2048).tag
+        == "dsv4-p256-w128-hisparse"
+    )
 
 
 def _views(pages=6, page_size=4, token_bytes=3):
@@ -74,9 +77,11 @@ def test_per_row_seeds_check_many_requests_in_one_pass_and_name_the_row():
     assert (bad.buffer, bad.position, bad.page, bad.slot, bad.index) == (0, 7, 2, 3, 7)
 
 
-@pytest.mark.parametrize("src_pages,dst_pages", [([1, 2, 3, 4], [5, 6, 7, 8]), ([4, 1, 3, 2], [8, 5, 6, 7]),
-                                                 ([1, 2, 3, 4], [8, 2, 7, 6])],
-                         ids=["runs", "scattered-src", "scattered-dst"])
+@pytest.mark.parametrize(
+    "src_pages,dst_pages",
+    [([1, 2, 3, 4], [5, 6, 7, 8]), ([4, 1, 3, 2], [8, 5, 6, 7]), ([1, 2, 3, 4], [8, 2, 7, 6])],
+    ids=["runs", "scattered-src", "scattered-dst"],
+)
 def test_gather_scatter_is_the_same_for_page_runs_and_scattered_pages(src_pages, dst_pages):
     src, dst = _views(pages=10), _views(pages=10)
     pos = torch.arange(16)

@@ -36,8 +36,13 @@ def _spawn_owner_with_group() -> tuple[subprocess.Popen, int, int]:
         "procs.register(p.pid, kind='pgid', label='test group');"
         "print(p.pid, child, flush=True); sys.stdin.read()"
     )
-    owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "HARNESS_OWNER": "", "HARNESS_PROCS_DIR": str(procs.REGISTRY_DIR)})
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HARNESS_OWNER": "", "HARNESS_PROCS_DIR": str(procs.REGISTRY_DIR)},
+    )
     leader, child = map(int, owner.stdout.readline().split())
     return owner, leader, child
 
@@ -66,8 +71,9 @@ def test_reap_stale_kills_the_group_of_a_dead_owner(registry, monkeypatch):
 def test_a_recycled_pid_is_not_killed(registry):
     victim = subprocess.Popen(["sleep", "300"])
     try:
-        entry = procs.Entry(kind="pid", pid=victim.pid, start=procs.start_time(victim.pid) + 1,
-                            owner=999999999, owner_start=1)
+        entry = procs.Entry(
+            kind="pid", pid=victim.pid, start=procs.start_time(victim.pid) + 1, owner=999999999, owner_start=1
+        )
         assert procs.kill_entry(entry) is False
         assert procs.alive(victim.pid)
     finally:
@@ -118,18 +124,26 @@ def test_descendants_and_group_members():
 
 def test_run_logged_returns_the_status_with_output_in_the_log(tmp_path):
     log = tmp_path / "run.log"
-    code, timed_out = procs.run_logged([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
-                                       cwd=tmp_path, env=os.environ, log=log, timeout_s=60)
+    code, timed_out = procs.run_logged(
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+        cwd=tmp_path,
+        env=os.environ,
+        log=log,
+        timeout_s=60,
+    )
     assert (code, timed_out) == (3, False)
     assert log.read_text().split() == ["out", "err"]
 
 
 def test_run_logged_kills_the_whole_group_past_its_limit(tmp_path):
     pid_file = tmp_path / "grandchild"
-    code = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
-    code, timed_out = procs.run_logged([sys.executable, "-c", code], cwd=tmp_path, env=os.environ,
-                                       log=tmp_path / "run.log", timeout_s=3)
+    code = (
+        f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    code, timed_out = procs.run_logged(
+        [sys.executable, "-c", code], cwd=tmp_path, env=os.environ, log=tmp_path / "run.log", timeout_s=3
+    )
     assert (code, timed_out) == (-signal.SIGKILL, True)
     assert procs.wait_gone([int(pid_file.read_text())], timeout=10) == [], "the command's child outlived the kill"
 
@@ -138,11 +152,15 @@ def test_an_interrupted_run_logged_hands_the_interrupt_to_its_command(tmp_path):
     # harness matrix / faults check / mutate run each command in a session of its own, so ^C reaches only
     # them: the interrupt must be passed on (a rerun-test then stops its groups) before they exit.
     saw, started = tmp_path / "saw-sigint", tmp_path / "started"
-    inner = (f"import pathlib, signal, time; signal.signal(signal.SIGINT, lambda *a: (pathlib.Path({str(saw)!r}).touch(), exit(130))); "
-             f"pathlib.Path({str(started)!r}).touch(); time.sleep(60)")
-    outer = (f"import os, sys; from harness.workers import procs; "
-             f"procs.run_logged([sys.executable, '-c', {inner!r}], cwd={str(tmp_path)!r}, env=os.environ, "
-             f"log=procs.Path({str(tmp_path / 'run.log')!r}), timeout_s=60)")
+    inner = (
+        f"import pathlib, signal, time; signal.signal(signal.SIGINT, lambda *a: (pathlib.Path({str(saw)!r}).touch(), exit(130))); "
+        f"pathlib.Path({str(started)!r}).touch(); time.sleep(60)"
+    )
+    outer = (
+        f"import os, sys; from harness.workers import procs; "
+        f"procs.run_logged([sys.executable, '-c', {inner!r}], cwd={str(tmp_path)!r}, env=os.environ, "
+        f"log=procs.Path({str(tmp_path / 'run.log')!r}), timeout_s=60)"
+    )
     # Started as a terminal starts it (SIGINT default): a test run in the background of a script (CI, a
     # nohup'd job) inherits SIGINT ignored, and the harness process would then never see the interrupt.
     p = subprocess.Popen([sys.executable, "-c", outer], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.est_time(25)
 REPO = Path(__file__).resolve().parents[1]
 FAULT = "swa-tail-short"
 
-SUITE = '''
+SUITE = """
 import pytest
 
 from harness.engines.sim.driver import run
@@ -63,7 +63,7 @@ def test_long_decode(pd_pair, pd_report):
 
 def test_no_ledger():
     assert True
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,9 @@ def chromium_exe() -> str:
 
 
 @pytest.fixture(scope="module")
-def faulted_run(chromium_exe: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+def faulted_run(
+    chromium_exe: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess]:
     assert FAULT in faults.catalog()
     base = tmp_path_factory.mktemp("report-run")
     tree = base / "pdtiny"
@@ -88,10 +90,25 @@ def faulted_run(chromium_exe: str, tmp_path_factory: pytest.TempPathFactory) -> 
     # --inject-fault does (rerun-test passes the environment to its pytest and Ray workers).
     patched = base / "patched"
     source.scratch_copy([FAULT], patched, target.sglang_root().resolve())
-    env = {**os.environ, faults.ENV_VAR: FAULT, "RAY_DEDUP_LOGS": "0", target.OVERLAY_ENV: str(patched),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(patched), os.environ.get("PYTHONPATH", "")) if p)}
-    cmd = [sys.executable, "-m", "harness.commands.rerun", "--suites-dir", str(tree), "--run-dir", str(run_dir), "--jobs", "1",
-           "test_tiny_pd.py"]
+    env = {
+        **os.environ,
+        faults.ENV_VAR: FAULT,
+        "RAY_DEDUP_LOGS": "0",
+        target.OVERLAY_ENV: str(patched),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(patched), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.commands.rerun",
+        "--suites-dir",
+        str(tree),
+        "--run-dir",
+        str(run_dir),
+        "--jobs",
+        "1",
+        "test_tiny_pd.py",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
     return run_dir, proc
 
@@ -135,7 +152,10 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
     assert verdict == "rerun-test: FAIL"
     by_test = {s["id"].split("::")[-1]: s for s in images}
     assert {k: s["outcome"] for k, s in by_test.items()} == {
-        "test_short_prompts": "passed", "test_long_decode": "failed", "test_no_ledger": "passed"}
+        "test_short_prompts": "passed",
+        "test_long_decode": "failed",
+        "test_no_ledger": "passed",
+    }
     for name in ("test_short_prompts", "test_long_decode"):  # one rendered timeline per ledger-writing test
         [(complete, width, height)] = by_test[name]["imgs"]
         assert complete and width > 500 and height > 200, (name, width, height)
@@ -147,7 +167,8 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
     assert f"#{event.seq} {event.kind}" in top["text"] and ledger.RULES[first.rule] in top["text"]
     knock_ons = [m for m in rows[1:] if m["follows"]]
     assert all(m["follows"].startswith("V") for m in knock_ons) and {m["follows"] for m in knock_ons} <= {
-        m["label"] for m in rows if not m["follows"]}, rows
+        m["label"] for m in rows if not m["follows"]
+    }, rows
     [failed_message] = message
     assert failed_message.startswith("ledger [swa-tail-short] "), failed_message
     assert "suspect: sglang/srt/disaggregation/decode.py DecodePreallocQueue._swa_tail_len" in failed_message

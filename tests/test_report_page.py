@@ -27,29 +27,60 @@ from harness.rerun import comment
 PAGE, WINDOW = 64, 100  # bound: ceil((100 + 64) / 64) = 3 SWA pages per request
 
 
-def _ev(seq: int, kind: str, rid: str, worker: str = "dec-r0", component: str = "decode", ts: float = 0.0, **kw) -> ledger.Event:
-    return ledger.Event(seq=seq, ts=1000.0 + (ts or seq * 0.01), kind=kind, rid=rid, component=component, worker=worker,
-                        page_size=PAGE, window=WINDOW, **kw)
+def _ev(
+    seq: int, kind: str, rid: str, worker: str = "dec-r0", component: str = "decode", ts: float = 0.0, **kw
+) -> ledger.Event:
+    return ledger.Event(
+        seq=seq,
+        ts=1000.0 + (ts or seq * 0.01),
+        kind=kind,
+        rid=rid,
+        component=component,
+        worker=worker,
+        page_size=PAGE,
+        window=WINDOW,
+        **kw,
+    )
 
 
 def _faulted() -> dict[str, list[ledger.Event]]:
     """Prefill ships r1; decode takes 2 SWA pages, then never evicts: its 4th SWA page breaks the bound."""
-    prefill = [_ev(0, "prealloc", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)}),
-               _ev(1, "transfer", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)}),
-               _ev(2, "release", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)})]
-    config = ledger.Event(seq=-1, ts=1000.0, kind="config", rid=ledger.CONFIG_RID, component="decode", worker="dec-r0",
-                          page_size=PAGE, **ledger.config_event(ledger.LedgerConfig(page_size=PAGE, window=WINDOW,
-                                                                                    swa_tail=True, eviction_interval=1),
-                                                                {"full": 64, "swa": 64}))
-    decode = [config,
-              _ev(0, "prealloc", "r1", pages={"full": (5, 6, 7), "swa": (8, 9)}, fill_len=164, swa_tail_len=100,
-                  evicted_seqlen=64),
-              _ev(1, "transfer", "r1", pages={"full": (5, 6, 7), "swa": (8, 9)}),
-              _ev(2, "decode_alloc", "r1", pages={"full": (10,), "swa": (11,)}, fill_len=200),  # live span [64, 200): 3 pages
-              _ev(3, "decode_alloc", "r1", pages={"full": (12,), "swa": (13,)}),  # 4 SWA pages > 3: the break
-              _ev(4, "decode_alloc", "r1", pages={"full": (14,), "swa": (15,)}),  # still over: a repeat
-              _ev(5, "decode_alloc", "r2", pages={"full": (20,), "swa": (21,)}),
-              _ev(6, "release", "r1", pages={"full": (5, 6, 7, 10, 12, 14), "swa": (8, 9, 11, 13, 15)})]
+    prefill = [
+        _ev(0, "prealloc", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)}),
+        _ev(1, "transfer", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)}),
+        _ev(2, "release", "r1", "pre-r0", "prefill", pages={"full": (1, 2, 3), "swa": (1, 2, 3)}),
+    ]
+    config = ledger.Event(
+        seq=-1,
+        ts=1000.0,
+        kind="config",
+        rid=ledger.CONFIG_RID,
+        component="decode",
+        worker="dec-r0",
+        page_size=PAGE,
+        **ledger.config_event(
+            ledger.LedgerConfig(page_size=PAGE, window=WINDOW, swa_tail=True, eviction_interval=1),
+            {"full": 64, "swa": 64},
+        ),
+    )
+    decode = [
+        config,
+        _ev(
+            0,
+            "prealloc",
+            "r1",
+            pages={"full": (5, 6, 7), "swa": (8, 9)},
+            fill_len=164,
+            swa_tail_len=100,
+            evicted_seqlen=64,
+        ),
+        _ev(1, "transfer", "r1", pages={"full": (5, 6, 7), "swa": (8, 9)}),
+        _ev(2, "decode_alloc", "r1", pages={"full": (10,), "swa": (11,)}, fill_len=200),  # live span [64, 200): 3 pages
+        _ev(3, "decode_alloc", "r1", pages={"full": (12,), "swa": (13,)}),  # 4 SWA pages > 3: the break
+        _ev(4, "decode_alloc", "r1", pages={"full": (14,), "swa": (15,)}),  # still over: a repeat
+        _ev(5, "decode_alloc", "r2", pages={"full": (20,), "swa": (21,)}),
+        _ev(6, "release", "r1", pages={"full": (5, 6, 7, 10, 12, 14), "swa": (8, 9, 11, 13, 15)}),
+    ]
     return {"pre-r0": prefill, "dec-r0": decode}
 
 
@@ -90,7 +121,9 @@ def test_clean_events_have_no_marks_and_downsampling_keeps_peaks():
 def test_every_rule_the_checker_can_break_has_its_text():
     source = "".join(f.read_text() for f in Path(ledger.__file__).parent.glob("*.py"))  # the ledger package
     raised = set(re.findall(r'bad\("([a-z-]+)"', source)) | set(re.findall(r'Violation\("([a-z-]+)"', source))
-    assert raised and raised <= set(ledger.RULES), f"rules without a text in ledger.RULES: {sorted(raised - set(ledger.RULES))}"
+    assert raised and raised <= set(ledger.RULES), (
+        f"rules without a text in ledger.RULES: {sorted(raised - set(ledger.RULES))}"
+    )
 
 
 def _run_dir(tmp_path: Path) -> tuple[Path, results.GroupResult]:
@@ -106,17 +139,42 @@ def _run_dir(tmp_path: Path) -> tuple[Path, results.GroupResult]:
     log.parent.mkdir(parents=True)
     log.write_text("before the test\n" + "".join(f"decode step {i} <b>\n" for i in range(60)))
     (gdir / "pytest.log").write_text("pytest output\n")
-    recs = [{"path": "/abs/suites/pd/test_a.py", "suffix": "::test_long_decode", "outcome": "failed", "start": 1, "stop": 2,
-             "seeds": {"workload_base": 7, "workload": 123, "hypothesis": None}, "workers": ["pre-r0", "dec-r0"],
-             "ledgers": spans, "logs": {"workers/dec-r0.log": [16, log.stat().st_size]}},
-            {"path": "/abs/suites/pd/test_a.py", "suffix": "::test_plain", "outcome": "passed", "start": 2, "stop": 3,
-             "seeds": {"workload_base": 7, "workload": 9, "hypothesis": None}}]
+    recs = [
+        {
+            "path": "/abs/suites/pd/test_a.py",
+            "suffix": "::test_long_decode",
+            "outcome": "failed",
+            "start": 1,
+            "stop": 2,
+            "seeds": {"workload_base": 7, "workload": 123, "hypothesis": None},
+            "workers": ["pre-r0", "dec-r0"],
+            "ledgers": spans,
+            "logs": {"workers/dec-r0.log": [16, log.stat().st_size]},
+        },
+        {
+            "path": "/abs/suites/pd/test_a.py",
+            "suffix": "::test_plain",
+            "outcome": "passed",
+            "start": 2,
+            "stop": 3,
+            "seeds": {"workload_base": 7, "workload": 9, "hypothesis": None},
+        },
+    ]
     (gdir / rundir.RECORD_FILE).write_text("".join(json.dumps(r) + "\n" for r in recs))
-    cases = (results.CaseResult("suites/pd/test_a.py::test_long_decode", "failed", 1.5, "PDError: 1 ledger violation(s)",
-                                reason="PDError: 1 ledger violation(s)", traceback="E   PDError"),
-             results.CaseResult("suites/pd/test_a.py::test_plain", "passed", 0.1))
-    group = results.GroupResult("cpu", "cpu", "ubuntu-latest", cases, 3.0, 1,
-                                properties=(("simulated", "false"), ("run_dir", str(gdir))))
+    cases = (
+        results.CaseResult(
+            "suites/pd/test_a.py::test_long_decode",
+            "failed",
+            1.5,
+            "PDError: 1 ledger violation(s)",
+            reason="PDError: 1 ledger violation(s)",
+            traceback="E   PDError",
+        ),
+        results.CaseResult("suites/pd/test_a.py::test_plain", "passed", 0.1),
+    )
+    group = results.GroupResult(
+        "cpu", "cpu", "ubuntu-latest", cases, 3.0, 1, properties=(("simulated", "false"), ("run_dir", str(gdir)))
+    )
     return tmp_path / "run", group
 
 
@@ -130,9 +188,13 @@ def test_page_shows_verdict_timeline_and_the_violation_at_its_event(tmp_path: Pa
     assert '<h1 id="verdict" class="verdict fail">rerun-test: FAIL</h1>' in text
     assert "cpu: 1 test(s) failed" in text and "workload base 7" in text
     imgs = re.findall(r'<img class="timeline" src="([^"]+)"', text)
-    assert len(imgs) == 1 and re.fullmatch(r"timelines/cpu-suites_pd_test_a.py_test_long_decode-[0-9a-f]{8}\.png", imgs[0])
-    row = re.search(r'<tr class="violation" data-rule="swa-over-window" data-worker="dec-r0" data-seq="3" data-rid="r1" data-follows="">(.*?)</tr>',
-                    text).group(1)
+    assert len(imgs) == 1 and re.fullmatch(
+        r"timelines/cpu-suites_pd_test_a.py_test_long_decode-[0-9a-f]{8}\.png", imgs[0]
+    )
+    row = re.search(
+        r'<tr class="violation" data-rule="swa-over-window" data-worker="dec-r0" data-seq="3" data-rid="r1" data-follows="">(.*?)</tr>',
+        text,
+    ).group(1)
     assert "full [12]; swa [13]" in row and "swa [8, 9, 11, 13]" in row and "1 more event(s) to #4" in row
     assert ledger.RULES["swa-over-window"] in row
     # the log tail is what the worker wrote during the test, escaped; links are relative to the report
@@ -141,27 +203,46 @@ def test_page_shows_verdict_timeline_and_the_violation_at_its_event(tmp_path: Pa
     assert "<script" not in text and "http://" not in text and "https://" not in text  # self-contained, no network
     png = Image.open(run / "report" / imgs[0])
     assert png.size[0] > 500
-    assert png.info[timeline.PNG_VIOLATIONS_KEY].splitlines()[0].startswith(
-        "V1 swa-over-window at dec-r0#3 decode_alloc rid=r1 pages full [12]; swa [13]")
+    assert (
+        png.info[timeline.PNG_VIOLATIONS_KEY]
+        .splitlines()[0]
+        .startswith("V1 swa-over-window at dec-r0#3 decode_alloc rid=r1 pages full [12]; swa [13]")
+    )
 
 
 def test_a_passing_run_and_missing_evidence_still_make_a_page(tmp_path: Path):
-    group = results.GroupResult("cpu", "cpu", "ubuntu-latest", (results.CaseResult("t.py::test_x", "passed", 0.1),), 1.0, 0,
-                                properties=(("run_dir", str(tmp_path / "nothing-here")),))
-    page = html_report.write(tmp_path / "report", html_report.Header("rerun-test", passed=True), [group],
-                             [html_report.Table("Extra", ("a", "b"), (("1", "<2>"),), ("ok",))])
+    group = results.GroupResult(
+        "cpu",
+        "cpu",
+        "ubuntu-latest",
+        (results.CaseResult("t.py::test_x", "passed", 0.1),),
+        1.0,
+        0,
+        properties=(("run_dir", str(tmp_path / "nothing-here")),),
+    )
+    page = html_report.write(
+        tmp_path / "report",
+        html_report.Header("rerun-test", passed=True),
+        [group],
+        [html_report.Table("Extra", ("a", "b"), (("1", "<2>"),), ("ok",))],
+    )
     text = page.read_text()
     assert "rerun-test: PASS" in text and "&lt;2&gt;" in text and "<img" not in text and "Failures" not in text
 
 
 def test_gate_page_tables_and_summary_link():
-    tests = (TestOutcome("suites/a.py::t1", "cpu", "passed", ("failed", "passed"), "timing", "slow"),
-             TestOutcome("suites/a.py::t2", "cpu", "failed", ("failed",), "accounting", "leak"))
+    tests = (
+        TestOutcome("suites/a.py::t1", "cpu", "passed", ("failed", "passed"), "timing", "slow"),
+        TestOutcome("suites/a.py::t2", "cpu", "failed", ("failed",), "accounting", "leak"),
+    )
     v = judge([SuiteOutcome("unit", True, 1.0, tests)], "", None)
-    verdict_table, flaky = render.page_tables(v, {"unit/cpu::suites/a.py::t2": "report/failures/x/repro.json"},
-                                              [("suites/b.py::t9", 0.5, 1, 2)])
+    verdict_table, flaky = render.page_tables(
+        v, {"unit/cpu::suites/a.py::t2": "report/failures/x/repro.json"}, [("suites/b.py::t9", 0.5, 1, 2)]
+    )
     # suite, kind, passed, failed, skipped, xfailed, flaky
-    assert verdict_table.rows[0][:7] == ("unit", "required", "1", "1", "0", "0", "1") and verdict_table.status == ("bad",)
+    assert verdict_table.rows[0][:7] == ("unit", "required", "1", "1", "0", "0", "1") and verdict_table.status == (
+        "bad",
+    )
     assert [r[0] for r in flaky.rows] == ["suites/a.py::t1", "suites/a.py::t2", "suites/b.py::t9"]
     assert flaky.rows[0][2] == "failed → passed" and flaky.rows[1][5] == "report/failures/x/repro.json"
     info = render.RunInfo("g", "run", "abc", False, "0.5.23", "", 1, 2)
@@ -188,15 +269,25 @@ def test_an_unreadable_ledger_is_said_on_the_page(tmp_path: Path, bad: str):
 
 
 def test_an_expected_failure_is_shown_as_xfail_with_its_reason(tmp_path: Path):
-    case = results.CaseResult("t.py::test_known_bug", "xfailed", 0.1, message="sglang#40309: never reclaims SWA pages",
-                              reason="sglang#40309: never reclaims SWA pages")
+    case = results.CaseResult(
+        "t.py::test_known_bug",
+        "xfailed",
+        0.1,
+        message="sglang#40309: never reclaims SWA pages",
+        reason="sglang#40309: never reclaims SWA pages",
+    )
     group = results.GroupResult("cpu", "cpu", "ubuntu-latest", (case,), 1.0, 0)
     text = html_report.write(tmp_path / "report", html_report.Header("rerun-test", passed=True), [group]).read_text()
     assert '<span class="badge xfailed">xfailed</span>' in text
-    assert '<div class="msg xfailed"><span class=why>expected failure: </span>sglang#40309: never reclaims SWA pages</div>' in text
+    assert (
+        '<div class="msg xfailed"><span class=why>expected failure: </span>sglang#40309: never reclaims SWA pages</div>'
+        in text
+    )
     assert "Failures" not in text  # an expected failure is not a failure
     # groups table: tests, passed, failed, skipped, xfailed
-    assert "<td class=num>1</td><td class=num>0</td><td class=num>0</td><td class=num>0</td><td class=num>1</td>" in text
+    assert (
+        "<td class=num>1</td><td class=num>0</td><td class=num>0</td><td class=num>0</td><td class=num>1</td>" in text
+    )
 
 
 def test_timelines_drawn_while_the_run_goes_are_the_pages_own(tmp_path: Path):

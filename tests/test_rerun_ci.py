@@ -66,7 +66,9 @@ def _check_command(tokens: list[str]) -> None:
     if args[:2] == ["./dev", "install"]:
         assert (ROOT / "dev").is_file() and "install)" in (ROOT / "dev").read_text()
         return
-    assert args[0] in ("python", ".venv/bin/python") and args[1] == "-m", f"YAML may only call python -m harness.…: {args}"
+    assert args[0] in ("python", ".venv/bin/python") and args[1] == "-m", (
+        f"YAML may only call python -m harness.…: {args}"
+    )
     module = args[2]
     assert module.startswith("harness.") and importlib.util.find_spec(module) is not None, module
     rest = args[3:]
@@ -127,8 +129,12 @@ _VERSION_COMMENT_RE = re.compile(r"^ # v\d+\.\d+\.\d+$")
 
 def _uses_lines() -> list[tuple[str, str, str]]:
     """(file, action@ref, rest of the line) for every `uses:` in every workflow (YAML drops comments)."""
-    return [(p.name, m.group(1), m.group(2)) for p in WORKFLOWS for ln in p.read_text().splitlines()
-            if (m := _USES_RE.match(ln))]
+    return [
+        (p.name, m.group(1), m.group(2))
+        for p in WORKFLOWS
+        for ln in p.read_text().splitlines()
+        if (m := _USES_RE.match(ln))
+    ]
 
 
 def test_actions_are_pinned_to_one_commit_each_with_its_version():
@@ -140,7 +146,9 @@ def test_actions_are_pinned_to_one_commit_each_with_its_version():
         assert _PINNED_RE.match(ref), f"{name}: {ref} is not pinned to a full commit SHA"
         assert _VERSION_COMMENT_RE.match(rest), f"{name}: {ref} needs a '# vX.Y.Z' comment, has {rest!r}"
         action = ref.split("@")[0]
-        assert seen.setdefault(action, ref + rest) == ref + rest, f"{name}: {action} pinned differently across workflows"
+        assert seen.setdefault(action, ref + rest) == ref + rest, (
+            f"{name}: {action} pinned differently across workflows"
+        )
 
 
 def _steps(path: Path):
@@ -166,8 +174,10 @@ def _writes(job: dict) -> bool:
 
 def _untrusted_checkout(job: dict) -> bool:
     """The job checks out a PR's head (or any ref but its own and the pinned harness)."""
-    return any(s.get("uses", "").startswith("actions/checkout@") and (s.get("with") or {}).get("ref") not in _TRUSTED_REFS
-               for s in job["steps"])
+    return any(
+        s.get("uses", "").startswith("actions/checkout@") and (s.get("with") or {}).get("ref") not in _TRUSTED_REFS
+        for s in job["steps"]
+    )
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -180,8 +190,14 @@ def test_permissions_per_job_and_no_write_token_near_pr_code(path):
             assert not _writes(job), f"{path.name}:{name} runs PR code with a write token"
             assert not _TOKEN_RE.search(json.dumps(job)), f"{path.name}:{name} runs PR code and reads a token"
         if _writes(job):
-            refs = [(s.get("with") or {}).get("ref") for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
-            assert all(r in _TRUSTED_REFS for r in refs), f"{path.name}:{name} holds a write token and checks out {refs}"
+            refs = [
+                (s.get("with") or {}).get("ref")
+                for s in job["steps"]
+                if s.get("uses", "").startswith("actions/checkout@")
+            ]
+            assert all(r in _TRUSTED_REFS for r in refs), (
+                f"{path.name}:{name} holds a write token and checks out {refs}"
+            )
     assert "env" not in doc or not _TOKEN_RE.search(json.dumps(doc["env"])), "no token in the workflow-level env"
 
 
@@ -214,8 +230,12 @@ def test_issue_comment_runs_pr_code_only_after_the_permission_check(path):
             chain.append(j)
             todo += [n for n in _needs(jobs[j]) if n not in chain]
         conds = [str(jobs[j].get("if", "")) for j in chain]
-        assert any("needs.check.outputs.allowed == 'true'" in c for c in conds), f"{name}: no permission check before PR code"
-        assert not any("always()" in c or "cancelled()" in c for c in conds), f"{name}: runs even when the check refused"
+        assert any("needs.check.outputs.allowed == 'true'" in c for c in conds), (
+            f"{name}: no permission check before PR code"
+        )
+        assert not any("always()" in c or "cancelled()" in c for c in conds), (
+            f"{name}: runs even when the check refused"
+        )
     if path.name == "slash-command.yml":  # no PR code at all here: it only dispatches rerun-test.yml
         assert not any(_untrusted_checkout(j) for j in jobs.values())
 
@@ -226,13 +246,21 @@ def test_sglang_variant_pins_the_harness_and_runs_the_prs_sglang():
     assert re.fullmatch(r"[0-9a-f]{40}", doc["env"]["HARNESS_REF"]), "pin the harness to a full commit SHA"
     jobs = doc["jobs"]
     for name, job in jobs.items():
-        harness = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@") and "path" not in s["with"]]
-        assert harness and all(s["with"]["ref"] == "${{ env.HARNESS_REF }}" and s["with"]["repository"] ==
-                               "${{ env.HARNESS_REPOSITORY }}" for s in harness), name
-    pr = [s for _, _, s in _steps(ROOT / "ci" / "workflows" / "sglang-rerun-test.yml") if (s.get("with") or {}).get("path") == "sglang"]
+        harness = [
+            s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@") and "path" not in s["with"]
+        ]
+        assert harness and all(
+            s["with"]["ref"] == "${{ env.HARNESS_REF }}" and s["with"]["repository"] == "${{ env.HARNESS_REPOSITORY }}"
+            for s in harness
+        ), name
+    pr = [
+        s
+        for _, _, s in _steps(ROOT / "ci" / "workflows" / "sglang-rerun-test.yml")
+        if (s.get("with") or {}).get("path") == "sglang"
+    ]
     assert [s["with"]["ref"] for s in pr] == ["${{ needs.check.outputs.sha }}"]  # the commit the check saw, once
     run_cmds = [s["run"] for s in jobs["run"]["steps"] if "run" in s]
-    assert any("--sglang sglang/python --plan-entry \"$ENTRY\"" in c for c in run_cmds)
+    assert any('--sglang sglang/python --plan-entry "$ENTRY"' in c for c in run_cmds)
     assert jobs["plan"]["if"] == "needs.check.outputs.allowed == 'true' && needs.check.outputs.specs != ''"
     assert "--github-output" in next(s["run"] for s in jobs["check"]["steps"] if s.get("id") == "parse")
 
@@ -283,13 +311,29 @@ def test_bot_side_needs_only_the_standard_library(tmp_path):
     from rerun_tree import make_repo
 
     repo = make_repo(tmp_path / "repo")
-    plan = subprocess.run([sys.executable, "-S", "-m", "harness.commands.rerun", "--dry-run", "--repo-root", str(repo),
-                           "/rerun-test test_hisparse_allocator.py test_disaggregation_dsv4.py"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    plan = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "harness.commands.rerun",
+            "--dry-run",
+            "--repo-root",
+            str(repo),
+            "/rerun-test test_hisparse_allocator.py test_disaggregation_dsv4.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plan.returncode == 0, plan.stderr
     assert {e["runner"] for e in __import__("json").loads(plan.stdout)["include"]} == {"ubuntu-latest", "8-gpu-h200"}
-    for argv in (["harness.rerun.github", "--help"], ["harness.rerun.relay", "--help"],
-                 ["harness.commands.rerun", "--parse-only", "test_a.py"]):
+    for argv in (
+        ["harness.rerun.github", "--help"],
+        ["harness.rerun.relay", "--help"],
+        ["harness.commands.rerun", "--parse-only", "test_a.py"],
+    ):
         r = subprocess.run([sys.executable, "-S", "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
 
@@ -315,19 +359,24 @@ def test_gates_workflow_triggers_matrix_and_verdict():
 
     # every model a real-server suite may need reaches the gate from a repository variable
     assert {k: v for k, v in run["env"].items() if k.startswith("HARNESS_MODEL_")} == {
-        modelmap.env_var(n): "${{ vars.%s }}" % modelmap.env_var(n) for n in modelmap.NAMES}
+        modelmap.env_var(n): "${{ vars.%s }}" % modelmap.env_var(n) for n in modelmap.NAMES
+    }
     cmds = [s["run"] for s in run["steps"] if "run" in s]
     assert cmds[0] == "./dev install"
     gate_runs = [c for c in cmds if "harness.cli gate run" in c]
     assert len(gate_runs) == 2 and all('--runner "$RUNNER_LABEL" --run-dir "runs/$ARTIFACT"' in c for c in gate_runs)
     # the plan and the run of one workflow run agree on --simulate (the same rule places the groups)
-    for step in [s for s in plan["steps"] + run["steps"] if "gate plan" in s.get("run", "") or "gate run" in s.get("run", "")]:
+    for step in [
+        s for s in plan["steps"] + run["steps"] if "gate plan" in s.get("run", "") or "gate run" in s.get("run", "")
+    ]:
         assert ("--simulate" in step["run"]) == (step["if"] == "env.SIMULATE == 'true'"), step
     summary = next(s for s in run["steps"] if "gate verdict" in s.get("run", ""))
     assert summary["if"] == "always()" and summary["run"].endswith('>> "$GITHUB_STEP_SUMMARY"')
     upload = next(s for s in run["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["if"] == "always()"
-    assert upload["with"]["name"] == "${{ matrix.artifact }}" and upload["with"]["path"] == "runs/${{ matrix.artifact }}"
+    assert (
+        upload["with"]["name"] == "${{ matrix.artifact }}" and upload["with"]["path"] == "runs/${{ matrix.artifact }}"
+    )
     assert set(verdict["needs"]) == {"runners", "run"} and verdict["if"] == "${{ !cancelled() }}"
     download = next(s for s in verdict["steps"] if s.get("uses", "").startswith("actions/download-artifact"))
     assert download["with"] == {"pattern": "gate-*", "path": "reports"}
@@ -384,7 +433,8 @@ def test_runs_on_rule_catches_a_matrix_from_the_plan_job():
     doc["jobs"]["run"]["strategy"]["matrix"] = "${{ fromJSON(needs.plan.outputs.matrix) }}"
     assert _placement_violations(doc) == [
         "run: its matrix comes from plan, which checks out ['${{ inputs.sha }}'], not only trusted code",
-        "run: its labels come from plan.plan, not from the allow-list"]
+        "run: its labels come from plan.plan, not from the allow-list",
+    ]
 
 
 def test_runner_allow_list_is_the_default_branch_topologies():
@@ -396,10 +446,13 @@ def test_runner_allow_list_is_the_default_branch_topologies():
     entry = {"name": "8-gpu-h200", "topology": "8-gpu-h200", "specs": ["a.py"]}
     # the PR's label is never used: the allow-list's is
     assert runners.pin({"include": [{**entry, "runner": "some-other-runner"}]}, allow) == {
-        "include": [{**entry, "runner": "8-gpu-h200"}]}
-    for bad, why in [({**entry, "topology": "my-new-topology"}, "is not in the default branch's ci/runners.json"),
-                     ({**entry, "name": "x; rm -rf /"}, "is not a plain name"),
-                     ({"include": "x"}, "is not"), ]:
+        "include": [{**entry, "runner": "8-gpu-h200"}]
+    }
+    for bad, why in [
+        ({**entry, "topology": "my-new-topology"}, "is not in the default branch's ci/runners.json"),
+        ({**entry, "name": "x; rm -rf /"}, "is not a plain name"),
+        ({"include": "x"}, "is not"),
+    ]:
         with pytest.raises(runners.RunnerError, match=re.escape(why)):
             runners.pin(bad if "include" in bad else {"include": [bad]}, allow)
 
@@ -414,8 +467,12 @@ def test_a_fork_pull_request_gets_the_cpu_runner_only():
     assert pins["pin_fork"]["if"] == "env.FORK == 'true'" and pins["pin_fork"]["run"].endswith("--cpu-only")
     assert pins["pin"]["if"] == "env.FORK != 'true'" and "--cpu-only" not in pins["pin"]["run"]
     allow = runners.load_allow_list(ROOT / "ci" / "runners.json")
-    simulated = {"name": "ubuntu-latest", "runner": "ubuntu-latest", "artifact": "gate-x-ubuntu-latest",
-                 "topologies": ["cpu", "8-gpu-h200"]}
+    simulated = {
+        "name": "ubuntu-latest",
+        "runner": "ubuntu-latest",
+        "artifact": "gate-x-ubuntu-latest",
+        "topologies": ["cpu", "8-gpu-h200"],
+    }
     assert runners.pin({"include": [simulated]}, allow, cpu_only=True) == {"include": [simulated]}
     gpu = {**simulated, "name": "8-gpu-h200", "runner": "8-gpu-h200", "topologies": ["8-gpu-h200"]}
     with pytest.raises(runners.RunnerError, match="a pull request from a fork runs on 'ubuntu-latest' only"):
@@ -470,17 +527,29 @@ def test_end_step_kills_a_daemon_the_pr_left(tmp_path):
     import shutil
     import subprocess
 
-    if not shutil.which("unshare") or subprocess.run(["unshare", "--user", "--map-root-user", "--pid", "--fork",
-                                                      "--mount-proc", "true"], capture_output=True).returncode:
+    if (
+        not shutil.which("unshare")
+        or subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"], capture_output=True
+        ).returncode
+    ):
         pytest.skip("no unprivileged PID namespace here")
-    script = next(s["run"] for _, _, s in _steps(ROOT / "ci" / "workflows" / "rerun-test.yml")
-                  if s.get("name") == END_STEP)
+    script = next(
+        s["run"] for _, _, s in _steps(ROOT / "ci" / "workflows" / "rerun-test.yml") if s.get("name") == END_STEP
+    )
     (tmp_path / "end.sh").write_text(script)
     (tmp_path / "daemon.sh").write_text("while :; do sleep 1; done\n")
-    runner = ("sleep 1; setsid sh daemon.sh & sleep 1; sh -e end.sh; echo rc=$?; "
-              "ps -e -o args= | grep -c '^sh daemon.sh$' || true")
-    r = subprocess.run(["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "sh", "-c", runner],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    runner = (
+        "sleep 1; setsid sh daemon.sh & sleep 1; sh -e end.sh; echo rc=$?; "
+        "ps -e -o args= | grep -c '^sh daemon.sh$' || true"
+    )
+    r = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "sh", "-c", runner],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout.splitlines() == ["ending 2 process(es) the PR's code left running", "rc=0", "0"], r
 
 

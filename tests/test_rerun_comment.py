@@ -12,7 +12,11 @@ from harness.commands import rerun as cli
 from harness.rerun.comment import GroupStatus
 from harness.rerun.permission import may_rerun
 
-Q = [GroupStatus("cpu", "ubuntu-latest"), GroupStatus("2-gpu-h100", "2-gpu-h100"), GroupStatus("8-gpu-h200", "8-gpu-h200")]
+Q = [
+    GroupStatus("cpu", "ubuntu-latest"),
+    GroupStatus("2-gpu-h100", "2-gpu-h100"),
+    GroupStatus("8-gpu-h200", "8-gpu-h200"),
+]
 
 
 def test_new_comment_has_header_and_one_line_per_group():
@@ -36,12 +40,18 @@ def test_update_is_idempotent_and_local():
 
 
 def test_all_states_and_failures_with_reasons():
-    res = GroupResult("cpu", "cpu", "ubuntu-latest", cases=(
-        CaseResult("suites/a.py::test_ok", "passed"),
-        CaseResult("suites/a.py::test_bad", "failed", message="AssertionError: 3 != 4"),
-        CaseResult("suites/a.py::test_err", "error", message="error in setup: RuntimeError: boom"),
-        CaseResult("suites/a.py::test_skip", "skipped", message="needs GPU"),
-    ), returncode=1)
+    res = GroupResult(
+        "cpu",
+        "cpu",
+        "ubuntu-latest",
+        cases=(
+            CaseResult("suites/a.py::test_ok", "passed"),
+            CaseResult("suites/a.py::test_bad", "failed", message="AssertionError: 3 != 4"),
+            CaseResult("suites/a.py::test_err", "error", message="error in setup: RuntimeError: boom"),
+            CaseResult("suites/a.py::test_skip", "skipped", message="needs GPU"),
+        ),
+        returncode=1,
+    )
     line = comment.render_line(comment.from_result(res, link="https://ci/run/1"))
     assert line.startswith("- ❌ **cpu**") and "1 passed, 2 failed, 1 skipped" in line
     assert "`suites/a.py::test_bad` — AssertionError: 3 != 4" in line and "test_err" in line
@@ -53,8 +63,13 @@ def test_all_states_and_failures_with_reasons():
 
 
 def test_hostile_reason_cannot_fake_a_marker_or_break_the_line():
-    s = GroupStatus("cpu", "ubuntu-latest", state="failed", failed=1,
-                    failures=(("suites/a.py::t", "boom\n- ✅ **cpu** <!-- rerun-test:group=8-gpu-h200 -->"),))
+    s = GroupStatus(
+        "cpu",
+        "ubuntu-latest",
+        state="failed",
+        failed=1,
+        failures=(("suites/a.py::t", "boom\n- ✅ **cpu** <!-- rerun-test:group=8-gpu-h200 -->"),),
+    )
     body = comment.apply(comment.apply("", Q), [s])
     parsed = comment.parse(body)
     assert "⏳" in parsed["8-gpu-h200"]  # untouched
@@ -77,18 +92,21 @@ def test_unknown_state_refused():
 # ---------------------------------------------------------------- permission rule
 
 
-@pytest.mark.parametrize("commenter, author, perm, fork, allowed", [
-    ("alice", "alice", "read", False, True),      # author, branch in repo
-    ("alice", "alice", "none", True, False),      # author of a fork PR without write
-    ("alice", "alice", "write", True, True),      # fork PR author with write
-    ("bob", "alice", "write", False, True),
-    ("bob", "alice", "maintain", True, True),
-    ("bob", "alice", "admin", True, True),
-    ("bob", "alice", "triage", False, False),
-    ("bob", "alice", "read", False, False),
-    ("mallory", "alice", "none", True, False),
-    ("Alice", "alice", "read", False, True),      # logins are case-insensitive
-])
+@pytest.mark.parametrize(
+    "commenter, author, perm, fork, allowed",
+    [
+        ("alice", "alice", "read", False, True),  # author, branch in repo
+        ("alice", "alice", "none", True, False),  # author of a fork PR without write
+        ("alice", "alice", "write", True, True),  # fork PR author with write
+        ("bob", "alice", "write", False, True),
+        ("bob", "alice", "maintain", True, True),
+        ("bob", "alice", "admin", True, True),
+        ("bob", "alice", "triage", False, False),
+        ("bob", "alice", "read", False, False),
+        ("mallory", "alice", "none", True, False),
+        ("Alice", "alice", "read", False, True),  # logins are case-insensitive
+    ],
+)
 def test_permission_rule(commenter, author, perm, fork, allowed):
     d = may_rerun(commenter, author, perm, fork)
     assert d.allowed is allowed and d.reason
@@ -102,7 +120,10 @@ class FakeGitHub:
 
     def __init__(self, repo="org/repo", perms=None, pr_author="alice", head_repo="org/repo"):
         self.repo, self.perms = repo, perms or {}
-        self.pr = {"user": {"login": pr_author}, "head": {"repo": {"full_name": head_repo}, "sha": "c0ffee" * 6 + "abcd"}}
+        self.pr = {
+            "user": {"login": pr_author},
+            "head": {"repo": {"full_name": head_repo}, "sha": "c0ffee" * 6 + "abcd"},
+        }
         self.comments: dict[int, str] = {}
         self.dispatched: list[dict] = []
         self.calls: list[tuple[str, str]] = []
@@ -162,7 +183,10 @@ def test_check_refuses_fork_author_without_write(tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
     fake = FakeGitHub(perms={}, pr_author="eve", head_repo="eve/repo")
     refusal = tmp_path / "refusal.md"
-    assert github.main(["check", "--event", str(_event(tmp_path, "eve")), "--refusal-out", str(refusal)], transport=fake) == 0
+    assert (
+        github.main(["check", "--event", str(_event(tmp_path, "eve")), "--refusal-out", str(refusal)], transport=fake)
+        == 0
+    )
     assert "allowed=false" in out.read_text()
     assert "fork PR" in refusal.read_text()
 
@@ -194,14 +218,34 @@ def test_update_after_the_runs_closes_out_groups_that_left_no_result(tmp_path, m
     fake = FakeGitHub()
     cid = github.GitHub("org/repo", fake).create_comment(7, comment.apply("", Q))
     cpu, h100 = tmp_path / "cpu" / "status.md", tmp_path / "h100" / "status.md"
-    for f, st in ((cpu, GroupStatus("cpu", "ubuntu-latest", state="passed", passed=3)),
-                  (h100, GroupStatus("2-gpu-h100", "2-gpu-h100", state="running", passed=1))):
+    for f, st in (
+        (cpu, GroupStatus("cpu", "ubuntu-latest", state="passed", passed=3)),
+        (h100, GroupStatus("2-gpu-h100", "2-gpu-h100", state="running", passed=1)),
+    ):
         f.parent.mkdir()
         f.write_text(comment.apply("", [st]))
     matrix = json.dumps({"include": [{"name": g.name, "runner": g.runner} for g in Q]})
-    assert github.main(["update", "--comment-id", str(cid), "--matrix", matrix, "--link", "https://ci/9",
-                        "--status-file", str(cpu), "--status-file", str(h100),
-                        "--status-file", str(tmp_path / "h200" / "status.md")], transport=fake) == 0
+    assert (
+        github.main(
+            [
+                "update",
+                "--comment-id",
+                str(cid),
+                "--matrix",
+                matrix,
+                "--link",
+                "https://ci/9",
+                "--status-file",
+                str(cpu),
+                "--status-file",
+                str(h100),
+                "--status-file",
+                str(tmp_path / "h200" / "status.md"),
+            ],
+            transport=fake,
+        )
+        == 0
+    )
     lines = comment.parse(fake.comments[cid])
     assert comment.state_of(lines["cpu"]) == "passed" and "3 passed" in lines["cpu"]
     for name in ("2-gpu-h100", "8-gpu-h200"):
@@ -220,8 +264,25 @@ def test_dispatch(tmp_path, monkeypatch):
     fake = FakeGitHub()
     spec = tmp_path / "spec.txt"
     spec.write_text("test_a.py test_b.py\n")
-    assert github.main(["dispatch", "--workflow", "rerun-test.yml", "--ref", "main", "--input", "pr=7", "--input", "sha=abc",
-                        "--input-file", f"spec={spec}"], transport=fake) == 0
+    assert (
+        github.main(
+            [
+                "dispatch",
+                "--workflow",
+                "rerun-test.yml",
+                "--ref",
+                "main",
+                "--input",
+                "pr=7",
+                "--input",
+                "sha=abc",
+                "--input-file",
+                f"spec={spec}",
+            ],
+            transport=fake,
+        )
+        == 0
+    )
     assert fake.dispatched == [{"ref": "main", "inputs": {"pr": "7", "sha": "abc", "spec": "test_a.py test_b.py"}}]
 
 
@@ -244,8 +305,13 @@ def test_api_error_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
 def test_missing_status_file_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GITHUB_REPOSITORY", "org/repo")
     matrix = json.dumps({"include": [{"name": "cpu", "runner": "ubuntu-latest"}]})
-    assert github.main(["update", "--comment-id", "1", "--matrix", matrix, "--queued", "--status-file",
-                        str(tmp_path / "nope")], transport=FakeGitHub()) == 2
+    assert (
+        github.main(
+            ["update", "--comment-id", "1", "--matrix", matrix, "--queued", "--status-file", str(tmp_path / "nope")],
+            transport=FakeGitHub(),
+        )
+        == 2
+    )
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
@@ -256,10 +322,12 @@ def test_missing_token_outside_a_workflow(monkeypatch, capsys):
 
 # ---------------------------------------------------------------- what a PR's run writes is data (issue 46)
 
-HOSTILE = ("- ✅ **cpu** (`evil-runner`): passed — 3 passed, 0 failed, 0 skipped · "
-           "[logs](https://evil.example/x) · "
-           "[report](https://evil.example#artifacts) `x` · hi @admin see [here](https://evil.example) <img src=x> · "
-           "failing: `suites/a.py::t` — boom **bold** @org/team; and 12 more · extra " + comment.group_marker("cpu"))
+HOSTILE = (
+    "- ✅ **cpu** (`evil-runner`): passed — 3 passed, 0 failed, 0 skipped · "
+    "[logs](https://evil.example/x) · "
+    "[report](https://evil.example#artifacts) `x` · hi @admin see [here](https://evil.example) <img src=x> · "
+    "failing: `suites/a.py::t` — boom **bold** @org/team; and 12 more · extra " + comment.group_marker("cpu")
+)
 
 
 def test_status_lines_are_rerendered_from_parsed_fields_for_the_matrix_groups_only():
@@ -268,14 +336,22 @@ def test_status_lines_are_rerendered_from_parsed_fields_for_the_matrix_groups_on
     text are escaped; a group the matrix does not hold, and a line that does not parse, are dropped."""
     foreign = comment.render_line(GroupStatus("8-gpu-h200", "x", state="passed", passed=1))
     garbage = "- ❌ **2-gpu-h100** garbage " + comment.group_marker("2-gpu-h100")
-    text = "\n".join([comment.header(), HOSTILE, foreign, garbage,
-                      "- 📏 mutation: 3 / 9 mutants run @admin " + comment.group_marker("mutation")])
+    text = "\n".join(
+        [
+            comment.header(),
+            HOSTILE,
+            foreign,
+            garbage,
+            "- 📏 mutation: 3 / 9 mutants run @admin " + comment.group_marker("mutation"),
+        ]
+    )
     matrix = {"include": [{"name": "cpu", "runner": "ubuntu-latest"}, {"name": "2-gpu-h100", "runner": "2-gpu-h100"}]}
     lines = github.final_lines([text], matrix, "https://ci/run/9")
     assert set(lines) == {"cpu", "2-gpu-h100", "mutation"}  # 8-gpu-h200 is no group of this matrix
     cpu = lines["cpu"]
-    assert cpu.startswith("- ✅ **cpu** (`ubuntu-latest`): passed — 3 passed, 0 failed, 0 skipped · "
-                          "[logs](https://ci/run/9)")
+    assert cpu.startswith(
+        "- ✅ **cpu** (`ubuntu-latest`): passed — 3 passed, 0 failed, 0 skipped · [logs](https://ci/run/9)"
+    )
     assert "evil" not in cpu.split("· hi")[0]  # its runner, logs link and report link are the matrix's and ours
     assert "\\[here\\]\\(https://evil.example\\) \\<img src=x\\>" in cpu  # no link, no HTML
     assert "@\u2060admin" in cpu and "@admin" not in cpu and "\\*\\*bold\\*\\*" in cpu and "and 12 more" in cpu
@@ -283,9 +359,18 @@ def test_status_lines_are_rerendered_from_parsed_fields_for_the_matrix_groups_on
     assert comment.state_of(lines["2-gpu-h100"]) == "failed" and "ended before it reported" in lines["2-gpu-h100"]
     assert lines["mutation"] == comment.note_line("mutation", "mutation: 3 / 9 mutants run @\u2060admin")
     # the lines the harness itself renders come back unchanged (nothing to escape in them)
-    plain = comment.render_line(comment.GroupStatus("cpu", "ubuntu-latest", state="failed", passed=1, failed=1,
-                                                    link="https://ci/run/9", report=comment.report_path("cpu"),
-                                                    failures=(("suites/a.py::t", "AssertionError: 3 != 4"),)))
+    plain = comment.render_line(
+        comment.GroupStatus(
+            "cpu",
+            "ubuntu-latest",
+            state="failed",
+            passed=1,
+            failed=1,
+            link="https://ci/run/9",
+            report=comment.report_path("cpu"),
+            failures=(("suites/a.py::t", "AssertionError: 3 != 4"),),
+        )
+    )
     assert github.final_lines([plain], matrix, "https://ci/run/9")["cpu"] == plain
 
 
@@ -297,8 +382,10 @@ def test_a_push_after_the_comment_refuses_the_run(tmp_path, monkeypatch, capsys)
     fake.pr["head"]["sha"] = "f" * 40  # the fork pushed after /rerun-test
     assert github.main(["verify", "--pr", "7", "--sha", approved], transport=fake) == 1
     err = capsys.readouterr().err.strip()
-    assert err == (f"github: not run: the PR's head is now ffffffffffff, not {approved[:12]} approved by the "
-                   "/rerun-test comment (a push after it); comment /rerun-test again to run the new head")
+    assert err == (
+        f"github: not run: the PR's head is now ffffffffffff, not {approved[:12]} approved by the "
+        "/rerun-test comment (a push after it); comment /rerun-test again to run the new head"
+    )
 
 
 def test_a_failed_step_posts_its_reason(tmp_path, monkeypatch):
@@ -306,12 +393,44 @@ def test_a_failed_step_posts_its_reason(tmp_path, monkeypatch):
     fake = FakeGitHub()
     err = tmp_path / "error.txt"
     err.write_text("github: GET /repos/org/repo/pulls/7: HTTP 502 `oops` @admin\n")
-    assert github.main(["comment", "--pr", "7", "--body-file", str(err), "--failed", "the permission check",
-                        "--link", "https://ci/run/9"], transport=fake) == 0
+    assert (
+        github.main(
+            [
+                "comment",
+                "--pr",
+                "7",
+                "--body-file",
+                str(err),
+                "--failed",
+                "the permission check",
+                "--link",
+                "https://ci/run/9",
+            ],
+            transport=fake,
+        )
+        == 0
+    )
     assert list(fake.comments.values()) == [
         "rerun-test: the permission check failed; the run is not going ahead ([logs](https://ci/run/9)).\n\n"
-        "```\ngithub: GET /repos/org/repo/pulls/7: HTTP 502 'oops' @admin\n```\n"]
-    assert github.main(["comment", "--pr", "7", "--body-file", str(tmp_path / "none"), "--failed", "the dispatch",
-                        "--link", "https://ci/run/9"], transport=fake) == 0
-    assert list(fake.comments.values())[-1] == ("rerun-test: the dispatch failed; the run is not going ahead "
-                                                "([logs](https://ci/run/9)).\n")
+        "```\ngithub: GET /repos/org/repo/pulls/7: HTTP 502 'oops' @admin\n```\n"
+    ]
+    assert (
+        github.main(
+            [
+                "comment",
+                "--pr",
+                "7",
+                "--body-file",
+                str(tmp_path / "none"),
+                "--failed",
+                "the dispatch",
+                "--link",
+                "https://ci/run/9",
+            ],
+            transport=fake,
+        )
+        == 0
+    )
+    assert list(fake.comments.values())[-1] == (
+        "rerun-test: the dispatch failed; the run is not going ahead ([logs](https://ci/run/9)).\n"
+    )

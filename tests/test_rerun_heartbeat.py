@@ -77,11 +77,17 @@ class FakeRun:
         self.fetched: list[str] = []
 
     def publish(self, group: str, stamp: str, line: str) -> None:
-        self.artifacts[f"progress-{group}"] = (stamp, _zip(comment.apply_lines("", {"mutation": comment.note_line("mutation", line)})))
+        self.artifacts[f"progress-{group}"] = (
+            stamp,
+            _zip(comment.apply_lines("", {"mutation": comment.note_line("mutation", line)})),
+        )
 
     def transport(self, method, path, body):
         if path.endswith("/artifacts?per_page=100"):
-            arts = [{"id": i, "name": n, "updated_at": s, "expired": False} for i, (n, (s, _)) in enumerate(self.artifacts.items())]
+            arts = [
+                {"id": i, "name": n, "updated_at": s, "expired": False}
+                for i, (n, (s, _)) in enumerate(self.artifacts.items())
+            ]
             arts.append({"id": 99, "name": "rerun-cpu", "updated_at": "z", "expired": False})  # not a progress artifact
             return 200, {"artifacts": arts}
         if path.endswith("/jobs?per_page=100"):
@@ -114,7 +120,9 @@ def test_relay_copies_each_new_progress_and_never_undoes_the_final_line():
     relay.relay_once(gh, run.fetch, 5, 1, seen)
     assert "3 / 4" in _mutation_line(run) and "✅" in comment.parse(run.comment)["cpu"]  # the group's line kept
     # The report job writes the score; a progress artifact read after it must not take its place.
-    run.comment = comment.apply_lines(run.comment, {"mutation": comment.note_line("mutation", "mutation score 0.75: 3 killed")})
+    run.comment = comment.apply_lines(
+        run.comment, {"mutation": comment.note_line("mutation", "mutation score 0.75: 3 killed")}
+    )
     run.publish("cpu", "t3", "mutation: 4 / 4 mutants run")
     assert relay.relay_once(gh, run.fetch, 5, 1, seen) is None
     assert "mutation score 0.75" in _mutation_line(run)
@@ -133,21 +141,42 @@ def test_relay_rounds_until_the_run_jobs_complete_and_then_one_last():
         elif len(slept) == 1:
             run.publish("cpu", "t1", "mutation: 1 / 4 mutants run")
 
-    n = relay.relay(GitHub("org/repo", run.transport), run.fetch, 5, 1, {"cpu"}, every=60, max_s=3600,
-                    clock=lambda: clock[0], sleep=sleep)
+    n = relay.relay(
+        GitHub("org/repo", run.transport),
+        run.fetch,
+        5,
+        1,
+        {"cpu"},
+        every=60,
+        max_s=3600,
+        clock=lambda: clock[0],
+        sleep=sleep,
+    )
     assert slept == [60, 60] and n == 2 and "4 / 4" in _mutation_line(run)
     # Bounded: a job that never completes ends the relay at --max-s.
     run.jobs["cpu"] = "in_progress"
     clock[0], slept[:] = 0.0, [0, 0, 0]
-    relay.relay(GitHub("org/repo", run.transport), run.fetch, 5, 1, {"cpu"}, every=60, max_s=200,
-                clock=lambda: clock[0], sleep=sleep)
+    relay.relay(
+        GitHub("org/repo", run.transport),
+        run.fetch,
+        5,
+        1,
+        {"cpu"},
+        every=60,
+        max_s=200,
+        clock=lambda: clock[0],
+        sleep=sleep,
+    )
     assert slept == [0, 0, 0, 60, 60, 60, 60]
 
 
-@pytest.mark.parametrize("argv,why", [
-    (["--comment-id", "5", "--run-id", "1", "--matrix", "[1"], "bad --matrix"),
-    (["--comment-id", "5", "--run-id", "1", "--matrix", "{}", "--every", "0"], "must be positive"),
-])
+@pytest.mark.parametrize(
+    "argv,why",
+    [
+        (["--comment-id", "5", "--run-id", "1", "--matrix", "[1"], "bad --matrix"),
+        (["--comment-id", "5", "--run-id", "1", "--matrix", "{}", "--every", "0"], "must be positive"),
+    ],
+)
 def test_relay_refuses_bad_input_in_one_line(argv, why, capsys):
     run = FakeRun("")
     assert relay.main(argv, transport=run.transport, fetch=run.fetch) == 2

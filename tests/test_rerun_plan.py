@@ -42,25 +42,33 @@ def test_dry_run_github_output_and_queued_comment(tmp_path, capsys):
     out, status = tmp_path / "gh_output", tmp_path / "status.md"
     m = _dry(capsys, "--repo-root", str(repo), "--github-output", str(out), "--comment-out", str(status), HEADLINE)
     line = out.read_text().strip()
-    assert line.startswith("matrix=") and json.loads(line[len("matrix="):]) == m
+    assert line.startswith("matrix=") and json.loads(line[len("matrix=") :]) == m
     body = status.read_text()
     assert body.count("⏳") == 3 and "rerun-test:group=8-gpu-h200" in body
 
 
 def test_test_in_several_topologies_is_in_each_group(tmp_path, capsys):
-    repo = make_repo(tmp_path, {"suites/test_both.py": '''
+    repo = make_repo(
+        tmp_path,
+        {
+            "suites/test_both.py": """
         import pytest
 
         @pytest.mark.topology("cpu", "2-gpu-h100")
         def test_everywhere():
             pass
-        '''})
+        """
+        },
+    )
     m = _dry(capsys, "--repo-root", str(repo), "test_both.py")
     assert {e["topology"] for e in m["include"]} == {"cpu", "2-gpu-h100"}
 
 
 def test_mixed_file_is_split_by_test(tmp_path, capsys):
-    repo = make_repo(tmp_path, {"suites/test_mixed.py": '''
+    repo = make_repo(
+        tmp_path,
+        {
+            "suites/test_mixed.py": """
         import pytest
 
         @pytest.mark.topology("cpu")
@@ -70,19 +78,26 @@ def test_mixed_file_is_split_by_test(tmp_path, capsys):
         @pytest.mark.topology("8-gpu-h200")
         def test_g():
             pass
-        '''})
+        """
+        },
+    )
     m = {e["topology"]: e["specs"] for e in _dry(capsys, "--repo-root", str(repo), "test_mixed.py")["include"]}
     assert m == {"cpu": ["suites/test_mixed.py::test_c"], "8-gpu-h200": ["suites/test_mixed.py::test_g"]}
 
 
 def test_unknown_topology_names_the_file(tmp_path, capsys):
-    repo = make_repo(tmp_path, {"suites/test_nowhere.py": '''
+    repo = make_repo(
+        tmp_path,
+        {
+            "suites/test_nowhere.py": """
         import pytest
         pytestmark = pytest.mark.topology("3-gpu-tpu")
 
         def test_x():
             pass
-        '''})
+        """
+        },
+    )
     assert cli.main(["--dry-run", "--repo-root", str(repo), "test_nowhere.py"]) == 2
     err = capsys.readouterr().err
     assert "suites/test_nowhere.py" in err and "unknown topology '3-gpu-tpu'" in err
@@ -91,8 +106,16 @@ def test_unknown_topology_names_the_file(tmp_path, capsys):
 def test_upstream_tree_planned_on_mapped_runners(tmp_path, capsys):
     repo = make_repo(tmp_path / "repo")
     up = make_upstream(tmp_path / "sglang")
-    m = _dry(capsys, "--repo-root", str(repo), "--suites-dir", str(up), "test_cpu_utils.py", "test_pd_large.py",
-             "registered/pd/test_deepep.py::TestDeepEP.test_mmlu")
+    m = _dry(
+        capsys,
+        "--repo-root",
+        str(repo),
+        "--suites-dir",
+        str(up),
+        "test_cpu_utils.py",
+        "test_pd_large.py",
+        "registered/pd/test_deepep.py::TestDeepEP.test_mmlu",
+    )
     got = {e["runner"]: e["specs"] for e in m["include"]}
     assert got == {
         "ubuntu-latest": ["registered/cpu/test_cpu_utils.py"],
@@ -119,7 +142,10 @@ def test_empty_repo_default_run_is_not_an_error(tmp_path, capsys):
 
 
 def _items(weights):
-    return tuple(plan.Item(nodeid=f"f.py::t{i}", target=f"/x/f.py::t{i}", est_time=w, file_rel="f.py") for i, w in enumerate(weights))
+    return tuple(
+        plan.Item(nodeid=f"f.py::t{i}", target=f"/x/f.py::t{i}", est_time=w, file_rel="f.py")
+        for i, w in enumerate(weights)
+    )
 
 
 @pytest.mark.parametrize("seed, n_items, shards", [(0, 40, 4), (1, 25, 3), (2, 60, 8), (3, 12, 2)])
@@ -142,17 +168,31 @@ def test_shard_index_out_of_range():
 
 
 def test_cli_shards_partition_a_group(tmp_path, capsys):
-    repo = make_repo(tmp_path, {f"suites/many/test_m{i}.py": f'''
+    repo = make_repo(
+        tmp_path,
+        {
+            f"suites/many/test_m{i}.py": f"""
         import pytest
         pytestmark = [pytest.mark.topology("cpu"), pytest.mark.est_time({10 * (i + 1)})]
 
         def test_x():
             pass
-        ''' for i in range(7)})
+        """
+            for i in range(7)
+        },
+    )
     seen = []
     for k in range(3):
-        m = _dry(capsys, "--repo-root", str(repo), "--shards", "3", "--shard-index", str(k),
-                 *[f"test_m{i}.py" for i in range(7)])
+        m = _dry(
+            capsys,
+            "--repo-root",
+            str(repo),
+            "--shards",
+            "3",
+            "--shard-index",
+            str(k),
+            *[f"test_m{i}.py" for i in range(7)],
+        )
         [entry] = m["include"]
         assert entry["name"] == f"cpu-{k + 1}of3" and entry["shards"] == 3 and entry["shard_index"] == k
         seen += entry["specs"]
@@ -194,9 +234,13 @@ def test_dry_run_pairs_files_and_engine_narrows(capsys):
         return {e["topology"]: e["specs"] for e in json.loads(out.out)["include"]}, out.err
 
     both, err = groups()
-    assert both == {"2-gpu-h100": ["suites/disaggregation/test_disaggregation_basic.py"],
-                    "cpu": ["suites/disaggregation/test_disaggregation_basic_server.py",
-                            "suites/disaggregation/test_disaggregation_swa_server.py"]}
+    assert both == {
+        "2-gpu-h100": ["suites/disaggregation/test_disaggregation_basic.py"],
+        "cpu": [
+            "suites/disaggregation/test_disaggregation_basic_server.py",
+            "suites/disaggregation/test_disaggregation_swa_server.py",
+        ],
+    }
     assert "also running suites/disaggregation/test_disaggregation_basic_server.py" in err
     assert groups("--engine", "sim") == ({"2-gpu-h100": ["suites/disaggregation/test_disaggregation_basic.py"]}, "")
     assert groups("--engine", "sglang-server")[0] == {"cpu": both["cpu"]}
@@ -206,33 +250,50 @@ def test_the_plan_estimates_only_what_can_run_here(tmp_path):
     from harness.rerun import execute
 
     def item(name: str, est: float, engine: str = "sim") -> plan.Item:
-        return plan.Item(nodeid=f"suites/{name}.py::t", target=f"/x/{name}.py::t", est_time=est, file_rel=f"suites/{name}.py",
-                         engine=engine)
+        return plan.Item(
+            nodeid=f"suites/{name}.py::t",
+            target=f"/x/{name}.py::t",
+            est_time=est,
+            file_rel=f"suites/{name}.py",
+            engine=engine,
+        )
 
-    gpu = plan.Group("8-gpu-h200", "8-gpu-h200", (item("test_dsv4", 10), item("test_dsv4_server", 1500, "sglang-server")),
-                     gpus=8)
+    gpu = plan.Group(
+        "8-gpu-h200", "8-gpu-h200", (item("test_dsv4", 10), item("test_dsv4_server", 1500, "sglang-server")), gpus=8
+    )
     cpu = plan.Group("cpu", "ubuntu-latest", (item("test_basic_server", 20, "sglang-server"),))
     real_only = plan.Group("2-node", "2-node", (item("test_node", 30),), gpus=16, allow_simulation=False)
     opts = execute.ExecOptions(repo_root=tmp_path, run_dir=tmp_path, gpus=0)
     lines = cli.plan_lines(plan.Plan((gpu, cpu, real_only)), opts, "0 real GPU(s)", 2)
-    assert lines[0] == ("rerun-test: 3 group(s), est 30s here (1530s of tests that cannot run here left out), "
-                        "0 real GPU(s), up to 2 at once")
+    assert lines[0] == (
+        "rerun-test: 3 group(s), est 30s here (1530s of tests that cannot run here left out), "
+        "0 real GPU(s), up to 2 at once"
+    )
     by_group = {ln.split()[0]: ln for ln in lines[1:] if not ln.startswith("    ")}
-    assert "2 test(s) est 10s (simulated; 1 test(s) need real GPUs, skipped here, est 1500s left out)" in by_group["8-gpu-h200"]
+    assert (
+        "2 test(s) est 10s (simulated; 1 test(s) need real GPUs, skipped here, est 1500s left out)"
+        in by_group["8-gpu-h200"]
+    )
     assert "1 test(s) est 20s (no GPUs)" in by_group["cpu"]  # a real server on CPU runs here
     assert "est 0s (cannot run here; 1 test(s) cannot run here, est 30s left out)" in by_group["2-node"]
     assert lines[2] == "    test_dsv4.py, test_dsv4_server.py"  # what it will run: the files of each group
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--jobs", "0", "test_x.py"], "--jobs 0: must be ≥ 1"),
-    (["--gpus", "-1", "test_x.py"], "--gpus -1: must be ≥ 0"),
-    (["--timeout", "0", "test_x.py"], "--timeout 0: must be > 0"),
-    # before: accepted, and the group then never timed out
-    (["--timeout", "nan", "test_x.py"], "--timeout nan: must be a finite number of seconds above 0 and at most 86400"),
-    (["--timeout", "1e9", "test_x.py"], "--timeout 1e+09: must be a finite number of seconds"),
-    (["--dry-run", "--max-shard-time", "inf", "test_x.py"], "--max-shard-time inf: must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--jobs", "0", "test_x.py"], "--jobs 0: must be ≥ 1"),
+        (["--gpus", "-1", "test_x.py"], "--gpus -1: must be ≥ 0"),
+        (["--timeout", "0", "test_x.py"], "--timeout 0: must be > 0"),
+        # before: accepted, and the group then never timed out
+        (
+            ["--timeout", "nan", "test_x.py"],
+            "--timeout nan: must be a finite number of seconds above 0 and at most 86400",
+        ),
+        (["--timeout", "1e9", "test_x.py"], "--timeout 1e+09: must be a finite number of seconds"),
+        (["--dry-run", "--max-shard-time", "inf", "test_x.py"], "--max-shard-time inf: must be a finite number"),
+    ],
+)
 def test_bad_numbers_are_refused_in_one_line(argv, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -256,7 +317,9 @@ def test_comment_options_travel_from_the_comment_to_each_group(tmp_path, capsys)
     from, the --dry-run matrix carries it in every entry, and --plan-entry turns it on for the run."""
     repo = make_repo(tmp_path)
     body = tmp_path / "comment.txt"
-    body.write_text("/rerun-test test_hisparse_allocator.py --changed=origin/main --mutate test_disaggregation_basic.py\n")
+    body.write_text(
+        "/rerun-test test_hisparse_allocator.py --changed=origin/main --mutate test_disaggregation_basic.py\n"
+    )
     assert cli.main(["--repo-root", str(repo), "--parse-only", "--comment-file", str(body)]) == 0
     line = capsys.readouterr().out.strip()
     assert line == "--mutate --changed=origin/main test_hisparse_allocator.py test_disaggregation_basic.py"
@@ -264,24 +327,35 @@ def test_comment_options_travel_from_the_comment_to_each_group(tmp_path, capsys)
     assert {(e["coverage"], e["changed"], e["mutate"]) for e in m["include"]} == {(True, "origin/main", True)}
     plain = _dry(capsys, "--repo-root", str(repo), HEADLINE)
     assert {(e["coverage"], e["changed"], e["mutate"]) for e in plain["include"]} == {(False, "", False)}
-    args = cli.build_parser().parse_args(["--sglang", "sglang/python", "--comment-out", "runs/ci/status.md",
-                                          "--plan-entry", json.dumps(m["include"][0])])
+    args = cli.build_parser().parse_args(
+        ["--sglang", "sglang/python", "--comment-out", "runs/ci/status.md", "--plan-entry", json.dumps(m["include"][0])]
+    )
     rerun_args.specs_of(args)
     assert (args.coverage, args.changed, args.mutate) == (True, "origin/main", True)
     # The mutation run after the groups: the same target and base, its line in the same status file.
     argv = cli.mutate_command(args, tmp_path / "run")
     assert argv[1:4] == ["-m", "harness.cli", "mutate"]
     flags = dict(zip(argv[4::2], argv[5::2]))
-    assert flags == {"--run-dir": str(tmp_path / "run" / "mutation"), "--limit": str(cli.MUTATE_LIMIT),
-                     "--sglang": "sglang/python", "--changed": "origin/main", "--comment-out": "runs/ci/status.md"}
+    assert flags == {
+        "--run-dir": str(tmp_path / "run" / "mutation"),
+        "--limit": str(cli.MUTATE_LIMIT),
+        "--sglang": "sglang/python",
+        "--changed": "origin/main",
+        "--comment-out": "runs/ci/status.md",
+    }
     args = cli.build_parser().parse_args(["--plan-entry", json.dumps(plain["include"][0])])
     rerun_args.specs_of(args)
     assert (args.coverage, args.changed, args.mutate) == (False, None, False)
 
 
-@pytest.mark.parametrize("token, why", [("--mutants", "not an option of /rerun-test"),
-                                        ("--changed", "not an option of /rerun-test"),
-                                        ("--changed=$(id)", "REV must be a git revision")])
+@pytest.mark.parametrize(
+    "token, why",
+    [
+        ("--mutants", "not an option of /rerun-test"),
+        ("--changed", "not an option of /rerun-test"),
+        ("--changed=$(id)", "REV must be a git revision"),
+    ],
+)
 def test_a_comment_option_it_does_not_know_is_one_line_and_exit_2(tmp_path, capsys, token, why):
     repo = make_repo(tmp_path)
     assert cli.main(["--repo-root", str(repo), "--parse-only", f"/rerun-test {token} test_a.py"]) == 2

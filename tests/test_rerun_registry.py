@@ -33,7 +33,10 @@ def test_module_class_function_markers(tmp_path):
 
 
 def test_closest_topology_marker_wins(tmp_path):
-    make_repo(tmp_path, {"suites/test_mixed.py": '''
+    make_repo(
+        tmp_path,
+        {
+            "suites/test_mixed.py": """
         import pytest
         pytestmark = pytest.mark.topology("cpu")
 
@@ -52,7 +55,9 @@ def test_closest_topology_marker_wins(tmp_path):
 
             def test_inherit(self):
                 pass
-        '''})
+        """
+        },
+    )
     f = _file(collector.collect(tmp_path), "suites/test_mixed.py")
     assert {t.suffix: t.topologies for t in f.tests} == {
         "::test_default": ("cpu",),
@@ -63,14 +68,19 @@ def test_closest_topology_marker_wins(tmp_path):
 
 
 def test_reading_never_imports_the_suite(tmp_path):
-    make_repo(tmp_path, {"suites/test_explodes.py": '''
+    make_repo(
+        tmp_path,
+        {
+            "suites/test_explodes.py": """
         raise SystemExit("imported!")
         import pytest
         pytestmark = pytest.mark.topology("2-gpu-h100")
 
         def test_x():
             pass
-        '''})
+        """
+        },
+    )
     f = _file(collector.collect(tmp_path), "suites/test_explodes.py")
     assert f.topologies == ("2-gpu-h100",)
 
@@ -81,7 +91,9 @@ def test_unmarked_file_defaults_to_cpu_and_default_estimate(tmp_path):
     assert f.est_time == registry.DEFAULT_TEST_EST
 
 
-@pytest.mark.parametrize("mark", ['pytest.mark.topology(NAME)', 'pytest.mark.est_time("soon")', "pytest.mark.est_time()"])
+@pytest.mark.parametrize(
+    "mark", ["pytest.mark.topology(NAME)", 'pytest.mark.est_time("soon")', "pytest.mark.est_time()"]
+)
 def test_non_literal_marker_is_an_error_on_that_file_only(tmp_path, mark):
     make_repo(tmp_path, {"suites/test_bad.py": f"import pytest\npytestmark = {mark}\n\ndef test_x():\n    pass\n"})
     reg = collector.collect(tmp_path)
@@ -91,13 +103,19 @@ def test_non_literal_marker_is_an_error_on_that_file_only(tmp_path, mark):
 
 def test_measured_durations_replace_estimates(tmp_path):
     repo = make_repo(tmp_path)
-    (repo / "suites" / "durations.json").write_text(json.dumps({
-        "suites/pd/test_disaggregation_basic.py::TestDisaggregationBasic::test_prealloc": 7.5}))
+    (repo / "suites" / "durations.json").write_text(
+        json.dumps({"suites/pd/test_disaggregation_basic.py::TestDisaggregationBasic::test_prealloc": 7.5})
+    )
     run = repo / "runs" / "r1" / "report"
     run.mkdir(parents=True)
-    (run / "durations.json").write_text(json.dumps({
-        "suites/test_hisparse_allocator.py::TestRelease::test_release_returns_pages[1]": 1.0,
-        "suites/test_hisparse_allocator.py::TestRelease::test_release_returns_pages[2]": 2.0}))
+    (run / "durations.json").write_text(
+        json.dumps(
+            {
+                "suites/test_hisparse_allocator.py::TestRelease::test_release_returns_pages[1]": 1.0,
+                "suites/test_hisparse_allocator.py::TestRelease::test_release_returns_pages[2]": 2.0,
+            }
+        )
+    )
     reg = collector.collect(repo)
     basic = {t.suffix: (t.est_time, t.measured) for t in _file(reg, "suites/pd/test_disaggregation_basic.py").tests}
     assert basic["::TestDisaggregationBasic::test_prealloc"] == (7.5, True)
@@ -125,9 +143,15 @@ def test_a_truncated_durations_file_of_a_past_run_is_skipped_with_one_warning(tm
     good.parent.mkdir(parents=True)
     good.write_text(json.dumps({"suites/test_hisparse_allocator.py::test_alloc_extend": 4.0}))
     reg = collector.collect(repo)
-    assert {t.suffix: t.est_time for t in _file(reg, "suites/test_hisparse_allocator.py").tests}["::test_alloc_extend"] == 4.0
+    assert {t.suffix: t.est_time for t in _file(reg, "suites/test_hisparse_allocator.py").tests}[
+        "::test_alloc_extend"
+    ] == 4.0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"warning: {bad}: not valid JSON") and err[0].endswith("skipped (delete it to silence this)")
+    assert (
+        len(err) == 1
+        and err[0].startswith(f"warning: {bad}: not valid JSON")
+        and err[0].endswith("skipped (delete it to silence this)")
+    )
 
 
 # ---------------------------------------------------------------- upstream (sglang test/registered)
@@ -145,11 +169,16 @@ def test_upstream_registrations_map_to_topologies(tmp_path):
 
 
 def test_unmapped_upstream_suite_names_it(tmp_path):
-    up = make_upstream(tmp_path / "sglang", {"registered/pd/test_odd.py": '''
+    up = make_upstream(
+        tmp_path / "sglang",
+        {
+            "registered/pd/test_odd.py": """
         register_cuda_ci(est_time=10, stage="stage-z", runner_config="4-gpu-b300")
         def test_x():
             pass
-        '''})
+        """
+        },
+    )
     f = _file(collector.collect(make_repo(tmp_path / "repo"), [up]), "registered/pd/test_odd.py")
     assert "unmapped upstream cuda suite 'stage-z-test-4-gpu-b300'" in f.error
     assert '[runner_config] "4-gpu-b300"' in f.error and "_upstream-map.toml" in f.error
@@ -159,6 +188,7 @@ def test_upstream_non_literal_registration_is_an_error(tmp_path):
     tree = tmp_path / "t.py"
     tree.write_text("EST = 3\nregister_cpu_ci(est_time=EST, suite='x')\n")
     import ast
+
     with pytest.raises(RegistryError, match="must be a literal"):
         upstream.read_registrations(ast.parse(tree.read_text()), "t.py")
 
@@ -183,7 +213,10 @@ def test_map_file_errors(tmp_path):
 
 
 def test_engine_marker_read_statically_closest_wins(tmp_path):
-    make_repo(tmp_path, {"suites/test_engines.py": '''
+    make_repo(
+        tmp_path,
+        {
+            "suites/test_engines.py": """
         import pytest
         pytestmark = [pytest.mark.engine("sglang-server", models=("tiny-llama",)), pytest.mark.topology("cpu")]
 
@@ -193,20 +226,27 @@ def test_engine_marker_read_statically_closest_wins(tmp_path):
         @pytest.mark.engine("sim")
         def test_sim():
             pass
-        '''})
+        """
+        },
+    )
     f = _file(collector.collect(tmp_path), "suites/test_engines.py")
     assert {t.suffix: t.engine for t in f.tests} == {"::test_server": "sglang-server", "::test_sim": "sim"}
     assert {t.engine for t in _file(collector.collect(tmp_path), "suites/test_hisparse_allocator.py").tests} == {"sim"}
 
 
 def test_engine_marker_must_name_an_engine(tmp_path):
-    make_repo(tmp_path, {"suites/test_bad_engine.py": '''
+    make_repo(
+        tmp_path,
+        {
+            "suites/test_bad_engine.py": """
         import pytest
         pytestmark = pytest.mark.engine("vllm")
 
         def test_x():
             pass
-        '''})
+        """
+        },
+    )
     f = _file(collector.collect(tmp_path), "suites/test_bad_engine.py")
     assert f.error and "pytest.mark.engine needs a literal engine first, one of sim, sglang-server" in f.error
 

@@ -20,11 +20,14 @@ def _one(reg, token):
     return sel
 
 
-@pytest.mark.parametrize("token", [
-    "test_disaggregation_basic.py",
-    "suites/pd/test_disaggregation_basic.py",
-    "pd/test_disaggregation_basic.py",
-])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "test_disaggregation_basic.py",
+        "suites/pd/test_disaggregation_basic.py",
+        "pd/test_disaggregation_basic.py",
+    ],
+)
 def test_file_forms(reg, token):
     sel = _one(reg, token)
     assert sel.suite.rel == "suites/pd/test_disaggregation_basic.py" and sel.whole and len(sel.tests) == 2
@@ -35,14 +38,25 @@ def test_absolute_path_inside_repo(reg):
     assert sel.suite.rel == "suites/test_hisparse_allocator.py"
 
 
-@pytest.mark.parametrize("token, suffixes", [
-    ("test_disaggregation_basic.py::TestDisaggregationBasic::test_transfer", ["::TestDisaggregationBasic::test_transfer"]),
-    ("test_disaggregation_basic.py::TestDisaggregationBasic.test_transfer", ["::TestDisaggregationBasic::test_transfer"]),
-    ("test_disaggregation_basic.py::TestDisaggregationBasic",
-     ["::TestDisaggregationBasic::test_prealloc", "::TestDisaggregationBasic::test_transfer"]),
-    ("test_hisparse_allocator.py::test_alloc_extend", ["::test_alloc_extend"]),
-    ("test_cpu_utils.py::TestUtils.test_two", ["::TestUtils::test_two"]),
-])
+@pytest.mark.parametrize(
+    "token, suffixes",
+    [
+        (
+            "test_disaggregation_basic.py::TestDisaggregationBasic::test_transfer",
+            ["::TestDisaggregationBasic::test_transfer"],
+        ),
+        (
+            "test_disaggregation_basic.py::TestDisaggregationBasic.test_transfer",
+            ["::TestDisaggregationBasic::test_transfer"],
+        ),
+        (
+            "test_disaggregation_basic.py::TestDisaggregationBasic",
+            ["::TestDisaggregationBasic::test_prealloc", "::TestDisaggregationBasic::test_transfer"],
+        ),
+        ("test_hisparse_allocator.py::test_alloc_extend", ["::test_alloc_extend"]),
+        ("test_cpu_utils.py::TestUtils.test_two", ["::TestUtils::test_two"]),
+    ],
+)
 def test_selector_forms(reg, token, suffixes):
     sel = _one(reg, token)
     assert [t.suffix for t in sel.tests] == suffixes and not sel.whole
@@ -91,7 +105,9 @@ def test_existing_but_unregistered_file_is_refused(reg):
 
 
 def test_unmapped_upstream_file_fails_when_selected(tmp_path):
-    up = make_upstream(tmp_path / "sglang", {"registered/test_weird.py": 'register_cuda_ci(est_time=1, suite="nightly-4-gpu-b200")\n'})
+    up = make_upstream(
+        tmp_path / "sglang", {"registered/test_weird.py": 'register_cuda_ci(est_time=1, suite="nightly-4-gpu-b200")\n'}
+    )
     reg = collector.collect(make_repo(tmp_path / "repo"), [up])
     with pytest.raises(ResolveError, match="unmapped upstream cuda suite 'nightly-4-gpu-b200'"):
         _one(reg, "test_weird.py")
@@ -119,15 +135,18 @@ def test_a_whole_simulated_file_brings_its_real_server_suites(repo_reg):
     from harness.rerun.resolve import only_engine, with_counterparts
 
     sels, added = with_counterparts(resolve([parse_spec("test_disaggregation_basic.py")], repo_reg), repo_reg)
-    basic, server, swa = ("suites/disaggregation/test_disaggregation_basic.py",
-                          "suites/disaggregation/test_disaggregation_basic_server.py",
-                          "suites/disaggregation/test_disaggregation_swa_server.py")
+    basic, server, swa = (
+        "suites/disaggregation/test_disaggregation_basic.py",
+        "suites/disaggregation/test_disaggregation_basic_server.py",
+        "suites/disaggregation/test_disaggregation_swa_server.py",
+    )
     assert _rels(sels) == [basic, server, swa] and added == [(server, basic), (swa, basic)]
     assert _rels(only_engine(sels, "sim")) == [basic]
     assert _rels(only_engine(sels, "sglang-server")) == [server, swa]
     assert only_engine(sels, "all") == sels
     # The other direction, and a named test pairs with nothing.
-    assert _rels(with_counterparts(resolve([parse_spec("test_disaggregation_swa_server.py")], repo_reg), repo_reg)[0]) \
-        == [swa, basic]
+    assert _rels(
+        with_counterparts(resolve([parse_spec("test_disaggregation_swa_server.py")], repo_reg), repo_reg)[0]
+    ) == [swa, basic]
     one = resolve([parse_spec("test_disaggregation_basic.py::test_concurrent_requests_decode_together")], repo_reg)
     assert with_counterparts(one, repo_reg) == (one, [])

@@ -9,16 +9,19 @@ from harness.rerun.spec import Spec, SpecError, parse_comment, parse_spec, parse
 from rerun_tree import make_repo
 
 
-@pytest.mark.parametrize("token, path, names, param", [
-    ("test_x.py", "test_x.py", (), ""),
-    ("suites/pd/test_x.py", "suites/pd/test_x.py", (), ""),
-    ("test_x.py::TestC::test_y", "test_x.py", ("TestC", "test_y"), ""),
-    ("test_x.py::TestC.test_y", "test_x.py", ("TestC", "test_y"), ""),
-    ("test_x.py::test_y", "test_x.py", ("test_y",), ""),
-    ("test_x.py::TestC", "test_x.py", ("TestC",), ""),
-    ("pd/test_x.py::test_y[case-1]", "pd/test_x.py", ("test_y",), "[case-1]"),
-    ("x_test.py", "x_test.py", (), ""),
-])
+@pytest.mark.parametrize(
+    "token, path, names, param",
+    [
+        ("test_x.py", "test_x.py", (), ""),
+        ("suites/pd/test_x.py", "suites/pd/test_x.py", (), ""),
+        ("test_x.py::TestC::test_y", "test_x.py", ("TestC", "test_y"), ""),
+        ("test_x.py::TestC.test_y", "test_x.py", ("TestC", "test_y"), ""),
+        ("test_x.py::test_y", "test_x.py", ("test_y",), ""),
+        ("test_x.py::TestC", "test_x.py", ("TestC",), ""),
+        ("pd/test_x.py::test_y[case-1]", "pd/test_x.py", ("test_y",), "[case-1]"),
+        ("x_test.py", "x_test.py", (), ""),
+    ],
+)
 def test_accepted_forms(token, path, names, param):
     s = parse_spec(token)
     assert (s.path, s.names, s.param) == (path, names, param)
@@ -129,7 +132,9 @@ def test_refusal_names_what_and_what_to_do():
 
 def test_parse_only_prints_normalized_specs(capsys, tmp_path):
     out_md = tmp_path / "status.md"
-    assert cli.main(["--parse-only", "--comment-out", str(out_md), "/rerun-test a_test.py b/test_b.py::C.t\nignored"]) == 0
+    assert (
+        cli.main(["--parse-only", "--comment-out", str(out_md), "/rerun-test a_test.py b/test_b.py::C.t\nignored"]) == 0
+    )
     assert capsys.readouterr().out.strip() == "a_test.py b/test_b.py::C.t"
     assert "rerun-test:status" in out_md.read_text()
 

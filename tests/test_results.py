@@ -73,7 +73,11 @@ def test_every_consumer_reads_the_same_cases(tmp_path: Path):
     assert [f.nodeid for f in gate_view] == ["suites/pd/test_a.py::test_bad", "x.y::test_err", "suites.pd.test_c"]
     # classified from the whole message (its second line names the rule), before the traceback's E lines
     assert [f.failure_class for f in gate_view] == ["accounting", "error", "import"]
-    assert [f.failure_class for f in classify.failures_from_junit(path.read_text())] == ["accounting", "error", "import"]
+    assert [f.failure_class for f in classify.failures_from_junit(path.read_text())] == [
+        "accounting",
+        "error",
+        "import",
+    ]
 
 
 def test_spans_read_the_bytes_a_test_wrote(tmp_path: Path):
@@ -98,7 +102,8 @@ def test_spans_read_the_bytes_a_test_wrote(tmp_path: Path):
 
 def test_record_plugin_writes_what_each_test_wrote(pytester, tmp_path: Path):
     run_dir = tmp_path / "run"
-    pytester.makepyfile(test_rec="""
+    pytester.makepyfile(
+        test_rec="""
         import pytest
         from harness import ledger
 
@@ -118,14 +123,19 @@ def test_record_plugin_writes_what_each_test_wrote(pytester, tmp_path: Path):
         @pytest.mark.skip(reason="no")
         def test_skipped():
             pass
-    """)
+    """
+    )
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--run-dir", str(run_dir), "--workload-seed", "7")
     result.assert_outcomes(passed=2, failed=1, skipped=1)
 
     recs = records.read_records(run_dir)
 
-    assert [(r.suffix, r.outcome) for r in recs] == [("::test_writes", "passed"), ("::test_quiet", "passed"),
-                                                    ("::test_fails", "failed"), ("::test_skipped", "skipped")]
+    assert [(r.suffix, r.outcome) for r in recs] == [
+        ("::test_writes", "passed"),
+        ("::test_quiet", "passed"),
+        ("::test_fails", "failed"),
+        ("::test_skipped", "skipped"),
+    ]
     first, quiet, fails, _ = recs
     assert [s.name for s in first.ledgers] == ["dec-r0"] and [s.name for s in first.logs] == ["dec-r0"]
     assert [e.rid for s in first.ledgers for e in records.span_events(s)] == ["a"]
@@ -144,14 +154,20 @@ def test_no_record_without_a_run_directory(pytester):
 
 
 def test_torn_record_lines_are_skipped(tmp_path: Path):
-    line = {"path": "/x/test_a.py", "suffix": "::t", "outcome": "passed", "start": 1.0, "stop": 2.0,
-            "ledgers": {"ledger/w.jsonl": [0, 10]}}
+    line = {
+        "path": "/x/test_a.py",
+        "suffix": "::t",
+        "outcome": "passed",
+        "start": 1.0,
+        "stop": 2.0,
+        "ledgers": {"ledger/w.jsonl": [0, 10]},
+    }
     (tmp_path / rundir.RECORD_FILE).write_text(json.dumps(line) + "\n" + '{"path": "/x/te')
     [rec] = records.read_records(tmp_path)
     assert rec.ledgers == (records.Span(tmp_path / "ledger" / "w.jsonl", 0, 10),)
 
 
-XFAIL_TESTS = '''
+XFAIL_TESTS = """
 import pytest
 
 
@@ -167,7 +183,7 @@ def test_fixed_bug():
 
 def test_plain():
     assert True
-'''
+"""
 
 
 def test_expected_failures_are_counted_and_shown_with_their_reason(pytester, tmp_path: Path):
@@ -180,7 +196,9 @@ def test_expected_failures_are_counted_and_shown_with_their_reason(pytester, tmp
     pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit1")
     cases = {c.nodeid.split("::")[-1]: c for c in junit.read_junit(xml)}
     assert (cases["test_known_bug"].outcome, cases["test_known_bug"].message) == (
-        "xfailed", "sglang#40309: _pre_alloc never reclaims SWA pages")
+        "xfailed",
+        "sglang#40309: _pre_alloc never reclaims SWA pages",
+    )
     assert cases["test_known_bug"].xfail and not cases["test_plain"].xfail
     # an unexpected pass of a strict xfail is a failure that says why
     assert cases["test_fixed_bug"].outcome == "failed"

@@ -29,14 +29,18 @@ def _run(base: Path, name: str, state: str = "passed", started: float | None = N
 
 def test_a_run_is_recorded_and_latest_points_at_it(tmp_path):
     base = tmp_path / "runs"
-    with runs.record(base / "r1", ["/venv/bin/rerun-test", "test_a.py", "--sglang", "../my tree"],
-                     target="sglang 0.5.23 (tree)") as rec:
+    with runs.record(
+        base / "r1", ["/venv/bin/rerun-test", "test_a.py", "--sglang", "../my tree"], target="sglang 0.5.23 (tree)"
+    ) as rec:
         info = runs.read(base / "r1")
         assert (info.state, info.pid, info.alive()) == ("running", os.getpid(), True)
         rec.finish("failed", report=base / "r1" / "report" / "index.html")
     info = runs.read(base / "r1")
-    assert (info.state, info.command, info.target) == ("failed", "rerun-test test_a.py --sglang '../my tree'",
-                                                      "sglang 0.5.23 (tree)")
+    assert (info.state, info.command, info.target) == (
+        "failed",
+        "rerun-test test_a.py --sglang '../my tree'",
+        "sglang 0.5.23 (tree)",
+    )
     assert info.ended is not None and info.ended >= info.started and not info.alive()
     assert os.readlink(base / runs.LATEST) == "r1"
     with runs.record(base / "r2", ["harness", "gate", "run", "per-commit"]):
@@ -84,7 +88,7 @@ def test_retention_keeps_the_newest_and_never_the_protected(tmp_path):
     # died while running: its pid is gone, so it is old like any other
     dead = _run(base, "dead", started=now - 60_000)
     data = json.loads((dead / runs.RUN_FILE).read_text())
-    (dead / runs.RUN_FILE).write_text(json.dumps({**data, "state": "running", "pid": 2 ** 22 + 7}))
+    (dead / runs.RUN_FILE).write_text(json.dumps({**data, "state": "running", "pid": 2**22 + 7}))
     bundle = _run(base, "gate-with-repro", started=now - 70_000)
     (bundle / "report" / "failures" / "t").mkdir(parents=True)
     (bundle / "report" / "failures" / "t" / "repro.json").write_text("{}")
@@ -142,7 +146,10 @@ def test_harness_runs_lists_them_newest_first(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["runs", "--runs-dir", str(base)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"2 run(s) in runs; keeping the newest {runs.DEFAULT_KEEP} (set HARNESS_KEEP_RUNS=N or pass --keep N; 0 keeps all)"
+    assert (
+        out[0]
+        == f"2 run(s) in runs; keeping the newest {runs.DEFAULT_KEEP} (set HARNESS_KEEP_RUNS=N or pass --keep N; 0 keeps all)"
+    )
     assert out[1] == "latest: runs/latest -> 20261201-110000-2"
     assert out[2].split() == ["started", "verdict", "took", "command", "target", "report"]
     first, second = out[3], out[4]
@@ -157,10 +164,13 @@ def test_harness_runs_lists_them_newest_first(tmp_path, capsys, monkeypatch):
     assert not (base / "20261201-100000-1").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["runs", "--limit", "-1"], "--limit -1: must be ≥ 0"),
-    (["runs", "--keep", "-2"], "--keep -2: must be ≥ 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["runs", "--limit", "-1"], "--limit -1: must be ≥ 0"),
+        (["runs", "--keep", "-2"], "--keep -2: must be ≥ 0"),
+    ],
+)
 def test_harness_runs_refuses_bad_numbers_in_one_line(argv, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -170,9 +180,23 @@ def test_harness_runs_refuses_bad_numbers_in_one_line(argv, message, capsys):
 def test_a_refused_rerun_test_leaves_no_run_directory(tmp_path):
     # --ray-address with nothing listening: the join preflight refuses before the run starts.
     run_dir = tmp_path / "runs" / "refused"
-    done = subprocess.run([sys.executable, "-m", "harness.commands.rerun", "--ray-address", "127.0.0.1:1",
-                           "--run-dir", str(run_dir), "test_decode_reservation.py"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "HARNESS_JOIN_TIMEOUT": "3"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.commands.rerun",
+            "--ray-address",
+            "127.0.0.1:1",
+            "--run-dir",
+            str(run_dir),
+            "test_decode_reservation.py",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HARNESS_JOIN_TIMEOUT": "3"},
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(done.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in done.stderr
     assert not run_dir.exists() and not (tmp_path / "runs").exists()

@@ -23,15 +23,24 @@ from harness.engines.server.server_preload import SERVER_PRELOAD
 
 MODEL = "tiny-llama"
 
-pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
-                                 server_args=("--page-size", "64")),
-              pytest.mark.topology("cpu"), pytest.mark.est_time(45), pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.engine(
+        "sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",), server_args=("--page-size", "64")
+    ),
+    pytest.mark.topology("cpu"),
+    pytest.mark.est_time(45),
+    pytest.mark.timeout(900),
+]
 
 
 def test_cpu_servers_are_forks_of_the_preloaded_fork_server(sglang_servers):
     stack = sglang_servers.pd(MODEL)
     assert sglang_servers.forkserver, "servers on the embedded cpu cluster should start from the fork server"
-    servers = [s for s in forkserver.running_shared() if f"--preload {SERVER_PRELOAD}" in " ".join(psutil.Process(s.pid).cmdline())]
+    servers = [
+        s
+        for s in forkserver.running_shared()
+        if f"--preload {SERVER_PRELOAD}" in " ".join(psutil.Process(s.pid).cmdline())
+    ]
     assert servers, "no server fork server is running"
     children = {c.pid: c for s in servers for c in psutil.Process(s.pid).children()}
     parents = set()
@@ -60,8 +69,11 @@ def test_a_faults_patched_sglang_on_the_path_forks_from_the_same_server(sglang_s
     from harness.engines.server import launcher, stack as server_stack
 
     sglang_servers.pd(MODEL)
-    running = {s.socket_path for s in forkserver.running_shared()
-               if f"--preload {SERVER_PRELOAD}" in " ".join(psutil.Process(s.pid).cmdline())}
+    running = {
+        s.socket_path
+        for s in forkserver.running_shared()
+        if f"--preload {SERVER_PRELOAD}" in " ".join(psutil.Process(s.pid).cmdline())
+    }
     assert running, "no server fork server is running"
     overlay = tmp_path / "overlay"
     (overlay / "sglang").mkdir(parents=True)
@@ -80,15 +92,18 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
     from harness import topology
     from harness.plugins.stacks import session_stacks
 
-    stacks = session_stacks(request.config, ray_cluster, topology.get("cpu"), run_dir,
-                            server_args=("--page-size", "64"))
+    stacks = session_stacks(
+        request.config, ray_cluster, topology.get("cpu"), run_dir, server_args=("--page-size", "64")
+    )
     stacks.order = ["tiny-llama", "tiny-mellum-swa"]
     try:
         stacks.prestart_next("tiny-llama")
         assert len(stacks._more_placements) == 1, "the stack ahead has no placement of its own"
         stack = stacks.pd("tiny-mellum-swa", with_plain=True)
         assert stacks.taken_ahead == ["tiny-mellum-swa"]
-        assert all(w in stacks.workers for w in (*stack.workers, stacks.plain("tiny-mellum-swa"))), "not owned by the tests"
+        assert all(w in stacks.workers for w in (*stack.workers, stacks.plain("tiny-mellum-swa"))), (
+            "not owned by the tests"
+        )
         ids = list(range(4, 90))
         assert stack.client("router").generate(ids, 4).output_ids
         stacks.prestart_next("tiny-mellum-swa")  # the last model: nothing to start
@@ -104,8 +119,11 @@ def test_the_next_models_stack_starts_ahead_in_its_own_placement(request, ray_cl
     # 5 s sleep logs "before crash diagnostics"): on a loaded 2-core runner a clean shutdown can outlast the
     # grace too, so the time alone is no evidence (fresh-clone CI at load 10+ saw that).
     killed = [r.getMessage() for r in caplog.records if "ignored SIGTERM" in r.getMessage()]
-    held = [p.name for p in Path(run_dir.workers).glob("*.log")
-            if "before crash diagnostics" in p.read_text(errors="replace")]
+    held = [
+        p.name
+        for p in Path(run_dir.workers).glob("*.log")
+        if "before crash diagnostics" in p.read_text(errors="replace")
+    ]
     assert not held, f"servers waited for sglang's crash diagnostics before exiting: {held} (killed: {killed})"
     assert stacks._more_placements == [] and stacks._placement is None
 
@@ -120,7 +138,9 @@ def test_the_router_starts_beside_its_servers_and_registers_them_once_ready(sgla
     # them, given their URLs, would start later than their "ready to roll" line).
     started = datetime.fromtimestamp(router.create_time()).replace(microsecond=0)
     for w in (stack.prefill, stack.decode):
-        ready = [ln for ln in open(w.info.log_path, errors="replace") if "The server is fired up and ready to roll" in ln]
+        ready = [
+            ln for ln in open(w.info.log_path, errors="replace") if "The server is fired up and ready to roll" in ln
+        ]
         assert ready, f"{w.name} never logged that it is ready"
         at = datetime.strptime(ready[0][1:20], "%Y-%m-%d %H:%M:%S")
         assert started < at, f"router started at {started}, after {w.name} was ready at {at}"
@@ -143,11 +163,18 @@ def test_a_router_that_cannot_start_stops_the_servers_launched_beside_it(ray_clu
     no_router = dataclasses.replace(cpu, roles=tuple(r for r in cpu.roles if r.kind != "router"))
     names = ("prefill-norouter", "decode-norouter", "router-norouter")
     with pytest.raises(LaunchError, match="no router role"):
-        start_pd_stack(no_router, ensure_model(MODEL), run_dir.root, names=names,
-                       forkserver=ray_cluster.starts_forked("server", cpu))
+        start_pd_stack(
+            no_router,
+            ensure_model(MODEL),
+            run_dir.root,
+            names=names,
+            forkserver=ray_cluster.starts_forked("server", cpu),
+        )
     for name in names[:2]:
         log = (run_dir.workers / f"{name}.log").read_text()
         assert "[harness] exec " in log, f"{name} was never launched"
         port = re.search(r"'http': (\d+)", log).group(1)
-        left = [p.pid for p in psutil.process_iter(["cmdline"]) if f"--port {port} " in " ".join(p.info["cmdline"] or ())]
+        left = [
+            p.pid for p in psutil.process_iter(["cmdline"]) if f"--port {port} " in " ".join(p.info["cmdline"] or ())
+        ]
         assert left == [], f"{name} left running: {left}"

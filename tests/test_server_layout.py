@@ -85,23 +85,34 @@ def test_spare_gpus_give_the_plain_server_its_own_bundle():
 def test_a_server_larger_than_a_node_is_refused():
     topo = topology.get("8-gpu-h200")
     big = replace(topo, roles=tuple(replace(r, tp=16) if r.name == "prefill" else r for r in topo.roles))
-    with pytest.raises(LaunchError, match="topology 8-gpu-h200: a prefill server needs 16 GPUs in one process, "
-                                          "a node has 8; use a TP group that fits one node"):
+    with pytest.raises(
+        LaunchError,
+        match="topology 8-gpu-h200: a prefill server needs 16 GPUs in one process, "
+        "a node has 8; use a TP group that fits one node",
+    ):
         server_layout(big)
 
 
 def test_a_role_of_several_instances_is_refused_for_real_servers():
     """A stack starts one server per role: ``4-node-32-gpu-h200``'s two TP8 instances per role run
     simulated only, not as one wrongly placed server (``--show-commands`` once printed 16 GPUs on node 0)."""
-    with pytest.raises(LaunchError, match=r"^topology 4-node-32-gpu-h200: prefill has 2 instances, and a real server "
-                                          r"stack starts one server per role; run it simulated"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^topology 4-node-32-gpu-h200: prefill has 2 instances, and a real server "
+        r"stack starts one server per role; run it simulated",
+    ):
         server_layout(topology.get("4-node-32-gpu-h200"))
 
 
 def test_dp_replicas_without_attention_dp_multiply_the_gpus():
     topo = topology.get("8-gpu-h200")
-    dp = replace(topo, roles=tuple(replace(r, tp=2, dp=2, dp_attention=False, engine_args=()) if r.kind in ("prefill", "decode")
-                                   else r for r in topo.roles))
+    dp = replace(
+        topo,
+        roles=tuple(
+            replace(r, tp=2, dp=2, dp_attention=False, engine_args=()) if r.kind in ("prefill", "decode") else r
+            for r in topo.roles
+        ),
+    )
     assert bundles(server_layout(dp), "decode") == [{**CPU_BUNDLE, "GPU": 4.0}]
     attn = replace(dp, roles=tuple(replace(r, dp_attention=True) if r.kind == "decode" else r for r in dp.roles))
     assert bundles(server_layout(attn), "decode") == [{**CPU_BUNDLE, "GPU": 2.0}]
@@ -151,8 +162,19 @@ DSV4_PARALLEL = ["--tp", "4", "--enable-dp-attention", "--dp-size", "4"]
 
 
 def dsv4_head(http="{http}", nccl="{nccl}"):
-    return [PY, "-m", "sglang.launch_server", "--model-path", MODEL, "--host", "127.0.0.1",
-            "--port", http, "--nccl-port", nccl]
+    return [
+        PY,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        http,
+        "--nccl-port",
+        nccl,
+    ]
 
 
 @pytest.mark.parametrize("hisparse", [False, True], ids=["hisparse-off", "hisparse-on"])
@@ -162,20 +184,49 @@ def test_dsv4_pd_commands_exact(tmp_path, hisparse):
     p, d = pd_commands(topo, MODEL, tmp_path, names=("prefill", "decode"), extra_args=extra)
     # The suite's stack, as ServerStacks.pd builds it (python is the harness's own interpreter).
     p, d = (replace(c, argv=(PY, *c.argv[1:])) for c in (p, d))
-    assert list(p.argv) == [*dsv4_head(), "--tp", "4", "--disaggregation-mode", "prefill",
-                            "--disaggregation-transfer-backend", "mooncake",
-                            "--disaggregation-bootstrap-port", "{bootstrap}", "--enable-dp-attention", "--dp-size", "4"]
-    assert list(d.argv) == [*dsv4_head(), "--tp", "4", "--disaggregation-mode", "decode",
-                            "--disaggregation-transfer-backend", "mooncake", "--enable-dp-attention", "--dp-size", "4",
-                            *(["--enable-hisparse", "--disable-radix-cache"] if hisparse else [])]
+    assert list(p.argv) == [
+        *dsv4_head(),
+        "--tp",
+        "4",
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-transfer-backend",
+        "mooncake",
+        "--disaggregation-bootstrap-port",
+        "{bootstrap}",
+        "--enable-dp-attention",
+        "--dp-size",
+        "4",
+    ]
+    assert list(d.argv) == [
+        *dsv4_head(),
+        "--tp",
+        "4",
+        "--disaggregation-mode",
+        "decode",
+        "--disaggregation-transfer-backend",
+        "mooncake",
+        "--enable-dp-attention",
+        "--dp-size",
+        "4",
+        *(["--enable-hisparse", "--disable-radix-cache"] if hisparse else []),
+    ]
     # GPU recipe: no CPU env, shim or compat patch; the probe writes the decode ledger (prefill's: flushes only).
-    assert dict(p.env) == {"HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "prefill.jsonl"),
-                           "HARNESS_PROBE_WORKER": "prefill", "HARNESS_PROBE_COMPONENT": "prefill", **CHECKS_ENV,
-                           "HARNESS_IB_NODE_GPUS": "8"}
+    assert dict(p.env) == {
+        "HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "prefill.jsonl"),
+        "HARNESS_PROBE_WORKER": "prefill",
+        "HARNESS_PROBE_COMPONENT": "prefill",
+        **CHECKS_ENV,
+        "HARNESS_IB_NODE_GPUS": "8",
+    }
     assert p.pythonpath == (str(SITE_DIR),)
-    assert dict(d.env) == {"HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "decode.jsonl"),
-                           "HARNESS_PROBE_WORKER": "decode", "HARNESS_PROBE_COMPONENT": "decode", **CHECKS_ENV,
-                           "HARNESS_IB_NODE_GPUS": "8"}
+    assert dict(d.env) == {
+        "HARNESS_PROBE_LEDGER": str(tmp_path / "ledger" / "decode.jsonl"),
+        "HARNESS_PROBE_WORKER": "decode",
+        "HARNESS_PROBE_COMPONENT": "decode",
+        **CHECKS_ENV,
+        "HARNESS_IB_NODE_GPUS": "8",
+    }
     assert not any(a.startswith(("--base-gpu-id", "--page-size", "--device")) for a in (*p.argv, *d.argv))
 
 
@@ -184,12 +235,30 @@ def test_dsv4_plain_baseline_and_router_exact():
     plain = plain_server_command(topo, model=MODEL, ports=PLACEHOLDER_PORTS, python=PY)
     assert list(plain.argv) == [*dsv4_head(), *DSV4_PARALLEL]  # decode's TP4 shape, no disaggregation
     assert dict(plain.env) == CHECKS_ENV  # sglang's own checks on: the only environment a GPU server gets
-    r = router_command(topo, prefill=[("http://127.0.0.1:1", 2)], decode=["http://127.0.0.1:3"], port=4,
-                       prometheus_port=5, python=PY)
-    assert list(r.argv) == [PY, "-m", "harness.engines.server.router", "--host", "127.0.0.1", "--port", "4",
-                            "--prometheus-host", "127.0.0.1", "--prometheus-port", "5", "--pd-disaggregation",
-                            "--policy", "round_robin", "--prefill", "http://127.0.0.1:1", "2",
-                            "--decode", "http://127.0.0.1:3"]
+    r = router_command(
+        topo, prefill=[("http://127.0.0.1:1", 2)], decode=["http://127.0.0.1:3"], port=4, prometheus_port=5, python=PY
+    )
+    assert list(r.argv) == [
+        PY,
+        "-m",
+        "harness.engines.server.router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "4",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        "5",
+        "--pd-disaggregation",
+        "--policy",
+        "round_robin",
+        "--prefill",
+        "http://127.0.0.1:1",
+        "2",
+        "--decode",
+        "http://127.0.0.1:3",
+    ]
 
 
 @pytest.mark.parametrize("hisparse", [False, True], ids=["hisparse-off", "hisparse-on"])

@@ -24,12 +24,14 @@ pytestmark = pytest.mark.est_time(30)
 
 def run_like_server(code: str, role: str = "decode", **launcher_kwargs) -> subprocess.CompletedProcess:
     cmd = server_command(topology.get("cpu"), role, model="/m", ports=ServerPorts(1, 2, 3), **launcher_kwargs)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=cmd.environ(), capture_output=True,
-                          text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=cmd.environ(), capture_output=True, text=True, timeout=240
+    )
 
 
 def test_sgl_kernel_shim_imports_and_raises_when_called():
-    r = run_like_server("""
+    r = run_like_server(
+        """
         import sgl_kernel
         from sgl_kernel.kvcacheio import transfer_kv_all_layer
         from sgl_kernel import fused_add_rmsnorm
@@ -40,7 +42,9 @@ def test_sgl_kernel_shim_imports_and_raises_when_called():
             print("raised:", e)
         else:
             raise SystemExit("the shim computed something")
-    """, compat_patches=())
+    """,
+        compat_patches=(),
+    )
     assert r.returncode == 0, r.stderr
     assert "raised: sgl_kernel.kvcacheio.transfer_kv_all_layer was called" in r.stdout
 
@@ -65,7 +69,8 @@ def test_unknown_compat_patch_is_refused_naming_the_known_ones():
 
 def test_cpu_server_gets_its_compat_patches_and_the_probe(tmp_path):
     """The sitecustomize applies the named patches and the probe when the real sglang modules load."""
-    r = run_like_server("""
+    r = run_like_server(
+        """
         import sglang.srt.disaggregation.mooncake.conn as mc
         import sglang.srt.layers.attention.torch_native_backend as tn
         import sglang.srt.mem_cache.common as common
@@ -88,7 +93,10 @@ def test_cpu_server_gets_its_compat_patches_and_the_probe(tmp_path):
         engine.mp.set_start_method("spawn", force=True)
         assert multiprocessing.get_start_method() == "fork", multiprocessing.get_start_method()
         print("ok")
-    """, probe_run_dir=str(tmp_path), worker="decode-x")
+    """,
+        probe_run_dir=str(tmp_path),
+        worker="decode-x",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ok" in r.stdout
     assert "compat patch mooncake-host-tensor-indices applied" in r.stderr
@@ -98,7 +106,8 @@ def test_cpu_server_gets_its_compat_patches_and_the_probe(tmp_path):
 
 
 def test_unpatched_server_runs_upstream_code(tmp_path):
-    r = run_like_server("""
+    r = run_like_server(
+        """
         import sglang.srt.disaggregation.mooncake.conn as mc
         import sglang.srt.layers.attention.torch_native_backend as tn
         import sglang.srt.mem_cache.common as common
@@ -110,7 +119,9 @@ def test_unpatched_server_runs_upstream_code(tmp_path):
         engine.mp.set_start_method("spawn", force=True)
         assert multiprocessing.get_start_method() == "spawn"
         print("ok")
-    """, compat_patches=())
+    """,
+        compat_patches=(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "compat patch" not in r.stderr
 
@@ -139,8 +150,9 @@ def test_probe_records_a_flush_and_the_ledger_sees_what_it_hid(tmp_path):
         sched.token_to_kv_pool_allocator.clear()
         return True
 
-    sched = types.SimpleNamespace(token_to_kv_pool_allocator=side.allocator, tree_cache=side.tree_cache,
-                                  req_to_token_pool=side.req_to_token_pool)
+    sched = types.SimpleNamespace(
+        token_to_kv_pool_allocator=side.allocator, tree_cache=side.tree_cache, req_to_token_pool=side.req_to_token_pool
+    )
     path = tmp_path / "server.jsonl"
     wrapped = probe_mod._wrap_flush(probe_mod.Probe(str(path), "server", "decode"), flush)
     req = make_req("r", 100, output_len=3)
@@ -152,17 +164,24 @@ def test_probe_records_a_flush_and_the_ledger_sees_what_it_hid(tmp_path):
     wrapped(sched)
     found = ledger.check(ledger.read(path))
     assert {v.rule for v in found} == {"reset-leak"} and {"'full'", "'swa'", "'req_slots'"} <= {
-        v.message.split()[1].rstrip(":") for v in found}
+        v.message.split()[1].rstrip(":") for v in found
+    }
 
 
 def test_prefill_probe_records_only_flushes(tmp_path):
-    r = run_like_server("""
+    r = run_like_server(
+        """
         import sglang.srt.mem_cache.common as common
         import sglang.srt.managers.scheduler as sched
         assert hasattr(sched.Scheduler.flush_cache, "__wrapped__")
         assert not hasattr(common.release_kv_cache, "__wrapped__")
         print("ok")
-    """, role="prefill", probe_run_dir=str(tmp_path), worker="prefill-x", compat_patches=())
+    """,
+        role="prefill",
+        probe_run_dir=str(tmp_path),
+        worker="prefill-x",
+        compat_patches=(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ok" in r.stdout
 

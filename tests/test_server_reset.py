@@ -55,11 +55,26 @@ class StandIn:
 
     def request(self, rid: str, reserved: dict) -> None:
         """One request preallocated (fill 300, window 100: full pages 0-4, SWA tail pages 7, 8) and released."""
-        self.writer.record("prealloc", rid, P, fill_len=300, swa_tail_len=108, evicted_seqlen=192, reserved=reserved,
-                           pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)}, free_before=IDLE,
-                           free_after={"full": 320, "swa": 192})
-        self.writer.record("release", rid, P, pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)},
-                           free_before={"full": 320, "swa": 192}, free_after=IDLE)
+        self.writer.record(
+            "prealloc",
+            rid,
+            P,
+            fill_len=300,
+            swa_tail_len=108,
+            evicted_seqlen=192,
+            reserved=reserved,
+            pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)},
+            free_before=IDLE,
+            free_after={"full": 320, "swa": 192},
+        )
+        self.writer.record(
+            "release",
+            rid,
+            P,
+            pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)},
+            free_before={"full": 320, "swa": 192},
+            free_after=IDLE,
+        )
 
 
 @pytest.fixture

@@ -42,14 +42,18 @@ def test_what_a_target_has_is_read_from_its_source(tmp_path):
     partial = every.replace("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY", "SOMETHING_ELSE")
     have, why = checks.present(_tree(tmp_path / "old", partial))
     assert "mem-check-busy" not in {c.name for c in have}
-    assert why == {"invariant-strict": "no swa.peer_mapped, swa.peer_released contract",
-                   "mem-check-busy": "sglang/srt/environ.py has no SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"}
+    assert why == {
+        "invariant-strict": "no swa.peer_mapped, swa.peer_released contract",
+        "mem-check-busy": "sglang/srt/environ.py has no SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY",
+    }
     root = tmp_path / "old"
     assert "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY" not in checks.environment(root)
     assert checks.environment(root)["SGLANG_INVARIANT_CHECK"] == "2"  # it runs, without those contracts
-    assert checks.summary(root).endswith("missing in this target: invariant-strict (no swa.peer_mapped, swa.peer_released "
-                                         "contract); mem-check-busy (sglang/srt/environ.py has no "
-                                         "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY)")
+    assert checks.summary(root).endswith(
+        "missing in this target: invariant-strict (no swa.peer_mapped, swa.peer_released "
+        "contract); mem-check-busy (sglang/srt/environ.py has no "
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY)"
+    )
 
 
 def test_the_installed_target_has_every_check():
@@ -61,14 +65,20 @@ def test_the_installed_target_has_every_check():
 
 def test_which_checks_are_on_is_chosen_by_one_variable(monkeypatch):
     monkeypatch.delenv(checks.SELECT_ENV, raising=False)
-    assert checks.environment(None) == {"SGLANG_INVARIANT_CHECK": "2", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
-                                        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
-                                        "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1", "SGLANG_DEBUG_MEMORY_POOL": "1"}
+    assert checks.environment(None) == {
+        "SGLANG_INVARIANT_CHECK": "2",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+        "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
+        "SGLANG_DEBUG_MEMORY_POOL": "1",
+    }
     monkeypatch.setenv(checks.SELECT_ENV, "0")  # all off, sglang's default-on idle check too
     assert set(checks.environment(None).values()) == {"0"}
     assert checks.summary(None) == "sglang checks: all off (HARNESS_SGLANG_CHECKS=0)"
     monkeypatch.setenv(checks.SELECT_ENV, "mem-check-busy")
-    assert {k for k, v in checks.environment(None).items() if v != "0"} == {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"}
+    assert {k for k, v in checks.environment(None).items() if v != "0"} == {
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"
+    }
     monkeypatch.setenv(checks.SELECT_ENV, "mem-check-busy,nope")
     with pytest.raises(checks.UnknownCheck, match="no sglang check named nope; known: invariant-strict"):
         checks.environment(None)
@@ -103,14 +113,21 @@ def test_a_hit_is_its_own_class_naming_the_check_and_what_it_names():
     assert kind == "sglang-check"
     assert line.startswith("sglang-check [invariant-strict: swa.peer_released] RuntimeError: invariant-check FAILED")
     # a server whose scheduler the idle check took down: found in the dead worker's log tail
-    tail = ('  File "/v/sglang/srt/managers/scheduler_components/invariant_checker.py", line 440, in _report_leak\n'
-            f"{IDLE}\n")
+    tail = (
+        '  File "/v/sglang/srt/managers/scheduler_components/invariant_checker.py", line 440, in _report_leak\n'
+        f"{IDLE}\n"
+    )
     kind, line = headline(WorkerDied("pd-cpu-decode-0", "process exited with code 1", tail))
     assert kind == "sglang-check"
-    assert line == ("sglang-check [mem-check-idle: token_to_kv_pool_allocator] " + IDLE +
-                    " | last sglang frame: sglang/srt/managers/scheduler_components/invariant_checker.py:440 in _report_leak")
+    assert line == (
+        "sglang-check [mem-check-idle: token_to_kv_pool_allocator] "
+        + IDLE
+        + " | last sglang frame: sglang/srt/managers/scheduler_components/invariant_checker.py:440 in _report_leak"
+    )
     # the harness's oracle leads when it saw the break too; sglang's check follows it
-    broken = ledger.LedgerBroken([ledger.Violation("page-leak", "pool 'swa': 1 page(s) never freed", None, "decode-0", "r1")])
+    broken = ledger.LedgerBroken(
+        [ledger.Violation("page-leak", "pool 'swa': 1 page(s) never freed", None, "decode-0", "r1")]
+    )
     broken.__cause__ = RuntimeError(PEER)
     kind, line = headline(broken)
     assert kind == "ledger" and line.startswith("ledger [page-leak]")
@@ -118,24 +135,46 @@ def test_a_hit_is_its_own_class_naming_the_check_and_what_it_names():
 
 
 def test_a_hit_is_accounting_for_the_gates_even_when_it_took_a_server_down():
-    assert classify("failure", "sglang-check [mem-check-idle: token_to_kv_pool_allocator] worker pd-cpu-decode-0 died") == "accounting"
+    assert (
+        classify("failure", "sglang-check [mem-check-idle: token_to_kv_pool_allocator] worker pd-cpu-decode-0 died")
+        == "accounting"
+    )
 
 
 def _run(label: str, *outcomes: verdicts.TestOutcome) -> SuiteRun:
-    return SuiteRun(label, ("suites/x.py",), 1 if any(o.outcome == "failed" for o in outcomes) else 0, outcomes,
-                    1.0, Path("j.xml"), Path("l.log"), frozenset({label}))
+    return SuiteRun(
+        label,
+        ("suites/x.py",),
+        1 if any(o.outcome == "failed" for o in outcomes) else 0,
+        outcomes,
+        1.0,
+        Path("j.xml"),
+        Path("l.log"),
+        frozenset({label}),
+    )
 
 
 def test_the_fault_check_attributes_each_catch_to_its_oracle():
-    clean = _run("clean", Outcome("suites/x.py::a", "suites/x.py", "passed"),
-                 Outcome("suites/x.py::b", "suites/x.py", "passed"))
-    both = _run("f", Outcome("suites/x.py::a", "suites/x.py", "failed",
-                                 "ledger [page-leak] ...; sglang's check agreed: [invariant-strict: swa.peer_released] ..."),
-                Outcome("suites/x.py::b", "suites/x.py", "passed"))
+    clean = _run(
+        "clean", Outcome("suites/x.py::a", "suites/x.py", "passed"), Outcome("suites/x.py::b", "suites/x.py", "passed")
+    )
+    both = _run(
+        "f",
+        Outcome(
+            "suites/x.py::a",
+            "suites/x.py",
+            "failed",
+            "ledger [page-leak] ...; sglang's check agreed: [invariant-strict: swa.peer_released] ...",
+        ),
+        Outcome("suites/x.py::b", "suites/x.py", "passed"),
+    )
     (cell,) = build_cells("f", ("suites/x.py",), clean, both, evidence=("[page-leak]",))
     assert cell.status == CAUGHT and cell.by_sglang == ("suites/x.py::a",)
     # caught by sglang's check alone: the harness's own oracle missed it, and that is not a catch
-    only = _run("f", Outcome("suites/x.py::a", "suites/x.py", "failed", "sglang-check [mem-check-idle: swa] ..."),
-                Outcome("suites/x.py::b", "suites/x.py", "passed"))
+    only = _run(
+        "f",
+        Outcome("suites/x.py::a", "suites/x.py", "failed", "sglang-check [mem-check-idle: swa] ..."),
+        Outcome("suites/x.py::b", "suites/x.py", "passed"),
+    )
     (cell,) = build_cells("f", ("suites/x.py",), clean, only, evidence=("[page-leak]",))
     assert cell.status == BROKEN and "caught by sglang's own check only, not the harness's oracle" in cell.reason

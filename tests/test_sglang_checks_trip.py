@@ -80,16 +80,35 @@ class Run:
         env[checks.SELECT_ENV] = self.select
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "--engine", self.engine,
-                 "--run-dir", str(self.out / "run"), "--inject-fault", self.fault, f"--junitxml={self.junit}",
-                 *self.selections], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-p",
+                    "no:cacheprovider",
+                    "-q",
+                    "-n",
+                    "0",
+                    "--engine",
+                    self.engine,
+                    "--run-dir",
+                    str(self.out / "run"),
+                    "--inject-fault",
+                    self.fault,
+                    f"--junitxml={self.junit}",
+                    *self.selections,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def messages(self, selection: str) -> list[str]:
         """The failure messages of ``selection``'s JUnit cases (the run has exited)."""
         assert self.junit.is_file(), self.log.read_text()[-3000:]
         name = selection.split("::")[-1]
-        cases = [c for c in ET.parse(self.junit).getroot().iter("testcase")
-                 if c.get("name", "").split("[")[0] == name]
+        cases = [c for c in ET.parse(self.junit).getroot().iter("testcase") if c.get("name", "").split("[")[0] == name]
         assert cases, f"{selection} did not run: {self.log.read_text()[-3000:]}"
         return [f.get("message", "") for c in cases for f in c if f.tag in ("failure", "error")]
 

@@ -33,26 +33,33 @@ FIXTURE = Path("test") / "server_fixtures" / "disaggregation_fixture.py"
 NICS = tuple(f"mlx5_{i}" for i in range(8))
 #: Flags whose value is the shape, so it must be the fixture's; the others (ports, host, model) are
 #: placeholders or the harness's own leases here, only present.
-SAME_VALUE = {"--tp", "--dp-size", "--enable-dp-attention", "--disaggregation-mode",
-              "--disaggregation-transfer-backend", "--disaggregation-ib-device", "--pd-disaggregation"}
+SAME_VALUE = {
+    "--tp",
+    "--dp-size",
+    "--enable-dp-attention",
+    "--disaggregation-mode",
+    "--disaggregation-transfer-backend",
+    "--disaggregation-ib-device",
+    "--pd-disaggregation",
+}
 #: Flags the fixture passes that ours leaves out on purpose: role -> flag -> why.
 DELIBERATE = {
     "prefill": {
         "--trust-remote-code": "the models are local directories of architectures sglang implements itself "
-                               "(tiny-llama, tiny-mellum-swa, DeepSeek-V4): no code from a model directory runs; "
-                               "a topology's engine_args can add it for a model that needs its own",
+        "(tiny-llama, tiny-mellum-swa, DeepSeek-V4): no code from a model directory runs; "
+        "a topology's engine_args can add it for a model that needs its own",
     },
     "decode": {
         "--trust-remote-code": "as prefill",
         "--base-gpu-id": "Ray's CUDA_VISIBLE_DEVICES narrows each server to the GPUs of its bundle, so its "
-                         "first GPU is always 0 inside it (launcher.py)",
+        "first GPU is always 0 inside it (launcher.py)",
         "--disaggregation-bootstrap-port": "the router is given each prefill's bootstrap port (--prefill URL PORT) "
-                                           "and passes it with every request; the fixture's router is not, so its "
-                                           "decode falls back to its own flag, which must then equal prefill's",
+        "and passes it with every request; the fixture's router is not, so its "
+        "decode falls back to its own flag, which must then equal prefill's",
     },
     "router": {
         "--mini-lb": "the fixture's own FIXME ('remove this'); the harness runs sglang-router's Rust router "
-                     "by default, the Python MiniLB only when a test asks (mini_lb=True)",
+        "by default, the Python MiniLB only when a test asks (mini_lb=True)",
     },
 }
 
@@ -62,8 +69,10 @@ def _fixture_path() -> Path:
     assert spec is not None and spec.submodule_search_locations, "sglang is not installed: run ./dev install"
     path = Path(list(spec.submodule_search_locations)[0]) / FIXTURE
     if not path.is_file():
-        pytest.fail(f"the installed sglang has no {FIXTURE} (0.5.23 ships it): the comparison has nothing to "
-                    f"compare against", pytrace=False)
+        pytest.fail(
+            f"the installed sglang has no {FIXTURE} (0.5.23 ships it): the comparison has nothing to compare against",
+            pytrace=False,
+        )
     return path
 
 
@@ -102,22 +111,34 @@ def fixture_commands(name: str, monkeypatch) -> dict[str, dict[str, list[str]]]:
     prefill, decode = topo.role("prefill"), topo.role("decode")
     seen: dict[str, list[str]] = {}
 
-    def popen_launch_pd_server(model, base_url, timeout, api_key=None, other_args=(), env=None, return_stdout_stderr=None):
+    def popen_launch_pd_server(
+        model, base_url, timeout, api_key=None, other_args=(), env=None, return_stdout_stderr=None
+    ):
         host, port = base_url.rsplit("//", 1)[1].split(":")
         # test_utils.popen_launch_pd_server's own argv: the model first, the caller's, then host and port.
         args = ["--model-path", model, *map(str, other_args), "--host", host, "--port", port]
         seen[_flags(args)["--disaggregation-mode"][0]] = args
 
     def popen_with_error_check(command, *a, **k):
-        seen["router"] = command[command.index("sglang_router.launch_router") + 1:]
+        seen["router"] = command[command.index("sglang_router.launch_router") + 1 :]
 
-    envs = types.SimpleNamespace(SGLANG_TEST_PD_DISAGG_BACKEND=types.SimpleNamespace(get=lambda: "mooncake"),
-                                 SGLANG_TEST_PD_DISAGG_DEVICES=types.SimpleNamespace(get=lambda: None))
-    stubs = dict(envs=envs, kill_process_tree=lambda *a, **k: None, DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH=600,
-                 DEFAULT_URL_FOR_TEST="http://127.0.0.1:21000", CustomTestCase=object, is_in_ci=lambda: True,
-                 popen_launch_pd_server=popen_launch_pd_server, popen_with_error_check=popen_with_error_check,
-                 start_subprocess_fail_fast_watcher=lambda *a, **k: None,
-                 terminate_and_kill_process_tree=lambda *a, **k: None, wait_for_http_ready=lambda *a, **k: None)
+    envs = types.SimpleNamespace(
+        SGLANG_TEST_PD_DISAGG_BACKEND=types.SimpleNamespace(get=lambda: "mooncake"),
+        SGLANG_TEST_PD_DISAGG_DEVICES=types.SimpleNamespace(get=lambda: None),
+    )
+    stubs = dict(
+        envs=envs,
+        kill_process_tree=lambda *a, **k: None,
+        DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH=600,
+        DEFAULT_URL_FOR_TEST="http://127.0.0.1:21000",
+        CustomTestCase=object,
+        is_in_ci=lambda: True,
+        popen_launch_pd_server=popen_launch_pd_server,
+        popen_with_error_check=popen_with_error_check,
+        start_subprocess_fail_fast_watcher=lambda *a, **k: None,
+        terminate_and_kill_process_tree=lambda *a, **k: None,
+        wait_for_http_ready=lambda *a, **k: None,
+    )
     ns = _load_fixture(_fixture_path(), stubs)
     # What its setUpClass sets in os.environ is undone after the test; the node it sees: our NICs, our GPUs.
     for var in ("MC_TCP_ENABLE_CONNECTION_POOL", "MC_GID_INDEX", "UCX_NET_DEVICES"):
@@ -126,10 +147,18 @@ def fixture_commands(name: str, monkeypatch) -> dict[str, dict[str, list[str]]]:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(device_count=lambda: topo.gpus_per_node))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    shape = type("Shape", (ns["PDDisaggregationServerBase"],), dict(
-        model="{model}", prefill_tp_size=prefill.tp, decode_tp_size=decode.tp,
-        decode_base_gpu_id=server_gpus(prefill), extra_prefill_args=list(prefill.engine_args),
-        extra_decode_args=list(decode.engine_args)))
+    shape = type(
+        "Shape",
+        (ns["PDDisaggregationServerBase"],),
+        dict(
+            model="{model}",
+            prefill_tp_size=prefill.tp,
+            decode_tp_size=decode.tp,
+            decode_base_gpu_id=server_gpus(prefill),
+            extra_prefill_args=list(prefill.engine_args),
+            extra_decode_args=list(decode.engine_args),
+        ),
+    )
     shape.setUpClass()
     shape.start_prefill()
     shape.start_decode()
@@ -154,7 +183,9 @@ def test_every_flag_of_sglangs_pd_fixture_is_in_ours(name, monkeypatch):
             why = DELIBERATE.get(role, {}).get(flag)
             if why:
                 if flag in ours[role]:
-                    problems.append(f"{role}: {flag} is listed as a deliberate difference but ours has it; drop it from DELIBERATE")
+                    problems.append(
+                        f"{role}: {flag} is listed as a deliberate difference but ours has it; drop it from DELIBERATE"
+                    )
             elif flag not in ours[role]:
                 problems.append(f"{role}: the fixture passes {flag} {' '.join(value)}, ours does not")
             elif flag in SAME_VALUE and ours[role][flag] != value:
@@ -226,10 +257,17 @@ def test_a_server_process_gets_the_flag_from_its_sitecustomize(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "launch_server.py").write_text("import sys\nprint(sys.argv[1:])\n")
     (pkg / "other.py").write_text("import sys\nprint(sys.argv[1:])\n")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{SITE_DIR}:{tmp_path}", rdma.NODE_GPUS_ENV: "2",
-           "CUDA_VISIBLE_DEVICES": "1", rdma.DEVICES_ENV: "mlx5_0,mlx5_1"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{SITE_DIR}:{tmp_path}",
+        rdma.NODE_GPUS_ENV: "2",
+        "CUDA_VISIBLE_DEVICES": "1",
+        rdma.DEVICES_ENV: "mlx5_0,mlx5_1",
+    }
     run = [sys.executable, "-m"]
-    server = subprocess.run([*run, "sglang.launch_server", "--tp", "1"], env=env, capture_output=True, text=True, timeout=60)
+    server = subprocess.run(
+        [*run, "sglang.launch_server", "--tp", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert server.stdout.strip() == "['--tp', '1', '--disaggregation-ib-device', 'mlx5_1']", server.stderr
     other = subprocess.run([*run, "sglang.other", "--tp", "1"], env=env, capture_output=True, text=True, timeout=60)
     assert other.stdout.strip() == "['--tp', '1']", other.stderr

@@ -20,9 +20,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _result(leaks: list[int]) -> SoakResult:
-    return SoakResult(requests=50 * len(leaks), completed=50 * len(leaks), wall_s=2.0,
-                      checkpoints=[Checkpoint(50 * (i + 1), {"full": 0, "swa": leak, "live": 0}, 0)
-                                   for i, leak in enumerate(leaks)])
+    return SoakResult(
+        requests=50 * len(leaks),
+        completed=50 * len(leaks),
+        wall_s=2.0,
+        checkpoints=[Checkpoint(50 * (i + 1), {"full": 0, "swa": leak, "live": 0}, 0) for i, leak in enumerate(leaks)],
+    )
 
 
 def test_a_balanced_soak_has_slope_zero_and_passes():
@@ -66,7 +69,9 @@ def test_drive_runs_the_seeded_mix_in_batches_and_stops_at_the_first_leak():
     engine = _Engine(0)
     clean = drive(engine, 45, every=10, seed=12, page_size=64, max_prompt=256)
     assert [len(b) for b in engine.batches] == [10, 10, 10, 10, 5]
-    assert engine.batches[1] == mix(13, 10, page_size=64, max_prompt=256, max_new=8, abort_rate=0.1, prefix="s1-", groups=1)
+    assert engine.batches[1] == mix(
+        13, 10, page_size=64, max_prompt=256, max_new=8, abort_rate=0.1, prefix="s1-", groups=1
+    )
     # Seed 12 draws no abort for the first batch: its longest request is aborted, so every batch drives the path.
     assert not any(r.abort for r in mix(12, 10, page_size=64, max_prompt=256, abort_rate=0.1))
     first = mix(12, 10, page_size=64, max_prompt=256, abort_rate=0.1, prefix="s0-", groups=1)
@@ -87,14 +92,31 @@ def test_the_mix_puts_lengths_at_page_boundaries_and_every_third_request_in_a_pr
     reqs = mix(0, 300, page_size=64, max_prompt=256, abort_rate=0.1, prefix="s0-", groups=3)
     assert all(1 <= r.length <= 256 and 1 <= r.new_tokens <= 8 for r in reqs)
     assert sum(r.length % 64 in (63, 0, 1) for r in reqs) > 200
-    assert {r.group for r in reqs[::3]} == {"s0-g0", "s0-g1", "s0-g2"} and not any(r.group for i, r in enumerate(reqs) if i % 3)
+    assert {r.group for r in reqs[::3]} == {"s0-g0", "s0-g1", "s0-g2"} and not any(
+        r.group for i, r in enumerate(reqs) if i % 3
+    )
     assert 10 < sum(r.abort for r in reqs) < 60
 
 
 def test_soak_needs_a_positive_count():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--soak", "0", "--co", "-q",
-                           "suites/disaggregation/test_disaggregation_soak.py"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--soak",
+            "0",
+            "--co",
+            "-q",
+            "suites/disaggregation/test_disaggregation_soak.py",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "--soak 0: a soak needs at least 1 request; give a positive number" in proc.stderr
 
@@ -105,8 +127,9 @@ def test_the_mix_draws_the_simulated_engines_workload():
 
     soak = mix(7, 300, page_size=64, max_prompt=384, max_new=12, abort_rate=0.1, prefix="s0-", groups=3)
     sim = workload(7, 300, page_size=64, max_prompt=384, max_steps=12, abort_rate=0.1, prefix="s0-")
-    assert [(r.rid, r.length, r.new_tokens, r.abort) for r in soak] == \
-        [(w.rid, w.prompt_len, w.decode_steps, w.abort_after_chunks is not None) for w in sim]
+    assert [(r.rid, r.length, r.new_tokens, r.abort) for r in soak] == [
+        (w.rid, w.prompt_len, w.decode_steps, w.abort_after_chunks is not None) for w in sim
+    ]
 
 
 def test_no_server_rid_of_a_soak_is_a_prefix_of_another():
@@ -114,7 +137,10 @@ def test_no_server_rid_of_a_soak_is_a_prefix_of_another():
     # aborted s9-1 while s9-11 was in flight lost s9-11 too (bench/soak.py --engine server, 1 in 2,000).
     from harness.engines.server.server_soak import server_rid
 
-    rids = sorted(server_rid("t", r.rid) for b in range(12)
-                  for r in mix(b, 120, page_size=64, max_prompt=256, abort_rate=0.1, prefix=f"s{b}-", groups=3))
+    rids = sorted(
+        server_rid("t", r.rid)
+        for b in range(12)
+        for r in mix(b, 120, page_size=64, max_prompt=256, abort_rate=0.1, prefix=f"s{b}-", groups=3)
+    )
     assert len(set(rids)) == len(rids)
     assert not [(a, b) for a, b in zip(rids, rids[1:]) if b.startswith(a)]

@@ -50,7 +50,9 @@ def test_every_suspect_is_in_the_release_or_listed_absent(version):
             if not mod.defines(sources[path], qualname):
                 missing.add((version, qualname))
     expected = {a for a in ABSENT if a[0] == version}
-    assert missing == expected, f"{version}: not there {sorted(missing - expected)}; listed absent but there {sorted(expected - missing)}"
+    assert missing == expected, (
+        f"{version}: not there {sorted(missing - expected)}; listed absent but there {sorted(expected - missing)}"
+    )
 
 
 def test_a_function_the_target_lacks_is_said_as_not_in_this_release(tmp_path):
@@ -60,9 +62,11 @@ def test_a_function_the_target_lacks_is_said_as_not_in_this_release(tmp_path):
     found = mod.suspects("swa-tail-short", tmp_path)
     assert [str(s) for s in found] == [
         "sglang/srt/disaggregation/decode.py DecodePreallocQueue._swa_tail_len (not in this release)",
-        "sglang/srt/disaggregation/decode.py alloc_for_decode_prealloc (not in this release)"]
-    assert [str(s) for s in mod.suspects("PreallocError", tmp_path)][0] == \
-        "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc"
+        "sglang/srt/disaggregation/decode.py alloc_for_decode_prealloc (not in this release)",
+    ]
+    assert [str(s) for s in mod.suspects("PreallocError", tmp_path)][
+        0
+    ] == "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc"
     assert mod.suspects("no-such-rule", tmp_path) == []
 
 

@@ -30,11 +30,15 @@ pytest_plugins = ["pytester"]
 BIN = Path(sys.executable).parent
 
 _CORE_SOURCES = {
-    "disaggregation/decode.py": ("class DecodePreallocQueue:\n    def _swa_tail_len(self, seq_len):\n        pass\n\n"
-                                 "def alloc_for_decode_prealloc(allocator):\n    pass\n"),
+    "disaggregation/decode.py": (
+        "class DecodePreallocQueue:\n    def _swa_tail_len(self, seq_len):\n        pass\n\n"
+        "def alloc_for_decode_prealloc(allocator):\n    pass\n"
+    ),
     "mem_cache/allocator/swa.py": "class SWATokenToKVPoolAllocator:\n    pass\n",
-    "runtime_context.py": ("class RuntimeContext:\n    def override_server_args(self, **fields):\n        pass\n\n"
-                           "def get_context():\n    pass\n"),
+    "runtime_context.py": (
+        "class RuntimeContext:\n    def override_server_args(self, **fields):\n        pass\n\n"
+        "def get_context():\n    pass\n"
+    ),
 }
 
 
@@ -129,7 +133,9 @@ def _fake_index(root: Path, versions: list[str]) -> str:
     """A package index (PEP 503 simple layout, as a directory) listing sglang ``versions``."""
     page = root / "simple" / "sglang" / "index.html"
     page.parent.mkdir(parents=True)
-    page.write_text("".join(f'<a href="sglang-{v}-py3-none-any.whl">sglang-{v}-py3-none-any.whl</a>\n' for v in versions))
+    page.write_text(
+        "".join(f'<a href="sglang-{v}-py3-none-any.whl">sglang-{v}-py3-none-any.whl</a>\n' for v in versions)
+    )
     return (root / "simple").as_uri()
 
 
@@ -152,10 +158,16 @@ def test_a_release_newer_than_checked_is_tried_with_a_warning(tmp_path, monkeypa
     said: list[str] = []
     with pytest.raises(target.TargetError, match=r"sglang 0\.5\.24 is not on the package index|could not|pip"):
         target.resolve("0.5.24", progress=said.append)
-    assert said[0].startswith("warning: sglang 0.5.24 is newer than the newest release the harness was checked against (0.5.23)")
+    assert said[0].startswith(
+        "warning: sglang 0.5.24 is newer than the newest release the harness was checked against (0.5.23)"
+    )
     assert any("installing" in line for line in said[1:])
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [], "a failed install leaves no lock and no directory"
-    with pytest.raises(target.TargetError, match=r"sglang 0\.5\.22 is not on the package index \(its newest release is 0\.5\.24\)"):
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [], (
+        "a failed install leaves no lock and no directory"
+    )
+    with pytest.raises(
+        target.TargetError, match=r"sglang 0\.5\.22 is not on the package index \(its newest release is 0\.5\.24\)"
+    ):
         target.resolve("0.5.22")
 
 
@@ -164,12 +176,15 @@ def test_a_release_newer_than_checked_is_tried_with_a_warning(tmp_path, monkeypa
 
 def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
     tree = fake_tree(tmp_path / "tree", "0.5.21")
-    code = ("import os, sys; from harness.targets.sglang import selection as t; found = t.select(sys.argv[1]); "
-            "import sglang; print(sglang.__file__); "
-            "import subprocess; print(subprocess.run([sys.executable, '-c', 'import sglang; print(sglang.__file__)'], "
-            "capture_output=True, text=True).stdout.strip()); print(os.environ['HARNESS_SGLANG'])")
-    done = subprocess.run([sys.executable, "-c", code, str(tree)], env=_env(), capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import os, sys; from harness.targets.sglang import selection as t; found = t.select(sys.argv[1]); "
+        "import sglang; print(sglang.__file__); "
+        "import subprocess; print(subprocess.run([sys.executable, '-c', 'import sglang; print(sglang.__file__)'], "
+        "capture_output=True, text=True).stdout.strip()); print(os.environ['HARNESS_SGLANG'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tree)], env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     here, child, spec = done.stdout.split()
     assert here == child == str(tree.resolve() / "sglang" / "__init__.py")
@@ -177,11 +192,19 @@ def test_activation_reaches_subprocesses_and_refuses_a_second_sglang(tmp_path):
     # Another sglang imported first (a second small tree: the refusal does not depend on which one,
     # and the installed package would take seconds to import).
     other = fake_tree(tmp_path / "other", "0.5.22")
-    late = ("import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1])")
-    done = subprocess.run([sys.executable, "-c", late, str(tree)], capture_output=True, text=True, timeout=120,
-                          env=_env(PYTHONPATH=os.pathsep.join([str(other), _env()["PYTHONPATH"]])))
+    late = "import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1])"
+    done = subprocess.run(
+        [sys.executable, "-c", late, str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(PYTHONPATH=os.pathsep.join([str(other), _env()["PYTHONPATH"]])),
+    )
     last = done.stderr.splitlines()[-1]
-    assert done.returncode != 0 and f"sglang was imported from {other.resolve()} before the target sglang 0.5.21 (tree" in last, last
+    assert (
+        done.returncode != 0
+        and f"sglang was imported from {other.resolve()} before the target sglang 0.5.21 (tree" in last
+    ), last
 
 
 def test_sglang_imported_first_from_the_overlay_is_the_target(tmp_path):
@@ -190,13 +213,21 @@ def test_sglang_imported_first_from_the_overlay_is_the_target(tmp_path):
     # 0.5.22` on a simulated PD suite refused every rank before this was accepted).
     tree = fake_tree(tmp_path / "tree", "0.5.21")
     patched = fake_tree(tmp_path / "patched", "0.5.21")
-    late = ("import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1]); "
-            "print(sglang.__file__)")
+    late = (
+        "import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1]); "
+        "print(sglang.__file__)"
+    )
     env = _env(PYTHONPATH=os.pathsep.join([str(patched), _env()["PYTHONPATH"]]))
-    done = subprocess.run([sys.executable, "-c", late, str(tree)], capture_output=True, text=True, timeout=120,
-                          env={**env, target.OVERLAY_ENV: str(patched)})
+    done = subprocess.run(
+        [sys.executable, "-c", late, str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, target.OVERLAY_ENV: str(patched)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str(patched.resolve() / "sglang" / "__init__.py")
+
 
 def test_a_tree_of_links_imported_first_is_that_tree(tmp_path):
     # A forked rank imported sglang from the tree before it selects it; the tree's files are links
@@ -205,8 +236,13 @@ def test_a_tree_of_links_imported_first_is_that_tree(tmp_path):
     links = tmp_path / "links"
     shutil.copytree(real, links, copy_function=os.symlink)
     code = "import sglang, sys; from harness.targets.sglang import selection as t; t.select(sys.argv[1]); print('ok')"
-    done = subprocess.run([sys.executable, "-c", code, str(links)], capture_output=True, text=True, timeout=120,
-                          env=_env(PYTHONPATH=os.pathsep.join([str(links), _env()["PYTHONPATH"]])))
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(links)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(PYTHONPATH=os.pathsep.join([str(links), _env()["PYTHONPATH"]])),
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-1500:]
 
 
@@ -249,7 +285,9 @@ def test_triton_only_paged_allocator_runs_interpreted_without_a_gpu_driver(tmp_p
     assert compat.device_missing("cuda:0", page_size=64, hisparse=True, root=old) is None
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert compat.device_missing("cpu", page_size=64, hisparse=False, root=old) is None
-    assert compat.device_missing("cpu", page_size=256, hisparse=True, root=old)[0] == "device-module-without-accelerator"
+    assert (
+        compat.device_missing("cpu", page_size=256, hisparse=True, root=old)[0] == "device-module-without-accelerator"
+    )
 
 
 # ---------------------------------------------------------------------------------------- entry points
@@ -257,8 +295,12 @@ def test_triton_only_paged_allocator_runs_interpreted_without_a_gpu_driver(tmp_p
 
 def _bad_target_cases(tmp_path: Path) -> list[str]:
     (tmp_path / "empty").mkdir(parents=True)
-    return [str(tmp_path / "missing"), str(tmp_path / "empty"), "0.4.10",
-            str(fake_tree(tmp_path / "old-tree", "0.4.10", core=False))]
+    return [
+        str(tmp_path / "missing"),
+        str(tmp_path / "empty"),
+        "0.4.10",
+        str(fake_tree(tmp_path / "old-tree", "0.4.10", core=False)),
+    ]
 
 
 @pytest.mark.parametrize("entry", ["rerun-test", "gate", "faults", "doctor", "matrix"])
@@ -266,13 +308,26 @@ def test_every_entry_point_refuses_a_bad_target_in_one_line_before_running(tmp_p
     for i, bad in enumerate(_bad_target_cases(tmp_path / entry)):
         run_dir = tmp_path / f"run-{i}"
         argv = {
-            "rerun-test": [str(BIN / "rerun-test"), "--sglang", bad, "--run-dir", str(run_dir),
-                           "test_decode_reservation.py"],
+            "rerun-test": [
+                str(BIN / "rerun-test"),
+                "--sglang",
+                bad,
+                "--run-dir",
+                str(run_dir),
+                "test_decode_reservation.py",
+            ],
             "gate": [str(BIN / "harness"), "gate", "run", "per-commit", "--sglang", bad, "--run-dir", str(run_dir)],
             "faults": [str(BIN / "harness"), "faults", "check", "--sglang", bad, "--run-dir", str(run_dir)],
             "doctor": [str(BIN / "harness"), "doctor", "cpu", "--sglang", bad, "--run-dir", str(run_dir)],
-            "matrix": [str(BIN / "harness"), "matrix", "--sglang", f"0.5.23,{bad}", "--run-dir", str(run_dir),
-                       "test_decode_reservation.py"],
+            "matrix": [
+                str(BIN / "harness"),
+                "matrix",
+                "--sglang",
+                f"0.5.23,{bad}",
+                "--run-dir",
+                str(run_dir),
+                "test_decode_reservation.py",
+            ],
         }[entry]
         done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
         lines = done.stderr.strip().splitlines()
@@ -282,9 +337,23 @@ def test_every_entry_point_refuses_a_bad_target_in_one_line_before_running(tmp_p
 
 
 def test_pytest_refuses_a_bad_target_before_collecting(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "pytest", "suites/unit/disaggregation/test_decode_reservation.py",
-                           "-p", "no:cacheprovider", "--sglang", str(tmp_path / "missing")],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "suites/unit/disaggregation/test_decode_reservation.py",
+            "-p",
+            "no:cacheprovider",
+            "--sglang",
+            str(tmp_path / "missing"),
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == pytest.ExitCode.USAGE_ERROR
     assert "no such file or directory" in done.stderr and "collected" not in done.stdout
 
@@ -292,8 +361,9 @@ def test_pytest_refuses_a_bad_target_before_collecting(tmp_path):
 def test_report_header_and_junit_name_the_target(pytester, tmp_path):
     tree = fake_tree(tmp_path / "tree", "0.5.21")
     pytester.makepyfile("def test_ok():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sglang", str(tree),
-                                           f"--junitxml={tmp_path / 'j.xml'}")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--sglang", str(tree), f"--junitxml={tmp_path / 'j.xml'}"
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"harness: sglang 0.5.21 (tree {tree.resolve()}), root {tree.resolve()}"])
     xml = (tmp_path / "j.xml").read_text()
@@ -304,16 +374,26 @@ def test_report_header_and_junit_name_the_target(pytester, tmp_path):
 
 
 def test_matrix_tables_count_outcomes_per_target_and_file(tmp_path):
-    summary = {"groups": [{"name": "cpu", "note": "", "cases": [
-        {"nodeid": "suites/a/test_a.py::t1", "outcome": "passed", "message": ""},
-        {"nodeid": "suites/a/test_a.py::t2", "outcome": "skipped", "message": "lacks capability 'x': y"},
-        {"nodeid": "suites/b/test_b.py::t1", "outcome": "failed", "message": "AssertionError: evicted"},
-    ]}]}
+    summary = {
+        "groups": [
+            {
+                "name": "cpu",
+                "note": "",
+                "cases": [
+                    {"nodeid": "suites/a/test_a.py::t1", "outcome": "passed", "message": ""},
+                    {"nodeid": "suites/a/test_a.py::t2", "outcome": "skipped", "message": "lacks capability 'x': y"},
+                    {"nodeid": "suites/b/test_b.py::t1", "outcome": "failed", "message": "AssertionError: evicted"},
+                ],
+            }
+        ]
+    }
     cells = versions.summarize(summary)
     assert cells["suites/a/test_a.py"].text() == "1 passed, 1 skipped"
     assert cells["suites/b/test_b.py"].reasons == ("failed: AssertionError: evicted",)
-    runs = [versions.TargetRun("0.5.21", "sglang 0.5.21 (release)", tmp_path, 1, 12.0, cells),
-            versions.TargetRun("0.5.22", "sglang 0.5.22 (release)", tmp_path, 0, 3.0, {})]
+    runs = [
+        versions.TargetRun("0.5.21", "sglang 0.5.21 (release)", tmp_path, 1, 12.0, cells),
+        versions.TargetRun("0.5.22", "sglang 0.5.22 (release)", tmp_path, 0, 3.0, {}),
+    ]
     text = versions.render_text(runs)
     assert "test_a.py" in text.splitlines()[0] and "1 passed, 1 skipped" in text
     assert "sglang 0.5.21 (release) · test_a.py: skipped: lacks capability 'x': y" in text
@@ -339,17 +419,23 @@ def test_a_ray_worker_imports_the_target_the_driver_selected(pytester, tmp_path)
             finally:
                 w.stop()
     """)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sglang", str(tree),
-                                           "--run-dir", str(tmp_path / "run"), timeout=600)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--sglang", str(tree), "--run-dir", str(tmp_path / "run"), timeout=600
+    )
     result.assert_outcomes(passed=1)
 
 
 def test_rerun_test_refuses_a_release_the_index_does_not_have(tmp_path):
     env = _env(**{target.CACHE_ENV: str(tmp_path / "cache")})
     run_dir = tmp_path / "run"
-    done = subprocess.run([str(BIN / "rerun-test"), "--sglang", "0.5.999", "--run-dir", str(run_dir),
-                           "test_decode_reservation.py"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [str(BIN / "rerun-test"), "--sglang", "0.5.999", "--run-dir", str(run_dir), "test_decode_reservation.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr[-1500:]
     # One error line, before anything is installed or any run directory made.

@@ -36,9 +36,21 @@ SUITE = "test_swa_prealloc_accounting.py"
 # and the planted bug: the start rounded up, the tail one page short.
 PAGE_FLOOR = "        window_start = (window_start // page_size) * page_size\n"
 ONE_PAGE_SHORT = "        window_start = -(-window_start // page_size) * page_size\n"
-PLANTED_SPECS = ("test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",
-                 "test_disaggregation_swa_server.py::test_decode_ledger_holds_swa_invariants")
-EVIDENCE = ("ledger", "kv", "sglang-check", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion", "error")
+PLANTED_SPECS = (
+    "test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",
+    "test_disaggregation_swa_server.py::test_decode_ledger_holds_swa_invariants",
+)
+EVIDENCE = (
+    "ledger",
+    "kv",
+    "sglang-check",
+    "worker-death",
+    "timeout",
+    "sglang-assert",
+    "prealloc",
+    "assertion",
+    "error",
+)
 
 
 def unpack_release(dest: Path) -> Path:
@@ -74,8 +86,20 @@ class Rerun:
         # Output to files, not pipes: a run nobody reads yet must not block on a full pipe.
         self.out, self.err = run_dir.with_name("stdout.log"), run_dir.with_name("stderr.log")
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "rerun-test"), "--sglang", target_spec,
-                                          "--run-dir", str(run_dir), *specs], cwd=REPO, env=env, stdout=out, stderr=err)
+            self.proc = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "rerun-test"),
+                    "--sglang",
+                    target_spec,
+                    "--run-dir",
+                    str(run_dir),
+                    *specs,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=err,
+            )
         self._done: subprocess.CompletedProcess | None = None
 
     def result(self) -> subprocess.CompletedProcess:
@@ -84,8 +108,12 @@ class Rerun:
                 self.proc.wait(timeout=1500)
             finally:
                 self.stop()
-            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode,
-                                                     self.out.read_text(errors="replace"), self.err.read_text(errors="replace"))
+            self._done = subprocess.CompletedProcess(
+                self.proc.args,
+                self.proc.returncode,
+                self.out.read_text(errors="replace"),
+                self.err.read_text(errors="replace"),
+            )
         return self._done
 
     def stop(self) -> None:
@@ -95,16 +123,22 @@ class Rerun:
 
 
 #: The runs each test needs (started together by the ``reruns`` fixture).
-NEEDS = {"test_a_tree_with_the_tail_one_page_short_fails_naming_rule_request_and_suspect": ("pr", "release"),
-         "test_an_older_release_installs_on_demand_and_runs_the_suites": (OLDER,)}
+NEEDS = {
+    "test_a_tree_with_the_tail_one_page_short_fails_naming_rule_request_and_suspect": ("pr", "release"),
+    "test_an_older_release_installs_on_demand_and_runs_the_suites": (OLDER,),
+}
 
 
 @pytest.fixture(scope="module")
 def reruns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rerun]]:
     """The rerun-test runs the module's selected tests need, all started at once (each group is one
     pytest process importing sglang on one core; the machine has more), each test waiting for its own."""
-    wanted = [name for item in request.session.items if item.module is request.module
-              for name in NEEDS.get(getattr(item, "originalname", item.name), ())]
+    wanted = [
+        name
+        for item in request.session.items
+        if item.module is request.module
+        for name in NEEDS.get(getattr(item, "originalname", item.name), ())
+    ]
     runs: dict[str, Rerun] = {}
     try:
         for name in dict.fromkeys(wanted):

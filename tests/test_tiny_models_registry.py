@@ -27,10 +27,18 @@ print(json.dumps(out))
 
 
 def test_every_tiny_model_resolves_to_sglangs_class_without_the_whole_registry():
-    archs = sorted({a for name in models.MODELS
-                    for a in json.loads((models.ensure_model(name) / "config.json").read_text())["architectures"]})
-    env = {**os.environ, **{k: launcher.CPU_ENV[k] for k in ("SGLANG_EXTERNAL_MODEL_PACKAGE", "SGLANG_USE_CPU_ENGINE")},
-           "PYTHONPATH": os.pathsep.join([str(launcher.CPU_SHIM_DIR), os.environ.get("PYTHONPATH", "")])}
+    archs = sorted(
+        {
+            a
+            for name in models.MODELS
+            for a in json.loads((models.ensure_model(name) / "config.json").read_text())["architectures"]
+        }
+    )
+    env = {
+        **os.environ,
+        **{k: launcher.CPU_ENV[k] for k in ("SGLANG_EXTERNAL_MODEL_PACKAGE", "SGLANG_USE_CPU_ENGINE")},
+        "PYTHONPATH": os.pathsep.join([str(launcher.CPU_SHIM_DIR), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run([sys.executable, "-c", PROBE, *archs], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])

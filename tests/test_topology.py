@@ -7,8 +7,18 @@ import pytest
 from harness import topology
 
 
-@pytest.mark.parametrize("name", ["cpu", "2-gpu-h100", "8-gpu-h200", "2-node-16-gpu-h200", "2-node-2-gpu-h100",
-                                  "4-node-32-gpu-h200", "4-node-32-gpu-h200-dp-attention"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cpu",
+        "2-gpu-h100",
+        "8-gpu-h200",
+        "2-node-16-gpu-h200",
+        "2-node-2-gpu-h100",
+        "4-node-32-gpu-h200",
+        "4-node-32-gpu-h200-dp-attention",
+    ],
+)
 def test_shipped_topologies_load(name):
     t = topology.get(name)
     assert t.name == name

@@ -13,8 +13,12 @@ pytestmark = pytest.mark.est_time(10)
 
 
 def _harness(*args):
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "topology", "check", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "topology", "check", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_check_on_this_machine_and_simulated():
@@ -30,23 +34,40 @@ def test_check_on_this_machine_and_simulated():
         "hint: 2-gpu-h100 needs 2×H100 (runner 2-gpu-h100); run on that runner, or check with --simulate",
     ]
     assert sim.returncode == 0, err_sim
-    assert out_sim.startswith("2-node-16-gpu-h200: fits (") and out_sim.rstrip().endswith("[a local Ray with simulated GPUs]")
+    assert out_sim.startswith("2-node-16-gpu-h200: fits (") and out_sim.rstrip().endswith(
+        "[a local Ray with simulated GPUs]"
+    )
 
 
-@pytest.mark.parametrize("args, line", [
-    (["nope"], "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-2-gpu-h100, 4-node-32-gpu-h200, "
-     "4-node-32-gpu-h200-dp-attention, 8-gpu-h200, cpu (or a path to a .toml file)"),
-    (["cpu", "--simulate", "--ray-address", "127.0.0.1:1"],
-     "harness: --simulate starts a local cluster and --ray-address joins one: pass only one"),
-    (["cpu", "--ray-address", "127.0.0.1:1"],
-     "harness: cannot join the Ray cluster at 127.0.0.1:1: unreachable: nothing accepts connections (Connection refused); "
-     "check the address and that the head runs (`ray status` on the head)"),
-    (["cpu", "--ray-address", "nohostport"],
-     "harness: cannot join the Ray cluster at nohostport: address: not host:port; pass the head's GCS address, e.g. "
-     "10.0.0.1:6379 (`ray status` on the head prints it)"),
-    (["cpu", "--timeout", "0"], "harness: --timeout must be > 0, got 0"),
-    (["cpu", "--timeout", "inf"], "harness: --timeout inf: must be a finite number of seconds above 0 and at most 86400"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["nope"],
+            "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-2-gpu-h100, 4-node-32-gpu-h200, "
+            "4-node-32-gpu-h200-dp-attention, 8-gpu-h200, cpu (or a path to a .toml file)",
+        ),
+        (
+            ["cpu", "--simulate", "--ray-address", "127.0.0.1:1"],
+            "harness: --simulate starts a local cluster and --ray-address joins one: pass only one",
+        ),
+        (
+            ["cpu", "--ray-address", "127.0.0.1:1"],
+            "harness: cannot join the Ray cluster at 127.0.0.1:1: unreachable: nothing accepts connections (Connection refused); "
+            "check the address and that the head runs (`ray status` on the head)",
+        ),
+        (
+            ["cpu", "--ray-address", "nohostport"],
+            "harness: cannot join the Ray cluster at nohostport: address: not host:port; pass the head's GCS address, e.g. "
+            "10.0.0.1:6379 (`ray status` on the head prints it)",
+        ),
+        (["cpu", "--timeout", "0"], "harness: --timeout must be > 0, got 0"),
+        (
+            ["cpu", "--timeout", "inf"],
+            "harness: --timeout inf: must be a finite number of seconds above 0 and at most 86400",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, args, line):
     assert cli.main(["topology", "check", *args]) == 2
     assert capsys.readouterr().err == line + "\n"

@@ -41,7 +41,9 @@ BAD = [
     ),
     (
         "tp-does-not-divide",
-        lambda t: t.replace("gpus_per_node = 2", "gpus_per_node = 8").replace("[roles.prefill]\ntp = 1", "[roles.prefill]\ntp = 3"),
+        lambda t: t.replace("gpus_per_node = 2", "gpus_per_node = 8").replace(
+            "[roles.prefill]\ntp = 1", "[roles.prefill]\ntp = 3"
+        ),
         "tp-does-not-divide.toml: roles.prefill.tp: tp × gpus_per_rank = 3 does not divide gpus_per_node = 8; "
         "choose tp so that 8 is a multiple of tp × gpus_per_rank",
     ),
@@ -77,14 +79,18 @@ BAD = [
     ),
     (
         "dp-contradicts-engine-args",
-        lambda t: t.replace("[roles.decode]\ntp = 1", '[roles.decode]\ntp = 1\ndp = 1\nengine_args = ["--dp-size", "2"]'),
+        lambda t: t.replace(
+            "[roles.decode]\ntp = 1", '[roles.decode]\ntp = 1\ndp = 1\nengine_args = ["--dp-size", "2"]'
+        ),
         "dp-contradicts-engine-args.toml: roles.decode.dp: is 1 but engine_args say --dp-size 2; "
         "drop roles.decode.dp (it is read from engine_args) or make the two agree",
     ),
     (
         "dp-attention-contradicts-engine-args",
-        lambda t: t.replace("[roles.decode]\ntp = 1", '[roles.decode]\ntp = 1\ndp_attention = false\n'
-                            'engine_args = ["--enable-dp-attention", "--dp-size=2"]'),
+        lambda t: t.replace(
+            "[roles.decode]\ntp = 1",
+            '[roles.decode]\ntp = 1\ndp_attention = false\nengine_args = ["--enable-dp-attention", "--dp-size=2"]',
+        ),
         "dp-attention-contradicts-engine-args.toml: roles.decode.dp_attention: is false but engine_args say "
         "--enable-dp-attention; drop roles.decode.dp_attention (it is read from engine_args) or make the two agree",
     ),
@@ -152,7 +158,9 @@ def test_not_toml_names_the_file(tmp_path):
 def test_a_file_that_is_not_utf8_or_is_a_directory_is_one_line(tmp_path):
     bad = tmp_path / "latin.toml"
     bad.write_bytes(b'name = "caf\xe9"\n')
-    with pytest.raises(topology.TopologyError, match=r"^latin\.toml: not UTF-8 text \(byte 11\); save the file as UTF-8$"):
+    with pytest.raises(
+        topology.TopologyError, match=r"^latin\.toml: not UTF-8 text \(byte 11\); save the file as UTF-8$"
+    ):
         topology.load(bad)
     (tmp_path / "dir.toml").mkdir()
     with pytest.raises(topology.TopologyError, match=r"dir\.toml: is a directory, not a topology file; "):
@@ -171,8 +179,14 @@ def test_bad_topology_in_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_parallelism_is_read_from_the_engine_args_when_not_given(tmp_path):
     p = tmp_path / "derived.toml"
-    p.write_text(GOOD.format(name="derived").replace("gpus_per_node = 2", "gpus_per_node = 4").replace(
-        "[roles.decode]\ntp = 1", '[roles.decode]\nengine_args = ["--tp", "2", "--enable-dp-attention", "--dp-size", "2"]'))
+    p.write_text(
+        GOOD.format(name="derived")
+        .replace("gpus_per_node = 2", "gpus_per_node = 4")
+        .replace(
+            "[roles.decode]\ntp = 1",
+            '[roles.decode]\nengine_args = ["--tp", "2", "--enable-dp-attention", "--dp-size", "2"]',
+        )
+    )
     decode = topology.load(p).role("decode")
     assert (decode.tp, decode.dp, decode.dp_attention) == (2, 2, True)
     assert (decode.groups, decode.total_gpus) == (1, 2)  # attention-DP replicas share their TP group's GPUs

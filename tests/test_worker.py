@@ -14,13 +14,25 @@ import pytest
 
 from harness.workers import procs
 from harness.clock import wait_for
-from harness.workers import (CallCheck, HttpCheck, InProcess, PortCheck, Probe, Subprocess, Watchdog, WorkerDied,
-                            WorkerSpec, start_worker)
+from harness.workers import (
+    CallCheck,
+    HttpCheck,
+    InProcess,
+    PortCheck,
+    Probe,
+    Subprocess,
+    Watchdog,
+    WorkerDied,
+    WorkerSpec,
+    start_worker,
+)
 
 pytestmark = pytest.mark.est_time(20)
 
-HTTP_SERVER = ("import http.server, sys; print('serving', flush=True); "
-               "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()")
+HTTP_SERVER = (
+    "import http.server, sys; print('serving', flush=True); "
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()"
+)
 # 80 numbered lines, then a child in the same process group, then wait: the leader's death orphans the child.
 CHATTY = "for i in $(seq 1 80); do echo line-$i; done; sleep 300 & echo child=$!; wait"
 
@@ -58,8 +70,11 @@ def _child_pid(log_path) -> int:
 
 
 def test_in_process_payload_runs_in_the_actor(started, tmp_path):
-    w = started(WorkerSpec("probe", InProcess("harness.workers:Probe"), run_dir=tmp_path, ports=("http",),
-                           ready=(CallCheck("pid"),)))
+    w = started(
+        WorkerSpec(
+            "probe", InProcess("harness.workers:Probe"), run_dir=tmp_path, ports=("http",), ready=(CallCheck("pid"),)
+        )
+    )
     assert w.call("pid") == w.info.pid != os.getpid()
     ctx = w.call("context")
     assert (ctx.name, ctx.ports, ctx.log_path) == ("probe", w.ports, str(tmp_path / "workers" / "probe.log"))
@@ -71,9 +86,16 @@ def test_in_process_payload_runs_in_the_actor(started, tmp_path):
 
 
 def test_subprocess_server_gets_os_ports_and_a_log(started, tmp_path):
-    w = started(WorkerSpec("server", Subprocess((sys.executable, "-c", HTTP_SERVER, "{http}")), run_dir=tmp_path,
-                           ports=("http",), ready=(HttpCheck("http://127.0.0.1:{http}/"), PortCheck("http")),
-                           ready_timeout=60))
+    w = started(
+        WorkerSpec(
+            "server",
+            Subprocess((sys.executable, "-c", HTTP_SERVER, "{http}")),
+            run_dir=tmp_path,
+            ports=("http",),
+            ready=(HttpCheck("http://127.0.0.1:{http}/"), PortCheck("http")),
+            ready_timeout=60,
+        )
+    )
     port = w.ports["http"]
     assert 1024 < port < 65536
     with urllib.request.urlopen(w.url("http") + "/", timeout=10) as r:
@@ -85,17 +107,29 @@ def test_subprocess_server_gets_os_ports_and_a_log(started, tmp_path):
 
 def test_a_subprocess_pythonpath_goes_in_front_of_the_workers_own(started, tmp_path):
     # The worker's own path (on a joined node: what Ray unpacked there) still follows a PYTHONPATH built elsewhere.
-    w = started(WorkerSpec("paths", Subprocess(("sh", "-c", "echo path=$PYTHONPATH; sleep 300"),
-                                               env={"PYTHONPATH": "/front/b:/front/c"}),
-                           run_dir=tmp_path, env={"PYTHONPATH": "/own/a:/front/b"}, ready_timeout=60))
+    w = started(
+        WorkerSpec(
+            "paths",
+            Subprocess(("sh", "-c", "echo path=$PYTHONPATH; sleep 300"), env={"PYTHONPATH": "/front/b:/front/c"}),
+            run_dir=tmp_path,
+            env={"PYTHONPATH": "/own/a:/front/b"},
+            ready_timeout=60,
+        )
+    )
     # A line of its own: the harness's "exec sh -c echo path=..." line names the command before it runs.
     wait_for(lambda: "\npath=" in w.tail(), 30.0, "the payload to print its PYTHONPATH")
     assert "path=/front/b:/front/c:/own/a\n" in (tmp_path / "workers" / "paths.log").read_text()
 
 
 def test_readiness_deadline_stops_the_worker(started, tmp_path):
-    spec = WorkerSpec("never-ready", Subprocess(("sleep", "300")), run_dir=tmp_path, ports=("http",),
-                      ready=(PortCheck("http"),), ready_timeout=3)
+    spec = WorkerSpec(
+        "never-ready",
+        Subprocess(("sleep", "300")),
+        run_dir=tmp_path,
+        ports=("http",),
+        ready=(PortCheck("http"),),
+        ready_timeout=3,
+    )
     with pytest.raises(TimeoutError, match=r"worker never-ready: not ready after 3 s") as e:
         started(spec)
     pid = int(re.search(r"\(payload pid (\d+)\)", str(e.value)).group(1))
@@ -103,8 +137,14 @@ def test_readiness_deadline_stops_the_worker(started, tmp_path):
 
 
 def test_a_payload_that_exits_at_start_raises_worker_died(started, tmp_path):
-    spec = WorkerSpec("crasher", Subprocess(("sh", "-c", "echo about to fail; exit 3")), run_dir=tmp_path,
-                      ready=(PortCheck("http"),), ports=("http",), ready_timeout=60)
+    spec = WorkerSpec(
+        "crasher",
+        Subprocess(("sh", "-c", "echo about to fail; exit 3")),
+        run_dir=tmp_path,
+        ready=(PortCheck("http"),),
+        ports=("http",),
+        ready_timeout=60,
+    )
     with pytest.raises(WorkerDied) as e:
         started(spec)
     assert e.value.name == "crasher"
@@ -133,16 +173,24 @@ def test_sigkill_of_the_payload_raises_worker_died_with_the_last_50_lines(starte
 def test_a_fatal_line_in_the_log_is_the_payloads_death_though_it_runs(started, tmp_path):
     """A server whose serving thread died keeps running: the line it logs (a Subprocess's ``fatal``)
     makes the worker dead, with that line as the cause; text before it, or on a line not yet ended, is not."""
-    script = ("echo 'Transfer thread starting'; printf 'Transfer thread failed because of 42'; sleep 1; "
-              "echo '. Prefill instance is dead.'; exec sleep 300")
-    w = started(WorkerSpec("server", Subprocess(("sh", "-c", script), fatal=("Transfer thread failed because of",)),
-                           run_dir=tmp_path))
+    script = (
+        "echo 'Transfer thread starting'; printf 'Transfer thread failed because of 42'; sleep 1; "
+        "echo '. Prefill instance is dead.'; exec sleep 300"
+    )
+    w = started(
+        WorkerSpec(
+            "server", Subprocess(("sh", "-c", script), fatal=("Transfer thread failed because of",)), run_dir=tmp_path
+        )
+    )
     assert w.poll() is None  # the fatal text is written, its line not yet ended
     with pytest.raises(WorkerDied) as e:
         for _ in range(200):
             w.check()
             time.sleep(0.05)
-    assert e.value.cause == "its log says it no longer serves: Transfer thread failed because of 42. Prefill instance is dead."
+    assert (
+        e.value.cause
+        == "its log says it no longer serves: Transfer thread failed because of 42. Prefill instance is dead."
+    )
     assert procs.alive(w.info.payload_pid), "the process itself still runs"
     w.stop(grace=1.0)
     assert procs.wait_gone([w.info.payload_pid], 10) == []

@@ -16,8 +16,23 @@ def sglang_wheel(version: str) -> Path:
     found = sorted(into.glob(f"sglang-{version}-*.whl"))
     if not found:
         into.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                               "-d", str(into), f"sglang=={version}"], capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                str(into),
+                f"sglang=={version}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, f"pip download sglang=={version}: {done.stderr[-1500:]}"
         found = sorted(into.glob(f"sglang-{version}-*.whl"))
     return found[-1]

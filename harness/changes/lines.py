@@ -110,20 +110,25 @@ def from_git(root: Path, rev: str) -> Change:
     Raises:
         ChangeError: ``root`` is not in a git checkout, or ``rev`` is not a revision of it.
     """
+
     def git(*args: str) -> str:
         try:
             done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ChangeError(f"git {args[0]} in {root}: {exc}") from None
         if done.returncode:
-            raise ChangeError(f"git {' '.join(args[:3])} in {root}: {done.stderr.strip().splitlines()[-1:] or ['failed']}"[:300])
+            raise ChangeError(
+                f"git {' '.join(args[:3])} in {root}: {done.stderr.strip().splitlines()[-1:] or ['failed']}"[:300]
+            )
         return done.stdout
 
     try:
         git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except ChangeError:
-        raise ChangeError(f"--changed {rev}: not a revision of the git checkout holding {root}; "
-                          "pass a branch, tag or commit of it (or, for a release target, another release)") from None
+        raise ChangeError(
+            f"--changed {rev}: not a revision of the git checkout holding {root}; "
+            "pass a branch, tag or commit of it (or, for a release target, another release)"
+        ) from None
     diff = git("diff", "--relative", "--unified=0", "--no-color", "--no-ext-diff", rev, "--", PACKAGE)
     found, deleted = parse_unified(diff)
     lines = {p: frozenset(v) for p, v in found.items() if _python_file(p)}

@@ -149,7 +149,9 @@ class Measurement:
             f"plugins = {PLUGIN}\n"
             f"disable_warnings = {_quiet_warnings()}\n"
             f"\n[{PLUGIN}]\n"
-            f"dir = {self.procs_dir}\n", encoding="utf-8")
+            f"dir = {self.procs_dir}\n",
+            encoding="utf-8",
+        )
         return rc
 
     def env(self, context: str) -> dict[str, str]:

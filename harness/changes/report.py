@@ -21,7 +21,7 @@ class FunctionRow:
 
     path: str
     function: str
-    changed: list[int] = field(default_factory=list)   # executable changed lines
+    changed: list[int] = field(default_factory=list)  # executable changed lines
     executed: list[int] = field(default_factory=list)
     tests: set[str] = field(default_factory=set)
 
@@ -62,10 +62,26 @@ class ChangedCoverage:
         return f"changed lines executed: {self.executed} of {self.changed} (vs {self.base}{tail}{lost})"
 
     def to_json(self) -> dict:
-        return {"base": self.base, "changed": self.changed, "executed": self.executed,
-                "processes": self.processes, "not_measured": self.unmeasured, "partly_measured": self.partial, "other_files": self.other_files,
-                "functions": [{"path": r.path, "function": r.function, "changed": r.changed, "executed": r.executed,
-                               "never": r.missed, "tests": sorted(r.tests)} for r in self.rows]}
+        return {
+            "base": self.base,
+            "changed": self.changed,
+            "executed": self.executed,
+            "processes": self.processes,
+            "not_measured": self.unmeasured,
+            "partly_measured": self.partial,
+            "other_files": self.other_files,
+            "functions": [
+                {
+                    "path": r.path,
+                    "function": r.function,
+                    "changed": r.changed,
+                    "executed": r.executed,
+                    "never": r.missed,
+                    "tests": sorted(r.tests),
+                }
+                for r in self.rows
+            ],
+        }
 
 
 def _tests_of(contexts: set[str]) -> set[str]:
@@ -136,8 +152,16 @@ def _ranges(lines: list[int]) -> str:
 
 def table_rows(cov: ChangedCoverage) -> list[list[str]]:
     """Rows of the report table: file, function, executed of changed, never executed, tests."""
-    return [[r.path, r.function, f"{len(r.executed)} of {len(r.changed)}", _ranges(r.missed) or "-",
-             ", ".join(sorted(r.tests)[:6]) + (" …" if len(r.tests) > 6 else "")] for r in cov.rows]
+    return [
+        [
+            r.path,
+            r.function,
+            f"{len(r.executed)} of {len(r.changed)}",
+            _ranges(r.missed) or "-",
+            ", ".join(sorted(r.tests)[:6]) + (" …" if len(r.tests) > 6 else ""),
+        ]
+        for r in cov.rows
+    ]
 
 
 HEAD = ["file", "function", "changed lines executed", "never executed", "tests that ran them"]
@@ -151,11 +175,17 @@ def markdown(cov: ChangedCoverage) -> str:
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table_rows(cov)]
         out.append("")
     if cov.unmeasured:
-        out += [f"Not measured (the process left no data: killed by SIGKILL or died hard; its lines are unknown, "
-                f"not unexecuted): {'; '.join(cov.unmeasured)}", ""]
+        out += [
+            f"Not measured (the process left no data: killed by SIGKILL or died hard; its lines are unknown, "
+            f"not unexecuted): {'; '.join(cov.unmeasured)}",
+            "",
+        ]
     if cov.partial:
-        out += [f"Partly measured (saved at a cache flush, then killed by its server: what it ran after its last "
-                f"flush is unknown): {'; '.join(cov.partial)}", ""]
+        out += [
+            f"Partly measured (saved at a cache flush, then killed by its server: what it ran after its last "
+            f"flush is unknown): {'; '.join(cov.partial)}",
+            "",
+        ]
     if cov.other_files:
         out += [f"Changed with no executable line changed: {', '.join(cov.other_files)}", ""]
     return "\n".join(out)

@@ -11,5 +11,18 @@ from harness.cluster.nodes import NodeFacts, NodeInfo, local_gpus
 from harness.cluster.placement import Fit, GroupPlacement, Placement, PlacementError, Placements
 from harness.workers.node_ref import NODE_LABEL, NODE_RESOURCE
 
-__all__ = ["DEFAULT_NUM_CPUS", "DEFAULT_OBJECT_STORE_MB", "NODE_LABEL", "NODE_RESOURCE", "Cluster", "Fit",
-           "GroupPlacement", "NodeFacts", "NodeInfo", "Placement", "PlacementError", "Placements", "local_gpus"]
+__all__ = [
+    "DEFAULT_NUM_CPUS",
+    "DEFAULT_OBJECT_STORE_MB",
+    "NODE_LABEL",
+    "NODE_RESOURCE",
+    "Cluster",
+    "Fit",
+    "GroupPlacement",
+    "NodeFacts",
+    "NodeInfo",
+    "Placement",
+    "PlacementError",
+    "Placements",
+    "local_gpus",
+]

@@ -72,8 +72,16 @@ def _short_temp_dir() -> Path:
 class Cluster:
     """A Ray cluster the harness started or joined. Build it with :meth:`start` or :meth:`join`."""
 
-    def __init__(self, *, address: str, owned: bool, simulate: bool, temp_dir: Path | None,
-                 sim_cluster: RayCluster | None = None, topology: Topology | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        address: str,
+        owned: bool,
+        simulate: bool,
+        temp_dir: Path | None,
+        sim_cluster: RayCluster | None = None,
+        topology: Topology | None = None,
+    ) -> None:
         self.address = address
         self.owned = owned
         self.simulate = simulate
@@ -90,9 +98,17 @@ class Cluster:
     # ---------------------------------------------------------------- construction
 
     @classmethod
-    def start(cls, topology: Topology | None = None, *, simulate: bool = False, nodes: int | None = None,
-              gpus_per_node: int | None = None, num_cpus: float | None = None,
-              temp_dir: str | Path | None = None, object_store_mb: int = DEFAULT_OBJECT_STORE_MB) -> "Cluster":
+    def start(
+        cls,
+        topology: Topology | None = None,
+        *,
+        simulate: bool = False,
+        nodes: int | None = None,
+        gpus_per_node: int | None = None,
+        num_cpus: float | None = None,
+        temp_dir: str | Path | None = None,
+        object_store_mb: int = DEFAULT_OBJECT_STORE_MB,
+    ) -> "Cluster":
         """Start a local Ray for ``topology`` and connect this process to it.
 
         Args:
@@ -127,7 +143,11 @@ class Cluster:
         tdir.mkdir(parents=True, exist_ok=True)
         if made_temp:
             procs.register(os.getpid(), kind="dir", label="ray temp dir", path=tdir)
-        cpus = num_cpus if num_cpus is not None else (topology.cpus_per_node if topology and topology.cpus_per_node else DEFAULT_NUM_CPUS)
+        cpus = (
+            num_cpus
+            if num_cpus is not None
+            else (topology.cpus_per_node if topology and topology.cpus_per_node else DEFAULT_NUM_CPUS)
+        )
         if nodes is None:
             nodes = topology.nodes if topology else 1
         if gpus_per_node is None:
@@ -144,11 +164,19 @@ class Cluster:
                 procs.unregister(os.getpid(), kind="dir")
             raise
         address = ray.get_runtime_context().gcs_address
-        self = cls(address=address, owned=True, simulate=simulate, temp_dir=tdir if made_temp else None,
-                   sim_cluster=sim, topology=topology)
+        self = cls(
+            address=address,
+            owned=True,
+            simulate=simulate,
+            temp_dir=tdir if made_temp else None,
+            sim_cluster=sim,
+            topology=topology,
+        )
         self._saved_tmpdir = saved_tmpdir
         self._register_ray_processes()
-        log.info("started Ray at %s (%d node(s), simulate=%s) in %.1f s", address, nodes, simulate, time.monotonic() - t0)
+        log.info(
+            "started Ray at %s (%d node(s), simulate=%s) in %.1f s", address, nodes, simulate, time.monotonic() - t0
+        )
         return self
 
     @classmethod

@@ -92,7 +92,9 @@ def auth_settings(environ: Mapping[str, str] | None = None, home: Path | None = 
     elif _readable_token(home / ".ray" / "auth_token"):
         source = str(home / ".ray" / "auth_token")
     if mode == "token" and source is None and problem is None:
-        problem = f"{AUTH_MODE_ENV}=token but no token: neither {TOKEN_ENV}, {TOKEN_PATH_ENV} nor {home}/.ray/auth_token"
+        problem = (
+            f"{AUTH_MODE_ENV}=token but no token: neither {TOKEN_ENV}, {TOKEN_PATH_ENV} nor {home}/.ray/auth_token"
+        )
     return Auth(mode, source, problem)
 
 
@@ -123,7 +125,12 @@ def split_address(address: str) -> tuple[str, int]:
     """
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise JoinError(address, "address", "not host:port", "pass the head's GCS address, e.g. 10.0.0.1:6379 (`ray status` on the head prints it)")
+        raise JoinError(
+            address,
+            "address",
+            "not host:port",
+            "pass the head's GCS address, e.g. 10.0.0.1:6379 (`ray status` on the head prints it)",
+        )
     return host, int(port)
 
 
@@ -142,9 +149,13 @@ def probe_timeout(address: str, environ: Mapping[str, str] | None = None) -> flo
     except ValueError:
         seconds = float("nan")
     if not 0 < seconds < float("inf"):
-        raise JoinError(address, "setting", f"{TIMEOUT_ENV}={raw} is not a number of seconds > 0",
-                        f"set {TIMEOUT_ENV} to the seconds the head's GCS may take to answer (default "
-                        f"{PROBE_TIMEOUT_S:g}), or unset it")
+        raise JoinError(
+            address,
+            "setting",
+            f"{TIMEOUT_ENV}={raw} is not a number of seconds > 0",
+            f"set {TIMEOUT_ENV} to the seconds the head's GCS may take to answer (default "
+            f"{PROBE_TIMEOUT_S:g}), or unset it",
+        )
     return seconds
 
 
@@ -169,14 +180,22 @@ def probe(address: str, *, timeout: float | None = None, environ: Mapping[str, s
         timeout = probe_timeout(address, env)
     auth = auth_settings(env)
     if auth.problem:
-        raise JoinError(address, "auth", auth.problem,
-                        f"set {TOKEN_ENV}, or {TOKEN_PATH_ENV} to the cluster's token file, or unset {AUTH_MODE_ENV} "
-                        "for a cluster without token auth")
+        raise JoinError(
+            address,
+            "auth",
+            auth.problem,
+            f"set {TOKEN_ENV}, or {TOKEN_PATH_ENV} to the cluster's token file, or unset {AUTH_MODE_ENV} "
+            "for a cluster without token auth",
+        )
     try:
         socket.create_connection((host, port), timeout=min(5.0, timeout)).close()
     except OSError as e:
-        raise JoinError(address, "unreachable", f"nothing accepts connections ({e.strerror or e})",
-                        "check the address and that the head runs (`ray status` on the head)") from None
+        raise JoinError(
+            address,
+            "unreachable",
+            f"nothing accepts connections ({e.strerror or e})",
+            "check the address and that the head runs (`ray status` on the head)",
+        ) from None
     answer = _ask_gcs(address, timeout, env)
     if "error" in answer:
         raise _classify(address, answer, auth, timeout)
@@ -202,8 +221,14 @@ print(json.dumps(out), flush=True)
 def _ask_gcs(address: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
     """The cluster's metadata (``ray_version``, ``python_version``), or ``{"error": ..., "message": ...}``."""
     try:
-        done = subprocess.run([sys.executable, "-c", _GCS_CHILD, address], env=env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [sys.executable, "-c", _GCS_CHILD, address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return {"error": "timeout", "message": f"no Ray GCS answered within {timeout:g} s"}
     lines = done.stdout.strip().splitlines()
@@ -218,25 +243,49 @@ def _classify(address: str, answer: dict[str, Any], auth: Auth, timeout: float) 
     kind, message = answer["error"], answer.get("message", "")
     if kind == "AuthenticationError" or "Unauthenticated" in message or "InvalidAuthToken" in message:
         if auth.mode == "token":
-            return JoinError(address, "auth", f"refused the token from {auth.token_source} ({message})",
-                             f"use the cluster's own token (`ray get-auth-token` on the head) in {TOKEN_ENV} or "
-                             f"{TOKEN_PATH_ENV}; see {_DOCS}")
+            return JoinError(
+                address,
+                "auth",
+                f"refused the token from {auth.token_source} ({message})",
+                f"use the cluster's own token (`ray get-auth-token` on the head) in {TOKEN_ENV} or "
+                f"{TOKEN_PATH_ENV}; see {_DOCS}",
+            )
         if auth.has_token:
-            return JoinError(address, "auth", f"the cluster requires token authentication and {AUTH_MODE_ENV} is "
-                             f"{auth.mode} (a token is in {auth.token_source}, but Ray sends it to an explicit "
-                             "address only when told to)",
-                             f"set {AUTH_MODE_ENV}=token (with the cluster's token) and rerun")
-        return JoinError(address, "auth", "the cluster requires token authentication and this process has no token",
-                         f"set {AUTH_MODE_ENV}=token and {TOKEN_ENV} (or {TOKEN_PATH_ENV}) to the cluster's token "
-                         f"(`ray get-auth-token` on the head); see {_DOCS}")
+            return JoinError(
+                address,
+                "auth",
+                f"the cluster requires token authentication and {AUTH_MODE_ENV} is "
+                f"{auth.mode} (a token is in {auth.token_source}, but Ray sends it to an explicit "
+                "address only when told to)",
+                f"set {AUTH_MODE_ENV}=token (with the cluster's token) and rerun",
+            )
+        return JoinError(
+            address,
+            "auth",
+            "the cluster requires token authentication and this process has no token",
+            f"set {AUTH_MODE_ENV}=token and {TOKEN_ENV} (or {TOKEN_PATH_ENV}) to the cluster's token "
+            f"(`ray get-auth-token` on the head); see {_DOCS}",
+        )
     if kind == "timeout":
-        return JoinError(address, "not-ray", f"something accepts connections but {message}",
-                         "pass the GCS port of the head (`ray start --head --port`; 6379 by default)")
+        return JoinError(
+            address,
+            "not-ray",
+            f"something accepts connections but {message}",
+            "pass the GCS port of the head (`ray start --head --port`; 6379 by default)",
+        )
     if kind in ("RpcError", "GetTimeoutError"):
-        return JoinError(address, "not-ray", f"something accepts connections but no Ray GCS answered ({message})",
-                         "pass the GCS port of the head (`ray start --head --port`; 6379 by default)")
-    return JoinError(address, "not-ray", f"the GCS could not be read ({kind}: {message})",
-                     "check the address is the head's GCS and that the head is healthy (`ray status` on the head)")
+        return JoinError(
+            address,
+            "not-ray",
+            f"something accepts connections but no Ray GCS answered ({message})",
+            "pass the GCS port of the head (`ray start --head --port`; 6379 by default)",
+        )
+    return JoinError(
+        address,
+        "not-ray",
+        f"the GCS could not be read ({kind}: {message})",
+        "check the address is the head's GCS and that the head is healthy (`ray status` on the head)",
+    )
 
 
 def our_versions() -> tuple[str, str]:
@@ -255,7 +304,11 @@ def check_versions(meta: ClusterMeta, match_level: str = "patch", *, environ: Ma
         JoinError: kind ``version``, naming both versions.
     """
     ray_v, py_v = our_versions()
-    py_ok = (py_v.split(".")[:2] == meta.python_version.split(".")[:2]) if match_level == "minor" else py_v == meta.python_version
+    py_ok = (
+        (py_v.split(".")[:2] == meta.python_version.split(".")[:2])
+        if match_level == "minor"
+        else py_v == meta.python_version
+    )
     if ray_v == meta.ray_version and py_ok:
         return
     diffs = []
@@ -263,9 +316,13 @@ def check_versions(meta: ClusterMeta, match_level: str = "patch", *, environ: Ma
         diffs.append(f"Ray {ray_v} here, {meta.ray_version} on the cluster")
     if not py_ok:
         diffs.append(f"Python {py_v} here ({sys.executable}), {meta.python_version} on the cluster")
-    raise JoinError(meta.address, "version", "; ".join(diffs),
-                    "run the harness with the cluster's Ray and Python (the same image or `./dev install` from the "
-                    "same commit with the same Python)")
+    raise JoinError(
+        meta.address,
+        "version",
+        "; ".join(diffs),
+        "run the harness with the cluster's Ray and Python (the same image or `./dev install` from the "
+        "same commit with the same Python)",
+    )
 
 
 # ------------------------------------------------------------------ the connection
@@ -295,9 +352,13 @@ def connect(address: str, target: Target | None = None) -> None:
         if ray.is_initialized():
             ray.shutdown()
         what = f"{target.label()} and the harness" if travel.travels(target) else "the harness"
-        raise JoinError(address, "carry", f"cannot ship {what} to its nodes ({' '.join(str(e).split())[:300]})",
-                        "leave large files (build outputs, checkpoints) out of the tree, or install the same "
-                        "sglang on every node and pass it by version") from None
+        raise JoinError(
+            address,
+            "carry",
+            f"cannot ship {what} to its nodes ({' '.join(str(e).split())[:300]})",
+            "leave large files (build outputs, checkpoints) out of the tree, or install the same "
+            "sglang on every node and pass it by version",
+        ) from None
 
 
 # ------------------------------------------------------------------ the preflight
@@ -315,8 +376,10 @@ class Preflight:
         return gpu_kind(list(self.nodes))
 
     def summary(self) -> str:
-        return (f"joined Ray cluster at {self.meta.address}: Ray {self.meta.ray_version}, Python "
-                f"{self.meta.python_version}, {len(self.nodes)} node(s): {describe(list(self.nodes))}")
+        return (
+            f"joined Ray cluster at {self.meta.address}: Ray {self.meta.ray_version}, Python "
+            f"{self.meta.python_version}, {len(self.nodes)} node(s): {describe(list(self.nodes))}"
+        )
 
 
 def preflight(address: str, *, timeout: float | None = None) -> Preflight:
@@ -355,6 +418,10 @@ def skew_error(address: str, nodes: list[NodeFacts]) -> JoinError | None:
     problems = skew(nodes)
     if not problems:
         return None
-    return JoinError(address, "version skew", "; ".join(problems),
-                     "install the same versions on every node and on this machine (one image, or `./dev install` "
-                     "from the same commit); `harness doctor TOPOLOGY --ray-address ADDR` checks every node")
+    return JoinError(
+        address,
+        "version skew",
+        "; ".join(problems),
+        "install the same versions on every node and on this machine (one image, or `./dev install` "
+        "from the same commit); `harness doctor TOPOLOGY --ray-address ADDR` checks every node",
+    )

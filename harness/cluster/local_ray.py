@@ -50,8 +50,12 @@ def start_ray(nodes: int, cpus: float, gpus: int | None, tdir: Path, object_stor
     try:
         if nodes == 1:
             kwargs: dict[str, Any] = dict(
-                include_dashboard=False, logging_level="ERROR", _temp_dir=str(tdir), num_cpus=cpus,
-                resources={NODE_RESOURCE.format(0): NODE_RESOURCE_AMOUNT}, log_to_driver=False,
+                include_dashboard=False,
+                logging_level="ERROR",
+                _temp_dir=str(tdir),
+                num_cpus=cpus,
+                resources={NODE_RESOURCE.format(0): NODE_RESOURCE_AMOUNT},
+                log_to_driver=False,
                 object_store_memory=object_store_mb << 20,
                 _system_config={"preallocate_plasma_memory": True},
             )
@@ -67,8 +71,11 @@ def start_ray(nodes: int, cpus: float, gpus: int | None, tdir: Path, object_stor
             (tdir / "ray").mkdir(exist_ok=True)
             sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
             for i in range(nodes):
-                args: dict[str, Any] = dict(num_cpus=cpus, resources={NODE_RESOURCE.format(i): NODE_RESOURCE_AMOUNT},
-                                            object_store_memory=object_store_mb << 20)
+                args: dict[str, Any] = dict(
+                    num_cpus=cpus,
+                    resources={NODE_RESOURCE.format(i): NODE_RESOURCE_AMOUNT},
+                    object_store_memory=object_store_mb << 20,
+                )
                 if gpus is not None:
                     args["num_gpus"] = gpus
                 if i == 0:
@@ -128,5 +135,3 @@ def restore_env(key: str, value: str | None) -> None:
         os.environ.pop(key, None)
     else:
         os.environ[key] = value
-
-

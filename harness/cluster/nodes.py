@@ -46,8 +46,15 @@ def alive_nodes() -> list[NodeInfo]:
             continue
         res = dict(n.get("Resources", {}))
         labels = dict(n.get("Labels") or {})
-        out.append(NodeInfo(node_id=n["NodeID"], ip=n.get("NodeManagerAddress", ""),
-                            index=node_index(res, labels), total=res, labels=labels))
+        out.append(
+            NodeInfo(
+                node_id=n["NodeID"],
+                ip=n.get("NodeManagerAddress", ""),
+                index=node_index(res, labels),
+                total=res,
+                labels=labels,
+            )
+        )
     return sorted(out, key=lambda n: (n.index is None, n.index if n.index is not None else 0, n.node_id))
 
 
@@ -180,7 +187,9 @@ def survey(timeout: float = SURVEY_TIMEOUT_S) -> list[NodeFacts]:
         if not n.get("Alive"):
             continue
         res = dict(n.get("Resources", {}))
-        base = NodeFacts(n["NodeID"], n.get("NodeManagerAddress", ""), node_index(res, n.get("Labels") or {}), res.get("GPU", 0.0))
+        base = NodeFacts(
+            n["NodeID"], n.get("NodeManagerAddress", ""), node_index(res, n.get("Labels") or {}), res.get("GPU", 0.0)
+        )
         gone = raylet_answers(base.ip, int(n.get("NodeManagerPort") or 0))
         if gone:  # listed as alive until the GCS health check gives up; a task there would never start
             lost.append(replace(base, error=f"its raylet {base.ip}:{n.get('NodeManagerPort')}: {gone}"))
@@ -220,8 +229,11 @@ def skew(nodes: list[NodeFacts], ours: Mapping[str, str | None] | None = None) -
     for n in nodes:
         if n.error:  # cannot be judged; describe() shows it, and a run placed there fails on its own
             continue
-        diffs = [f"{pkg} {n.versions.get(pkg) or 'missing'} there, {ours.get(pkg) or 'missing'} here"
-                 for pkg in SKEW_PACKAGES if n.versions.get(pkg) != ours.get(pkg)]
+        diffs = [
+            f"{pkg} {n.versions.get(pkg) or 'missing'} there, {ours.get(pkg) or 'missing'} here"
+            for pkg in SKEW_PACKAGES
+            if n.versions.get(pkg) != ours.get(pkg)
+        ]
         if diffs:
             out.append(f"{n.label}: {', '.join(diffs)}")
     return out

@@ -137,9 +137,9 @@ class Placements:
             return (NODE_LABEL, str(node))
         if node < len(nodes):
             return f"node:{nodes[node].ip}"
-        raise PlacementError(Fit("?", False, "INFEASIBLE",
-                                 missing=f"node {node}: the cluster has {len(nodes)} node(s)"))
-
+        raise PlacementError(
+            Fit("?", False, "INFEASIBLE", missing=f"node {node}: the cluster has {len(nodes)} node(s)")
+        )
 
     def _node_of(self, topo: Topology, role: RoleSpec) -> int | None:
         """The node a role is pinned to: its own ``node``; on a cluster we started, a one-node
@@ -147,7 +147,6 @@ class Placements:
         if role.node is not None:
             return role.node
         return 0 if self.owned and topo.nodes == 1 else None
-
 
     def _bundles(self, role: RoleSpec, node: int | None) -> tuple[list[dict[str, float]], tuple[tuple[str, str], ...]]:
         """The role's bundles, pinned to ``node``: by a slice of its resource, or by its label."""
@@ -161,7 +160,6 @@ class Placements:
             b[pin] = _NODE_RESOURCE_SLICE
         return bundles, ()
 
-
     def _create(self, topo: Topology, tag: str) -> list[GroupPlacement]:
         from ray.util.placement_group import placement_group
 
@@ -174,16 +172,31 @@ class Placements:
                 try:
                     planned.append((role, i, node, *self._bundles(role, node)))
                 except PlacementError as e:
-                    raise PlacementError(Fit(topo.name, False, e.fit.state, group=f"{role.name}-{i}", missing=e.fit.missing)) from None
+                    raise PlacementError(
+                        Fit(topo.name, False, e.fit.state, group=f"{role.name}-{i}", missing=e.fit.missing)
+                    ) from None
         groups = []
         for role, i, node, bundles, labels in planned:
             selector = [dict(labels) for _ in bundles] if labels else None
-            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{tag}{topo.name}/{role.name}-{i}",
-                                 bundle_label_selector=selector)
-            groups.append(GroupPlacement(role=role.name, kind=role.kind, index=i, pg=pg,
-                                         bundles=tuple(bundles), strategy="STRICT_PACK", node=node, labels=labels))
+            pg = placement_group(
+                bundles,
+                strategy="STRICT_PACK",
+                name=f"{tag}{topo.name}/{role.name}-{i}",
+                bundle_label_selector=selector,
+            )
+            groups.append(
+                GroupPlacement(
+                    role=role.name,
+                    kind=role.kind,
+                    index=i,
+                    pg=pg,
+                    bundles=tuple(bundles),
+                    strategy="STRICT_PACK",
+                    node=node,
+                    labels=labels,
+                )
+            )
         return groups
-
 
     def _wait(self, topo: Topology, groups: list[GroupPlacement], timeout: float, settle_on_no_resources: bool) -> Fit:
         """Poll ``placement_group_table`` until all groups are created, one is infeasible, or the deadline.
@@ -209,7 +222,14 @@ class Placements:
             now = DEFAULT_CLOCK.now()
             if infeasible:
                 g = infeasible[0]
-                return Fit(topo.name, False, "INFEASIBLE", group=g.name, missing=self._missing(g, "INFEASIBLE"), seconds=now - t0)
+                return Fit(
+                    topo.name,
+                    False,
+                    "INFEASIBLE",
+                    group=g.name,
+                    missing=self._missing(g, "INFEASIBLE"),
+                    seconds=now - t0,
+                )
             short = None
             if settle_on_no_resources and all(sched == "NO_RESOURCES" for _, sched in bad):
                 short = next(((g, m) for g, _ in bad if (m := self._shortage(g))), None)
@@ -219,13 +239,14 @@ class Placements:
                 # Resources of just-removed groups come back a moment later: the shortage must last.
                 short_since = short_since if short_since is not None else now
                 if now - short_since >= _SETTLE_S:
-                    return Fit(topo.name, False, "NO_RESOURCES", group=short[0].name, missing=short[1], seconds=now - t0)
+                    return Fit(
+                        topo.name, False, "NO_RESOURCES", group=short[0].name, missing=short[1], seconds=now - t0
+                    )
             if now >= deadline:
                 g, sched = bad[0]
                 state = sched if sched == "NO_RESOURCES" else "PENDING"
                 return Fit(topo.name, False, state, group=g.name, missing=self._missing(g, state), seconds=now - t0)
             DEFAULT_CLOCK.sleep(_POLL_S)
-
 
     @staticmethod
     def _need(g: GroupPlacement) -> dict[str, float]:
@@ -235,14 +256,12 @@ class Placements:
                 need[k] = need.get(k, 0.0) + v
         return need
 
-
     def _eligible(self, g: GroupPlacement, totals: dict[str, dict[str, float]]) -> set[str]:
         """Nodes that may hold ``g``: those with its pin resource and its label (all when unpinned)."""
         need = self._need(g)
         pins = [k for k in need if k.startswith("harness_node_") or k.startswith("node:")]
         labelled = {n.node_id for n in alive_nodes() if all(n.labels.get(k) == v for k, v in g.labels)}
         return {n for n, r in totals.items() if all(k in r for k in pins) and n in labelled}
-
 
     def _shortage(self, g: GroupPlacement) -> str | None:
         """The resource ``g`` needs on one node that no eligible node has free now, or None.
@@ -258,10 +277,11 @@ class Placements:
         for key in sorted(need, key=lambda k: (k != "GPU", k)):
             best_free = max((r.get(key, 0.0) for r in avail.values()), default=0.0)
             if best_free + 1e-9 < need[key]:
-                return (f"{_resource_name(key)}: needs {_fmt(need[key])} on one node, at most {_fmt(best_free)} free now "
-                        "(in use by other placement groups or actors)")
+                return (
+                    f"{_resource_name(key)}: needs {_fmt(need[key])} on one node, at most {_fmt(best_free)} free now "
+                    "(in use by other placement groups or actors)"
+                )
         return None
-
 
     def _missing(self, g: GroupPlacement, state: str) -> str:
         """Name the resource a group lacks: the first one no node can (or now does) provide."""
@@ -285,7 +305,6 @@ class Placements:
             return "no single node holds all of " + listing
         return "the resources exist but were not granted in time: " + listing
 
-
     def check(self, topology: Topology, timeout: float = 5.0) -> Fit:
         """Say whether ``topology`` fits this cluster now; remove the trial placement groups again.
 
@@ -304,7 +323,6 @@ class Placements:
             return self._wait(topology, groups, timeout, settle_on_no_resources=True)
         finally:
             self._remove(groups)
-
 
     def place(self, topology: Topology, timeout: float = 30.0, label: str = "") -> Placement:
         """Create one STRICT_PACK placement group per role group and wait until all are placed.
@@ -330,13 +348,11 @@ class Placements:
         self.held.append(placement)
         return placement
 
-
     def release(self, placement: Placement) -> None:
         """Remove the placement groups of ``placement`` (actors in them are killed by Ray)."""
         self._remove(list(placement.groups))
         if placement in self.held:
             self.held.remove(placement)
-
 
     @staticmethod
     def _remove(groups: list[GroupPlacement], timeout: float = 5.0) -> None:
@@ -364,9 +380,12 @@ class Placements:
                 break
             if now_states != last:
                 last, stable_since = now_states, DEFAULT_CLOCK.now()
-            busy = any(st == "PREPARED" or sched in ("QUEUED", "SCHEDULING_STARTED") for st, sched in now_states.values())
+            busy = any(
+                st == "PREPARED" or sched in ("QUEUED", "SCHEDULING_STARTED") for st, sched in now_states.values()
+            )
             if all(st == "CREATED" for st, _ in now_states.values()) or (
-                    not busy and DEFAULT_CLOCK.now() - stable_since >= _SETTLE_S):
+                not busy and DEFAULT_CLOCK.now() - stable_since >= _SETTLE_S
+            ):
                 break
             deadline.sleep(_POLL_S)
         for g in groups:

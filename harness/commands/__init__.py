@@ -57,8 +57,13 @@ def add_version(parser: argparse.ArgumentParser, prog: str) -> None:
 
     class _Version(argparse.Action):
         def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
-            super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
-                             help="print the harness version and commit, and exit")
+            super().__init__(
+                option_strings,
+                dest,
+                nargs=0,
+                default=argparse.SUPPRESS,
+                help="print the harness version and commit, and exit",
+            )
 
         def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
             print(version_text(prog))

@@ -22,30 +22,63 @@ def register(sub: argparse._SubParsersAction) -> None:
     fsub = p.add_subparsers(dest="action", metavar="ACTION")
     fsub.required = True
     fsub.add_parser("list", help="list the faults: name, upstream issue, targeted suites, description").set_defaults(
-        func=_list)
+        func=_list
+    )
     check = fsub.add_parser("check", help="run the clean suites, then each fault; print the kill matrix")
-    check.add_argument("--fault", action="append", metavar="NAME", dest="faults",
-                       help="check only this fault (repeatable; default: the whole catalog)")
-    check.add_argument("--suite", action="append", metavar="PATH", dest="suites",
-                       help="run every fault against this suite instead of its targets (repeatable; "
-                            "a path relative to the repository root)")
-    check.add_argument("--clean-junit", metavar="XML", type=Path,
-                       help="take the clean run from this JUnit report (pytest --junitxml=XML -o junit_family=xunit1) "
-                            "of a run that already ran the targeted suites, instead of running them again")
-    check.add_argument("--wait-for", metavar="PID", type=int, dest="clean_writer",
-                       help="the --clean-junit report is still being written by process PID (a test run started "
-                            "beside this check): the fault runs start at once, the report is read once PID exits")
-    check.add_argument("--all", action="store_true", dest="all_suites",
-                       help="run every fault against every suite that asserts accounting (slow: real servers too)")
+    check.add_argument(
+        "--fault",
+        action="append",
+        metavar="NAME",
+        dest="faults",
+        help="check only this fault (repeatable; default: the whole catalog)",
+    )
+    check.add_argument(
+        "--suite",
+        action="append",
+        metavar="PATH",
+        dest="suites",
+        help="run every fault against this suite instead of its targets (repeatable; "
+        "a path relative to the repository root)",
+    )
+    check.add_argument(
+        "--clean-junit",
+        metavar="XML",
+        type=Path,
+        help="take the clean run from this JUnit report (pytest --junitxml=XML -o junit_family=xunit1) "
+        "of a run that already ran the targeted suites, instead of running them again",
+    )
+    check.add_argument(
+        "--wait-for",
+        metavar="PID",
+        type=int,
+        dest="clean_writer",
+        help="the --clean-junit report is still being written by process PID (a test run started "
+        "beside this check): the fault runs start at once, the report is read once PID exits",
+    )
+    check.add_argument(
+        "--all",
+        action="store_true",
+        dest="all_suites",
+        help="run every fault against every suite that asserts accounting (slow: real servers too)",
+    )
     check.add_argument("--json", action="store_true", help="print the matrix as JSON")
     check.add_argument("--table", action="store_true", help="also print the fault x suite table (markdown)")
-    check.add_argument("--jobs", type=int, default=faultcheck.DEFAULT_JOBS,
-                       help=f"fault runs at a time (default {faultcheck.DEFAULT_JOBS})")
-    check.add_argument("--timeout", type=float, default=faultcheck.DEFAULT_TIMEOUT_S,
-                       help=f"seconds one pytest run may take (default {faultcheck.DEFAULT_TIMEOUT_S:.0f})")
+    check.add_argument(
+        "--jobs",
+        type=int,
+        default=faultcheck.DEFAULT_JOBS,
+        help=f"fault runs at a time (default {faultcheck.DEFAULT_JOBS})",
+    )
+    check.add_argument(
+        "--timeout",
+        type=float,
+        default=faultcheck.DEFAULT_TIMEOUT_S,
+        help=f"seconds one pytest run may take (default {faultcheck.DEFAULT_TIMEOUT_S:.0f})",
+    )
     check.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
-    check.add_argument("--run-dir", metavar="DIR",
-                       help="where JUnit XML and logs go (default runs/faults-<timestamp>-<pid>)")
+    check.add_argument(
+        "--run-dir", metavar="DIR", help="where JUnit XML and logs go (default runs/faults-<timestamp>-<pid>)"
+    )
     check.set_defaults(func=_check)
 
 
@@ -70,15 +103,18 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("--all and --suite exclude each other; pass one")
     for suite in args.suites or ():
         if Path(suite).is_absolute() or not (faultcheck.REPO_ROOT / faultcheck.suite_file(suite)).exists():
-            raise UsageError(f"suite {suite!r} not found; pass a path relative to the repository root, "
-                             "e.g. suites/unit")
+            raise UsageError(
+                f"suite {suite!r} not found; pass a path relative to the repository root, e.g. suites/unit"
+            )
     if args.clean_writer is not None and args.clean_junit is None:
         raise UsageError("--wait-for PID needs --clean-junit XML: the report that process writes")
     if args.clean_writer is not None and args.clean_writer <= 0:
         raise UsageError(f"--wait-for takes the pid of the process writing the report, got {args.clean_writer}")
     if args.clean_writer is not None and not procs.alive(args.clean_writer) and not args.clean_junit.is_file():
-        raise UsageError(f"--wait-for {args.clean_writer}: no such process, and no report at {args.clean_junit}; "
-                         "pass the pid of the running test run")
+        raise UsageError(
+            f"--wait-for {args.clean_writer}: no such process, and no report at {args.clean_junit}; "
+            "pass the pid of the running test run"
+        )
     if args.clean_junit is not None and args.clean_writer is None and not args.clean_junit.is_file():
         raise UsageError(f"--clean-junit {args.clean_junit}: no such file; pass the --junitxml report of the test run")
     if args.jobs < 1:
@@ -99,8 +135,15 @@ def _check(args: argparse.Namespace) -> int:
     out_dir = Path(args.run_dir) if args.run_dir else rundir.default_path(kind="faults")
     suites = faultcheck.ACCOUNTING_SUITES if args.all_suites else tuple(args.suites) if args.suites else None
     with runs.record(out_dir, ["harness", *args.argv], target=target.label()) as rec:
-        result = faultcheck.check(args.faults, suites=suites, out_dir=out_dir, jobs=args.jobs, timeout_s=args.timeout,
-                                  clean_junit=args.clean_junit, clean_writer=args.clean_writer)
+        result = faultcheck.check(
+            args.faults,
+            suites=suites,
+            out_dir=out_dir,
+            jobs=args.jobs,
+            timeout_s=args.timeout,
+            clean_junit=args.clean_junit,
+            clean_writer=args.clean_writer,
+        )
         page = faultcheck.write_page(result, out_dir)
         rec.finish("passed" if result.ok else "failed", report=page)
     if args.json:

@@ -17,8 +17,13 @@ from harness.gates import history
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("flaky", help="list tests that both passed and failed over the last N runs")
     p.add_argument("--last", type=int, default=20, metavar="N", help="look at the newest N runs (default 20)")
-    p.add_argument("--history", type=Path, default=rundir.DEFAULT_BASE / history.FILE_NAME, metavar="FILE",
-                   help=f"the history file (default runs/{history.FILE_NAME})")
+    p.add_argument(
+        "--history",
+        type=Path,
+        default=rundir.DEFAULT_BASE / history.FILE_NAME,
+        metavar="FILE",
+        help=f"the history file (default runs/{history.FILE_NAME})",
+    )
     p.set_defaults(func=_flaky)
 
 

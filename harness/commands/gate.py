@@ -28,31 +28,55 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=_show)
     plan = gsub.add_parser("plan", help="print the gate as a GitHub Actions matrix (JSON): one entry per runner label")
     plan.add_argument("name", help="a gate name or a path to a .toml file")
-    plan.add_argument("--simulate", action="store_true",
-                      help="GPU groups whose topology allows simulation go to the cpu topology's runner (no GPU runner)")
-    plan.add_argument("--github-output", type=Path, metavar="FILE", help="also append matrix=<json> to FILE ($GITHUB_OUTPUT)")
+    plan.add_argument(
+        "--simulate",
+        action="store_true",
+        help="GPU groups whose topology allows simulation go to the cpu topology's runner (no GPU runner)",
+    )
+    plan.add_argument(
+        "--github-output", type=Path, metavar="FILE", help="also append matrix=<json> to FILE ($GITHUB_OUTPUT)"
+    )
     plan.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
     plan.set_defaults(func=_plan)
     run = gsub.add_parser("run", help="run a gate and print PASS / FAIL with reasons")
     run.add_argument("name", help="a gate name or a path to a .toml file")
     run.add_argument("--simulate", action="store_true", help="run groups whose GPUs are missing on Ray logical GPUs")
-    run.add_argument("--ray-address", metavar="ADDR", help="join the Ray cluster at ADDR (host:port) instead of a local one")
+    run.add_argument(
+        "--ray-address", metavar="ADDR", help="join the Ray cluster at ADDR (host:port) instead of a local one"
+    )
     run.add_argument("--run-dir", type=Path, help="where results go (default: runs/<timestamp>-<pid>)")
-    run.add_argument("--gpus", type=int, help="GPUs available (default: what nvidia-smi lists; with --ray-address: the joined "
-                     "cluster's GPU resources)")
+    run.add_argument(
+        "--gpus",
+        type=int,
+        help="GPUs available (default: what nvidia-smi lists; with --ray-address: the joined cluster's GPU resources)",
+    )
     run.add_argument("--jobs", type=int, help="most groups at once (default: min(4, CPUs))")
-    run.add_argument("--suites-dir", type=Path, action="append", default=[], metavar="DIR", help="an extra test tree; repeatable")
+    run.add_argument(
+        "--suites-dir", type=Path, action="append", default=[], metavar="DIR", help="an extra test tree; repeatable"
+    )
     run.add_argument("--hypothesis-seed", type=int, help="override the gate's Hypothesis seed")
     run.add_argument("--workload-seed", type=int, help="override the gate's workload seed")
     run.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
-    run.add_argument("--runner", metavar="LABEL", help="run only the groups of this CI runner label (see `harness gate plan`)")
+    run.add_argument(
+        "--runner", metavar="LABEL", help="run only the groups of this CI runner label (see `harness gate plan`)"
+    )
     run.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
     run.set_defaults(func=_run)
     verdict = gsub.add_parser("verdict", help="combine the CI jobs' results of a `plan` matrix into one PASS / FAIL")
     verdict.add_argument("name", help="a gate name or a path to a .toml file")
-    verdict.add_argument("--matrix", required=True, metavar="JSON", help="the matrix `harness gate plan` printed (empty: the plan failed)")
-    verdict.add_argument("--reports", type=Path, required=True, metavar="DIR",
-                         help="where the jobs' run directories are, one per artifact name (DIR/<artifact>/report/result.json)")
+    verdict.add_argument(
+        "--matrix",
+        required=True,
+        metavar="JSON",
+        help="the matrix `harness gate plan` printed (empty: the plan failed)",
+    )
+    verdict.add_argument(
+        "--reports",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="where the jobs' run directories are, one per artifact name (DIR/<artifact>/report/result.json)",
+    )
     verdict.set_defaults(func=_verdict)
 
 
@@ -149,15 +173,27 @@ def _run(args: argparse.Namespace) -> int:
         print(joined.summary())
         if args.gpus is None:  # the cluster's, not this machine's: a group waits until its GPUs are free there
             gpus = int(sum(n.gpus for n in joined.nodes))
-    opts = runner.GateOptions(repo_root=root, run_dir=run_dir, simulate=args.simulate, ray_address=args.ray_address,
-                              gpus=gpus, jobs=args.jobs or max(1, min(4, os.cpu_count() or 1)),
-                              suites_dirs=tuple(args.suites_dir), hypothesis_seed=args.hypothesis_seed,
-                              workload_seed=args.workload_seed, runner=args.runner,
-                              joined_gpus=joined.gpu_kind if joined else None)
+    opts = runner.GateOptions(
+        repo_root=root,
+        run_dir=run_dir,
+        simulate=args.simulate,
+        ray_address=args.ray_address,
+        gpus=gpus,
+        jobs=args.jobs or max(1, min(4, os.cpu_count() or 1)),
+        suites_dirs=tuple(args.suites_dir),
+        hypothesis_seed=args.hypothesis_seed,
+        workload_seed=args.workload_seed,
+        runner=args.runner,
+        joined_gpus=joined.gpu_kind if joined else None,
+    )
     try:
         target = sglang_target.select_for_cli(args.sglang, "harness")
-        with runs.record(run_dir, ["harness", *args.argv], target=target.label(),
-                         refused=(RegistryError, PlanError, sglang_target.TargetError)) as rec:
+        with runs.record(
+            run_dir,
+            ["harness", *args.argv],
+            target=target.label(),
+            refused=(RegistryError, PlanError, sglang_target.TargetError),
+        ) as rec:
             result = runner.run_gate(gate, opts)
             rec.finish("passed" if result.exit_code == 0 else "failed", report=run_dir / "report" / "index.html")
     except (RegistryError, PlanError, sglang_target.TargetError) as e:

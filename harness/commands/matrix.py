@@ -21,10 +21,17 @@ from harness.targets.sglang import selection as sglang_target
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("matrix", help="run the same tests on several sglang targets and print one table")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="rerun-test specs (test_x.py, path::test, …)")
-    p.add_argument("--sglang", required=True, metavar="T1,T2,…",
-                   help="comma-separated targets: releases (0.5.21), source trees, wheels or 'installed'")
-    p.add_argument("--run-dir", type=Path, help="where results go (default runs/matrix-<timestamp>-<pid>); "
-                                                "one sub-directory per target")
+    p.add_argument(
+        "--sglang",
+        required=True,
+        metavar="T1,T2,…",
+        help="comma-separated targets: releases (0.5.21), source trees, wheels or 'installed'",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where results go (default runs/matrix-<timestamp>-<pid>); one sub-directory per target",
+    )
     p.add_argument("--timeout", type=float, metavar="S", help="seconds per target (default: none)")
     p.add_argument("--ray-address", metavar="ADDR", help="passed to each rerun-test")
     p.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
@@ -42,8 +49,7 @@ def _matrix(args: argparse.Namespace) -> int:
     resolved = []
     for spec in specs:
         try:  # resolve only: each target is activated in its own rerun-test, never in this process
-            resolved.append(sglang_target.resolve(
-                spec, progress=lambda line: print(f"harness: {line}", flush=True)))
+            resolved.append(sglang_target.resolve(spec, progress=lambda line: print(f"harness: {line}", flush=True)))
         except sglang_target.TargetError as e:
             raise UsageError(str(e)) from None
     root = args.repo_root.resolve()
@@ -53,9 +59,17 @@ def _matrix(args: argparse.Namespace) -> int:
         runs = []
         for i, target in enumerate(resolved):
             spec = target.root if target.origin == "tree" else target.spec
-            runs.append(versions.run_target(spec, target.label(), list(args.specs),
-                                            run_dir / f"{i + 1}-{versions.slug(target.spec)}", repo_root=root,
-                                            extra_args=extra, timeout_s=args.timeout))
+            runs.append(
+                versions.run_target(
+                    spec,
+                    target.label(),
+                    list(args.specs),
+                    run_dir / f"{i + 1}-{versions.slug(target.spec)}",
+                    repo_root=root,
+                    extra_args=extra,
+                    timeout_s=args.timeout,
+                )
+            )
         atomic.write_text(run_dir / "matrix.md", versions.render_markdown(runs))
         atomic.write_json(run_dir / "matrix.json", versions.to_json(runs))
         print()

@@ -39,21 +39,41 @@ PROG = flow.PROG
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("mutate", help="mutation score of the sglang functions under test (killed / survived)")
     p.add_argument("--sglang", metavar="TARGET", help=sglang_target.HELP)
-    p.add_argument("--function", action="append", default=[], metavar="MODULE:QUALNAME",
-                   help="a function to mutate (repeatable; default: the PD prealloc / SWA set)")
-    p.add_argument("--changed", metavar="BASE", help="mutate the functions whose lines differ from BASE "
-                                                      "(as rerun-test --changed), only on the changed lines")
-    p.add_argument("--tests", action="append", default=[], metavar="PATH",
-                   help=f"candidate test files or directories (repeatable; default: {' '.join(DEFAULT_TESTS)})")
+    p.add_argument(
+        "--function",
+        action="append",
+        default=[],
+        metavar="MODULE:QUALNAME",
+        help="a function to mutate (repeatable; default: the PD prealloc / SWA set)",
+    )
+    p.add_argument(
+        "--changed",
+        metavar="BASE",
+        help="mutate the functions whose lines differ from BASE (as rerun-test --changed), only on the changed lines",
+    )
+    p.add_argument(
+        "--tests",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help=f"candidate test files or directories (repeatable; default: {' '.join(DEFAULT_TESTS)})",
+    )
     p.add_argument("--limit", type=int, metavar="N", help="at most N mutants, spread over functions and operators")
     p.add_argument("--jobs", type=int, default=2, help="mutants at a time (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds per mutant run (default 300)")
     p.add_argument("--run-dir", type=Path, help="where results go (default runs/mutate-<timestamp>-<pid>)")
-    p.add_argument("--compare-upstream", action="store_true",
-                   help="also run sglang's own register_cpu_ci unit tests (the target checkout's test/registered/) "
-                        "that import a mutated module on the same mutants, and print both scores")
-    p.add_argument("--comment-out", type=Path, metavar="FILE",
-                   help="keep the bot's status line (done / total, then the score) in this markdown file")
+    p.add_argument(
+        "--compare-upstream",
+        action="store_true",
+        help="also run sglang's own register_cpu_ci unit tests (the target checkout's test/registered/) "
+        "that import a mutated module on the same mutants, and print both scores",
+    )
+    p.add_argument(
+        "--comment-out",
+        type=Path,
+        metavar="FILE",
+        help="keep the bot's status line (done / total, then the score) in this markdown file",
+    )
     p.add_argument("--repo-root", type=Path, default=rundir.REPO_ROOT, help=argparse.SUPPRESS)
     p.set_defaults(func=_mutate)
 
@@ -71,13 +91,16 @@ def _upstream_files(target: sglang_target.Target, tree: Path) -> list[Path]:
     """
     registered = upstream_tests.checkout_tests(tree)
     if registered is None:
-        raise UsageError(f"--compare-upstream: {target.label()} has no test/registered/ beside its sglang/ "
-                         "(releases and wheels do not ship sglang's tests); pass a checkout's python/ directory")
+        raise UsageError(
+            f"--compare-upstream: {target.label()} has no test/registered/ beside its sglang/ "
+            "(releases and wheels do not ship sglang's tests); pass a checkout's python/ directory"
+        )
     files = []
     for path in sorted(registered.rglob("test_*.py")):
         try:
-            regs = registrations.read_registrations(ast.parse(path.read_text(encoding="utf-8", errors="replace")),
-                                                    str(path))
+            regs = registrations.read_registrations(
+                ast.parse(path.read_text(encoding="utf-8", errors="replace")), str(path)
+            )
         except (SyntaxError, registrations.RegistryError):
             continue
         if any(r.backend == "cpu" and not r.disabled for r in regs):
@@ -111,8 +134,10 @@ def _mutate(args: argparse.Namespace) -> int:
             funcs = choose.changed(change, tree)
             lines = change.lines
             if not funcs:
-                raise UsageError(f"--changed {args.changed}: the change touches no function of sglang/ "
-                                 f"({len(change.files)} file(s) changed); nothing to mutate")
+                raise UsageError(
+                    f"--changed {args.changed}: the change touches no function of sglang/ "
+                    f"({len(change.files)} file(s) changed); nothing to mutate"
+                )
         else:
             funcs = choose.named(args.function or list(DEFAULT_FUNCTIONS), tree)
     except (ChangeError, choose.SelectError) as e:
@@ -123,8 +148,20 @@ def _mutate(args: argparse.Namespace) -> int:
     out = (args.run_dir or rundir.default_path(root / rundir.RUNS, kind="mutate")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tests = tuple(args.tests) or DEFAULT_TESTS
-    print(f"{PROG}: {len(mutants)} mutant(s) of {len(funcs)} function(s) on {target.label()}; candidates "
-          f"{' '.join(tests)}; run dir {out}", flush=True)
-    return flow.mutate(mutants, target, tests, out, root, command=["harness", *getattr(args, "argv", [])],
-                       jobs=args.jobs, timeout_s=args.timeout, upstream_files=upstream_files,
-                       note=lambda text: _comment(args.comment_out, text))
+    print(
+        f"{PROG}: {len(mutants)} mutant(s) of {len(funcs)} function(s) on {target.label()}; candidates "
+        f"{' '.join(tests)}; run dir {out}",
+        flush=True,
+    )
+    return flow.mutate(
+        mutants,
+        target,
+        tests,
+        out,
+        root,
+        command=["harness", *getattr(args, "argv", [])],
+        jobs=args.jobs,
+        timeout_s=args.timeout,
+        upstream_files=upstream_files,
+        note=lambda text: _comment(args.comment_out, text),
+    )

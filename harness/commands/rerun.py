@@ -36,8 +36,6 @@ from harness.targets.sglang.compat import checks
 log = logging.getLogger(__name__)
 
 
-
-
 def joined_preflight(address: str) -> Any:
     """Check the cluster at ``address`` before any group starts (:func:`harness.cluster.join.preflight`).
 
@@ -101,9 +99,17 @@ def _with_engine(m: dict, engine: str) -> dict:
 
 def _status(p: execute.Progress, link: str) -> comment.GroupStatus:
     failures = tuple((c.nodeid, c.message or c.outcome) for c in p.cases if c.outcome in ("failed", "error"))
-    return comment.GroupStatus(name=p.group.name, runner=p.group.runner, state=p.state, passed=p.count("passed"),
-                               failed=p.count("failed") + p.count("error"), skipped=p.count("skipped"),
-                               xfailed=p.count("xfailed"), link=link, failures=failures)
+    return comment.GroupStatus(
+        name=p.group.name,
+        runner=p.group.runner,
+        state=p.state,
+        passed=p.count("passed"),
+        failed=p.count("failed") + p.count("error"),
+        skipped=p.count("skipped"),
+        xfailed=p.count("xfailed"),
+        link=link,
+        failures=failures,
+    )
 
 
 def _write_comment(path: Path, statuses: list[comment.GroupStatus]) -> None:
@@ -124,8 +130,10 @@ def _run(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, ta
             print(f"\n{PROG}: --mutate: {' '.join(argv[2:])}", flush=True)
             if args.mutate_detached:
                 pid = checkpoint.start(args.mutate_detached.resolve(), argv, cwd=args.repo_root.resolve())
-                print(f"{PROG}: --mutate runs in the background (pid {pid}); its output: "
-                      f"{args.mutate_detached / 'log'}", flush=True)
+                print(
+                    f"{PROG}: --mutate runs in the background (pid {pid}); its output: {args.mutate_detached / 'log'}",
+                    flush=True,
+                )
             else:
                 code = max(code, subprocess.run(argv, cwd=args.repo_root.resolve()).returncode)
         rec.finish("passed" if code == 0 else "failed", report=page)
@@ -141,8 +149,16 @@ def mutate_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     ``--changed``, its results under ``<run>/mutation``, its done / total, score and survivors kept
     in the same status comment file. A process of its own, as from the command line: the mutation
     run owns its pool and its fault patches, and nothing of it is imported into this one."""
-    argv = [sys.executable, "-m", "harness.cli", "mutate", "--run-dir", str(run_dir / "mutation"),
-            "--limit", str(MUTATE_LIMIT)]
+    argv = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "mutate",
+        "--run-dir",
+        str(run_dir / "mutation"),
+        "--limit",
+        str(MUTATE_LIMIT),
+    ]
     if args.sglang:
         argv += ["--sglang", args.sglang]
     if args.changed:
@@ -152,8 +168,14 @@ def mutate_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     return argv
 
 
-def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan, target: target_mod.Target,
-             run_dir: Path, joined: Any) -> tuple[int, Path]:
+def _execute(
+    args: argparse.Namespace,
+    reg: collector.Registry,
+    p: plan_mod.Plan,
+    target: target_mod.Target,
+    run_dir: Path,
+    joined: Any,
+) -> tuple[int, Path]:
     root = args.repo_root.resolve()
     gpus = detect_gpus() if args.gpus is None else args.gpus
     jobs = args.jobs or max(1, min(4, os.cpu_count() or 1))
@@ -161,8 +183,16 @@ def _execute(args: argparse.Namespace, reg: collector.Registry, p: plan_mod.Plan
         # Groups share the joined cluster with whoever else uses it: let each have it alone, longest first.
         gpus, jobs = max(g.gpus for g in p.groups), args.jobs or 1
     measure = changed.measurement(run_dir, target) if args.coverage else None
-    opts = execute.ExecOptions(repo_root=root, run_dir=run_dir, ray_address=args.ray_address, gpus=gpus, jobs=jobs,
-                               timeout=args.timeout, joined_gpus=joined.gpu_kind if joined else None, measure=measure)
+    opts = execute.ExecOptions(
+        repo_root=root,
+        run_dir=run_dir,
+        ray_address=args.ray_address,
+        gpus=gpus,
+        jobs=jobs,
+        timeout=args.timeout,
+        joined_gpus=joined.gpu_kind if joined else None,
+        measure=measure,
+    )
     file_tests = {f.rel: len(f.tests) for f in reg.files}
     rel_of = {str(f.path.resolve()): f.rel for f in reg.files}
 
@@ -224,8 +254,11 @@ def plan_lines(p: plan_mod.Plan, opts: execute.ExecOptions, where: str, jobs: in
     lines, here_total, left_total = [], 0.0, 0.0
     body = []
     for g in p.groups:
-        sim = None if execute.gpu_mode(g, opts) == "cannot run here" else \
-            (False if opts.ray_address else execute.simulation(g, opts.gpus))
+        sim = (
+            None
+            if execute.gpu_mode(g, opts) == "cannot run here"
+            else (False if opts.ray_address else execute.simulation(g, opts.gpus))
+        )
         runnable = g.runnable(sim)
         here = sum(i.est_time for i in runnable)
         left = [i for i in g.items if i not in runnable]
@@ -235,12 +268,16 @@ def plan_lines(p: plan_mod.Plan, opts: execute.ExecOptions, where: str, jobs: in
         if left:
             reason = "cannot run here" if sim is None else "need real GPUs, skipped here"
             why = f"; {len(left)} test(s) {reason}, est {sum(i.est_time for i in left):.0f}s left out"
-        body.append(f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {here:.0f}s "
-                    f"({execute.gpu_mode(g, opts)}{why})")
+        body.append(
+            f"  {g.name:24} runner {g.runner:16} {len(g.items):3} test(s) est {here:.0f}s "
+            f"({execute.gpu_mode(g, opts)}{why})"
+        )
         files = list(dict.fromkeys(Path(i.file_rel).name for i in g.items))
         body.append(f"    {', '.join(files[:8])}{f' and {len(files) - 8} more' if len(files) > 8 else ''}")
     left_text = f" ({left_total:.0f}s of tests that cannot run here left out)" if left_total else ""
-    lines.append(f"{PROG}: {len(p.groups)} group(s), est {here_total:.0f}s here{left_text}, {where}, up to {jobs} at once")
+    lines.append(
+        f"{PROG}: {len(p.groups)} group(s), est {here_total:.0f}s here{left_text}, {where}, up to {jobs} at once"
+    )
     return lines + body
 
 
@@ -269,8 +306,9 @@ def _from_repro(args: argparse.Namespace) -> int:
     run_dir = (args.run_dir or rundir.default_path(root / rundir.RUNS, suffix="repro")).resolve()
     gpus = detect_gpus() if args.gpus is None else args.gpus
     try:
-        return reproduce.reproduce(args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir),
-                                   sglang=args.sglang)
+        return reproduce.reproduce(
+            args.from_repro, root, run_dir, args.ray_address, gpus, tuple(args.suites_dir), sglang=args.sglang
+        )
     except ReproError as e:
         raise UsageError(str(e)) from None
 
@@ -293,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)
         args_mod.check(args)
-        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+        )
         if args.parse_only:
             specs, _ = specs_of(args)
             if not specs:
@@ -325,15 +365,26 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.github_output, "a", encoding="utf-8") as f:
                     f.write(f"matrix={json.dumps(m, separators=(',', ':'))}\n")
             if args.comment_out:
-                _write_comment(args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups])
+                _write_comment(
+                    args.comment_out, [comment.GroupStatus(g.name, g.runner, link=args.link) for g in p.groups]
+                )
             return 0
         checks.selected()  # a bad HARNESS_SGLANG_CHECKS is refused before any group starts
         target = target_mod.select_for_cli(args.sglang, PROG)
         args.coverage = args.coverage or bool(args.changed)
         args.change = changed.read_change(target, args.changed) if args.changed else None
         return _run(args, reg, p, target)
-    except (UsageError, spec.SpecError, resolve.ResolveError, plan_mod.PlanError, RegistryError,
-            target_mod.TargetError, checks.UnknownCheck, ChangeError, CommandUsageError) as e:
+    except (
+        UsageError,
+        spec.SpecError,
+        resolve.ResolveError,
+        plan_mod.PlanError,
+        RegistryError,
+        target_mod.TargetError,
+        checks.UnknownCheck,
+        ChangeError,
+        CommandUsageError,
+    ) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

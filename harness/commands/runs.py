@@ -23,8 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=20, metavar="N", help="show the newest N runs (default 20; 0: all)")
     p.add_argument("--json", action="store_true", help="print the runs as JSON")
     p.add_argument("--prune", action="store_true", help="remove the runs beyond the newest --keep now")
-    p.add_argument("--keep", type=int, metavar="N",
-                   help=f"runs to keep (default ${runs.KEEP_ENV} or {runs.DEFAULT_KEEP}; 0: keep all)")
+    p.add_argument(
+        "--keep",
+        type=int,
+        metavar="N",
+        help=f"runs to keep (default ${runs.KEEP_ENV} or {runs.DEFAULT_KEEP}; 0: keep all)",
+    )
     p.add_argument("--runs-dir", type=Path, default=DEFAULT_BASE, help=argparse.SUPPRESS)
     p.set_defaults(func=_runs)
 
@@ -43,10 +47,23 @@ def _runs(args: argparse.Namespace) -> int:
     found = runs.scan(base)
     shown = found[: args.limit] if args.limit else found
     if args.json:
-        print(json.dumps({"runs_dir": str(base), "keep": keep, "removed": [str(p) for p in removed],
-                          "runs": [_as_dict(r, found) for r in shown]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "runs_dir": str(base),
+                    "keep": keep,
+                    "removed": [str(p) for p in removed],
+                    "runs": [_as_dict(r, found) for r in shown],
+                },
+                indent=2,
+            )
+        )
         return 0
-    kept = f"keeping the newest {keep} (set {runs.KEEP_ENV}=N or pass --keep N; 0 keeps all)" if keep else "keeping every run"
+    kept = (
+        f"keeping the newest {keep} (set {runs.KEEP_ENV}=N or pass --keep N; 0 keeps all)"
+        if keep
+        else "keeping every run"
+    )
     print(f"{len(found)} run(s) in {_short(base)}; {kept}")
     for path in removed:
         print(f"removed {path.name}")
@@ -56,8 +73,17 @@ def _runs(args: argparse.Namespace) -> int:
     if not shown:
         return 0
     head = ("started", "verdict", "took", "command", "target", "report")
-    rows = [head] + [(_when(r.started), r.state, _took(r), r.command or "-", r.target or "-",
-                      _short(Path(r.report)) if r.report else "-") for r in shown]
+    rows = [head] + [
+        (
+            _when(r.started),
+            r.state,
+            _took(r),
+            r.command or "-",
+            r.target or "-",
+            _short(Path(r.report)) if r.report else "-",
+        )
+        for r in shown
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
@@ -65,8 +91,17 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _as_dict(r: runs.RunInfo, found: list[runs.RunInfo]) -> dict:
-    return {"name": r.name, "path": str(r.path), "started": r.started, "ended": r.ended, "state": r.state,
-            "command": r.command, "target": r.target, "report": r.report, "kept_because": runs.kept_because(r, found)}
+    return {
+        "name": r.name,
+        "path": str(r.path),
+        "started": r.started,
+        "ended": r.ended,
+        "state": r.state,
+        "command": r.command,
+        "target": r.target,
+        "report": r.report,
+        "kept_because": runs.kept_because(r, found),
+    }
 
 
 def _when(ts: float) -> str:

@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=_show)
     check = tsub.add_parser("check", help="say whether a Ray cluster can hold the topology (and what is missing)")
     check.add_argument("name")
-    check.add_argument("--simulate", action="store_true", help="start a local Ray with the topology's GPUs as logical GPUs")
+    check.add_argument(
+        "--simulate", action="store_true", help="start a local Ray with the topology's GPUs as logical GPUs"
+    )
     check.add_argument("--ray-address", metavar="ADDR", help="check against the running cluster at ADDR (host:port)")
     check.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for Ray's decision (default 5)")
     check.set_defaults(func=_check)
@@ -58,15 +60,29 @@ def _show(args: argparse.Namespace) -> int:
 
 def render(topo: topology.Topology) -> str:
     """The topology as text: a header, the cluster, and a table of its roles."""
-    lines = [f"{topo.name}: {topo.description}" if topo.description else topo.name,
-             f"  {topo.requirement} · transfer {topo.transfer_backend}"
-             f" · {'may run simulated' if topo.allow_simulation else 'real GPUs only'}"]
+    lines = [
+        f"{topo.name}: {topo.description}" if topo.description else topo.name,
+        f"  {topo.requirement} · transfer {topo.transfer_backend}"
+        f" · {'may run simulated' if topo.allow_simulation else 'real GPUs only'}",
+    ]
     if topo.gpu_memory_gb:
         lines[-1] += f" · {topo.gpu_memory_gb:g} GB per GPU"
     head = ("role", "kind", "count", "tp", "dp", "dp-attention", "GPUs/rank", "GPUs", "node", "engine args")
-    rows = [head] + [(r.name, r.kind, str(r.count), str(r.tp), str(r.dp), "yes" if r.dp_attention else "no",
-                      str(r.gpus_per_rank), str(r.total_gpus), "any" if r.node is None else str(r.node),
-                      " ".join(r.engine_args) or "-") for r in topo.roles]
+    rows = [head] + [
+        (
+            r.name,
+            r.kind,
+            str(r.count),
+            str(r.tp),
+            str(r.dp),
+            "yes" if r.dp_attention else "no",
+            str(r.gpus_per_rank),
+            str(r.total_gpus),
+            "any" if r.node is None else str(r.node),
+            " ".join(r.engine_args) or "-",
+        )
+        for r in topo.roles
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     table = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     table.insert(1, "  ".join("-" * w for w in widths))
@@ -89,7 +105,9 @@ def _check(args: argparse.Namespace) -> int:
         except JoinError as e:  # already one line: what failed and the fix
             raise UsageError(str(e)) from None
         except (ConnectionError, ValueError, RuntimeError) as e:
-            raise UsageError(f"cannot join Ray at {args.ray_address} ({e}); check the address (host:port of the GCS)") from None
+            raise UsageError(
+                f"cannot join Ray at {args.ray_address} ({e}); check the address (host:port of the GCS)"
+            ) from None
         where = f"Ray at {args.ray_address}"
     else:
         cluster = Cluster.start(topo, simulate=args.simulate)

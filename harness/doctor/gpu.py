@@ -78,10 +78,12 @@ class NvidiaSmiSource:
 
     def snapshot(self) -> GpuSnapshot:
         try:
-            gpus = self._query("--query-gpu=index,uuid,name,memory.total,memory.free,driver_version",
-                               "--format=csv,noheader,nounits")
-            apps = self._query("--query-compute-apps=pid,gpu_uuid,used_memory,process_name",
-                               "--format=csv,noheader,nounits")
+            gpus = self._query(
+                "--query-gpu=index,uuid,name,memory.total,memory.free,driver_version", "--format=csv,noheader,nounits"
+            )
+            apps = self._query(
+                "--query-compute-apps=pid,gpu_uuid,used_memory,process_name", "--format=csv,noheader,nounits"
+            )
             banner = self._query()
         except subprocess.TimeoutExpired:
             return GpuSnapshot(source="nvidia-smi", error=f"nvidia-smi did not answer within {self.timeout_s:.0f} s")
@@ -183,8 +185,10 @@ _FIX_QUERY = "make `nvidia-smi` work on this node (driver loaded, GPUs not falle
 def simulated_rows(node: str, gpu_ids: list[str]) -> list[CheckResult]:
     """The GPU rows of one simulated bundle: each says what Ray assigned and that nothing was queried."""
     ids = ",".join(gpu_ids) or "-"
-    return [CheckResult(c, Status.SIMULATED, f"Ray logical GPU(s) {ids}; no real device queried", node=node, gpu=ids)
-            for c in ("gpu.model", "gpu.memory", "gpu.free_memory", "gpu.processes")]
+    return [
+        CheckResult(c, Status.SIMULATED, f"Ray logical GPU(s) {ids}; no real device queried", node=node, gpu=ids)
+        for c in ("gpu.model", "gpu.memory", "gpu.free_memory", "gpu.processes")
+    ]
 
 
 def logical_row(node: str, ray_gpus: float, devices: int | None) -> CheckResult:
@@ -198,10 +202,14 @@ def logical_row(node: str, ray_gpus: float, devices: int | None) -> CheckResult:
     Returns:
         One failed row: a real-GPU topology cannot be validated on resources without devices.
     """
-    return CheckResult("gpu.count", Status.FAILED,
-                       f"{ray_gpus:g} Ray GPU(s) but {devices or 0} GPU device(s) on the node: logical GPUs "
-                       "(`ray start --num-gpus` on a machine without them)",
-                       "join nodes whose GPUs are real, or validate a CPU machine with `--simulate` instead", node=node)
+    return CheckResult(
+        "gpu.count",
+        Status.FAILED,
+        f"{ray_gpus:g} Ray GPU(s) but {devices or 0} GPU device(s) on the node: logical GPUs "
+        "(`ray start --num-gpus` on a machine without them)",
+        "join nodes whose GPUs are real, or validate a CPU machine with `--simulate` instead",
+        node=node,
+    )
 
 
 def check_node(topology: Topology, node: str, snap: GpuSnapshot) -> list[CheckResult]:
@@ -220,12 +228,25 @@ def check_node(topology: Topology, node: str, snap: GpuSnapshot) -> list[CheckRe
     want, have = topology.gpus_per_node, len(snap.devices)
     if have >= want:
         return [CheckResult("gpu.count", Status.PASSED, f"{have} GPU(s) visible, topology needs {want}", node=node)]
-    return [CheckResult("gpu.count", Status.FAILED, f"only {have} GPU(s) visible, topology needs {want}",
-                        f"find the missing GPU(s) (`nvidia-smi -L`, dmesg for Xid errors) or drain this node", node=node)]
+    return [
+        CheckResult(
+            "gpu.count",
+            Status.FAILED,
+            f"only {have} GPU(s) visible, topology needs {want}",
+            f"find the missing GPU(s) (`nvidia-smi -L`, dmesg for Xid errors) or drain this node",
+            node=node,
+        )
+    ]
 
 
-def check_bundle(topology: Topology, node: str, gpu_ids: list[str], snap: GpuSnapshot, limits: Limits,
-                 own_pids: frozenset[int] = frozenset()) -> list[CheckResult]:
+def check_bundle(
+    topology: Topology,
+    node: str,
+    gpu_ids: list[str],
+    snap: GpuSnapshot,
+    limits: Limits,
+    own_pids: frozenset[int] = frozenset(),
+) -> list[CheckResult]:
     """Per-GPU checks of one bundle: model, memory size, free memory, foreign processes.
 
     Args:
@@ -245,60 +266,103 @@ def check_bundle(topology: Topology, node: str, gpu_ids: list[str], snap: GpuSna
     return rows
 
 
-def _check_one(topology: Topology, node: str, gid: str, snap: GpuSnapshot, limits: Limits,
-               own_pids: frozenset[int]) -> list[CheckResult]:
+def _check_one(
+    topology: Topology, node: str, gid: str, snap: GpuSnapshot, limits: Limits, own_pids: frozenset[int]
+) -> list[CheckResult]:
     names = ("gpu.model", "gpu.memory", "gpu.free_memory", "gpu.processes")
     if snap.error:
         return [CheckResult(n, Status.FAILED, snap.error, _FIX_QUERY, node=node, gpu=gid) for n in names]
     dev = snap.device(gid)
     if dev is None:
         seen = ",".join(str(d.index) for d in snap.devices) or "none"
-        return [CheckResult(n, Status.FAILED, f"Ray assigned GPU {gid} but the node shows GPUs {seen}",
-                            "restart the Ray node so its GPU resources match the devices (`ray stop; ray start ...`)",
-                            node=node, gpu=gid) for n in names]
+        return [
+            CheckResult(
+                n,
+                Status.FAILED,
+                f"Ray assigned GPU {gid} but the node shows GPUs {seen}",
+                "restart the Ray node so its GPU resources match the devices (`ray stop; ray start ...`)",
+                node=node,
+                gpu=gid,
+            )
+            for n in names
+        ]
     rows = []
     want_model = topology.gpu_model or ""
     if want_model.lower() in dev.name.lower():
         rows.append(CheckResult("gpu.model", Status.PASSED, f"{dev.name}", node=node, gpu=gid))
     else:
-        rows.append(CheckResult("gpu.model", Status.FAILED, f"{dev.name}, topology needs {want_model}",
-                                f"run on a node with {want_model} GPUs (runner {topology.runner}) or pick the topology for {dev.name}",
-                                node=node, gpu=gid))
+        rows.append(
+            CheckResult(
+                "gpu.model",
+                Status.FAILED,
+                f"{dev.name}, topology needs {want_model}",
+                f"run on a node with {want_model} GPUs (runner {topology.runner}) or pick the topology for {dev.name}",
+                node=node,
+                gpu=gid,
+            )
+        )
     total_gib = dev.memory_total_mib / 1024
     want_gb = topology.gpu_memory_gb or 0.0
     off = abs(total_gib - want_gb) / want_gb if want_gb else 0.0
     if off <= limits.gpu_memory_tolerance:
-        rows.append(CheckResult("gpu.memory", Status.PASSED, f"{total_gib:.1f} GiB (topology {want_gb:g} GB)", node=node, gpu=gid))
+        rows.append(
+            CheckResult(
+                "gpu.memory", Status.PASSED, f"{total_gib:.1f} GiB (topology {want_gb:g} GB)", node=node, gpu=gid
+            )
+        )
     else:
-        rows.append(CheckResult("gpu.memory", Status.FAILED,
-                                f"{total_gib:.1f} GiB, topology needs {want_gb:g} GB (±{limits.gpu_memory_tolerance:.0%})",
-                                f"use GPUs with {want_gb:g} GB or fix cluster.gpu_memory_gb in {topology.name}.toml",
-                                node=node, gpu=gid))
+        rows.append(
+            CheckResult(
+                "gpu.memory",
+                Status.FAILED,
+                f"{total_gib:.1f} GiB, topology needs {want_gb:g} GB (±{limits.gpu_memory_tolerance:.0%})",
+                f"use GPUs with {want_gb:g} GB or fix cluster.gpu_memory_gb in {topology.name}.toml",
+                node=node,
+                gpu=gid,
+            )
+        )
     frac = dev.memory_free_mib / dev.memory_total_mib if dev.memory_total_mib else 0.0
     detail = f"{dev.memory_free_mib / 1024:.1f} of {total_gib:.1f} GiB free ({frac:.0%})"
     if frac >= limits.min_gpu_free_fraction:
         rows.append(CheckResult("gpu.free_memory", Status.PASSED, detail, node=node, gpu=gid))
     else:
-        rows.append(CheckResult("gpu.free_memory", Status.FAILED, f"{detail}, need ≥ {limits.min_gpu_free_fraction:.0%}",
-                                "free the GPU: stop what holds its memory (see gpu.processes) and rerun",
-                                node=node, gpu=gid))
+        rows.append(
+            CheckResult(
+                "gpu.free_memory",
+                Status.FAILED,
+                f"{detail}, need ≥ {limits.min_gpu_free_fraction:.0%}",
+                "free the GPU: stop what holds its memory (see gpu.processes) and rerun",
+                node=node,
+                gpu=gid,
+            )
+        )
     rows.append(_check_processes(node, gid, dev, snap, own_pids))
     return rows
 
 
 def _check_processes(node: str, gid: str, dev: GpuDevice, snap: GpuSnapshot, own_pids: frozenset[int]) -> CheckResult:
     if snap.processes is None:
-        return CheckResult("gpu.processes", Status.FAILED, f"{snap.source} cannot list GPU processes",
-                           "install nvidia-smi (NVIDIA driver utilities) on this node so foreign processes can be found",
-                           node=node, gpu=gid)
+        return CheckResult(
+            "gpu.processes",
+            Status.FAILED,
+            f"{snap.source} cannot list GPU processes",
+            "install nvidia-smi (NVIDIA driver utilities) on this node so foreign processes can be found",
+            node=node,
+            gpu=gid,
+        )
     foreign = [p for p in snap.processes if p.gpu_uuid == dev.uuid and p.pid not in own_pids]
     if not foreign:
         return CheckResult("gpu.processes", Status.PASSED, "no other process holds memory", node=node, gpu=gid)
     listed = "; ".join(f"pid {p.pid} ({p.used_mib} MiB): {p.command}" for p in foreign)
     pids = " ".join(str(p.pid) for p in foreign)
-    return CheckResult("gpu.processes", Status.FAILED, f"{len(foreign)} foreign process(es): {listed}",
-                       f"stop them if they are leftovers (`kill {pids}`; `kill -9 {pids}` if they ignore it)",
-                       node=node, gpu=gid)
+    return CheckResult(
+        "gpu.processes",
+        Status.FAILED,
+        f"{len(foreign)} foreign process(es): {listed}",
+        f"stop them if they are leftovers (`kill {pids}`; `kill -9 {pids}` if they ignore it)",
+        node=node,
+        gpu=gid,
+    )
 
 
 def check_versions_equal(snaps: dict[str, GpuSnapshot]) -> list[CheckResult]:
@@ -316,7 +380,16 @@ def check_versions_equal(snaps: dict[str, GpuSnapshot]) -> list[CheckResult]:
     distinct = set(seen.values())
     if len(distinct) == 1:
         drv, cuda = distinct.pop()
-        return [CheckResult("gpu.driver", Status.PASSED, f"driver {drv}, CUDA {cuda} on {len(seen)} node(s)", node="all")]
+        return [
+            CheckResult("gpu.driver", Status.PASSED, f"driver {drv}, CUDA {cuda} on {len(seen)} node(s)", node="all")
+        ]
     listed = "; ".join(f"{n}: driver {d}, CUDA {c}" for n, (d, c) in sorted(seen.items()))
-    return [CheckResult("gpu.driver", Status.FAILED, f"versions differ: {listed}",
-                        "install the same NVIDIA driver on every node (NCCL and the KV transfer need it)", node="all")]
+    return [
+        CheckResult(
+            "gpu.driver",
+            Status.FAILED,
+            f"versions differ: {listed}",
+            "install the same NVIDIA driver on every node (NCCL and the KV transfer need it)",
+            node="all",
+        )
+    ]

@@ -78,30 +78,56 @@ def check_host(node: str, facts: HostFacts, limits: Limits) -> list[CheckResult]
     if free >= limits.min_disk_free_gib:
         rows.append(CheckResult("host.disk", Status.PASSED, detail, node=node))
     else:
-        rows.append(CheckResult("host.disk", Status.FAILED, f"{detail}, need ≥ {limits.min_disk_free_gib:g} GiB",
-                                "free space there (old runs/ directories, ~/.cache) or pass --run-dir on a larger disk",
-                                node=node))
+        rows.append(
+            CheckResult(
+                "host.disk",
+                Status.FAILED,
+                f"{detail}, need ≥ {limits.min_disk_free_gib:g} GiB",
+                "free space there (old runs/ directories, ~/.cache) or pass --run-dir on a larger disk",
+                node=node,
+            )
+        )
     # sglang raises the soft limit to the hard one itself, so the hard limit is what a server gets.
     usable = max(facts.nofile_soft, facts.nofile_hard)
     detail = f"open files: soft {_lim(facts.nofile_soft)}, hard {_lim(facts.nofile_hard)}"
     if usable >= limits.min_open_files:
         rows.append(CheckResult("host.open_files", Status.PASSED, detail, node=node))
     else:
-        rows.append(CheckResult("host.open_files", Status.FAILED, f"{detail}, need ≥ {limits.min_open_files}",
-                                f"raise it: `ulimit -n {limits.min_open_files}` before `ray start`, or nofile in "
-                                "/etc/security/limits.conf (docker: --ulimit nofile=65535:65535)", node=node))
+        rows.append(
+            CheckResult(
+                "host.open_files",
+                Status.FAILED,
+                f"{detail}, need ≥ {limits.min_open_files}",
+                f"raise it: `ulimit -n {limits.min_open_files}` before `ray start`, or nofile in "
+                "/etc/security/limits.conf (docker: --ulimit nofile=65535:65535)",
+                node=node,
+            )
+        )
     if facts.shm_bytes is None:
-        rows.append(CheckResult("host.shm", Status.FAILED, "/dev/shm is missing",
-                                "mount a tmpfs on /dev/shm (docker: --shm-size 16g or --ipc host)", node=node))
+        rows.append(
+            CheckResult(
+                "host.shm",
+                Status.FAILED,
+                "/dev/shm is missing",
+                "mount a tmpfs on /dev/shm (docker: --shm-size 16g or --ipc host)",
+                node=node,
+            )
+        )
     else:
         shm = facts.shm_bytes / _GIB
         detail = f"/dev/shm {shm:.1f} GiB"
         if shm >= limits.min_shm_gib:
             rows.append(CheckResult("host.shm", Status.PASSED, detail, node=node))
         else:
-            rows.append(CheckResult("host.shm", Status.FAILED, f"{detail}, need ≥ {limits.min_shm_gib:g} GiB (NCCL and gloo use it)",
-                                    "enlarge it (docker: --shm-size 16g or --ipc host; else `mount -o remount,size=16G /dev/shm`)",
-                                    node=node))
+            rows.append(
+                CheckResult(
+                    "host.shm",
+                    Status.FAILED,
+                    f"{detail}, need ≥ {limits.min_shm_gib:g} GiB (NCCL and gloo use it)",
+                    "enlarge it (docker: --shm-size 16g or --ipc host; else `mount -o remount,size=16G /dev/shm`)",
+                    node=node,
+                )
+            )
     return rows
 
 

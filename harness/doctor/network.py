@@ -22,9 +22,11 @@ from pathlib import Path
 from harness.doctor.result import CheckResult, Status
 from harness.topology import Topology
 
-MOONCAKE_INSTALL_HINT = ("install mooncake's transfer engine on every node: `apt-get install libibverbs1` and "
-                         "`pip install --no-deps mooncake-transfer-engine-non-cuda==0.3.13.post1` "
-                         "(mooncake-transfer-engine on GPU nodes)")
+MOONCAKE_INSTALL_HINT = (
+    "install mooncake's transfer engine on every node: `apt-get install libibverbs1` and "
+    "`pip install --no-deps mooncake-transfer-engine-non-cuda==0.3.13.post1` "
+    "(mooncake-transfer-engine on GPU nodes)"
+)
 _IO_TIMEOUT_S = 10.0
 _CHUNK = 1 << 20
 
@@ -168,7 +170,9 @@ class MooncakeEndpoint:
         self._engine = TransferEngine()
         ret = self._engine.initialize(host, "P2PHANDSHAKE", self.protocol, device)
         if ret != 0:
-            raise RuntimeError(f"mooncake TransferEngine.initialize({host!r}, P2PHANDSHAKE, {self.protocol!r}) returned {ret}")
+            raise RuntimeError(
+                f"mooncake TransferEngine.initialize({host!r}, P2PHANDSHAKE, {self.protocol!r}) returned {ret}"
+            )
         self.session_id = f"{host}:{self._engine.get_rpc_port()}"
         self._buffers: dict[str, tuple[int, int]] = {}
 
@@ -328,41 +332,94 @@ def check_pair(pair: PairResult, backend: str, nbytes: int) -> list[CheckResult]
     gpus = "-" if pair.src_gpu == pair.dst_gpu == "-" else f"{pair.src_gpu}→{pair.dst_gpu}"
     rows = []
     if pair.rtt is not None:
-        rows.append(CheckResult("network.tcp_rtt", Status.PASSED,
-                                f"{who}: min {pair.rtt.min_ms:.2f} ms, median {pair.rtt.median_ms:.2f} ms over {pair.rtt.pings} pings",
-                                node=where, gpu=gpus))
+        rows.append(
+            CheckResult(
+                "network.tcp_rtt",
+                Status.PASSED,
+                f"{who}: min {pair.rtt.min_ms:.2f} ms, median {pair.rtt.median_ms:.2f} ms over {pair.rtt.pings} pings",
+                node=where,
+                gpu=gpus,
+            )
+        )
     else:
-        rows.append(CheckResult("network.tcp_rtt", Status.FAILED, f"{who}: {pair.rtt_error}",
-                                "open TCP between the nodes on ephemeral ports (firewall/security group: allow the "
-                                "ip_local_port_range between cluster nodes) and check the node IPs Ray reports",
-                                node=where, gpu=gpus))
+        rows.append(
+            CheckResult(
+                "network.tcp_rtt",
+                Status.FAILED,
+                f"{who}: {pair.rtt_error}",
+                "open TCP between the nodes on ephemeral ports (firewall/security group: allow the "
+                "ip_local_port_range between cluster nodes) and check the node IPs Ray reports",
+                node=where,
+                gpu=gpus,
+            )
+        )
     mib = f"{nbytes / (1 << 20):g} MiB"
-    bulk = (f"plain TCP socket bulk transfer (not the transfer backend): {mib} at {_mbps(nbytes, pair.tcp_bulk_s)}"
-            if pair.tcp_bulk_s is not None else f"plain TCP socket bulk transfer failed: {pair.tcp_bulk_error}")
+    bulk = (
+        f"plain TCP socket bulk transfer (not the transfer backend): {mib} at {_mbps(nbytes, pair.tcp_bulk_s)}"
+        if pair.tcp_bulk_s is not None
+        else f"plain TCP socket bulk transfer failed: {pair.tcp_bulk_error}"
+    )
     if backend == "mooncake":
         if pair.mooncake_missing is not None:
-            rows.append(CheckResult("network.transfer", Status.FAILED,
-                                    f"{who}: mooncake not importable ({pair.mooncake_missing}); {bulk}",
-                                    MOONCAKE_INSTALL_HINT, node=where, gpu=gpus))
+            rows.append(
+                CheckResult(
+                    "network.transfer",
+                    Status.FAILED,
+                    f"{who}: mooncake not importable ({pair.mooncake_missing}); {bulk}",
+                    MOONCAKE_INSTALL_HINT,
+                    node=where,
+                    gpu=gpus,
+                )
+            )
         elif pair.transfer_s is not None and pair.verified:
-            rows.append(CheckResult("network.transfer", Status.PASSED,
-                                    f"{who}: mooncake {pair.transfer_protocol}: {mib} at {_mbps(nbytes, pair.transfer_s)}, content verified",
-                                    node=where, gpu=gpus))
+            rows.append(
+                CheckResult(
+                    "network.transfer",
+                    Status.PASSED,
+                    f"{who}: mooncake {pair.transfer_protocol}: {mib} at {_mbps(nbytes, pair.transfer_s)}, content verified",
+                    node=where,
+                    gpu=gpus,
+                )
+            )
         else:
-            problem = pair.transfer_error or ("content differs at the receiver" if pair.verified is False else
-                                              "sent, but the receiver could not be asked for its buffer's digest")
-            rows.append(CheckResult("network.transfer", Status.FAILED,
-                                    f"{who}: mooncake {pair.transfer_protocol or '?'}: {problem}; {bulk}",
-                                    "check mooncake can reach the peer: MC_FORCE_TCP=1 for TCP, or the RDMA device "
-                                    "(MOONCAKE_DEVICE, RoCE GID index) on both nodes; the transfer engine logs are in the probe log",
-                                    node=where, gpu=gpus))
+            problem = pair.transfer_error or (
+                "content differs at the receiver"
+                if pair.verified is False
+                else "sent, but the receiver could not be asked for its buffer's digest"
+            )
+            rows.append(
+                CheckResult(
+                    "network.transfer",
+                    Status.FAILED,
+                    f"{who}: mooncake {pair.transfer_protocol or '?'}: {problem}; {bulk}",
+                    "check mooncake can reach the peer: MC_FORCE_TCP=1 for TCP, or the RDMA device "
+                    "(MOONCAKE_DEVICE, RoCE GID index) on both nodes; the transfer engine logs are in the probe log",
+                    node=where,
+                    gpu=gpus,
+                )
+            )
         return rows
     if pair.tcp_bulk_s is not None:
-        rows.append(CheckResult("network.transfer", Status.PASSED,
-                                f"{who}: no {backend} self-test in doctor; {bulk}", node=where, gpu=gpus))
+        rows.append(
+            CheckResult(
+                "network.transfer",
+                Status.PASSED,
+                f"{who}: no {backend} self-test in doctor; {bulk}",
+                node=where,
+                gpu=gpus,
+            )
+        )
     else:
-        rows.append(CheckResult("network.transfer", Status.FAILED, f"{who}: {bulk}",
-                                "open TCP between the nodes on ephemeral ports", node=where, gpu=gpus))
+        rows.append(
+            CheckResult(
+                "network.transfer",
+                Status.FAILED,
+                f"{who}: {bulk}",
+                "open TCP between the nodes on ephemeral ports",
+                node=where,
+                gpu=gpus,
+            )
+        )
     return rows
 
 
@@ -370,6 +427,11 @@ def check_port(node: str, role: str, port: int, holder: str | None) -> CheckResu
     """The ``network.port`` row of one fixed port on one node (``holder`` from :func:`port_holder`)."""
     if holder is None:
         return CheckResult("network.port", Status.PASSED, f"port {port} ({role}) is free", node=node)
-    return CheckResult("network.port", Status.FAILED, f"port {port} ({role}) is taken: {holder}",
-                       f"stop that process, or drop the fixed port from {role}'s engine_args so the harness "
-                       "asks the OS for a free one", node=node)
+    return CheckResult(
+        "network.port",
+        Status.FAILED,
+        f"port {port} ({role}) is taken: {holder}",
+        f"stop that process, or drop the fixed port from {role}'s engine_args so the harness "
+        "asks the OS for a free one",
+        node=node,
+    )

@@ -37,16 +37,23 @@ def fit_row(topology: Topology, ok: bool, state: str, group: str, missing: str, 
     if ok:
         return CheckResult("placement.fit", Status.PASSED, f"{topology.requirement} fits {cluster}", node="all")
     if state == "INFEASIBLE":
-        fix = (f"run on a cluster that has it ({topology.requirement}), add the missing node/GPUs to Ray, "
-               "or --simulate on a CPU machine")
+        fix = (
+            f"run on a cluster that has it ({topology.requirement}), add the missing node/GPUs to Ray, "
+            "or --simulate on a CPU machine"
+        )
     else:
         fix = "the resources exist but are taken: stop the runs or actors holding them (`ray status`) and rerun"
     return CheckResult("placement.fit", Status.FAILED, f"{state}: group {group}: {missing}", fix, node="all")
 
 
 def simulation_refused_row(topology: Topology) -> CheckResult:
-    return CheckResult("placement.fit", Status.FAILED,
-                       f"{topology.name} sets allow_simulation = false", f"run it on {topology.requirement}", node="all")
+    return CheckResult(
+        "placement.fit",
+        Status.FAILED,
+        f"{topology.name} sets allow_simulation = false",
+        f"run it on {topology.requirement}",
+        node="all",
+    )
 
 
 def seat_rows(topology: Topology, seats: list[BundleSeat]) -> list[CheckResult]:
@@ -79,13 +86,23 @@ def seat_rows(topology: Topology, seats: list[BundleSeat]) -> list[CheckResult]:
             problems.append("its TP ranks are split across nodes")
         wrong = [s for s in members if len(s.gpu_ids) != role.gpus_per_rank]
         if wrong:
-            problems.append(f"rank(s) {', '.join(str(s.rank) for s in wrong)} got a GPU count other than {role.gpus_per_rank}")
+            problems.append(
+                f"rank(s) {', '.join(str(s.rank) for s in wrong)} got a GPU count other than {role.gpus_per_rank}"
+            )
         if role.node is not None and any(s.node_index is not None and s.node_index != role.node for s in members):
             problems.append(f"pinned to node {role.node} but placed elsewhere")
         if problems:
-            rows.append(CheckResult("placement.group", Status.FAILED, f"{detail}: {'; '.join(problems)}",
-                                    "check the Ray node resources (`ray status`): GPU counts and harness_node_<i> "
-                                    "labels must match the topology's [cluster]", node=nodes[0], gpu=gpus))
+            rows.append(
+                CheckResult(
+                    "placement.group",
+                    Status.FAILED,
+                    f"{detail}: {'; '.join(problems)}",
+                    "check the Ray node resources (`ray status`): GPU counts and harness_node_<i> "
+                    "labels must match the topology's [cluster]",
+                    node=nodes[0],
+                    gpu=gpus,
+                )
+            )
         else:
             rows.append(CheckResult("placement.group", Status.PASSED, detail, node=nodes[0], gpu=gpus))
     return rows

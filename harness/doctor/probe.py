@@ -100,8 +100,15 @@ class Probe:
         import ray
 
         ctx = ray.get_runtime_context()
-        return ProbeInfo(self.label, ctx.get_node_id(), ray.util.get_node_ip_address(), socket.gethostname(),
-                         os.getpid(), tuple(str(g) for g in ray.get_gpu_ids()), self.log_path)
+        return ProbeInfo(
+            self.label,
+            ctx.get_node_id(),
+            ray.util.get_node_ip_address(),
+            socket.gethostname(),
+            os.getpid(),
+            tuple(str(g) for g in ray.get_gpu_ids()),
+            self.log_path,
+        )
 
     def versions(self) -> software.Versions:
         return self.sources.versions()
@@ -147,7 +154,11 @@ class Probe:
         ep = self._endpoint()
         if ep is None:
             return {"missing": self._mooncake_error}
-        return {"session": ep.session_id, "protocol": ep.protocol, "addrs": {k: ep.buffer(f"recv-{k}", nbytes) for k in keys}}
+        return {
+            "session": ep.session_id,
+            "protocol": ep.protocol,
+            "addrs": {k: ep.buffer(f"recv-{k}", nbytes) for k in keys},
+        }
 
     def mooncake_digests(self, keys: list[str]) -> dict[str, str]:
         ep = self._endpoint()
@@ -155,13 +166,15 @@ class Probe:
 
     # ------------------------------------------------------------ network, prefill side
 
-    def measure(self, src_node: str, src_gpu: str, targets: list[Target], nbytes: int, pings: int,
-                mooncake: bool) -> list[network.PairResult]:
+    def measure(
+        self, src_node: str, src_gpu: str, targets: list[Target], nbytes: int, pings: int, mooncake: bool
+    ) -> list[network.PairResult]:
         """Ping, bulk-send and (for mooncake) transfer to each target in turn."""
         out = []
         for t in targets:
-            r: dict[str, Any] = dict(src=self.label, dst=t.label, src_node=src_node, dst_node=t.node,
-                                     src_gpu=src_gpu, dst_gpu=t.gpu)
+            r: dict[str, Any] = dict(
+                src=self.label, dst=t.label, src_node=src_node, dst_node=t.node, src_gpu=src_gpu, dst_gpu=t.gpu
+            )
             try:
                 r["rtt"] = network.round_trip(t.host, t.port, pings)
             except OSError as e:
@@ -182,7 +195,9 @@ class Probe:
         if t.mooncake_session is None or t.mooncake_addr is None:
             return {"transfer_error": "the decode probe has no mooncake buffer", "transfer_protocol": ep.protocol}
         try:
-            seconds, digest = ep.write(t.mooncake_session, t.mooncake_addr, nbytes, seed=f"{self.label}->{t.label}".encode())
+            seconds, digest = ep.write(
+                t.mooncake_session, t.mooncake_addr, nbytes, seed=f"{self.label}->{t.label}".encode()
+            )
         except RuntimeError as e:
             return {"transfer_error": str(e), "transfer_protocol": ep.protocol}
         return {"transfer_s": seconds, "transfer_protocol": ep.protocol, "sent_digest": digest}

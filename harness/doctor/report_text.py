@@ -36,19 +36,26 @@ def verdict(report: Report) -> str:
     """One line: the counts per status, the wall time and OK / NOT OK."""
     counts = ", ".join(f"{n} {s}" for s, n in sorted(report.counts().items()))
     word = "OK" if report.ok else "NOT OK"
-    note = " (simulated rows count as passed: no real GPU was checked)" if report.ok and report.counts().get("simulated") else ""
+    note = (
+        " (simulated rows count as passed: no real GPU was checked)"
+        if report.ok and report.counts().get("simulated")
+        else ""
+    )
     return f"{word}: {counts} in {report.wall_s:.1f} s{note}"
 
 
 def to_json(report: Report) -> str:
     """The report as a JSON document: topology, simulated, ok, exit_code, wall_s, counts, rows."""
-    return json.dumps({
-        "topology": report.topology,
-        "cluster": report.cluster,
-        "simulated": report.simulated,
-        "ok": report.ok,
-        "exit_code": report.exit_code,
-        "wall_s": round(report.wall_s, 3),
-        "counts": report.counts(),
-        "rows": [r.to_json() for r in report.rows],
-    }, indent=2)
+    return json.dumps(
+        {
+            "topology": report.topology,
+            "cluster": report.cluster,
+            "simulated": report.simulated,
+            "ok": report.ok,
+            "exit_code": report.exit_code,
+            "wall_s": round(report.wall_s, 3),
+            "counts": report.counts(),
+            "rows": [r.to_json() for r in report.rows],
+        },
+        indent=2,
+    )

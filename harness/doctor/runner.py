@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_HUNG_FIX = ("the node or the probe is stuck: see the probe log, `ray status`, and `py-spy dump --pid PID` on that "
-             "node; drain or reboot the node if it stays stuck")
+_HUNG_FIX = (
+    "the node or the probe is stuck: see the probe log, `ray status`, and `py-spy dump --pid PID` on that "
+    "node; drain or reboot the node if it stays stuck"
+)
 
 
 @dataclass
@@ -51,17 +53,41 @@ class _Seat:
 
 
 def _bad_call(check: str, seat: _Seat, o: Outcome, what: str, timeout_s: float) -> CheckResult:
-    where = f"probe {seat.label} (pid {seat.info.pid}, log {seat.info.log_path or 'none'})" if seat.info else f"probe {seat.label}"
+    where = (
+        f"probe {seat.label} (pid {seat.info.pid}, log {seat.info.log_path or 'none'})"
+        if seat.info
+        else f"probe {seat.label}"
+    )
     if o.hung:
-        return CheckResult(check, Status.HUNG, f"{where} did not answer {what} within {timeout_s:g} s", _HUNG_FIX,
-                           node=seat.node, gpu=seat.gpu)
-    return CheckResult(check, Status.FAILED, f"{where}: {what} raised {o.error}",
-                       "read the probe log for the traceback; the probe ran the same code a worker would", node=seat.node, gpu=seat.gpu)
+        return CheckResult(
+            check,
+            Status.HUNG,
+            f"{where} did not answer {what} within {timeout_s:g} s",
+            _HUNG_FIX,
+            node=seat.node,
+            gpu=seat.gpu,
+        )
+    return CheckResult(
+        check,
+        Status.FAILED,
+        f"{where}: {what} raised {o.error}",
+        "read the probe log for the traceback; the probe ran the same code a worker would",
+        node=seat.node,
+        gpu=seat.gpu,
+    )
 
 
-def run(topology: Topology, *, simulate: bool = False, ray_address: str | None = None,
-        run_dir: str | Path | None = None, limits: Limits = Limits(), ports: tuple[int, ...] = (),
-        sources: Sources = Sources(), cluster: Cluster | None = None) -> Report:
+def run(
+    topology: Topology,
+    *,
+    simulate: bool = False,
+    ray_address: str | None = None,
+    run_dir: str | Path | None = None,
+    limits: Limits = Limits(),
+    ports: tuple[int, ...] = (),
+    sources: Sources = Sources(),
+    cluster: Cluster | None = None,
+) -> Report:
     """Check a cluster against ``topology``.
 
     Args:
@@ -89,8 +115,17 @@ def run(topology: Topology, *, simulate: bool = False, ray_address: str | None =
     owned = cluster is None
     if owned:
         cluster = Cluster.join(ray_address) if ray_address else Cluster.start(topology, simulate=simulate)
-    desc = (f"the Ray cluster at {ray_address}" if ray_address else
-            "a local Ray with simulated GPUs" if simulate else "a local Ray") if owned else f"the Ray cluster at {cluster.address}"
+    desc = (
+        (
+            f"the Ray cluster at {ray_address}"
+            if ray_address
+            else "a local Ray with simulated GPUs"
+            if simulate
+            else "a local Ray"
+        )
+        if owned
+        else f"the Ray cluster at {cluster.address}"
+    )
     rows: list[CheckResult] = []
     seats: list[_Seat] = []
     placed = None
@@ -143,7 +178,11 @@ def _await_release(before: dict[str, float], timeout_s: float = 5.0) -> None:
     from harness.clock import wait_for
 
     try:
-        wait_for(lambda: all(_free()[k] + 1e-6 >= v for k, v in before.items()), timeout_s, "doctor probes' resources released")
+        wait_for(
+            lambda: all(_free()[k] + 1e-6 >= v for k, v in before.items()),
+            timeout_s,
+            "doctor probes' resources released",
+        )
     except TimeoutError as e:
         log.warning("%s", e)
 
@@ -162,7 +201,9 @@ def _start_probes(placed: Any, simulate: bool, run_dir: str, sources: Sources) -
         for rank, bundle in enumerate(g.bundles):
             label = f"{g.name}.r{rank}"
             handle = actor.options(
-                num_cpus=bundle.get("CPU", 0.1), num_gpus=bundle.get("GPU", 0), max_concurrency=MAX_CONCURRENCY,
+                num_cpus=bundle.get("CPU", 0.1),
+                num_gpus=bundle.get("GPU", 0),
+                max_concurrency=MAX_CONCURRENCY,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(g.pg, placement_group_bundle_index=rank),
                 name=None,
             ).remote(label, simulate, run_dir, sources, str(RunDir(Path(run_dir)).worker_log(f"doctor-{label}")))
@@ -200,8 +241,14 @@ def _identify(cluster: Cluster, topology: Topology, seats: list[_Seat], limits: 
     return placement_check.seat_rows(topology, found) + rows
 
 
-def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: Limits,
-                extra_ports: tuple[int, ...], facts: tuple[Any, ...] = ()) -> list[CheckResult]:
+def _read_nodes(
+    topology: Topology,
+    seats: list[_Seat],
+    simulate: bool,
+    limits: Limits,
+    extra_ports: tuple[int, ...],
+    facts: tuple[Any, ...] = (),
+) -> list[CheckResult]:
     """Software, host, GPU and fixed-port reads, all in flight together under one deadline.
 
     ``facts``: on a joined cluster, what every node answered when joined (:func:`harness.cluster.nodes.survey`):
@@ -246,8 +293,11 @@ def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: 
     # host
     for node, s in first_on_node.items():
         o = answers[("host", s.label)]
-        rows += host.check_host(node, o.value, limits) if o.ok else [
-            _bad_call("host.probe", s, o, "the host facts", limits.check_timeout_s)]
+        rows += (
+            host.check_host(node, o.value, limits)
+            if o.ok
+            else [_bad_call("host.probe", s, o, "the host facts", limits.check_timeout_s)]
+        )
     # fixed ports
     for node, s in first_on_node.items():
         if ("ports", s.label) not in answers:
@@ -262,15 +312,28 @@ def _read_nodes(topology: Topology, seats: list[_Seat], simulate: bool, limits: 
     return rows
 
 
-def _gpu_rows(topology: Topology, seats: list[_Seat], gpu_seats: list[_Seat], answers: dict[Hashable, Outcome],
-              simulate: bool, limits: Limits, logical: dict[str, Any] | None = None) -> list[CheckResult]:
+def _gpu_rows(
+    topology: Topology,
+    seats: list[_Seat],
+    gpu_seats: list[_Seat],
+    answers: dict[Hashable, Outcome],
+    simulate: bool,
+    limits: Limits,
+    logical: dict[str, Any] | None = None,
+) -> list[CheckResult]:
     if not topology.needs_gpus:
         return [CheckResult("gpu.count", Status.PASSED, "the topology needs no GPUs", node="all")]
     if simulate:
         nodes = sorted({s.node for s in seats})
-        rows = [CheckResult("gpu.count", Status.SIMULATED,
-                            f"{topology.gpus_per_node} logical GPU(s) per node given to Ray; no real device queried", node=n)
-                for n in nodes]
+        rows = [
+            CheckResult(
+                "gpu.count",
+                Status.SIMULATED,
+                f"{topology.gpus_per_node} logical GPU(s) per node given to Ray; no real device queried",
+                node=n,
+            )
+            for n in nodes
+        ]
         for s in seats:
             if s.info.gpu_ids:
                 rows += gpu.simulated_rows(s.node, list(s.info.gpu_ids))
@@ -315,18 +378,29 @@ def _network(topology: Topology, seats: list[_Seat], simulate: bool, limits: Lim
     for d in decodes:
         lo = answers[("listen", d.label)]
         if not lo.ok:
-            rows.append(_bad_call("network.probe", d, lo, "opening a TCP listener on an OS-assigned port", limits.check_timeout_s))
+            rows.append(
+                _bad_call(
+                    "network.probe", d, lo, "opening a TCP listener on an OS-assigned port", limits.check_timeout_s
+                )
+            )
             continue
         mo = answers.get(("mooncake", d.label), Outcome(value={}))
         if mooncake and not mo.ok:
-            rows.append(_bad_call("network.probe", d, mo, "registering mooncake receive buffers", limits.check_timeout_s))
+            rows.append(
+                _bad_call("network.probe", d, mo, "registering mooncake receive buffers", limits.check_timeout_s)
+            )
         m = mo.value or {}
         for p in prefills:
             addr = (m.get("addrs") or {}).get(p.label)
             targets[p.label].append(Target(d.label, d.node, d.gpu, lo.value[0], lo.value[1], m.get("session"), addr))
 
-    work = {p.label: p.handle.measure.remote(p.node, p.gpu, targets[p.label], limits.transfer_bytes, limits.rtt_pings, mooncake)
-            for p in prefills if targets[p.label]}
+    work = {
+        p.label: p.handle.measure.remote(
+            p.node, p.gpu, targets[p.label], limits.transfer_bytes, limits.rtt_pings, mooncake
+        )
+        for p in prefills
+        if targets[p.label]
+    }
     measured = gather(work, limits.check_timeout_s)
     pairs: list[network.PairResult] = []
     for p in prefills:
@@ -334,7 +408,11 @@ def _network(topology: Topology, seats: list[_Seat], simulate: bool, limits: Lim
             continue
         o = measured[p.label]
         if not o.ok:
-            rows.append(_bad_call("network.probe", p, o, "the round trips and transfers to the decode probes", limits.check_timeout_s))
+            rows.append(
+                _bad_call(
+                    "network.probe", p, o, "the round trips and transfers to the decode probes", limits.check_timeout_s
+                )
+            )
             continue
         pairs += o.value
     if mooncake:
@@ -344,15 +422,24 @@ def _network(topology: Topology, seats: list[_Seat], simulate: bool, limits: Lim
     return rows
 
 
-def _verify(decodes: list[_Seat], pairs: list[network.PairResult], keys: list[str], limits: Limits,
-            rows: list[CheckResult]) -> list[network.PairResult]:
+def _verify(
+    decodes: list[_Seat], pairs: list[network.PairResult], keys: list[str], limits: Limits, rows: list[CheckResult]
+) -> list[network.PairResult]:
     """Compare what each prefill probe sent with what its decode peer's buffer holds."""
-    asks = {d.label: d.handle.mooncake_digests.remote(keys) for d in decodes if any(p.dst == d.label and p.sent_digest for p in pairs)}
+    asks = {
+        d.label: d.handle.mooncake_digests.remote(keys)
+        for d in decodes
+        if any(p.dst == d.label and p.sent_digest for p in pairs)
+    }
     answers = gather(asks, limits.check_timeout_s)
     by_label = {d.label: d for d in decodes}
     for label, o in answers.items():
         if not o.ok:
-            rows.append(_bad_call("network.probe", by_label[label], o, "the digests of its mooncake buffers", limits.check_timeout_s))
+            rows.append(
+                _bad_call(
+                    "network.probe", by_label[label], o, "the digests of its mooncake buffers", limits.check_timeout_s
+                )
+            )
     out = []
     for p in pairs:
         answer = answers.get(p.dst, Outcome(hung=True))

@@ -21,12 +21,15 @@ __all__ = ["REQUIRED", "SUPPORTED_RANGE", "check_driver", "check_versions", "ins
 REQUIRED = ("python", "torch", "ray", "sglang")
 
 
-_FIX_SAME = ("install the same versions on every node: run `./dev install` from the same commit on each "
-             "node, or use one container image for the whole cluster")
+_FIX_SAME = (
+    "install the same versions on every node: run `./dev install` from the same commit on each "
+    "node, or use one container image for the whole cluster"
+)
 
 
-def check_versions(per_node: dict[str, Versions],
-                   refused: Callable[[str], "str | None"] = release_refused) -> list[CheckResult]:
+def check_versions(
+    per_node: dict[str, Versions], refused: Callable[[str], "str | None"] = release_refused
+) -> list[CheckResult]:
     """Compare versions across nodes and sglang against the adapter's supported range.
 
     Args:
@@ -38,33 +41,69 @@ def check_versions(per_node: dict[str, Versions],
     """
     rows: list[CheckResult] = []
     if not per_node:
-        return [CheckResult("software.versions", Status.FAILED, "no probe reported its versions",
-                            "see the placement and probe rows above", node="all")]
+        return [
+            CheckResult(
+                "software.versions",
+                Status.FAILED,
+                "no probe reported its versions",
+                "see the placement and probe rows above",
+                node="all",
+            )
+        ]
     for pkg in PACKAGES:
         seen = {node: v.get(pkg) for node, v in per_node.items()}
         distinct = set(seen.values())
         if distinct == {None}:
             if pkg in REQUIRED:
-                rows.append(CheckResult(f"software.{pkg}", Status.FAILED, f"{pkg} is not installed on any node",
-                                        "run `./dev install` on every node", node="all"))
+                rows.append(
+                    CheckResult(
+                        f"software.{pkg}",
+                        Status.FAILED,
+                        f"{pkg} is not installed on any node",
+                        "run `./dev install` on every node",
+                        node="all",
+                    )
+                )
             continue
         if len(distinct) == 1:
-            rows.append(CheckResult(f"software.{pkg}", Status.PASSED, f"{pkg} {distinct.pop()} on {len(seen)} node(s)", node="all"))
+            rows.append(
+                CheckResult(
+                    f"software.{pkg}", Status.PASSED, f"{pkg} {distinct.pop()} on {len(seen)} node(s)", node="all"
+                )
+            )
             continue
         listed = "; ".join(f"{node}: {v or 'missing'}" for node, v in sorted(seen.items()))
-        rows.append(CheckResult(f"software.{pkg}", Status.FAILED, f"{pkg} differs across nodes: {listed}", _FIX_SAME, node="all"))
-    bad = {node: v.get("sglang") for node, v in per_node.items()
-           if v.get("sglang") is None or refused(str(v.get("sglang")))}
+        rows.append(
+            CheckResult(
+                f"software.{pkg}", Status.FAILED, f"{pkg} differs across nodes: {listed}", _FIX_SAME, node="all"
+            )
+        )
+    bad = {
+        node: v.get("sglang")
+        for node, v in per_node.items()
+        if v.get("sglang") is None or refused(str(v.get("sglang")))
+    }
     if bad:
         listed = "; ".join(f"{node}: {v or 'missing'}" for node, v in sorted(bad.items()))
-        rows.append(CheckResult("software.sglang_supported", Status.FAILED,
-                                f"the adapter supports sglang {SUPPORTED_RANGE}; found {listed}",
-                                f"install a supported sglang (./dev install) or pass --sglang 0.5.N|PATH",
-                                node="all"))
+        rows.append(
+            CheckResult(
+                "software.sglang_supported",
+                Status.FAILED,
+                f"the adapter supports sglang {SUPPORTED_RANGE}; found {listed}",
+                f"install a supported sglang (./dev install) or pass --sglang 0.5.N|PATH",
+                node="all",
+            )
+        )
     else:
         found = sorted({str(v.get("sglang")) for v in per_node.values()})
-        rows.append(CheckResult("software.sglang_supported", Status.PASSED,
-                                f"sglang {', '.join(found)} is within the adapter's range {SUPPORTED_RANGE}", node="all"))
+        rows.append(
+            CheckResult(
+                "software.sglang_supported",
+                Status.PASSED,
+                f"sglang {', '.join(found)} is within the adapter's range {SUPPORTED_RANGE}",
+                node="all",
+            )
+        )
     return rows
 
 
@@ -79,8 +118,21 @@ def check_driver(nodes: list[NodeFacts]) -> list[CheckResult]:
     """
     problems = skew(nodes)
     if problems:
-        return [CheckResult("software.driver", Status.FAILED, "differs from this machine: " + "; ".join(problems), _FIX_SAME,
-                            node="all")]
+        return [
+            CheckResult(
+                "software.driver",
+                Status.FAILED,
+                "differs from this machine: " + "; ".join(problems),
+                _FIX_SAME,
+                node="all",
+            )
+        ]
     answered = sum(1 for n in nodes if not n.error)
-    return [CheckResult("software.driver", Status.PASSED,
-                        f"python, ray, sglang, torch on {answered} node(s) match this machine", node="all")]
+    return [
+        CheckResult(
+            "software.driver",
+            Status.PASSED,
+            f"python, ray, sglang, torch on {answered} node(s) match this machine",
+            node="all",
+        )
+    ]

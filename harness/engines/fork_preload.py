@@ -153,8 +153,9 @@ def after_python(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[
     return (forked, forked_env) if forked != list(argv) else (list(argv), env)
 
 
-def python_command(argv: Sequence[str], env: Mapping[str, str], *, sglang_only_overlay: bool = False,
-                   start_server: bool = True) -> tuple[list[str], dict[str, str]]:
+def python_command(
+    argv: Sequence[str], env: Mapping[str, str], *, sglang_only_overlay: bool = False, start_server: bool = True
+) -> tuple[list[str], dict[str, str]]:
     """``argv`` and ``env`` that run a harness Python subprocess (``[sys.executable, "-m", ...]``),
     with :data:`ONE_THREAD_ENV` where ``env`` sets no other value (the harness runs such subprocesses
     side by side, and beside its tests), as a fork of the :func:`python` preload
@@ -166,5 +167,12 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, sglang_only_o
     imported: commands that differ only in it share one fork server. ``start_server`` False: only a
     server this process or an ancestor already runs (:func:`after_python`)."""
     must_match = (ENV_VAR,) if sglang_only_overlay else (ENV_VAR, OVERLAY_ENV)
-    return forkserver.python_command(argv, {**ONE_THREAD_ENV, **env}, preload=PYTHON_PRELOAD, requires=ONE_THREAD_ENV,
-                                     refuses=(faults.ENV_VAR,), must_match=must_match, start_server=start_server)
+    return forkserver.python_command(
+        argv,
+        {**ONE_THREAD_ENV, **env},
+        preload=PYTHON_PRELOAD,
+        requires=ONE_THREAD_ENV,
+        refuses=(faults.ENV_VAR,),
+        must_match=must_match,
+        start_server=start_server,
+    )

@@ -33,8 +33,17 @@ GROUPS = 1
 ABORT_RATE = 0.1
 
 
-def mix(seed: int, n: int, *, page_size: int, max_prompt: int, max_new: int = 8, abort_rate: float = 0.0,
-        prefix: str = "r", groups: int = 0) -> list[SoakRequest]:
+def mix(
+    seed: int,
+    n: int,
+    *,
+    page_size: int,
+    max_prompt: int,
+    max_new: int = 8,
+    abort_rate: float = 0.0,
+    prefix: str = "r",
+    groups: int = 0,
+) -> list[SoakRequest]:
     """A seeded request mix: prompt lengths mostly at page boundaries (±1), some uniform, a few aborts.
 
     Args:
@@ -112,22 +121,40 @@ class SoakResult:
         if bad:
             i, first = bad[0]
             leak = {k: v for k, v in first.leak.items() if v}
-            raise LeakError(f"leak after {first.requests} requests (checkpoint {i} of {len(self.checkpoints)}): "
-                            + (f"{leak} slot(s) not back at baseline" if leak else "every pool back at baseline")
-                            + f", {first.held} request(s) still held"
-                            + (f"; {first.problem}" if first.problem else "")
-                            + f" (slope {self.slope:.3f} slots per 1,000 requests)")
+            raise LeakError(
+                f"leak after {first.requests} requests (checkpoint {i} of {len(self.checkpoints)}): "
+                + (f"{leak} slot(s) not back at baseline" if leak else "every pool back at baseline")
+                + f", {first.held} request(s) still held"
+                + (f"; {first.problem}" if first.problem else "")
+                + f" (slope {self.slope:.3f} slots per 1,000 requests)"
+            )
 
     def summary(self) -> dict[str, Any]:
         """JSON-able figures."""
-        return {"requests": self.requests, "completed": self.completed, "aborted": self.aborted,
-                "prefix_hits": self.prefix_hits, "wall_s": round(self.wall_s, 2),
-                "requests_per_s": round(self.requests_per_s, 1), "checkpoints": len(self.checkpoints),
-                "max_leak": self.max_leak, "slope": self.slope}
+        return {
+            "requests": self.requests,
+            "completed": self.completed,
+            "aborted": self.aborted,
+            "prefix_hits": self.prefix_hits,
+            "wall_s": round(self.wall_s, 2),
+            "requests_per_s": round(self.requests_per_s, 1),
+            "checkpoints": len(self.checkpoints),
+            "max_leak": self.max_leak,
+            "slope": self.slope,
+        }
 
 
-def drive(engine: Engine, n: int, *, every: int, seed: int, page_size: int, max_prompt: int,
-          max_new: int = 8, abort_rate: float = ABORT_RATE) -> SoakResult:
+def drive(
+    engine: Engine,
+    n: int,
+    *,
+    every: int,
+    seed: int,
+    page_size: int,
+    max_prompt: int,
+    max_new: int = 8,
+    abort_rate: float = ABORT_RATE,
+) -> SoakResult:
     """Run ``n`` requests through ``engine`` in batches of ``every``, a checkpoint after each.
 
     Batch ``b`` is :func:`mix` with seed ``seed + b`` and request ids ``s<b>-<i>`` (its last request
@@ -147,8 +174,16 @@ def drive(engine: Engine, n: int, *, every: int, seed: int, page_size: int, max_
     try:
         for batch, start in enumerate(range(0, n, every)):
             size = min(every, n - start)
-            reqs = mix(seed + batch, size, page_size=page_size, max_prompt=max_prompt, max_new=max_new,
-                       abort_rate=abort_rate, prefix=f"s{batch}-", groups=GROUPS)
+            reqs = mix(
+                seed + batch,
+                size,
+                page_size=page_size,
+                max_prompt=max_prompt,
+                max_new=max_new,
+                abort_rate=abort_rate,
+                prefix=f"s{batch}-",
+                groups=GROUPS,
+            )
             if abort_rate and not any(r.abort for r in reqs):
                 # A few dozen requests may draw no abort (0.9**50: 0.5%): the batch's longest is marked, the
                 # one most likely to be stopped mid-transfer (the simulated engine stops a transfer after its

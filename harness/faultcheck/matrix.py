@@ -130,8 +130,12 @@ def parse_junit(path: Path, root: Path = REPO_ROOT) -> tuple[TestOutcome, ...]:
     except ValueError:
         return ()
     # the evidence is looked for in the whole message and traceback, not only the first line
-    return tuple(TestOutcome(test_id=c.nodeid, file=c.file, outcome=c.outcome, message=c.message,
-                             text=f"{c.reason}\n{c.traceback}") for c in cases)
+    return tuple(
+        TestOutcome(
+            test_id=c.nodeid, file=c.file, outcome=c.outcome, message=c.message, text=f"{c.reason}\n{c.traceback}"
+        )
+        for c in cases
+    )
 
 
 # ------------------------------------------------------------------------------------- running
@@ -151,8 +155,15 @@ def checks_env(fault: str) -> dict[str, str]:
     return {checks.SELECT_ENV: only} if only else {}
 
 
-def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str | None = None,
-               timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT) -> SuiteRun:
+def run_suites(
+    label: str,
+    suites: Iterable[str],
+    out_dir: Path,
+    *,
+    fault: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    root: Path = REPO_ROOT,
+) -> SuiteRun:
     """Run suites in a fresh pytest subprocess, with ``fault`` active (or none), and read its JUnit XML.
 
     Args:
@@ -179,9 +190,13 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     fired_file.parent.mkdir(parents=True, exist_ok=True)
     fired_file.unlink(missing_ok=True)
     env = childpytest.environment({source.FIRED_ENV: str(fired_file)}, drop=[fault_catalog.ENV_VAR])
-    cmd = childpytest.command(suites, junit=junit, run_dir=out_dir / "pytest" / label,
-                              before=["-q", "-p", "no:cacheprovider"],
-                              after=[f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"])
+    cmd = childpytest.command(
+        suites,
+        junit=junit,
+        run_dir=out_dir / "pytest" / label,
+        before=["-q", "-p", "no:cacheprovider"],
+        after=[f"--hypothesis-seed={HYPOTHESIS_SEED}", f"--workload-seed={WORKLOAD_SEED}"],
+    )
     if fault is not None:
         cmd += ["--inject-fault", fault]
         env.update(checks_env(fault))
@@ -194,15 +209,29 @@ def run_suites(label: str, suites: Iterable[str], out_dir: Path, *, fault: str |
     if timed_out:
         logger.error("run %s passed its %.0f s limit; its process group was killed", label, timeout_s)
     wall = time.monotonic() - start
-    return SuiteRun(label=label, suites=suites, returncode=returncode, outcomes=parse_junit(junit, root),
-                    wall_s=wall, junit=junit, log=log, fired=frozenset(source.fired(fired_file)))
+    return SuiteRun(
+        label=label,
+        suites=suites,
+        returncode=returncode,
+        outcomes=parse_junit(junit, root),
+        wall_s=wall,
+        junit=junit,
+        log=log,
+        fired=frozenset(source.fired(fired_file)),
+    )
 
 
 # ------------------------------------------------------------------------------------- matrix
 
 
-def run_clean(suites: tuple[str, ...], out_dir: Path, *, jobs: int = DEFAULT_JOBS, timeout_s: float = DEFAULT_TIMEOUT_S,
-              root: Path = REPO_ROOT) -> SuiteRun:
+def run_clean(
+    suites: tuple[str, ...],
+    out_dir: Path,
+    *,
+    jobs: int = DEFAULT_JOBS,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    root: Path = REPO_ROOT,
+) -> SuiteRun:
     """The clean run of ``suites``: one subprocess per group of suites (:func:`~harness.faultcheck.verdicts.suite_group`), ``jobs``
     at a time, merged into one :class:`SuiteRun`.
 
@@ -223,12 +252,24 @@ def run_clean(suites: tuple[str, ...], out_dir: Path, *, jobs: int = DEFAULT_JOB
     if len(groups) <= 1:
         return run_suites(CLEAN, suites, out_dir, timeout_s=timeout_s, root=root)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        parts = list(pool.map(lambda item: run_suites(f"{CLEAN}-{item[0]}", tuple(item[1][1]), out_dir,
-                                                      timeout_s=timeout_s, root=root), enumerate(groups.items())))
+        parts = list(
+            pool.map(
+                lambda item: run_suites(
+                    f"{CLEAN}-{item[0]}", tuple(item[1][1]), out_dir, timeout_s=timeout_s, root=root
+                ),
+                enumerate(groups.items()),
+            )
+        )
     failed = [p.returncode for p in parts if p.returncode != 0]
-    return SuiteRun(label=CLEAN, suites=suites, returncode=failed[0] if failed else 0,
-                    outcomes=tuple(o for p in parts for o in p.outcomes), wall_s=max(p.wall_s for p in parts),
-                    junit=parts[0].junit.parent, log=parts[0].log.parent)
+    return SuiteRun(
+        label=CLEAN,
+        suites=suites,
+        returncode=failed[0] if failed else 0,
+        outcomes=tuple(o for p in parts for o in p.outcomes),
+        wall_s=max(p.wall_s for p in parts),
+        junit=parts[0].junit.parent,
+        log=parts[0].log.parent,
+    )
 
 
 def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT) -> SuiteRun:
@@ -250,12 +291,20 @@ def clean_from_junit(path: Path, suites: tuple[str, ...], root: Path = REPO_ROOT
     failing = any(o.outcome in FAILING for o in outcomes)
     if missing:
         logger.error("%s has no passing test of %s: run them there, or drop --clean-junit", path, ", ".join(missing))
-    return SuiteRun(label=CLEAN, suites=suites, returncode=1 if (missing or failing) else 0,
-                    outcomes=outcomes if not missing else (), wall_s=0.0, junit=path, log=path)
+    return SuiteRun(
+        label=CLEAN,
+        suites=suites,
+        returncode=1 if (missing or failing) else 0,
+        outcomes=outcomes if not missing else (),
+        wall_s=0.0,
+        junit=path,
+        log=path,
+    )
 
 
-def _clean_when_written(path: Path | None, writer: tuple[int, float | None] | None, suites: tuple[str, ...],
-                        root: Path) -> SuiteRun:
+def _clean_when_written(
+    path: Path | None, writer: tuple[int, float | None] | None, suites: tuple[str, ...], root: Path
+) -> SuiteRun:
     """The clean run from ``path`` once process ``writer`` (pid, start time) has exited (a missing
     report fails it)."""
     assert path is not None and writer is not None
@@ -264,15 +313,17 @@ def _clean_when_written(path: Path | None, writer: tuple[int, float | None] | No
     # No start time: it was gone before the check began.
     left = procs.wait_gone([pid], CLEAN_WRITER_TIMEOUT_S, {pid: start}) if start is not None else []
     if left or not path.is_file():
-        why = (f"process {pid} still runs after {CLEAN_WRITER_TIMEOUT_S:.0f} s" if left
-               else f"process {pid} exited without writing it")
+        why = (
+            f"process {pid} still runs after {CLEAN_WRITER_TIMEOUT_S:.0f} s"
+            if left
+            else f"process {pid} exited without writing it"
+        )
         logger.error("no clean report at %s: %s", path, why)
         return SuiteRun(label=CLEAN, suites=suites, returncode=1, outcomes=(), wall_s=0.0, junit=path, log=path)
     return clean_from_junit(path, suites, root)
 
 
-def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
-                 timeout_s: float = 300.0) -> dict[str, str]:
+def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT, timeout_s: float = 300.0) -> dict[str, str]:
     """Which faults cannot apply to the sglang target this process selected, and why.
 
     The capabilities are probed in one subprocess (probing imports sglang; the caller does not need
@@ -293,11 +344,20 @@ def target_lacks(names: Iterable[str], *, root: Path = REPO_ROOT,
     caps = sorted({c for needs in wanted.values() for c in needs})
     if not caps:
         return {}
-    code = ("import json, sys; from harness.targets.sglang import compat, selection; selection.current(); "
-            "print(json.dumps({c: compat.missing(c) for c in sys.argv[1:]}))")
+    code = (
+        "import json, sys; from harness.targets.sglang import compat, selection; selection.current(); "
+        "print(json.dumps({c: compat.missing(c) for c in sys.argv[1:]}))"
+    )
     env = {k: v for k, v in os.environ.items() if k != fault_catalog.ENV_VAR}
-    done = subprocess.run([sys.executable, "-c", code, *caps], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *caps],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"probing the sglang target's capabilities failed: {tail}")
@@ -357,9 +417,18 @@ def share_server_fork_server(plan: Mapping[str, tuple[str, ...]]) -> bool:
     return stack.share_fork_server(topology.get("cpu"))
 
 
-def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None = None, out_dir: Path,
-          jobs: int = DEFAULT_JOBS, timeout_s: float = DEFAULT_TIMEOUT_S, root: Path = REPO_ROOT,
-          clean_junit: Path | None = None, clean_writer: int | None = None, tree: Path | None = None) -> Matrix:
+def check(
+    names: Iterable[str] | None = None,
+    *,
+    suites: tuple[str, ...] | None = None,
+    out_dir: Path,
+    jobs: int = DEFAULT_JOBS,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    root: Path = REPO_ROOT,
+    clean_junit: Path | None = None,
+    clean_writer: int | None = None,
+    tree: Path | None = None,
+) -> Matrix:
     """Run the clean run, then every fault against its suites, and build the kill matrix.
 
     Args:
@@ -430,8 +499,13 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
     for name in names:
         if name in not_applied:
             reason = not_applied[name]
-            verdicts.append(Verdict(name, NOT_APPLIED, reason if reason.startswith("the sglang target lacks")
-                                    else f"patch does not apply: {reason}"))
+            verdicts.append(
+                Verdict(
+                    name,
+                    NOT_APPLIED,
+                    reason if reason.startswith("the sglang target lacks") else f"patch does not apply: {reason}",
+                )
+            )
             continue
         row = build_cells(name, plan[name], clean, runs[name])
         cells.extend(row)
@@ -440,5 +514,3 @@ def check(names: Iterable[str] | None = None, *, suites: tuple[str, ...] | None 
 
 
 # ------------------------------------------------------------------------------------- output
-
-

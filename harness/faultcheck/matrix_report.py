@@ -31,18 +31,37 @@ def to_dict(matrix: Matrix) -> dict[str, Any]:
         cells_by_fault.setdefault(cell.fault, []).append(cell)
 
     def run_dict(run: SuiteRun) -> dict[str, Any]:
-        return {"returncode": run.returncode, "wall_s": round(run.wall_s, 1), "tests": len(run.outcomes),
-                "failing": sorted(run.failing()), "junit": str(run.junit), "log": str(run.log)}
+        return {
+            "returncode": run.returncode,
+            "wall_s": round(run.wall_s, 1),
+            "tests": len(run.outcomes),
+            "failing": sorted(run.failing()),
+            "junit": str(run.junit),
+            "log": str(run.log),
+        }
 
     def fault_dict(v: Verdict) -> dict[str, Any]:
         run = matrix.runs.get(v.fault)
         fault = known.get(v.fault)
-        return {"name": v.fault, "upstream": fault.upstream if fault else "",
-                "evidence": list(fault.evidence) if fault else [], "status": v.status, "reason": v.reason,
-                "fired": bool(run and v.fault in run.fired), "wall_s": round(run.wall_s, 1) if run else 0.0,
-                "suites": [{"suite": c.suite, "status": c.status, "tests": list(c.tests), "reason": c.reason,
-                            "by_sglang_check": list(c.by_sglang)}
-                           for c in cells_by_fault.get(v.fault, [])]}
+        return {
+            "name": v.fault,
+            "upstream": fault.upstream if fault else "",
+            "evidence": list(fault.evidence) if fault else [],
+            "status": v.status,
+            "reason": v.reason,
+            "fired": bool(run and v.fault in run.fired),
+            "wall_s": round(run.wall_s, 1) if run else 0.0,
+            "suites": [
+                {
+                    "suite": c.suite,
+                    "status": c.status,
+                    "tests": list(c.tests),
+                    "reason": c.reason,
+                    "by_sglang_check": list(c.by_sglang),
+                }
+                for c in cells_by_fault.get(v.fault, [])
+            ],
+        }
 
     return {
         "ok": matrix.ok,
@@ -62,8 +81,10 @@ def render(matrix: Matrix) -> str:
         Lines for a terminal (no trailing newline).
     """
     clean = matrix.clean
-    lines = [f"clean run: {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, "
-             f"exit {clean.returncode}, {clean.wall_s:.0f} s) {' '.join(clean.suites)}"]
+    lines = [
+        f"clean run: {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, "
+        f"exit {clean.returncode}, {clean.wall_s:.0f} s) {' '.join(clean.suites)}"
+    ]
     if not clean.passed:
         lines += [f"  {t}: {o.message}" for t, o in sorted(clean.failing().items())]
         lines.append(f"  log: {clean.log}")
@@ -83,11 +104,15 @@ def render(matrix: Matrix) -> str:
             if cell.status == CAUGHT:
                 lines.extend(f"           {t.split('::', 1)[-1]}" for t in cell.tests)
             if cell.by_sglang:
-                lines.append(f"           (sglang's own checks raised or agreed with {len(cell.by_sglang)} failing test(s))")
+                lines.append(
+                    f"           (sglang's own checks raised or agreed with {len(cell.by_sglang)} failing test(s))"
+                )
     counted = [v for v in matrix.verdicts if v.status != NOT_APPLIED]
     caught = sum(v.status == CAUGHT for v in counted)
-    lines.append(f"{caught}/{len(counted)} faults caught ({len(matrix.verdicts) - len(counted)} not applied); "
-                 f"wall time {matrix.wall_s:.0f} s")
+    lines.append(
+        f"{caught}/{len(counted)} faults caught ({len(matrix.verdicts) - len(counted)} not applied); "
+        f"wall time {matrix.wall_s:.0f} s"
+    )
     return "\n".join(lines)
 
 
@@ -130,13 +155,21 @@ def page_table(matrix: Matrix) -> page.Table:
         for s in suites:
             c = by.get((v.fault, s))
             cells.append("" if c is None else f"{c.status} ({len(c.tests)})" if c.tests else c.status)
-        rows.append((v.fault, known[v.fault].upstream if v.fault in known else "", v.status + (f": {v.reason}" if v.reason else ""),
-                     *cells))
+        rows.append(
+            (
+                v.fault,
+                known[v.fault].upstream if v.fault in known else "",
+                v.status + (f": {v.reason}" if v.reason else ""),
+                *cells,
+            )
+        )
         status.append("ok" if v.status == CAUGHT else "bad")
     clean = matrix.clean
-    note = (f"clean run {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, exit {clean.returncode}); "
-            f"a fault is caught by a suite when its code ran and a test that passed clean fails in its body "
-            f"with the evidence the fault names")
+    note = (
+        f"clean run {'passed' if clean.passed else 'FAILED'} ({len(clean.outcomes)} tests, exit {clean.returncode}); "
+        f"a fault is caught by a suite when its code ran and a test that passed clean fails in its body "
+        f"with the evidence the fault names"
+    )
     if not clean.passed:
         note += "; faults not run: the clean run must pass first"
     return page.Table("Fault × suite", ("fault", "upstream", "verdict", *suites), tuple(rows), tuple(status), note)
@@ -157,8 +190,10 @@ def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[G
         The clean run's parts first, then one group per fault run, in catalog order.
     """
     runs = {CLEAN: matrix.clean, **matrix.runs}
-    labels = sorted((p.stem for p in RunDir(out_dir).junit.glob("*.xml")),
-                    key=lambda s: (s not in runs and not s.startswith(CLEAN), list(runs).index(s) if s in runs else 0, s))
+    labels = sorted(
+        (p.stem for p in RunDir(out_dir).junit.glob("*.xml")),
+        key=lambda s: (s not in runs and not s.startswith(CLEAN), list(runs).index(s) if s in runs else 0, s),
+    )
     groups = []
     for label in labels:
         try:
@@ -171,11 +206,21 @@ def page_groups(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> list[G
         failing = any(c.outcome in FAILING for c in cases)
         code = run.returncode if run is not None else (1 if failing else 0)
         what = "clean run" if label.startswith(CLEAN) else f"with fault {label} (a failing test caught it)"
-        groups.append(GroupResult(name=label, topology="per test", runner=what, cases=cases,
-                                  wall_time=run.wall_s if run is not None else matrix.clean.wall_s, returncode=code,
-                                  note=note or ("" if code in (0, 1) else f"pytest exited {code}"),
-                                  properties=(("run_dir", str(out_dir / "pytest" / label)),
-                                              ("log", str(RunDir(out_dir).worker_log(label))))))
+        groups.append(
+            GroupResult(
+                name=label,
+                topology="per test",
+                runner=what,
+                cases=cases,
+                wall_time=run.wall_s if run is not None else matrix.clean.wall_s,
+                returncode=code,
+                note=note or ("" if code in (0, 1) else f"pytest exited {code}"),
+                properties=(
+                    ("run_dir", str(out_dir / "pytest" / label)),
+                    ("log", str(RunDir(out_dir).worker_log(label))),
+                ),
+            )
+        )
     return groups
 
 
@@ -190,8 +235,12 @@ def write_page(matrix: Matrix, out_dir: Path, root: Path = REPO_ROOT) -> Path:
     Returns:
         The page's path.
     """
-    reasons = [f"{v.fault}: {v.status}" + (f" ({v.reason})" if v.reason else "") for v in matrix.verdicts if v.status != CAUGHT]
+    reasons = [
+        f"{v.fault}: {v.status}" + (f" ({v.reason})" if v.reason else "") for v in matrix.verdicts if v.status != CAUGHT
+    ]
     if not matrix.clean.passed:
         reasons.insert(0, f"the clean run failed (exit {matrix.clean.returncode}); faults not run")
     header = page.Header("faults check", matrix.ok, tuple(reasons), wall_time=matrix.wall_s, sglang=selection.stamp())
-    return page.write(RunDir(out_dir).report, header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root)
+    return page.write(
+        RunDir(out_dir).report, header, page_groups(matrix, out_dir, root), [page_table(matrix)], repo_root=root
+    )

@@ -166,8 +166,9 @@ def by_sglang_check(outcome: TestOutcome) -> bool:
     return outcome.message.startswith(SGLANG_CHECK_MARKS[0]) or SGLANG_CHECK_MARKS[1] in outcome.message
 
 
-def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteRun,
-                evidence: tuple[str, ...] = ()) -> tuple[Cell, ...]:
+def build_cells(
+    name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteRun, evidence: tuple[str, ...] = ()
+) -> tuple[Cell, ...]:
     """The matrix row of one fault, one cell per suite file (pure; see the module docstring).
 
     Args:
@@ -196,10 +197,23 @@ def build_cells(name: str, suites: tuple[str, ...], clean: SuiteRun, run: SuiteR
             cells.append(Cell(name, suite, CAUGHT, caught, by_sglang=sglang))
         elif other:
             first = other[0]
-            where = ("was caught by sglang's own check only, not the harness's oracle" if by_sglang_check(first)
-                     else "errored outside the test body" if first.outcome == "error" else "failed without the evidence")
-            cells.append(Cell(name, suite, BROKEN, tuple(o.test_id for o in other),
-                              f"{first.test_id} {where}: {first.message}", by_sglang=sglang))
+            where = (
+                "was caught by sglang's own check only, not the harness's oracle"
+                if by_sglang_check(first)
+                else "errored outside the test body"
+                if first.outcome == "error"
+                else "failed without the evidence"
+            )
+            cells.append(
+                Cell(
+                    name,
+                    suite,
+                    BROKEN,
+                    tuple(o.test_id for o in other),
+                    f"{first.test_id} {where}: {first.message}",
+                    by_sglang=sglang,
+                )
+            )
         elif counted:
             cells.append(Cell(name, suite, MISSED))
         else:

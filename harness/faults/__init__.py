@@ -10,5 +10,15 @@ from harness.faults.fault import ENV_VAR, Fault, FaultError
 from harness.faults.names import catalog, get, parse_names
 from harness.faults.runtime import activate, activate_from_env, active, deactivate
 
-__all__ = ["ENV_VAR", "Fault", "FaultError", "activate", "activate_from_env", "active", "catalog", "deactivate",
-           "get", "parse_names"]
+__all__ = [
+    "ENV_VAR",
+    "Fault",
+    "FaultError",
+    "activate",
+    "activate_from_env",
+    "active",
+    "catalog",
+    "deactivate",
+    "get",
+    "parse_names",
+]

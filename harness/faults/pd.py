@@ -39,7 +39,9 @@ FAULTS: tuple[Fault, ...] = (
         description="the prefill ships one KV page with a flipped byte",
         upstream="transfer-engine corruption class (e.g. mooncake partial writes)",
         evidence=("KVCorruption",),
-        suites=("suites/disaggregation/test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",),
+        suites=(
+            "suites/disaggregation/test_disaggregation_basic.py::test_mixed_prompt_lengths_around_page_boundaries",
+        ),
         est_s=18,
         target="harness.engines.sim.kvfill:pack_pages",
         make=_corrupt_first_page,

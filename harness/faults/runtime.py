@@ -46,8 +46,10 @@ def _resolve(target: str) -> tuple[Any, str]:
         if attr not in vars(owner):
             raise AttributeError(attr)
     except (ImportError, AttributeError) as exc:
-        raise FaultError(f"fault target {target!r} not found in the running engine ({exc!r}); "
-                         "the catalog entry needs updating for this engine version") from exc
+        raise FaultError(
+            f"fault target {target!r} not found in the running engine ({exc!r}); "
+            "the catalog entry needs updating for this engine version"
+        ) from exc
     return owner, attr
 
 
@@ -93,8 +95,10 @@ def _check_patched(names: list[str]) -> None:
         raise FaultError(str(e)) from None
     missing = [n for n in names if n not in source.applied_in(package)]
     if missing:
-        raise FaultError(f"patch fault(s) {', '.join(missing)} named in {ENV_VAR} but the sglang imported from "
-                         f"{package} does not carry them; inject them with --inject-fault (it builds the patched copy)")
+        raise FaultError(
+            f"patch fault(s) {', '.join(missing)} named in {ENV_VAR} but the sglang imported from "
+            f"{package} does not carry them; inject them with --inject-fault (it builds the patched copy)"
+        )
 
 
 def _with_required(names: list[str] | tuple[str, ...]) -> list[str]:

@@ -144,13 +144,15 @@ def apply_text(text: str, patch: FilePatch) -> str:
     for n, hunk in enumerate(patch.hunks, 1):
         old = hunk.old
         at = hunk.old_start - 1 + offset
-        if lines[at:at + len(old)] != old:
-            hits = [k for k in range(len(lines) - len(old) + 1) if lines[k:k + len(old)] == old]
+        if lines[at : at + len(old)] != old:
+            hits = [k for k in range(len(lines) - len(old) + 1) if lines[k : k + len(old)] == old]
             if len(hits) != 1:
                 why = "not found" if not hits else f"found {len(hits)} times"
-                raise PatchError(f"{patch.path}: hunk {n} (old line {hunk.old_start}) does not apply: its context is {why}")
+                raise PatchError(
+                    f"{patch.path}: hunk {n} (old line {hunk.old_start}) does not apply: its context is {why}"
+                )
             at = hits[0]
-        lines[at:at + len(old)] = hunk.new
+        lines[at : at + len(old)] = hunk.new
         offset = at + len(hunk.new) - (hunk.old_start - 1 + len(old))
     return "".join(lines)
 

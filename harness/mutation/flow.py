@@ -22,9 +22,19 @@ from harness.targets.sglang import selection as sglang_target
 PROG = "harness mutate"
 
 
-def mutate(mutants: Sequence[Mutant], target: sglang_target.Target, tests: Sequence[str], out: Path, root: Path, *,
-           command: Sequence[str], jobs: int, timeout_s: float, upstream_files: Sequence[Path] | None = None,
-           note: Callable[[str], None] = lambda text: None) -> int:
+def mutate(
+    mutants: Sequence[Mutant],
+    target: sglang_target.Target,
+    tests: Sequence[str],
+    out: Path,
+    root: Path,
+    *,
+    command: Sequence[str],
+    jobs: int,
+    timeout_s: float,
+    upstream_files: Sequence[Path] | None = None,
+    note: Callable[[str], None] = lambda text: None,
+) -> int:
     """Run ``mutants`` of ``target`` against the candidate ``tests`` and score them, in the run directory ``out``.
 
     Args:
@@ -53,8 +63,10 @@ def mutate(mutants: Sequence[Mutant], target: sglang_target.Target, tests: Seque
 
         def on_done(v: run.Verdict, done: int, total: int) -> None:
             by = f" by {v.killer}" if v.killer else ""
-            print(f"  [{done}/{total}] {v.verdict:11} {v.mutant.id} {v.mutant.describe()}{by} ({v.seconds:.0f} s)",
-                  flush=True)
+            print(
+                f"  [{done}/{total}] {v.verdict:11} {v.mutant.id} {v.mutant.describe()}{by} ({v.seconds:.0f} s)",
+                flush=True,
+            )
             note(f"mutation: {done} / {total} mutants run")
 
         theirs = None
@@ -69,23 +81,43 @@ def mutate(mutants: Sequence[Mutant], target: sglang_target.Target, tests: Seque
                 files = [f for f in files if str(f) not in broken]
                 print(f"{PROG}: the same mutants against {len(files)} CPU-registered sglang test file(s)", flush=True)
                 theirs = upstream_tests.run_upstream(
-                    mutants, files, out, root, tree, jobs=jobs, timeout_s=timeout_s,
-                    on_done=lambda v, d, n: print(f"  upstream [{d}/{n}] {v.verdict:11} {v.mutant.id}", flush=True))
+                    mutants,
+                    files,
+                    out,
+                    root,
+                    tree,
+                    jobs=jobs,
+                    timeout_s=timeout_s,
+                    on_done=lambda v, d, n: print(f"  upstream [{d}/{n}] {v.verdict:11} {v.mutant.id}", flush=True),
+                )
         except run.MutationError as e:
             print(f"{PROG}: {e}")
             rec.finish("failed")
             return 1
         md, js = score.write(out, verdicts, tree, theirs, files)
         header = page.Header(PROG, passed=True, wall_time=wall, sglang=sglang_target.stamp(target))
-        tables = [page.Table("Mutation score", tuple(score.HEAD), tuple(score.rows(verdicts)),
-                             note=score.line(verdicts)),
-                  page.Table("Survivors", ("mutant", "operator", "diff"),
-                             tuple((v.mutant.id, v.mutant.operator, score.diff(v.mutant, tree))
-                                   for v in verdicts if v.verdict == run.SURVIVED))]
+        tables = [
+            page.Table("Mutation score", tuple(score.HEAD), tuple(score.rows(verdicts)), note=score.line(verdicts)),
+            page.Table(
+                "Survivors",
+                ("mutant", "operator", "diff"),
+                tuple(
+                    (v.mutant.id, v.mutant.operator, score.diff(v.mutant, tree))
+                    for v in verdicts
+                    if v.verdict == run.SURVIVED
+                ),
+            ),
+        ]
         if theirs is not None:
             compared = score.compare_line(verdicts, theirs)
-            tables.append(page.Table("The same mutants against sglang's own tests", score.SIDE_HEAD,
-                                     tuple(score.side_by_side(verdicts, theirs)), note=compared))
+            tables.append(
+                page.Table(
+                    "The same mutants against sglang's own tests",
+                    score.SIDE_HEAD,
+                    tuple(score.side_by_side(verdicts, theirs)),
+                    note=compared,
+                )
+            )
             print(compared)
         report = page.write(out / "report", header, [], tuple(tables), repo_root=root)
         note(score.comment_line(verdicts))

@@ -68,8 +68,11 @@ def _page_expr(fn: ast.AST) -> tuple[str, int] | None:
     params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
     if "page_size" in params:
         return "page_size", 0
-    stores = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == "page_size"
-              and isinstance(n.ctx, ast.Store)]
+    stores = [
+        n.lineno
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Name) and n.id == "page_size" and isinstance(n.ctx, ast.Store)
+    ]
     if stores:
         return "page_size", min(stores) + 1
     for node in ast.walk(fn):
@@ -80,19 +83,30 @@ def _page_expr(fn: ast.AST) -> tuple[str, int] | None:
 
 def _is_floor_align(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     """``(a // p) * p`` -> ``(a, p)``."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and isinstance(node.left, ast.BinOp) \
-            and isinstance(node.left.op, ast.FloorDiv) and _text(node.left.right) == _text(node.right):
+    if (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and isinstance(node.left, ast.BinOp)
+        and isinstance(node.left.op, ast.FloorDiv)
+        and _text(node.left.right) == _text(node.right)
+    ):
         return node.left.left, node.right
     return None
 
 
 def _is_ceil_align(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     """``-(-a // p) * p`` -> ``(a, p)``."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and isinstance(node.left, ast.UnaryOp) \
-            and isinstance(node.left.op, ast.USub) and isinstance(node.left.operand, ast.BinOp) \
-            and isinstance(node.left.operand.op, ast.FloorDiv) and isinstance(node.left.operand.left, ast.UnaryOp) \
-            and isinstance(node.left.operand.left.op, ast.USub) \
-            and _text(node.left.operand.right) == _text(node.right):
+    if (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and isinstance(node.left, ast.UnaryOp)
+        and isinstance(node.left.op, ast.USub)
+        and isinstance(node.left.operand, ast.BinOp)
+        and isinstance(node.left.operand.op, ast.FloorDiv)
+        and isinstance(node.left.operand.left, ast.UnaryOp)
+        and isinstance(node.left.operand.left.op, ast.USub)
+        and _text(node.left.operand.right) == _text(node.right)
+    ):
         return node.left.operand.left.operand, node.right
     return None
 
@@ -141,12 +155,19 @@ def _proposals(fn: ast.AST) -> list[tuple[str, ast.AST, str, bool]]:
         elif (aligned := _is_ceil_align(node)) is not None:
             a, p = aligned
             out.append(("align", node, f"(({_text(a)}) // {_text(p)}) * {_text(p)}", False))
-        if page and isinstance(node, (ast.Assign, ast.AugAssign, ast.Return)) and node.value is not None \
-                and not isinstance(node.value, (ast.Constant, ast.Tuple, ast.Call)) and node.lineno >= page[1] \
-                and _text(node.value) != page[0]:
+        if (
+            page
+            and isinstance(node, (ast.Assign, ast.AugAssign, ast.Return))
+            and node.value is not None
+            and not isinstance(node.value, (ast.Constant, ast.Tuple, ast.Call))
+            and node.lineno >= page[1]
+            and _text(node.value) != page[0]
+        ):
             value = node.value
-            out += [("page", value, f"({_text(value)}) + {page[0]}", False),
-                    ("page", value, f"({_text(value)}) - {page[0]}", False)]
+            out += [
+                ("page", value, f"({_text(value)}) + {page[0]}", False),
+                ("page", value, f"({_text(value)}) - {page[0]}", False),
+            ]
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             out.append(("call", node, "", True))
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and isinstance(node, ast.stmt):
@@ -202,7 +223,9 @@ def mutants_of(source: str, path: str, qualname: str) -> list[Mutant]:
         seen.add((*span, new))
         old = ast.get_source_segment(source, node) or ""
         module = path.removesuffix(".py").replace("/", ".")
-        m = Mutant(f"{module}:{qualname}:{span[0]}:{len(out) + 1}", path, qualname, operator, *span, old, new, statement)
+        m = Mutant(
+            f"{module}:{qualname}:{span[0]}:{len(out) + 1}", path, qualname, operator, *span, old, new, statement
+        )
         try:
             changed = function_ast(mutate_source(source, m, marker=False)) != original
             function_ast(mutate_source(source, m))  # with its marker too (it must compile where it sits)

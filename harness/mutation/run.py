@@ -94,9 +94,12 @@ class CoverageMap:
 
 def pytest_command(tests: Sequence[str], junit_path: Path, run_dir: Path, *, first_failure: bool = True) -> list[str]:
     """The pytest command of a map, mutant or clean run (``first_failure``: stop at the first failure)."""
-    return childpytest.command(tests, junit=junit_path, run_dir=run_dir,
-                               before=[*(["-x"] if first_failure else []), "-q", "-p", "no:cacheprovider",
-                                       "-p", "no:xdist"])
+    return childpytest.command(
+        tests,
+        junit=junit_path,
+        run_dir=run_dir,
+        before=[*(["-x"] if first_failure else []), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+    )
 
 
 def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, timeout_s: float) -> CoverageMap:
@@ -109,11 +112,18 @@ def coverage_map(candidates: Sequence[str], out: Path, root: Path, tree: Path, t
     junit_path = out / "map.xml"
     env = childpytest.environment(measure.env("map"))
     start = time.monotonic()
-    code, timed_out = procs.run_logged(pytest_command(candidates, junit_path, out / "pytest" / "map"), cwd=root, env=env,
-                                       log=out / "map.log", timeout_s=timeout_s)
+    code, timed_out = procs.run_logged(
+        pytest_command(candidates, junit_path, out / "pytest" / "map"),
+        cwd=root,
+        env=env,
+        log=out / "map.log",
+        timeout_s=timeout_s,
+    )
     if code != 0 or timed_out:
-        raise RuntimeError(f"the candidate tests fail on the unmutated target (exit {code}"
-                           f"{', timed out' if timed_out else ''}); see {out / 'map.log'}")
+        raise RuntimeError(
+            f"the candidate tests fail on the unmutated target (exit {code}"
+            f"{', timed out' if timed_out else ''}); see {out / 'map.log'}"
+        )
     times = {c.nodeid: c.duration for c in junit.read_junit(junit_path, root)} if junit_path.exists() else {}
     return CoverageMap(measure.combine(), tuple(candidates), time.monotonic() - start, times)
 
@@ -136,10 +146,13 @@ def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Pat
         junit_path = out / "junit" / f"{label}.xml"
         junit_path.parent.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
-        argv, env = fork_preload.python_command(pytest_command(tests, junit_path, out / "pytest" / label), env,
-                                           sglang_only_overlay=True)
+        argv, env = fork_preload.python_command(
+            pytest_command(tests, junit_path, out / "pytest" / label), env, sglang_only_overlay=True
+        )
         start = time.monotonic()
-        code, timed_out = procs.run_logged(argv, cwd=root, env=env, log=out / "logs" / f"{label}.log", timeout_s=timeout_s)
+        code, timed_out = procs.run_logged(
+            argv, cwd=root, env=env, log=out / "logs" / f"{label}.log", timeout_s=timeout_s
+        )
         seconds = time.monotonic() - start
         fired = m.id in source.fired(fired_file)
     finally:
@@ -161,27 +174,54 @@ def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Pat
     if not fired:
         # The tests failed with the original code running (the mutant's marker never ran): a flaky or
         # broken test, not a catch. The mutant counts as surviving; the failure is kept as evidence.
-        return Verdict(m, SURVIVED, tuple(tests), killer, f"failed without the mutant running: {evidence}",
-                       fired, seconds)
+        return Verdict(
+            m, SURVIVED, tuple(tests), killer, f"failed without the mutant running: {evidence}", fired, seconds
+        )
     return Verdict(m, KILLED, tuple(tests), killer, evidence, fired, seconds)
 
 
-def run_all(mutants: Sequence[Mutant], cmap: CoverageMap, out: Path, root: Path, tree: Path, *, jobs: int,
-            timeout_s: float, on_done: Callable[[Verdict, int, int], None] = lambda v, d, n: None) -> list[Verdict]:
+def run_all(
+    mutants: Sequence[Mutant],
+    cmap: CoverageMap,
+    out: Path,
+    root: Path,
+    tree: Path,
+    *,
+    jobs: int,
+    timeout_s: float,
+    on_done: Callable[[Verdict, int, int], None] = lambda v, d, n: None,
+) -> list[Verdict]:
     """Every mutant, ``jobs`` at a time; ``on_done(verdict, done, total)`` after each."""
-    return in_pool([(m, cmap.tests_for(m, tree)) for m in mutants], out, root, tree, jobs=jobs, timeout_s=timeout_s,
-                   on_done=on_done)
+    return in_pool(
+        [(m, cmap.tests_for(m, tree)) for m in mutants],
+        out,
+        root,
+        tree,
+        jobs=jobs,
+        timeout_s=timeout_s,
+        on_done=on_done,
+    )
 
 
-def in_pool(work: Sequence[tuple[Mutant, Sequence[str]]], out: Path, root: Path, tree: Path, *, jobs: int,
-            timeout_s: float, on_done: Callable[[Verdict, int, int], None]) -> list[Verdict]:
+def in_pool(
+    work: Sequence[tuple[Mutant, Sequence[str]]],
+    out: Path,
+    root: Path,
+    tree: Path,
+    *,
+    jobs: int,
+    timeout_s: float,
+    on_done: Callable[[Verdict, int, int], None],
+) -> list[Verdict]:
     """Run each ``(mutant, tests)``, ``jobs`` at a time, verdicts in ``work``'s order. An interrupt or
     a failure of the harness itself cancels what has not started and raises (as :class:`MutationError`,
     naming the mutant, for a failure)."""
     verdicts: list[Verdict | None] = [None] * len(work)
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        futures = {pool.submit(run_mutant, m, tests, out, root, tree, timeout_s): i for i, (m, tests) in enumerate(work)}
+        futures = {
+            pool.submit(run_mutant, m, tests, out, root, tree, timeout_s): i for i, (m, tests) in enumerate(work)
+        }
         for done, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
             try:

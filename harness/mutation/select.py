@@ -34,8 +34,10 @@ def named(specs: Sequence[str], tree: Path) -> list[tuple[str, str]]:
     for spec in specs:
         module, sep, qualname = spec.partition(":")
         if not sep or not module.startswith("sglang") or not qualname:
-            raise SelectError(f"--function {spec!r}: write MODULE:QUALNAME, e.g. "
-                              "sglang.srt.disaggregation.decode:DecodePreallocQueue._swa_tail_len")
+            raise SelectError(
+                f"--function {spec!r}: write MODULE:QUALNAME, e.g. "
+                "sglang.srt.disaggregation.decode:DecodePreallocQueue._swa_tail_len"
+            )
         path = module_path(module)
         if not (tree / path).is_file():
             raise SelectError(f"--function {spec}: the target has no module {module} ({path} is not in {tree})")
@@ -63,8 +65,12 @@ def changed(change: Change, tree: Path) -> list[tuple[str, str]]:
     return out
 
 
-def mutants(funcs: Sequence[tuple[str, str]], tree: Path, limit: int | None = None,
-            lines: dict[str, frozenset[int]] | None = None) -> list[Mutant]:
+def mutants(
+    funcs: Sequence[tuple[str, str]],
+    tree: Path,
+    limit: int | None = None,
+    lines: dict[str, frozenset[int]] | None = None,
+) -> list[Mutant]:
     """The mutants of ``funcs``; with ``lines``, only those touching those lines of their file; with
     ``limit``, at most that many, taken round-robin over functions and within each over operators (the
     same choice every time)."""

@@ -77,9 +77,25 @@ def failing_clean(files: Sequence[Path], out: Path, root: Path, timeout_s: float
     return {str(f) for f in files if any(str(f).endswith(b) for b in bad if b)}
 
 
-def run_upstream(mutants: Sequence[Mutant], files: Sequence[Path], out: Path, root: Path, tree: Path, *, jobs: int,
-                 timeout_s: float, on_done: Callable[[Verdict, int, int], None] = lambda v, d, n: None) -> list[Verdict]:
+def run_upstream(
+    mutants: Sequence[Mutant],
+    files: Sequence[Path],
+    out: Path,
+    root: Path,
+    tree: Path,
+    *,
+    jobs: int,
+    timeout_s: float,
+    on_done: Callable[[Verdict, int, int], None] = lambda v, d, n: None,
+) -> list[Verdict]:
     """Every mutant against the upstream files importing its module, ``jobs`` at a time."""
     by_module = tests_by_module(files, mutants)
-    return in_pool([(m, by_module.get(module_of(m.path), [])) for m in mutants], out / "upstream", root, tree,
-                   jobs=jobs, timeout_s=timeout_s, on_done=on_done)
+    return in_pool(
+        [(m, by_module.get(module_of(m.path), [])) for m in mutants],
+        out / "upstream",
+        root,
+        tree,
+        jobs=jobs,
+        timeout_s=timeout_s,
+        on_done=on_done,
+    )

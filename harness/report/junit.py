@@ -32,7 +32,7 @@ def _nodeid(file: str, classname: str, name: str) -> str:
         return f"{classname}::{name}" if classname else name
     module = file[:-3].replace("/", ".") if file.endswith(".py") else file
     if classname.startswith(module + "."):
-        cls = classname[len(module) + 1:]
+        cls = classname[len(module) + 1 :]
     else:  # a rootdir other than the file's: the class is the last dotted part, unless it is the module
         last = classname.rsplit(".", 1)[-1]
         cls = last if last and last != Path(file).stem else ""
@@ -70,8 +70,16 @@ def parse_junit(xml_text: str, root: Path | None = None) -> list[CaseResult]:
                 if tag == "skipped" and el.get("type") == XFAIL_TYPE:
                     outcome = "xfailed"
                 break
-        out.append(CaseResult(nodeid=nodeid, outcome=outcome, duration=float(case.get("time") or 0), message=message,
-                              reason=reason, traceback=text))
+        out.append(
+            CaseResult(
+                nodeid=nodeid,
+                outcome=outcome,
+                duration=float(case.get("time") or 0),
+                message=message,
+                reason=reason,
+                traceback=text,
+            )
+        )
     return out
 
 

@@ -40,8 +40,14 @@ def _templates() -> "jinja2.Environment":
     # no page) on a bare interpreter, which imports this module through the rerun package.
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.PackageLoader("harness.report", "templates"), autoescape=True,
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("harness.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+
+
 TIMELINES = "timelines"
 LOG_TAIL_LINES = 40
 #: Repository root: the harness commit is read from here.
@@ -142,8 +148,13 @@ a{color:#0b5cad}
 """
 
 
-def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], tables: Sequence[Table] = (),
-          repo_root: Path = REPO_ROOT) -> Path:
+def write(
+    report_dir: Path,
+    header: Header,
+    groups: Sequence[GroupResult],
+    tables: Sequence[Table] = (),
+    repo_root: Path = REPO_ROOT,
+) -> Path:
     """Write ``report_dir/index.html`` and its timeline PNGs (see the module docstring).
 
     Args:
@@ -165,18 +176,42 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
     report_dir.mkdir(parents=True, exist_ok=True)
     sha, dirty = stamp.git_state(repo_root)
     per_group = [(g, run_records.read_records(g.run_dir) if g.run_dir else []) for g in groups]
-    page = _templates().get_template(TEMPLATE).render(
-        css=CSS, h=header, stamp_rows=_stamp_rows(header, sha, dirty, report_dir),
-        groups=[_group_row(g, records, report_dir) for g, records in per_group],
-        tables=[{"title": t.title, "note": t.note, "head": t.head,
-                 "rows": [(t.status[i] if i < len(t.status) else "", row) for i, row in enumerate(t.rows)]} for t in tables],
-        notes=[g for g, _ in per_group if g.note],
-        failures=[{"anchor": _anchor(g, c), "nodeid": c.nodeid, "group": g.name, "message": c.message or c.outcome}
-                  for g, _ in per_group for c in g.failures],
-        test_groups=[{"name": g.name, "topology": g.topology, "runner": g.runner, "note": g.note,
-                      "tests": [_test(g, c, run_records.record_for(c.nodeid, records), report_dir) for c in g.cases]}
-                     for g, records in per_group],
-        log_tail_lines=LOG_TAIL_LINES)
+    page = (
+        _templates()
+        .get_template(TEMPLATE)
+        .render(
+            css=CSS,
+            h=header,
+            stamp_rows=_stamp_rows(header, sha, dirty, report_dir),
+            groups=[_group_row(g, records, report_dir) for g, records in per_group],
+            tables=[
+                {
+                    "title": t.title,
+                    "note": t.note,
+                    "head": t.head,
+                    "rows": [(t.status[i] if i < len(t.status) else "", row) for i, row in enumerate(t.rows)],
+                }
+                for t in tables
+            ],
+            notes=[g for g, _ in per_group if g.note],
+            failures=[
+                {"anchor": _anchor(g, c), "nodeid": c.nodeid, "group": g.name, "message": c.message or c.outcome}
+                for g, _ in per_group
+                for c in g.failures
+            ],
+            test_groups=[
+                {
+                    "name": g.name,
+                    "topology": g.topology,
+                    "runner": g.runner,
+                    "note": g.note,
+                    "tests": [_test(g, c, run_records.record_for(c.nodeid, records), report_dir) for c in g.cases],
+                }
+                for g, records in per_group
+            ],
+            log_tail_lines=LOG_TAIL_LINES,
+        )
+    )
     out = report_dir / INDEX
     atomic.write_text(out, page)
     log.info("report page: %s", out)
@@ -186,26 +221,50 @@ def write(report_dir: Path, header: Header, groups: Sequence[GroupResult], table
 def _stamp_rows(h: Header, sha: str, dirty: bool, report_dir: Path) -> list[tuple[str, str]]:
     target = h.sglang
     seeds = ", ".join(f"{k}={v}" for k, v in h.seeds.items())
-    return [("sglang target", f"{target.version} · origin {target.origin}" + (f" · commit {target.commit}" if target.commit else "")),
-            ("harness commit", f"{sha}{' (uncommitted changes)' if dirty else ''}"),
-            ("seeds", seeds or "per group, below"),
-            ("wall time", duration(h.wall_time)),
-            ("run directory", report_dir.parent.name),
-            ("written", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))]
+    return [
+        (
+            "sglang target",
+            f"{target.version} · origin {target.origin}" + (f" · commit {target.commit}" if target.commit else ""),
+        ),
+        ("harness commit", f"{sha}{' (uncommitted changes)' if dirty else ''}"),
+        ("seeds", seeds or "per group, below"),
+        ("wall time", duration(h.wall_time)),
+        ("run directory", report_dir.parent.name),
+        ("written", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())),
+    ]
 
 
 def _group_row(g: GroupResult, records: list[TestRecord], report_dir: Path) -> dict[str, Any]:
     props = dict(g.properties)
-    bases = sorted({str(dict(r.seeds).get("workload_base")) for r in records if dict(r.seeds).get("workload_base") is not None})
+    bases = sorted(
+        {str(dict(r.seeds).get("workload_base")) for r in records if dict(r.seeds).get("workload_base") is not None}
+    )
     hyp = sorted({str(dict(r.seeds).get("hypothesis")) for r in records if dict(r.seeds).get("hypothesis") is not None})
-    seed_text = ", ".join([f"workload base {'/'.join(bases)}"] * bool(bases) + [f"hypothesis {'/'.join(hyp)}"] * bool(hyp))
+    seed_text = ", ".join(
+        [f"workload base {'/'.join(bases)}"] * bool(bases) + [f"hypothesis {'/'.join(hyp)}"] * bool(hyp)
+    )
     pytest_log = Path(props["log"]) if props.get("log") else (g.run_dir / "pytest.log" if g.run_dir else None)
-    log_link = ({"href": _rel(pytest_log, report_dir), "name": pytest_log.name}
-                if pytest_log is not None and pytest_log.is_file() else None)
-    return {"state": "ok" if g.ok else "bad", "name": g.name, "topology": g.topology, "runner": g.runner,
-            "simulated": props.get("simulated", "-"), "tests": len(g.cases), "passed": g.count("passed"),
-            "failed": g.count("failed") + g.count("error"), "skipped": g.count("skipped"),
-            "xfailed": g.count("xfailed"), "wall": duration(g.wall_time), "seeds": seed_text or "-", "note": g.note, "log": log_link}
+    log_link = (
+        {"href": _rel(pytest_log, report_dir), "name": pytest_log.name}
+        if pytest_log is not None and pytest_log.is_file()
+        else None
+    )
+    return {
+        "state": "ok" if g.ok else "bad",
+        "name": g.name,
+        "topology": g.topology,
+        "runner": g.runner,
+        "simulated": props.get("simulated", "-"),
+        "tests": len(g.cases),
+        "passed": g.count("passed"),
+        "failed": g.count("failed") + g.count("error"),
+        "skipped": g.count("skipped"),
+        "xfailed": g.count("xfailed"),
+        "wall": duration(g.wall_time),
+        "seeds": seed_text or "-",
+        "note": g.note,
+        "log": log_link,
+    }
 
 
 def _anchor(group: GroupResult, case: CaseResult) -> str:
@@ -219,12 +278,18 @@ def _rel(path: Path, report_dir: Path) -> str:
 def _test(g: GroupResult, case: CaseResult, rec: TestRecord | None, report_dir: Path) -> dict[str, Any]:
     bad = case.outcome in ("failed", "error")
     seed = dict(rec.seeds).get("workload") if rec else None
-    return {"bad": bad, "anchor": _anchor(g, case), "outcome": case.outcome, "nodeid": case.nodeid,
-            "duration": duration(case.duration), "workload_seed": seed,
-            "message": (case.reason or case.message) if case.outcome != "passed" else "",
-            "timeline": _timeline(g, case, rec, report_dir) if rec is not None and rec.ledgers else None,
-            "logs": _logs(rec, report_dir) if rec is not None and rec.logs else [],
-            "traceback": case.traceback if bad else ""}
+    return {
+        "bad": bad,
+        "anchor": _anchor(g, case),
+        "outcome": case.outcome,
+        "nodeid": case.nodeid,
+        "duration": duration(case.duration),
+        "workload_seed": seed,
+        "message": (case.reason or case.message) if case.outcome != "passed" else "",
+        "timeline": _timeline(g, case, rec, report_dir) if rec is not None and rec.ledgers else None,
+        "logs": _logs(rec, report_dir) if rec is not None and rec.logs else [],
+        "traceback": case.traceback if bad else "",
+    }
 
 
 def _events_and_ranks(rec: TestRecord) -> tuple[list, list]:
@@ -257,18 +322,47 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
         at = f"{m.worker} #{m.seq} {m.kind} at {m.t:.3f} s" if m.seq is not None else f"{m.worker} (at the end)"
         if m.repeats:
             at += f"; {m.repeats} more event(s) to #{m.last_seq}"
-        marks.append({"rule": m.rule, "worker": m.worker, "seq": m.seq if m.seq is not None else "", "rid": m.rid,
-                      "label": m.label, "at": at, "pages": m.pages, "held": m.held, "rule_text": m.rule_text,
-                      "message": m.message, "follows": m.follows})
+        marks.append(
+            {
+                "rule": m.rule,
+                "worker": m.worker,
+                "seq": m.seq if m.seq is not None else "",
+                "rid": m.rid,
+                "label": m.label,
+                "at": at,
+                "pages": m.pages,
+                "held": m.held,
+                "rule_text": m.rule_text,
+                "message": m.message,
+                "follows": m.follows,
+            }
+        )
     rows = [(r.worker, q) for r in ranks for q in r.requests]
     pools = [p for p in timeline.POOLS if any(p in r.used for r in ranks)]
-    return {"error": "", "events": len(events), "ranks": len(ranks), "violating": sum(len(r.violation_t) for r in ranks),
-            "peaks": "; ".join(f"{r.worker}: " + ", ".join(f"{p} {n}" for p, n in r.peak.items()) for r in ranks),
-            "png": _rel(png, report_dir), "img_error": img_error, "marks": marks, "pools": pools,
-            "request_count": len({q.rid for _, q in rows}),
-            "requests": [{"rid": q.rid, "worker": worker, "first": f"{q.first:.3f}", "last": f"{q.last:.3f}",
-                          "events": q.events, "peaks": [q.peak.get(p, 0) for p in pools],
-                          "held": ", ".join(f"{p} {n}" for p, n in q.held.items() if n)} for worker, q in rows]}
+    return {
+        "error": "",
+        "events": len(events),
+        "ranks": len(ranks),
+        "violating": sum(len(r.violation_t) for r in ranks),
+        "peaks": "; ".join(f"{r.worker}: " + ", ".join(f"{p} {n}" for p, n in r.peak.items()) for r in ranks),
+        "png": _rel(png, report_dir),
+        "img_error": img_error,
+        "marks": marks,
+        "pools": pools,
+        "request_count": len({q.rid for _, q in rows}),
+        "requests": [
+            {
+                "rid": q.rid,
+                "worker": worker,
+                "first": f"{q.first:.3f}",
+                "last": f"{q.last:.3f}",
+                "events": q.events,
+                "peaks": [q.peak.get(p, 0) for p in pools],
+                "held": ", ".join(f"{p} {n}" for p, n in q.held.items() if n),
+            }
+            for worker, q in rows
+        ],
+    }
 
 
 def _png(report_dir: Path, group: str, case: CaseResult) -> Path:

@@ -18,6 +18,7 @@ from harness.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Span:
     """The bytes ``[start, end)`` one test wrote to one file of a run directory."""
@@ -77,12 +78,22 @@ def read_records(run_dir: str | Path) -> list[TestRecord]:
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         try:
             d = json.loads(line)
-            spans = {kind: tuple(Span(root / rel, int(a), int(b)) for rel, (a, b) in sorted(d.get(kind, {}).items()))
-                     for kind in ("logs", "ledgers")}
-            out.append(TestRecord(path=str(d["path"]), suffix=str(d["suffix"]), outcome=str(d["outcome"]),
-                                  start=float(d["start"]), stop=float(d["stop"]),
-                                  seeds=tuple(sorted((str(k), v) for k, v in d.get("seeds", {}).items())),
-                                  workers=tuple(d.get("workers", ())), **spans))
+            spans = {
+                kind: tuple(Span(root / rel, int(a), int(b)) for rel, (a, b) in sorted(d.get(kind, {}).items()))
+                for kind in ("logs", "ledgers")
+            }
+            out.append(
+                TestRecord(
+                    path=str(d["path"]),
+                    suffix=str(d["suffix"]),
+                    outcome=str(d["outcome"]),
+                    start=float(d["start"]),
+                    stop=float(d["stop"]),
+                    seeds=tuple(sorted((str(k), v) for k, v in d.get("seeds", {}).items())),
+                    workers=tuple(d.get("workers", ())),
+                    **spans,
+                )
+            )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             log.warning("%s:%d: unreadable test record skipped (%s)", path, n, e)
     return out

@@ -15,8 +15,19 @@ def table(results: list[GroupResult]) -> str:
     rows = [head]
     for r in results:
         status = "ok" if r.ok else ("not run" if r.returncode is None else "FAILED")
-        rows.append((r.name, r.runner, str(len(r.cases)), str(r.count("passed")), str(r.count("failed") + r.count("error")),
-                     str(r.count("skipped")), str(r.count("xfailed")), f"{r.wall_time:.1f}s", status))
+        rows.append(
+            (
+                r.name,
+                r.runner,
+                str(len(r.cases)),
+                str(r.count("passed")),
+                str(r.count("failed") + r.count("error")),
+                str(r.count("skipped")),
+                str(r.count("xfailed")),
+                f"{r.wall_time:.1f}s",
+                status,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -26,13 +37,17 @@ def table(results: list[GroupResult]) -> str:
 def markdown(results: list[GroupResult], link: str = "") -> str:
     """A markdown summary: one table row per group, then the failures with their headlines, then the
     expected failures with their reasons."""
-    lines = ["| group | runner | tests | passed | failed | skipped | xfailed | wall |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| group | runner | tests | passed | failed | skipped | xfailed | wall |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in results:
         icon = "✅" if r.ok else "❌"
-        lines.append(f"| {icon} {r.name} | {r.runner} | {len(r.cases)} | {r.count('passed')} | "
-                     f"{r.count('failed') + r.count('error')} | {r.count('skipped')} | {r.count('xfailed')} | "
-                     f"{r.wall_time:.1f}s |")
+        lines.append(
+            f"| {icon} {r.name} | {r.runner} | {len(r.cases)} | {r.count('passed')} | "
+            f"{r.count('failed') + r.count('error')} | {r.count('skipped')} | {r.count('xfailed')} | "
+            f"{r.wall_time:.1f}s |"
+        )
     failing = [(r, c) for r in results for c in r.failures]
     notes = [r for r in results if r.note]
     if failing or notes:
@@ -63,8 +78,10 @@ def to_json(results: list[GroupResult]) -> dict:
                 "note": r.note,
                 "counts": {o: r.count(o) for o in OUTCOMES},
                 "properties": dict(r.properties),
-                "cases": [{"nodeid": c.nodeid, "outcome": c.outcome, "duration": round(c.duration, 3), "message": c.message}
-                          for c in r.cases],
+                "cases": [
+                    {"nodeid": c.nodeid, "outcome": c.outcome, "duration": round(c.duration, 3), "message": c.message}
+                    for c in r.cases
+                ],
             }
             for r in results
         ],

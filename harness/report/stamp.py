@@ -45,6 +45,7 @@ def git_state(repo_root: Path) -> tuple[str, bool]:
     Returns:
         (HEAD's SHA or ``unknown`` outside git, whether tracked files have uncommitted changes).
     """
+
     def git(*args: str) -> str | None:
         try:
             r = subprocess.run(["git", *args], cwd=repo_root, capture_output=True, text=True, timeout=20, check=False)

@@ -20,9 +20,13 @@ log = logging.getLogger(__name__)
 POOLS = ("full", "swa", "host")
 POOL_COLORS = {"full": "#1f77b4", "swa": "#ff7f0e", "host": "#2ca02c"}
 #: Event kinds drawn in the strip under each rank, top to bottom, with their labels and markers.
-LANES = (("prealloc", "prealloc", "^", "#1f77b4"), ("alloc_fail", "alloc fail", "x", "#9467bd"),
-         ("transfer", "transfer", ">", "#17becf"), ("evict", "decode-evict", "v", "#ff7f0e"),
-         ("release", "release", "o", "#2ca02c"))
+LANES = (
+    ("prealloc", "prealloc", "^", "#1f77b4"),
+    ("alloc_fail", "alloc fail", "x", "#9467bd"),
+    ("transfer", "transfer", ">", "#17becf"),
+    ("evict", "decode-evict", "v", "#ff7f0e"),
+    ("release", "release", "o", "#2ca02c"),
+)
 MAX_POINTS = 1500
 #: PNG text-chunk key holding the violations (read back by tests and tools).
 PNG_VIOLATIONS_KEY = "Violations"
@@ -161,8 +165,9 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
                 continue
             t = ev.ts - t0
             sign = 1 if ev.kind in ledger.TAKE_KINDS else -1 if ev.kind in ledger.FREE_KINDS else 0
-            req = per_req.setdefault(ev.rid, {"first": t, "last": t, "events": 0, "held": defaultdict(int),
-                                              "peak": defaultdict(int)})
+            req = per_req.setdefault(
+                ev.rid, {"first": t, "last": t, "events": 0, "held": defaultdict(int), "peak": defaultdict(int)}
+            )
             req["last"], req["events"] = t, req["events"] + 1
             for pool, pages in ev.pages.items():
                 n = sign * _count(pages)
@@ -173,7 +178,9 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
                     ids = held_ids[ev.rid][pool]
                     (ids.update if sign > 0 else ids.difference_update)(pages)
             if ev.seq in violating:
-                held_after[ev.seq] = _pages_text({p: tuple(sorted(i)) for p, i in held_ids[ev.rid].items() if i}, limit=12)
+                held_after[ev.seq] = _pages_text(
+                    {p: tuple(sorted(i)) for p, i in held_ids[ev.rid].items() if i}, limit=12
+                )
             for pool in set(used) | set(series):
                 series.setdefault(pool, [0] * len(ts)).append(used[pool])
             ts.append(t)
@@ -192,15 +199,36 @@ def build(events_by_worker: Mapping[str, Sequence[ledger.Event]]) -> list[Rank]:
                 firsts[key]["repeats"] += 1
                 firsts[key]["last_seq"] = hit.seq if hit else v.seq
                 continue
-            firsts[key] = {"t": t, "worker": worker, "rule": v.rule, "rule_text": ledger.RULES.get(v.rule, ""),
-                           "message": v.message, "seq": hit.seq if hit else v.seq, "kind": hit.kind if hit else "-",
-                           "rid": rid, "pages": _pages_text(hit.pages) if hit else "",
-                           "held": held_after.get(hit.seq, "") if hit else "", "repeats": 0, "last_seq": None}
-        rows = tuple(RequestRow(rid, r["first"], r["last"], r["events"], dict(r["peak"]), dict(r["held"]))
-                     for rid, r in per_req.items())
+            firsts[key] = {
+                "t": t,
+                "worker": worker,
+                "rule": v.rule,
+                "rule_text": ledger.RULES.get(v.rule, ""),
+                "message": v.message,
+                "seq": hit.seq if hit else v.seq,
+                "kind": hit.kind if hit else "-",
+                "rid": rid,
+                "pages": _pages_text(hit.pages) if hit else "",
+                "held": held_after.get(hit.seq, "") if hit else "",
+                "repeats": 0,
+                "last_seq": None,
+            }
+        rows = tuple(
+            RequestRow(rid, r["first"], r["last"], r["events"], dict(r["peak"]), dict(r["held"]))
+            for rid, r in per_req.items()
+        )
         order = [p for p in POOLS if p in series] + sorted(p for p in series if p not in POOLS)
-        ranks.append(Rank(worker, evs[0].component, tuple(ts), {p: tuple(series[p]) for p in order}, tuple(marked),
-                          requests=rows, violation_t=tuple(vts)))
+        ranks.append(
+            Rank(
+                worker,
+                evs[0].component,
+                tuple(ts),
+                {p: tuple(series[p]) for p in order},
+                tuple(marked),
+                requests=rows,
+                violation_t=tuple(vts),
+            )
+        )
     marks: dict[str, list[Mark]] = defaultdict(list)
     for i, (f, root) in enumerate(_root_first(list(firsts.values())), 1):
         marks[f["worker"]].append(Mark(label=f"V{i}", follows=f"V{root}" if root else "", **f))
@@ -266,26 +294,50 @@ def plot(ranks: Sequence[Rank], path: Path, title: str = "", dpi: int = 80) -> P
 
     rows = len(ranks)
     heights = [r for _ in ranks for r in (3, 1.5)]
-    fig, axes = plt.subplots(2 * rows, 1, figsize=(12, 3.6 * rows + 0.6), sharex=True,
-                             gridspec_kw={"height_ratios": heights, "hspace": 0.1})
+    fig, axes = plt.subplots(
+        2 * rows, 1, figsize=(12, 3.6 * rows + 0.6), sharex=True, gridspec_kw={"height_ratios": heights, "hspace": 0.1}
+    )
     end = max((r.t[-1] for r in ranks if r.t), default=1.0) or 1.0
     for i, rank in enumerate(ranks):
         ax, strip = axes[2 * i], axes[2 * i + 1]
         for k, (pool, ys) in enumerate(rank.used.items()):
             xs, ys2 = downsample(rank.t, ys)
             # earlier pools drawn wider underneath, so equal series (full == swa) both stay visible
-            ax.step([0.0, *xs, end], [0, *ys2, ys2[-1] if ys2 else 0], where="post", lw=max(1.0, 2.4 - 0.9 * k), alpha=0.85,
-                    color=POOL_COLORS.get(pool, "#7f7f7f"), label=f"{pool} (peak {max(ys, default=0)})")
+            ax.step(
+                [0.0, *xs, end],
+                [0, *ys2, ys2[-1] if ys2 else 0],
+                where="post",
+                lw=max(1.0, 2.4 - 0.9 * k),
+                alpha=0.85,
+                color=POOL_COLORS.get(pool, "#7f7f7f"),
+                label=f"{pool} (peak {max(ys, default=0)})",
+            )
         ax.set_ylabel("pages in use")
-        ax.text(0.005, 0.96, f"{rank.worker} ({rank.component})", transform=ax.transAxes, va="top", fontsize=10,
-                fontweight="bold", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.5})
+        ax.text(
+            0.005,
+            0.96,
+            f"{rank.worker} ({rank.component})",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=10,
+            fontweight="bold",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.5},
+        )
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0, top=max(max(rank.peak.values(), default=0) * 1.25, 1))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         for m in rank.marks:
             ax.axvline(m.t, color="#d62728", lw=1.2, ls="--")
-            ax.annotate(m.label, (m.t, 0.0), xycoords=("data", "axes fraction"), xytext=(2, 3),
-                        textcoords="offset points", color="#d62728", fontsize=8, fontweight="bold")
+            ax.annotate(
+                m.label,
+                (m.t, 0.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(2, 3),
+                textcoords="offset points",
+                color="#d62728",
+                fontsize=8,
+                fontweight="bold",
+            )
         if rank.used:
             ax.legend(loc="upper right", fontsize=7, ncol=len(rank.used) + (1 if rank.marks else 0), framealpha=0.8)
         for lane, (kind, label, marker, color) in enumerate(LANES):
@@ -305,8 +357,12 @@ def plot(ranks: Sequence[Rank], path: Path, title: str = "", dpi: int = 80) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     # fixed margins rather than bbox_inches="tight", which draws the whole figure twice
     fig.subplots_adjust(left=0.09, right=0.99, top=1 - 0.12 / fig.get_figheight(), bottom=0.55 / fig.get_figheight())
-    fig.savefig(path, format="png", dpi=dpi,
-                metadata={"Title": title or "KV-pool timeline", PNG_VIOLATIONS_KEY: violations or "none"})
+    fig.savefig(
+        path,
+        format="png",
+        dpi=dpi,
+        metadata={"Title": title or "KV-pool timeline", PNG_VIOLATIONS_KEY: violations or "none"},
+    )
     plt.close(fig)
     return path
 
@@ -317,4 +373,3 @@ def events_by_worker(events: Iterable[ledger.Event]) -> dict[str, list[ledger.Ev
     for ev in events:
         out[ev.worker].append(ev)
     return dict(out)
-

@@ -31,8 +31,10 @@ def read_change(target: Target, base: str) -> Change:
     except target_resolve.TargetError as exc:
         raise ChangeError(f"--changed {base}: {exc}") from None
     if Path(other.root).resolve() == root.resolve():
-        raise ChangeError(f"--changed {base}: that is the target itself ({target.label()}); pass the release or tree "
-                          "it is to be compared with")
+        raise ChangeError(
+            f"--changed {base}: that is the target itself ({target.label()}); pass the release or tree "
+            "it is to be compared with"
+        )
     return change_lines.between_trees(root, Path(other.root), other.label())
 
 
@@ -53,5 +55,7 @@ def overall_line(combined: Combined) -> str:
     """Without ``--changed``: ``sglang lines executed: 4,210 in 96 files (… processes, … not measured)``."""
     ran = sum(len(v) for v in combined.lines.values())
     lost = f", {len(combined.unmeasured)} not measured" if combined.unmeasured else ""
-    return (f"sglang lines executed: {ran:,} in {len(combined.lines)} files "
-            f"({len(combined.processes)} processes measured{lost})")
+    return (
+        f"sglang lines executed: {ran:,} in {len(combined.lines)} files "
+        f"({len(combined.processes)} processes measured{lost})"
+    )

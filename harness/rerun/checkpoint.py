@@ -34,9 +34,14 @@ def start(run: Path, argv: list[str], cwd: Path | None = None) -> int:
     for name in ("rc", "offset", "seen"):
         (run / name).unlink(missing_ok=True)
     with open(run / "log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.rerun.checkpoint", "supervise", "--dir", str(run), "--", *argv],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=cwd)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.rerun.checkpoint", "supervise", "--dir", str(run), "--", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+        )
     (run / "pid").write_text(f"{proc.pid}\n", encoding="utf-8")
     return proc.pid
 
@@ -126,8 +131,11 @@ def finish(run: Path, *, sleep=time.sleep) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.rerun.checkpoint", description="the run job's side of the "
-                                "comment heartbeat: a command in the background, handed out at checkpoints")
+    p = argparse.ArgumentParser(
+        prog="python -m harness.rerun.checkpoint",
+        description="the run job's side of the "
+        "comment heartbeat: a command in the background, handed out at checkpoints",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("start", "supervise", "wait", "finish"):
         c = sub.add_parser(name)

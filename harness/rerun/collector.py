@@ -65,8 +65,12 @@ def make_roots(repo_root: Path, suites_dirs: list[Path]) -> tuple[Root, ...]:
     return tuple(roots)
 
 
-def collect(repo_root: Path, suites_dirs: list[Path] | None = None, durations_files: list[Path] | None = None,
-            mapping: upstream.UpstreamMap | None = None) -> Registry:
+def collect(
+    repo_root: Path,
+    suites_dirs: list[Path] | None = None,
+    durations_files: list[Path] | None = None,
+    mapping: upstream.UpstreamMap | None = None,
+) -> Registry:
     """Build the registry.
 
     Args:

@@ -207,9 +207,11 @@ _MD_SPECIAL = re.compile(r"([\\*_\[\]()<>#|~])")
 #: Note lines (not groups) a run job may hand out: the changed-lines coverage and the mutation phase.
 NOTE_LINES = ("changed-lines", "mutation")
 MAX_COUNT = 10_000_000
-_HEAD_RE = re.compile(r"^- \S+ \*\*(?P<name>[^*]*)\*\* \(`[^`]*`\): (?P<state>" + "|".join(ICONS) + r")"
-                      r"(?: — (?P<p>\d{1,8}) passed, (?P<f>\d{1,8}) failed, (?P<s>\d{1,8}) skipped"
-                      r"(?:, (?P<x>\d{1,8}) xfailed)?)?(?= · | <!--)")
+_HEAD_RE = re.compile(
+    r"^- \S+ \*\*(?P<name>[^*]*)\*\* \(`[^`]*`\): (?P<state>" + "|".join(ICONS) + r")"
+    r"(?: — (?P<p>\d{1,8}) passed, (?P<f>\d{1,8}) failed, (?P<s>\d{1,8}) skipped"
+    r"(?:, (?P<x>\d{1,8}) xfailed)?)?(?= · | <!--)"
+)
 _FAILURE_RE = re.compile(r"^`(?P<nid>[^`]*)` — (?P<why>.*)$")
 _MORE_RE = re.compile(r"^and (\d{1,8}) more$")
 _NOTE_RE = re.compile(r"^- 📏 (?P<text>.*) <!-- rerun-test:group=[^>]* -->$")
@@ -232,7 +234,7 @@ def parse_line(name: str, line: str) -> GroupStatus | None:
     m = _HEAD_RE.match(line)
     if not m or m.group("name") != name:
         return None
-    body = line[m.end():-len(group_marker(name)) - 1]
+    body = line[m.end() : -len(group_marker(name)) - 1]
     counts = {k: min(int(m.group(k) or 0), MAX_COUNT) for k in ("p", "f", "s", "x")}
     failures: list[tuple[str, str]] = []
     more, note = 0, ""
@@ -240,16 +242,25 @@ def parse_line(name: str, line: str) -> GroupStatus | None:
         if part.startswith("[logs](") or part.startswith("[report]("):
             continue  # the link and the report path are the trusted side's to write
         if part.startswith("failing: "):
-            for item in part[len("failing: "):].split("; "):
+            for item in part[len("failing: ") :].split("; "):
                 if (f := _FAILURE_RE.match(item)) and len(failures) < MAX_FAILURES_SHOWN:
                     failures.append((f.group("nid"), f.group("why")))
-                elif (mm := _MORE_RE.match(item)):
+                elif mm := _MORE_RE.match(item):
                     more = min(int(mm.group(1)), MAX_COUNT)
         elif not note:
             note = part
-    return GroupStatus(name=name, runner="", state=m.group("state"), passed=counts["p"], failed=counts["f"],
-                       skipped=counts["s"], xfailed=counts["x"], failures=tuple(failures), note=note,
-                       more_failures=more)
+    return GroupStatus(
+        name=name,
+        runner="",
+        state=m.group("state"),
+        passed=counts["p"],
+        failed=counts["f"],
+        skipped=counts["s"],
+        xfailed=counts["x"],
+        failures=tuple(failures),
+        note=note,
+        more_failures=more,
+    )
 
 
 def rerender(name: str, line: str, runner: str, link: str) -> str | None:
@@ -263,7 +274,19 @@ def rerender(name: str, line: str, runner: str, link: str) -> str | None:
     if s is None:
         return None
     final = s.state in ("passed", "failed")
-    return render_line(GroupStatus(
-        name=name, runner=runner, state=s.state, passed=s.passed, failed=s.failed, skipped=s.skipped,
-        xfailed=s.xfailed, link=link, note=escape(s.note), report=report_path(name) if final else "",
-        failures=tuple((_clean(nid), escape(why)) for nid, why in s.failures), more_failures=s.more_failures))
+    return render_line(
+        GroupStatus(
+            name=name,
+            runner=runner,
+            state=s.state,
+            passed=s.passed,
+            failed=s.failed,
+            skipped=s.skipped,
+            xfailed=s.xfailed,
+            link=link,
+            note=escape(s.note),
+            report=report_path(name) if final else "",
+            failures=tuple((_clean(nid), escape(why)) for nid, why in s.failures),
+            more_failures=s.more_failures,
+        )
+    )

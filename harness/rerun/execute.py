@@ -91,8 +91,10 @@ class Progress:
         total = f"/{self.collected}" if self.collected is not None else ""
         failed = self.count("failed") + self.count("error")
         xfailed = f" xfailed {self.count('xfailed')}" if self.count("xfailed") else ""
-        return (f"[{self.group.name}] {self.state:7} {done}{total} passed {self.count('passed')} failed {failed} "
-                f"skipped {self.count('skipped')}{xfailed} {self.wall:.1f}s")
+        return (
+            f"[{self.group.name}] {self.state:7} {done}{total} passed {self.count('passed')} failed {failed} "
+            f"skipped {self.count('skipped')}{xfailed} {self.wall:.1f}s"
+        )
 
 
 class LiveLines:
@@ -115,8 +117,12 @@ class LiveLines:
         key = (p.state, p.count("failed") + p.count("error"), len(p.cases))
         prev = self.last.get(p.group.name)
         now = time.monotonic()
-        if prev is None or prev[:2] != key[:2] or (prev[2] != key[2] and now - prev[3] >= self.every) \
-                or now - prev[3] >= 6 * self.every:
+        if (
+            prev is None
+            or prev[:2] != key[:2]
+            or (prev[2] != key[2] and now - prev[3] >= self.every)
+            or now - prev[3] >= 6 * self.every
+        ):
             self.last[p.group.name] = (*key, now)
             self.out(self.render(p))
 
@@ -149,11 +155,14 @@ def targets(items: tuple[Item, ...], file_tests: dict[str, int]) -> list[str]:
 
 def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: dict[str, int]) -> list[str]:
     """The full pytest command of one group."""
-    cmd = childpytest.command(targets(group.items, file_tests), junit=RunDir(opts.run_dir).junit_file(group.name),
-                              run_dir=opts.run_dir / "groups" / group.name, python=opts.python,
-                              before=["-p", "harness.rerun.progress", "--topology", group.topology],
-                              after=["-o", f"junit_suite_name={group.name}", "--rootdir", str(opts.repo_root), "-q",
-                                     "-rfE"])
+    cmd = childpytest.command(
+        targets(group.items, file_tests),
+        junit=RunDir(opts.run_dir).junit_file(group.name),
+        run_dir=opts.run_dir / "groups" / group.name,
+        python=opts.python,
+        before=["-p", "harness.rerun.progress", "--topology", group.topology],
+        after=["-o", f"junit_suite_name={group.name}", "--rootdir", str(opts.repo_root), "-q", "-rfE"],
+    )
     ini = opts.repo_root / "pyproject.toml"
     if ini.is_file():  # the repository's pytest settings also for files outside it (--suites-dir)
         cmd += ["-c", str(ini)]
@@ -164,7 +173,9 @@ def pytest_command(group: Group, opts: ExecOptions, simulate: bool, file_tests: 
     return cmd + list(opts.pytest_args)
 
 
-def pick(pending: list[Group], running: list[Group], free_gpus: int, jobs: int, simulated: dict[str, bool]) -> list[Group]:
+def pick(
+    pending: list[Group], running: list[Group], free_gpus: int, jobs: int, simulated: dict[str, bool]
+) -> list[Group]:
     """Which pending groups to start now (pure).
 
     Longest first, by what runs here (a simulated group's tests that need real GPUs are skipped:
@@ -212,8 +223,15 @@ class _Running:
             argv, env = fork_preload.python_command(cmd, env)
         self._log = open(self.log_path, "wb")
         # Own session: a timeout or ^C can end pytest and everything it started, and nothing else.
-        self.proc = subprocess.Popen(argv, cwd=opts.repo_root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=opts.repo_root,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.started = time.monotonic()
         self._offset = 0
         progress.state, progress.started = "running", self.started
@@ -235,8 +253,14 @@ class _Running:
             if ev.get("event") == "collected":
                 self.progress.collected = int(ev["count"])
             elif ev.get("event") == "result":
-                self.progress.cases.append(CaseResult(nodeid=to_rel(ev["path"]) + ev.get("suffix", ""), outcome=ev["outcome"],
-                                                      duration=float(ev.get("duration", 0.0)), message=ev.get("message", "")))
+                self.progress.cases.append(
+                    CaseResult(
+                        nodeid=to_rel(ev["path"]) + ev.get("suffix", ""),
+                        outcome=ev["outcome"],
+                        duration=float(ev.get("duration", 0.0)),
+                        message=ev.get("message", ""),
+                    )
+                )
             changed = True
         return changed
 
@@ -314,8 +338,14 @@ def prestart_fork_servers(plan: Plan, opts: ExecOptions, pool: ThreadPoolExecuto
 GROUP_ENV = {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
 
 
-def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: Callable[[str], str],
-             on_update: Callable[[Progress], None] = lambda p: None, clock: Callable[[], float] = time.monotonic) -> list[GroupResult]:
+def run_plan(
+    plan: Plan,
+    opts: ExecOptions,
+    file_tests: dict[str, int],
+    to_rel: Callable[[str], str],
+    on_update: Callable[[Progress], None] = lambda p: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[GroupResult]:
     """Run every group of ``plan``.
 
     Args:
@@ -377,11 +407,20 @@ def run_plan(plan: Plan, opts: ExecOptions, file_tests: dict[str, int], to_rel: 
                 if not sim[name]:
                     free += r.group.gpus
                 note = _note(rc, p.cases, r.tail(), timed_out)
-                res = GroupResult(name=name, topology=r.group.topology, runner=r.group.runner, cases=tuple(p.cases),
-                                  wall_time=p.wall, returncode=rc, note=note,
-                                  properties=(("simulated", str(bool(sim[name])).lower()),
-                                              ("gpus", gpu_mode(r.group, opts)),
-                                              ("run_dir", str(opts.run_dir / "groups" / name))))
+                res = GroupResult(
+                    name=name,
+                    topology=r.group.topology,
+                    runner=r.group.runner,
+                    cases=tuple(p.cases),
+                    wall_time=p.wall,
+                    returncode=rc,
+                    note=note,
+                    properties=(
+                        ("simulated", str(bool(sim[name])).lower()),
+                        ("gpus", gpu_mode(r.group, opts)),
+                        ("run_dir", str(opts.run_dir / "groups" / name)),
+                    ),
+                )
                 results[name] = res
                 p.state = "passed" if res.ok else "failed"
                 on_update(p)
@@ -453,5 +492,3 @@ def detect_gpus() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
-
-

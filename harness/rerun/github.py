@@ -37,9 +37,17 @@ def urllib_transport(api: str, token: str) -> Transport:
 
     def call(method: str, path: str, body: dict | None) -> tuple[int, object]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(api.rstrip("/") + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
-            "X-GitHub-Api-Version": "2022-11-28", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            api.rstrip("/") + path,
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/vnd.github+json",
+                "X-GitHub-Api-Version": "2022-11-28",
+                "Content-Type": "application/json",
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 raw = resp.read()
@@ -103,7 +111,12 @@ class GitHub:
         return list((data or {}).get("jobs", []))  # type: ignore[union-attr]
 
     def dispatch(self, workflow: str, ref: str, inputs: dict[str, str]) -> None:
-        self._call("POST", f"/repos/{self.repo}/actions/workflows/{workflow}/dispatches", {"ref": ref, "inputs": inputs}, ok=(204,))
+        self._call(
+            "POST",
+            f"/repos/{self.repo}/actions/workflows/{workflow}/dispatches",
+            {"ref": ref, "inputs": inputs},
+            ok=(204,),
+        )
 
 
 def decide(gh: GitHub, event: dict) -> tuple[Decision, int, str]:
@@ -159,8 +172,9 @@ def _entries(matrix: dict | None) -> list[dict]:
     return [e for e in (matrix or {}).get("include", []) if isinstance(e, dict)]
 
 
-def final_lines(status_texts: list[str], matrix: dict | None, link: str = comment.LINK_PLACEHOLDER, *,
-                close_out: bool = True) -> dict[str, str]:
+def final_lines(
+    status_texts: list[str], matrix: dict | None, link: str = comment.LINK_PLACEHOLDER, *, close_out: bool = True
+) -> dict[str, str]:
     """The group lines to write from the run jobs' status files, for the matrix's own groups only.
 
     A status file is a run job's output (the PR's code): each of its lines is rebuilt from parsed fields
@@ -195,9 +209,15 @@ def final_lines(status_texts: list[str], matrix: dict | None, link: str = commen
     for name, runner in labels.items():
         state = comment.state_of(lines.get(name, ""))
         if close_out and state not in ("passed", "failed"):
-            lines[name] = comment.render_line(comment.GroupStatus(
-                name=name, runner=runner, state="failed", link=link,
-                note="the job ended before it reported a result; see its log"))
+            lines[name] = comment.render_line(
+                comment.GroupStatus(
+                    name=name,
+                    runner=runner,
+                    state="failed",
+                    link=link,
+                    note="the job ended before it reported a result; see its log",
+                )
+            )
     return lines
 
 
@@ -209,9 +229,11 @@ def verify_head(gh: GitHub, number: int, sha: str) -> None:
     """
     head = str(((gh.pull(number).get("head") or {}).get("sha")) or "")
     if not sha or head != sha:
-        raise GitHubError(f"not run: the PR's head is now {head[:12] or 'unknown'}, not {sha[:12] or 'unknown'} "
-                          f"approved by the /rerun-test comment (a push after it); comment /rerun-test again "
-                          f"to run the new head")
+        raise GitHubError(
+            f"not run: the PR's head is now {head[:12] or 'unknown'}, not {sha[:12] or 'unknown'} "
+            f"approved by the /rerun-test comment (a push after it); comment /rerun-test again "
+            f"to run the new head"
+        )
 
 
 def failure_body(what: str, text: str, link: str) -> str:
@@ -248,18 +270,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pr", type=int, required=True)
     c.add_argument("--body-file", type=Path, required=True)
     c.add_argument("--comment-id", type=comment_id, help="edit this comment (empty: post a new one)")
-    c.add_argument("--failed", metavar="WHAT", help="the body file is the error of WHAT (a step that failed): "
-                   "post it as the reason, escaped; a missing file says to see the log")
+    c.add_argument(
+        "--failed",
+        metavar="WHAT",
+        help="the body file is the error of WHAT (a step that failed): "
+        "post it as the reason, escaped; a missing file says to see the log",
+    )
     c.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="the workflow run (with --failed)")
     c = sub.add_parser("update", help="write the matrix's group lines, rebuilt from --comment-out files")
     c.add_argument("--comment-id", type=int, required=True)
-    c.add_argument("--status-file", type=Path, action="append", default=[], metavar="FILE",
-                   help="a --comment-out file (repeatable); with --queued it must exist, after the runs a "
-                        "missing file is a job that left none")
+    c.add_argument(
+        "--status-file",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a --comment-out file (repeatable); with --queued it must exist, after the runs a "
+        "missing file is a job that left none",
+    )
     c.add_argument("--matrix", help="the matrix as the trusted side placed it (JSON): only its groups are written")
-    c.add_argument("--queued", action="store_true",
-                   help="before the runs: write only the lines found (default: a group without a final line is "
-                        "closed out as failed)")
+    c.add_argument(
+        "--queued",
+        action="store_true",
+        help="before the runs: write only the lines found (default: a group without a final line is "
+        "closed out as failed)",
+    )
     c.add_argument("--link", default=comment.LINK_PLACEHOLDER, help="the logs link of every line (the workflow run)")
     c = sub.add_parser("verify", help="the PR's head is still the approved commit (a push after /rerun-test refuses)")
     c.add_argument("--pr", type=int, required=True)
@@ -272,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--workflow", required=True)
     c.add_argument("--ref", required=True)
     c.add_argument("--input", action="append", default=[], metavar="KEY=VALUE")
-    c.add_argument("--input-file", action="append", default=[], metavar="KEY=FILE", help="an input read from a file (first line)")
+    c.add_argument(
+        "--input-file", action="append", default=[], metavar="KEY=FILE", help="an input read from a file (first line)"
+    )
     return p
 
 
@@ -303,8 +340,9 @@ def run(args: argparse.Namespace, gh: GitHub) -> int:
         if not args.matrix:
             raise ValueError("update needs --matrix JSON: only the matrix's own groups are written")
         # After the runs, a job that died left no file: its group is closed out, not an error.
-        texts = [f.read_text(encoding="utf-8", errors="replace") for f in args.status_file
-                 if args.queued or f.is_file()]
+        texts = [
+            f.read_text(encoding="utf-8", errors="replace") for f in args.status_file if args.queued or f.is_file()
+        ]
         lines = final_lines(texts, json.loads(args.matrix), args.link, close_out=not args.queued)
         if lines:
             update_lines(gh, args.comment_id, lines)
@@ -351,7 +389,10 @@ def main(argv: list[str] | None = None, transport: Transport | None = None) -> i
         print(f"github: {e}", file=sys.stderr)
         return 1
     except (json.JSONDecodeError, KeyError, ValueError) as e:
-        print(f"github: bad input ({e.__class__.__name__}: {e}); pass the event/entry JSON the workflow provides", file=sys.stderr)
+        print(
+            f"github: bad input ({e.__class__.__name__}: {e}); pass the event/entry JSON the workflow provides",
+            file=sys.stderr,
+        )
         return 2
 
 

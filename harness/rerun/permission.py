@@ -37,5 +37,8 @@ def may_rerun(commenter: str, pr_author: str, permission: str, is_fork: bool) ->
     if commenter.lower() == pr_author.lower() and not is_fork:
         return Decision(True, f"@{commenter} is the PR author (branch in this repository)")
     if commenter.lower() == pr_author.lower():
-        return Decision(False, f"@{commenter} is the author of a fork PR without write access; ask a maintainer to comment /rerun-test")
+        return Decision(
+            False,
+            f"@{commenter} is the author of a fork PR without write access; ask a maintainer to comment /rerun-test",
+        )
     return Decision(False, f"@{commenter} has {level} access and is not the PR author; ask the author or a maintainer")

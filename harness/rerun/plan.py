@@ -122,7 +122,8 @@ def compact(items: tuple[Item, ...], file_tests: dict[str, int]) -> list[tuple[s
     out: list[tuple[str, str]] = []
     for rel, its in by_file.items():
         whole = any(i.nodeid == rel for i in its) or (
-            file_tests.get(rel, -1) == len(its) and all("[" not in i.nodeid for i in its))
+            file_tests.get(rel, -1) == len(its) and all("[" not in i.nodeid for i in its)
+        )
         if whole:
             out.append((rel, its[0].target.split("::", 1)[0]))
         else:
@@ -156,14 +157,20 @@ def shard(items: tuple[Item, ...], shards: int, index: int) -> tuple[Item, ...]:
         PlanError: ``index`` not in ``[0, shards)`` or ``shards`` < 1.
     """
     if shards < 1 or not 0 <= index < shards:
-        raise PlanError(f"--shard-index {index} is not in 0..{shards - 1} (with --shards {shards}); pick an index below the shard count")
+        raise PlanError(
+            f"--shard-index {index} is not in 0..{shards - 1} (with --shards {shards}); pick an index below the shard count"
+        )
     bins = lpt([i.est_time for i in items], shards)
     return tuple(items[k] for k in bins[index])
 
 
-def make_plan(selections: list[Selection], shards: int = 1, shard_index: int | None = None,
-              max_shard_time: float | None = None,
-              get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get) -> Plan:
+def make_plan(
+    selections: list[Selection],
+    shards: int = 1,
+    shard_index: int | None = None,
+    max_shard_time: float | None = None,
+    get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get,
+) -> Plan:
     """Group selections by topology and shard them.
 
     Args:
@@ -190,7 +197,9 @@ def make_plan(selections: list[Selection], shards: int = 1, shard_index: int | N
         except topo_mod.TopologyError as e:
             users = sorted({i.file_rel for i in items})
             raise PlanError(f"{', '.join(users)}: {e}") from None
-        base = Group(topology=t.name, runner=t.runner, items=tuple(items), gpus=t.total_gpus, allow_simulation=t.allow_simulation)
+        base = Group(
+            topology=t.name, runner=t.runner, items=tuple(items), gpus=t.total_gpus, allow_simulation=t.allow_simulation
+        )
         n = shards
         if max_shard_time and shards == 1:
             n = max(1, min(len(items), math.ceil(base.est_time / max_shard_time)))

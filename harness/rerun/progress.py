@@ -32,7 +32,7 @@ def _write(event: dict) -> None:
 def _message(report: pytest.BaseReport) -> str:
     if getattr(report, "wasxfail", None) is not None and report.skipped:  # an expected failure: its reason
         reason = str(getattr(report, "wasxfail"))
-        return one_line(reason[len("reason: "):] if reason.startswith("reason: ") else reason)
+        return one_line(reason[len("reason: ") :] if reason.startswith("reason: ") else reason)
     lr = report.longrepr
     if lr is None:
         return ""
@@ -60,8 +60,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
         path = Path(str(report.fspath)).resolve() if report.fspath else Path(report.nodeid)
-        _write({"event": "result", "path": str(path), "suffix": "", "outcome": "error", "duration": 0.0,
-                "message": "collection error: " + _message(report)})
+        _write(
+            {
+                "event": "result",
+                "path": str(path),
+                "suffix": "",
+                "outcome": "error",
+                "duration": 0.0,
+                "message": "collection error: " + _message(report),
+            }
+        )
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

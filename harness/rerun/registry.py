@@ -31,12 +31,8 @@ PAIRS: dict[str, tuple[str, ...]] = {
         "suites/disaggregation/test_disaggregation_basic_server.py",
         "suites/disaggregation/test_disaggregation_swa_server.py",
     ),
-    "suites/disaggregation/test_disaggregation_dsv4.py": (
-        "suites/disaggregation/test_disaggregation_dsv4_server.py",
-    ),
-    "suites/disaggregation/test_disaggregation_soak.py": (
-        "suites/disaggregation/test_disaggregation_soak_server.py",
-    ),
+    "suites/disaggregation/test_disaggregation_dsv4.py": ("suites/disaggregation/test_disaggregation_dsv4_server.py",),
+    "suites/disaggregation/test_disaggregation_soak.py": ("suites/disaggregation/test_disaggregation_soak_server.py",),
 }
 DEFAULT_TEST_EST = 10.0  # seconds for a test nobody estimated: small, so unknown tests are not starved
 DURATIONS_FILE = "durations.json"  # under suites/ and under <run_dir>/report/
@@ -119,7 +115,9 @@ def _mark_call(node: ast.AST) -> tuple[str, list[ast.expr]] | None:
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
         return None
     owner = node.func.value
-    is_mark = (isinstance(owner, ast.Attribute) and owner.attr == "mark") or (isinstance(owner, ast.Name) and owner.id == "mark")
+    is_mark = (isinstance(owner, ast.Attribute) and owner.attr == "mark") or (
+        isinstance(owner, ast.Name) and owner.id == "mark"
+    )
     return (node.func.attr, list(node.args)) if is_mark else None
 
 
@@ -136,17 +134,28 @@ def _marks(nodes: list[ast.expr], where: str) -> dict[str, object]:
             if name == "topology":
                 values = [a.value for a in args if isinstance(a, ast.Constant)]
                 if not values or len(values) != len(args) or not all(isinstance(v, str) for v in values):
-                    raise RegistryError(f"{where}: pytest.mark.topology needs literal topology names; write topology(\"cpu\")")
+                    raise RegistryError(
+                        f'{where}: pytest.mark.topology needs literal topology names; write topology("cpu")'
+                    )
                 found["topology"] = tuple(values)
             elif name == "est_time":
-                if len(args) != 1 or not isinstance(args[0], ast.Constant) or isinstance(args[0].value, bool) \
-                        or not isinstance(args[0].value, (int, float)) or args[0].value < 0:
-                    raise RegistryError(f"{where}: pytest.mark.est_time needs one literal number of seconds; write est_time(60)")
+                if (
+                    len(args) != 1
+                    or not isinstance(args[0], ast.Constant)
+                    or isinstance(args[0].value, bool)
+                    or not isinstance(args[0].value, (int, float))
+                    or args[0].value < 0
+                ):
+                    raise RegistryError(
+                        f"{where}: pytest.mark.est_time needs one literal number of seconds; write est_time(60)"
+                    )
                 found["est_time"] = float(args[0].value)
             elif name == "engine":
                 if not args or not isinstance(args[0], ast.Constant) or args[0].value not in ENGINES:
-                    raise RegistryError(f"{where}: pytest.mark.engine needs a literal engine first, one of "
-                                        f"{', '.join(ENGINES)}; write engine(\"sglang-server\")")
+                    raise RegistryError(
+                        f"{where}: pytest.mark.engine needs a literal engine first, one of "
+                        f'{", ".join(ENGINES)}; write engine("sglang-server")'
+                    )
                 found["engine"] = args[0].value
     return found
 
@@ -195,7 +204,11 @@ def read_tests(tree: ast.Module, where: str) -> tuple[list[_Raw], list[str], dic
         elif isinstance(node, ast.ClassDef) and _is_test_class(node):
             classes.append(node.name)
             cm = _marks(node.decorator_list + _pytestmark(node.body), f"{where}::{node.name}")
-            members = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")]
+            members = [
+                n
+                for n in node.body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")
+            ]
             own = [(_marks(f.decorator_list, f"{where}::{node.name}::{f.name}"), f.name) for f in members]
             share = None
             if "est_time" in cm:
@@ -307,9 +320,13 @@ def load_durations(files: list[Path], tolerant: Sequence[Path] = ()) -> dict[str
             data = json.loads(f.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             problem = f"not valid JSON ({e})"
-        if not problem and (not isinstance(data, dict) or not all(
+        if not problem and (
+            not isinstance(data, dict)
+            or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                for v in data.values())):
+                for v in data.values()
+            )
+        ):
             problem = "must map test ids to seconds"
         if problem and f in tolerant:
             print(f"warning: {f}: {problem}; skipped (delete it to silence this)", file=sys.stderr)

@@ -48,9 +48,14 @@ def urllib_fetch(api: str, token: str) -> Fetch:
     opener = urllib.request.build_opener(_NoRedirect)
 
     def fetch(path: str) -> bytes:
-        req = urllib.request.Request(api.rstrip("/") + path, headers={
-            "Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
-            "X-GitHub-Api-Version": "2022-11-28"})
+        req = urllib.request.Request(
+            api.rstrip("/") + path,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/vnd.github+json",
+                "X-GitHub-Api-Version": "2022-11-28",
+            },
+        )
         try:
             with opener.open(req, timeout=30) as resp:
                 return resp.read()
@@ -66,8 +71,11 @@ def urllib_fetch(api: str, token: str) -> Fetch:
 
 def progress_artifacts(gh: GitHub, run_id: int) -> list[dict]:
     """The run's ``progress-*`` artifacts that can still be downloaded, oldest update first."""
-    arts = [a for a in gh.run_artifacts(run_id)
-            if str(a.get("name", "")).startswith(PROGRESS_PREFIX) and not a.get("expired")]
+    arts = [
+        a
+        for a in gh.run_artifacts(run_id)
+        if str(a.get("name", "")).startswith(PROGRESS_PREFIX) and not a.get("expired")
+    ]
     return sorted(arts, key=lambda a: str(a.get("updated_at") or ""))
 
 
@@ -112,8 +120,18 @@ def relay_once(gh: GitHub, fetch: Fetch, comment_id: int, run_id: int, seen: dic
     return newest
 
 
-def relay(gh: GitHub, fetch: Fetch, comment_id: int, run_id: int, names: set[str], *, every: float, max_s: float,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
+def relay(
+    gh: GitHub,
+    fetch: Fetch,
+    comment_id: int,
+    run_id: int,
+    names: set[str],
+    *,
+    every: float,
+    max_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     """Rounds every ``every`` seconds until the named jobs have completed (then one last round) or
     ``max_s`` passed. Returns the number of lines written."""
     seen: dict[str, str] = {}
@@ -129,8 +147,10 @@ def relay(gh: GitHub, fetch: Fetch, comment_id: int, run_id: int, names: set[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.rerun.relay",
-                                description="copy the run jobs' progress artifacts into the status comment")
+    p = argparse.ArgumentParser(
+        prog="python -m harness.rerun.relay",
+        description="copy the run jobs' progress artifacts into the status comment",
+    )
     p.add_argument("--comment-id", type=int, required=True)
     p.add_argument("--run-id", type=int, required=True, help="the workflow run (github.run_id)")
     p.add_argument("--matrix", required=True, help="the plan's matrix (JSON): the run jobs to wait for")
@@ -160,8 +180,15 @@ def main(argv: list[str] | None = None, transport: Transport | None = None, fetc
         api = os.environ.get("GITHUB_API_URL", "https://api.github.com")
         transport, fetch = transport or urllib_transport(api, token), fetch or urllib_fetch(api, token)
     try:
-        n = relay(GitHub(repo=repo, transport=transport), fetch, args.comment_id, args.run_id, names,
-                  every=args.every, max_s=args.max_s)
+        n = relay(
+            GitHub(repo=repo, transport=transport),
+            fetch,
+            args.comment_id,
+            args.run_id,
+            names,
+            every=args.every,
+            max_s=args.max_s,
+        )
     except (GitHubError, zipfile.BadZipFile) as e:
         print(f"relay: {e}", file=sys.stderr)
         return 1

@@ -20,8 +20,15 @@ from harness.targets.sglang import selection
 if TYPE_CHECKING:
     from harness.targets.sglang.selection import Target
 
-def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wall_time: float = 0.0,
-                  target: Target | None = None, coverage: ChangedCoverage | None = None) -> Path:
+
+def write_reports(
+    run_dir: Path,
+    results: list[GroupResult],
+    link: str = "",
+    wall_time: float = 0.0,
+    target: Target | None = None,
+    coverage: ChangedCoverage | None = None,
+) -> Path:
     """Merged JUnit, markdown, JSON, measured durations and the HTML page under ``run_dir/report``; the
     sglang ``target`` (when given) is stamped on every JUnit suite and is ``sglang`` in ``summary.json``.
 
@@ -44,7 +51,9 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
     for r in results:
         xml = RunDir(run_dir).junit_file(r.name)
         text = xml.read_text(encoding="utf-8") if xml.exists() else f'<testsuite name="{r.name}" tests="0"/>'
-        parts.append((text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp}))
+        parts.append(
+            (text, {"group": r.name, "topology": r.topology, "runner": r.runner, **dict(r.properties), **stamp})
+        )
     atomic.write_text(out / "junit.xml", report.merge_junit(parts))
     md = report.markdown(results, link if link != LINK_PLACEHOLDER else "")
     if coverage is not None:
@@ -59,11 +68,22 @@ def write_reports(run_dir: Path, results: list[GroupResult], link: str = "", wal
     atomic.write_json(out / "durations.json", report.durations(results), sort_keys=True)
     failed = [f"{r.name}: {r.note}" for r in results if r.note]
     failed += [f"{r.name}: {len(r.failures)} test(s) failed" for r in results if r.failures]
-    header = page.Header("rerun-test", passed=all(r.ok for r in results), reasons=tuple(failed), wall_time=wall_time,
-                         sglang=selection.stamp(target))
+    header = page.Header(
+        "rerun-test",
+        passed=all(r.ok for r in results),
+        reasons=tuple(failed),
+        wall_time=wall_time,
+        sglang=selection.stamp(target),
+    )
     tables = ()
     if coverage is not None:
-        tables = (page.Table(f"Changed lines of sglang (vs {coverage.base})", tuple(changed.HEAD),
-                             tuple(tuple(r) for r in changed.table_rows(coverage)),
-                             tuple("ok" if not r.missed else "bad" for r in coverage.rows), coverage.line()),)
+        tables = (
+            page.Table(
+                f"Changed lines of sglang (vs {coverage.base})",
+                tuple(changed.HEAD),
+                tuple(tuple(r) for r in changed.table_rows(coverage)),
+                tuple("ok" if not r.missed else "bad" for r in coverage.rows),
+                coverage.line(),
+            ),
+        )
     return page.write(out, header, results, tables)

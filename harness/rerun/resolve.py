@@ -62,12 +62,16 @@ def find_file(spec: Spec, reg: Registry) -> SuiteFile:
         names = sorted({f.name for f in reg.files})
         close = difflib.get_close_matches(spec.path, names, n=5, cutoff=0.5)
         hint = f"close matches: {', '.join(close)}" if close else "list the suites with `rerun-test --list`"
-        raise ResolveError(f"no suite file named {spec.path!r} under {', '.join(r.prefix + '/' for r in reg.roots)}; {hint}")
+        raise ResolveError(
+            f"no suite file named {spec.path!r} under {', '.join(r.prefix + '/' for r in reg.roots)}; {hint}"
+        )
     candidates: list[Path] = []
     p = Path(spec.path)
     if p.is_absolute():
         if not any(_inside(p, base) for base in (reg.repo_root, *(r.path for r in reg.roots))):
-            raise ResolveError(f"{spec.path!r} is outside the repository and the --suites-dir trees; name a suite file inside them")
+            raise ResolveError(
+                f"{spec.path!r} is outside the repository and the --suites-dir trees; name a suite file inside them"
+            )
         candidates.append(p)
     else:
         candidates.append(reg.repo_root / p)
@@ -83,7 +87,9 @@ def find_file(spec: Spec, reg: Registry) -> SuiteFile:
                 return hit
     for c in candidates:
         if c.is_file():
-            raise ResolveError(f"{spec.path!r} is not a registered suite file (test_*.py under suites/ or a --suites-dir); move it there or name another")
+            raise ResolveError(
+                f"{spec.path!r} is not a registered suite file (test_*.py under suites/ or a --suites-dir); move it there or name another"
+            )
     close = difflib.get_close_matches(spec.path, [f.rel for f in reg.files], n=5, cutoff=0.5)
     hint = f"close matches: {', '.join(close)}" if close else "list the suites with `rerun-test --list`"
     raise ResolveError(f"no suite file {spec.path!r}; {hint}")

@@ -38,8 +38,9 @@ def load_allow_list(path: Path) -> dict[str, str]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunnerError(f"{path}: cannot read the runner allow-list ({e.__class__.__name__}: {e})") from None
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) and NAME_RE.fullmatch(v)
-                                             for k, v in data.items()):
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and NAME_RE.fullmatch(v) for k, v in data.items()
+    ):
         raise RunnerError(f"{path}: the runner allow-list must map topology names to runner labels")
     if CPU_TOPOLOGY not in data:
         raise RunnerError(f"{path}: the runner allow-list has no {CPU_TOPOLOGY!r} entry")
@@ -49,8 +50,9 @@ def load_allow_list(path: Path) -> dict[str, str]:
 def _name(entry: dict, key: str, i: int) -> str:
     value = entry.get(key)
     if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise RunnerError(f"matrix entry {i}: {key} {str(value)[:60]!r} is not a plain name ([A-Za-z0-9._-], "
-                          f"at most 100 characters)")
+        raise RunnerError(
+            f"matrix entry {i}: {key} {str(value)[:60]!r} is not a plain name ([A-Za-z0-9._-], at most 100 characters)"
+        )
     return value
 
 
@@ -72,7 +74,7 @@ def pin(matrix: object, allow: dict[str, str], *, cpu_only: bool = False) -> dic
     """
     include = matrix.get("include") if isinstance(matrix, dict) else None
     if not isinstance(include, list) or not all(isinstance(e, dict) for e in include):
-        raise RunnerError("the plan's matrix is not {\"include\": [entries]}")
+        raise RunnerError('the plan\'s matrix is not {"include": [entries]}')
     if len(include) > MAX_ENTRIES:
         raise RunnerError(f"the plan has {len(include)} groups; at most {MAX_ENTRIES} run from one request")
     cpu = allow[CPU_TOPOLOGY]
@@ -89,8 +91,10 @@ def pin(matrix: object, allow: dict[str, str], *, cpu_only: bool = False) -> dic
             raise RunnerError(f"group {name}: names no topology")
         unknown = [t for t in topologies if t not in allow]
         if unknown:
-            raise RunnerError(f"group {name}: topology {unknown[0][:60]!r} is not in the default branch's "
-                              f"ci/runners.json; a new topology runs here once it is merged")
+            raise RunnerError(
+                f"group {name}: topology {unknown[0][:60]!r} is not in the default branch's "
+                f"ci/runners.json; a new topology runs here once it is merged"
+            )
         labels = {allow[t] for t in topologies}
         if entry.get("runner") == cpu:
             label = cpu  # the CPU runner (a simulated GPU group, or a CPU topology): always allowed
@@ -99,7 +103,9 @@ def pin(matrix: object, allow: dict[str, str], *, cpu_only: bool = False) -> dic
         else:
             raise RunnerError(f"group {name}: its topologies run on different runners ({', '.join(sorted(labels))})")
         if cpu_only and label != cpu:
-            raise RunnerError(f"group {name} needs the runner {label!r}; a pull request from a fork runs on "
-                              f"{cpu!r} only (ask a maintainer to run it with /rerun-test)")
+            raise RunnerError(
+                f"group {name} needs the runner {label!r}; a pull request from a fork runs on "
+                f"{cpu!r} only (ask a maintainer to run it with /rerun-test)"
+            )
         out.append({**entry, "runner": label})
     return {"include": out}

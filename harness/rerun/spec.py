@@ -171,10 +171,14 @@ def parse_option(token: str, options: dict) -> None:
         options["mutate"] = True
     elif name == "--changed" and eq:
         if not _REV_RE.match(value):
-            raise SpecError(f"{token!r}: REV must be a git revision (letters, digits, . _ / ~ ^ -); e.g. --changed=origin/main")
+            raise SpecError(
+                f"{token!r}: REV must be a git revision (letters, digits, . _ / ~ ^ -); e.g. --changed=origin/main"
+            )
         options["coverage"], options["changed"] = True, value
     else:
-        raise SpecError(f"{token!r}: not an option of /rerun-test; it takes {', '.join(OPTIONS)} before or after the tests")
+        raise SpecError(
+            f"{token!r}: not an option of /rerun-test; it takes {', '.join(OPTIONS)} before or after the tests"
+        )
 
 
 def parse_command(body: str) -> tuple[list[Spec], dict]:
@@ -212,7 +216,9 @@ def _parse_comment(body: str, options: dict) -> list[Spec]:
     command, *rest_list = first.split(None, 1)
     rest = rest_list[0] if rest_list else ""
     if command != COMMAND:
-        raise SpecError(f"the first line must start with '{COMMAND} ' (got {first[:40]!r}); write /rerun-test test_x.py")
+        raise SpecError(
+            f"the first line must start with '{COMMAND} ' (got {first[:40]!r}); write /rerun-test test_x.py"
+        )
     # Tabs and other separators count as spaces; everything else goes through parse_spec.
     tokens = []
     if len(rest) > MAX_SPECS * (MAX_SPEC_LEN + 1):

@@ -62,7 +62,9 @@ class UpstreamMap:
         if reg.backend in self.backend:
             return self.backend[reg.backend]
         key = f'[runner_config] "{reg.runner_config}"' if reg.runner_config else f'[suite] "{reg.suite}"'
-        raise RegistryError(f"unmapped upstream {reg.backend} suite {reg.label!r}; add {key} = \"<topology>\" to topologies/{self.where}")
+        raise RegistryError(
+            f'unmapped upstream {reg.backend} suite {reg.label!r}; add {key} = "<topology>" to topologies/{self.where}'
+        )
 
 
 def load_map(path: Path = MAP_FILE) -> UpstreamMap:
@@ -74,7 +76,9 @@ def load_map(path: Path = MAP_FILE) -> UpstreamMap:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise RegistryError(f"{path.name}: missing; create topologies/{path.name} with [backend], [runner_config], [suite]") from None
+        raise RegistryError(
+            f"{path.name}: missing; create topologies/{path.name} with [backend], [runner_config], [suite]"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise RegistryError(f"{path.name}: not valid TOML ({e}); fix the syntax") from None
     tables = {}
@@ -112,7 +116,9 @@ def read_registrations(tree: ast.Module, where: str) -> list[Registration]:
         args = {name: _literal(a, f"{fn}({name}=…)", where) for name, a in zip(_POSITIONAL, call.args)}
         for kw in call.keywords:
             if kw.arg is None or kw.arg not in _KEYWORDS:
-                raise RegistryError(f"{where}: {fn}() has unknown argument {kw.arg!r}; use {', '.join(sorted(_KEYWORDS))}")
+                raise RegistryError(
+                    f"{where}: {fn}() has unknown argument {kw.arg!r}; use {', '.join(sorted(_KEYWORDS))}"
+                )
             args[kw.arg] = _literal(kw.value, f"{fn}({kw.arg}=…)", where)
         est = args.get("est_time")
         if isinstance(est, bool) or not isinstance(est, (int, float)):
@@ -120,8 +126,16 @@ def read_registrations(tree: ast.Module, where: str) -> list[Registration]:
         for k in ("suite", "stage", "runner_config", "disabled"):
             if args.get(k) is not None and not isinstance(args[k], str):
                 raise RegistryError(f"{where}: {fn}({k}=…) must be a string")
-        regs.append(Registration(backend=_BACKENDS[fn], est_time=float(est), suite=args.get("suite"), stage=args.get("stage"),
-                                 runner_config=args.get("runner_config"), disabled=args.get("disabled")))
+        regs.append(
+            Registration(
+                backend=_BACKENDS[fn],
+                est_time=float(est),
+                suite=args.get("suite"),
+                stage=args.get("stage"),
+                runner_config=args.get("runner_config"),
+                disabled=args.get("disabled"),
+            )
+        )
     return regs
 
 
@@ -140,7 +154,9 @@ def read_upstream(path: Path, rel: str, mapping: UpstreamMap) -> SuiteFile | Non
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (SyntaxError, UnicodeDecodeError) as e:
-        return SuiteFile(path=path, rel=rel, tests=(), kind="upstream", error=f"{rel}: cannot be parsed ({e}); fix the file")
+        return SuiteFile(
+            path=path, rel=rel, tests=(), kind="upstream", error=f"{rel}: cannot be parsed ({e}); fix the file"
+        )
     try:
         regs = read_registrations(tree, rel)
         if not regs:

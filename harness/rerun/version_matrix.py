@@ -115,9 +115,17 @@ def slug(spec: str) -> str:
     return f"{kind}-{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}"
 
 
-def run_target(spec: str, label: str, specs: list[str], run_dir: Path, *, repo_root: Path,
-               extra_args: list[str] = (), timeout_s: float | None = None,
-               out: Callable[[str], None] = print) -> TargetRun:
+def run_target(
+    spec: str,
+    label: str,
+    specs: list[str],
+    run_dir: Path,
+    *,
+    repo_root: Path,
+    extra_args: list[str] = (),
+    timeout_s: float | None = None,
+    out: Callable[[str], None] = print,
+) -> TargetRun:
     """Run ``rerun-test --sglang spec SPECS`` in a subprocess and read its summary.
 
     Args:
@@ -136,7 +144,17 @@ def run_target(spec: str, label: str, specs: list[str], run_dir: Path, *, repo_r
     from harness.targets.sglang import selection as target_mod
 
     env = {k: v for k, v in os.environ.items() if k != target_mod.ENV_VAR}
-    cmd = [sys.executable, "-m", "harness.commands.rerun", "--sglang", spec, "--run-dir", str(run_dir), *extra_args, *specs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.commands.rerun",
+        "--sglang",
+        spec,
+        "--run-dir",
+        str(run_dir),
+        *extra_args,
+        *specs,
+    ]
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "rerun-test.log"
     out(f"matrix: {label}: {' '.join(specs)} (run dir {run_dir})")
@@ -167,7 +185,7 @@ def render_text(runs: list[TargetRun]) -> str:
         if r.note:
             lines.append(f"{r.label}: {r.note}")
         for f in files:
-            for reason in (r.cells[f].reasons if f in r.cells else ()):
+            for reason in r.cells[f].reasons if f in r.cells else ():
                 lines.append(f"{r.label} · {Path(f).name}: {reason}")
     return "\n".join(lines)
 
@@ -175,13 +193,19 @@ def render_text(runs: list[TargetRun]) -> str:
 def render_markdown(runs: list[TargetRun]) -> str:
     """The table as markdown, then the reasons (pure)."""
     files = _files(runs)
-    lines = ["| target | wall | " + " | ".join(f"`{Path(f).name}`" for f in files) + " |",
-             "| --- | ---: |" + " --- |" * len(files)]
+    lines = [
+        "| target | wall | " + " | ".join(f"`{Path(f).name}`" for f in files) + " |",
+        "| --- | ---: |" + " --- |" * len(files),
+    ]
     for r in runs:
         cells = [r.cells[f].text() if f in r.cells else "-" for f in files]
         lines.append(f"| {r.label} | {r.wall_s:.0f}s | " + " | ".join(cells) + " |")
-    reasons = [f"- {r.label} · `{Path(f).name}`: {reason}" for r in runs for f in files
-               for reason in (r.cells[f].reasons if f in r.cells else ())]
+    reasons = [
+        f"- {r.label} · `{Path(f).name}`: {reason}"
+        for r in runs
+        for f in files
+        for reason in (r.cells[f].reasons if f in r.cells else ())
+    ]
     reasons += [f"- {r.label}: {r.note}" for r in runs if r.note]
     if reasons:
         lines += ["", *reasons]
@@ -190,7 +214,17 @@ def render_markdown(runs: list[TargetRun]) -> str:
 
 def to_json(runs: list[TargetRun]) -> dict:
     """JSON-able matrix: per target its spec, label, run dir, exit code, wall time and cells (pure)."""
-    return {"targets": [{"spec": r.spec, "label": r.label, "run_dir": str(r.run_dir), "returncode": r.returncode,
-                         "wall_s": round(r.wall_s, 1), "note": r.note,
-                         "files": {f: {"counts": c.counts, "reasons": list(c.reasons)} for f, c in r.cells.items()}}
-                        for r in runs]}
+    return {
+        "targets": [
+            {
+                "spec": r.spec,
+                "label": r.label,
+                "run_dir": str(r.run_dir),
+                "returncode": r.returncode,
+                "wall_s": round(r.wall_s, 1),
+                "note": r.note,
+                "files": {f: {"counts": c.counts, "reasons": list(c.reasons)} for f, c in r.cells.items()},
+            }
+            for r in runs
+        ]
+    }

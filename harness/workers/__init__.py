@@ -51,6 +51,28 @@ from harness.workers.spec import (
 )
 from harness.workers.watchdog import Watchdog
 
-__all__ = ["TAIL_LINES", "CallCheck", "Check", "HttpCheck", "InProcess", "NodeRef", "PlacementBundles", "PortCheck", "RolePlacement",
-           "Probe", "Subprocess", "Watchdog", "Worker", "WorkerContext", "WorkerDied", "WorkerInfo", "WorkerSpec",
-           "WorkerStartError", "current", "launch_worker", "payload_error", "start_worker", "tail_file"]
+__all__ = [
+    "TAIL_LINES",
+    "CallCheck",
+    "Check",
+    "HttpCheck",
+    "InProcess",
+    "NodeRef",
+    "PlacementBundles",
+    "PortCheck",
+    "RolePlacement",
+    "Probe",
+    "Subprocess",
+    "Watchdog",
+    "Worker",
+    "WorkerContext",
+    "WorkerDied",
+    "WorkerInfo",
+    "WorkerSpec",
+    "WorkerStartError",
+    "current",
+    "launch_worker",
+    "payload_error",
+    "start_worker",
+    "tail_file",
+]

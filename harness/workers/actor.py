@@ -120,7 +120,9 @@ class _WorkerActor:
         sys.stderr.flush()
         os.dup2(self._log_fd, 1)
         os.dup2(self._log_fd, 2)
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+        logging.basicConfig(
+            stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+        )
         self.gpu_ids = tuple(int(g) for g in ray.get_gpu_ids())
         self.cuda = ",".join(str(g) for g in self.gpu_ids)
         os.environ["CUDA_VISIBLE_DEVICES"] = self.cuda
@@ -147,15 +149,26 @@ class _WorkerActor:
             self.obj = cls(*p.args, **p.kwargs)
         else:
             argv = [_fill(a, self.ports) for a in p.argv]
-            env = {**os.environ, **{k: _fill(str(v), self.ports) for k, v in p.env.items()},
-                   "CUDA_VISIBLE_DEVICES": self.cuda}
+            env = {
+                **os.environ,
+                **{k: _fill(str(v), self.ports) for k, v in p.env.items()},
+                "CUDA_VISIBLE_DEVICES": self.cuda,
+            }
             if "PYTHONPATH" in p.env:  # in front of this worker's own, which still follows (see Subprocess)
                 env["PYTHONPATH"] = paths_over(env["PYTHONPATH"], os.environ.get("PYTHONPATH", ""))
             # Noted before the start: once it runs, the payload owns the log (our line would land among its).
             self._note(f"exec {' '.join(argv)}")
             self._read_to = os.fstat(self._log_fd).st_size  # the payload's fatal lines are looked for in its own output
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log_fd, stderr=self._log_fd,
-                                         env=env, cwd=p.cwd, start_new_session=True, preexec_fn=_pdeathsig)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_fd,
+                stderr=self._log_fd,
+                env=env,
+                cwd=p.cwd,
+                start_new_session=True,
+                preexec_fn=_pdeathsig,
+            )
             self.proc_start = procs.start_time(self.proc.pid)
             procs.register(self.proc.pid, kind="pgid", label=f"worker {self.spec.name} payload")
         return self.info()
@@ -164,9 +177,15 @@ class _WorkerActor:
         import ray
 
         return WorkerInfo(
-            name=self.spec.name, node_id=ray.get_runtime_context().get_node_id(), hostname=socket.gethostname(),
-            pid=os.getpid(), gpu_ids=self.gpu_ids, cuda_visible_devices=self.cuda, ports=dict(self.ports),
-            log_path=str(self.log_path), payload_pid=self.proc.pid if self.proc else None,
+            name=self.spec.name,
+            node_id=ray.get_runtime_context().get_node_id(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            gpu_ids=self.gpu_ids,
+            cuda_visible_devices=self.cuda,
+            ports=dict(self.ports),
+            log_path=str(self.log_path),
+            payload_pid=self.proc.pid if self.proc else None,
             payload_start=self.proc_start,
         )
 
@@ -190,7 +209,7 @@ class _WorkerActor:
         with open(self.log_path, "rb") as f:
             f.seek(self._read_to)
             new = f.read()
-        complete = new[:new.rfind(b"\n") + 1]
+        complete = new[: new.rfind(b"\n") + 1]
         self._read_to += len(complete)
         for line in complete.decode(errors="replace").splitlines():
             if any(text in line for text in fatal):

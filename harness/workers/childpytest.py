@@ -17,15 +17,33 @@ from typing import Iterable, Mapping, Sequence
 JUNIT_FAMILY = "junit_family=xunit1"
 
 
-def command(tests: Sequence[str], *, junit: Path, run_dir: Path, before: Sequence[str] = (),
-            after: Sequence[str] = (), python: str = sys.executable) -> list[str]:
+def command(
+    tests: Sequence[str],
+    *,
+    junit: Path,
+    run_dir: Path,
+    before: Sequence[str] = (),
+    after: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
     """``PYTHON -m pytest TESTS BEFORE --junitxml=JUNIT -o junit_family=xunit1 --run-dir RUN_DIR AFTER``.
 
     >>> command(["suites/a.py"], junit=Path("j.xml"), run_dir=Path("r"), before=["-q"], after=["-x"], python="py")
     ['py', '-m', 'pytest', 'suites/a.py', '-q', '--junitxml=j.xml', '-o', 'junit_family=xunit1', '--run-dir', 'r', '-x']
     """
-    return [python, "-m", "pytest", *tests, *before, f"--junitxml={junit}", "-o", JUNIT_FAMILY,
-            "--run-dir", str(run_dir), *after]
+    return [
+        python,
+        "-m",
+        "pytest",
+        *tests,
+        *before,
+        f"--junitxml={junit}",
+        "-o",
+        JUNIT_FAMILY,
+        "--run-dir",
+        str(run_dir),
+        *after,
+    ]
 
 
 def environment(updates: Mapping[str, str] | None = None, *, drop: Iterable[str] = ()) -> dict[str, str]:

@@ -104,8 +104,9 @@ class Worker:
     def node_lost(self, why: str) -> WorkerDied:
         """Record that the worker's node is gone (its actor and everything it ran died with it)."""
         self._node_lost = True
-        return self._died(f"node lost: {self.node or 'its Ray node'} stopped answering ({why}); "
-                          "every worker on it died with it")
+        return self._died(
+            f"node lost: {self.node or 'its Ray node'} stopped answering ({why}); every worker on it died with it"
+        )
 
     def _actor_error(self, e: Exception) -> WorkerDied:
         """The death behind a Ray actor error: the lost node when its raylet is gone, else the actor's own."""
@@ -155,7 +156,9 @@ class Worker:
                 pass
             if self._clock.now() >= deadline:
                 pid = f" (payload pid {self.info.payload_pid})" if self.info and self.info.payload_pid else ""
-                raise TimeoutError(f"worker {self.name}: not ready after {budget:g} s{pid}\n--- last lines of its log ---\n{self.tail()}")
+                raise TimeoutError(
+                    f"worker {self.name}: not ready after {budget:g} s{pid}\n--- last lines of its log ---\n{self.tail()}"
+                )
             self._clock.sleep(min(_POLL_S * 2, max(0.0, deadline - self._clock.now())))
 
     def _stopped_while_starting(self) -> WorkerDied:
@@ -213,8 +216,11 @@ class Worker:
         except Exception as e:  # dead or wedged actor: clean up its process group ourselves below
             log.debug("worker %s: stop through the actor failed: %r", self.name, e)
         info = self.info
-        if info and info.payload_pid and info.hostname == socket.gethostname() and (
-            procs.alive(info.payload_pid, info.payload_start) or procs.group_members(info.payload_pid)
+        if (
+            info
+            and info.payload_pid
+            and info.hostname == socket.gethostname()
+            and (procs.alive(info.payload_pid, info.payload_start) or procs.group_members(info.payload_pid))
         ):
             stop_group(info.payload_pid, info.payload_start, min(g, 2.0))
         try:
@@ -291,15 +297,24 @@ def _actor_cause(e: Exception) -> str:
     kind = re.search(r"Worker exit type: (\w+)", text)
     detail = re.search(r"Worker exit detail: (.*?\.)(?: |$)", text)
     pid = re.search(r"\bpid: (\d+)", text)
-    parts = [f"pid {pid.group(1)}" if pid else "", f"exit type {kind.group(1)}" if kind else "",
-             detail.group(1) if detail else ""]
+    parts = [
+        f"pid {pid.group(1)}" if pid else "",
+        f"exit type {kind.group(1)}" if kind else "",
+        detail.group(1) if detail else "",
+    ]
     summary = "; ".join(p for p in parts if p)
     head = text.split(".")[0][:200] if text else e.__class__.__name__
     return f"actor died: {summary}" if summary else f"actor died: {head}"
 
 
-def launch_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | None" = None, bundle_index: int = 0,
-                  *, timeout: float | None = None, clock: Clock = DEFAULT_CLOCK) -> Worker:
+def launch_worker(
+    spec: WorkerSpec,
+    group: "PlacementBundles | PlacementGroup | None" = None,
+    bundle_index: int = 0,
+    *,
+    timeout: float | None = None,
+    clock: Clock = DEFAULT_CLOCK,
+) -> Worker:
     """Start a worker actor in a placement-group bundle and start its payload, without waiting for
     its readiness checks: its ports are leased and known (``worker.ports``, ``worker.url``), so a
     process that only needs its address (a PD router) can start while it is still coming up.
@@ -334,7 +349,8 @@ def launch_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | 
         if gpus:
             opts["num_gpus"] = gpus
         opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=bundle_index)
+            placement_group=pg, placement_group_bundle_index=bundle_index
+        )
     budget = spec.ready_timeout if timeout is None else timeout
     Path(spec.run_dir, "workers").mkdir(parents=True, exist_ok=True)
     actor = remote_class().options(**opts).remote(spec, procs.owner_env())
@@ -347,8 +363,9 @@ def launch_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | 
         except RayTaskError as e:
             raise w._died(f"payload start raised: {str(e).strip().splitlines()[-1][:300]}") from None
         except GetTimeoutError:
-            raise TimeoutError(f"worker {spec.name}: actor not started within {budget:g} s "
-                               "(no room in its placement group bundle?)") from None
+            raise TimeoutError(
+                f"worker {spec.name}: actor not started within {budget:g} s (no room in its placement group bundle?)"
+            ) from None
         w.node = node_of(w.info.node_id)
     except BaseException:
         w.stop(grace=1.0)
@@ -356,8 +373,14 @@ def launch_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | 
     return w
 
 
-def start_worker(spec: WorkerSpec, group: "PlacementBundles | PlacementGroup | None" = None, bundle_index: int = 0,
-                 *, timeout: float | None = None, clock: Clock = DEFAULT_CLOCK) -> Worker:
+def start_worker(
+    spec: WorkerSpec,
+    group: "PlacementBundles | PlacementGroup | None" = None,
+    bundle_index: int = 0,
+    *,
+    timeout: float | None = None,
+    clock: Clock = DEFAULT_CLOCK,
+) -> Worker:
     """Start a worker (:func:`launch_worker`) and wait until it is ready.
 
     Args: as :func:`launch_worker`; ``timeout`` (default ``spec.ready_timeout``) also bounds the

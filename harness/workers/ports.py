@@ -36,6 +36,8 @@ LOCK_TIMEOUT_S = 30.0
 
 class LeaseLockError(RuntimeError):
     """A lease ledger's lock stayed held past :data:`LOCK_TIMEOUT_S`: one line, naming the file."""
+
+
 _TRIES = 1000
 #: Not the module-level generator: tests seed that one (Hypothesis, workload seeds), and forked
 #: children share its state, so two processes would try the same ports in the same order.
@@ -93,8 +95,10 @@ def _locked(path: Path, timeout: float | None = None) -> Iterator[IO[str]]:
                 break
             except BlockingIOError:
                 if deadline.expired():
-                    raise LeaseLockError(f"{path}: its lock was held by another process for {bound:g} s; "
-                                         "find it with `fuser -v` on the file, or remove the file") from None
+                    raise LeaseLockError(
+                        f"{path}: its lock was held by another process for {bound:g} s; "
+                        "find it with `fuser -v` on the file, or remove the file"
+                    ) from None
                 deadline.sleep(0.02)
         f.seek(0)
         yield f
@@ -125,8 +129,14 @@ def _os_port(taken: set[int], held: list[socket.socket]) -> int | None:
     return None
 
 
-def allocate_ports(names: tuple[str, ...], run_dir: str | Path | None = None, *, leases: Path | None = None,
-                   lease_s: float = LEASE_S, ports: range | None = None) -> dict[str, int]:
+def allocate_ports(
+    names: tuple[str, ...],
+    run_dir: str | Path | None = None,
+    *,
+    leases: Path | None = None,
+    lease_s: float = LEASE_S,
+    ports: range | None = None,
+) -> dict[str, int]:
     """One free TCP port per name: never one this run handed out, nor one any harness process on
     the machine leased in the last ``lease_s`` seconds.
 

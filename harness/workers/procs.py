@@ -85,6 +85,7 @@ def dir_allowed(path: str | Path) -> bool:
     parents = {Path(os.path.normpath(tempfile.gettempdir())), Path("/tmp")}
     return p.parent in parents and p.name.startswith(DIR_PREFIXES) and p.name not in ("", "..")
 
+
 #: Environment variable that names the run's owner (``pid:start``) to processes started for it.
 OWNER_ENV = "HARNESS_OWNER"
 
@@ -120,7 +121,7 @@ def start_time(pid: int) -> float | None:
             stat = f.read()
     except OSError:  # no such process (or not ours to read)
         return None
-    fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": the command may hold spaces
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": the command may hold spaces
     if fields[0] in (b"Z", b"X"):  # a zombie, or dead
         return None
     return int(fields[19]) / _CLOCK_TICKS
@@ -252,7 +253,9 @@ def kill_entry(e: Entry) -> bool:
     """
     if e.kind == "dir":
         if not dir_allowed(e.path):
-            log.warning("refused to remove %s: a registry entry may name only the harness's own temp directories", e.path)
+            log.warning(
+                "refused to remove %s: a registry entry may name only the harness's own temp directories", e.path
+            )
             return False
         if e.path and Path(e.path).is_dir() and not Path(e.path).is_symlink():
             shutil.rmtree(e.path, ignore_errors=True)
@@ -313,8 +316,9 @@ def wait_gone(pids: list[int], timeout: float, starts: Mapping[int, float] | Non
 INTERRUPT_GRACE_S = 60.0
 
 
-def run_logged(cmd: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], log: Path,
-               timeout_s: float | None) -> tuple[int, bool]:
+def run_logged(
+    cmd: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], log: Path, timeout_s: float | None
+) -> tuple[int, bool]:
     """Run ``cmd`` in a session of its own, stdout and stderr into ``log``; past ``timeout_s`` kill
     its whole process group (it and everything it started, nothing else). Interrupted (``^C`` reaches
     only this process: the command has a session of its own), hand the interrupt on to the command,
@@ -324,8 +328,9 @@ def run_logged(cmd: Sequence[str], *, cwd: str | Path, env: Mapping[str, str], l
         ``(exit status, timed out)``; a killed run's status is ``-SIGKILL``.
     """
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(list(cmd), cwd=cwd, env=dict(env), stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            list(cmd), cwd=cwd, env=dict(env), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             return proc.wait(timeout=timeout_s), False
         except subprocess.TimeoutExpired:

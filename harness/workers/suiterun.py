@@ -73,8 +73,17 @@ class SuiteRunner:
         logger.warning("running %s in worker %s on %s", paths, context.name, device)
         with tempfile.TemporaryDirectory(prefix="suite-") as tmp:
             junit = Path(tmp) / "junit.xml"
-            args = [*paths, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1",
-                    f"--rootdir={REPO_ROOT}", *(extra_args or [])]
+            args = [
+                *paths,
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={junit}",
+                "-o",
+                "junit_family=xunit1",
+                f"--rootdir={REPO_ROOT}",
+                *(extra_args or []),
+            ]
             cwd = os.getcwd()
             os.chdir(REPO_ROOT)
             try:
@@ -82,9 +91,14 @@ class SuiteRunner:
             finally:
                 os.chdir(cwd)
             outcomes = _outcomes(junit) if junit.exists() else {}
-        return SuiteResult(exit_code=exit_code, device=device, gpu_ids=tuple(context.gpu_ids),
-                           cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), pid=os.getpid(),
-                           outcomes=outcomes)
+        return SuiteResult(
+            exit_code=exit_code,
+            device=device,
+            gpu_ids=tuple(context.gpu_ids),
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            pid=os.getpid(),
+            outcomes=outcomes,
+        )
 
 
 def _outcomes(junit: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ from harness.workers.spec import WorkerDied
 
 log = logging.getLogger(__name__)
 
+
 class Watchdog:
     """Polls workers from a background thread; calls ``on_death(WorkerDied)`` once per dead worker.
 

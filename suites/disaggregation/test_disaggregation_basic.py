@@ -44,8 +44,21 @@ def _serves(pair, rid):
 
 def test_mixed_prompt_lengths_around_page_boundaries(pd_pair, pd_report):
     pair = pd_pair(SPEC)
-    lengths = [1, PAGE - 1, PAGE, PAGE + 1, WINDOW, 2 * PAGE - 1, 2 * PAGE, 2 * PAGE + 1, 3 * PAGE, 3 * PAGE + 1,
-               300, 5 * PAGE - 1, 10 * PAGE]
+    lengths = [
+        1,
+        PAGE - 1,
+        PAGE,
+        PAGE + 1,
+        WINDOW,
+        2 * PAGE - 1,
+        2 * PAGE,
+        2 * PAGE + 1,
+        3 * PAGE,
+        3 * PAGE + 1,
+        300,
+        5 * PAGE - 1,
+        10 * PAGE,
+    ]
     reqs = [PDRequest(f"len{n}", n, decode_steps=3) for n in lengths]
     res = run(pair, reqs)
     pd_report(res)
@@ -55,8 +68,12 @@ def test_mixed_prompt_lengths_around_page_boundaries(pd_pair, pd_report):
     # sglang's own numbers for page 64 / window 100 (reference measurements): fill 300 -> tail 108.
     for rid, fill, tail, evicted in (("len300", 300, 108, 192), ("len1", 1, 1, 0)):
         ev = tails[rid]
-        expect(f"decode prealloc of {rid}", fill_len=(ev.fill_len, fill), swa_tail_len=(ev.swa_tail_len, tail),
-               evicted_seqlen=(ev.evicted_seqlen, evicted))
+        expect(
+            f"decode prealloc of {rid}",
+            fill_len=(ev.fill_len, fill),
+            swa_tail_len=(ev.swa_tail_len, tail),
+            evicted_seqlen=(ev.evicted_seqlen, evicted),
+        )
 
 
 def test_concurrent_requests_decode_together(pd_pair, pd_report):
@@ -74,8 +91,15 @@ def test_long_decode_keeps_the_window_and_evicts_within_the_interval(pd_pair, pd
     # Decode well past window + sglang's default interval (128), so SWA slots are freed while decoding
     # either way; the ledger's decode rules follow the configured interval (swa-evict-late,
     # swa-window-lost) and every step's window bytes are verified.
-    spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, full_tokens=40 * PAGE, swa_tokens=24 * PAGE,
-                  req_slots=8, eviction_interval=interval)
+    spec = KVSpec(
+        kind="swa",
+        page_size=PAGE,
+        window=WINDOW,
+        full_tokens=40 * PAGE,
+        swa_tokens=24 * PAGE,
+        req_slots=8,
+        eviction_interval=interval,
+    )
     pair = pd_pair(spec)
     reqs = [PDRequest(f"long{i}", 150 + 61 * i, decode_steps=260 + 7 * i) for i in range(3)]
     res = run(pair, reqs)
@@ -171,16 +195,24 @@ def test_retraction_resumes_with_its_kv_restored_and_leaves_no_kv(pd_pair, pd_re
     assert retraction.note == "retract" and resumed.note == "resume", (retraction, resumed)
     assert first.seq < retraction.seq < resumed.seq < final.seq
     assert resumed.fill_len == 150 + 30, f"resumed at fill {resumed.fill_len}, not where it was retracted"
-    assert any(e.pages.get("swa") and e.seq < retraction.seq for e in _events(res, "decode", "back", "evict")), \
+    assert any(e.pages.get("swa") and e.seq < retraction.seq for e in _events(res, "decode", "back", "evict")), (
         "retracted before it evicted any SWA page"
+    )
     res.assert_clean()
     _serves(pair, "after-retraction")
 
 
 @pytest.mark.parametrize("radix_cache", [False, True], ids=["radix-off", "radix-on"])
 def test_radix_cache(pd_pair, pd_report, radix_cache):
-    spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, radix_cache=radix_cache, full_tokens=32 * PAGE,
-                  swa_tokens=12 * PAGE, req_slots=8)
+    spec = KVSpec(
+        kind="swa",
+        page_size=PAGE,
+        window=WINDOW,
+        radix_cache=radix_cache,
+        full_tokens=32 * PAGE,
+        swa_tokens=12 * PAGE,
+        req_slots=8,
+    )
     pair = pd_pair(spec)
     reqs = [PDRequest(f"x{i}", 130 + 70 * (i % 4), decode_steps=5) for i in range(12)]
     groups = {r.rid: "shared" if i % 2 == 0 else r.rid for i, r in enumerate(reqs)}

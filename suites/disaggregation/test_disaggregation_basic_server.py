@@ -37,9 +37,14 @@ PAGE = 64
 
 # est_time: a test on the started stack; the module's first test also pays the stack start (60-240 s).
 # CI runs it on cpu; on a 2×GPU box: --topology 2-gpu-h100 --model tiny-llama=PATH (page 64 there too).
-pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
-                                 server_args=("--page-size", str(PAGE))),
-              pytest.mark.topology("cpu"), pytest.mark.est_time(20), pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.engine(
+        "sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",), server_args=("--page-size", str(PAGE))
+    ),
+    pytest.mark.topology("cpu"),
+    pytest.mark.est_time(20),
+    pytest.mark.timeout(900),
+]
 MAX_NEW = 8
 #: Around one and two pages, and long prompts (the reference measured 20 … 3000).
 PROMPT_LENS = (20, 63, 64, 65, 127, 129, 1000, 3000)
@@ -145,8 +150,14 @@ def test_death_during_startup_names_the_role_with_its_log_tail(ray_cluster, run_
     started: list = []
     cpu = topology.get("cpu")
     with pytest.raises(WorkerDied) as exc:
-        start_pd_stack(cpu, missing, run_dir.root, names=("prefill-broken", "decode-broken", "router-broken"),
-                       on_start=started.append, forkserver=ray_cluster.starts_forked("server", cpu))
+        start_pd_stack(
+            cpu,
+            missing,
+            run_dir.root,
+            names=("prefill-broken", "decode-broken", "router-broken"),
+            on_start=started.append,
+            forkserver=ray_cluster.starts_forked("server", cpu),
+        )
     died = exc.value
     # Both servers die of the missing model; the first death is raised (and the rest stopped).
     assert died.name in ("prefill-broken", "decode-broken"), died.name
@@ -159,8 +170,12 @@ def test_death_during_startup_names_the_role_with_its_log_tail(ray_cluster, run_
     for name in ("prefill-broken", "decode-broken", "router-broken"):
         assert "[harness] exec " in (run_dir.workers / f"{name}.log").read_text(), f"{name} was never started"
     router_port = re.search(r"'http': (\d+)", (run_dir.workers / "router-broken.log").read_text()).group(1)
-    left = [p.pid for p in psutil.process_iter(["cmdline"])
-            if str(missing) in " ".join(p.info["cmdline"] or ()) or f"--port {router_port} " in " ".join(p.info["cmdline"] or ())]
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if str(missing) in " ".join(p.info["cmdline"] or ())
+        or f"--port {router_port} " in " ".join(p.info["cmdline"] or ())
+    ]
     assert left == [], f"processes of the stack left behind: {left}"
 
 
@@ -200,7 +215,9 @@ def test_server_killed_mid_workload_fails_fast_naming_it(sglang_servers, role, r
     stack = sglang_servers.pd(MODEL)
     victim = getattr(stack, role)
     died, latency = _workload_until_death(stack, victim)
-    assert died.name == victim.name and died.name.startswith(role), f"WorkerDied names {died.name}, killed {victim.name}"
+    assert died.name == victim.name and died.name.startswith(role), (
+        f"WorkerDied names {died.name}, killed {victim.name}"
+    )
     assert "killed by SIGKILL" in died.cause, died.cause
     assert died.tail.strip(), "WorkerDied carries no log tail"
     assert role in str(died)

@@ -17,8 +17,16 @@ PAGE, WINDOW = 256, 128
 
 @pytest.mark.parametrize("hisparse", [False, True], ids=["hisparse-off", "hisparse-on"])
 def test_dsv4_tp4_prefill_to_tp4_decode(pd_pair, pd_report, hisparse):
-    spec = KVSpec(kind="dsv4", page_size=PAGE, window=WINDOW, hisparse=hisparse, full_tokens=16 * PAGE,
-                  swa_tokens=8 * PAGE, req_slots=4, max_context_len=4096)
+    spec = KVSpec(
+        kind="dsv4",
+        page_size=PAGE,
+        window=WINDOW,
+        hisparse=hisparse,
+        full_tokens=16 * PAGE,
+        swa_tokens=8 * PAGE,
+        req_slots=4,
+        max_context_len=4096,
+    )
     pair = pd_pair(spec)
     assert len(pair.prefill) == len(pair.decode) == 4
     lengths = [1, PAGE - 1, PAGE, PAGE + 1, 385, 700, 3 * PAGE + 1]
@@ -32,5 +40,8 @@ def test_dsv4_tp4_prefill_to_tp4_decode(pd_pair, pd_report, hisparse):
     tails = {e.rid: e for e in res.events if e.component == "decode" and e.kind == "prealloc"}
     # sglang's numbers for page 256 / window 128: fill 385 -> tail 129 (evicted 256); 700 -> 188 (512).
     for rid, tail, evicted in (("v385", 129, 256), ("v700", 188, 512)):
-        expect(f"decode prealloc of {rid}", swa_tail_len=(tails[rid].swa_tail_len, tail),
-               evicted_seqlen=(tails[rid].evicted_seqlen, evicted))
+        expect(
+            f"decode prealloc of {rid}",
+            swa_tail_len=(tails[rid].swa_tail_len, tail),
+            evicted_seqlen=(tails[rid].evicted_seqlen, evicted),
+        )

@@ -32,8 +32,12 @@ from harness.api import HISPARSE_DECODE_ARGS, expect, ledger
 
 MODEL = "dsv4"
 # est_time: the module: three DeepSeek-V4 server starts (PD off, plain, PD on; minutes each) and the requests.
-pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,)), pytest.mark.topology("8-gpu-h200"),
-              pytest.mark.est_time(1500), pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.engine("sglang-server", models=(MODEL,)),
+    pytest.mark.topology("8-gpu-h200"),
+    pytest.mark.est_time(1500),
+    pytest.mark.timeout(3600),
+]
 
 PAGE = 256  # sglang's page size for DeepSeek-V4 on CUDA
 TP = ATTN_DP = 4
@@ -82,7 +86,9 @@ def test_stack_ready_as_launched(stack, hisparse):
     for role in ("prefill", "decode"):
         info = stack.client(role).server_info()
         assert info.get("disaggregation_mode") == role, info.get("disaggregation_mode")
-        expect(f"{role} server info", tp_size=(info.get("tp_size"), TP), attn_dp_size=(info.get("attn_dp_size"), ATTN_DP))
+        expect(
+            f"{role} server info", tp_size=(info.get("tp_size"), TP), attn_dp_size=(info.get("attn_dp_size"), ATTN_DP)
+        )
         assert info.get("page_size") == PAGE, info.get("page_size")
         assert bool(info.get("enable_hisparse")) == (hisparse and role == "decode"), info.get("enable_hisparse")
 

@@ -50,9 +50,14 @@ from harness.api import ServerHTTPError, WorkerDied, expect, hold, ledger, reset
 MODEL = "tiny-mellum-swa"
 PAGE = 64
 
-pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
-                                 server_args=("--page-size", str(PAGE))),
-              pytest.mark.topology("cpu"), pytest.mark.est_time(15), pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.engine(
+        "sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",), server_args=("--page-size", str(PAGE))
+    ),
+    pytest.mark.topology("cpu"),
+    pytest.mark.est_time(15),
+    pytest.mark.timeout(900),
+]
 
 #: Seconds a surviving server has to be back at its baseline after the failure (a dead peer is
 #: noticed through mooncake's heartbeat: a few seconds; aborted transfers drain at once).
@@ -99,11 +104,16 @@ class Ledger:
 
     def wait(self, what: str, rid: str, kind: str, timeout_s: float = PHASE_S) -> list:
         """The events of ``rid`` of ``kind``, once there is one (else the test fails naming ``what``)."""
-        return wait_for(lambda: self.events(rid, kind), timeout_s, f"{what} (a {kind} event of {rid} in {self.path.name})",
-                        interval=POLL_S)
+        return wait_for(
+            lambda: self.events(rid, kind),
+            timeout_s,
+            f"{what} (a {kind} event of {rid} in {self.path.name})",
+            interval=POLL_S,
+        )
 
-    def released(self, what: str, rid: str, *, answered: concurrent.futures.Future, grace_s: float,
-                 timeout_s: float = RELEASE_S) -> list:
+    def released(
+        self, what: str, rid: str, *, answered: concurrent.futures.Future, grace_s: float, timeout_s: float = RELEASE_S
+    ) -> list:
         """The release of ``rid``, once written; if it never comes, the ledger's own verdict fails
         the test (``page-leak``: the pages it preallocated were never freed). ``answered``: decode's
         answer to the request's client; the wait also ends ``grace_s`` (:func:`release_grace`) after
@@ -126,10 +136,13 @@ class Ledger:
         except TimeoutError:
             # Answered, the request finished: the pages it still holds are a leak, not a request in flight.
             finished = [rid] if answered.done() else []
-            ledger.assert_clean(ledger.check(self.events(), finished=finished),
-                                f"of {self.path.stem}: {what} never came")
-        pytest.fail(f"{what}: no release of {rid} in {self.path.name} within {timeout_s:g} s, and the ledger "
-                    "sees nothing wrong (was it ever preallocated?)")
+            ledger.assert_clean(
+                ledger.check(self.events(), finished=finished), f"of {self.path.stem}: {what} never came"
+            )
+        pytest.fail(
+            f"{what}: no release of {rid} in {self.path.name} within {timeout_s:g} s, and the ledger "
+            "sees nothing wrong (was it ever preallocated?)"
+        )
 
 
 def release_grace(stack) -> float:
@@ -163,14 +176,17 @@ def decoded_before(decode: Ledger, rid: str, release) -> bool:
     return any(e.seq < release.seq for e in decode.events(rid, "decode_alloc"))
 
 
-def direct(stack, ids: list[int], max_new: int, rid: str, *, room: int | None = None,
-           timeout_s: float = PHASE_S) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
+def direct(
+    stack, ids: list[int], max_new: int, rid: str, *, room: int | None = None, timeout_s: float = PHASE_S
+) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
     """One PD request sent to prefill and decode directly, with the bootstrap fields the router would
     add but without its retries (a retry would bring the request back under the same rid): the
     clients' futures, prefill's then decode's. ``room``: its bootstrap_room (default: one of its own)."""
     body = stack.bootstrap_fields(rid, room)
-    return (in_background(lambda: stack.client("prefill").generate(ids, max_new, extra=body, timeout_s=timeout_s)),
-            in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body, timeout_s=timeout_s)))
+    return (
+        in_background(lambda: stack.client("prefill").generate(ids, max_new, extra=body, timeout_s=timeout_s)),
+        in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body, timeout_s=timeout_s)),
+    )
 
 
 class InFlight(NamedTuple):
@@ -236,9 +252,17 @@ TRANSFER_TIMEOUT_S = 20
 
 
 #: The tight stack's own flags and environment (decode's only).
-TIGHT = {"extra_args": {"decode": ("--max-total-tokens", str(TIGHT_DECODE_TOKENS),
-                                    "--num-reserved-decode-tokens", str(TIGHT_DECODE_RESERVE))},
-         "extra_env": {"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(TRANSFER_TIMEOUT_S)}}}
+TIGHT = {
+    "extra_args": {
+        "decode": (
+            "--max-total-tokens",
+            str(TIGHT_DECODE_TOKENS),
+            "--num-reserved-decode-tokens",
+            str(TIGHT_DECODE_RESERVE),
+        )
+    },
+    "extra_env": {"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(TRANSFER_TIMEOUT_S)}},
+}
 
 
 @pytest.fixture
@@ -254,8 +278,14 @@ def test_admission_rations_a_tight_decode_pool_and_charges_whole_pages(tight, ru
     rids = [new_rid(f"pressure-{i}") for i in range(PRESSURE_REQUESTS)]
     decode = Ledger(run_dir, tight.decode)
     with concurrent.futures.ThreadPoolExecutor(PRESSURE_REQUESTS) as pool:
-        answers = list(pool.map(lambda i: tight.client("router").generate(prompt(300, seed=20 + i), 8, extra={"rid": rids[i]},
-                                                                           timeout_s=PHASE_S), range(PRESSURE_REQUESTS)))
+        answers = list(
+            pool.map(
+                lambda i: tight.client("router").generate(
+                    prompt(300, seed=20 + i), 8, extra={"rid": rids[i]}, timeout_s=PHASE_S
+                ),
+                range(PRESSURE_REQUESTS),
+            )
+        )
     assert all(len(a.output_ids) == 8 for a in answers), [len(a.output_ids) for a in answers]
     mine = [e for e in decode.events() if e.rid in rids and e.kind in ("prealloc", "release")]
     preallocs = [e for e in mine if e.kind == "prealloc"]
@@ -270,8 +300,9 @@ def test_admission_rations_a_tight_decode_pool_and_charges_whole_pages(tight, ru
         most = max(most, len(held))
     first_release = min(e.seq for e in mine if e.kind == "release")
     waited = [e.rid for e in preallocs if e.seq > first_release]
-    assert most < PRESSURE_REQUESTS and waited, \
+    assert most < PRESSURE_REQUESTS and waited, (
         f"admission never held a request back: {most} of {PRESSURE_REQUESTS} preallocated at once"
+    )
     back_at_baseline(run_dir, tight.decode, tight.prefill)
     serves(tight)
 
@@ -295,8 +326,14 @@ def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, r
     decode = Ledger(run_dir, tight.decode)
     router = tight.client("router")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(lambda i: router.generate(prompt(RETRACT_PROMPT, seed=40 + i), RETRACT_NEW,
-                                                          extra={"rid": rids[i]}, timeout_s=3 * PHASE_S), range(2)))
+        answers = list(
+            pool.map(
+                lambda i: router.generate(
+                    prompt(RETRACT_PROMPT, seed=40 + i), RETRACT_NEW, extra={"rid": rids[i]}, timeout_s=3 * PHASE_S
+                ),
+                range(2),
+            )
+        )
     assert [len(a.output_ids) for a in answers] == [RETRACT_NEW] * 2, [len(a.output_ids) for a in answers]
     # The hazard, proven: a request released mid-decode and preallocated again for the rest (retracted,
     # then resumed), its second prealloc charged for what it had decoded.
@@ -306,7 +343,9 @@ def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, r
         first, resumed = decode.events(r, "prealloc")[:2]
         released = decode.events(r, "release")[0]
         assert first.seq < released.seq < resumed.seq, f"{r}: not released before its second prealloc"
-        assert int(resumed.fill_len or 0) > RETRACT_PROMPT, f"{r} resumed at fill {resumed.fill_len}, not past its prompt"
+        assert int(resumed.fill_len or 0) > RETRACT_PROMPT, (
+            f"{r} resumed at fill {resumed.fill_len}, not past its prompt"
+        )
     back_at_baseline(run_dir, tight.decode, tight.prefill)
     serves(tight)
 
@@ -317,12 +356,18 @@ def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir)
     # releases what it preallocated, the path of sgl#6258 / #9817) and tells prefill, which, once the
     # hold lets it send, finds the transfer aborted and frees its KV too.
     with in_flight(tight, run_dir, "transfer-timeout", seed=7) as req:
-        first = req.decode.released("decode giving the transfer up", req.rid, timeout_s=TRANSFER_TIMEOUT_S + RELEASE_S,
-                                    answered=req.to_decode, grace_s=release_grace(tight))[0]
+        first = req.decode.released(
+            "decode giving the transfer up",
+            req.rid,
+            timeout_s=TRANSFER_TIMEOUT_S + RELEASE_S,
+            answered=req.to_decode,
+            grace_s=release_grace(tight),
+        )[0]
     # The hazard, proven: decode released the request because its transfer timed out (sglang's abort
     # message, recorded with the release), while prefill still held the KV unsent, and never decoded it.
-    assert "timed out" in first.note and "WaitingForInput" in first.note, \
+    assert "timed out" in first.note and "WaitingForInput" in first.note, (
         f"decode released {req.rid} for another reason than the transfer timeout: {first.note!r}"
+    )
     assert not decoded_before(req.decode, req.rid, first), "the timed-out request decoded"
     answer = outcome(req.to_decode)
     assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
@@ -352,8 +397,9 @@ def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, t
             assert died.tail.strip(), "WorkerDied carries no log tail"
         # Released: prefill now sends to a dead decode; its transfer must fail and free the KV.
         answer = outcome(req.to_prefill)
-        assert isinstance(answer, Exception) or finish_reason(answer) == "abort", \
+        assert isinstance(answer, Exception) or finish_reason(answer) == "abort", (
             f"prefill answered {answer} for a request whose decode died"
+        )
         back_at_baseline(run_dir, stack.prefill)
     finally:
         record_property("stack_replaced", "decode killed: the tight stack is spent")
@@ -383,8 +429,9 @@ def test_abort_while_kv_in_flight_frees_both_sides(stack, run_dir):
     with in_flight(stack, run_dir, "abort-transfer", seed=2) as req:
         stack.client("decode").abort(req.rid)
     # Released: prefill now sends into a transfer decode gave up.
-    first = req.decode.released("decode releasing the aborted transfer's pages", req.rid,
-                                answered=req.to_decode, grace_s=release_grace(stack))[0]
+    first = req.decode.released(
+        "decode releasing the aborted transfer's pages", req.rid, answered=req.to_decode, grace_s=release_grace(stack)
+    )[0]
     assert not decoded_before(req.decode, req.rid, first), "the aborted request decoded"
     answer = outcome(req.to_decode)
     assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer}"
@@ -399,14 +446,20 @@ def test_health_probes_repeated_leave_no_kv(stack, run_dir):
     rounds, at_once = 2, 10
     with concurrent.futures.ThreadPoolExecutor(2 * at_once) as pool:
         for _ in range(rounds):
-            probes = [pool.submit(stack.client(role).health_generate, 60) for role in ("prefill", "decode") for _ in range(at_once)]
+            probes = [
+                pool.submit(stack.client(role).health_generate, 60)
+                for role in ("prefill", "decode")
+                for _ in range(at_once)
+            ]
             for probe in probes:
                 probe.result()
     for role in ("prefill", "decode"):
         assert stack.client(role).health(), f"{role} /health after the probes"
     decode = Ledger(run_dir, stack.decode)
     health = {e.rid for e in decode.events(kind="prealloc") if e.rid.startswith("HEALTH_CHECK")}
-    assert len(health) >= rounds * at_once, f"decode preallocated for {len(health)} of {rounds * at_once} health requests"
+    assert len(health) >= rounds * at_once, (
+        f"decode preallocated for {len(health)} of {rounds * at_once} health requests"
+    )
     released = {e.rid for e in decode.events(kind="release")}
     assert health <= released, f"health requests never released: {sorted(health - released)[:3]}"
     back_at_baseline(run_dir, stack.decode, stack.prefill)
@@ -427,22 +480,35 @@ def test_malformed_bootstrap_address_fails_the_request_not_the_server(stack, run
     rid = new_rid("bad-bootstrap")
     decode = stack.client("decode", timeout_s=60)
     host = f"no-such-host-{rid.rsplit('-', 1)[1]}.invalid"  # this request's own: the log line names it
-    body = {"rid": rid, "bootstrap_host": host, "bootstrap_port": 1,
-            "bootstrap_room": random.Random(rid).randrange(1 << 62)}
+    body = {
+        "rid": rid,
+        "bootstrap_host": host,
+        "bootstrap_port": 1,
+        "bootstrap_room": random.Random(rid).randrange(1 << 62),
+    }
     answer = in_background(lambda: decode.generate(prompt(100, seed=3), 4, extra=body, timeout_s=PHASE_S))
     # The hazard, proven: sglang's bootstrap gave the address up after its retries (its own log line);
     # from then on decode must fail the request, so a hang is told in seconds, not after a long wait.
     try:
         # Each look reads decode's log tail: twice a second, not at the ledgers' POLL_S.
-        wait_for(lambda: stack.decode_gave_up_bootstrap(f"{host}:1"), BOOTSTRAP_GIVE_UP_S,
-                 f"decode giving the bootstrap address {host}:1 up", interval=LOG_POLL_S)
+        wait_for(
+            lambda: stack.decode_gave_up_bootstrap(f"{host}:1"),
+            BOOTSTRAP_GIVE_UP_S,
+            f"decode giving the bootstrap address {host}:1 up",
+            interval=LOG_POLL_S,
+        )
         got = outcome(answer, timeout_s=FAIL_AFTER_GIVE_UP_S)
     except TimeoutError as e:  # the wait's, or the answer's (concurrent.futures.TimeoutError is TimeoutError)
         decode.abort(rid)
         when = str(e) or f"it gave the address up, then waited {FAIL_AFTER_GIVE_UP_S:g} s"
-        pytest.fail(f"decode never failed {rid}, whose bootstrap address does not resolve ({when}): "
-                    "a malformed address hangs the request", pytrace=False)
-    assert isinstance(got, ServerHTTPError) and got.status >= 400, f"decode answered {got!r} for an unreachable bootstrap address"
+        pytest.fail(
+            f"decode never failed {rid}, whose bootstrap address does not resolve ({when}): "
+            "a malformed address hangs the request",
+            pytrace=False,
+        )
+    assert isinstance(got, ServerHTTPError) and got.status >= 400, (
+        f"decode answered {got!r} for an unreachable bootstrap address"
+    )
     assert decode.health(), "decode is not healthy after the malformed bootstrap address"
     back_at_baseline(run_dir, stack.decode, stack.prefill)
     serves(stack)
@@ -470,12 +536,15 @@ ANSWER_S = 5.0
 DUPLICATE_ROOM_CRASH = "Unexpected poll state"
 
 
-@pytest.mark.xfail(strict=True, raises=DuplicateRoomBug,
-                   reason="sglang 0.5.23: a request whose bootstrap_room a second request reuses while its KV is in "
-                          "transfer is never answered, or, when the second is still bootstrapping as the first "
-                          "one's transfer starts, prefill's scheduler dies (sgl#40125 class: a duplicate client "
-                          "bootstrap_room); either way the surviving servers free every page; XPASS once upstream "
-                          "refuses the duplicate or serves both")
+@pytest.mark.xfail(
+    strict=True,
+    raises=DuplicateRoomBug,
+    reason="sglang 0.5.23: a request whose bootstrap_room a second request reuses while its KV is in "
+    "transfer is never answered, or, when the second is still bootstrapping as the first "
+    "one's transfer starts, prefill's scheduler dies (sgl#40125 class: a duplicate client "
+    "bootstrap_room); either way the surviving servers free every page; XPASS once upstream "
+    "refuses the duplicate or serves both",
+)
 def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(sglang_servers, stack, run_dir, record_property):
     # Two different requests under one bootstrap_room (a client bug or a hostile one): each server may
     # refuse or fail them, but must answer, stay up and give every page back. The first is held
@@ -516,8 +585,10 @@ def _duplicate_room(stack, run_dir) -> None:
         # the outcome was a race: on a loaded runner the second request reached the servers only after
         # the first one's transfer (both served: XPASS) or while it ran (prefill's scheduler died).
         to_decode = futures[-1]  # the second request's to decode (each send adds prefill's, then decode's)
-        wait_until("decode preallocating (or answering) the second request under the room in use",
-                   lambda: to_decode.done() or bool(decode.events(rids[1], "prealloc")))
+        wait_until(
+            "decode preallocating (or answering) the second request under the room in use",
+            lambda: to_decode.done() or bool(decode.events(rids[1], "prealloc")),
+        )
     finally:
         hold.release(gate)
     done, pending = concurrent.futures.wait(futures, timeout=ANSWER_S)
@@ -550,8 +621,12 @@ def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, stack
         with in_flight(stack, run_dir, "prefill-killed", seed=4) as req:
             sglang_servers.kill(MODEL, "prefill")
         # Decode must give back what it preallocated for a prefill that will never send, and answer.
-        first = req.decode.released("decode releasing the dead prefill's transfer", req.rid,
-                                    answered=req.to_decode, grace_s=release_grace(stack))[0]
+        first = req.decode.released(
+            "decode releasing the dead prefill's transfer",
+            req.rid,
+            answered=req.to_decode,
+            grace_s=release_grace(stack),
+        )[0]
         assert not decoded_before(req.decode, req.rid, first), "the request decoded without its KV"
         answer = outcome(req.to_decode)
         assert isinstance(answer, ServerHTTPError), f"decode answered {answer} for a request whose prefill died"

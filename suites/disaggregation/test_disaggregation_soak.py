@@ -16,8 +16,15 @@ from harness.api import KVSpec, soak
 pytestmark = [pytest.mark.topology("2-gpu-h100"), pytest.mark.est_time(40), pytest.mark.timeout(1800)]
 
 PAGE, WINDOW = 64, 100
-SPEC = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, radix_cache=True, full_tokens=48 * PAGE,
-              swa_tokens=16 * PAGE, req_slots=8)
+SPEC = KVSpec(
+    kind="swa",
+    page_size=PAGE,
+    window=WINDOW,
+    radix_cache=True,
+    full_tokens=48 * PAGE,
+    swa_tokens=16 * PAGE,
+    req_slots=8,
+)
 
 
 def test_soak_every_pool_back_at_baseline_after_every_batch(pd_pair, soak_requests, workload_seed, record_property):

@@ -25,13 +25,19 @@ PAGE = 64
 #: Requests per batch, between checkpoints.
 EVERY = 25
 
-pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
-                                 server_args=("--page-size", str(PAGE))),
-              pytest.mark.topology("cpu"), pytest.mark.est_time(20), pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.engine(
+        "sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",), server_args=("--page-size", str(PAGE))
+    ),
+    pytest.mark.topology("cpu"),
+    pytest.mark.est_time(20),
+    pytest.mark.timeout(900),
+]
 
 
-def test_soak_every_pool_of_both_servers_back_at_baseline_after_every_batch(sglang_servers, run_dir, server_soak_requests,
-                                                                             workload_seed, record_property):
+def test_soak_every_pool_of_both_servers_back_at_baseline_after_every_batch(
+    sglang_servers, run_dir, server_soak_requests, workload_seed, record_property
+):
     n = server_soak_requests
     result = soak_stack(sglang_servers.pd(MODEL), run_dir.ledger, n, every=EVERY, seed=workload_seed, page_size=PAGE)
     record_property("soak", result.summary())

@@ -35,9 +35,14 @@ PAGE = WINDOW = 64
 
 # est_time: a test on started servers; the first tests also pay server starts (60-240 s each).
 # CI runs it on cpu; on a 2×GPU box: --topology 2-gpu-h100 --model tiny-mellum-swa=PATH (page 64 there too).
-pytestmark = [pytest.mark.engine("sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",),
-                                 server_args=("--page-size", str(PAGE))),
-              pytest.mark.topology("cpu"), pytest.mark.est_time(30), pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.engine(
+        "sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",), server_args=("--page-size", str(PAGE))
+    ),
+    pytest.mark.topology("cpu"),
+    pytest.mark.est_time(30),
+    pytest.mark.timeout(900),
+]
 #: The window sglang's scheduler uses: Mellum's ``sliding_window - 1`` (the current token is not counted).
 SGLANG_WINDOW = WINDOW - 1
 #: sglang 0.5.23's default SGLANG_SWA_EVICTION_INTERVAL: decode evicts once this many tokens slid out.
@@ -79,9 +84,12 @@ class TorchNativeSwaReadBug(AssertionError):
 
 
 @pytest.mark.engine("sglang-server", models=(MODEL,))  # no gpu_topologies: the bug is in the CPU (torch-native) backend
-@pytest.mark.xfail(strict=True, raises=TorchNativeSwaReadBug,
-                   reason=f"sglang's torch-native backend (0.5.16 to 0.5.23) reads SWA layers with full-pool indices; XPASS once "
-                          f"upstream fixes it: then drop compat patch {SWA_PATCH!r} and this xfail")
+@pytest.mark.xfail(
+    strict=True,
+    raises=TorchNativeSwaReadBug,
+    reason=f"sglang's torch-native backend (0.5.16 to 0.5.23) reads SWA layers with full-pool indices; XPASS once "
+    f"upstream fixes it: then drop compat patch {SWA_PATCH!r} and this xfail",
+)
 def test_unpatched_plain_server_is_consistent(sglang_servers):
     """Without the SWA read patch (the CPU recipe's other patches stay: they do not touch attention),
     the same prompt must give the same tokens after churn, and a long prompt must not crash."""
@@ -107,7 +115,9 @@ def test_unpatched_plain_server_is_consistent(sglang_servers):
 def plain(request, sglang_servers):
     # The baseline starts together with the PD stack the tests after the first need: one start, not two
     # in a row; a session of plain-server tests alone (a fault or check run) starts the baseline only.
-    if any("stack" in getattr(item, "fixturenames", ()) for item in request.session.items if item.module is request.module):
+    if any(
+        "stack" in getattr(item, "fixturenames", ()) for item in request.session.items if item.module is request.module
+    ):
         sglang_servers.pd(MODEL, with_plain=True)
     return ServerClient(sglang_servers.plain(MODEL).url("http"))
 
@@ -158,7 +168,9 @@ def test_decode_ledger_holds_swa_invariants(sglang_servers, run_dir):
         # The answer can reach the client before decode's scheduler has released the request (a loaded
         # machine showed one such page-leak): judge the books once every preallocated request is released.
         evs = ledger.read(path)
-        return evs if {e.rid for e in evs if e.kind == "prealloc"} <= {e.rid for e in evs if e.kind == "release"} else []
+        return (
+            evs if {e.rid for e in evs if e.kind == "prealloc"} <= {e.rid for e in evs if e.kind == "release"} else []
+        )
 
     try:
         events = wait_for(settled, 60, "decode releasing every request it preallocated")
@@ -167,8 +179,12 @@ def test_decode_ledger_holds_swa_invariants(sglang_servers, run_dir):
     configs = [e for e in events if e.kind == "config"]
     assert configs, "the probe wrote no config event: the checker has no bound to derive"
     config = ledger.LedgerConfig.from_dict(configs[-1].config)
-    expect("the decode server's ledger config", window=(config.window, SGLANG_WINDOW), page_size=(config.page_size, PAGE),
-           swa_tail=(config.swa_tail, True))
+    expect(
+        "the decode server's ledger config",
+        window=(config.window, SGLANG_WINDOW),
+        page_size=(config.page_size, PAGE),
+        swa_tail=(config.swa_tail, True),
+    )
     assert config.eviction_interval == SWA_EVICTION_INTERVAL, "the servers run sglang's default interval"
     pre = [e for e in events if e.kind == "prealloc" and e.fill_len and e.fill_len > WINDOW + PAGE]
     assert pre, "no prealloc longer than a window in the decode ledger"

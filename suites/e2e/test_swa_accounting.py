@@ -28,11 +28,25 @@ def fingerprint(reqs) -> str:
 
 @pytest.mark.parametrize("radix_cache", [False, True], ids=["radix-off", "radix-on"])
 def test_randomized_workload_ledger_balances(pd_pair, pd_report, topology, radix_cache, workload_seed, record_property):
-    spec = KVSpec(kind="swa", page_size=PAGE, window=WINDOW, radix_cache=radix_cache, full_tokens=24 * PAGE,
-                  swa_tokens=10 * PAGE, req_slots=8)
+    spec = KVSpec(
+        kind="swa",
+        page_size=PAGE,
+        window=WINDOW,
+        radix_cache=radix_cache,
+        full_tokens=24 * PAGE,
+        swa_tokens=10 * PAGE,
+        req_slots=8,
+    )
     pair = pd_pair(spec)
-    reqs = workload(workload_seed, 200, page_size=PAGE, max_prompt=6 * PAGE, max_steps=12, abort_rate=0.05,
-                    prefix=f"{topology.name}-{int(radix_cache)}-")
+    reqs = workload(
+        workload_seed,
+        200,
+        page_size=PAGE,
+        max_prompt=6 * PAGE,
+        max_steps=12,
+        abort_rate=0.05,
+        prefix=f"{topology.name}-{int(radix_cache)}-",
+    )
     record_property("workload_fingerprint", fingerprint(reqs))
     groups = {r.rid: f"g{i % 7}" for i, r in enumerate(reqs)} if radix_cache else None
     res = run(pair, reqs, groups=groups, chunk_pages=8)

@@ -33,4 +33,3 @@ def test_unit_suites_pass_inside_a_decode_worker(pd_workers):
     # strict xfails (known upstream bugs, their symptom asserted) fail the run when they XPASS
     failed = {test: outcome for test, outcome in result.outcomes.items() if outcome not in ("passed", "xfailed")}
     assert result.exit_code == 0 and not failed, f"in-worker failures (see {worker.log_path}): {failed}"
-

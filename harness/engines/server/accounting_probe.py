@@ -42,7 +42,6 @@ WORKER_ENV = "HARNESS_PROBE_WORKER"
 COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
 
 
-
 class Probe:
     """Per-process probe state: the ledger writer and the pages each live request is known to hold."""
 
@@ -75,9 +74,15 @@ def _wrap_prealloc(probe: Probe, orig: Callable) -> Callable:
         try:
             kv_loc = orig(allocator, *args, **kwargs)
         except BaseException:
-            probe.record("alloc_fail", getattr(req, "rid", "?"), allocator.page_size,
-                         fill_len=kwargs.get("fill_len"), free_before=before, free_after=free_sizes(allocator),
-                         note=orig.__name__)
+            probe.record(
+                "alloc_fail",
+                getattr(req, "rid", "?"),
+                allocator.page_size,
+                fill_len=kwargs.get("fill_len"),
+                free_before=before,
+                free_after=free_sizes(allocator),
+                note=orig.__name__,
+            )
             raise
         if req is None or kv_loc is None:
             return kv_loc
@@ -91,12 +96,18 @@ def _wrap_prealloc(probe: Probe, orig: Callable) -> Callable:
             except ProbeReadError as e:
                 note = unreadable(e)
         probe.record(
-            "prealloc", req.rid, allocator.page_size,
+            "prealloc",
+            req.rid,
+            allocator.page_size,
             reserved=probe.reserved.pop(str(req.rid), {}),
             fill_len=kwargs.get("fill_len"),
             swa_tail_len=kwargs.get("swa_tail_len") if uses_tail else None,
-            evicted_seqlen=evicted, prefix_len=kwargs.get("prefix_len"),
-            pages=as_pages(taken), free_before=before, free_after=free_sizes(allocator), note=note,
+            evicted_seqlen=evicted,
+            prefix_len=kwargs.get("prefix_len"),
+            pages=as_pages(taken),
+            free_before=before,
+            free_after=free_sizes(allocator),
+            note=note,
         )
         return kv_loc
 
@@ -107,6 +118,7 @@ def _wrap_required_tokens(probe: Probe, orig: Callable) -> Callable:
     """``DecodePreallocQueue._prealloc_required_tokens``: what admission charges a request (full and SWA
     tokens, its decode reserve included), kept for the request's next ``prealloc`` event (``reserved``),
     where the ledger holds it against the whole pages the prealloc takes (``reserve-short``)."""
+
     @functools.wraps(orig)
     def wrapper(self, req, *args, **kwargs):
         full, swa = orig(self, req, *args, **kwargs)
@@ -130,8 +142,9 @@ def _allocated_len(req, default: int | None) -> int | None:
     return allocated if default is None else max(allocated, default)
 
 
-def _note_growth(probe: Probe, rid: str, page_size: int, held: dict[str, set[int]],
-                 fill_len: int | None = None) -> None:
+def _note_growth(
+    probe: Probe, rid: str, page_size: int, held: dict[str, set[int]], fill_len: int | None = None
+) -> None:
     """Record as ``decode_alloc`` the pages ``rid`` holds that the probe has not seen it take
     (``fill_len``: the length they were allocated for)."""
     known = probe.known.setdefault(rid, {})
@@ -158,8 +171,9 @@ def _wrap_evict_swa(probe: Probe, orig: Callable) -> Callable:
             after = held(req, allocator, r2t)
             spans = freed_spans(row_before, swa_page_row(req, allocator, r2t), released)
             rid, page = str(req.rid), allocator.page_size
-            _note_growth(probe, rid, page, before,
-                         _allocated_len(req, int(pre_len) + 1 if pre_len is not None else None))
+            _note_growth(
+                probe, rid, page, before, _allocated_len(req, int(pre_len) + 1 if pre_len is not None else None)
+            )
             freed = diff(before, after)
             note, floor = "", None
             try:
@@ -167,8 +181,16 @@ def _wrap_evict_swa(probe: Probe, orig: Callable) -> Callable:
             except ProbeReadError as e:
                 note = unreadable(e)
             # Every call (pages freed or not): the sequence and its floor are what the decode rules check.
-            probe.record("evict", rid, page, pages=as_pages(freed), evicted_seqlen=floor, freed_spans=spans,
-                         fill_len=int(pre_len) + 1 if pre_len is not None else None, note=note)
+            probe.record(
+                "evict",
+                rid,
+                page,
+                pages=as_pages(freed),
+                evicted_seqlen=floor,
+                freed_spans=spans,
+                fill_len=int(pre_len) + 1 if pre_len is not None else None,
+                note=note,
+            )
             for pool, p in freed.items():
                 probe.known.get(rid, {}).get(pool, set()).difference_update(p)
 
@@ -186,6 +208,7 @@ def _wrap_evict_swa(probe: Probe, orig: Callable) -> Callable:
 def _wrap_maybe_evict_swa(probe: Probe, orig: Callable) -> Callable:
     """``ScheduleBatch.maybe_evict_swa``: the ``_evict_swa`` calls inside it (one free group) are recorded
     after it returns, when the group's frees have happened (:func:`_wrap_evict_swa`)."""
+
     @functools.wraps(orig)
     def wrapper(self, *args, **kwargs):
         probe.pending = []
@@ -203,6 +226,7 @@ def _wrap_swa_page_free(probe: Probe, orig: Callable) -> Callable:
     """``SWATokenToKVPoolAllocator._free_swa_pages_*``: the SWA page ids a segment free hands to the
     free list (resolved at once, freed now or at the end of the free group), noted while an
     ``_evict_swa`` runs."""
+
     @functools.wraps(orig)
     def wrapper(self, *args, **kwargs):
         pages = orig(self, *args, **kwargs)
@@ -282,8 +306,14 @@ def _wrap_flush(probe: Probe, orig: Callable) -> Callable:
         if ok:
             after = free_sizes(self.token_to_kv_pool_allocator)
             after["req_slots"] = len(self.req_to_token_pool.free_slots)
-            probe.record("reset", "<flush>", self.token_to_kv_pool_allocator.page_size,
-                         free_before=before, free_after=after, note="flush_cache")
+            probe.record(
+                "reset",
+                "<flush>",
+                self.token_to_kv_pool_allocator.page_size,
+                free_before=before,
+                free_after=after,
+                note="flush_cache",
+            )
         # A measured run (rerun-test --coverage) keeps what this scheduler ran so far: its server
         # SIGKILLs it at shutdown, before any exit handler could save it (so it is partly measured).
         measure.save_running(partial=True)

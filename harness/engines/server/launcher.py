@@ -29,12 +29,17 @@ CPU_SHIM_DIR = Path(__file__).resolve().parent / "pythonpath" / "cpu"
 
 #: Server flags of the CPU recipe (torch-native attention, no CUDA graphs, a small fixed KV pool).
 CPU_SERVER_ARGS: tuple[str, ...] = (
-    "--device", "cpu",
-    "--attention-backend", "torch_native",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
     "--disable-cuda-graph",
-    "--max-total-tokens", "8192",
-    "--page-size", "64",
-    "--random-seed", "0",
+    "--max-total-tokens",
+    "8192",
+    "--page-size",
+    "64",
+    "--random-seed",
+    "0",
     # An idle scheduler otherwise loops without pause (its idle self-check included): about half a
     # core per idle server, a whole core for an idle PD pair on a 2-core runner. sglang's own
     # option waits on its request sockets instead; it sleeps only when fully idle (a pending KV
@@ -200,10 +205,14 @@ def _engine_command(
     extra_env: Mapping[str, str] | None = None,
 ) -> Command:
     base = [
-        "--model-path", str(model),
-        "--host", host,
-        "--port", str(ports.http),
-        "--nccl-port", str(ports.nccl),
+        "--model-path",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(ports.http),
+        "--nccl-port",
+        str(ports.nccl),
         *_parallel_args(role),
         *mode_args,
     ]
@@ -213,7 +222,9 @@ def _engine_command(
         base += CPU_SERVER_ARGS
         if role.kind == "prefill":
             base += CPU_PREFILL_ARGS
-        elif role.kind == "decode" and releases.server_option(_target_root(), "disaggregation_decode_retraction_backup"):
+        elif role.kind == "decode" and releases.server_option(
+            _target_root(), "disaggregation_decode_retraction_backup"
+        ):
             base += CPU_DECODE_ARGS
         env.update(_cpu_env(compat_patches))
         pythonpath.append(str(CPU_SHIM_DIR))
@@ -275,12 +286,25 @@ def server_command(
             raise LaunchError(f"prefill role {role_name!r} needs a bootstrap port; pass ServerPorts(bootstrap=...)")
         mode += ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
     # Its RDMA devices follow the GPUs Ray gives it, known when it starts (:mod:`.rdma`).
-    mode_env = {rdma.NODE_GPUS_ENV: str(topology.gpus_per_node)} \
-        if topology.needs_gpus and topology.transfer_backend == "mooncake" else {}
+    mode_env = (
+        {rdma.NODE_GPUS_ENV: str(topology.gpus_per_node)}
+        if topology.needs_gpus and topology.transfer_backend == "mooncake"
+        else {}
+    )
     return _engine_command(
-        topology, role, mode, model=model, ports=ports, host=host, python=python,
-        compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker or role_name,
-        extra_args=extra_args, mode_env=mode_env, extra_env=extra_env,
+        topology,
+        role,
+        mode,
+        model=model,
+        ports=ports,
+        host=host,
+        python=python,
+        compat_patches=compat_patches,
+        probe_run_dir=probe_run_dir,
+        worker=worker or role_name,
+        extra_args=extra_args,
+        mode_env=mode_env,
+        extra_env=extra_env,
     )
 
 
@@ -305,11 +329,27 @@ def plain_server_command(
         LaunchError: never for a valid topology (it always has a decode role).
     """
     decode = topology.roles_of("decode")[0]
-    plain = RoleSpec(name=worker, kind="plain", tp=decode.tp, dp=decode.dp, dp_attention=decode.dp_attention,
-                     gpus_per_rank=decode.gpus_per_rank, engine_args=decode.engine_args)
+    plain = RoleSpec(
+        name=worker,
+        kind="plain",
+        tp=decode.tp,
+        dp=decode.dp,
+        dp_attention=decode.dp_attention,
+        gpus_per_rank=decode.gpus_per_rank,
+        engine_args=decode.engine_args,
+    )
     return _engine_command(
-        topology, plain, [], model=model, ports=ports, host=host, python=python,
-        compat_patches=compat_patches, probe_run_dir=probe_run_dir, worker=worker, extra_args=extra_args,
+        topology,
+        plain,
+        [],
+        model=model,
+        ports=ports,
+        host=host,
+        python=python,
+        compat_patches=compat_patches,
+        probe_run_dir=probe_run_dir,
+        worker=worker,
+        extra_args=extra_args,
     )
 
 
@@ -351,11 +391,26 @@ def router_command(
     if role is None:
         raise LaunchError(f"topology {topology.name!r} has no router role; add [roles.router]")
     if (not prefill or not decode) and (prefill or decode or mini_lb):
-        raise LaunchError("a PD router needs at least one prefill and one decode URL (or none of either, "
-                          "to register them later through its /workers API; MiniLB has none)")
-    argv = [python, "-m", ROUTER_MODULE, "--host", host, "--port", str(port),
-            "--prometheus-host", host, "--prometheus-port", str(prometheus_port),
-            "--pd-disaggregation", "--policy", "random" if mini_lb else policy]
+        raise LaunchError(
+            "a PD router needs at least one prefill and one decode URL (or none of either, "
+            "to register them later through its /workers API; MiniLB has none)"
+        )
+    argv = [
+        python,
+        "-m",
+        ROUTER_MODULE,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(prometheus_port),
+        "--pd-disaggregation",
+        "--policy",
+        "random" if mini_lb else policy,
+    ]
     if mini_lb:
         # MiniLB (the Python balancer) is PD-only and overrides any policy but random.
         argv.append("--mini-lb")

@@ -68,26 +68,34 @@ def server_layout(topology: Topology) -> ServerLayout:
             roles.append(role)
             continue
         if role.count > 1:
-            raise LaunchError(f"topology {topology.name}: {role.name} has {role.count} instances, and a real server stack "
-                              f"starts one server per role; run it simulated (the simulated engine starts every "
-                              f"instance) or use count = 1")
+            raise LaunchError(
+                f"topology {topology.name}: {role.name} has {role.count} instances, and a real server stack "
+                f"starts one server per role; run it simulated (the simulated engine starts every "
+                f"instance) or use count = 1"
+            )
         gpus = server_gpus(role)
         if gpus > topology.gpus_per_node:
-            raise LaunchError(f"topology {topology.name}: a {role.name} server needs {gpus} GPUs in one process, "
-                              f"a node has {topology.gpus_per_node}; use a TP group that fits one node")
+            raise LaunchError(
+                f"topology {topology.name}: a {role.name} server needs {gpus} GPUs in one process, "
+                f"a node has {topology.gpus_per_node}; use a TP group that fits one node"
+            )
         roles.append(_one_bundle(role, gpus))
     decode = topology.roles_of("decode")[0]
     plain_gpus = server_gpus(decode)
     # Spare GPUs on the decode node (one-node topologies: all of them; pinned roles: that node's).
     on_node = [r for r in topology.roles if r.kind in SERVER_KINDS and (topology.nodes == 1 or r.node == decode.node)]
     spare = topology.gpus_per_node - sum(server_gpus(r) * r.count for r in on_node)
-    plain = RoleSpec(name=PLAIN_ROLE, kind=PLAIN_ROLE, gpus_per_rank=plain_gpus, node=decode.node,
-                     cpus_per_rank=decode.cpus_per_rank)
+    plain = RoleSpec(
+        name=PLAIN_ROLE, kind=PLAIN_ROLE, gpus_per_rank=plain_gpus, node=decode.node, cpus_per_rank=decode.cpus_per_rank
+    )
     if spare >= plain_gpus:
         return ServerLayout(placement=replace(topology, roles=(*roles, plain)), plain_role=PLAIN_ROLE)
     if plain_gpus == 1:
         shared = [_one_bundle(r, _SHARE) if r.name == decode.name else r for r in roles]
         fraction = ("--mem-fraction-static", SHARED_GPU_MEM_FRACTION)
-        return ServerLayout(placement=replace(topology, roles=(*shared, _one_bundle(plain, _SHARE))),
-                            plain_role=PLAIN_ROLE, extra_args={"decode": fraction, PLAIN_ROLE: fraction})
+        return ServerLayout(
+            placement=replace(topology, roles=(*shared, _one_bundle(plain, _SHARE))),
+            plain_role=PLAIN_ROLE,
+            extra_args={"decode": fraction, PLAIN_ROLE: fraction},
+        )
     return ServerLayout(placement=replace(topology, roles=tuple(roles)), plain_beside_pd=False)

@@ -79,8 +79,7 @@ def overrides(option_values: Sequence[str] | None, environ: Mapping[str, str] | 
     known = {env_var(n): n for n in NAMES}
     for var in sorted(v for v in env if v.startswith(ENV_PREFIX)):
         if var not in known:
-            raise ModelError(f"env {var}: no model is called that; use one of "
-                             f"{', '.join(env_var(n) for n in NAMES)}")
+            raise ModelError(f"env {var}: no model is called that; use one of {', '.join(env_var(n) for n in NAMES)}")
         if env[var]:
             out[known[var]] = check_dir(env[var], f"env {var}")
     given: set[str] = set()
@@ -96,8 +95,9 @@ def overrides(option_values: Sequence[str] | None, environ: Mapping[str, str] | 
     return out
 
 
-def resolve(name: str, given: Mapping[str, Path], topology: Topology, *,
-            cache_dir: str | os.PathLike | None = None) -> Path:
+def resolve(
+    name: str, given: Mapping[str, Path], topology: Topology, *, cache_dir: str | os.PathLike | None = None
+) -> Path:
     """The model directory a suite gets for logical model ``name`` on ``topology``.
 
     Args:
@@ -116,8 +116,10 @@ def resolve(name: str, given: Mapping[str, Path], topology: Topology, *,
     if name in given:
         return Path(given[name])
     if topology.needs_gpus:
-        raise ModelError(f"topology {topology.name} runs real models: give model {name!r} with {_how(name)} "
-                         "(a local model directory; no hub download)")
+        raise ModelError(
+            f"topology {topology.name} runs real models: give model {name!r} with {_how(name)} "
+            "(a local model directory; no hub download)"
+        )
     if name not in MODELS:
         raise ModelError(f"model {name!r} is not built locally: give it with {_how(name)}")
     return ensure_model(name, cache_dir)

@@ -43,8 +43,10 @@ def _mooncake_host_tensor_indices(mod: ModuleType) -> bool | None:
     if not hasattr(cls, "supports_host_tensor_indices") and not release_compat.mooncake_host_tensor_send():
         return False  # a release before the host-tensor path: nothing to turn off
     if not hasattr(cls, "supports_host_tensor_indices"):
-        raise CompatError("mooncake-host-tensor-indices: MooncakeKVSender.supports_host_tensor_indices is gone; "
-                          "drop or update the patch")
+        raise CompatError(
+            "mooncake-host-tensor-indices: MooncakeKVSender.supports_host_tensor_indices is gone; "
+            "drop or update the patch"
+        )
     cls.supports_host_tensor_indices = False
 
 
@@ -110,8 +112,9 @@ class _ForkingMultiprocessing:
 
 def _cpu_fork_children(mod: ModuleType) -> None:
     if not hasattr(mod, "mp") or not hasattr(mod.mp, "set_start_method"):
-        raise CompatError("cpu-fork-children: the engine module no longer imports multiprocessing as mp; "
-                          "drop or update the patch")
+        raise CompatError(
+            "cpu-fork-children: the engine module no longer imports multiprocessing as mp; drop or update the patch"
+        )
     mod.mp = _ForkingMultiprocessing(mod.mp)
 
 
@@ -145,7 +148,9 @@ def _applier(patch: CompatPatch) -> Callable[[ModuleType], None]:
     def run(module: ModuleType) -> None:
         # Also on stderr (the server log), so a run's log shows which patches it ran under.
         if patch.apply(module) is False:
-            log.info("compat patch %s not needed in pid %d: this release lacks what it changes", patch.name, os.getpid())
+            log.info(
+                "compat patch %s not needed in pid %d: this release lacks what it changes", patch.name, os.getpid()
+            )
             return
         log.info("compat patch %s applied in pid %d (%s)", patch.name, os.getpid(), patch.why)
 

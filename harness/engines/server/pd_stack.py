@@ -46,9 +46,12 @@ class PdStack:
         """The bootstrap fields the router adds to a PD request, for one sent to prefill and decode
         directly (without the router's retries, which bring a failed request back under its rid):
         prefill's host and bootstrap port, and ``room`` (default: one derived from ``rid``)."""
-        return {"rid": rid, "bootstrap_host": urlparse(self.prefill.url("http")).hostname,
-                "bootstrap_port": self.prefill.ports["bootstrap"],
-                "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room}
+        return {
+            "rid": rid,
+            "bootstrap_host": urlparse(self.prefill.url("http")).hostname,
+            "bootstrap_port": self.prefill.ports["bootstrap"],
+            "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room,
+        }
 
     @property
     def deferred_release_s(self) -> float:

@@ -31,8 +31,6 @@ def unreadable(error: ProbeReadError) -> str:
     return f"{UNREADABLE} {error}"
 
 
-
-
 def free_sizes(allocator) -> dict[str, int]:
     if hasattr(allocator, "full_available_size") and hasattr(allocator, "swa_available_size"):
         return {FULL: int(allocator.full_available_size()), SWA: int(allocator.swa_available_size())}
@@ -108,7 +106,9 @@ def evicted_seqlen(req) -> int:
 
         return int(kv.get_evicted_seqlen(ComponentType.SWA))
     except Exception as e:  # noqa: BLE001 - named in the event, reported by the ledger
-        raise ProbeReadError("evicted_seqlen (req.kv.get_evicted_seqlen(SWA) or req.kv.swa_evicted_seqlen)", e) from None
+        raise ProbeReadError(
+            "evicted_seqlen (req.kv.get_evicted_seqlen(SWA) or req.kv.swa_evicted_seqlen)", e
+        ) from None
 
 
 def config_of(queue) -> Any:
@@ -128,25 +128,43 @@ def config_of(queue) -> Any:
     allocator = queue.token_to_kv_pool_allocator
     page = int(read("page_size", lambda: allocator.page_size))
     window = read("scheduler.sliding_window_size", lambda: queue.scheduler.sliding_window_size) or None
-    radix = bool(read("disaggregation_decode_enable_radix_cache",
-                      lambda: server_setting(queue.scheduler, "disagg", "disaggregation_decode_enable_radix_cache")))
+    radix = bool(
+        read(
+            "disaggregation_decode_enable_radix_cache",
+            lambda: server_setting(queue.scheduler, "disagg", "disaggregation_decode_enable_radix_cache"),
+        )
+    )
     # The SWA-tail pool is configuration (hybrid-SWA / DeepSeek-V4 pools with pages > 1).
     swa_tail = bool(read("_uses_swa_tail_prealloc", queue._uses_swa_tail_prealloc)) and bool(window)
     interval = int(read("SGLANG_SWA_EVICTION_INTERVAL", eviction_interval))
     reserve = int(read("num_reserved_decode_tokens", lambda: queue.num_reserved_decode_tokens))
     # Admission charges the SWA pool no decode reserve when the radix cache is off (--disable-radix-cache).
-    swa_reserve = 0 if read("disable_radix_cache", lambda: bool(server_setting(queue.scheduler, "memory", "disable_radix_cache"))) else reserve
+    swa_reserve = (
+        0
+        if read("disable_radix_cache", lambda: bool(server_setting(queue.scheduler, "memory", "disable_radix_cache")))
+        else reserve
+    )
     host_page = compression = None
     if read("scheduler.enable_hisparse", lambda: bool(getattr(queue.scheduler, "enable_hisparse", False))):
         host_page = int(read("hisparse_page_size", lambda: allocator.hisparse_page_size))
         coordinator = read("scheduler.hisparse_coordinator", lambda: queue.scheduler.hisparse_coordinator)
-        compression = int(read("hisparse compress_ratio",
-                               lambda: coordinator.compress_ratio if coordinator.is_dsv4_hisparse else 1))
+        compression = int(
+            read("hisparse compress_ratio", lambda: coordinator.compress_ratio if coordinator.is_dsv4_hisparse else 1)
+        )
     # Before 0.5.19 a radix prefix hit keeps its SWA slots in the tree, the request's floor at its end.
     in_tree = radix and bool(read("capability decode-radix-swa-prefix", prefix_swa_in_tree))
-    return LedgerConfig(page_size=page, window=window, radix_cache=radix, swa_tail=swa_tail,
-                        eviction_interval=max(1, interval), decode_reserve=reserve, swa_decode_reserve=swa_reserve,
-                        host_page=host_page, compression=compression, prefix_swa_in_tree=in_tree)
+    return LedgerConfig(
+        page_size=page,
+        window=window,
+        radix_cache=radix,
+        swa_tail=swa_tail,
+        eviction_interval=max(1, interval),
+        decode_reserve=reserve,
+        swa_decode_reserve=swa_reserve,
+        host_page=host_page,
+        compression=compression,
+        prefix_swa_in_tree=in_tree,
+    )
 
 
 def eviction_interval() -> int:

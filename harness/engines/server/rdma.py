@@ -110,8 +110,11 @@ def complete_argv(argv: Sequence[str], environ: Mapping[str, str], sysfs: Path =
     gpus = visible_gpus(environ)
     value = for_gpus(gpus or (), node_devices(sysfs, environ), int(node_gpus))
     if value is None:
-        log.info("no RDMA device for GPUs %s (CUDA_VISIBLE_DEVICES=%r): mooncake chooses",
-                 gpus, environ.get("CUDA_VISIBLE_DEVICES", ""))
+        log.info(
+            "no RDMA device for GPUs %s (CUDA_VISIBLE_DEVICES=%r): mooncake chooses",
+            gpus,
+            environ.get("CUDA_VISIBLE_DEVICES", ""),
+        )
         return args
     log.info("%s %s for GPUs %s", FLAG, value, list(gpus or ()))
     return [*args, FLAG, value]

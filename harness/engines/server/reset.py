@@ -21,9 +21,20 @@ _POLL_S = 0.1  # between /flush_cache tries while the server is busy
 #: prealloc kept) and say nothing about what the pools hold: a server whose reset found only these is
 #: back at baseline and serves the next test. Any other rule (a leak, a double free, a slot neither free
 #: nor cached) means its books cannot be trusted, and it is replaced.
-JUDGEMENT_RULES = frozenset({"reserve-short", "full-charge", "swa-charge", "host-charge", "alloc-after-admit",
-                             "swa-tail-long", "swa-tail-short", "swa-over-window", "swa-evict-late",
-                             "evicted-unaligned"})
+JUDGEMENT_RULES = frozenset(
+    {
+        "reserve-short",
+        "full-charge",
+        "swa-charge",
+        "host-charge",
+        "alloc-after-admit",
+        "swa-tail-long",
+        "swa-tail-short",
+        "swa-over-window",
+        "swa-evict-late",
+        "evicted-unaligned",
+    }
+)
 
 
 class ResetError(RuntimeError):
@@ -90,7 +101,9 @@ def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.
     # health probe or the next test's request, not what this reset judges.
     violations = [v for v in ledger.split_in_flight(ledger.check(events))[0] if str(v) not in before]
     if violations:
-        raise ResetError(f"{worker.name}: ledger after the reset: " + "; ".join(map(str, violations[:5])),
-                         reusable=all(v.rule in JUDGEMENT_RULES for v in violations))
+        raise ResetError(
+            f"{worker.name}: ledger after the reset: " + "; ".join(map(str, violations[:5])),
+            reusable=all(v.rule in JUDGEMENT_RULES for v in violations),
+        )
     log.debug("%s reset: %s", worker.name, resets[-1].free_after)
     return resets[-1]

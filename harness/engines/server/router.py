@@ -29,7 +29,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from sglang_router.router import Router
     from sglang_router.router_args import RouterArgs
 
-    parser = argparse.ArgumentParser(prog="router", description="sglang-router's Rust router (see the module docstring)")
+    parser = argparse.ArgumentParser(
+        prog="router", description="sglang-router's Rust router (see the module docstring)"
+    )
     RouterArgs.add_cli_args(parser, use_router_prefix=False)
     router_args = RouterArgs.from_cli_args(parser.parse_args(args), use_router_prefix=False)
     setproctitle.setproctitle("sglang::router")

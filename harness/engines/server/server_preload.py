@@ -56,8 +56,10 @@ def server() -> None:
             continue
     leaked = sorted(m for m in sys.modules if m == "sglang" or m.startswith("sglang."))
     if leaked:
-        raise PreloadError(f"the server preload imported {leaked[0]} (and {len(leaked) - 1} more sglang modules): "
-                           "forked servers would import sglang before their sitecustomize hooks")
+        raise PreloadError(
+            f"the server preload imported {leaked[0]} (and {len(leaked) - 1} more sglang modules): "
+            "forked servers would import sglang before their sitecustomize hooks"
+        )
 
 
 _LIST_SERVER_MODULES = """
@@ -78,23 +80,29 @@ def list_server_modules(env: dict[str, str] | None = None) -> list[str]:
     import, in a subprocess with a CPU server's environment)."""
     run_env = {**os.environ, **CPU_ENV, "OMP_NUM_THREADS": "1", **(env or {})}
     run_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_SHIM_DIR), run_env.get("PYTHONPATH", "")) if p)
-    r = subprocess.run([sys.executable, "-c", _LIST_SERVER_MODULES, *SERVER_GRAPH], env=run_env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _LIST_SERVER_MODULES, *SERVER_GRAPH],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if r.returncode != 0:
         raise PreloadError(f"importing sglang's server graph failed: {r.stderr.strip().splitlines()[-1:]}")
     return r.stdout.split()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.engines.server.server_preload",
-                                description="Write the server preload's module list from a real import.")
+    p = argparse.ArgumentParser(
+        prog="python -m harness.engines.server.server_preload",
+        description="Write the server preload's module list from a real import.",
+    )
     p.add_argument("--write-server-modules", action="store_true", required=True)
     p.parse_args(argv)
     mods = list_server_modules()
     SERVER_MODULES_FILE.write_text("\n".join(mods) + "\n")
     print(f"{len(mods)} modules -> {SERVER_MODULES_FILE.name}")
     return 0
-
 
 
 if __name__ == "__main__":

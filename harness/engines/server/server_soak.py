@@ -87,8 +87,10 @@ class StackEngine:
         self.servers = {"prefill": stack.prefill, "decode": stack.decode}
         self.ledgers = {role: Path(ledger_dir) / f"{w.name}.jsonl" for role, w in self.servers.items()}
         try:
-            self.baseline = {role: dict(reset_server(w, self.ledgers[role], timeout_s=RESET_S).free_after)
-                             for role, w in self.servers.items()}
+            self.baseline = {
+                role: dict(reset_server(w, self.ledgers[role], timeout_s=RESET_S).free_after)
+                for role, w in self.servers.items()
+            }
         except ResetError as e:
             raise ResetError(f"before the soak, not at baseline: {e}") from None
         self.batch_rids: list[str] = []
@@ -110,7 +112,10 @@ class StackEngine:
             except (ServerHTTPError, requests.RequestException) as e:
                 return "failed", f"{rid}: {e}"
             if len(got.output_ids) != r.new_tokens:
-                return "failed", f"{rid}: {len(got.output_ids)} of {r.new_tokens} tokens ({got.meta.get('finish_reason')})"
+                return (
+                    "failed",
+                    f"{rid}: {len(got.output_ids)} of {r.new_tokens} tokens ({got.meta.get('finish_reason')})",
+                )
             return "completed", got
         # Sent to both servers directly, with the bootstrap fields the router would add: the router
         # retries a request that failed under the same rid, so an aborted one would come back, and two
@@ -125,7 +130,10 @@ class StackEngine:
             for c in clients:
                 try:
                     c.abort(rid)
-                except (ServerHTTPError, requests.RequestException) as e:  # a dead server: the verdict's, not a traceback
+                except (
+                    ServerHTTPError,
+                    requests.RequestException,
+                ) as e:  # a dead server: the verdict's, not a traceback
                     return "failed", f"{rid}: aborting it on {c.base_url} failed: {e}"
             concurrent.futures.wait(answers, timeout=ABORT_RETRY_S)
         try:
@@ -143,14 +151,20 @@ class StackEngine:
     def run_batch(self, requests_: Sequence[SoakRequest]) -> BatchOutcome:
         self.stack.check()
         self.batch_rids = [server_rid(self.tag, r.rid) for r in requests_]
-        with concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="soak") as pool, \
-                concurrent.futures.ThreadPoolExecutor(2 * self.concurrency, thread_name_prefix="soak-abort") as aborter:
+        with (
+            concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="soak") as pool,
+            concurrent.futures.ThreadPoolExecutor(2 * self.concurrency, thread_name_prefix="soak-abort") as aborter,
+        ):
             outcomes = list(pool.map(lambda r: self._one(r, aborter), requests_))
         self.stack.check()
         completed = [d for what, d in outcomes if what == "completed"]
         failed = [d for what, d in outcomes if what == "failed"]
         hits = sum(1 for g in completed if int(g.meta.get("cached_tokens") or 0) > 0)
-        failure = AssertionError(f"{len(failed)} request(s) of the batch failed: " + "; ".join(failed[:3])) if failed else None
+        failure = (
+            AssertionError(f"{len(failed)} request(s) of the batch failed: " + "; ".join(failed[:3]))
+            if failed
+            else None
+        )
         return BatchOutcome(len(completed), sum(1 for what, _ in outcomes if what == "aborted"), hits, failure)
 
     # ------------------------------------------------------------------ a checkpoint
@@ -187,8 +201,18 @@ class StackEngine:
         return Checkpoint(requests_, leak, len(held), "; ".join(problems) or None)
 
 
-def soak_stack(stack: PdStack, ledger_dir: str | Path, n: int, *, every: int = 25, seed: int = 0, page_size: int = 64,
-               max_prompt: int | None = None, max_new: int = 8, concurrency: int = 4) -> SoakResult:
+def soak_stack(
+    stack: PdStack,
+    ledger_dir: str | Path,
+    n: int,
+    *,
+    every: int = 25,
+    seed: int = 0,
+    page_size: int = 64,
+    max_prompt: int | None = None,
+    max_new: int = 8,
+    concurrency: int = 4,
+) -> SoakResult:
     """Run ``n`` requests through a real PD stack in batches of ``every``, a checkpoint after each
     (:func:`harness.engines.soak_driver.drive` over a :class:`StackEngine`).
 
@@ -211,5 +235,6 @@ def soak_stack(stack: PdStack, ledger_dir: str | Path, n: int, *, every: int = 2
         WorkerDied: a server died.
     """
     engine = StackEngine(stack, ledger_dir, seed=seed, concurrency=concurrency)
-    return drive(engine, n, every=every, seed=seed, page_size=page_size, max_prompt=max_prompt or 4 * page_size,
-                 max_new=max_new)
+    return drive(
+        engine, n, every=every, seed=seed, page_size=page_size, max_prompt=max_prompt or 4 * page_size, max_new=max_new
+    )

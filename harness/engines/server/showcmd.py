@@ -39,7 +39,7 @@ class RoleCommand:
     def server_args(self) -> list[str]:
         """The arguments after ``python -m MODULE``."""
         argv = list(self.command.argv)
-        return argv[argv.index("-m") + 2:]
+        return argv[argv.index("-m") + 2 :]
 
 
 def planned_gpus(topology: Topology) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -61,8 +61,13 @@ def planned_gpus(topology: Topology) -> dict[str, tuple[int, tuple[int, ...]]]:
     return out
 
 
-def stack_commands(topology: Topology, *, python: str | None = None, environ: Mapping[str, str] | None = None,
-                   sysfs: Path = rdma.IB_SYSFS) -> list[RoleCommand]:
+def stack_commands(
+    topology: Topology,
+    *,
+    python: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    sysfs: Path = rdma.IB_SYSFS,
+) -> list[RoleCommand]:
     """Prefill, decode and router of ``topology`` as they would start (see the module docstring).
 
     Args:
@@ -93,8 +98,13 @@ def stack_commands(topology: Topology, *, python: str | None = None, environ: Ma
         head = argv.index("-m") + 2
         argv[head:] = rdma.complete_argv(argv[head:], {**env_in, **env}, sysfs)
         out.append(RoleCommand(kind, node, ids, Command(cmd.role, tuple(argv), env, cmd.pythonpath)))
-    router = router_command(topology, prefill=[("http://{prefill.host}:{prefill.http}", "{prefill.bootstrap}")],
-                            decode=["http://{decode.host}:{decode.http}"], port="{http}", prometheus_port="{prometheus}")
+    router = router_command(
+        topology,
+        prefill=[("http://{prefill.host}:{prefill.http}", "{prefill.bootstrap}")],
+        decode=["http://{decode.host}:{decode.http}"],
+        port="{http}",
+        prometheus_port="{prometheus}",
+    )
     if python is not None:
         router = Command(router.role, (python, *router.argv[1:]), router.env, router.pythonpath)
     out.append(RoleCommand("router", 0, (), router))
@@ -123,16 +133,22 @@ def _lines(rc: RoleCommand) -> list[str]:
 
 def render(topology: Topology, commands: list[RoleCommand]) -> str:
     """The commands as shell lines, each process under a comment naming its role, node and GPUs."""
-    out = [f"# {topology.name}: {topology.description}",
-           "# {model}, {run_dir} and the ports in braces are filled when the stack starts (ports leased from the OS)"]
+    out = [
+        f"# {topology.name}: {topology.description}",
+        "# {model}, {run_dir} and the ports in braces are filled when the stack starts (ports leased from the OS)",
+    ]
     for rc in commands:
         where = f"node {rc.node}, GPUs {','.join(map(str, rc.gpus))}" if rc.gpus else "no GPU"
         out += ["", f"# {rc.role} ({where})"]
         if rdma.NODE_GPUS_ENV in rc.command.env and rdma.FLAG not in rc.command.argv:
-            out.append(f"# no RDMA device found here (/sys/class/infiniband, {rdma.DEVICES_ENV}): "
-                       f"no {rdma.FLAG}, mooncake chooses")
+            out.append(
+                f"# no RDMA device found here (/sys/class/infiniband, {rdma.DEVICES_ENV}): "
+                f"no {rdma.FLAG}, mooncake chooses"
+            )
         if rc.role == "router":
-            out.append("# the harness starts it beside the servers without --prefill/--decode and registers each "
-                       "server (POST /workers) once it is ready: the same router, without its start-up retries")
+            out.append(
+                "# the harness starts it beside the servers without --prefill/--decode and registers each "
+                "server (POST /workers) once it is ready: the same router, without its start-up retries"
+            )
         out += _lines(rc)
     return "\n".join(out) + "\n"

@@ -54,6 +54,7 @@ def missing_stack_modules() -> list[str]:
     """pip names of the CPU stack's packages that are not importable here."""
     return [pip for mod, pip in STACK_MODULES.items() if importlib.util.find_spec(mod) is None]
 
+
 #: Placeholders the worker fills with the ports it leased and reports back.
 SERVER_PORT_NAMES = ("http", "nccl")
 PREFILL_PORT_NAMES = ("http", "nccl", "bootstrap")
@@ -81,9 +82,18 @@ SERVER_FATAL: tuple[str, ...] = ("Transfer thread failed because of",)
 #: forked. ``PYTHONPATH`` may differ where it shadows none of them: the fork server imports no sglang,
 #: so a fault's or mutant's overlay (a patched ``sglang/`` on the path, ``$HARNESS_SGLANG_OVERLAY``)
 #: changes nothing it has (the server is started ``free_path``; the child rebuilds ``sys.path``).
-IMPORT_ENV: tuple[str, ...] = ("PYTHONPATH", "HARNESS_SGLANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                               "TRITON_INTERPRET", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES",
-                               "PROMETHEUS_MULTIPROC_DIR", *CPU_ENV)
+IMPORT_ENV: tuple[str, ...] = (
+    "PYTHONPATH",
+    "HARNESS_SGLANG",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TRITON_INTERPRET",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "CUDA_VISIBLE_DEVICES",
+    "PROMETHEUS_MULTIPROC_DIR",
+    *CPU_ENV,
+)
 #: What the servers' ``sitecustomize`` reads: per server, so never in the fork server's environment.
 SITE_ENV: tuple[str, ...] = (COMPAT_ENV, LEDGER_ENV, WORKER_ENV, COMPONENT_ENV, "HARNESS_FAULTS", NODE_GPUS_ENV)
 
@@ -102,9 +112,16 @@ def fork_server(env: Mapping[str, str], advertise: bool = False) -> fork_servers
 
     # The environment the server will have (the Ray worker's: ours, one OpenMP thread, no GPU),
     # without what its sitecustomize reads: the fork server must import no sglang.
-    will_have = {**os.environ, **env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "CUDA_VISIBLE_DEVICES": ""}
+    will_have = {
+        **os.environ,
+        **env,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     base = {k: v for k, v in will_have.items() if k not in SITE_ENV}
-    return fork_servers.shared(SERVER_PRELOAD, {}, base=base, must_match=IMPORT_ENV, free_path=True, advertise=advertise)
+    return fork_servers.shared(
+        SERVER_PRELOAD, {}, base=base, must_match=IMPORT_ENV, free_path=True, advertise=advertise
+    )
 
 
 def _forked(argv: Sequence[str], env: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -135,19 +152,28 @@ def share_fork_server(topology: Topology, advertise: bool = True) -> bool:
     return True
 
 
-def _spec(name: str, cmd: Command, run_dir: Path, ports: Sequence[str], ready_timeout: float, ready_path: str = "/health",
-          forkserver: bool = False) -> WorkerSpec:
+def _spec(
+    name: str,
+    cmd: Command,
+    run_dir: Path,
+    ports: Sequence[str],
+    ready_timeout: float,
+    ready_path: str = "/health",
+    forkserver: bool = False,
+) -> WorkerSpec:
     argv, env = tuple(cmd.argv), command_env(cmd)
     if forkserver and argv[:1] == (sys.executable,):
         argv, env = _forked(argv, env)
-    return selection.worker_spec(WorkerSpec(
-        name=name,
-        payload=Subprocess(argv, env=env, fatal=SERVER_FATAL),
-        run_dir=run_dir,
-        ports=tuple(ports),
-        ready=(HttpCheck("http://127.0.0.1:{http}" + ready_path),),
-        ready_timeout=ready_timeout,
-    ))
+    return selection.worker_spec(
+        WorkerSpec(
+            name=name,
+            payload=Subprocess(argv, env=env, fatal=SERVER_FATAL),
+            run_dir=run_dir,
+            ports=tuple(ports),
+            ready=(HttpCheck("http://127.0.0.1:{http}" + ready_path),),
+            ready_timeout=ready_timeout,
+        )
+    )
 
 
 def _start(spec: WorkerSpec, group: PlacementBundles | None, on_start: OnStart | None) -> Worker:
@@ -164,7 +190,9 @@ def _group(placement: RolePlacement | None, role: str) -> PlacementBundles | Non
     return groups[0] if groups else None
 
 
-def _all_ready(pool: concurrent.futures.ThreadPoolExecutor, workers: Sequence[Worker], ready: Callable[[Worker], None]) -> None:
+def _all_ready(
+    pool: concurrent.futures.ThreadPoolExecutor, workers: Sequence[Worker], ready: Callable[[Worker], None]
+) -> None:
     """Wait for ``workers`` at once; the first failure raises as soon as it happens (the caller stops
     everything, which ends the other waits)."""
     for waited in concurrent.futures.as_completed([pool.submit(ready, w) for w in workers]):
@@ -193,8 +221,10 @@ def wait_router_registered(router: Worker, servers: Sequence[Worker], deadline: 
         if len(healthy) >= expect:
             return seen
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"router {router.name}: {len(healthy)}/{expect} workers registered healthy "
-                               f"(saw {seen}); router log:\n{router.tail()}")
+            raise TimeoutError(
+                f"router {router.name}: {len(healthy)}/{expect} workers registered healthy "
+                f"(saw {seen}); router log:\n{router.tail()}"
+            )
         time.sleep(_POLL_S)
 
 
@@ -222,10 +252,24 @@ def pd_commands(
     # server has no radix cache (the default), so a release returns every page and the books must
     # balance. Prefill's probe records only its cache flushes (the reset check between tests).
     probe_dir = Path(run_dir) if probe else None
-    p_cmd = server_command(topology, "prefill", worker=names[0], probe_run_dir=probe_dir,
-                           extra_args=tuple(more.get("prefill", ())), extra_env=env.get("prefill"), **common)
-    d_cmd = server_command(topology, "decode", worker=names[1], probe_run_dir=probe_dir,
-                           extra_args=tuple(more.get("decode", ())), extra_env=env.get("decode"), **common)
+    p_cmd = server_command(
+        topology,
+        "prefill",
+        worker=names[0],
+        probe_run_dir=probe_dir,
+        extra_args=tuple(more.get("prefill", ())),
+        extra_env=env.get("prefill"),
+        **common,
+    )
+    d_cmd = server_command(
+        topology,
+        "decode",
+        worker=names[1],
+        probe_run_dir=probe_dir,
+        extra_args=tuple(more.get("decode", ())),
+        extra_env=env.get("decode"),
+        **common,
+    )
     return p_cmd, d_cmd
 
 
@@ -280,12 +324,22 @@ def start_pd_stack(
     deadline = t0 + ready_timeout
     run_dir = Path(run_dir)
     p_name, d_name, r_name = names
-    p_cmd, d_cmd = pd_commands(topology, model, run_dir, names=(p_name, d_name), probe=probe,
-                               compat_patches=compat_patches, extra_args=extra_args, extra_env=extra_env)
+    p_cmd, d_cmd = pd_commands(
+        topology,
+        model,
+        run_dir,
+        names=(p_name, d_name),
+        probe=probe,
+        compat_patches=compat_patches,
+        extra_args=extra_args,
+        extra_env=extra_env,
+    )
     started: list[Worker] = []
 
     def launch(name: str, cmd: Command, ports: Sequence[str], role: str) -> Worker:
-        spec = _spec(name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic()), forkserver=forkserver and role != "router")
+        spec = _spec(
+            name, cmd, run_dir, ports, max(1.0, deadline - time.monotonic()), forkserver=forkserver and role != "router"
+        )
         w = launch_worker(spec, _group(placement, role), 0)
         started.append(w)
         if on_launch is not None:
@@ -309,13 +363,30 @@ def start_pd_stack(
             concurrent.futures.wait([fp, fd])
             prefill, decode = fp.result(), fd.result()
             _all_ready(pool, (prefill, decode), ready)
-            router = launch(r_name, router_command(
-                topology, prefill=[(prefill.url("http"), prefill.ports["bootstrap"])], decode=[decode.url("http")],
-                port="{http}", prometheus_port="{prometheus}", mini_lb=True, worker=r_name), ROUTER_PORT_NAMES, "router")
+            router = launch(
+                r_name,
+                router_command(
+                    topology,
+                    prefill=[(prefill.url("http"), prefill.ports["bootstrap"])],
+                    decode=[decode.url("http")],
+                    port="{http}",
+                    prometheus_port="{prometheus}",
+                    mini_lb=True,
+                    worker=r_name,
+                ),
+                ROUTER_PORT_NAMES,
+                "router",
+            )
             ready(router)
         else:
-            router = launch(r_name, router_command(topology, prefill=[], decode=[], port="{http}",
-                                                   prometheus_port="{prometheus}", worker=r_name), ROUTER_PORT_NAMES, "router")
+            router = launch(
+                r_name,
+                router_command(
+                    topology, prefill=[], decode=[], port="{http}", prometheus_port="{prometheus}", worker=r_name
+                ),
+                ROUTER_PORT_NAMES,
+                "router",
+            )
             concurrent.futures.wait([fp, fd])
             prefill, decode = fp.result(), fd.result()
             _all_ready(pool, (prefill, decode, router), ready)
@@ -338,8 +409,13 @@ def start_pd_stack(
         raise
     finally:
         pool.shutdown(wait=True)
-    log.info("PD stack ready in %.1f s: prefill %s decode %s router %s", stack.started_s,
-             prefill.url("http"), decode.url("http"), router.url("http"))
+    log.info(
+        "PD stack ready in %.1f s: prefill %s decode %s router %s",
+        stack.started_s,
+        prefill.url("http"),
+        decode.url("http"),
+        router.url("http"),
+    )
     return stack
 
 
@@ -374,13 +450,20 @@ def start_plain_server(
     Raises:
         WorkerDied: it died while starting. TimeoutError: not ready in time.
     """
-    cmd = plain_server_command(topology, model=model, ports=PLACEHOLDER_PORTS, compat_patches=compat_patches,
-                               worker=name, extra_args=extra_args, probe_run_dir=Path(run_dir) if probe else None)
-    return _start(_spec(name, cmd, Path(run_dir), SERVER_PORT_NAMES, ready_timeout, forkserver=forkserver), group, on_start)
+    cmd = plain_server_command(
+        topology,
+        model=model,
+        ports=PLACEHOLDER_PORTS,
+        compat_patches=compat_patches,
+        worker=name,
+        extra_args=extra_args,
+        probe_run_dir=Path(run_dir) if probe else None,
+    )
+    return _start(
+        _spec(name, cmd, Path(run_dir), SERVER_PORT_NAMES, ready_timeout, forkserver=forkserver), group, on_start
+    )
 
 
 def leftover_processes(pids: Sequence[int]) -> list[int]:
     """Of the given server process (group) ids, the ones with any live process left."""
     return [p for p in pids if procs.alive(p) or procs.group_members(p)]
-
-

@@ -82,10 +82,19 @@ class StackPool:
             by default :class:`StackPoolError`.
     """
 
-    def __init__(self, cluster: Cluster | None, topology: topology_mod.Topology, run_dir: RunDir | None, *,
-                 models: Mapping[str, Path] | None = None, server_args: Sequence[str] = (),
-                 watch: Callable[[Worker], None] = _ignore, unwatch: Callable[[Worker], None] = _ignore,
-                 unique_name: Callable[[str], str] | None = None, fail: Callable[[str], NoReturn] = _raise) -> None:
+    def __init__(
+        self,
+        cluster: Cluster | None,
+        topology: topology_mod.Topology,
+        run_dir: RunDir | None,
+        *,
+        models: Mapping[str, Path] | None = None,
+        server_args: Sequence[str] = (),
+        watch: Callable[[Worker], None] = _ignore,
+        unwatch: Callable[[Worker], None] = _ignore,
+        unique_name: Callable[[str], str] | None = None,
+        fail: Callable[[str], NoReturn] = _raise,
+    ) -> None:
         from harness.engines.server.layout import server_layout
         from harness.engines.server.stack import DEFAULT_READY_TIMEOUT_S, GPU_READY_TIMEOUT_S
 
@@ -162,8 +171,11 @@ class StackPool:
         return (*self.server_args, *self.layout.args_of(role))
 
     @staticmethod
-    def _pd_key(model_name: str, extra_args: Mapping[str, Sequence[str]] | None,
-                extra_env: Mapping[str, Mapping[str, str]] | None = None) -> tuple:
+    def _pd_key(
+        model_name: str,
+        extra_args: Mapping[str, Sequence[str]] | None,
+        extra_env: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> tuple:
         key = (model_name, tuple(sorted((k, tuple(v)) for k, v in (extra_args or {}).items() if v)))
         env = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in (extra_env or {}).items() if v))
         return (*key, env) if env else key
@@ -172,8 +184,15 @@ class StackPool:
     def _plain_key(model_name: str, compat_patches: Sequence[str] | None) -> tuple:
         return (model_name, None if compat_patches is None else tuple(compat_patches))
 
-    def pd(self, model_name: str, *, mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None,
-           extra_env: Mapping[str, Mapping[str, str]] | None = None, with_plain: bool = False) -> PdStack:
+    def pd(
+        self,
+        model_name: str,
+        *,
+        mini_lb: bool = False,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        extra_env: Mapping[str, Mapping[str, str]] | None = None,
+        with_plain: bool = False,
+    ) -> PdStack:
         """A ready PD stack serving model ``model_name`` (restarted if a worker of it died).
 
         ``extra_args`` (role kind → flags, e.g. ``{"decode": HISPARSE_DECODE_ARGS}``) makes a stack of its own,
@@ -200,8 +219,11 @@ class StackPool:
                     self._stop([self._plain.pop(other)])
             placement = self._placed()
             baseline = None
-            if (with_plain and self.layout.plain_beside_pd
-                    and self._live_plain(self._plain_key(model_name, None)) is None):
+            if (
+                with_plain
+                and self.layout.plain_beside_pd
+                and self._live_plain(self._plain_key(model_name, None)) is None
+            ):
                 # Prefill, decode and the baseline start together: each spends tens of seconds in
                 # sglang's import and model load, and they overlap well even on two cores.
                 pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-start")
@@ -209,8 +231,9 @@ class StackPool:
                 pool.shutdown(wait=False)
             names = tuple(self._unique_name(r) for r in ("prefill", "decode", "router"))
             try:
-                stack = self._start_pd(model, placement, names, self._watch, mini_lb=mini_lb, extra_args=extra_args,
-                                       extra_env=extra_env)
+                stack = self._start_pd(
+                    model, placement, names, self._watch, mini_lb=mini_lb, extra_args=extra_args, extra_env=extra_env
+                )
             finally:
                 if baseline is not None:
                     concurrent.futures.wait([baseline])
@@ -233,7 +256,7 @@ class StackPool:
         """
         if self.topology.needs_gpus or model_name not in self.order:
             return
-        later = [m for m in self.order[self.order.index(model_name) + 1:] if m != model_name]
+        later = [m for m in self.order[self.order.index(model_name) + 1 :] if m != model_name]
         if not later:
             return
         nxt = later[0]
@@ -252,8 +275,9 @@ class StackPool:
         def start() -> tuple[PdStack, Worker | None]:
             model = self.model(nxt)
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-ahead") as pool:
-                baseline = (pool.submit(self._start_plain, model, plain_name, None, started.append)
-                            if plain_name else None)
+                baseline = (
+                    pool.submit(self._start_plain, model, plain_name, None, started.append) if plain_name else None
+                )
                 stack = self._start_pd(model, placement, names, started.append)
             return stack, (baseline.result() if baseline else None)
 
@@ -301,31 +325,61 @@ class StackPool:
             self._own(w)  # for close()'s leftover check
         self._stop(workers)
 
-    def _start_pd(self, model: Path, placement: Placement | None, names: tuple[str, str, str],
-                  on_start: Callable[[Worker], None], *,
-                  mini_lb: bool = False, extra_args: Mapping[str, Sequence[str]] | None = None,
-                  extra_env: Mapping[str, Mapping[str, str]] | None = None) -> PdStack:
+    def _start_pd(
+        self,
+        model: Path,
+        placement: Placement | None,
+        names: tuple[str, str, str],
+        on_start: Callable[[Worker], None],
+        *,
+        mini_lb: bool = False,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        extra_env: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> PdStack:
         from harness.engines.server.stack import start_pd_stack
 
         more = dict(extra_args or {})
-        return start_pd_stack(self.topology, model, self.run_dir.root, placement=placement, names=names,
-                              mini_lb=mini_lb, on_start=on_start, on_launch=self._launched,
-                              ready_timeout=self.ready_timeout, forkserver=self.forkserver,
-                              extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")},
-                              extra_env=extra_env)
+        return start_pd_stack(
+            self.topology,
+            model,
+            self.run_dir.root,
+            placement=placement,
+            names=names,
+            mini_lb=mini_lb,
+            on_start=on_start,
+            on_launch=self._launched,
+            ready_timeout=self.ready_timeout,
+            forkserver=self.forkserver,
+            extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")},
+            extra_env=extra_env,
+        )
 
-    def _start_plain(self, model: Path, name: str, compat_patches: Sequence[str] | None,
-                     on_start: Callable[[Worker], None]) -> Worker:
+    def _start_plain(
+        self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Worker], None]
+    ) -> Worker:
         from harness.engines.server.layout import PLAIN_ROLE
         from harness.engines.server.stack import start_plain_server
 
-        return start_plain_server(self.topology, model, self.run_dir.root, name=name, group=self._plain_group(),
-                                  ready_timeout=self.ready_timeout, probe=True, forkserver=self.forkserver,
-                                  compat_patches=compat_patches, extra_args=self.role_args(PLAIN_ROLE),
-                                  on_start=on_start)
+        return start_plain_server(
+            self.topology,
+            model,
+            self.run_dir.root,
+            name=name,
+            group=self._plain_group(),
+            ready_timeout=self.ready_timeout,
+            probe=True,
+            forkserver=self.forkserver,
+            compat_patches=compat_patches,
+            extra_args=self.role_args(PLAIN_ROLE),
+            on_start=on_start,
+        )
 
-    def forget(self, model_name: str, extra_args: Mapping[str, Sequence[str]] | None = None,
-               extra_env: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    def forget(
+        self,
+        model_name: str,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        extra_env: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         """Stop the PD stack :meth:`pd` gave for these arguments now; a test that broke it on purpose calls this.
 
         Its workers stop being owned by the test: the harness does not fail it for the death it provoked

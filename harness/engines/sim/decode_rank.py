@@ -90,8 +90,12 @@ class DecodeWorker(RankPayload):
         from harness.engines.sim.prefill_side import page_buffers
 
         if discard and (self.live or self.retracted):
-            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.live) + len(self.retracted),
-                           sorted(self.live) + sorted(self.retracted))
+            logger.warning(
+                "%s: discarding %d request(s) a failed run left: %s",
+                self.name,
+                len(self.live) + len(self.retracted),
+                sorted(self.live) + sorted(self.retracted),
+            )
             self.live.clear()
             self.retracted.clear()
         if self.live or self.retracted:
@@ -99,8 +103,14 @@ class DecodeWorker(RankPayload):
         self.spec = spec
         self.device = pick_device(spec.device)
         sizes = self.pool_sizes(spec)
-        config = DecodeConfig(hisparse=spec.hisparse, page_size=spec.page_size, window=spec.window,
-                              radix_cache=spec.radix_cache, sizes=sizes, device=self.device)
+        config = DecodeConfig(
+            hisparse=spec.hisparse,
+            page_size=spec.page_size,
+            window=spec.window,
+            radix_cache=spec.radix_cache,
+            sizes=sizes,
+            device=self.device,
+        )
         self.side = Dsv4DecodeSide(config) if spec.kind == "dsv4" and not spec.hisparse else DecodeSide(config)
         self.buffers = page_buffers(self.side.kv_pool, spec.page_size, spec.full_tokens // spec.page_size)
         self.interval = spec.eviction_interval or SGLANG_EVICTION_INTERVAL
@@ -114,7 +124,10 @@ class DecodeWorker(RankPayload):
 
     def layout(self) -> dict[str, list[int]]:
         """Bytes per page of each buffer a transfer writes (must equal the prefill side's)."""
-        return {"full": [int(b.shape[1]) for b in self.buffers.full], "swa": [int(b.shape[1]) for b in self.buffers.swa]}
+        return {
+            "full": [int(b.shape[1]) for b in self.buffers.full],
+            "swa": [int(b.shape[1]) for b in self.buffers.swa],
+        }
 
     # ---------------------------------------------------------------- helpers
 
@@ -154,13 +167,20 @@ class DecodeWorker(RankPayload):
         ev = max(0, self._evicted(live.req) - live.prefix)
         return {"full": set((full // P).tolist()), "swa": set((swa[ev:] // P).tolist()) - {0}}
 
-    def _record_cache_eviction(self, pages: Mapping[str, set[int] | frozenset[int]], free_before: dict[str, int] | None = None) -> None:
+    def _record_cache_eviction(
+        self, pages: Mapping[str, set[int] | frozenset[int]], free_before: dict[str, int] | None = None
+    ) -> None:
         # Pages the radix cache gave back inside an allocation (sglang evicts the tree before it
         # allocates): freed by the cache, possibly handed straight to the request.
         if any(pages.values()):
-            self.ledger.record("evict", "<cache>", self.spec.page_size,
-                               pages={k: tuple(sorted(v)) for k, v in pages.items()},
-                               free_before=free_before or {}, note="radix cache eviction")
+            self.ledger.record(
+                "evict",
+                "<cache>",
+                self.spec.page_size,
+                pages={k: tuple(sorted(v)) for k, v in pages.items()},
+                free_before=free_before or {},
+                note="radix cache eviction",
+            )
 
     def _growth(self, fill: int, tail: int, steps: int) -> tuple[int, int]:
         """The (full, SWA) tokens a request at ``fill`` (SWA tail ``tail``) reserves for ``steps`` more."""
@@ -180,8 +200,7 @@ class DecodeWorker(RankPayload):
         grow_full, grow_swa = self._growth(fill, tail, steps)
         full_avail = snap.full + snap.tree_full_evictable - res_full
         swa_avail = snap.swa + snap.tree_swa_evictable - res_swa
-        ok = (snap.req_slots > 0 and full_avail >= _ceil(fill, P) + grow_full
-              and swa_avail >= _ceil(tail, P) + grow_swa)
+        ok = snap.req_slots > 0 and full_avail >= _ceil(fill, P) + grow_full and swa_avail >= _ceil(tail, P) + grow_swa
         if ok and snap.host is not None:  # hisparse: the C4 KV lands in host slots
             ok = snap.host >= int(self.side.coordinator.host_token_len(fill + steps))
         return (grow_full, grow_swa) if ok else None
@@ -226,9 +245,17 @@ class DecodeWorker(RankPayload):
             after = self._pages()
             # Admission (_fits, free + evictable) accepted it: a failure here broke admission's promise.
             note = (ADMITTED + " " if isinstance(exc, PreallocFailed) else "") + str(exc)[:200]
-            self.ledger.record("alloc_fail", rid, P, fill_len=fill, swa_tail_len=tail,
-                               pages={k: tuple(sorted(before[k] - after[k])) for k in before},
-                               free_before=free_before, free_after=self._free(), note=note)
+            self.ledger.record(
+                "alloc_fail",
+                rid,
+                P,
+                fill_len=fill,
+                swa_tail_len=tail,
+                pages={k: tuple(sorted(before[k] - after[k])) for k in before},
+                free_before=free_before,
+                free_after=self._free(),
+                note=note,
+            )
             raise PreallocError(f"decode prealloc of {rid} (fill {fill}, swa tail {tail}) failed: {exc}") from None
         after = self._pages()
         live = _Live(req, group, prompt_len, steps, prefix=result.prefix_len)
@@ -236,12 +263,20 @@ class DecodeWorker(RankPayload):
         from_cache = {k: (owned[k] - before[k]) | (after[k] - before[k]) for k in before}
         exact = not any(from_cache.values())
         self._record_cache_eviction(from_cache)
-        self.ledger.record("prealloc", rid, P, fill_len=result.fill_len,
-                           swa_tail_len=result.swa_tail_len, evicted_seqlen=self._evicted(req),
-                           prefix_len=result.prefix_len, reserved={"full": reserved[0], "swa": reserved[1]},
-                           pages={k: tuple(sorted(v)) for k, v in owned.items()},
-                           free_before=free_before if exact else {}, free_after=self._free(),
-                           note=f"prefix {result.prefix_len}")
+        self.ledger.record(
+            "prealloc",
+            rid,
+            P,
+            fill_len=result.fill_len,
+            swa_tail_len=result.swa_tail_len,
+            evicted_seqlen=self._evicted(req),
+            prefix_len=result.prefix_len,
+            reserved={"full": reserved[0], "swa": reserved[1]},
+            pages={k: tuple(sorted(v)) for k, v in owned.items()},
+            free_before=free_before if exact else {},
+            free_after=self._free(),
+            note=f"prefix {result.prefix_len}",
+        )
         self.live[rid] = live
         self.reserved[rid] = grow
         # What the real transfer metadata names (DecodePreallocQueue's kv_indices / _swa_payload):
@@ -273,7 +308,7 @@ class DecodeWorker(RankPayload):
             raise ValueError(f"{rid}: chunk has {len(data)} arrays, its parts {parts} need {need}")
         written, at = 0, 0
         for v, (_, pages) in zip(views, parts):
-            written += kvfill.unpack_pages(v, list(pages), data[at:at + len(v)])
+            written += kvfill.unpack_pages(v, list(pages), data[at : at + len(v)])
             at += len(v)
         return written
 
@@ -288,10 +323,13 @@ class DecodeWorker(RankPayload):
         """
         live = self.live[rid]
         P = self.spec.page_size
-        self.ledger.record("transfer", rid, P, pages={"full": tuple(sorted(full_pages)), "swa": tuple(sorted(swa_pages))})
+        self.ledger.record(
+            "transfer", rid, P, pages={"full": tuple(sorted(full_pages)), "swa": tuple(sorted(swa_pages))}
+        )
         self._verify([(live, 0, live.prompt_len)], full=True, when="after transfer")
-        self._verify([(live, max(0, live.prompt_len - self.spec.window), live.prompt_len)], full=False,
-                     when="after transfer")
+        self._verify(
+            [(live, max(0, live.prompt_len - self.spec.window), live.prompt_len)], full=False, when="after transfer"
+        )
 
     def _verify(self, spans: list[tuple[_Live, int, int]], *, full: bool, when: str) -> None:
         """Check the bytes of positions ``[start, end)`` of every ``(live, start, end)`` in one pass.
@@ -307,8 +345,10 @@ class DecodeWorker(RankPayload):
             full_locs, swa_locs = self._locs(live, start, end)
             if not full and bool((swa_locs == 0).any()):
                 pos = start + int((swa_locs == 0).nonzero()[0, 0])
-                raise WindowLost(f"request {live.req.rid}: position {pos} inside the window [{start}, {end}) "
-                                 f"has no SWA slot ({when}); evicted_seqlen={self._evicted(live.req)}")
+                raise WindowLost(
+                    f"request {live.req.rid}: position {pos} inside the window [{start}, {end}) "
+                    f"has no SWA slot ({when}); evicted_seqlen={self._evicted(live.req)}"
+                )
             pos = torch.arange(start, end, dtype=torch.int64)
             prompt_seed, out_seed = seeds(live.group, live.req.rid, self.shard)
             pos_parts.append(pos)
@@ -361,8 +401,9 @@ class DecodeWorker(RankPayload):
         # through the free list (a cache page evicted and reused in the same allocation). A page one
         # request's window eviction gave up and another request took in the same step is neither:
         # the two requests' own events below free and take it.
-        self._record_cache_eviction({k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k] - gone_all[k])
-                                     for k in before})
+        self._record_cache_eviction(
+            {k: (freed[k] - gone_all[k]) | (new_all[k] - taken[k] - gone_all[k]) for k in before}
+        )
         # Every request's eviction first, then every allocation, so a page moving between two
         # requests within the step is freed before it is taken again in the ledger too.
         for lv in lives:
@@ -375,9 +416,15 @@ class DecodeWorker(RankPayload):
             m = min(len(was), len(now))
             lost = spans((((was[:m] > 0) & (now[:m] == 0)).nonzero().reshape(-1) + lv.prefix).tolist())
             if ev != ev_before[rid] or any(gone.values()) or lost:
-                self.ledger.record("evict", rid, P, evicted_seqlen=ev, freed_spans=lost,
-                                   fill_len=int(self._kv(lv.req).kv_committed_len),
-                                   pages={k: tuple(sorted(v)) for k, v in gone.items()})
+                self.ledger.record(
+                    "evict",
+                    rid,
+                    P,
+                    evicted_seqlen=ev,
+                    freed_spans=lost,
+                    fill_len=int(self._kv(lv.req).kv_committed_len),
+                    pages={k: tuple(sorted(v)) for k, v in gone.items()},
+                )
         new_tokens: dict[str, list[tuple[int, int, int]]] = {"full": [], "swa": []}  # (position, seed, loc)
         for lv, loc in zip(lives, out.tolist()):
             rid = lv.req.rid
@@ -390,8 +437,14 @@ class DecodeWorker(RankPayload):
             lv.req.output_ids.append(100_001 + pos)  # the "sampled" token
             lv.steps_left -= 1
             new = {k: owned_now[rid][k] - owned_before[rid][k] for k in taken}
-            self.ledger.record("decode_alloc", rid, P, fill_len=pos + 1, evicted_seqlen=self._evicted(lv.req),
-                               pages={k: tuple(sorted(v)) for k, v in new.items()})
+            self.ledger.record(
+                "decode_alloc",
+                rid,
+                P,
+                fill_len=pos + 1,
+                evicted_seqlen=self._evicted(lv.req),
+                pages={k: tuple(sorted(v)) for k, v in new.items()},
+            )
         for pool, b0 in (("full", 0), ("swa", len(self.buffers.full))):  # the new tokens' KV, one write per pool
             if new_tokens[pool]:
                 pos_t, seed_t, loc_t = (torch.tensor(col, dtype=torch.int64) for col in zip(*new_tokens[pool]))
@@ -405,8 +458,11 @@ class DecodeWorker(RankPayload):
             windows.append((lv, max(0, n - self.spec.window), n))
         self._verify(windows, full=False, when=f"decode step {self.steps}")
         done = [lv.req.rid for lv in lives if lv.steps_left <= 0]
-        self._verify([(self.live[rid], 0, int(self._kv(self.live[rid].req).kv_committed_len)) for rid in done], full=True,
-                     when="at finish")
+        self._verify(
+            [(self.live[rid], 0, int(self._kv(self.live[rid].req).kv_committed_len)) for rid in done],
+            full=True,
+            when="at finish",
+        )
         for rid in done:
             self._release(rid)
         return done
@@ -429,8 +485,15 @@ class DecodeWorker(RankPayload):
             self.side.release(live.req)
         after = self._pages()
         note = f"failed transfer: {failed}" if failed is not None else "abort" if abort else ""
-        self.ledger.record("release", rid, P, pages={k: tuple(sorted(after[k] - before[k])) for k in before},
-                           free_before=free_before, free_after=self._free(), note=note)
+        self.ledger.record(
+            "release",
+            rid,
+            P,
+            pages={k: tuple(sorted(after[k] - before[k])) for k in before},
+            free_before=free_before,
+            free_after=self._free(),
+            note=note,
+        )
 
     def abort(self, rid: str) -> bool:
         """Release a request aborted mid-transfer or mid-decode. Returns False if this rank does not hold it."""
@@ -459,9 +522,15 @@ class DecodeWorker(RankPayload):
         del self.live[rid]
         self.reserved.pop(rid, None)
         after = self._pages()
-        self.ledger.record("release", rid, self.spec.page_size,
-                           pages={k: tuple(sorted(after[k] - before[k])) for k in before},
-                           free_before=free_before, free_after=self._free(), note="retract")
+        self.ledger.record(
+            "release",
+            rid,
+            self.spec.page_size,
+            pages={k: tuple(sorted(after[k] - before[k])) for k in before},
+            free_before=free_before,
+            free_after=self._free(),
+            note="retract",
+        )
         if not saved:
             raise PreallocError(f"decode retraction of {rid}: sglang took no KV backup")
         self.retracted[rid] = live
@@ -492,11 +561,19 @@ class DecodeWorker(RankPayload):
             fill = int(self._kv(req).kv_committed_len)
             owned = self._owned(live)
             tail = self.side.swa_tail_len(fill)
-            self.ledger.record("prealloc", req.rid, P, fill_len=fill, swa_tail_len=tail,
-                               evicted_seqlen=self._evicted(req), prefix_len=0,
-                               pages={k: tuple(sorted(v)) for k, v in owned.items()},
-                               free_before=free_before if len(resumed) == 1 else {},
-                               free_after=self._free() if len(resumed) == 1 else {}, note="resume")
+            self.ledger.record(
+                "prealloc",
+                req.rid,
+                P,
+                fill_len=fill,
+                swa_tail_len=tail,
+                evicted_seqlen=self._evicted(req),
+                prefix_len=0,
+                pages={k: tuple(sorted(v)) for k, v in owned.items()},
+                free_before=free_before if len(resumed) == 1 else {},
+                free_after=self._free() if len(resumed) == 1 else {},
+                note="resume",
+            )
             self.reserved[req.rid] = self._growth(fill, tail, live.steps_left)  # as admission reserves it
             self._verify([(live, 0, fill)], full=True, when="after resume")
             self._verify([(live, max(0, fill - self.spec.window), fill)], full=False, when="after resume")
@@ -518,11 +595,14 @@ class DecodeWorker(RankPayload):
         after = self._pages()
         freed = {k: tuple(sorted(after[k] - before[k])) for k in before}
         if any(freed.values()):
-            self.ledger.record("evict", "<cache>", self.spec.page_size, pages=freed, free_before=free_before,
-                               free_after=self._free())
+            self.ledger.record(
+                "evict", "<cache>", self.spec.page_size, pages=freed, free_before=free_before, free_after=self._free()
+            )
 
     def idle(self) -> dict[str, Any]:
         """Live requests and the free sizes versus the baseline the pools started with."""
-        return {"live": sorted(self.live) + sorted(self.retracted), "free": self._free(),
-                "baseline": {k: v for k, v in self.side.baseline.free().items() if k in ("full", "swa", "host")}}
-
+        return {
+            "live": sorted(self.live) + sorted(self.retracted),
+            "free": self._free(),
+            "baseline": {k: v for k, v in self.side.baseline.free().items() if k in ("full", "swa", "host")},
+        }

@@ -55,15 +55,16 @@ class DecodeSide:
 
     def __init__(self, config: DecodeConfig):
         self.config = config
-        self._settings = rank_runtime.RuntimeSettings(device=config.device, radix_cache=config.radix_cache,
-                                                  page_size=config.page_size)
+        self._settings = rank_runtime.RuntimeSettings(
+            device=config.device, radix_cache=config.radix_cache, page_size=config.page_size
+        )
         rank_runtime.publish(self._settings)
         self.req_to_token_pool = pool_builders.build_req_to_token_pool(config.sizes, config.device)
         self.coordinator = None
         self._build_pools()
         self.tree_cache = pool_builders.build_tree_cache(
-            self.req_to_token_pool, self.allocator, config.page_size, config.window,
-            radix_cache=config.radix_cache)
+            self.req_to_token_pool, self.allocator, config.page_size, config.window, radix_cache=config.radix_cache
+        )
         self.queue = self._build_queue()
         self.baseline = self.snapshot()
 
@@ -76,8 +77,12 @@ class DecodeSide:
             self.kv_pool, self.allocator = built.kv_pool, built.allocator
             self._full_allocator = built.logical_allocator
             self.coordinator = pool_builders.build_hisparse_coordinator(
-                self.req_to_token_pool, self.allocator, device, top_k=config.hisparse_top_k,
-                device_buffer_size=config.hisparse_device_buffer_size)
+                self.req_to_token_pool,
+                self.allocator,
+                device,
+                top_k=config.hisparse_top_k,
+                device_buffer_size=config.hisparse_device_buffer_size,
+            )
         else:
             swa = pool_builders.build_swa_pools(config.page_size, sizes, device)
             self.kv_pool, self.allocator = swa.kv_pool, swa.allocator
@@ -135,14 +140,21 @@ class DecodeSide:
         if self.coordinator is not None:
             host_page = int(self.allocator.hisparse_page_size)
             compression = int(self.coordinator.compress_ratio) if self.coordinator.is_dsv4_hisparse else 1
-        return LedgerConfig(page_size=config.page_size, window=config.window or None, radix_cache=config.radix_cache,
-                            # hybrid-SWA and DeepSeek-V4 pools preallocate the window tail when pages are > 1
-                            swa_tail=bool(config.window) and config.page_size > 1,
-                            eviction_interval=max(1, eviction_interval), decode_reserve=reserve,
-                            # sglang drops the SWA reserve only with --disable-radix-cache (never set here)
-                            swa_decode_reserve=reserve, host_page=host_page, compression=compression,
-                            # before 0.5.19 a radix prefix hit keeps its SWA in the tree, the floor at its end
-                            prefix_swa_in_tree=config.radix_cache and compat.prefix_swa_in_tree())
+        return LedgerConfig(
+            page_size=config.page_size,
+            window=config.window or None,
+            radix_cache=config.radix_cache,
+            # hybrid-SWA and DeepSeek-V4 pools preallocate the window tail when pages are > 1
+            swa_tail=bool(config.window) and config.page_size > 1,
+            eviction_interval=max(1, eviction_interval),
+            decode_reserve=reserve,
+            # sglang drops the SWA reserve only with --disable-radix-cache (never set here)
+            swa_decode_reserve=reserve,
+            host_page=host_page,
+            compression=compression,
+            # before 0.5.19 a radix prefix hit keeps its SWA in the tree, the floor at its end
+            prefix_swa_in_tree=config.radix_cache and compat.prefix_swa_in_tree(),
+        )
 
     # -- sglang's own computations, exposed for tests -------------------------------------------
 
@@ -209,12 +221,25 @@ class DecodeSide:
             raise PreallocFailed(req.rid, "no free request slot", {})
         if self.config.hisparse:
             return decode.alloc_for_decode_prealloc_hisparse(
-                self.allocator, req=req, fill_len=fill_len, uses_swa_tail=True, swa_tail_len=swa_tail_len)
-        return decode.alloc_for_decode_prealloc(self.allocator, **compat.decode_prealloc_kwargs(
-            decode.alloc_for_decode_prealloc, dict(
-                req=req, fill_len=fill_len, delta_len=fill_len, prefix_len=0, total_prefix_len=0, prefix_indices=None,
-                uses_swa_tail=self.queue._uses_swa_tail_prealloc(), swa_tail_len=swa_tail_len,
-                req_to_token_pool=self.req_to_token_pool)))
+                self.allocator, req=req, fill_len=fill_len, uses_swa_tail=True, swa_tail_len=swa_tail_len
+            )
+        return decode.alloc_for_decode_prealloc(
+            self.allocator,
+            **compat.decode_prealloc_kwargs(
+                decode.alloc_for_decode_prealloc,
+                dict(
+                    req=req,
+                    fill_len=fill_len,
+                    delta_len=fill_len,
+                    prefix_len=0,
+                    total_prefix_len=0,
+                    prefix_indices=None,
+                    uses_swa_tail=self.queue._uses_swa_tail_prealloc(),
+                    swa_tail_len=swa_tail_len,
+                    req_to_token_pool=self.req_to_token_pool,
+                ),
+            ),
+        )
 
     def prealloc(self, req: Any) -> PreallocResult:
         """Preallocate a received request through the real ``DecodePreallocQueue._pre_alloc``.
@@ -260,8 +285,14 @@ class DecodeSide:
             # (``uses_swa_tail and prefix_len == 0``): SWA for the whole extension past the prefix.
             uses_swa_tail, swa_tail_len = False, fill_len
         logger.debug("prealloc %s fill=%d tail=%d prefix=%d", req.rid, fill_len, swa_tail_len, prefix_len)
-        return PreallocResult(rid=req.rid, fill_len=fill_len, swa_tail_len=swa_tail_len,
-                              uses_swa_tail=uses_swa_tail, prefix_len=prefix_len, destination=destination)
+        return PreallocResult(
+            rid=req.rid,
+            fill_len=fill_len,
+            swa_tail_len=swa_tail_len,
+            uses_swa_tail=uses_swa_tail,
+            prefix_len=prefix_len,
+            destination=destination,
+        )
 
     def _abort_failed_prealloc(self, req: Any) -> None:
         # Abort a request that got a slot (and, hisparse, host slots) but no KV, through sglang's

@@ -69,8 +69,9 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         if self.hisparse and self.radix_cache:
-            raise ValueError("hisparse is incompatible with the decode radix cache (as in sglang): "
-                             "set radix_cache=False")
+            raise ValueError(
+                "hisparse is incompatible with the decode radix cache (as in sglang): set radix_cache=False"
+            )
         allowed = pool_builders.HISPARSE_PAGE_SIZES if self.hisparse else pool_builders.SWA_PAGE_SIZES
         if self.page_size not in allowed:
             raise ValueError(f"page_size {self.page_size} not supported on this path; use one of {allowed}")

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FAULTS_ENV = "HARNESS_FAULTS"
+
+
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of a PD rank worker: sglang's own checks on (the second oracle:
     :mod:`harness.targets.sglang.compat.checks`), the driver's faults, ``extra``. (The SWA eviction
@@ -74,8 +76,9 @@ class Deployment:
             self.cluster.release(self.placement)
 
 
-def rank_runtime_env(cluster: Cluster, topology: Topology, env: dict[str, str] | None = None,
-                     target: Target | None = None) -> dict[str, Any] | None:
+def rank_runtime_env(
+    cluster: Cluster, topology: Topology, env: dict[str, str] | None = None, target: Target | None = None
+) -> dict[str, Any] | None:
     """The Ray runtime environment of ``topology``'s rank workers: a fork server's (started here on
     first use: its preload is the one slow step, and a caller may take it ahead to time the ranks
     alone), or None when the ranks start as fresh interpreters (:meth:`Cluster.starts_forked`)."""
@@ -88,14 +91,29 @@ def rank_runtime_env(cluster: Cluster, topology: Topology, env: dict[str, str] |
     # TARGET too (selection.worker_spec), so a driver that had not selected one yet when the server
     # started (a bench, not an entry point) gets the same server on its next deployment, not a second.
     target = selection.current() if target is None else target
-    server_env = {**worker_env(env), selection.ENV_VAR: target.spec, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    server_env = {
+        **worker_env(env),
+        selection.ENV_VAR: target.spec,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     return forkserver.shared(RANK_PRELOAD, server_env, launch=after_python).runtime_env()
 
 
-def start(cluster: Cluster, topology: Topology, run_dir: str | Path, spec: KVSpec, *, name_prefix: str = "",
-          env: dict[str, str] | None = None, on_start: Callable[[Worker], None] | None = None,
-          on_stop: Callable[[Worker], None] | None = None, ready_timeout: float = 300.0,
-          call_timeout: float = 120.0, target: Target | None = None, instances: int | None = 1) -> Deployment:
+def start(
+    cluster: Cluster,
+    topology: Topology,
+    run_dir: str | Path,
+    spec: KVSpec,
+    *,
+    name_prefix: str = "",
+    env: dict[str, str] | None = None,
+    on_start: Callable[[Worker], None] | None = None,
+    on_stop: Callable[[Worker], None] | None = None,
+    ready_timeout: float = 300.0,
+    call_timeout: float = 120.0,
+    target: Target | None = None,
+    instances: int | None = 1,
+) -> Deployment:
     """Place ``topology`` and start one prefill and one decode worker per TP rank of each pair.
 
     Args:
@@ -129,15 +147,28 @@ def start(cluster: Cluster, topology: Topology, run_dir: str | Path, spec: KVSpe
     placement = cluster.place(topology)
     jobs = []
     for i in range(pairs):
-        for role, cls in ((prefill_role, "harness.engines.sim.prefill_rank:PrefillWorker"), (decode_role, "harness.engines.sim.decode_rank:DecodeWorker")):
+        for role, cls in (
+            (prefill_role, "harness.engines.sim.prefill_rank:PrefillWorker"),
+            (decode_role, "harness.engines.sim.decode_rank:DecodeWorker"),
+        ):
             group = placement.of(role.name)[i]
             for rank in range(role.tp):
                 name = f"{name_prefix}{role.name}-{i}-r{rank}"
-                ws = selection.worker_spec(WorkerSpec(
-                    name=name, run_dir=str(run_dir), num_cpus=role.cpus_per_rank, env=worker_env(env),
-                    ready_timeout=ready_timeout, runtime_env=runtime_env,
-                    payload=InProcess(cls, kwargs={"name": name, "shard": rank, "tp": role.tp, "spec": spec,
-                                                   "run_dir": str(run_dir)})), target)
+                ws = selection.worker_spec(
+                    WorkerSpec(
+                        name=name,
+                        run_dir=str(run_dir),
+                        num_cpus=role.cpus_per_rank,
+                        env=worker_env(env),
+                        ready_timeout=ready_timeout,
+                        runtime_env=runtime_env,
+                        payload=InProcess(
+                            cls,
+                            kwargs={"name": name, "shard": rank, "tp": role.tp, "spec": spec, "run_dir": str(run_dir)},
+                        ),
+                    ),
+                    target,
+                )
                 jobs.append(((i, role.kind), ws, group, rank))
     started: list[tuple[tuple[int, str], Worker]] = []
     try:
@@ -181,10 +212,14 @@ def _instances(name: str, prefill_groups: int, decode_groups: int, asked: int | 
     have = min(prefill_groups, decode_groups)
     if asked is None:
         if prefill_groups != decode_groups:
-            raise ValueError(f"{name}: prefill has {prefill_groups} group(s), decode {decode_groups}: pairs need as many of "
-                             "each; pass instances=N (N ≤ the smaller count)")
+            raise ValueError(
+                f"{name}: prefill has {prefill_groups} group(s), decode {decode_groups}: pairs need as many of "
+                "each; pass instances=N (N ≤ the smaller count)"
+            )
         return have
     if not 1 <= asked <= have:
-        raise ValueError(f"{name}: instances={asked}, but the topology has {have} prefill/decode pair(s); "
-                         f"pass 1 to {have} or None for all")
+        raise ValueError(
+            f"{name}: instances={asked}, but the topology has {have} prefill/decode pair(s); "
+            f"pass 1 to {have} or None for all"
+        )
     return asked

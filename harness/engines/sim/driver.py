@@ -46,9 +46,15 @@ class RunResult:
         """Raise :class:`PDError` listing idle problems and ledger violations, if any."""
         if self.problems or self.violations:
             causes = ledger.root_causes(self.violations)
-            lines = self.problems + [line for c in causes for line in (str(c.root), *(f"  then {v}" for v in c.knock_ons))]
-            raise PDError(f"{len(self.problems)} idle problem(s), {len(self.violations)} ledger violation(s):\n"
-                          + "\n".join(lines[:40]), violations=self.violations, problems=self.problems)
+            lines = self.problems + [
+                line for c in causes for line in (str(c.root), *(f"  then {v}" for v in c.knock_ons))
+            ]
+            raise PDError(
+                f"{len(self.problems)} idle problem(s), {len(self.violations)} ledger violation(s):\n"
+                + "\n".join(lines[:40]),
+                violations=self.violations,
+                problems=self.problems,
+            )
 
     @property
     def gbps(self) -> float:
@@ -58,12 +64,20 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         """JSON-able summary with the ledger summary inside."""
         return {
-            "completed": len(self.completed), "aborted": len(self.aborted), "failed": len(self.failed),
-            "retracted": len(self.retracted), "waited": len(self.waited),
-            "max_running": self.max_running, "steps": self.steps, "chunks": self.chunks, "bytes": self.bytes,
-            "transfer_gbps": round(self.gbps, 4), "wall_s": round(self.wall_s, 3),
+            "completed": len(self.completed),
+            "aborted": len(self.aborted),
+            "failed": len(self.failed),
+            "retracted": len(self.retracted),
+            "waited": len(self.waited),
+            "max_running": self.max_running,
+            "steps": self.steps,
+            "chunks": self.chunks,
+            "bytes": self.bytes,
+            "transfer_gbps": round(self.gbps, 4),
+            "wall_s": round(self.wall_s, 3),
             "requests_per_s": round((len(self.completed) + len(self.aborted) + len(self.failed)) / self.wall_s, 2)
-            if self.wall_s else 0.0,
+            if self.wall_s
+            else 0.0,
             "problems": list(self.problems),
             "ledger": ledger.summarise(self.events),
         }
@@ -131,8 +145,14 @@ def _agree(results: list[Any], what: str) -> Any:
     return first
 
 
-def run(pair: PDPair, requests: Sequence[PDRequest], *, chunk_pages: int = 4, max_inflight_bytes: int = 16 << 20,
-        groups: dict[str, str] | None = None) -> RunResult:
+def run(
+    pair: PDPair,
+    requests: Sequence[PDRequest],
+    *,
+    chunk_pages: int = 4,
+    max_inflight_bytes: int = 16 << 20,
+    groups: dict[str, str] | None = None,
+) -> RunResult:
     """Run ``requests`` through the pair and check the ledger of this run.
 
     Args:
@@ -175,12 +195,19 @@ def _note_ledger(error: BaseException, pair: PDPair, marks: dict[str, list[int]]
                 error.violations = tuple(violations)  # type: ignore[attr-defined]
             except AttributeError:
                 pass  # an exception type without a __dict__: the note still says it
-        error.add_note(f"ledger at the failure: {len(violations)} violation(s)\n"
-                       + "\n".join(str(v) for v in violations[:20]))
+        error.add_note(
+            f"ledger at the failure: {len(violations)} violation(s)\n" + "\n".join(str(v) for v in violations[:20])
+        )
 
 
-def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]], chunk_pages: int,
-         max_inflight_bytes: int, groups: dict[str, str]) -> RunResult:
+def _run(
+    pair: PDPair,
+    requests: Sequence[PDRequest],
+    marks: dict[str, list[int]],
+    chunk_pages: int,
+    max_inflight_bytes: int,
+    groups: dict[str, str],
+) -> RunResult:
     res = RunResult()
     t0 = time.perf_counter()
     queue = deque(requests)
@@ -205,8 +232,16 @@ def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]
             src = pair.prefill.all("prefill", req.rid, req.prompt_len, group)
             chunks = plan(src, dst, chunk_pages)
             stop = req.abort_after_chunks if req.abort_after_chunks is not None else req.fail_after_chunks
-            stats = transfer(pair.prefill, pair.decode, req.rid, chunks, pair.page_bytes,
-                             max_inflight_bytes=max_inflight_bytes, abort_after=stop, link=pair.link)
+            stats = transfer(
+                pair.prefill,
+                pair.decode,
+                req.rid,
+                chunks,
+                pair.page_bytes,
+                max_inflight_bytes=max_inflight_bytes,
+                abort_after=stop,
+                link=pair.link,
+            )
             failed = stats.aborted and req.abort_after_chunks is None  # stopped by a failure, not an abort
             res.chunks += stats.chunks
             res.bytes += stats.bytes
@@ -219,8 +254,10 @@ def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]
             elif stats.aborted:
                 finished = [pair.decode.submit(r, "abort", req.rid) for r in range(len(pair.decode))]
             else:
-                finished = [pair.decode.submit(r, "commit", req.rid, sorted(d["full"].values()), sorted(d["swa"].values()))
-                            for r, d in enumerate(dst)]
+                finished = [
+                    pair.decode.submit(r, "commit", req.rid, sorted(d["full"].values()), sorted(d["swa"].values()))
+                    for r, d in enumerate(dst)
+                ]
             pair.prefill.get(released)
             pair.decode.get(finished)
             if stats.aborted:
@@ -252,8 +289,10 @@ def _run(pair: PDPair, requests: Sequence[PDRequest], marks: dict[str, list[int]
             retracted -= set(back)
             running |= set(back)
         elif queue and not stepped:
-            raise PDError(f"request {queue[0].rid} (prompt {queue[0].prompt_len}) can never be admitted: "
-                          "the decode pools are idle and still cannot hold it")
+            raise PDError(
+                f"request {queue[0].rid} (prompt {queue[0].prompt_len}) can never be admitted: "
+                "the decode pools are idle and still cannot hold it"
+            )
     if pair.spec.radix_cache:
         pair.decode.all("drain_cache")
     res.problems = _idle_problems(pair)
@@ -270,6 +309,8 @@ def _idle_problems(pair: PDPair) -> list[str]:
         out.append(f"prefill ranks still hold requests at the end: {held}")
     for rank, state in enumerate(pair.decode.all("idle")):
         if state["live"] or state["free"] != state["baseline"]:
-            out.append(f"decode rank {rank} not back to baseline when idle: live {state['live']}, "
-                       f"free {state['free']} vs baseline {state['baseline']}")
+            out.append(
+                f"decode rank {rank} not back to baseline when idle: live {state['live']}, "
+                f"free {state['free']} vs baseline {state['baseline']}"
+            )
     return out

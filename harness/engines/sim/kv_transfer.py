@@ -69,7 +69,7 @@ def plan(src: list[dict[str, list[int]]], dst: list[dict[str, Any]], chunk_pages
         chunks = []
         for i in range(0, len(pages), chunk_pages):
             part: dict[str, tuple[list[int], list[int]]] = {}
-            for pool, sp, dp in pages[i:i + chunk_pages]:
+            for pool, sp, dp in pages[i : i + chunk_pages]:
                 part.setdefault(pool, ([], []))
                 part[pool][0].append(sp)
                 part[pool][1].append(dp)
@@ -136,9 +136,17 @@ def messages(chunks: list[Chunk], page_bytes: dict[str, int], max_inflight_bytes
     return out
 
 
-def transfer(prefill: Ranks, decode: Ranks, rid: str, chunks: list[Chunk],
-             page_bytes: dict[str, int], *, max_inflight_bytes: int, abort_after: int | None = None,
-             link: Link | None = None) -> TransferStats:
+def transfer(
+    prefill: Ranks,
+    decode: Ranks,
+    rid: str,
+    chunks: list[Chunk],
+    page_bytes: dict[str, int],
+    *,
+    max_inflight_bytes: int,
+    abort_after: int | None = None,
+    link: Link | None = None,
+) -> TransferStats:
     """Move the chunks of one request.
 
     Args:

@@ -77,8 +77,15 @@ def _column_table(token_bytes: int) -> torch.Tensor:
     return ((cols[None, :] + torch.arange(251, dtype=torch.int64)[:, None]) % 251).to(torch.uint8)
 
 
-def write(views: list[torch.Tensor], page_size: int, buffer0: int, seed: Seeds, positions: torch.Tensor,
-          pages: torch.Tensor, slots: torch.Tensor) -> None:
+def write(
+    views: list[torch.Tensor],
+    page_size: int,
+    buffer0: int,
+    seed: Seeds,
+    positions: torch.Tensor,
+    pages: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
     """Write the content of ``positions`` at (page, slot) into every view; view ``i`` is buffer ``buffer0 + i``.
 
     ``seed`` is one seed, or one per position (several requests written in one call).
@@ -91,8 +98,15 @@ def write(views: list[torch.Tensor], page_size: int, buffer0: int, seed: Seeds, 
         tv[pages.to(v.device), slots.to(v.device)] = data
 
 
-def verify(views: list[torch.Tensor], page_size: int, buffer0: int, seed: Seeds, positions: torch.Tensor,
-           pages: torch.Tensor, slots: torch.Tensor) -> Mismatch | None:
+def verify(
+    views: list[torch.Tensor],
+    page_size: int,
+    buffer0: int,
+    seed: Seeds,
+    positions: torch.Tensor,
+    pages: torch.Tensor,
+    slots: torch.Tensor,
+) -> Mismatch | None:
     """Compare every byte of ``positions`` at (page, slot) with the expected content.
 
     ``seed`` is one seed, or one per position (several requests checked in one call).
@@ -150,12 +164,12 @@ def pack_pages(views: list[torch.Tensor], page_ids: list[int]) -> list[np.ndarra
     for v in views:
         if len(runs) == 1 and v.device.type == "cpu":
             first, _, n = runs[0]
-            out.append(v[first:first + n].numpy())
+            out.append(v[first : first + n].numpy())
         elif slices:  # slice copies into one array
             arr = np.empty((len(page_ids), v.shape[1]), np.uint8)
             dst = torch.from_numpy(arr)
             for first, at, n in runs:
-                dst[at:at + n].copy_(v[first:first + n])
+                dst[at : at + n].copy_(v[first : first + n])
             out.append(arr)
         else:
             idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
@@ -185,7 +199,7 @@ def unpack_pages(views: list[torch.Tensor], page_ids: list[int], arrays: list[np
     for v, src in zip(views, sources):
         if slices:  # slice copies
             for first, at, n in runs:
-                v[first:first + n].copy_(src[at:at + n])
+                v[first : first + n].copy_(src[at : at + n])
         else:
             idx = torch.as_tensor(page_ids, dtype=torch.int64, device=v.device)
             v.index_copy_(0, idx, src.to(v.device))

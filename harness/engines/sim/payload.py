@@ -58,8 +58,13 @@ class RankPayload:
         """
         from harness.engines.sim.pools import PoolSizes
 
-        return PoolSizes(full_tokens=spec.full_tokens, swa_tokens=spec.swa_tokens, req_slots=spec.req_slots,
-                         max_context_len=spec.max_context_len, head_num=spec.heads_per_rank(self.tp))
+        return PoolSizes(
+            full_tokens=spec.full_tokens,
+            swa_tokens=spec.swa_tokens,
+            req_slots=spec.req_slots,
+            max_context_len=spec.max_context_len,
+            head_num=spec.heads_per_rank(self.tp),
+        )
 
     def ledger_mark(self) -> int:
         """How many ledger events this worker has written."""

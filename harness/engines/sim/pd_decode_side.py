@@ -38,7 +38,9 @@ class Dsv4DecodeSide(DecodeSide):
 
     def _build_pools(self) -> None:
         config = self.config
-        self.kv_pool, self.allocator = build_dsv4_pools(config.page_size, config.window or 0, config.sizes, config.device)
+        self.kv_pool, self.allocator = build_dsv4_pools(
+            config.page_size, config.window or 0, config.sizes, config.device
+        )
         self._full_allocator = self.allocator
 
 
@@ -167,22 +169,36 @@ def fail_transfer(side: DecodeSide, req: Any, reason: str) -> None:
     # receive, hicache and deferred release off (none of them is on in a CPU or default GPU server).
     queue.__dict__.update(
         queue=[DecodeRequest(req=req, kv_receiver=FailedReceiver(room, reason), metadata_buffer_index=slots.alloc())],
-        gloo_group=None, tp_rank=0, req_to_metadata_buffer_idx_allocator=slots, metadata_buffers=_MetadataSlots(),
-        tree_cache=side.tree_cache, enable_host_receive=False, enable_staging=False, staging_handler=None,
-        enable_deferred_kv_release=False, deferred_kv_release_timeout=0.0, _deferred_releases=[],
+        gloo_group=None,
+        tp_rank=0,
+        req_to_metadata_buffer_idx_allocator=slots,
+        metadata_buffers=_MetadataSlots(),
+        tree_cache=side.tree_cache,
+        enable_host_receive=False,
+        enable_staging=False,
+        staging_handler=None,
+        enable_deferred_kv_release=False,
+        deferred_kv_release_timeout=0.0,
+        _deferred_releases=[],
         _skipped_checksum_signatures=set(),
         # server_args: up to 0.5.18 the poll hands the scheduler's to its metadata gate (None: no gate,
         # which a failed receiver never reaches).
         scheduler=types.SimpleNamespace(
-            server_args=None, enable_decode_hicache=False, enable_hisparse=side.coordinator is not None,
-            hisparse_coordinator=side.coordinator, disagg_decode_prealloc_queue=side.queue,
+            server_args=None,
+            enable_decode_hicache=False,
+            enable_hisparse=side.coordinator is not None,
+            hisparse_coordinator=side.coordinator,
+            disagg_decode_prealloc_queue=side.queue,
             metrics_reporter=types.SimpleNamespace(enable_metrics=False),
-            output_streamer=types.SimpleNamespace(stream_output=lambda reqs, return_logprob=False: None)),
+            output_streamer=types.SimpleNamespace(stream_output=lambda reqs, return_logprob=False: None),
+        ),
     )
     handed_on = queue.pop_transferred()
     if handed_on or queue.queue or not isinstance(req.finished_reason, FINISH_ABORT):
-        raise RuntimeError(f"{req.rid}: pop_transferred did not fail the transfer (handed on {handed_on}, "
-                           f"still queued {len(queue.queue)}, finished_reason {req.finished_reason!r})")
+        raise RuntimeError(
+            f"{req.rid}: pop_transferred did not fail the transfer (handed on {handed_on}, "
+            f"still queued {len(queue.queue)}, finished_reason {req.finished_reason!r})"
+        )
 
 
 class _MetadataSlots:
@@ -230,9 +246,14 @@ def retract(side: DecodeSide, req: Any, remaining: int) -> bool:
     from sglang.srt.managers.schedule_batch import release_req
 
     _publish_retraction(side)
-    saved = release_req(req=req, remaing_req_count=remaining, req_to_token_pool=side.req_to_token_pool,
-                        token_to_kv_pool_allocator=side.allocator, tree_cache=side.tree_cache,
-                        hisparse_coordinator=side.coordinator)
+    saved = release_req(
+        req=req,
+        remaing_req_count=remaining,
+        req_to_token_pool=side.req_to_token_pool,
+        token_to_kv_pool_allocator=side.allocator,
+        tree_cache=side.tree_cache,
+        hisparse_coordinator=side.coordinator,
+    )
     if saved:
         side.queue.add(req, is_retracted=True)
     return bool(saved)

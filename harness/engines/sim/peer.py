@@ -76,8 +76,10 @@ def connect(prefill: Ranks, decode: Ranks) -> Link | None:
         reason = f"{type(e).__name__}: {why}"
         if reason not in _warned:  # one line per reason, not one per configure
             _warned.add(reason)
-            logger.warning("P→D transfer goes through Ray's object store: the store-free transport could not be "
-                           "set up (%s)", reason)
+            logger.warning(
+                "P→D transfer goes through Ray's object store: the store-free transport could not be set up (%s)",
+                reason,
+            )
         return None
     return Link(tuple(targets))
 
@@ -146,10 +148,15 @@ class Endpoint:
             if ret != 0:
                 raise RuntimeError(f"mooncake register_memory of {v.numel()} bytes returned {ret}")
             self.views.append(v)
-        return {"session": self.session, "full": [int(v.data_ptr()) for v in buffers.full],
-                "swa": [int(v.data_ptr()) for v in buffers.swa]}
+        return {
+            "session": self.session,
+            "full": [int(v.data_ptr()) for v in buffers.full],
+            "swa": [int(v.data_ptr()) for v in buffers.swa],
+        }
 
-    def write(self, target: dict[str, Any], parts: Sequence[tuple[str, Sequence[int]]], arrays: Sequence[np.ndarray]) -> int:
+    def write(
+        self, target: dict[str, Any], parts: Sequence[tuple[str, Sequence[int]]], arrays: Sequence[np.ndarray]
+    ) -> int:
         """Write ``arrays`` (:func:`~harness.engines.sim.kvfill.pack_pages` output, part after part) at the
         decode pages ``parts`` (``(pool, decode page ids)``) of ``target``, in one batched write.
 
@@ -168,7 +175,7 @@ class Endpoint:
         at = 0
         for pool, pages in parts:
             bases = target[pool]
-            for base, a in zip(bases, arrays[at:at + len(bases)]):
+            for base, a in zip(bases, arrays[at : at + len(bases)]):
                 if a.shape[0] != len(pages) or not a.flags.c_contiguous:
                     raise ValueError(f"{pool}: array {a.shape} does not hold {len(pages)} contiguous pages")
                 pb, src = int(a.shape[1]), int(a.ctypes.data)
@@ -188,8 +195,9 @@ class Endpoint:
             return 0
         ret = self.engine.batch_transfer_sync_write(target["session"], srcs, dsts, lens)
         if ret != 0:
-            raise RuntimeError(f"mooncake write of {len(srcs)} segment(s), {sum(lens)} bytes to "
-                               f"{target['session']} returned {ret}")
+            raise RuntimeError(
+                f"mooncake write of {len(srcs)} segment(s), {sum(lens)} bytes to {target['session']} returned {ret}"
+            )
         return sum(lens)
 
     def _unregister(self) -> None:

@@ -155,30 +155,35 @@ def build_hisparse_pools(page_size: int, window: int, sizes: PoolSizes, device: 
     size, size_swa = sizes.checked(page_size)
     ratios = list(_DSV4_COMPRESSION_RATIOS)
     compat.require_device(device, page_size=page_size, hisparse=True)
-    kv_pool = DeepSeekV4TokenToKVPool(**compat.dsv4_pool_kwargs(DeepSeekV4TokenToKVPool, dict(
-        max_num_reqs=sizes.req_slots,
-        num_req_slots=sizes.req_slots + 1,
-        swa_size=size_swa,
-        c4_size=size // 4,
-        c128_size=size // 128,
-        c4_state_pool_size=16,
-        c128_state_pool_size=16,
-        page_size=page_size,
-        swa_page_size=page_size,
-        sliding_window=max(window, 1),
-        dtype=torch.float8_e4m3fn,
-        c4_state_dtype=torch.float32,
-        c128_state_dtype=torch.float32,
-        qk_nope_head_dim=448,
-        qk_rope_head_dim=64,
-        indexer_head_dim=128,
-        layer_num=len(ratios),
-        device=device,
-        enable_memory_saver=False,
-        compression_ratios=ratios,
-        enable_hisparse=True,
-        full_size=size,
-    )))
+    kv_pool = DeepSeekV4TokenToKVPool(
+        **compat.dsv4_pool_kwargs(
+            DeepSeekV4TokenToKVPool,
+            dict(
+                max_num_reqs=sizes.req_slots,
+                num_req_slots=sizes.req_slots + 1,
+                swa_size=size_swa,
+                c4_size=size // 4,
+                c128_size=size // 128,
+                c4_state_pool_size=16,
+                c128_state_pool_size=16,
+                page_size=page_size,
+                swa_page_size=page_size,
+                sliding_window=max(window, 1),
+                dtype=torch.float8_e4m3fn,
+                c4_state_dtype=torch.float32,
+                c128_state_dtype=torch.float32,
+                qk_nope_head_dim=448,
+                qk_rope_head_dim=64,
+                indexer_head_dim=128,
+                layer_num=len(ratios),
+                device=device,
+                enable_memory_saver=False,
+                compression_ratios=ratios,
+                enable_hisparse=True,
+                full_size=size,
+            ),
+        )
+    )
     logical = _swa_allocator(size, size_swa, page_size, torch.float8_e4m3fn, device, kv_pool)
     allocator = DeepSeekV4HiSparseTokenToKVPoolAllocator(logical)
     return HisparsePools(kv_pool=kv_pool, logical_allocator=logical, allocator=allocator)
@@ -196,12 +201,14 @@ def build_req_to_token_pool(sizes: PoolSizes, device: str) -> Any:
     """
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-    return ReqToTokenPool(size=sizes.req_slots, max_context_len=sizes.max_context_len, device=device,
-                          enable_memory_saver=False)
+    return ReqToTokenPool(
+        size=sizes.req_slots, max_context_len=sizes.max_context_len, device=device, enable_memory_saver=False
+    )
 
 
-def build_hisparse_coordinator(req_to_token_pool: Any, allocator: Any, device: str, *, top_k: int = 64,
-                               device_buffer_size: int = 128) -> Any:
+def build_hisparse_coordinator(
+    req_to_token_pool: Any, allocator: Any, device: str, *, top_k: int = 64, device_buffer_size: int = 128
+) -> Any:
     """Build a real ``HiSparseCoordinator`` (host pool, per-request host rows).
 
     Initialises a world-size-1 gloo group if none exists; on a CPU device the host pool is
@@ -232,8 +239,9 @@ def build_hisparse_coordinator(req_to_token_pool: Any, allocator: Any, device: s
         )
 
 
-def build_tree_cache(req_to_token_pool: Any, allocator: Any, page_size: int, window: int | None,
-                     *, radix_cache: bool) -> Any:
+def build_tree_cache(
+    req_to_token_pool: Any, allocator: Any, page_size: int, window: int | None, *, radix_cache: bool
+) -> Any:
     """Build the tree cache a hybrid-SWA PD decode worker gets: ``UnifiedRadixCache`` with FULL and
     SWA components, disabled unless ``--disaggregation-decode-enable-radix-cache``.
 

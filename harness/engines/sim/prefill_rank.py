@@ -59,7 +59,9 @@ class PrefillWorker(RankPayload):
         from harness.engines.sim.prefill_side import PrefillSide
 
         if discard and self.side is not None and self.reqs:
-            logger.warning("%s: discarding %d request(s) a failed run left: %s", self.name, len(self.reqs), sorted(self.reqs))
+            logger.warning(
+                "%s: discarding %d request(s) a failed run left: %s", self.name, len(self.reqs), sorted(self.reqs)
+            )
             self.reqs.clear()
         if self.side is not None and self.reqs:
             raise RuntimeError(f"{self.name}: configure() with {len(self.reqs)} request(s) still held")
@@ -69,20 +71,23 @@ class PrefillWorker(RankPayload):
         self.side = PrefillSide(spec.kind, spec.page_size, spec.window, sizes, self.device)
         self.buffers = self.side.buffers
         if spec.hisparse:  # decode keeps C4 on the host: ship only what both sides hold per page
-            self.buffers = type(self.buffers)(tuple(b for b in self.buffers.full if b.shape[1] != _c4_bytes(self.side)),
-                                              self.buffers.swa)
+            self.buffers = type(self.buffers)(
+                tuple(b for b in self.buffers.full if b.shape[1] != _c4_bytes(self.side)), self.buffers.swa
+            )
         self.reqs: dict[str, Any] = {}
         self.groups: dict[str, str] = {}
         self.shipped: dict[str, dict[str, set[int]]] = {}
         self.ledger.worker = f"{self.name}/{spec.tag}"
         # Prefill allocates whole prompts on both pools: no SWA-tail prealloc, no decode window rules.
-        self.record_config(LedgerConfig(page_size=spec.page_size, window=spec.window or None),
-                           self.side.free_sizes())
+        self.record_config(LedgerConfig(page_size=spec.page_size, window=spec.window or None), self.side.free_sizes())
         return self.device
 
     def layout(self) -> dict[str, list[int]]:
         """Bytes per page of each transferred buffer (the decode side checks it has the same)."""
-        return {"full": [int(b.shape[1]) for b in self.buffers.full], "swa": [int(b.shape[1]) for b in self.buffers.swa]}
+        return {
+            "full": [int(b.shape[1]) for b in self.buffers.full],
+            "swa": [int(b.shape[1]) for b in self.buffers.swa],
+        }
 
     def prefill(self, rid: str, prompt_len: int, group: str | None = None) -> dict[str, Any]:
         """Allocate the prompt, write its KV and return the page map.
@@ -104,9 +109,15 @@ class PrefillWorker(RankPayload):
         req = self.side.alloc(rid, prompt_len)
         req.origin_input_ids = prompt_ids(group, prompt_len)
         after, free_after = self.side.free_pages(), self.side.free_sizes()
-        self.ledger.record("prealloc", rid, P, fill_len=prompt_len,
-                           pages={k: tuple(sorted(before[k] - after[k])) for k in before},
-                           free_before=free_before, free_after=free_after)
+        self.ledger.record(
+            "prealloc",
+            rid,
+            P,
+            fill_len=prompt_len,
+            pages={k: tuple(sorted(before[k] - after[k])) for k in before},
+            free_before=free_before,
+            free_after=free_after,
+        )
         full, swa = self.side.locs(req, 0, prompt_len)
         pos = torch.arange(prompt_len, dtype=torch.int64)
         seed, _ = seeds(group, rid, self.shard)
@@ -132,8 +143,9 @@ class PrefillWorker(RankPayload):
             out.extend(kvfill.pack_pages(list(getattr(self.buffers, pool)), list(pages)))
         return out
 
-    def send_pages(self, rid: str, src: list[tuple[str, list[int]]], dst: list[tuple[str, list[int]]],
-                   target: dict[str, Any]) -> int:
+    def send_pages(
+        self, rid: str, src: list[tuple[str, list[int]]], dst: list[tuple[str, list[int]]], target: dict[str, Any]
+    ) -> int:
         """Write pages straight into a decode rank's buffers (the store-free path, :mod:`harness.engines.sim.peer`).
 
         Args:
@@ -162,8 +174,14 @@ class PrefillWorker(RankPayload):
         before, free_before = self.side.free_pages(), self.side.free_sizes()
         self.side.release(req)
         after, free_after = self.side.free_pages(), self.side.free_sizes()
-        self.ledger.record("release", rid, P, pages={k: tuple(sorted(after[k] - before[k])) for k in before},
-                           free_before=free_before, free_after=free_after)
+        self.ledger.record(
+            "release",
+            rid,
+            P,
+            pages={k: tuple(sorted(after[k] - before[k])) for k in before},
+            free_before=free_before,
+            free_after=free_after,
+        )
 
     def held(self) -> list[str]:
         """Requests this rank still holds."""

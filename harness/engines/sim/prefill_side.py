@@ -36,8 +36,9 @@ class PageBuffers:
     swa: tuple[torch.Tensor, ...]
 
 
-def build_dsv4_pools(page_size: int, window: int, sizes: pool_builders.PoolSizes, device: str,
-                     *, hisparse: bool = False) -> tuple[Any, Any]:
+def build_dsv4_pools(
+    page_size: int, window: int, sizes: pool_builders.PoolSizes, device: str, *, hisparse: bool = False
+) -> tuple[Any, Any]:
     """Build ``DeepSeekV4TokenToKVPool`` (non-hisparse unless asked) and ``SWATokenToKVPoolAllocator`` over it.
 
     Args:
@@ -55,18 +56,44 @@ def build_dsv4_pools(page_size: int, window: int, sizes: pool_builders.PoolSizes
 
     size, size_swa = sizes.checked(page_size)
     compat.require_device(device, page_size=page_size, hisparse=hisparse)
-    kv_pool = DeepSeekV4TokenToKVPool(**compat.dsv4_pool_kwargs(DeepSeekV4TokenToKVPool, dict(
-        max_num_reqs=sizes.req_slots, num_req_slots=sizes.req_slots + 1, swa_size=size_swa,
-        c4_size=size // 4, c128_size=size // 128, c4_state_pool_size=16, c128_state_pool_size=16,
-        page_size=page_size, swa_page_size=page_size, sliding_window=max(window, 1),
-        dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32, c128_state_dtype=torch.float32,
-        qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128, layer_num=len(DSV4_RATIOS),
-        device=device, enable_memory_saver=False, compression_ratios=list(DSV4_RATIOS),
-        enable_hisparse=hisparse, full_size=size,
-    )))
-    allocator = SWATokenToKVPoolAllocator(size=size, size_swa=size_swa, page_size=page_size,
-                                          dtype=torch.float8_e4m3fn, device=device, kvcache=kv_pool,
-                                          need_sort=True)
+    kv_pool = DeepSeekV4TokenToKVPool(
+        **compat.dsv4_pool_kwargs(
+            DeepSeekV4TokenToKVPool,
+            dict(
+                max_num_reqs=sizes.req_slots,
+                num_req_slots=sizes.req_slots + 1,
+                swa_size=size_swa,
+                c4_size=size // 4,
+                c128_size=size // 128,
+                c4_state_pool_size=16,
+                c128_state_pool_size=16,
+                page_size=page_size,
+                swa_page_size=page_size,
+                sliding_window=max(window, 1),
+                dtype=torch.float8_e4m3fn,
+                c4_state_dtype=torch.float32,
+                c128_state_dtype=torch.float32,
+                qk_nope_head_dim=448,
+                qk_rope_head_dim=64,
+                indexer_head_dim=128,
+                layer_num=len(DSV4_RATIOS),
+                device=device,
+                enable_memory_saver=False,
+                compression_ratios=list(DSV4_RATIOS),
+                enable_hisparse=hisparse,
+                full_size=size,
+            ),
+        )
+    )
+    allocator = SWATokenToKVPoolAllocator(
+        size=size,
+        size_swa=size_swa,
+        page_size=page_size,
+        dtype=torch.float8_e4m3fn,
+        device=device,
+        kvcache=kv_pool,
+        need_sort=True,
+    )
     return kv_pool, allocator
 
 
@@ -152,7 +179,9 @@ def free_sizes(allocator: Any) -> dict[str, int]:
     return {"full": int(a.full_available_size()), "swa": int(a.swa_available_size())}
 
 
-def token_locs(req_to_token_pool: Any, allocator: Any, req: Any, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_locs(
+    req_to_token_pool: Any, allocator: Any, req: Any, start: int, end: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Full-pool and SWA-pool slots of a request's tokens ``start..end-1`` (SWA slot 0 = none).
 
     Returns:
@@ -187,8 +216,9 @@ class PrefillSide:
             built = pool_builders.build_swa_pools(page_size, sizes, device)
             self.kv_pool, self.allocator = built.kv_pool, built.allocator
         self.req_to_token_pool = pool_builders.build_req_to_token_pool(sizes, device)
-        self.tree_cache = pool_builders.build_tree_cache(self.req_to_token_pool, self.allocator, page_size, window,
-                                                         radix_cache=False)
+        self.tree_cache = pool_builders.build_tree_cache(
+            self.req_to_token_pool, self.allocator, page_size, window, radix_cache=False
+        )
         self.buffers = page_buffers(self.kv_pool, page_size, sizes.full_tokens // page_size)
 
     def alloc(self, rid: str, prompt_len: int) -> Any:

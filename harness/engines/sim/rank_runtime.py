@@ -53,8 +53,9 @@ def publish(settings: RuntimeSettings) -> None:
     if previous is not None:
         previous.restore()
     device_type = settings.device.split(":", 1)[0]
-    fields: dict[str, Any] = dict(device=device_type, disaggregation_mode="decode",
-                                  disaggregation_decode_enable_radix_cache=settings.radix_cache)
+    fields: dict[str, Any] = dict(
+        device=device_type, disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=settings.radix_cache
+    )
     if settings.page_size is not None:
         fields["page_size"] = settings.page_size
     if settings.retraction_backup is not None:

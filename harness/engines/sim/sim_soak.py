@@ -30,8 +30,11 @@ class PairEngine:
         reqs = [PDRequest(r.rid, r.length, r.new_tokens, 1 if r.abort else None) for r in requests]
         groups = {r.rid: r.group for r in requests if r.group}
         res = run(self.pair, reqs, chunk_pages=self.chunk_pages, groups=groups)
-        hits = sum(1 for e in res.events
-                   if e.component == "decode" and e.kind == "prealloc" and e.note and e.note != "prefix 0")
+        hits = sum(
+            1
+            for e in res.events
+            if e.component == "decode" and e.kind == "prealloc" and e.note and e.note != "prefix 0"
+        )
         failure = None
         try:
             res.assert_clean()
@@ -48,8 +51,9 @@ class PairEngine:
         return Checkpoint(requests, leak, sum(len(held) for held in self.pair.prefill.all("held")))
 
 
-def soak(pair: PDPair, n: int, *, every: int = 50, seed: int = 0, max_prompt: int | None = None,
-         chunk_pages: int = 4) -> SoakResult:
+def soak(
+    pair: PDPair, n: int, *, every: int = 50, seed: int = 0, max_prompt: int | None = None, chunk_pages: int = 4
+) -> SoakResult:
     """Run ``n`` requests through ``pair`` in batches of ``every``, a checkpoint after each
     (:func:`harness.engines.soak_driver.drive` over a :class:`PairEngine`).
 
@@ -71,5 +75,4 @@ def soak(pair: PDPair, n: int, *, every: int = 50, seed: int = 0, max_prompt: in
     """
     spec = pair.spec
     longest = max_prompt or (4 * spec.window if spec.window else 8 * spec.page_size)
-    return drive(PairEngine(pair, chunk_pages), n, every=every, seed=seed, page_size=spec.page_size,
-                 max_prompt=longest)
+    return drive(PairEngine(pair, chunk_pages), n, every=every, seed=seed, page_size=spec.page_size, max_prompt=longest)

@@ -59,8 +59,13 @@ class PoolSnapshot:
         Returns:
             Pool name -> free slots.
         """
-        pools = {"full": self.full, "swa": self.swa, "req_slots": self.req_slots,
-                 "hisparse_device": self.hisparse_device, "host": self.host}
+        pools = {
+            "full": self.full,
+            "swa": self.swa,
+            "req_slots": self.req_slots,
+            "hisparse_device": self.hisparse_device,
+            "host": self.host,
+        }
         return {name: value for name, value in pools.items() if value is not None}
 
     def taken_since(self, before: PoolSnapshot) -> dict[str, int]:

@@ -70,8 +70,10 @@ class KVSpec:
         if self.kind == "dsv4":
             return 1
         if tp < 1 or self.kv_heads % tp:
-            raise ValueError(f"TP {tp} does not divide kv_heads={self.kv_heads}: "
-                             "pick a KVSpec.kv_heads that is a multiple of the topology's TP size")
+            raise ValueError(
+                f"TP {tp} does not divide kv_heads={self.kv_heads}: "
+                "pick a KVSpec.kv_heads that is a multiple of the topology's TP size"
+            )
         return self.kv_heads // tp
 
     @property
@@ -109,8 +111,16 @@ class PDRequest:
     retract_after_steps: int | None = None
 
 
-def workload(seed: int, n: int, *, page_size: int, max_prompt: int, max_steps: int = 8,
-             abort_rate: float = 0.0, prefix: str = "r") -> list[PDRequest]:
+def workload(
+    seed: int,
+    n: int,
+    *,
+    page_size: int,
+    max_prompt: int,
+    max_steps: int = 8,
+    abort_rate: float = 0.0,
+    prefix: str = "r",
+) -> list[PDRequest]:
     """A seeded workload: prompt lengths mostly at page boundaries (±1) and some uniform, a few aborts.
 
     Args:
@@ -129,6 +139,9 @@ def workload(seed: int, n: int, *, page_size: int, max_prompt: int, max_steps: i
         ValueError: ``max_prompt`` shorter than a page.
     """
     # The soak's draw (harness.engines.soak_driver.mix), so both engines' soaks and this workload are one request mix.
-    return [PDRequest(r.rid, r.length, r.new_tokens, 1 if r.abort else None)
-            for r in mix(seed, n, page_size=page_size, max_prompt=max_prompt, max_new=max_steps,
-                         abort_rate=abort_rate, prefix=prefix)]
+    return [
+        PDRequest(r.rid, r.length, r.new_tokens, 1 if r.abort else None)
+        for r in mix(
+            seed, n, page_size=page_size, max_prompt=max_prompt, max_new=max_steps, abort_rate=abort_rate, prefix=prefix
+        )
+    ]

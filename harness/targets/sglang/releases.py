@@ -25,8 +25,10 @@ SUPPORTED_RANGE = "0.5.16 … 0.5.23"
 OLDEST_RELEASE = (0, 5, 16)
 
 #: Why a release older than :data:`OLDEST_RELEASE` is refused, in one line.
-_TOO_OLD = ("its PD decode prealloc is inline in DecodePreallocQueue._pre_alloc (no module-level "
-            "alloc_for_decode_prealloc, first in 0.5.16)")
+_TOO_OLD = (
+    "its PD decode prealloc is inline in DecodePreallocQueue._pre_alloc (no module-level "
+    "alloc_for_decode_prealloc, first in 0.5.16)"
+)
 
 #: The newest release checked against; newer ones are tried (capabilities decide what runs).
 NEWEST_CHECKED = (0, 5, 23)
@@ -34,8 +36,14 @@ NEWEST_CHECKED = (0, 5, 23)
 #: sglang 0.5.16 … 0.5.19 (0.5.15 too) register their own ``qwen3_asr`` config, which transformers >= 5.13 also
 #: defines ("'qwen3_asr' is already used by a Transformers config" at import); their own pin 5.12.1
 #: needs huggingface_hub 1.x (httpx-based) and tokenizers <= 0.23.0. 0.5.20 renamed the config.
-_TRANSFORMERS_5_12 = ("transformers==5.12.1", "huggingface_hub==1.33.0", "httpx==0.28.1", "httpcore==1.0.9",
-                      "h11==0.16.0", "tokenizers==0.22.2")
+_TRANSFORMERS_5_12 = (
+    "transformers==5.12.1",
+    "huggingface_hub==1.33.0",
+    "httpx==0.28.1",
+    "httpcore==1.0.9",
+    "h11==0.16.0",
+    "tokenizers==0.22.2",
+)
 
 #: Module-level dependency pins a release needs where the venv's (sglang 0.5.23's set) differ,
 #: found by importing each release on the venv. Installed with the release into its cache.
@@ -89,8 +97,7 @@ def release_refused(version: str) -> str | None:
     """
     found = re.match(r"^(\d+)\.(\d+)\.(\d+)", version)
     if found and tuple(int(p) for p in found.groups()) < OLDEST_RELEASE:
-        return (f"sglang {version} is older than the supported range {SUPPORTED_RANGE}: {_TOO_OLD}; "
-                "pass 0.5.16 or newer")
+        return f"sglang {version} is older than the supported range {SUPPORTED_RANGE}: {_TOO_OLD}; pass 0.5.16 or newer"
     return None
 
 
@@ -118,8 +125,10 @@ def server_option(root: Path, dest: str) -> bool:
     """
     field = re.compile(rf"^\s+{re.escape(dest)}\s*:", re.MULTILINE)
     fields = Path(root) / "sglang" / "srt" / "arg_groups" / "fields"
-    texts = [source_text(root, "server_args.py"),
-             *(p.read_text(encoding="utf-8", errors="replace") for p in sorted(fields.glob("*.py")))]
+    texts = [
+        source_text(root, "server_args.py"),
+        *(p.read_text(encoding="utf-8", errors="replace") for p in sorted(fields.glob("*.py"))),
+    ]
     return any(field.search(text) for text in texts)
 
 

@@ -87,8 +87,12 @@ class Target:
 
     def properties(self) -> dict[str, str]:
         """Flat string properties for JUnit ``<property>`` elements."""
-        props = {"sglang_version": self.version, "sglang_origin": self.origin, "sglang_spec": self.spec,
-                 "sglang_root": self.root}
+        props = {
+            "sglang_version": self.version,
+            "sglang_origin": self.origin,
+            "sglang_spec": self.spec,
+            "sglang_root": self.root,
+        }
         if self.commit:
             props.update(sglang_commit=self.commit, sglang_dirty=str(bool(self.dirty)).lower())
         return props
@@ -101,12 +105,20 @@ class Target:
             TargetError: ``data`` is not a target description.
         """
         try:
-            return cls(spec=str(data["spec"]), origin=str(data["origin"]), version=str(data["version"]),
-                       root=str(data["root"]), deps=tuple(data.get("deps") or ()), commit=data.get("commit"),
-                       dirty=data.get("dirty"))
+            return cls(
+                spec=str(data["spec"]),
+                origin=str(data["origin"]),
+                version=str(data["version"]),
+                root=str(data["root"]),
+                deps=tuple(data.get("deps") or ()),
+                commit=data.get("commit"),
+                dirty=data.get("dirty"),
+            )
         except (KeyError, TypeError) as exc:
-            raise TargetError(f"not a sglang target description ({exc!r}); expected the 'sglang' object of a "
-                              "result.json or repro.json") from None
+            raise TargetError(
+                f"not a sglang target description ({exc!r}); expected the 'sglang' object of a "
+                "result.json or repro.json"
+            ) from None
 
 
 def _default_progress(line: str) -> None:
@@ -139,16 +151,19 @@ def resolve(spec: str | None = None, *, progress: Callable[[str], None] | None =
         target = _tree(spec, say)
     missing = releases.core_missing(Path(target.root))
     if missing:
-        raise TargetError(f"{target.label()} lacks the core the harness drives ({missing}); supported: "
-                          f"sglang {releases.SUPPORTED_RANGE} or a source tree of one")
+        raise TargetError(
+            f"{target.label()} lacks the core the harness drives ({missing}); supported: "
+            f"sglang {releases.SUPPORTED_RANGE} or a source tree of one"
+        )
     return target
 
 
 def _installed() -> Target:
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
-        raise TargetError("no sglang is importable here; install one (./dev install) or pass "
-                          "--sglang 0.5.N | PATH | WHEEL")
+        raise TargetError(
+            "no sglang is importable here; install one (./dev install) or pass --sglang 0.5.N | PATH | WHEEL"
+        )
     root = Path(list(spec.submodule_search_locations)[0]).resolve().parent
     return Target(spec=INSTALLED, origin=INSTALLED, version=read_version(root), root=str(root))
 
@@ -156,27 +171,41 @@ def _installed() -> Target:
 def _tree(spec: str, say: Callable[[str], None]) -> Target:
     path = Path(spec).expanduser()
     if not path.exists():
-        raise TargetError(f"sglang target {spec!r}: no such file or directory; pass a sglang checkout's python/ "
-                          "directory, a directory holding sglang/, a wheel or a release like 0.5.21")
+        raise TargetError(
+            f"sglang target {spec!r}: no such file or directory; pass a sglang checkout's python/ "
+            "directory, a directory holding sglang/, a wheel or a release like 0.5.21"
+        )
     if path.is_file():
-        raise TargetError(f"sglang target {spec!r} is a file but not a wheel (*.whl); pass a wheel, a directory "
-                          "holding sglang/ or a release like 0.5.21")
+        raise TargetError(
+            f"sglang target {spec!r} is a file but not a wheel (*.whl); pass a wheel, a directory "
+            "holding sglang/ or a release like 0.5.21"
+        )
     path = path.resolve()
     for root in (path, path / "python"):
         if (root / "sglang" / "__init__.py").is_file():
             commit, dirty = _git_state(root)
             found = read_version(root)
-            return Target(spec=spec, origin="tree", version=found, root=str(root), deps=_deps(found, say),
-                          commit=commit, dirty=dirty)
-    raise TargetError(f"sglang target {spec!r} holds no sglang/ package; pass a sglang checkout's python/ "
-                      "directory or a directory holding sglang/")
+            return Target(
+                spec=spec,
+                origin="tree",
+                version=found,
+                root=str(root),
+                deps=_deps(found, say),
+                commit=commit,
+                dirty=dirty,
+            )
+    raise TargetError(
+        f"sglang target {spec!r} holds no sglang/ package; pass a sglang checkout's python/ "
+        "directory or a directory holding sglang/"
+    )
 
 
 def _git_state(root: Path) -> tuple[str | None, bool | None]:
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
-                                  check=False)
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=False
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout if done.returncode == 0 else None
@@ -195,9 +224,14 @@ def _release(version: str, say: Callable[[str], None]) -> Target:
     root = cache_dir() / version
     if not (root / ".complete").is_file():
         _on_index(version, say)  # before anything is written: a refused release leaves nothing behind
-    install_once(root, [f"sglang=={version}"], f"sglang {version}", say,
-             missing=f"sglang {version} is not on the package index; pass a released version "
-                     f"({releases.SUPPORTED_RANGE}), a source tree or a wheel")
+    install_once(
+        root,
+        [f"sglang=={version}"],
+        f"sglang {version}",
+        say,
+        missing=f"sglang {version} is not on the package index; pass a released version "
+        f"({releases.SUPPORTED_RANGE}), a source tree or a wheel",
+    )
     found = read_version(root)
     return Target(spec=version, origin="release", version=found, root=str(root), deps=_deps(found, say))
 
@@ -225,24 +259,35 @@ def _on_index(version: str, say: Callable[[str], None]) -> None:
     available = index_versions("sglang")
     if available is not None and version not in available:
         newest = next((v for v in available if release_tuple(v)), "none")
-        raise TargetError(f"sglang {version} is not on the package index (its newest release is {newest}); "
-                          f"pass a released version ({releases.SUPPORTED_RANGE}), a source tree or a wheel")
+        raise TargetError(
+            f"sglang {version} is not on the package index (its newest release is {newest}); "
+            f"pass a released version ({releases.SUPPORTED_RANGE}), a source tree or a wheel"
+        )
     parsed = release_tuple(version)
     if parsed and parsed[:3] > releases.NEWEST_CHECKED:
         newest_checked = ".".join(map(str, releases.NEWEST_CHECKED))
-        say(f"warning: sglang {version} is newer than the newest release the harness was checked against "
-            f"({newest_checked}); trying it: a capability it lacks is said when a test needs it")
+        say(
+            f"warning: sglang {version} is newer than the newest release the harness was checked against "
+            f"({newest_checked}); trying it: a capability it lacks is said when a test needs it"
+        )
 
 
 def _wheel(spec: str, say: Callable[[str], None]) -> Target:
     wheel = Path(spec).expanduser()
     if not wheel.is_file():
-        raise TargetError(f"sglang target {spec!r}: no such wheel file; pass an existing *.whl, a source tree "
-                          "or a release like 0.5.21")
+        raise TargetError(
+            f"sglang target {spec!r}: no such wheel file; pass an existing *.whl, a source tree "
+            "or a release like 0.5.21"
+        )
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:16]
     root = cache_dir() / f"wheel-{digest}"
-    install_once(root, [str(wheel.resolve())], f"sglang wheel {wheel.name}", say,
-             missing=f"sglang target {spec!r} could not be installed; pass a valid sglang wheel")
+    install_once(
+        root,
+        [str(wheel.resolve())],
+        f"sglang wheel {wheel.name}",
+        say,
+        missing=f"sglang target {spec!r} could not be installed; pass a valid sglang wheel",
+    )
     if not (root / "sglang" / "__init__.py").is_file():
         raise TargetError(f"sglang target {spec!r} holds no sglang/ package; pass a sglang wheel")
     found = read_version(root)
@@ -268,8 +313,13 @@ def _deps(version: str, say: Callable[[str], None]) -> tuple[str, ...]:
     if not reqs:
         return ()
     into = cache_dir() / f"deps-{release}"
-    install_once(into, list(reqs), f"sglang {release}'s pinned dependencies", say,
-             missing=f"sglang {release}'s pinned dependencies {' '.join(reqs)} could not be installed")
+    install_once(
+        into,
+        list(reqs),
+        f"sglang {release}'s pinned dependencies",
+        say,
+        missing=f"sglang {release}'s pinned dependencies {' '.join(reqs)} could not be installed",
+    )
     return (str(into),)
 
 
@@ -305,8 +355,19 @@ def install_once(dest: Path, reqs: list[str], what: str, say: Callable[[str], No
 
 
 def pip_install(reqs: list[str], into: Path, missing: str) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--disable-pip-version-check",
-           "-q", "--target", str(into), *reqs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-compile",
+        "--disable-pip-version-check",
+        "-q",
+        "--target",
+        str(into),
+        *reqs,
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:

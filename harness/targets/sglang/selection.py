@@ -40,11 +40,30 @@ logger = logging.getLogger(__name__)
 #: process that re-activates the target still imports the copy.
 OVERLAY_ENV = "HARNESS_SGLANG_OVERLAY"
 #: Help text shared by every entry point's ``--sglang`` option.
-HELP = ("the sglang under test: 'installed' (default), a release like 0.5.21 (installed on demand), "
-        "a source tree (a checkout's python/ dir or any dir holding sglang/) or a wheel file; env HARNESS_SGLANG")
+HELP = (
+    "the sglang under test: 'installed' (default), a release like 0.5.21 (installed on demand), "
+    "a source tree (a checkout's python/ dir or any dir holding sglang/) or a wheel file; env HARNESS_SGLANG"
+)
 
-__all__ = ["CACHE_ENV", "ENV_VAR", "HELP", "INSTALLED", "OVERLAY_ENV", "WORKER_SETUP", "Target", "TargetError", "activate",
-           "cache_dir", "current", "resolve", "select", "select_for_cli", "sglang_root", "stamp", "worker_spec"]
+__all__ = [
+    "CACHE_ENV",
+    "ENV_VAR",
+    "HELP",
+    "INSTALLED",
+    "OVERLAY_ENV",
+    "WORKER_SETUP",
+    "Target",
+    "TargetError",
+    "activate",
+    "cache_dir",
+    "current",
+    "resolve",
+    "select",
+    "select_for_cli",
+    "sglang_root",
+    "stamp",
+    "worker_spec",
+]
 
 
 def activate(target: Target) -> None:
@@ -74,8 +93,10 @@ def activate(target: Target) -> None:
         # sglang from it imported the target.
         where = Path(os.path.abspath(getattr(loaded, "__file__", "") or "")).parent.parent
         if where.resolve() not in {Path(p).resolve() for p in (target.root, *([overlay] if overlay else []))}:
-            raise TargetError(f"sglang was imported from {where} before the target {target.label()} was "
-                              "selected; pass --sglang (or HARNESS_SGLANG) before anything imports sglang")
+            raise TargetError(
+                f"sglang was imported from {where} before the target {target.label()} was "
+                "selected; pass --sglang (or HARNESS_SGLANG) before anything imports sglang"
+            )
     front = [*([overlay] if overlay else []), *target.paths]
     if not front:
         return

@@ -60,16 +60,27 @@ def arrived(spec: str, say: Callable[[str], None] | None = None) -> Target | Non
     try:
         carried = Target.from_dict(json.loads(raw))
     except (json.JSONDecodeError, TypeError):
-        raise TargetError(f"{CARRIED_ENV} is not a target description ({raw[:80]!r}); it is set by the harness "
-                          "for a joined cluster's workers, unset it") from None
+        raise TargetError(
+            f"{CARRIED_ENV} is not a target description ({raw[:80]!r}); it is set by the harness "
+            "for a joined cluster's workers, unset it"
+        ) from None
     if carried.spec != spec:
         return None
     root = _shipped_root()
     if root is None:
-        raise TargetError(f"{carried.label()} was shipped with this job but no copy of it is on this node's "
-                          "PYTHONPATH (Ray's py_modules); see the node's runtime_env_setup log")
-    return Target(spec=str(root), origin=carried.origin, version=carried.version, root=str(root),
-                  deps=release_deps_dir(carried.version, say), commit=carried.commit, dirty=carried.dirty)
+        raise TargetError(
+            f"{carried.label()} was shipped with this job but no copy of it is on this node's "
+            "PYTHONPATH (Ray's py_modules); see the node's runtime_env_setup log"
+        )
+    return Target(
+        spec=str(root),
+        origin=carried.origin,
+        version=carried.version,
+        root=str(root),
+        deps=release_deps_dir(carried.version, say),
+        commit=carried.commit,
+        dirty=carried.dirty,
+    )
 
 
 def _shipped_root() -> Path | None:

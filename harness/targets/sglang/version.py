@@ -44,8 +44,13 @@ def read_version(root: str | Path) -> str:
 
 def _git_describe(root: Path) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--match", "v[0-9]*"],
-                              capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(root), "describe", "--tags", "--match", "v[0-9]*"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = _DESCRIBE.match(done.stdout.strip()) if done.returncode == 0 else None

@@ -27,4 +27,23 @@ from harness.workers.forkserver.sharing import (
 from harness.workers.forkserver.policy import OFF_ENV, forks
 from harness.workers.forkserver.serve import READY, ForkServerError
 
-__all__ = ["OFF_ENV", "READY", "forks", "SCANNED_PREFIXES", "ForkServerError", "ADVERTISE_ENV", "CLIENT", "DEFAULT_START_TIMEOUT_S", "MATCH_FILE", "SOCKET_ENV", "VOLATILE_ENV", "ForkServer", "Inherited", "client_command", "python_command", "running_shared", "shared", "stop_shared"]
+__all__ = [
+    "OFF_ENV",
+    "READY",
+    "forks",
+    "SCANNED_PREFIXES",
+    "ForkServerError",
+    "ADVERTISE_ENV",
+    "CLIENT",
+    "DEFAULT_START_TIMEOUT_S",
+    "MATCH_FILE",
+    "SOCKET_ENV",
+    "VOLATILE_ENV",
+    "ForkServer",
+    "Inherited",
+    "client_command",
+    "python_command",
+    "running_shared",
+    "shared",
+    "stop_shared",
+]

@@ -91,8 +91,9 @@ def repath(old: str, new: str) -> None:
     importlib.invalidate_caches()
 
 
-def run_child(conn: socket.socket, fds: list[int], req: dict, others: list[socket.socket],
-              preloaded: Preloaded) -> None:
+def run_child(
+    conn: socket.socket, fds: list[int], req: dict, others: list[socket.socket], preloaded: Preloaded
+) -> None:
     """In the forked child: become the requested process (never returns).
 
     ``argv`` is what follows the interpreter on its command line: a script path and its arguments,

@@ -94,20 +94,34 @@ def main() -> int:
     session = os.getsid(0) == os.getpid()
     differ = differing(path)
     if differ:
-        print(f"forkserver client: {', '.join(differ)} differ from the fork server's; starting a fresh interpreter",
-              file=sys.stderr, flush=True)
+        print(
+            f"forkserver client: {', '.join(differ)} differ from the fork server's; starting a fresh interpreter",
+            file=sys.stderr,
+            flush=True,
+        )
         fresh(session)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError as e:
-        print(f"forkserver client: cannot reach the fork server at {path} ({e}); starting a fresh interpreter",
-              file=sys.stderr, flush=True)
+        print(
+            f"forkserver client: cannot reach the fork server at {path} ({e}); starting a fresh interpreter",
+            file=sys.stderr,
+            flush=True,
+        )
         fresh(session)
     sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    payload = json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "nice": os.nice(0),
-                          "session": session, "group": os.getpgid(0) == os.getpid(),
-                          "sigint_ignored": sigint_ignored}).encode()
+    payload = json.dumps(
+        {
+            "argv": sys.argv[1:],
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "nice": os.nice(0),
+            "session": session,
+            "group": os.getpgid(0) == os.getpid(),
+            "sigint_ignored": sigint_ignored,
+        }
+    ).encode()
     socket.send_fds(sock, [len(payload).to_bytes(8, "big") + payload], [0, 1, 2])
     child: list = []
 
@@ -135,8 +149,11 @@ def main() -> int:
             continue
         if not data:
             if not child:  # never forked (the server could not, or is gone): run it here instead
-                print("forkserver client: the fork server did not start the command; starting a fresh interpreter",
-                      file=sys.stderr, flush=True)
+                print(
+                    "forkserver client: the fork server did not start the command; starting a fresh interpreter",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 sock.close()
                 fresh(session)
             print("forkserver client: the fork server went away", file=sys.stderr)

@@ -44,8 +44,9 @@ class EnvReads:
 
     def _record(self, key: str) -> None:
         frame: FrameType | None = sys._getframe(2)
-        while frame is not None and (frame.f_globals.get("__name__") in ("os", "_collections_abc")
-                                     or frame.f_globals is globals()):  # past os, the ABCs and these wrappers
+        while frame is not None and (
+            frame.f_globals.get("__name__") in ("os", "_collections_abc") or frame.f_globals is globals()
+        ):  # past os, the ABCs and these wrappers
             frame = frame.f_back
         if frame is None:
             return
@@ -79,8 +80,24 @@ class EnvReads:
 #: when they load: OpenMP, BLAS, the allocator, torch's C++ side) or by preloaded modules that scan
 #: the environment by prefix (tqdm, networkx, fsspec): with ``record_env``, every variable of these
 #: families must be equal (or absent) on both sides.
-SCANNED_PREFIXES: tuple[str, ...] = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "GOTO_", "BLIS_",
-                                     "LD_", "MALLOC_", "CUDA_", "TORCH_", "PYTORCH_", "TQDM_", "NETWORKX_", "FSSPEC_")
+SCANNED_PREFIXES: tuple[str, ...] = (
+    "PYTHON",
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "GOTO_",
+    "BLIS_",
+    "LD_",
+    "MALLOC_",
+    "CUDA_",
+    "TORCH_",
+    "PYTORCH_",
+    "TQDM_",
+    "NETWORKX_",
+    "FSSPEC_",
+)
 
 
 #: Variables of those families read only when used, by the child itself (``breakpoint()`` reads
@@ -88,19 +105,30 @@ SCANNED_PREFIXES: tuple[str, ...] = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", 
 READ_WHEN_USED: tuple[str, ...] = ("PYTHONBREAKPOINT",)
 
 
-def write_match(path: str, names: Sequence[str], prefixes: Sequence[str], env: Mapping[str, str],
-                preload: str = "", set_by_preload: Mapping[str, str] | None = None,
-                free_path: Mapping[str, object] | None = None) -> None:
+def write_match(
+    path: str,
+    names: Sequence[str],
+    prefixes: Sequence[str],
+    env: Mapping[str, str],
+    preload: str = "",
+    set_by_preload: Mapping[str, str] | None = None,
+    free_path: Mapping[str, object] | None = None,
+) -> None:
     """Write :data:`MATCH_FILE` beside the socket ``path``: the values in ``env`` (``""``: unset) of
     ``names`` and of every variable of ``prefixes`` (but :data:`READ_WHEN_USED`), and the values the
     preload itself set: a client that already has those (its parent imported the same modules) is
     where a fresh interpreter would be after the same imports. ``free_path`` (:func:`free_path`):
     ``PYTHONPATH`` is compared by what it can change, not by its value."""
-    match = {"env": {k: env.get(k, "") for k in sorted(set(names)) if k not in READ_WHEN_USED},
-             "prefixes": {p: {k: v for k, v in env.items() if k.startswith(p) and k not in READ_WHEN_USED}
-                          for p in prefixes},
-             "ignore": list(READ_WHEN_USED), "set_by_preload": dict(set_by_preload or {}),
-             "preload": preload, "pid": os.getpid()}
+    match = {
+        "env": {k: env.get(k, "") for k in sorted(set(names)) if k not in READ_WHEN_USED},
+        "prefixes": {
+            p: {k: v for k, v in env.items() if k.startswith(p) and k not in READ_WHEN_USED} for p in prefixes
+        },
+        "ignore": list(READ_WHEN_USED),
+        "set_by_preload": dict(set_by_preload or {}),
+        "preload": preload,
+        "pid": os.getpid(),
+    }
     if free_path is not None:
         match["free_path"] = dict(free_path)
     tmp = os.path.join(os.path.dirname(path), f".{MATCH_FILE}.tmp")

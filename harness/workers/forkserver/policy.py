@@ -19,8 +19,11 @@ Kind = Literal["rank", "server", "python"]
 #: ``0``: no process the harness starts is a fork of a fork server.
 OFF_ENV = "HARNESS_FORK_START"
 #: Each kind's switch from before :data:`OFF_ENV`; still honoured (``0`` turns that kind off), with a warning.
-OLD_ENV: dict[str, str] = {"rank": "HARNESS_RANK_FORKSERVER", "server": "HARNESS_SERVER_FORKSERVER",
-                           "python": "HARNESS_FORK_PYTHON"}
+OLD_ENV: dict[str, str] = {
+    "rank": "HARNESS_RANK_FORKSERVER",
+    "server": "HARNESS_SERVER_FORKSERVER",
+    "python": "HARNESS_FORK_PYTHON",
+}
 _WARNED: set[str] = set()
 
 

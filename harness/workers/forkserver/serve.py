@@ -18,7 +18,14 @@ import socket
 import sys
 from typing import Callable, Sequence
 
-from harness.workers.forkserver.child import CHILD_SIGNALS, WATCH_THREAD, Preloaded, client_gone, recv_request, run_child
+from harness.workers.forkserver.child import (
+    CHILD_SIGNALS,
+    WATCH_THREAD,
+    Preloaded,
+    client_gone,
+    recv_request,
+    run_child,
+)
 from harness.workers import procs
 from harness.workers.forkserver import envmatch
 from harness.workers.forkserver.envmatch import SCANNED_PREFIXES, EnvReads, write_match
@@ -60,8 +67,15 @@ def _owner_gone(owner: int | None) -> Callable[[], bool]:
     return lambda: bool(select.select([fd], [], [], 0)[0])
 
 
-def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record_env: bool = False,
-          reimport: Sequence[str] = (), free_path: bool = False, owner: int | None = None) -> int:
+def serve(
+    socket_path: str,
+    preload: str,
+    must_match: Sequence[str] = (),
+    record_env: bool = False,
+    reimport: Sequence[str] = (),
+    free_path: bool = False,
+    owner: int | None = None,
+) -> int:
     """The server's main loop: run ``preload``, then fork one child per client request.
 
     Args:
@@ -93,24 +107,39 @@ def serve(socket_path: str, preload: str, must_match: Sequence[str] = (), record
         if func:
             getattr(module, func)()
     if _threads() != 1:
-        raise ForkServerError(f"preload {preload!r} left {_threads()} threads; a fork would copy only one "
-                              "(set OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1, or import less)")
+        raise ForkServerError(
+            f"preload {preload!r} left {_threads()} threads; a fork would copy only one "
+            "(set OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1, or import less)"
+        )
     # What the preload itself set (torch, Ray set a few variables when imported): a fresh interpreter
     # has them after its imports, so each child of a server that compares its clients' environments
     # (record_env) gets them on top of its client's; the clients are compared with the environment
     # the preload started from.
     preloaded = Preloaded(set={}, unset=(), reimport=tuple(reimport))
     if record_env:
-        preloaded = Preloaded(set={k: v for k, v in os.environ.items() if before.get(k) != v},
-                              unset=tuple(k for k in before if k not in os.environ), reimport=tuple(reimport))
+        preloaded = Preloaded(
+            set={k: v for k, v in os.environ.items() if before.get(k) != v},
+            unset=tuple(k for k in before if k not in os.environ),
+            reimport=tuple(reimport),
+        )
     free = envmatch.free_path(before.get("PYTHONPATH", ""), sys.modules) if free_path else None
     if free_path and free is None:
-        print("forkserver: the preload imported from this server's PYTHONPATH: clients must share it",
-              file=sys.stderr, flush=True)
+        print(
+            "forkserver: the preload imported from this server's PYTHONPATH: clients must share it",
+            file=sys.stderr,
+            flush=True,
+        )
     if free is not None:
         preloaded = dataclasses.replace(preloaded, pythonpath=before.get("PYTHONPATH", ""))
-    write_match(socket_path, [*must_match, *reads.names(before)], SCANNED_PREFIXES if record_env else (), before,
-                preload, preloaded.set, free)
+    write_match(
+        socket_path,
+        [*must_match, *reads.names(before)],
+        SCANNED_PREFIXES if record_env else (),
+        before,
+        preload,
+        preloaded.set,
+        free,
+    )
     owner_gone = _owner_gone(owner)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(socket_path)
@@ -182,20 +211,42 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.workers.forkserver", description=__doc__.splitlines()[0])
     p.add_argument("--socket", required=True, help="AF_UNIX path to listen on")
     p.add_argument("--preload", required=True, help="module:function to run once before serving")
-    p.add_argument("--must-match", action="append", default=[], metavar="NAME",
-                   help="an env var a client must share to be forked (repeatable)")
-    p.add_argument("--record-env", action="store_true",
-                   help="also require every env var the preload read, and the scanned families")
-    p.add_argument("--reimport", action="append", default=[], metavar="PACKAGE",
-                   help="a package each child imports afresh (repeatable)")
-    p.add_argument("--free-path", action="store_true",
-                   help="fork clients with another PYTHONPATH that shadows nothing the preload imported")
-    p.add_argument("--owner", type=int, default=None, metavar="PID",
-                   help="exit when this process is gone (default: when the parent is)")
+    p.add_argument(
+        "--must-match",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an env var a client must share to be forked (repeatable)",
+    )
+    p.add_argument(
+        "--record-env",
+        action="store_true",
+        help="also require every env var the preload read, and the scanned families",
+    )
+    p.add_argument(
+        "--reimport",
+        action="append",
+        default=[],
+        metavar="PACKAGE",
+        help="a package each child imports afresh (repeatable)",
+    )
+    p.add_argument(
+        "--free-path",
+        action="store_true",
+        help="fork clients with another PYTHONPATH that shadows nothing the preload imported",
+    )
+    p.add_argument(
+        "--owner",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="exit when this process is gone (default: when the parent is)",
+    )
     args = p.parse_args(argv)
     try:
-        return serve(args.socket, args.preload, args.must_match, args.record_env, args.reimport, args.free_path,
-                     args.owner)
+        return serve(
+            args.socket, args.preload, args.must_match, args.record_env, args.reimport, args.free_path, args.owner
+        )
     except ForkServerError as e:
         print(f"forkserver: {e}", file=sys.stderr, flush=True)
         return 3

@@ -82,7 +82,9 @@ def match_of(socket_path: str) -> tuple[int, dict] | None:
 class ForkServer(BySocket):
     """A started fork server (see the module docstring); use :meth:`runtime_env` on Ray actors."""
 
-    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: Path, tmpdir: str, preload: str = "") -> None:
+    def __init__(
+        self, proc: subprocess.Popen, socket_path: str, log_path: Path, tmpdir: str, preload: str = ""
+    ) -> None:
         self.proc = proc
         self.preload = preload
         self.socket_path = socket_path
@@ -94,10 +96,17 @@ class ForkServer(BySocket):
         return self.proc.pid
 
     @classmethod
-    def start(cls, preload: str, env: Mapping[str, str] | None = None,
-              timeout: float = DEFAULT_START_TIMEOUT_S, must_match: Sequence[str] = (),
-              record_env: bool = False, reimport: Sequence[str] = (), free_path: bool = False,
-              launch: Launch | None = None) -> "ForkServer":
+    def start(
+        cls,
+        preload: str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_START_TIMEOUT_S,
+        must_match: Sequence[str] = (),
+        record_env: bool = False,
+        reimport: Sequence[str] = (),
+        free_path: bool = False,
+        launch: Launch | None = None,
+    ) -> "ForkServer":
         """Start a server that runs ``preload`` and wait until it serves.
 
         Args:

@@ -61,9 +61,16 @@ def _advertise(server: ForkServer) -> None:
     os.environ[ADVERTISE_ENV] = os.pathsep.join([server.socket_path, *_advertised()])
 
 
-def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | None = None,
-           must_match: Sequence[str] = (), free_path: bool = False,
-           advertise: bool = False, launch: Launch | None = None) -> ForkServer | Inherited:
+def shared(
+    preload: str,
+    env: Mapping[str, str],
+    *,
+    base: Mapping[str, str] | None = None,
+    must_match: Sequence[str] = (),
+    free_path: bool = False,
+    advertise: bool = False,
+    launch: Launch | None = None,
+) -> ForkServer | Inherited:
     """This process's fork server for ``preload`` with environment ``base | env`` (``base``: this
     process's by default; started on first use, restarted if it died, stopped at interpreter exit).
 
@@ -87,6 +94,7 @@ def shared(preload: str, env: Mapping[str, str], *, base: Mapping[str, str] | No
     # environment); without, all of it may.
     decides = {k: full.get(k, "") for k in must_match} if must_match else full
     key = (preload, tuple(sorted(decides.items())), tuple(must_match), free_path)
+
     def serving() -> ForkServer | Inherited | None:
         server = _SHARED.get(key)
         if server is not None and server.alive():
@@ -143,9 +151,17 @@ _PYTHON: list[ForkServer] = []
 _PYTHON_FAILED: set[str] = set()
 
 
-def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str, requires: Mapping[str, str] = {},
-                   refuses: Sequence[str] = (), must_match: Sequence[str] = (),
-                   reimport: Sequence[str] = ("harness",), start_server: bool = True) -> tuple[list[str], dict[str, str]]:
+def python_command(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    preload: str,
+    requires: Mapping[str, str] = {},
+    refuses: Sequence[str] = (),
+    must_match: Sequence[str] = (),
+    reimport: Sequence[str] = ("harness",),
+    start_server: bool = True,
+) -> tuple[list[str], dict[str, str]]:
     """``argv`` and ``env`` that run a Python subprocess as a fork of a server that ran ``preload``.
 
     The server is started on first use with ``env`` (``record_env``: a later ``env`` that differs in
@@ -186,6 +202,7 @@ def python_command(argv: Sequence[str], env: Mapping[str, str], *, preload: str,
     if any(env.get(k) != v for k, v in requires.items()) or any(env.get(k) for k in refuses):
         return plain
     base = {k: v for k, v in env.items() if k not in VOLATILE_ENV and k != ADVERTISE_ENV}
+
     def serving() -> str | None:
         server = next((s for s in _PYTHON if s.preload == preload and s.alive() and s.serves(env)), None)
         if server is not None:

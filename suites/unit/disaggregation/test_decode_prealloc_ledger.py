@@ -62,11 +62,19 @@ def _prealloc(side: DecodeSide, writer: ledger.LedgerWriter, req: Any) -> Preall
     full_reserved, swa_reserved = side.reservation(req)  # what admission would reserve for it
     result = side.prealloc(req)
     state = side.snapshot([req]).request(req.rid)
-    writer.record("prealloc", req.rid, side.config.page_size, fill_len=result.fill_len,
-                  swa_tail_len=result.swa_tail_len, evicted_seqlen=state.swa_evicted_seqlen,
-                  prefix_len=result.prefix_len, pages=_held_pages(side, req),
-                  reserved={"full": full_reserved, "swa": swa_reserved},
-                  free_before=before, free_after=_pool_free(side))
+    writer.record(
+        "prealloc",
+        req.rid,
+        side.config.page_size,
+        fill_len=result.fill_len,
+        swa_tail_len=result.swa_tail_len,
+        evicted_seqlen=state.swa_evicted_seqlen,
+        prefix_len=result.prefix_len,
+        pages=_held_pages(side, req),
+        reserved={"full": full_reserved, "swa": swa_reserved},
+        free_before=before,
+        free_after=_pool_free(side),
+    )
     return result
 
 
@@ -74,13 +82,15 @@ def _release(side: DecodeSide, writer: ledger.LedgerWriter, req: Any) -> None:
     held = _held_pages(side, req)
     before = _pool_free(side)
     side.release(req)
-    writer.record("release", req.rid, side.config.page_size, pages=held,
-                  free_before=before, free_after=_pool_free(side))
+    writer.record(
+        "release", req.rid, side.config.page_size, pages=held, free_before=before, free_after=_pool_free(side)
+    )
 
 
 @pytest.mark.parametrize("page, window, prompt_lens", CASES)
-def test_decode_prealloc_ledger_balances(decode_side, tmp_path: Path, page: int, window: int,
-                                         prompt_lens: tuple[int, ...]):
+def test_decode_prealloc_ledger_balances(
+    decode_side, tmp_path: Path, page: int, window: int, prompt_lens: tuple[int, ...]
+):
     side = decode_side(page_size=page, window=window)
     assert side.uses_swa_tail()
     path = tmp_path / "ledger" / f"{WORKER}.jsonl"

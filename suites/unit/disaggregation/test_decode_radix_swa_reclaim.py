@@ -39,8 +39,10 @@ def test_prealloc_reclaims_evictable_swa_pages(decode_side):
     try:
         result = side.prealloc(second)
     except PreallocFailed as failed:  # "KV cache is full!" without the SWA reclaim
-        pytest.fail(f"[alloc-after-admit] admission's SWA budget {swa_budget} covers the tail ({tail_pages}) "
-                    f"but the prealloc failed: {failed}")
+        pytest.fail(
+            f"[alloc-after-admit] admission's SWA budget {swa_budget} covers the tail ({tail_pages}) "
+            f"but the prealloc failed: {failed}"
+        )
 
     assert result.swa_tail_len == tail
     assert side.snapshot().taken_since(cached)["swa"] == tail_pages - cached.tree_swa_evictable

@@ -42,10 +42,19 @@ def test_prealloc_reservation_covers_allocated_pages(decode_side, page: int, win
 
     # The ledger's rule, with each pool's decode reserve (config, not sglang's answer) taken off:
     # 512 reserved tokens would otherwise hide a reservation short of the whole pages by < 1 page.
-    event = ledger.Event(seq=0, ts=0.0, kind="prealloc", rid="reserve", component="decode", worker="unit",
-                         page_size=page, fill_len=fill, swa_tail_len=tail,
-                         pages={"full": taken["full"] // page, "swa": taken["swa"] // page},
-                         reserved={"full": full_required, "swa": swa_required})
+    event = ledger.Event(
+        seq=0,
+        ts=0.0,
+        kind="prealloc",
+        rid="reserve",
+        component="decode",
+        worker="unit",
+        page_size=page,
+        fill_len=fill,
+        swa_tail_len=tail,
+        pages={"full": taken["full"] // page, "swa": taken["swa"] // page},
+        reserved={"full": full_required, "swa": swa_required},
+    )
     broken = [str(v) for v in ledger.prealloc_violations(config, event)]
     assert not broken, "; ".join(broken)
     assert full_required - config.decode_reserve >= taken["full"]

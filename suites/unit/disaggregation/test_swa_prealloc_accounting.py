@@ -39,8 +39,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness.api import (DecodeSide, PoolSizes, PreallocFailed, SWA_PAGE_SIZES, device_missing, expect, ledger, make_req,
-                         require_capability)
+from harness.api import (
+    DecodeSide,
+    PoolSizes,
+    PreallocFailed,
+    SWA_PAGE_SIZES,
+    device_missing,
+    expect,
+    ledger,
+    make_req,
+    require_capability,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +58,12 @@ pytestmark = [pytest.mark.topology("cpu"), pytest.mark.est_time(40)]
 HISPARSE_PAGE = 256
 MAX_PROMPT = 1200
 # Bounded so the file runs in well under a minute on a busy 2-core machine.
-SWEEP = settings(max_examples=80, deadline=None, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SWEEP = settings(
+    max_examples=80,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def _pages(tokens: int, page: int) -> int:
@@ -92,24 +105,48 @@ def scenarios(draw, with_hisparse: bool = True) -> Scenario:
     requests = draw(st.lists(st.tuples(prompt, st.integers(0, 3)), min_size=1, max_size=4))
     if draw(st.booleans()):  # pool pressure: small pools, few request slots
         unit = max(page, 64)
-        sizes = PoolSizes(full_tokens=unit * draw(st.integers(2 if hisparse else 1, 16)),
-                          swa_tokens=unit * draw(st.integers(1, 8)), req_slots=draw(st.integers(1, 4)))
+        sizes = PoolSizes(
+            full_tokens=unit * draw(st.integers(2 if hisparse else 1, 16)),
+            swa_tokens=unit * draw(st.integers(1, 8)),
+            req_slots=draw(st.integers(1, 4)),
+        )
     else:
         sizes = PoolSizes()
     return Scenario(hisparse, page, window, radix_cache, sizes, tuple(requests))
 
 
-def _rule_violations(side: DecodeSide, fill: int, tail: int, evicted: int | None = None,
-                     taken: dict[str, int] | None = None) -> list[str]:
+def _rule_violations(
+    side: DecodeSide, fill: int, tail: int, evicted: int | None = None, taken: dict[str, int] | None = None
+) -> list[str]:
     """The ledger's prealloc rules for one allocation, against the side's own configuration."""
     config = side.ledger_config()
-    ev = ledger.Event(seq=0, ts=0.0, kind="prealloc", rid="sweep", component="decode", worker="sweep",
-                      page_size=config.page_size, fill_len=fill, swa_tail_len=tail,
-                      evicted_seqlen=fill - tail if evicted is None and config.swa_tail else evicted,
-                      pages={pool: n // (config.host_page if pool == "host" else config.page_size)
-                             for pool, n in (taken or {}).items() if pool in ("full", "swa", "host")})
-    head = ledger.Event(seq=-1, ts=0.0, kind="config", rid=ledger.CONFIG_RID, component="decode", worker="sweep",
-                        page_size=config.page_size, **ledger.config_event(config))
+    ev = ledger.Event(
+        seq=0,
+        ts=0.0,
+        kind="prealloc",
+        rid="sweep",
+        component="decode",
+        worker="sweep",
+        page_size=config.page_size,
+        fill_len=fill,
+        swa_tail_len=tail,
+        evicted_seqlen=fill - tail if evicted is None and config.swa_tail else evicted,
+        pages={
+            pool: n // (config.host_page if pool == "host" else config.page_size)
+            for pool, n in (taken or {}).items()
+            if pool in ("full", "swa", "host")
+        },
+    )
+    head = ledger.Event(
+        seq=-1,
+        ts=0.0,
+        kind="config",
+        rid=ledger.CONFIG_RID,
+        component="decode",
+        worker="sweep",
+        page_size=config.page_size,
+        **ledger.config_event(config),
+    )
     return [str(v) for v in ledger.check([head, ev]) if v.seq is not None]
 
 
@@ -132,7 +169,8 @@ def _check_admission(side: DecodeSide, free: dict[str, int], fill: int, tail: in
     need_swa = _pages(tail, page) if side.uses_swa_tail() else fill
     assert full_budget >= _pages(fill, page) and (swa_budget is None or swa_budget >= need_swa), (
         f"[admission-short] fill {fill} (tail {tail}) fits the free pools {free} but admission's budgets are "
-        f"full {full_budget}, SWA {swa_budget}")
+        f"full {full_budget}, SWA {swa_budget}"
+    )
 
 
 def _fits(side: DecodeSide, free: dict[str, int], fill: int, tail: int) -> bool:
@@ -143,8 +181,7 @@ def _fits(side: DecodeSide, free: dict[str, int], fill: int, tail: int) -> bool:
 
 def _expected_charge(side: DecodeSide, fill: int, tail: int) -> dict[str, int]:
     page = side.config.page_size
-    charge = {"full": _pages(fill, page), "swa": _pages(tail, page) if side.uses_swa_tail() else fill,
-              "req_slots": 1}
+    charge = {"full": _pages(fill, page), "swa": _pages(tail, page) if side.uses_swa_tail() else fill, "req_slots": 1}
     if side.coordinator is not None:
         host_page = side.allocator.hisparse_page_size
         charge["host"] = _pages(side.coordinator.host_token_len(fill), host_page)
@@ -209,14 +246,21 @@ def run_scenario(scenario: Scenario, device: str) -> None:
         side.release(req)
     side.evict_cache()
     assert side.snapshot().free() == side.baseline.free(), (
-        f"[not-baseline] pools did not return to their baseline: {side.snapshot().free()} vs {side.baseline.free()}")
+        f"[not-baseline] pools did not return to their baseline: {side.snapshot().free()} vs {side.baseline.free()}"
+    )
 
 
 def _config(scenario: Scenario, device: str):
     from harness.api import DecodeConfig
 
-    return DecodeConfig(hisparse=scenario.hisparse, page_size=scenario.page, window=scenario.window,
-                        radix_cache=scenario.radix_cache, sizes=scenario.sizes, device=device)
+    return DecodeConfig(
+        hisparse=scenario.hisparse,
+        page_size=scenario.page,
+        window=scenario.window,
+        radix_cache=scenario.radix_cache,
+        sizes=scenario.sizes,
+        device=device,
+    )
 
 
 def test_swa_prealloc_accounting_sweep(device, record_property):
@@ -225,8 +269,10 @@ def test_swa_prealloc_accounting_sweep(device, record_property):
     with_hisparse = device_missing(device, page_size=HISPARSE_PAGE, hisparse=True) is None
     record_property("hisparse_swept", with_hisparse)
     # Warm-up outside the timing: the first build imports sglang's pool and decode modules.
-    for warm in (Scenario(False, 64, 100, False, PoolSizes(), ((300, 1),)),
-                 Scenario(True, 256, 128, False, PoolSizes(), ((700, 1),))):
+    for warm in (
+        Scenario(False, 64, 100, False, PoolSizes(), ((300, 1),)),
+        Scenario(True, 256, 128, False, PoolSizes(), ((700, 1),)),
+    ):
         if with_hisparse or not warm.hisparse:
             run_scenario(warm, device)
     cases = []
@@ -235,10 +281,21 @@ def test_swa_prealloc_accounting_sweep(device, record_property):
     @given(scenarios(with_hisparse))
     # Pool-pressure edges always in the sweep: an SWA pool smaller than a long fill but larger than
     # its window tail (the SWA tail must be all that SWA admission and allocation count).
-    @example(Scenario(True, HISPARSE_PAGE, 200, False, PoolSizes(full_tokens=16 * 256, swa_tokens=2 * 256,
-                                                                 req_slots=2), ((1000, 1),)))
-    @example(Scenario(False, 64, 100, False, PoolSizes(full_tokens=32 * 64, swa_tokens=4 * 64, req_slots=2),
-                      ((1000, 1), (700, 2))))
+    @example(
+        Scenario(
+            True,
+            HISPARSE_PAGE,
+            200,
+            False,
+            PoolSizes(full_tokens=16 * 256, swa_tokens=2 * 256, req_slots=2),
+            ((1000, 1),),
+        )
+    )
+    @example(
+        Scenario(
+            False, 64, 100, False, PoolSizes(full_tokens=32 * 64, swa_tokens=4 * 64, req_slots=2), ((1000, 1), (700, 2))
+        )
+    )
     def sweep(scenario: Scenario) -> None:
         if scenario.hisparse and not with_hisparse:
             return  # the hisparse @example above, on a target that cannot build the graph here
@@ -294,10 +351,14 @@ def test_radix_prefix_hit_charges_new_full_pages_and_a_fresh_swa_tail(decode_sid
     state = after.request("second")
     evicted = result.fill_len - result.swa_tail_len
     # Radix mode keeps max(window, page) + 1 tokens before the floor: 399 - 64 = 335 -> 320.
-    expect("prealloc past the cached prefix", prefix_len=(result.prefix_len, 256), swa_tail_len=(result.swa_tail_len, 80),
-           swa_evicted_seqlen=(state.swa_evicted_seqlen, 320))
+    expect(
+        "prealloc past the cached prefix",
+        prefix_len=(result.prefix_len, 256),
+        swa_tail_len=(result.swa_tail_len, 80),
+        swa_evicted_seqlen=(state.swa_evicted_seqlen, 320),
+    )
     assert after.taken_since(before) == {"full": _pages(400, page) - 256, "swa": _pages(80, page), "req_slots": 1}
-    assert all(slot == 0 for slot in state.swa_indices[result.prefix_len:evicted])
+    assert all(slot == 0 for slot in state.swa_indices[result.prefix_len : evicted])
     tail = state.swa_indices[evicted:]
     assert 0 not in tail and len(set(tail)) == result.swa_tail_len
 
@@ -310,15 +371,19 @@ class PagesLeakedOnAssert(AssertionError):
     """The upstream bug's symptom: sglang's alignment assert fires after the pages were allocated."""
 
 
-@pytest.mark.xfail(strict=True, raises=PagesLeakedOnAssert,
-                   reason="sglang 0.5.23 allocates before asserting the page-aligned SWA floor, so a rejected "
-                          "unaligned tail leaves pages no request owns; XPASS once upstream checks first")
+@pytest.mark.xfail(
+    strict=True,
+    raises=PagesLeakedOnAssert,
+    reason="sglang 0.5.23 allocates before asserting the page-aligned SWA floor, so a rejected "
+    "unaligned tail leaves pages no request owns; XPASS once upstream checks first",
+)
 @pytest.mark.parametrize(
     ("hisparse", "page", "window", "prompt_len"),
     [(False, 64, 100, 300), (False, 256, 128, 700), (True, 256, 128, 700)],
 )
-def test_unaligned_swa_tail_is_rejected_without_leaking(decode_side, record_property, hisparse, page, window,
-                                                        prompt_len):
+def test_unaligned_swa_tail_is_rejected_without_leaking(
+    decode_side, record_property, hisparse, page, window, prompt_len
+):
     require_capability("decode-prealloc-evict-floor-assert")  # sglang's own assertion is what this checks
     side = decode_side(hisparse=hisparse, page_size=page, window=window)
     req = make_req("unaligned", prompt_len)
@@ -362,9 +427,14 @@ def test_unaligned_swa_floor_never_goes_unnoticed(decode_side, hisparse, page, w
     except AssertionError as exc:
         raised_in = traceback.extract_tb(exc.__traceback__)[-1]
         assert raised_in.name.startswith("alloc_for_decode_prealloc") and "sglang" in raised_in.filename, (
-            f"not sglang's floor assertion: {exc!r} in {raised_in.name}")
+            f"not sglang's floor assertion: {exc!r} in {raised_in.name}"
+        )
         return
     recorded = side.snapshot([req]).request("unaligned").swa_evicted_seqlen
-    assert recorded == fill - unaligned_tail, f"sglang recorded floor {recorded}, not fill - tail = {fill - unaligned_tail}"
+    assert recorded == fill - unaligned_tail, (
+        f"sglang recorded floor {recorded}, not fill - tail = {fill - unaligned_tail}"
+    )
     broken = _rule_violations(side, fill, unaligned_tail, evicted=recorded)
-    assert any("[evicted-unaligned]" in v for v in broken), f"the ledger missed floor {recorded} (page {page}): {broken}"
+    assert any("[evicted-unaligned]" in v for v in broken), (
+        f"the ledger missed floor {recorded} (page {page}): {broken}"
+    )

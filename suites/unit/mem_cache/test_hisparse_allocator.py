@@ -49,7 +49,7 @@ def test_alloc_extend_swa_tail_forwarded_to_logical_allocator(hisparse_side):
     assert torch.equal(allocator.full_to_hisparse_device_index_mapping, hisparse_mapping_before)
     mapping = logical.full_to_swa_index_mapping[kv_loc]
     assert bool((mapping[: fill - tail] == 0).all()), "evicted prefix must have no SWA slot"
-    assert bool((mapping[fill - tail:] > 0).all()) and mapping[fill - tail:].unique().numel() == tail
+    assert bool((mapping[fill - tail :] > 0).all()) and mapping[fill - tail :].unique().numel() == tail
 
     allocator.free(kv_loc)
     assert hisparse_side.snapshot().free() == before.free()
@@ -69,7 +69,11 @@ def test_decode_budget_uses_full_logical_capacity_for_swa_tail(hisparse_side):
     req = make_req("budget", prompt_len=512)
     hisparse_side.prealloc(req)
     full_after, swa_after = hisparse_side.admission_budget()
-    expect("admission budgets spent", full=(full_budget - full_after, _pages(512)), swa=(swa_budget - swa_after, _pages(256)))
+    expect(
+        "admission budgets spent",
+        full=(full_budget - full_after, _pages(512)),
+        swa=(swa_budget - swa_after, _pages(256)),
+    )
     hisparse_side.release(req)
     full_back, swa_back = hisparse_side.admission_budget()
     expect("admission budgets after release", full=(full_back, full_budget), swa=(swa_back, swa_budget))
@@ -88,13 +92,16 @@ def test_decode_prealloc_direct_to_host(hisparse_side):
     after = hisparse_side.snapshot([req])
     state = after.request("seed")
     host_slots = hisparse_side.coordinator.host_token_len(fill)
-    expect("hisparse prealloc", fill_len=(result.fill_len, fill), swa_tail_len=(result.swa_tail_len, 256),
-           swa_evicted_seqlen=(state.swa_evicted_seqlen, 256))
+    expect(
+        "hisparse prealloc",
+        fill_len=(result.fill_len, fill),
+        swa_tail_len=(result.swa_tail_len, 256),
+        swa_evicted_seqlen=(state.swa_evicted_seqlen, 256),
+    )
     assert state.kv_allocated_len == fill
     # Direct-to-host: full and SWA charged from the logical pools, no hisparse device pages, host
     # slots for the compressed (C4) KV as the RDMA destination.
-    assert after.taken_since(before) == {"full": _pages(fill), "swa": _pages(256), "req_slots": 1,
-                                         "host": host_slots}
+    assert after.taken_since(before) == {"full": _pages(fill), "swa": _pages(256), "req_slots": 1, "host": host_slots}
     assert result.destination.numel() == host_slots
     assert tuple(result.destination.tolist()) == state.host_indices[:host_slots]
     assert all(slot == 0 for slot in state.swa_indices[:256]), "evicted prefix must have no SWA slot"

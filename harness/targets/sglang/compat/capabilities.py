@@ -25,7 +25,6 @@ from harness.targets.sglang.version import release_tuple
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Capability:
     """One thing a suite needs from the target.
@@ -69,98 +68,109 @@ def _first(*reasons: Callable[[], str | None]) -> str | None:
 
 _DECODE = "sglang.srt.disaggregation.decode"
 
-CAPABILITIES: dict[str, Capability] = {cap.name: cap for cap in (
-    Capability(
-        "decode-prealloc-swa-tail",
-        "PD decode prealloc with an SWA tail: DecodePreallocQueue._pre_alloc / _swa_tail_len / "
-        "_uses_swa_tail_prealloc and alloc_for_decode_prealloc (sglang#24036, page floor #35286/#35396)",
-        lambda: _first(lambda: _has(_DECODE, "DecodePreallocQueue._pre_alloc"),
-                       lambda: _has(_DECODE, "DecodePreallocQueue._swa_tail_len"),
-                       lambda: _has(_DECODE, "DecodePreallocQueue._uses_swa_tail_prealloc"),
-                       lambda: _has(_DECODE, "alloc_for_decode_prealloc"),
-                       lambda: _has("sglang.srt.mem_cache.allocator.swa",
-                                    "SWATokenToKVPoolAllocator.alloc_extend_swa_tail")),
-    ),
-    Capability(
-        "hisparse-prealloc",
-        "the DeepSeek-V4 hisparse decode prealloc: alloc_for_decode_prealloc_hisparse, "
-        "DeepSeekV4HiSparseTokenToKVPoolAllocator and HiSparseCoordinator",
-        lambda: _first(lambda: _has(_DECODE, "alloc_for_decode_prealloc_hisparse"),
-                       lambda: _has("sglang.srt.mem_cache.allocator.hisparse",
-                                    "DeepSeekV4HiSparseTokenToKVPoolAllocator"),
-                       lambda: _has("sglang.srt.managers.hisparse_coordinator", "HiSparseCoordinator")),
-    ),
-    Capability(
-        "hisparse-device",
-        "the hisparse graph can be built on this machine's device (see device_missing: up to 0.5.21 the "
-        "coordinator needs CUDA streams on the venv's torch even with no GPU)",
-        lambda: _hisparse_device(),
-    ),
-    Capability(
-        "decode-admission-budgets",
-        "the idle decode scheduler's admission budgets: DecodePreallocQueue._allocatable_token_budgets "
-        "and _swa_aware_allocatable_token_budgets",
-        lambda: _first(lambda: _has(_DECODE, "DecodePreallocQueue._allocatable_token_budgets"),
-                       lambda: _has(_DECODE, "DecodePreallocQueue._swa_aware_allocatable_token_budgets")),
-    ),
-    Capability(
-        "decode-reservation",
-        "page-rounded decode prealloc reservation: DecodePreallocQueue._prealloc_required_tokens (sglang#35265)",
-        lambda: _has(_DECODE, "DecodePreallocQueue._prealloc_required_tokens"),
-    ),
-    Capability(
-        "decode-radix-swa-reclaim",
-        "_pre_alloc itself reclaims evictable SWA pages of the decode radix cache before allocating "
-        "(sglang#40309, first in 0.5.21; before it only pop_preallocated's caller-side reclaim did)",
-        lambda: _pre_alloc_reclaims_swa(),
-    ),
-    Capability(
-        "decode-prealloc-async-h2d",
-        "alloc_for_decode_prealloc of 0.5.23: length tensors through async_h2d and the SWA floor recorded "
-        "with req.kv.set_evicted_seqlen (a fault rebuilt from that code needs both)",
-        lambda: _first(lambda: None if "async_h2d" in vars(_module(_DECODE)) else f"no async_h2d in {_DECODE}",
-                       lambda: _has("sglang.srt.mem_cache.unified_cache.components", "ComponentType")),
-    ),
-    Capability(
-        "decode-prealloc-evict-floor-assert",
-        "alloc_for_decode_prealloc and alloc_for_decode_prealloc_hisparse assert the SWA floor "
-        "fill_len - swa_tail_len is >= 0 and page-aligned before recording it (sglang#35286 / #35396, "
-        "first in 0.5.19; before it an unaligned floor was recorded as given)",
-        lambda: _prealloc_asserts_floor(),
-    ),
-    Capability(
-        "decode-radix-swa-prefix",
-        "pop_preallocated keeps a decode radix prefix hit out of the SWA tail: caps it at the window start "
-        "and keeps only its full-attention lock (first in 0.5.19; before it _pre_alloc left the SWA-tail "
-        "path for a request with a prefix hit)",
-        lambda: _pop_preallocated_keeps_prefix_out_of_tail(),
-    ),
-    Capability(
-        "decode-swa-reservation",
-        "DecodePreallocQueue._uses_swa_reservation: admission reserves full capacity separately from the "
-        "SWA tail (0.5.21)",
-        lambda: _has(_DECODE, "DecodePreallocQueue._uses_swa_reservation"),
-    ),
-    Capability(
-        "free-swa-out-of-window-slots",
-        "decode-step SWA window eviction through mem_cache.common.free_swa_out_of_window_slots",
-        lambda: _has("sglang.srt.mem_cache.common", "free_swa_out_of_window_slots"),
-    ),
-    Capability(
-        "decode-retraction",
-        "PD decode retraction with a KV backup and its resumption: schedule_batch.release_req backing the KV "
-        "up through mem_cache.common.backup_kv_cache (in 0.5.22 and 0.5.23; missing through 0.5.18, whose "
-        "release_req takes server_args and backs up otherwise) and DecodePreallocQueue.resume_retracted_reqs",
-        lambda: _first(lambda: _has("sglang.srt.managers.schedule_batch", "release_req"),
-                       lambda: _has(_DECODE, "DecodePreallocQueue.resume_retracted_reqs"),
-                       lambda: _has("sglang.srt.mem_cache.common", "backup_kv_cache")),
-    ),
-    Capability(
-        "free-kv-row-segments",
-        "release through mem_cache.common.free_kv_row_segments (the SWA-aware row free)",
-        lambda: _has("sglang.srt.mem_cache.common", "free_kv_row_segments"),
-    ),
-)}
+CAPABILITIES: dict[str, Capability] = {
+    cap.name: cap
+    for cap in (
+        Capability(
+            "decode-prealloc-swa-tail",
+            "PD decode prealloc with an SWA tail: DecodePreallocQueue._pre_alloc / _swa_tail_len / "
+            "_uses_swa_tail_prealloc and alloc_for_decode_prealloc (sglang#24036, page floor #35286/#35396)",
+            lambda: _first(
+                lambda: _has(_DECODE, "DecodePreallocQueue._pre_alloc"),
+                lambda: _has(_DECODE, "DecodePreallocQueue._swa_tail_len"),
+                lambda: _has(_DECODE, "DecodePreallocQueue._uses_swa_tail_prealloc"),
+                lambda: _has(_DECODE, "alloc_for_decode_prealloc"),
+                lambda: _has("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator.alloc_extend_swa_tail"),
+            ),
+        ),
+        Capability(
+            "hisparse-prealloc",
+            "the DeepSeek-V4 hisparse decode prealloc: alloc_for_decode_prealloc_hisparse, "
+            "DeepSeekV4HiSparseTokenToKVPoolAllocator and HiSparseCoordinator",
+            lambda: _first(
+                lambda: _has(_DECODE, "alloc_for_decode_prealloc_hisparse"),
+                lambda: _has("sglang.srt.mem_cache.allocator.hisparse", "DeepSeekV4HiSparseTokenToKVPoolAllocator"),
+                lambda: _has("sglang.srt.managers.hisparse_coordinator", "HiSparseCoordinator"),
+            ),
+        ),
+        Capability(
+            "hisparse-device",
+            "the hisparse graph can be built on this machine's device (see device_missing: up to 0.5.21 the "
+            "coordinator needs CUDA streams on the venv's torch even with no GPU)",
+            lambda: _hisparse_device(),
+        ),
+        Capability(
+            "decode-admission-budgets",
+            "the idle decode scheduler's admission budgets: DecodePreallocQueue._allocatable_token_budgets "
+            "and _swa_aware_allocatable_token_budgets",
+            lambda: _first(
+                lambda: _has(_DECODE, "DecodePreallocQueue._allocatable_token_budgets"),
+                lambda: _has(_DECODE, "DecodePreallocQueue._swa_aware_allocatable_token_budgets"),
+            ),
+        ),
+        Capability(
+            "decode-reservation",
+            "page-rounded decode prealloc reservation: DecodePreallocQueue._prealloc_required_tokens (sglang#35265)",
+            lambda: _has(_DECODE, "DecodePreallocQueue._prealloc_required_tokens"),
+        ),
+        Capability(
+            "decode-radix-swa-reclaim",
+            "_pre_alloc itself reclaims evictable SWA pages of the decode radix cache before allocating "
+            "(sglang#40309, first in 0.5.21; before it only pop_preallocated's caller-side reclaim did)",
+            lambda: _pre_alloc_reclaims_swa(),
+        ),
+        Capability(
+            "decode-prealloc-async-h2d",
+            "alloc_for_decode_prealloc of 0.5.23: length tensors through async_h2d and the SWA floor recorded "
+            "with req.kv.set_evicted_seqlen (a fault rebuilt from that code needs both)",
+            lambda: _first(
+                lambda: None if "async_h2d" in vars(_module(_DECODE)) else f"no async_h2d in {_DECODE}",
+                lambda: _has("sglang.srt.mem_cache.unified_cache.components", "ComponentType"),
+            ),
+        ),
+        Capability(
+            "decode-prealloc-evict-floor-assert",
+            "alloc_for_decode_prealloc and alloc_for_decode_prealloc_hisparse assert the SWA floor "
+            "fill_len - swa_tail_len is >= 0 and page-aligned before recording it (sglang#35286 / #35396, "
+            "first in 0.5.19; before it an unaligned floor was recorded as given)",
+            lambda: _prealloc_asserts_floor(),
+        ),
+        Capability(
+            "decode-radix-swa-prefix",
+            "pop_preallocated keeps a decode radix prefix hit out of the SWA tail: caps it at the window start "
+            "and keeps only its full-attention lock (first in 0.5.19; before it _pre_alloc left the SWA-tail "
+            "path for a request with a prefix hit)",
+            lambda: _pop_preallocated_keeps_prefix_out_of_tail(),
+        ),
+        Capability(
+            "decode-swa-reservation",
+            "DecodePreallocQueue._uses_swa_reservation: admission reserves full capacity separately from the "
+            "SWA tail (0.5.21)",
+            lambda: _has(_DECODE, "DecodePreallocQueue._uses_swa_reservation"),
+        ),
+        Capability(
+            "free-swa-out-of-window-slots",
+            "decode-step SWA window eviction through mem_cache.common.free_swa_out_of_window_slots",
+            lambda: _has("sglang.srt.mem_cache.common", "free_swa_out_of_window_slots"),
+        ),
+        Capability(
+            "decode-retraction",
+            "PD decode retraction with a KV backup and its resumption: schedule_batch.release_req backing the KV "
+            "up through mem_cache.common.backup_kv_cache (in 0.5.22 and 0.5.23; missing through 0.5.18, whose "
+            "release_req takes server_args and backs up otherwise) and DecodePreallocQueue.resume_retracted_reqs",
+            lambda: _first(
+                lambda: _has("sglang.srt.managers.schedule_batch", "release_req"),
+                lambda: _has(_DECODE, "DecodePreallocQueue.resume_retracted_reqs"),
+                lambda: _has("sglang.srt.mem_cache.common", "backup_kv_cache"),
+            ),
+        ),
+        Capability(
+            "free-kv-row-segments",
+            "release through mem_cache.common.free_kv_row_segments (the SWA-aware row free)",
+            lambda: _has("sglang.srt.mem_cache.common", "free_kv_row_segments"),
+        ),
+    )
+}
 
 
 def _hisparse_device() -> str | None:
@@ -202,7 +212,9 @@ def _prealloc_asserts_floor() -> str | None:
     # suites must see, not a reason to skip them.
     release = release_tuple(selection.current().version)
     if release is not None:
-        return None if release >= (0, 5, 19) else f"sglang {'.'.join(map(str, release))} predates #35286 / #35396 (0.5.19)"
+        return (
+            None if release >= (0, 5, 19) else f"sglang {'.'.join(map(str, release))} predates #35286 / #35396 (0.5.19)"
+        )
     # A tree without a version: judge by the code.
     decode = _module(_DECODE)
     for name in ("alloc_for_decode_prealloc", "alloc_for_decode_prealloc_hisparse"):
@@ -304,14 +316,21 @@ def device_missing(device: str, *, page_size: int, hisparse: bool, root: Path | 
         return None
     if root is None:
         root = Path(selection.current().root)
-    if (page_size > 1 and "use_triton_kernels" not in source_text(root, "mem_cache/allocator/paged.py")
-            and os.environ.get("TRITON_INTERPRET") != "1"):
-        return ("paged-allocator-without-triton",
-                "its paged allocator runs only Triton kernels, which need a GPU (a native path came in 0.5.22)")
+    if (
+        page_size > 1
+        and "use_triton_kernels" not in source_text(root, "mem_cache/allocator/paged.py")
+        and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
+        return (
+            "paged-allocator-without-triton",
+            "its paged allocator runs only Triton kernels, which need a GPU (a native path came in 0.5.22)",
+        )
     if hisparse and "current_accelerator" not in source_text(root, "utils/common.py"):
-        return ("device-module-without-accelerator",
-                "its get_device_module() is torch.cuda on this torch with no GPU, so HiSparseCoordinator "
-                "needs CUDA streams (fixed in 0.5.22)")
+        return (
+            "device-module-without-accelerator",
+            "its get_device_module() is torch.cuda on this torch with no GPU, so HiSparseCoordinator "
+            "needs CUDA streams (fixed in 0.5.22)",
+        )
     return None
 
 

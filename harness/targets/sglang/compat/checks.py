@@ -55,7 +55,9 @@ class EngineCheck:
 
 CHECKS: tuple[EngineCheck, ...] = (
     EngineCheck(
-        "invariant-strict", "SGLANG_INVARIANT_CHECK", "2",
+        "invariant-strict",
+        "SGLANG_INVARIANT_CHECK",
+        "2",
         "sglang's named invariants at level strict (srt/utils/invariants.py): a broken GUARD or FATAL "
         "invariant raises, e.g. swa.peer_mapped / swa.peer_released on every SWA free (the variable first "
         "in 0.5.17, those two SWA contracts in 0.5.20: 0.5.16 lacks the check, 0.5.17 … 0.5.19 have it "
@@ -64,31 +66,43 @@ CHECKS: tuple[EngineCheck, ...] = (
         (("mem_cache/allocator/swa.py", '"swa.peer_mapped"'), ("mem_cache/allocator/swa.py", '"swa.peer_released"')),
     ),
     EngineCheck(
-        "mem-check-busy", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY", "1",
+        "mem-check-busy",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY",
+        "1",
         "the scheduler's pool identity after every busy step (available + evictable + protected + held "
         "+ uncached == total), asserted; sglang 0.5.23 runs it in its plain scheduler loops only, not "
         "in the PD prefill and decode loops",
         (r"(Full|SWA) Pool Mem Leak Detected!",),
     ),
     EngineCheck(
-        "mem-check-idle", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "1",
+        "mem-check-idle",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE",
+        "1",
         "the scheduler's pool and request-slot identities whenever it is idle, raised (on by default)",
         (r"(\w+) memory leak detected!",),
     ),
     EngineCheck(
-        "kv-page-invariants", "SGLANG_CHECK_KV_PAGE_INVARIANTS", "1",
+        "kv-page-invariants",
+        "SGLANG_CHECK_KV_PAGE_INVARIANTS",
+        "1",
         "no owner references a free page and no page is free twice, after every busy step (inside "
         "the busy check: plain servers only in sglang 0.5.23)",
         (r"KV (double free)", r"KV page (use-after-free)"),
     ),
     EngineCheck(
-        "debug-memory-pool", "SGLANG_DEBUG_MEMORY_POOL", "1",
+        "debug-memory-pool",
+        "SGLANG_DEBUG_MEMORY_POOL",
+        "1",
         "the paged allocator's own asserts: page-aligned allocation sizes, contiguous last locations, "
         "unique handed-out indices, no page free twice (bare asserts: the traceback's frame or source line "
         "names them), SWA pages matching their full peers",
-        (r"The allocation size should be (page-aligned)", r"\bin _debug_check_(no_duplicate_pages)\b",
-         r"assert len\(torch\.unique\((out_indices)\)\) == len\(out_indices\)",
-         r"(swa pages do not match the mapped pages)", r"(expansion page set mismatch)"),
+        (
+            r"The allocation size should be (page-aligned)",
+            r"\bin _debug_check_(no_duplicate_pages)\b",
+            r"assert len\(torch\.unique\((out_indices)\)\) == len\(out_indices\)",
+            r"(swa pages do not match the mapped pages)",
+            r"(expansion page set mismatch)",
+        ),
     ),
 )
 
@@ -110,8 +124,10 @@ def selected() -> tuple[EngineCheck, ...]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise UnknownCheck(f"{SELECT_ENV}={value!r}: no sglang check named {', '.join(unknown)}; "
-                           f"known: {', '.join(by_name)} (or all / 0)")
+        raise UnknownCheck(
+            f"{SELECT_ENV}={value!r}: no sglang check named {', '.join(unknown)}; "
+            f"known: {', '.join(by_name)} (or all / 0)"
+        )
     return tuple(c for c in CHECKS if c.name in names)
 
 

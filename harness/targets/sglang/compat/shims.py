@@ -181,8 +181,11 @@ def caller_swa_reclaim(queue: Any, req: Any) -> str | None:
         sglang's shortfall message when the reclaim could not free enough (the release then aborted
         the request; ``_pre_alloc`` will fail the same way here), else None.
     """
-    if (not queue._uses_swa_tail_prealloc() or missing("decode-radix-swa-reclaim") is None
-            or not hasattr(queue, "_reclaim_swa_tail_capacity")):
+    if (
+        not queue._uses_swa_tail_prealloc()
+        or missing("decode-radix-swa-reclaim") is None
+        or not hasattr(queue, "_reclaim_swa_tail_capacity")
+    ):
         return None
     _, swa_len = queue._prealloc_kv_lens(req)
     return queue._reclaim_swa_tail_capacity(swa_len, req.rid)
@@ -203,8 +206,10 @@ def dsv4_compressed_pools(kv_pool: Any) -> dict[int, tuple[Any, Any]]:
     if kv is not None:
         index = getattr(kv_pool, "index_pools", {}) or {}
         return {ratio: (kv[ratio], index.get(ratio)) for ratio in kv}
-    return {4: (getattr(kv_pool, "c4_kv_pool", None), getattr(kv_pool, "c4_indexer_kv_pool", None)),
-            128: (getattr(kv_pool, "c128_kv_pool", None), None)}
+    return {
+        4: (getattr(kv_pool, "c4_kv_pool", None), getattr(kv_pool, "c4_indexer_kv_pool", None)),
+        128: (getattr(kv_pool, "c128_kv_pool", None), None),
+    }
 
 
 def index_page_rows(index_pool: Any) -> list[Any]:
@@ -285,5 +290,10 @@ def scheduler_fields(radix_cache: bool) -> dict[str, Any]:
     """
     import types
 
-    return {"server_args": types.SimpleNamespace(disaggregation_decode_enable_radix_cache=radix_cache,
-                                                 disaggregation_mode="decode", disable_radix_cache=False)}
+    return {
+        "server_args": types.SimpleNamespace(
+            disaggregation_decode_enable_radix_cache=radix_cache,
+            disaggregation_mode="decode",
+            disable_radix_cache=False,
+        )
+    }

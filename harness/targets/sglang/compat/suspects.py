@@ -18,10 +18,17 @@ _COMMON = "srt/mem_cache/common.py"
 
 _TAIL = (f"{_DECODE}:DecodePreallocQueue._swa_tail_len", f"{_DECODE}:alloc_for_decode_prealloc")
 _CHARGE = (f"{_DECODE}:DecodePreallocQueue._pre_alloc", f"{_SWA}:SWATokenToKVPoolAllocator.alloc_extend_swa_tail")
-_EVICT = (f"{_BATCH}:ScheduleBatch.maybe_evict_swa", f"{_BATCH}:ScheduleBatch._evict_swa",
-          f"{_COMMON}:free_swa_out_of_window_slots")
-_FREE = (f"{_COMMON}:release_kv_cache", f"{_SWA}:SWATokenToKVPoolAllocator.free",
-         f"{_SWA}:SWATokenToKVPoolAllocator.free_swa", f"{_SWA}:SWATokenToKVPoolAllocator._free_swa_pages")
+_EVICT = (
+    f"{_BATCH}:ScheduleBatch.maybe_evict_swa",
+    f"{_BATCH}:ScheduleBatch._evict_swa",
+    f"{_COMMON}:free_swa_out_of_window_slots",
+)
+_FREE = (
+    f"{_COMMON}:release_kv_cache",
+    f"{_SWA}:SWATokenToKVPoolAllocator.free",
+    f"{_SWA}:SWATokenToKVPoolAllocator.free_swa",
+    f"{_SWA}:SWATokenToKVPoolAllocator._free_swa_pages",
+)
 
 #: Rule or evidence class -> the sglang functions that decide it, most likely first.
 SUSPECTS: dict[str, tuple[str, ...]] = {
@@ -34,33 +41,47 @@ SUSPECTS: dict[str, tuple[str, ...]] = {
     "full-charge": _CHARGE,
     "host-charge": (f"{_DECODE}:alloc_for_decode_prealloc_hisparse",),
     "reserve-short": (f"{_DECODE}:DecodePreallocQueue._prealloc_required_tokens",),
-    "admission-short": (f"{_DECODE}:DecodePreallocQueue._allocatable_token_budgets",
-                        f"{_DECODE}:DecodePreallocQueue._swa_aware_allocatable_token_budgets"),
-    "alloc-after-admit": (f"{_DECODE}:DecodePreallocQueue._pre_alloc",
-                          f"{_DECODE}:DecodePreallocQueue._prealloc_required_tokens"),
+    "admission-short": (
+        f"{_DECODE}:DecodePreallocQueue._allocatable_token_budgets",
+        f"{_DECODE}:DecodePreallocQueue._swa_aware_allocatable_token_budgets",
+    ),
+    "alloc-after-admit": (
+        f"{_DECODE}:DecodePreallocQueue._pre_alloc",
+        f"{_DECODE}:DecodePreallocQueue._prealloc_required_tokens",
+    ),
     # the floor and the range an eviction frees are both decided there; the pages it hands to the
     # free list, in the allocator (the probe reads both)
-    "swa-window-lost": (f"{_COMMON}:free_swa_out_of_window_slots", f"{_SWA}:SWATokenToKVPoolAllocator._free_swa_pages",
-                        f"{_BATCH}:ScheduleBatch.maybe_evict_swa"),
+    "swa-window-lost": (
+        f"{_COMMON}:free_swa_out_of_window_slots",
+        f"{_SWA}:SWATokenToKVPoolAllocator._free_swa_pages",
+        f"{_BATCH}:ScheduleBatch.maybe_evict_swa",
+    ),
     "swa-evict-late": _EVICT,
     "swa-over-window": _EVICT,
     "page-leak": _FREE,
     "page-double-free": _FREE,
-    "page-double-alloc": (f"{_SWA}:SWATokenToKVPoolAllocator.alloc_extend_swa_tail",
-                          f"{_SWA}:SWATokenToKVPoolAllocator.free"),
+    "page-double-alloc": (
+        f"{_SWA}:SWATokenToKVPoolAllocator.alloc_extend_swa_tail",
+        f"{_SWA}:SWATokenToKVPoolAllocator.free",
+    ),
     "not-baseline": _FREE,
     "free-mismatch": _FREE,
     "reset-leak": ("srt/managers/scheduler.py:Scheduler.flush_cache", f"{_COMMON}:release_kv_cache"),
     # a request that never finished: decode waits on its transfer, prefill on its bootstrap
-    "in-flight-at-end": (f"{_DECODE}:DecodeTransferQueue.pop_transferred",
-                         "srt/disaggregation/prefill.py:PrefillBootstrapQueue.pop_bootstrapped",
-                         "srt/disaggregation/common/conn.py:CommonKVManager.update_status"),
+    "in-flight-at-end": (
+        f"{_DECODE}:DecodeTransferQueue.pop_transferred",
+        "srt/disaggregation/prefill.py:PrefillBootstrapQueue.pop_bootstrapped",
+        "srt/disaggregation/common/conn.py:CommonKVManager.update_status",
+    ),
     # the PD engine's own checks of every byte and window position it keeps
     "WindowLost": (*_EVICT, *_TAIL),
     "KVCorruption": (f"{_DECODE}:alloc_for_decode_prealloc", f"{_SWA}:SWATokenToKVPoolAllocator.alloc_extend_swa_tail"),
     # the tail it was asked to allocate is _swa_tail_len's (a negative one is refused)
-    "PreallocError": (f"{_DECODE}:DecodePreallocQueue._pre_alloc", f"{_DECODE}:alloc_for_decode_prealloc",
-                      f"{_DECODE}:DecodePreallocQueue._swa_tail_len"),
+    "PreallocError": (
+        f"{_DECODE}:DecodePreallocQueue._pre_alloc",
+        f"{_DECODE}:alloc_for_decode_prealloc",
+        f"{_DECODE}:DecodePreallocQueue._swa_tail_len",
+    ),
 }
 
 NOT_IN_RELEASE = "not in this release"

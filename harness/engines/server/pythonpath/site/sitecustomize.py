@@ -9,8 +9,12 @@ turns on: docs/modules.md.
 import os
 import sys
 
-if (os.environ.get("HARNESS_COMPAT_PATCHES") or os.environ.get("HARNESS_PROBE_LEDGER") or os.environ.get("HARNESS_FAULTS")
-        or os.environ.get("HARNESS_IB_NODE_GPUS")):
+if (
+    os.environ.get("HARNESS_COMPAT_PATCHES")
+    or os.environ.get("HARNESS_PROBE_LEDGER")
+    or os.environ.get("HARNESS_FAULTS")
+    or os.environ.get("HARNESS_IB_NODE_GPUS")
+):
     try:
         import logging
 
