@@ -90,7 +90,9 @@ def test_release_balances(run_dir, workload_seed, request):
     run_dir.worker_log("decode-0").write_text("decode-0: prealloc r1\\n")
     ev = {"seq": 0, "ts": 1.0, "kind": "prealloc", "rid": "r1", "component": "decode", "worker": "decode-0",
           "page_size": 1, "pages": {"full": [1, 2, 3]}}
-    run_dir.ledger_file("decode-0").write_text(json.dumps(ev) + "\\n")
+    # released, keeping its pages: a leak (never released, it would only be in flight)
+    done = {**ev, "seq": 1, "ts": 2.0, "kind": "release", "pages": {"full": []}}
+    run_dir.ledger_file("decode-0").write_text(json.dumps(ev) + "\\n" + json.dumps(done) + "\\n")
     (run_dir.report / "pd").mkdir(parents=True, exist_ok=True)
     (run_dir.report / "pd" / "suites_gate_test_ledger.py_test_release_balances.json").write_text('{"requests": 1}')
     assert False, "ledger violation [page-leak] decode-0: 3 pages never freed"
@@ -240,7 +242,7 @@ def test_failing_gate_fails_with_repro_that_reproduces(repo, tmp_path, capsys, m
     assert "<h2>Gate verdict</h2>" in page and "<h2>Flaky record</h2>" in page and "hypothesis=5, workload=7" in page
     assert page.count('<img class="timeline"') == 1 and "test_release_balances-" in page
     assert (
-        '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="0" data-rid="r1" data-follows="">'
+        '<tr class="violation" data-rule="page-leak" data-worker="decode-0" data-seq="1" data-rid="r1" data-follows="">'
         in page
     )  # a root cause: follows none
     assert bundle["workers"] == ["decode-0"] and "ledger/decode-0.jsonl" in bundle["files"]
