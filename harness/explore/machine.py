@@ -47,9 +47,11 @@ class Finding:
     def lines(self) -> list[str]:
         """The schedule as numbered readable steps, the pools first and the failure last."""
         c = self.config
-        out = [f"pools: page {c.page_size}, window {c.window}, full {c.full_pages} pages, swa {c.swa_pages} pages, "
-               f"{c.req_slots} request slots, radix cache {'on' if c.radix_cache else 'off'}, "
-               f"eviction interval {c.eviction_interval}, {c.chunk_pages} pages per chunk"]
+        out = [
+            f"pools: page {c.page_size}, window {c.window}, full {c.full_pages} pages, swa {c.swa_pages} pages, "
+            f"{c.req_slots} request slots, radix cache {'on' if c.radix_cache else 'off'}, "
+            f"eviction interval {c.eviction_interval}, {c.chunk_pages} pages per chunk"
+        ]
         out += [f"{i:>3}. {s.line()}" for i, s in enumerate(self.steps, 1)]
         if self.at_end:
             out.append(f"{len(self.steps) + 1:>3}. end: abort what is in flight, flush, check the baseline")
@@ -78,8 +80,10 @@ class Progress:
         wall = time.perf_counter() - self.started
         name, ms = self.slowest()
         rate = self.steps / wall if wall else 0.0
-        return (f"explore: {self.schedules} schedules, {self.steps} steps ({rate:.0f} steps/s) in {wall:.0f}s; "
-                f"slowest rule {name or '-'} ({ms:.1f} ms)")
+        return (
+            f"explore: {self.schedules} schedules, {self.steps} steps ({rate:.0f} steps/s) in {wall:.0f}s; "
+            f"slowest rule {name or '-'} ({ms:.1f} ms)"
+        )
 
 
 class Session:
@@ -94,8 +98,16 @@ class Session:
         report: where progress lines go.
     """
 
-    def __init__(self, seed: int, run_dir: Path, *, examples: int | None = None, seconds: float | None = None,
-                 faults: list[str] | None = None, report: Callable[[str], None] = lambda line: None):
+    def __init__(
+        self,
+        seed: int,
+        run_dir: Path,
+        *,
+        examples: int | None = None,
+        seconds: float | None = None,
+        faults: list[str] | None = None,
+        report: Callable[[str], None] = lambda line: None,
+    ):
         self.seed, self.run_dir, self.examples, self.seconds = seed, run_dir, examples, seconds
         self.faults = list(faults or [])
         self.report = report
@@ -130,10 +142,17 @@ class Session:
         from hypothesis.stateful import get_state_machine_test
 
         machine = type("ExploreMachine", (PairMachine,), {"session": self})
-        options = settings(max_examples=n, stateful_step_count=MAX_STEPS, deadline=None, database=None,
-                           derandomize=False, report_multiple_bugs=False, print_blob=False,
-                           suppress_health_check=list(HealthCheck),
-                           phases=[Phase.generate, Phase.shrink])
+        options = settings(
+            max_examples=n,
+            stateful_step_count=MAX_STEPS,
+            deadline=None,
+            database=None,
+            derandomize=False,
+            report_multiple_bugs=False,
+            print_blob=False,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.generate, Phase.shrink],
+        )
         test = get_state_machine_test(machine, settings=options)
         hypothesis_seed(self._batch_seed)(test)
         test()
@@ -143,8 +162,15 @@ class Session:
             raise error
         pair, batch_seed = self._last
         message, at_end = self._failure or (_describe(error), False)
-        self.finding = Finding(seed=batch_seed, config=pair.config, steps=list(pair.steps), failure=message,
-                               at_end=at_end, log=list(pair.log), faults=self.faults)
+        self.finding = Finding(
+            seed=batch_seed,
+            config=pair.config,
+            steps=list(pair.steps),
+            failure=message,
+            at_end=at_end,
+            log=list(pair.log),
+            faults=self.faults,
+        )
 
     # -- called by the machine ---------------------------------------------------------------
 
@@ -221,6 +247,7 @@ class PairMachine(RuleBasedStateMachine):
         rids = self.pair.candidates(op)
         return rids[pick % len(rids)]
 
+    @precondition(lambda self: self.pair is not None and len(self.pair.reqs) < 2 * self.pair.config.req_slots)
     @rule(data=st.data(), group=st.integers(0, 2), steps=st.integers(1, 6))
     def submit(self, data: st.DataObject, group: int, steps: int) -> None:
         assert self.pair is not None
@@ -228,6 +255,22 @@ class PairMachine(RuleBasedStateMachine):
         near_page = st.builds(lambda k, d: max(1, k * P + d), st.integers(1, 5), st.integers(-1, 1))
         length = data.draw(st.one_of(near_page, st.integers(1, 5 * P)), label="prompt_len")
         self._do("submit", prompt_len=length, group=group, steps=steps)
+
+    @precondition(lambda self: self.pair is not None and bool(self.pair.candidates("advance")))
+    @rule(pick=st.integers(0, 7), n=st.integers(1, 8))
+    def advance(self, pick: int, n: int) -> None:
+        """Up to ``n`` of a request's next operations on the way to decoding (prealloc, prefill, a chunk,
+        commit), each its own step: the rules are drawn alike, so without this one a request rarely gets
+        through its phases before an abort."""
+        assert self.pair is not None
+        rid = self._pick("advance", pick)
+        for _ in range(n):
+            if rid not in self.pair.candidates("advance"):
+                break
+            before = len(self.pair.steps)
+            self._do(self.pair.next_op(rid), rid=rid)
+            if "waits" in self.pair.steps[before].outcome:
+                break
 
     @precondition(_can("prealloc"))
     @rule(pick=st.integers(0, 7))
@@ -255,14 +298,13 @@ class PairMachine(RuleBasedStateMachine):
         self._do("decode", n=n)
 
     @precondition(_can("abort"))
-    @rule(pick=st.integers(0, 7))
-    def abort(self, pick: int) -> None:
-        self._do("abort", rid=self._pick("abort", pick))
-
-    @precondition(_can("fail"))
-    @rule(pick=st.integers(0, 7))
-    def fail(self, pick: int) -> None:
-        self._do("fail", rid=self._pick("fail", pick))
+    @rule(pick=st.integers(0, 7), fail=st.booleans())
+    def abort(self, pick: int, fail: bool) -> None:
+        """Abort a request at any phase, or (one still in transfer) fail its transfer: one rule, so giving
+        requests up is drawn no more often than any other operation."""
+        assert self.pair is not None
+        rid = self._pick("abort", pick)
+        self._do("fail" if fail and rid in self.pair.candidates("fail") else "abort", rid=rid)
 
     @precondition(_can("retract"))
     @rule(pick=st.integers(0, 7))
@@ -274,7 +316,7 @@ class PairMachine(RuleBasedStateMachine):
     def resume(self) -> None:
         self._do("resume")
 
-    @precondition(lambda self: self.pair is not None and self.pair.config.radix_cache)
+    @precondition(lambda self: self.pair is not None and self.pair.cached())
     @rule()
     def flush(self) -> None:
         self._do("flush")
@@ -302,9 +344,15 @@ class PairMachine(RuleBasedStateMachine):
 
 def write_repro(finding: Finding, path: Path) -> Path:
     """Write ``finding`` as a repro file (JSON: seed, pools, faults, steps, failure)."""
-    data = {"version": REPRO_VERSION, "seed": finding.seed, "config": asdict(finding.config),
-            "faults": finding.faults, "steps": [s.to_dict() for s in finding.steps], "failure": finding.failure,
-            "at_end": finding.at_end}
+    data = {
+        "version": REPRO_VERSION,
+        "seed": finding.seed,
+        "config": asdict(finding.config),
+        "faults": finding.faults,
+        "steps": [s.to_dict() for s in finding.steps],
+        "failure": finding.failure,
+        "at_end": finding.at_end,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return path

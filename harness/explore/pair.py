@@ -21,8 +21,7 @@ from typing import Any, Iterator
 from harness import ledger
 
 #: Operations, in the order the readable schedule names them.
-OPS = ("submit", "prealloc", "prefill", "transfer", "commit", "decode", "abort", "fail", "retract", "resume",
-       "flush")
+OPS = ("submit", "prealloc", "prefill", "transfer", "commit", "decode", "abort", "fail", "retract", "resume", "flush")
 #: Ledger rules judged only once a run is over (mid-run, held pages are not leaks yet).
 END_RULES = frozenset({"page-leak", "in-flight-at-end"})
 
@@ -60,10 +59,19 @@ class PairConfig:
         from harness.engines.sim.workload import KVSpec
 
         P = self.page_size
-        return KVSpec(kind="swa", page_size=P, window=self.window, full_tokens=self.full_pages * P,
-                      swa_tokens=self.swa_pages * P, req_slots=self.req_slots,
-                      max_context_len=self.full_pages * P + 64, kv_heads=1, device="cpu",
-                      eviction_interval=self.eviction_interval, radix_cache=self.radix_cache)
+        return KVSpec(
+            kind="swa",
+            page_size=P,
+            window=self.window,
+            full_tokens=self.full_pages * P,
+            swa_tokens=self.swa_pages * P,
+            req_slots=self.req_slots,
+            max_context_len=self.full_pages * P + 64,
+            kv_heads=1,
+            device="cpu",
+            eviction_interval=self.eviction_interval,
+            radix_cache=self.radix_cache,
+        )
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,8 @@ class Pair:
     def candidates(self, op: str) -> list[str]:
         """The requests ``op`` may act on now, in a stable order (empty: the operation cannot run)."""
         rs = self.reqs.values()
+        if op == "advance":
+            return sorted((r.rid for r in rs if not r.committed and self.next_op(r.rid)), key=_rid_order)
         pick = {
             "prealloc": lambda r: r.dst is None,
             "prefill": lambda r: r.src is None and not r.committed,
@@ -144,6 +154,22 @@ class Pair:
             "retract": lambda r: r.running and self.can_retract and self._retractable(r.rid),
         }[op]
         return sorted((r.rid for r in rs if pick(r)), key=_rid_order)
+
+    def next_op(self, rid: str) -> str:
+        """The request's next operation on the way to decoding ("" once it decodes or waits on nothing)."""
+        r = self.reqs[rid]
+        if r.committed:
+            return ""
+        if r.dst is None:
+            return "prealloc"
+        if r.src is None:
+            return "prefill"
+        return "transfer" if r.sent < len(r.chunks) else "commit"
+
+    def cached(self) -> bool:
+        """Whether the decode radix cache holds anything a flush would evict."""
+        tree = self.decode.side.tree_cache
+        return self.config.radix_cache and (tree.full_evictable_size() + tree.swa_evictable_size()) > 0
 
     def _retractable(self, rid: str) -> bool:
         """Whether sglang's queue would take the request back once retracted
@@ -293,7 +319,7 @@ class Pair:
 
     def _collect(self) -> None:
         for role, worker in (("prefill", self.prefill), ("decode", self.decode)):
-            for ev in worker.ledger.events[self._seen[role]:]:
+            for ev in worker.ledger.events[self._seen[role] :]:
                 d = ev.to_dict()
                 d.pop("ts", None)
                 self.log.append(json.dumps(d, sort_keys=True))
@@ -343,8 +369,10 @@ class Pair:
         cached = {"full": 0, "swa": 0}
         if self.config.radix_cache:
             P = self.config.page_size
-            cached = {"full": (tree.full_evictable_size() + tree.full_protected_size()) // P,
-                      "swa": (tree.swa_evictable_size() + tree.swa_protected_size()) // P}
+            cached = {
+                "full": (tree.full_evictable_size() + tree.full_protected_size()) // P,
+                "swa": (tree.swa_evictable_size() + tree.swa_protected_size()) // P,
+            }
         for role, total in (("prefill", self._prefill_total), ("decode", self._decode_total)):
             free, held = self._free_pages(role), self._held(role)
             for pool in ("full", "swa"):
@@ -358,8 +386,10 @@ class Pair:
                 extra = cached[pool] if role == "decode" else 0
                 n_total = len(total[pool])
                 if len(free[pool]) + len(held[pool]) + extra != n_total:
-                    problems.append(f"{role} {pool} pool not conserved: {len(free[pool])} free + "
-                                    f"{len(held[pool])} held by requests + {extra} cached != {n_total} pages")
+                    problems.append(
+                        f"{role} {pool} pool not conserved: {len(free[pool])} free + "
+                        f"{len(held[pool])} held by requests + {extra} cached != {n_total} pages"
+                    )
         if problems:
             raise Broken("; ".join(problems))
         violations = [v for v in ledger.check(self.events()) if v.rule not in END_RULES]
@@ -399,8 +429,10 @@ class Pair:
             problems.append(f"prefill still holds {self.prefill.held()}")
         idle = self.decode.idle()
         if idle["live"] or idle["free"] != idle["baseline"]:
-            problems.append(f"decode not at its baseline at the end: live {idle['live']}, free {idle['free']} "
-                            f"vs baseline {idle['baseline']}")
+            problems.append(
+                f"decode not at its baseline at the end: live {idle['live']}, free {idle['free']} "
+                f"vs baseline {idle['baseline']}"
+            )
         pfree = self.prefill.side.free_sizes()
         pbase = {k: len(v) * self.config.page_size for k, v in self._prefill_total.items()}
         if pfree != pbase:

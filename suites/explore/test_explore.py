@@ -1,0 +1,101 @@
+"""``harness explore`` on the simulated engine: a short seeded exploration of clean sglang raises nothing, a
+catalog fault is found and shrunk to a few steps with a repro file, and a replay is byte-exact.
+
+The faulted run is a subprocess: a source-patch fault needs a patched sglang copy first on the import path
+before sglang is imported, which this process has already done."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.explore.machine import Session, replay
+from harness.explore.pair import Pair, PairConfig
+
+pytestmark = [pytest.mark.timeout(240)]
+
+CONFIG = PairConfig(page_size=16, window=24, full_pages=160, swa_pages=128, req_slots=4, radix_cache=True,
+                    eviction_interval=1, chunk_pages=1)
+
+
+def test_short_exploration_of_clean_sglang_raises_nothing(tmp_path):
+    session = Session(20260, tmp_path, examples=25)
+    finding = session.run()
+    assert finding is None, "\n".join(finding.lines())
+    assert session.progress.schedules >= 25 and session.progress.steps > 50
+
+
+def schedule(run_dir: Path) -> tuple[list, list[str]]:
+    """A schedule through every operation, run once: a shared prompt, chunked transfers, decode with SWA
+    eviction, retract and resume, an abort mid-transfer, a failed transfer, a flush of the radix cache."""
+    pair = Pair(CONFIG, run_dir)
+    steps: list = []
+
+    def do(op: str, **args) -> str:
+        steps.append((op, args))
+        out = pair.apply(op, **args).outcome
+        pair.check()
+        return out
+
+    def through(rid: str) -> None:
+        do("prealloc", rid=rid)
+        do("prefill", rid=rid)
+        while rid in pair.candidates("transfer"):
+            do("transfer", rid=rid)
+        do("commit", rid=rid)
+
+    do("submit", prompt_len=47, group=0, steps=3)
+    through("r0")
+    assert do("decode", n=3) == "finished r0"  # its KV goes to the radix cache
+    do("submit", prompt_len=49, group=0, steps=6)
+    through("r1")
+    do("submit", prompt_len=33, group=0, steps=3)
+    do("prefill", rid="r2")
+    do("prealloc", rid="r2")
+    do("transfer", rid="r2")
+    do("abort", rid="r2")
+    do("submit", prompt_len=16, group=1, steps=2)
+    do("prealloc", rid="r3")
+    do("fail", rid="r3")
+    do("retract", rid="r1")
+    assert do("resume") == "resumed r1"
+    do("decode", n=4)
+    do("flush")
+    pair.close()
+    return steps, pair.log
+
+
+def test_replay_is_byte_exact(tmp_path):
+    steps, log = schedule(tmp_path)
+    first = replay(CONFIG, steps, tmp_path)
+    second = replay(CONFIG, steps, tmp_path)
+    assert first.failure is None, first.failure
+    assert [s.op for s in first.steps] == [op for op, _ in steps]
+    assert first.log == log and first.log_bytes() == second.log_bytes()
+
+
+def test_a_catalog_fault_is_found_and_shrunk_to_a_repro(tmp_path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("HARNESS_FAULTS", None)
+    cmd = [sys.executable, "-m", "harness.cli", "explore", "--fault", "release-leaks-swa", "--seed", "1",
+           "--examples", "300", "--minutes", "2", "--run-dir", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=200)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    repro = Path(next(line for line in lines if line.startswith("repro: ")).removeprefix("repro: "))
+    data = json.loads(repro.read_text())
+    assert data["faults"] == ["release-leaks-swa"] and 1 <= len(data["steps"]) <= 10, done.stdout
+    assert "  1. submit" in done.stdout and "=> " in done.stdout
+
+
+def test_bad_input_is_one_line_and_exit_2(capsys):
+    assert main(["explore", "--engine", "sglang-server"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not built yet" in err[0]
+    assert main(["explore", "--topology", "no-such-topology"]) == 2
