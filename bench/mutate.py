@@ -65,7 +65,8 @@ def main() -> int:
     )
     print(f"  wall               {wall:.0f} s (coverage map {map_s:.0f} s, mutants {wall - map_s:.0f} s)")
     print(
-        f"  mutants per minute {60 * n / wall:.1f} (goal: ≥ 30 in ≤ 600 s: {'met' if n >= 30 and wall <= 600 else 'not met'})"
+        f"  mutants per minute {60 * n / wall:.1f} "
+        f"(goal: ≥ 30 in ≤ 600 s: {'met' if n >= 30 and wall <= 600 else 'not met'})"
     )
     if per:
         print(f"  per mutant run     median {statistics.median(per):.1f} s, max {max(per):.1f} s")

@@ -79,7 +79,8 @@ def _run(argv: list[str], env_extra: dict | None = None, json_out: bool = True) 
     wall = time.time() - t0
     if proc.returncode != 0:
         sys.exit(
-            f"overhead: {' '.join(argv[:4])} ... failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            f"overhead: {' '.join(argv[:4])} ... failed (exit {proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     if not json_out:
         return {"total": wall}
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         r = med[n]
         print(
-            f"{n:20} {r['base_ready']:>9.1f} s /{r['base_total']:>6.1f} s {r['ready']:>17.1f} s {r['ready_ratio']:>6.2f} "
+            f"{n:20} {r['base_ready']:>9.1f} s /{r['base_total']:>6.1f} s "
+            f"{r['ready']:>17.1f} s {r['ready_ratio']:>6.2f} "
             f"{r['total']:>19.1f} s {r['total_ratio']:>6.2f} {r['noop']:>11.1f} s {r['noop_ratio']:>6.2f}"
         )
     return 0

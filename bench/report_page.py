@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+# The imports below need the sys.path lines above (the script runs as a file, from any directory).
 from harness import ledger  # noqa: E402
-from harness.report import page as html_report
-from harness import rundir
-from harness.report import results
+from harness.report import page as html_report  # noqa: E402
+from harness import rundir  # noqa: E402
+from harness.report import results  # noqa: E402
 
 PAGE, WINDOW = 64, 100
 

@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         s = result.summary()
         load = os.getloadavg()
         print(
-            f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {what}; seed {args.seed}"
+            f"{os.cpu_count()} CPU cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+            f"{what}; seed {args.seed}"
         )
         print(
             f"requests {s['requests']} (completed {s['completed']}, aborted {s['aborted']}, prefix hits "

@@ -249,21 +249,24 @@ def main(argv: list[str] | None = None) -> int:
         f"after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}; workload: {args.requests} requests, seed {args.seed}"
     )
     print(
-        f"{'mode':5} {'topology':18} {'ranks':>5} {'preload s':>9} {'start s':>7} {'work s':>6} {'total s':>7} {'req/s':>5} "
-        f"{'start cpu-s':>11} {'of it stand-ins':>15} {'work cpu-s':>10} {'cpu-s/rank start':>16} {'PSS MB':>7} {'RSS MB':>7} "
+        f"{'mode':5} {'topology':18} {'ranks':>5} {'preload s':>9} {'start s':>7} {'work s':>6} {'total s':>7} "
+        f"{'req/s':>5} {'start cpu-s':>11} {'of it stand-ins':>15} {'work cpu-s':>10} {'cpu-s/rank start':>16} "
+        f"{'PSS MB':>7} {'RSS MB':>7} "
         f"{'PSS/rank':>8} {'RSS/rank':>8} {'stand-in PSS':>12}"
     )
     for (mode, _), m in got.items():
         print(
-            f"{mode:5} {m.topology:18} {m.ranks:5d} {m.preload_s:9.1f} {m.start_s:7.1f} {m.work_s:6.1f} {m.total_s:7.1f} "
-            f"{m.requests / m.work_s:5.1f} {m.start_cpu_s + m.standin_cpu_s:11.1f} {m.standin_cpu_s:15.1f} {m.work_cpu_s:10.1f} "
+            f"{mode:5} {m.topology:18} {m.ranks:5d} {m.preload_s:9.1f} {m.start_s:7.1f} {m.work_s:6.1f} "
+            f"{m.total_s:7.1f} {m.requests / m.work_s:5.1f} {m.start_cpu_s + m.standin_cpu_s:11.1f} "
+            f"{m.standin_cpu_s:15.1f} {m.work_cpu_s:10.1f} "
             f"{m.cpu_per_rank_start:16.2f} {m.pss / MB:7.0f} {(m.rank_mem + m.standin_mem).rss / MB:7.0f} "
             f"{m.rank_mem.pss / m.ranks / MB:8.0f} {m.rank_mem.rss / m.ranks / MB:8.0f} {m.standin_mem.pss / MB:12.0f}"
         )
     if "fork" in modes:
         print(
             f"fork servers ({len(servers)}; one per environment, started before the ranks, not in start s or T): "
-            f"preload {preload_cpu:.1f} cpu-s, PSS {server_mem.pss / MB:.0f} MB, RSS {server_mem.rss / MB:.0f} MB at the end"
+            f"preload {preload_cpu:.1f} cpu-s, PSS {server_mem.pss / MB:.0f} MB, "
+            f"RSS {server_mem.rss / MB:.0f} MB at the end"
         )
     for mode in modes:
         print(f"{mode}:")

@@ -277,10 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one message, no pages:    {msg * 1e3:8.3f} ms (median of {len(msg_s)}: two actor calls + one object)")
     if peer_msg_s:
         print(
-            f"  store-free:             {statistics.median(peer_msg_s) * 1e3:8.3f} ms (median of {len(peer_msg_s)}: one actor call)"
+            f"  store-free:             {statistics.median(peer_msg_s) * 1e3:8.3f} ms "
+            f"(median of {len(peer_msg_s)}: one actor call)"
         )
     print(
-        f"two copies in process:    {nbytes / two / 1e9:8.3f} GB/s → ratio ceiling {one / two:.3f} for any store-and-forward path"
+        f"two copies in process:    {nbytes / two / 1e9:8.3f} GB/s "
+        f"→ ratio ceiling {one / two:.3f} for any store-and-forward path"
     )
     print(
         f"object-store floor:       {nbytes / floor_store / 1e9:8.3f} GB/s (put + get + copy out, no actor hop) "
@@ -292,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"model (store + messages): ratio ≤ {one / (floor_store + st.messages * msg):.3f} "
-        f"({floor_store * 1e3:.2f} ms store + {st.messages} × {msg * 1e3:.2f} ms vs {statistics.median(ray_s) * 1e3:.2f} ms measured)"
+        f"({floor_store * 1e3:.2f} ms store + {st.messages} × {msg * 1e3:.2f} ms "
+        f"vs {statistics.median(ray_s) * 1e3:.2f} ms measured)"
     )
     return 0
 

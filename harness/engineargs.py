@@ -17,8 +17,10 @@ def engine_flag(args: tuple[str, ...], flags: tuple[str, ...]) -> str | None:
     """The value ``args`` give any of ``flags`` (``--dp-size 4`` or ``--dp-size=4``; ``""`` for a
     switch such as ``--enable-dp-attention``; None: not given). The last occurrence wins, as in argparse.
 
-    >>> engine_flag(("--enable-dp-attention", "--dp-size", "4"), ("--dp", "--dp-size")), engine_flag(("--dp-size=2",), ("--dp-size",))
-    ('4', '2')
+    >>> engine_flag(("--enable-dp-attention", "--dp-size", "4"), ("--dp", "--dp-size"))
+    '4'
+    >>> engine_flag(("--dp-size=2",), ("--dp-size",))
+    '2'
     >>> engine_flag(("--enable-dp-attention",), ("--enable-dp-attention",)), engine_flag((), ("--tp",))
     ('', None)
     """

@@ -42,8 +42,10 @@ class RunDir:
     sub-directories; ``RunDir(path)`` only names them).
 
     >>> run = RunDir(Path("/runs/r1"))
-    >>> run.worker_log("decode-0"), run.ledger_file("decode-0"), run.junit_file("cpu")
-    (PosixPath('/runs/r1/workers/decode-0.log'), PosixPath('/runs/r1/ledger/decode-0.jsonl'), PosixPath('/runs/r1/junit/cpu.xml'))
+    >>> run.worker_log("decode-0"), run.ledger_file("decode-0")
+    (PosixPath('/runs/r1/workers/decode-0.log'), PosixPath('/runs/r1/ledger/decode-0.jsonl'))
+    >>> run.junit_file("cpu")
+    PosixPath('/runs/r1/junit/cpu.xml')
     """
 
     root: Path

@@ -45,7 +45,8 @@ class Change:
 def parse_unified(text: str) -> tuple[dict[str, set[int]], dict[str, int]]:
     """The added-or-replaced lines (new-file numbers) and pure deletions of a ``-U0`` unified diff.
 
-    >>> lines, deleted = parse_unified("+++ b/sglang/a.py\\n@@ -3,0 +4,2 @@\\n+x\\n+y\\n@@ -9 +11 @@\\n-a\\n+b\\n@@ -20,2 +21,0 @@\\n-c\\n-d\\n")
+    >>> diff = "+++ b/sglang/a.py\\n@@ -3,0 +4,2 @@\\n+x\\n+y\\n@@ -9 +11 @@\\n-a\\n+b\\n"
+    >>> lines, deleted = parse_unified(diff + "@@ -20,2 +21,0 @@\\n-c\\n-d\\n")
     >>> sorted(lines["sglang/a.py"]), deleted
     ([4, 5, 11], {'sglang/a.py': 2})
     """

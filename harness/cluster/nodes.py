@@ -240,7 +240,8 @@ def skew(nodes: list[NodeFacts], ours: Mapping[str, str | None] | None = None) -
 
 
 def gpu_kind(nodes: list[NodeFacts]) -> str:
-    """The cluster's GPUs in one word: ``real``, ``logical`` (any GPU node without its devices), ``none``, ``unknown``."""
+    """The cluster's GPUs in one word: ``real``, ``logical`` (any GPU node without its devices), ``none``,
+    ``unknown``."""
     kinds = {n.gpu_kind for n in nodes} - {"none"}
     if not kinds:
         return "none"

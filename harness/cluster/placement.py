@@ -296,7 +296,10 @@ class Placements:
         for key in sorted(need, key=lambda k: (k != "GPU", k)):
             best_total = max((r.get(key, 0.0) for r in totals.values()), default=0.0)
             if best_total + 1e-9 < need[key]:
-                return f"{_resource_name(key)}: needs {_fmt(need[key])} on one node{where}, the largest node has {_fmt(best_total)}"
+                return (
+                    f"{_resource_name(key)}: needs {_fmt(need[key])} on one node{where}, "
+                    f"the largest node has {_fmt(best_total)}"
+                )
         short = self._shortage(g)
         if short:
             return short

@@ -1,4 +1,5 @@
-"""``harness faults list`` and ``harness faults check [--fault NAME ...] [--suite PATH ... | --all] [--json | --table]``.
+"""``harness faults list`` and
+``harness faults check [--fault NAME ...] [--suite PATH ... | --all] [--json | --table]``.
 
 ``list`` prints the fault catalog; ``check`` runs the kill matrix (:mod:`harness.faultcheck`) and writes the
 run's HTML page. Exit 0 when the clean run passed and no fault was missed or broken, 1 otherwise, 2 on bad

@@ -233,7 +233,7 @@ def check_node(topology: Topology, node: str, snap: GpuSnapshot) -> list[CheckRe
             "gpu.count",
             Status.FAILED,
             f"only {have} GPU(s) visible, topology needs {want}",
-            f"find the missing GPU(s) (`nvidia-smi -L`, dmesg for Xid errors) or drain this node",
+            "find the missing GPU(s) (`nvidia-smi -L`, dmesg for Xid errors) or drain this node",
             node=node,
         )
     ]

@@ -376,7 +376,8 @@ def check_pair(pair: PairResult, backend: str, nbytes: int) -> list[CheckResult]
                 CheckResult(
                     "network.transfer",
                     Status.PASSED,
-                    f"{who}: mooncake {pair.transfer_protocol}: {mib} at {_mbps(nbytes, pair.transfer_s)}, content verified",
+                    f"{who}: mooncake {pair.transfer_protocol}: {mib} at {_mbps(nbytes, pair.transfer_s)}, "
+                    "content verified",
                     node=where,
                     gpu=gpus,
                 )

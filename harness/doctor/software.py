@@ -90,7 +90,7 @@ def check_versions(
                 "software.sglang_supported",
                 Status.FAILED,
                 f"the adapter supports sglang {SUPPORTED_RANGE}; found {listed}",
-                f"install a supported sglang (./dev install) or pass --sglang 0.5.N|PATH",
+                "install a supported sglang (./dev install) or pass --sglang 0.5.N|PATH",
                 node="all",
             )
         )

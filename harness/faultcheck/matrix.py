@@ -232,8 +232,8 @@ def run_clean(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     root: Path = REPO_ROOT,
 ) -> SuiteRun:
-    """The clean run of ``suites``: one subprocess per group of suites (:func:`~harness.faultcheck.verdicts.suite_group`), ``jobs``
-    at a time, merged into one :class:`SuiteRun`.
+    """The clean run of ``suites``: one subprocess per group of suites
+    (:func:`~harness.faultcheck.verdicts.suite_group`), ``jobs`` at a time, merged into one :class:`SuiteRun`.
 
     Args:
         suites: the suite paths.

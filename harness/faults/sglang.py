@@ -130,7 +130,10 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         name="health-probe-keeps-kv",
-        description="a health probe's request (/health_generate, rid HEALTH_CHECK_*) is never released: its KV row, pages and tree lock stay held",
+        description=(
+            "a health probe's request (/health_generate, rid HEALTH_CHECK_*) is never released: "
+            "its KV row, pages and tree lock stay held"
+        ),
         upstream="sglang#28652 (health and warm-up requests pinning KV and tree-cache locks)",
         # The probe records the release sglang was asked for; the flush then finds its slots neither
         # free nor cached, on decode and on prefill alike.
@@ -141,7 +144,10 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         name="retract-skips-swa-release",
-        description="a decode retraction (release_req) frees the request's live SWA segments on the full side only, leaking its SWA pages",
+        description=(
+            "a decode retraction (release_req) frees the request's live SWA segments on the full side only, "
+            "leaking its SWA pages"
+        ),
         upstream="sglang#40309 class (retracted requests resumed without their SWA pages reclaimed)",
         evidence=("[page-leak]", "[not-baseline]", "[reset-leak]"),
         suites=(_PD_RETRACTION, _RETRACTION),
@@ -153,7 +159,10 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         name="prefill-skips-failed-release",
-        description="prefill never releases (nor unlocks in its tree) the KV of a request whose transfer failed (its decode died)",
+        description=(
+            "prefill never releases (nor unlocks in its tree) the KV of a request whose transfer failed "
+            "(its decode died)"
+        ),
         upstream="sglang#6258 / sglang#9817 class, prefill side (KV held for a transfer that can never complete)",
         evidence=("[reset-leak]", "[not-baseline]"),
         suites=(_DECODE_KILLED,),
@@ -162,7 +171,10 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         name="decode-bootstrap-never-gives-up",
-        description="decode never fails a request whose prefill bootstrap address it cannot reach: past its retry bound it starts the attempts over",
+        description=(
+            "decode never fails a request whose prefill bootstrap address it cannot reach: "
+            "past its retry bound it starts the attempts over"
+        ),
         upstream="sglang#40125 class (hostile bootstrap input hanging the decode scheduler's queue)",
         # No KV is ever preallocated for it: the evidence is the request hanging, which the test turns
         # into a failure of its own after a bounded wait (and aborts it).
@@ -172,7 +184,10 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         name="extend-keeps-pages-it-hands-out",
-        description="the paged allocator's alloc_extend takes its new pages off the end of the free list, not the head it handed out: pages in use stay free",
+        description=(
+            "the paged allocator's alloc_extend takes its new pages off the end of the free list, "
+            "not the head it handed out: pages in use stay free"
+        ),
         upstream="sglang#25805 class (pages both held and free: double frees of recycled pages)",
         # The pool's counts still balance (a page lost for each one kept free), so no pool identity sees
         # it: the ledger does, by page id (prefill's transfer names a page its request does not hold, or

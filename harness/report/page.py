@@ -122,13 +122,15 @@ def duration(seconds: float) -> str:
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2125;background:#f6f7f9}
 main{max-width:1280px;margin:0 auto;padding:16px 24px 48px}
-h1{margin:8px 0 4px;font-size:26px} h2{margin:28px 0 8px;font-size:19px;border-bottom:1px solid #d0d4d9;padding-bottom:4px}
+h1{margin:8px 0 4px;font-size:26px}
+h2{margin:28px 0 8px;font-size:19px;border-bottom:1px solid #d0d4d9;padding-bottom:4px}
 h3{margin:0;font-size:15px;font-family:ui-monospace,Menlo,Consolas,monospace;word-break:break-all}
 .verdict.pass{color:#1a7f37} .verdict.fail{color:#cf222e}
 table{border-collapse:collapse;background:#fff;margin:6px 0 10px;font-size:13px}
 th,td{border:1px solid #d0d4d9;padding:3px 8px;text-align:left;vertical-align:top} th{background:#eef0f3}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;margin-right:8px}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;
+margin-right:8px}
 .badge.passed{background:#1a7f37}.badge.failed,.badge.error{background:#cf222e}.badge.skipped{background:#9a6700}
 .badge.xfailed{background:#6e40c9}
 tr.bad{background:#fff4f4} tr.warn{background:#fff8e5}

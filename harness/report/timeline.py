@@ -67,7 +67,8 @@ class Mark:
     follows: str = ""
 
     def line(self) -> str:
-        """One line: ``V1 swa-over-window at decode-r0#17 decode_alloc rid=c3 pages swa [40] held swa [3, 7, 40]: …``."""
+        """One line, such as
+        ``V1 swa-over-window at decode-r0#17 decode_alloc rid=c3 pages swa [40] held swa [3, 7, 40]: …``."""
         at = f"{self.worker}#{self.seq}" if self.seq is not None else self.worker
         pages = f" pages {self.pages}" if self.pages else ""
         held = f" held {self.held}" if self.held else ""

@@ -365,7 +365,10 @@ def run_plan(
     results: dict[str, GroupResult] = {}
     for g in plan.groups:
         if sim[g.name] is None:
-            note = f"needs {g.gpus} GPUs, this machine has {opts.gpus}, and {g.topology} forbids simulation; run it on runner {g.runner}"
+            note = (
+                f"needs {g.gpus} GPUs, this machine has {opts.gpus}, and {g.topology} forbids simulation; "
+                f"run it on runner {g.runner}"
+            )
             progress[g.name].state = "failed"
             results[g.name] = GroupResult(name=g.name, topology=g.topology, runner=g.runner, note=note)
             on_update(progress[g.name])

@@ -158,7 +158,8 @@ def shard(items: tuple[Item, ...], shards: int, index: int) -> tuple[Item, ...]:
     """
     if shards < 1 or not 0 <= index < shards:
         raise PlanError(
-            f"--shard-index {index} is not in 0..{shards - 1} (with --shards {shards}); pick an index below the shard count"
+            f"--shard-index {index} is not in 0..{shards - 1} (with --shards {shards}); "
+            "pick an index below the shard count"
         )
     bins = lpt([i.est_time for i in items], shards)
     return tuple(items[k] for k in bins[index])

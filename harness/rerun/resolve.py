@@ -88,7 +88,8 @@ def find_file(spec: Spec, reg: Registry) -> SuiteFile:
     for c in candidates:
         if c.is_file():
             raise ResolveError(
-                f"{spec.path!r} is not a registered suite file (test_*.py under suites/ or a --suites-dir); move it there or name another"
+                f"{spec.path!r} is not a registered suite file (test_*.py under suites/ or a --suites-dir); "
+                "move it there or name another"
             )
     close = difflib.get_close_matches(spec.path, [f.rel for f in reg.files], n=5, cutoff=0.5)
     hint = f"close matches: {', '.join(close)}" if close else "list the suites with `rerun-test --list`"

@@ -157,7 +157,8 @@ class Worker:
             if self._clock.now() >= deadline:
                 pid = f" (payload pid {self.info.payload_pid})" if self.info and self.info.payload_pid else ""
                 raise TimeoutError(
-                    f"worker {self.name}: not ready after {budget:g} s{pid}\n--- last lines of its log ---\n{self.tail()}"
+                    f"worker {self.name}: not ready after {budget:g} s{pid}\n"
+                    f"--- last lines of its log ---\n{self.tail()}"
                 )
             self._clock.sleep(min(_POLL_S * 2, max(0.0, deadline - self._clock.now())))
 

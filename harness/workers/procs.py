@@ -78,8 +78,10 @@ def registry_dir() -> Path:
 def dir_allowed(path: str | Path) -> bool:
     """Whether a ``dir`` entry names a directory the harness made (:data:`DIR_PREFIXES` in the temp directory).
 
-    >>> dir_allowed(Path(tempfile.gettempdir()) / "ph-abc123"), dir_allowed("/home/me/data"), dir_allowed("/tmp/ph-x/..")
-    (True, False, False)
+    >>> dir_allowed(Path(tempfile.gettempdir()) / "ph-abc123")
+    True
+    >>> dir_allowed("/home/me/data"), dir_allowed("/tmp/ph-x/..")
+    (False, False)
     """
     p = Path(os.path.normpath(path))
     parents = {Path(os.path.normpath(tempfile.gettempdir())), Path("/tmp")}

@@ -70,7 +70,8 @@ for name in sys.argv[1:]:
 stdlib = set(sys.stdlib_module_names)
 for m in sys.modules:
     top = m.split(".")[0]
-    if m not in before and top not in stdlib and not top.startswith("_") and top not in ("sglang", "harness", "sgl_kernel"):
+    if (m not in before and top not in stdlib and not top.startswith("_")
+            and top not in ("sglang", "harness", "sgl_kernel")):
         print(m)
 """
 

@@ -228,7 +228,8 @@ def soak_stack(
         concurrency: requests in flight at once.
 
     Returns:
-        The :class:`~harness.engines.soak_driver.SoakResult` (:meth:`~harness.engines.soak_driver.SoakResult.assert_clean` is the verdict).
+        The :class:`~harness.engines.soak_driver.SoakResult`
+        (:meth:`~harness.engines.soak_driver.SoakResult.assert_clean` is the verdict).
 
     Raises:
         ResetError: a server was not back at baseline before the soak.

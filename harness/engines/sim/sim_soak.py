@@ -67,7 +67,8 @@ def soak(
         chunk_pages: pages per transfer chunk (1 makes aborts land mid-request).
 
     Returns:
-        The :class:`~harness.engines.soak_driver.SoakResult`; ``failure`` is the batch's :class:`PDError`, if one broke a rule.
+        The :class:`~harness.engines.soak_driver.SoakResult`; ``failure`` is the batch's :class:`PDError`, if one
+        broke a rule.
 
     Raises:
         ValueError: ``n`` or ``every`` below 1.

@@ -167,9 +167,9 @@ def python_command(
     The server is started on first use with ``env`` (``record_env``: a later ``env`` that differs in
     any variable the preload read, or in :data:`SCANNED_PREFIXES`, gets a server of its own), and
     stopped at interpreter exit; this process's environment names it (:data:`ADVERTISE_ENV`), so a
-    descendant (a ``rerun-test`` a test runs) forks from it too when its environment fits. The child runs as a fresh interpreter would (see
-    :func:`_run_child`), so this changes the start-up cost, not the result. A command is returned
-    unchanged (a fresh interpreter) when:
+    descendant (a ``rerun-test`` a test runs) forks from it too when its environment fits. The child
+    runs as a fresh interpreter would (see :func:`_run_child`), so this changes the start-up cost, not
+    the result. A command is returned unchanged (a fresh interpreter) when:
 
     * ``argv`` is not ``[sys.executable, "-m", MODULE, ...]`` or ``[sys.executable, SCRIPT, ...]``
       (interpreter options need a fresh interpreter);

@@ -177,9 +177,10 @@ def hit(text: str, among: Sequence[EngineCheck] | None = None) -> tuple[EngineCh
     raised. A check that is off is never named: sglang's idle check, turned off, still warns with its
     message, and a warning of a check nobody turned on is not that check's catch.
 
-    >>> check, what, line = hit("x\\nRuntimeError: invariant-check FAILED [swa.peer_released]: is_true: caller wants free")
-    >>> check.name, what, line
-    ('invariant-strict', 'swa.peer_released', 'RuntimeError: invariant-check FAILED [swa.peer_released]: is_true: caller wants free')
+    >>> raised = "RuntimeError: invariant-check FAILED [swa.peer_released]: is_true: caller wants free"
+    >>> check, what, line = hit("x\\n" + raised)
+    >>> check.name, what, line == raised
+    ('invariant-strict', 'swa.peer_released', True)
     >>> hit("ValueError: token_to_kv_pool_allocator memory leak detected! available_size=1")[0].name
     'mem-check-idle'
     >>> hit("[12:00] pool memory leak detected! [full]\\nAssertionError: SWA Pool Mem Leak Detected! [swa]")[0].name

@@ -68,7 +68,8 @@ class LegacyReqKv:
 
     @property
     def kv_allocated_len(self) -> int:
-        """``req.kv.kv_allocated_len`` (0.5.16 … 0.5.18; 0 while ``req.kv`` is None), ``req.kv_allocated_len`` (0.5.15)."""
+        """``req.kv.kv_allocated_len`` (0.5.16 … 0.5.18; 0 while ``req.kv`` is None),
+        ``req.kv_allocated_len`` (0.5.15)."""
         return self._get("kv_allocated_len")
 
     @kv_allocated_len.setter

@@ -104,7 +104,8 @@ def defines(source: str, qualname: str) -> bool:
     r"""Whether ``source`` (one module's text) defines ``qualname`` (``func`` or ``Class.method``), read
     with :mod:`ast` (nothing is imported or run).
 
-    >>> code = "class Q(\n    object,\n):\n    def _swa_tail_len(self, n):\n        return n\n\ndef free(x):\n    pass\n"
+    >>> code = "class Q(\n    object,\n):\n    def _swa_tail_len(self, n):\n        return n\n"
+    >>> code += "\ndef free(x):\n    pass\n"
     >>> defines(code, "Q._swa_tail_len"), defines(code, "free"), defines(code, "Q.free")
     (True, True, False)
     """
