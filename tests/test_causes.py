@@ -41,7 +41,10 @@ def test_a_pool_wide_finding_follows_any_request_on_its_worker():
 def test_a_knock_on_of_a_knock_on_stays_under_the_first_root():
     chain = [_v("swa-tail-short", 1), _v("swa-window-lost", 5), _v("swa-over-window", 7)]
     [only] = ledger.root_causes(reversed(chain))
-    assert only.root.rule == "swa-tail-short" and [k.rule for k in only.knock_ons] == ["swa-window-lost", "swa-over-window"]
+    assert only.root.rule == "swa-tail-short" and [k.rule for k in only.knock_ons] == [
+        "swa-window-lost",
+        "swa-over-window",
+    ]
 
 
 def test_a_broken_ledger_says_its_root_cause_first_and_survives_pickling():
@@ -61,13 +64,26 @@ def test_the_report_lists_the_root_cause_first_with_its_knock_ons_under_it():
     # The leak is found at the request's last event, before the short tail of a later prealloc on
     # the same request would come first in time: the root still leads and the leak follows it.
     def ev(seq: int, kind: str, rid: str, ts: float, **kw) -> ledger.Event:
-        return ledger.Event(seq=seq, ts=ts, kind=kind, rid=rid, component="decode", worker="decode-0", page_size=64, **kw)
+        return ledger.Event(
+            seq=seq, ts=ts, kind=kind, rid=rid, component="decode", worker="decode-0", page_size=64, **kw
+        )
 
     config = ledger.LedgerConfig(page_size=64, window=100, swa_tail=True)
-    events = [ev(0, "config", ledger.CONFIG_RID, 0.0, **ledger.config_event(config, {"full": 64, "swa": 64})),
-              ev(1, "prealloc", "r1", 1.0, pages={"full": [1, 2, 3, 4, 5], "swa": [1]}, fill_len=300, swa_tail_len=44,
-                 evicted_seqlen=256, window=100),
-              ev(2, "release", "r1", 2.0, pages={"full": [1, 2, 3, 4]})]  # a page of each pool kept: a leak
+    events = [
+        ev(0, "config", ledger.CONFIG_RID, 0.0, **ledger.config_event(config, {"full": 64, "swa": 64})),
+        ev(
+            1,
+            "prealloc",
+            "r1",
+            1.0,
+            pages={"full": [1, 2, 3, 4, 5], "swa": [1]},
+            fill_len=300,
+            swa_tail_len=44,
+            evicted_seqlen=256,
+            window=100,
+        ),
+        ev(2, "release", "r1", 2.0, pages={"full": [1, 2, 3, 4]}),
+    ]  # a page of each pool kept: a leak
     violations = ledger.check(events)
     rules = {v.rule for v in violations}
     assert "swa-tail-short" in rules and "page-leak" in rules, violations

@@ -21,14 +21,24 @@ pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.est_time(25)
 
 ROOT = Path(selection.current().root)
-TAIL = ledger.Violation("swa-tail-short", "fill 300: tail 44 < min(W_eff 100, fill) = 100: the window loses KV", 3,
-                        "decode-0", "r0-300", "prealloc")
+TAIL = ledger.Violation(
+    "swa-tail-short",
+    "fill 300: tail 44 < min(W_eff 100, fill) = 100: the window loses KV",
+    3,
+    "decode-0",
+    "r0-300",
+    "prealloc",
+)
 LEAK = ledger.Violation("page-leak", "pool 'swa': 1 page(s) never freed", None, "decode-0", "r0-300")
 
 
 def _raised_in_sglang(message: str) -> AssertionError:
     """An AssertionError whose innermost frame is a function of a file under ``sglang/``."""
-    code = compile(f"def alloc_extend_swa_tail():\n    assert False, {message!r}\n", "/x/sglang/srt/mem_cache/allocator/swa.py", "exec")
+    code = compile(
+        f"def alloc_extend_swa_tail():\n    assert False, {message!r}\n",
+        "/x/sglang/srt/mem_cache/allocator/swa.py",
+        "exec",
+    )
     scope: dict = {}
     exec(code, scope)
     try:
@@ -55,37 +65,51 @@ def test_a_refused_prealloc_leads_over_the_leaks_it_left_but_not_over_an_earlier
     refused.violations = (LEAK,)  # type: ignore[attr-defined]  # as the PD run attaches the ledger's verdict
     kind, line = headline(refused, root=ROOT)
     assert kind == "prealloc"
-    assert line.startswith("prealloc PreallocError: decode prealloc of v255 (fill 255, swa tail -1) failed | suspect: "
-                           "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc")
+    assert line.startswith(
+        "prealloc PreallocError: decode prealloc of v255 (fill 255, swa tail -1) failed | suspect: "
+        "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc"
+    )
     assert "DecodePreallocQueue._swa_tail_len" in line
     assert line.endswith("; the ledger then found [page-leak] decode-0 r0-300: pool 'swa': 1 page(s) never freed")
     # A rule broken at an event (before the refusal) is still the root cause, and leads.
     refused.violations = (LEAK, TAIL)  # type: ignore[attr-defined]
     kind, line = headline(refused, root=ROOT)
-    assert kind == "ledger" and line.startswith("ledger [swa-tail-short] ") and "it stopped the run as PreallocError" in line
+    assert (
+        kind == "ledger"
+        and line.startswith("ledger [swa-tail-short] ")
+        and "it stopped the run as PreallocError" in line
+    )
 
 
 def test_a_kv_mismatch_names_the_request_and_position():
     kind, line = headline(KVCorruption("r7", "swa", Mismatch(2, 130, 2, 2), "after transfer"), root=ROOT)
-    assert kind == "kv" and line.startswith("kv KVCorruption: KV corruption in request r7: swa") and "position 130" in line
+    assert (
+        kind == "kv" and line.startswith("kv KVCorruption: KV corruption in request r7: swa") and "position 130" in line
+    )
     kind, line = headline(WindowLost("request r3: position 250 inside the window [200, 300) has no SWA slot"))
     assert kind == "kv" and "position 250" in line and "| suspect: sglang/srt/managers/schedule_batch.py" in line
 
 
 def test_a_worker_death_names_the_worker_its_cause_and_the_last_sglang_frame():
-    tail = ('Traceback (most recent call last):\n  File "/v/site-packages/sglang/srt/managers/scheduler.py", line 3000, '
-            'in event_loop_normal\nRuntimeError: boom')
+    tail = (
+        'Traceback (most recent call last):\n  File "/v/site-packages/sglang/srt/managers/scheduler.py", line 3000, '
+        "in event_loop_normal\nRuntimeError: boom"
+    )
     kind, line = headline(WorkerDied("decode-0", "subprocess pid 12 (python) exit code 1", tail))
     assert kind == "worker-death"
-    assert line == ("worker-death decode-0: subprocess pid 12 (python) exit code 1 | last sglang frame: "
-                    "sglang/srt/managers/scheduler.py:3000 in event_loop_normal")
+    assert line == (
+        "worker-death decode-0: subprocess pid 12 (python) exit code 1 | last sglang frame: "
+        "sglang/srt/managers/scheduler.py:3000 in event_loop_normal"
+    )
 
 
 def test_sglangs_own_assert_names_the_frame_that_raised_it():
     kind, line = headline(_raised_in_sglang("swa_tail_len <= extend_num_tokens"))
     assert kind == "sglang-assert"
-    assert line == ("sglang-assert AssertionError: swa_tail_len <= extend_num_tokens | at "
-                    "sglang/srt/mem_cache/allocator/swa.py:2 in alloc_extend_swa_tail")
+    assert line == (
+        "sglang-assert AssertionError: swa_tail_len <= extend_num_tokens | at "
+        "sglang/srt/mem_cache/allocator/swa.py:2 in alloc_extend_swa_tail"
+    )
 
 
 def test_a_timeout_names_the_last_sglang_frame_of_the_workers_logs():
@@ -97,7 +121,9 @@ def test_a_timeout_names_the_last_sglang_frame_of_the_workers_logs():
 
 def test_the_others_and_the_helpers():
     assert headline(AssertionError("swa_tail_len 44 != 108")) == ("assertion", "assertion swa_tail_len 44 != 108")
-    assert headline(AssertionError("free pages 3 != 4\nassert 3 == 4"))[1] == "assertion free pages 3 != 4 | assert 3 == 4"
+    assert (
+        headline(AssertionError("free pages 3 != 4\nassert 3 == 4"))[1] == "assertion free pages 3 != 4 | assert 3 == 4"
+    )
     assert headline(AssertionError())[1] == "assertion AssertionError"
     assert headline(KeyError("x"))[0] == "error"
     assert clean("\x1b[36mray::a\x1b[39m\n b") == "ray::a b"
@@ -108,7 +134,7 @@ def test_the_others_and_the_helpers():
     assert set(CLASSES) >= {"ledger", "kv", "worker-death", "timeout", "sglang-assert", "assertion", "error"}
 
 
-RAY_TESTS = '''
+RAY_TESTS = """
 import sys
 import time
 
@@ -121,7 +147,9 @@ from harness.workers import InProcess, Subprocess
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the payloads travel to the workers by value
 
-TAIL = ledger.Violation("swa-tail-short", "fill 300: tail 44 < min(W_eff 100, fill) = 100", 3, "d0", "r0-300", "prealloc")
+TAIL = ledger.Violation(
+    "swa-tail-short", "fill 300: tail 44 < min(W_eff 100, fill) = 100", 3, "d0", "r0-300", "prealloc"
+)
 
 
 class Broken:
@@ -158,21 +186,30 @@ def test_worker_dies(pd_workers):
 
 def test_call_times_out(pd_workers):
     pd_workers("decode", InProcess(Broken)).call("hang", timeout=2)
-'''
+"""
 
 
 def test_through_ray_every_class_leads_the_summary_line_and_the_junit_message(pytester, tmp_path):
     pytester.makepyfile(test_ray=RAY_TESTS)
     junit = tmp_path / "junit.xml"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf", f"--junitxml={junit}",
-                                           "-o", "junit_family=xunit1", "--run-dir", str(tmp_path / "run"), timeout=600)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "-rf",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
+        "--run-dir",
+        str(tmp_path / "run"),
+        timeout=600,
+    )
     result.assert_outcomes(failed=5)
     messages = {c.get("name"): (c.find("failure").get("message") or "") for c in ET.parse(junit).iter("testcase")}
     expect = {
         "test_raised_in_a_worker[ledger]": "ledger [swa-tail-short] d0 prealloc of r0-300: fill 300: tail 44",
         "test_raised_in_a_worker[window]": "kv WindowLost: request r3: position 250",
         "test_raised_in_a_worker[sglang]": "sglang-assert AssertionError: swa_tail_len <= extend_num_tokens | at "
-                                           "sglang/srt/mem_cache/allocator/swa.py:2 in alloc_extend_swa_tail",
+        "sglang/srt/mem_cache/allocator/swa.py:2 in alloc_extend_swa_tail",
         "test_worker_dies": "worker-death decode-0-0",  # then the worker's unique suffix and its cause
         "test_call_times_out": "timeout TimeoutError: worker decode-0-0",
     }
@@ -185,7 +222,7 @@ def test_through_ray_every_class_leads_the_summary_line_and_the_junit_message(py
     assert any("test_raised_in_a_worker[ledger] - ledger [swa-tail-short]" in line for line in summary), summary
 
 
-FROM_THE_WORKERS_LEDGERS = '''
+FROM_THE_WORKERS_LEDGERS = """
 import pytest
 from harness import ledger
 from harness.engines.sim.errors import PreallocError
@@ -210,7 +247,7 @@ def test_refused(run_dir):
 def test_saw_other(run_dir):
     _keep_a_page(run_dir, "v300", 8)
     assert 1 + 1 == 3, "the reply differs from the plain server's"
-'''
+"""
 
 
 def test_the_workers_ledgers_join_the_line_a_refused_prealloc_still_leads(pytester, tmp_path):
@@ -220,13 +257,23 @@ def test_the_workers_ledgers_join_the_line_a_refused_prealloc_still_leads(pytest
     # rule the workers broke is the root cause and leads, and what the test saw follows.
     pytester.makepyfile(test_ledgers=FROM_THE_WORKERS_LEDGERS)
     junit = tmp_path / "junit.xml"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1",
-                                           "--run-dir", str(tmp_path / "run"), timeout=300)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
+        "--run-dir",
+        str(tmp_path / "run"),
+        timeout=300,
+    )
     result.assert_outcomes(failed=2)
     messages = {c.get("name"): (c.find("failure").get("message") or "") for c in ET.parse(junit).iter("testcase")}
     refused = messages["test_refused"]
-    assert refused.startswith("prealloc PreallocError: decode prealloc of v255 (fill 255, swa tail -1) failed | suspect: "
-                              "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc"), refused
+    assert refused.startswith(
+        "prealloc PreallocError: decode prealloc of v255 (fill 255, swa tail -1) failed | suspect: "
+        "sglang/srt/disaggregation/decode.py DecodePreallocQueue._pre_alloc"
+    ), refused
     assert "; the ledger then found [page-leak] d0 v255: pool 'swa': 1 page(s) never freed" in refused, refused
     other = messages["test_saw_other"]
     assert other.startswith("ledger [page-leak] d0 v300: pool 'swa': 1 page(s) never freed"), other
@@ -243,8 +290,10 @@ def _ev(seq, kind, rid, ts, component="decode", worker="decode-0", **kw) -> ledg
 #: The fresh clone's failure (issue 47): decode preallocated 0.03 s into the test, prefill never
 #: scheduled the request, the client gave up at +120 s, and decode released it on the abort.
 T0 = 1_000.0
-STALLED = [_ev(0, "prealloc", "r9", T0 + 0.03, pages={"full": (1, 2, 3, 4)}),
-           _ev(1, "release", "r9", T0 + 120.4, pages={"full": (1, 2, 3, 4)}, note="abort: client gave up")]
+STALLED = [
+    _ev(0, "prealloc", "r9", T0 + 0.03, pages={"full": (1, 2, 3, 4)}),
+    _ev(1, "release", "r9", T0 + 120.4, pages={"full": (1, 2, 3, 4)}, note="abort: client gave up"),
+]
 PREFILL_BUSY = [_ev(0, "prealloc", "other", T0 + 1, component="prefill", worker="prefill-0")]
 
 
@@ -253,20 +302,24 @@ def test_a_stall_says_where_each_side_was_from_the_ledgers():
     assert [v.rule for v in flying] == [ledger.IN_FLIGHT]
     # prefill writes requests' events (it holds another): it never scheduled this one
     line = stall_line(flying, STALLED + PREFILL_BUSY, start=T0, failed_at=T0 + 120.1, read_at=T0 + 121)
-    assert line == ("stall: request r9: decode prealloc at +0.03 s, nothing after it for 120 s; prefill never "
-                    "scheduled it | decode released it 0.3 s after the failure (abort: client gave up)"), line
+    assert line == (
+        "stall: request r9: decode prealloc at +0.03 s, nothing after it for 120 s; prefill never "
+        "scheduled it | decode released it 0.3 s after the failure (abort: client gave up)"
+    ), line
     # prefill reached a phase of its own; the release never came
     prefill = [_ev(3, "transfer", "r9", T0 + 0.5, component="prefill", worker="prefill-0")]
     line = stall_line(flying, STALLED[:1] + prefill, start=T0, failed_at=T0 + 120.1, read_at=T0 + 130.1)
-    assert line.endswith("; prefill transfer at +0.50 s, nothing after it for 120 s | still in flight 10 s after "
-                         "the failure"), line
+    assert line.endswith(
+        "; prefill transfer at +0.50 s, nothing after it for 120 s | still in flight 10 s after the failure"
+    ), line
     # a prefill ledger with no request's events (the real server's probe records none there) says so
     line = stall_line(flying, STALLED[:1], start=T0, failed_at=T0 + 120.1, read_at=T0 + 121)
     assert "; prefill recorded nothing of it (no request's events in its ledger) |" in line, line
     # the request that stalled longest leads, the others are counted
     later = [_ev(5, "prealloc", "r10", T0 + 100, pages={"full": (9,)})]
-    line = stall_line(ledger.check(STALLED[:1] + later), STALLED[:1] + later, start=T0, failed_at=T0 + 120.1,
-                      read_at=T0 + 121)
+    line = stall_line(
+        ledger.check(STALLED[:1] + later), STALLED[:1] + later, start=T0, failed_at=T0 + 120.1, read_at=T0 + 121
+    )
     assert line.startswith("stall: request r9:") and line.endswith(" (+1 more in flight)"), line
 
 
@@ -315,7 +368,7 @@ def test_the_verdict_waits_a_bounded_time_for_the_release_and_ends_at_it():
     assert settle(lambda: LedgerReading(), clock=idle) == LedgerReading() and idle.now() == 0  # nothing to wait for
 
 
-IN_FLIGHT_TESTS = '''
+IN_FLIGHT_TESTS = """
 import threading
 import time
 
@@ -351,7 +404,7 @@ def test_never_released(run_dir):
 def test_assertion_while_in_flight(run_dir):
     _gives_up(run_dir, "slow-2", 0.5)
     assert 1 + 1 == 3, "the reply differs"
-'''
+"""
 
 
 def test_a_failure_with_a_request_in_flight_waits_for_its_release_and_never_blames_a_leak(pytester, tmp_path):
@@ -360,8 +413,16 @@ def test_a_failure_with_a_request_in_flight_waits_for_its_release_and_never_blam
     pytester.makeconftest("import harness.plugins.record as record\nrecord.SETTLE_S = 3.0\n")
     junit = tmp_path / "junit.xml"
     started = time.monotonic()
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1",
-                                           "--run-dir", str(tmp_path / "run"), timeout=300)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
+        "--run-dir",
+        str(tmp_path / "run"),
+        timeout=300,
+    )
     result.assert_outcomes(failed=3)
     messages = {c.get("name"): (c.find("failure").get("message") or "") for c in ET.parse(junit).iter("testcase")}
     assert all("[page-leak]" not in m and "never freed" not in m for m in messages.values()), messages
@@ -372,6 +433,8 @@ def test_a_failure_with_a_request_in_flight_waits_for_its_release_and_never_blam
     stuck = messages["test_never_released"]
     assert stuck.startswith("stall: request stuck-1: decode prealloc at +") and "| still in flight 3 s after" in stuck
     # not a timeout (nothing gave up on the request, no wait): the test's own line leads, the request follows
-    assert messages["test_assertion_while_in_flight"] == ("assertion the reply differs | assert (1 + 1) == 3; still "
-                                                          "in flight: request slow-2 (decode-0, last phase prealloc)")
+    assert messages["test_assertion_while_in_flight"] == (
+        "assertion the reply differs | assert (1 + 1) == 3; still "
+        "in flight: request slow-2 (decode-0, last phase prealloc)"
+    )
     assert time.monotonic() - started < 120  # the wait is bounded (3 s here), and ends at the release

@@ -28,16 +28,35 @@ def balanced() -> list[Event]:
     """fill 300, window 100, page 64: full pages 0-4, SWA tail pages 7,8 (evicted 192); one decode page."""
     return [
         config(),
-        ev(0, "prealloc", fill_len=300, swa_tail_len=108, evicted_seqlen=192,
-           pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)},
-           free_before={"full": 640, "swa": 320}, free_after={"full": 320, "swa": 192}),
+        ev(
+            0,
+            "prealloc",
+            fill_len=300,
+            swa_tail_len=108,
+            evicted_seqlen=192,
+            pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)},
+            free_before={"full": 640, "swa": 320},
+            free_after={"full": 320, "swa": 192},
+        ),
         ev(1, "transfer", pages={"full": (0, 1, 2, 3, 4), "swa": (7, 8)}),
         ev(2, "decode_alloc", fill_len=320, evicted_seqlen=192, pages={"full": (), "swa": ()}),
-        ev(3, "decode_alloc", fill_len=321, evicted_seqlen=192, pages={"full": (5,), "swa": (9,)},
-           free_before={"full": 320, "swa": 192}, free_after={"full": 256, "swa": 128}),
+        ev(
+            3,
+            "decode_alloc",
+            fill_len=321,
+            evicted_seqlen=192,
+            pages={"full": (5,), "swa": (9,)},
+            free_before={"full": 320, "swa": 192},
+            free_after={"full": 256, "swa": 128},
+        ),
         ev(4, "evict", evicted_seqlen=256, pages={"swa": (7,)}, free_before={"swa": 128}, free_after={"swa": 192}),
-        ev(5, "release", pages={"full": (0, 1, 2, 3, 4, 5), "swa": (8, 9)},
-           free_before={"full": 256, "swa": 192}, free_after={"full": 640, "swa": 320}),
+        ev(
+            5,
+            "release",
+            pages={"full": (0, 1, 2, 3, 4, 5), "swa": (8, 9)},
+            free_before={"full": 256, "swa": 192},
+            free_after={"full": 640, "swa": 320},
+        ),
     ]
 
 
@@ -49,7 +68,7 @@ def replace(events, i, **kw):
     """``events`` with event seq ``i`` changed (the config event is at index 0, seq -1)."""
     k = next(j for j, e in enumerate(events) if e.seq == i and e.kind != "config")
     e = events[k]
-    return events[:k] + [Event(**{**e.__dict__, **kw})] + events[k + 1:]
+    return events[:k] + [Event(**{**e.__dict__, **kw})] + events[k + 1 :]
 
 
 def test_balanced_run_has_no_violations():
@@ -57,8 +76,7 @@ def test_balanced_run_has_no_violations():
 
 
 def test_leak_when_release_skips_swa_pages():
-    evs = replace(balanced(), 5, pages={"full": (0, 1, 2, 3, 4, 5), "swa": ()},
-                  free_after={"full": 640, "swa": 192})
+    evs = replace(balanced(), 5, pages={"full": (0, 1, 2, 3, 4, 5), "swa": ()}, free_after={"full": 640, "swa": 192})
     got = check(evs)
     assert "page-leak" in [v.rule for v in got]
     leak = next(v for v in got if v.rule == "page-leak")
@@ -77,8 +95,10 @@ def test_double_alloc():
 
 
 def test_free_by_other_request():
-    evs = balanced()[:2] + [ev(1, "prealloc", rid="r1", pages={"full": (9,)}),
-                            ev(2, "release", rid="r1", pages={"full": (9, 0)})]
+    evs = balanced()[:2] + [
+        ev(1, "prealloc", rid="r1", pages={"full": (9,)}),
+        ev(2, "release", rid="r1", pages={"full": (9, 0)}),
+    ]
     assert "page-double-free" in rules(evs)
 
 
@@ -112,8 +132,10 @@ def test_not_back_to_baseline_when_idle():
     evs = replace(balanced(), 5, free_after={"full": 640, "swa": 256})
     assert "not-baseline" in rules(evs) or "free-mismatch" in rules(evs)
     # pages balance but the pool did not get its slots back (freed pages the allocator lost)
-    evs = [ev(0, "prealloc", pages={"full": (0,)}, free_before={"full": 10}, free_after={"full": 9}),
-           ev(1, "release", pages={"full": (0,)}, free_after={"full": 9})]
+    evs = [
+        ev(0, "prealloc", pages={"full": (0,)}, free_before={"full": 10}, free_after={"full": 9}),
+        ev(1, "release", pages={"full": (0,)}, free_after={"full": 9}),
+    ]
     assert rules(evs) == ["not-baseline"]
 
 
@@ -130,8 +152,11 @@ def test_counted_pages_balance_and_leak():
 
 
 def test_cache_retained_pages_freed_by_later_evict():
-    evs = [ev(0, "prealloc", pages={"full": (0, 1)}), ev(1, "release", pages={"full": (1,)}),
-           ev(2, "evict", rid="<tree>", pages={"full": (0,)})]
+    evs = [
+        ev(0, "prealloc", pages={"full": (0, 1)}),
+        ev(1, "release", pages={"full": (1,)}),
+        ev(2, "evict", rid="<tree>", pages={"full": (0,)}),
+    ]
     assert check(evs) == []
     assert rules(evs[:2]) == ["page-leak"]
 
@@ -152,11 +177,13 @@ def test_alloc_fail_pages_must_be_returned():
 def test_a_request_still_in_flight_at_the_end_is_named_with_its_last_phase_not_a_leak():
     # r1 preallocated and decoded a step; its release is not written yet: in flight, not a leak.
     # r2 finished (aborted, the abort recorded with its release) and still holds a page: a leak.
-    evs = [config(),
-           ev(0, "prealloc", rid="r1", pages={"full": (0, 1, 2, 3)}),
-           ev(1, "prealloc", rid="r2", pages={"full": (4, 5)}),
-           ev(2, "decode_alloc", rid="r1", pages={"full": (6,)}),
-           ev(3, "release", rid="r2", pages={"full": (4,)}, note="abort: client gave up")]
+    evs = [
+        config(),
+        ev(0, "prealloc", rid="r1", pages={"full": (0, 1, 2, 3)}),
+        ev(1, "prealloc", rid="r2", pages={"full": (4, 5)}),
+        ev(2, "decode_alloc", rid="r1", pages={"full": (6,)}),
+        ev(3, "release", rid="r2", pages={"full": (4,)}, note="abort: client gave up"),
+    ]
     found = check(evs)
     assert [(v.rule, v.rid) for v in found] == [("page-leak", "r2"), (ledger.IN_FLIGHT, "r1")]
     leak, flying = found
@@ -187,7 +214,11 @@ def test_writer_reader_round_trip(tmp_path):
     path = tmp_path / "ledger" / "d0.jsonl"
     with LedgerWriter(path, worker="d0", component="decode") as w:
         for e in balanced():
-            fields = {k: v for k, v in e.__dict__.items() if k not in ("seq", "ts", "kind", "rid", "component", "worker", "page_size")}
+            fields = {
+                k: v
+                for k, v in e.__dict__.items()
+                if k not in ("seq", "ts", "kind", "rid", "component", "worker", "page_size")
+            }
             w.record(e.kind, e.rid, e.page_size, **fields)
     with open(path, "a") as fh:
         fh.write('{"seq": 99, "kin')  # a worker killed mid-line
@@ -235,8 +266,18 @@ def test_reset_drops_pages_a_prefix_cache_kept():
 
 def prealloc(fill, tail, floor, swa, full=None, seq=0, config_=CONFIG, **kw) -> list[Event]:
     full = tuple(range(-(-fill // P))) if full is None else full
-    return [config(config_), ev(seq, "prealloc", fill_len=fill, swa_tail_len=tail, evicted_seqlen=floor,
-                                pages={"full": full, "swa": swa}, **kw)]
+    return [
+        config(config_),
+        ev(
+            seq,
+            "prealloc",
+            fill_len=fill,
+            swa_tail_len=tail,
+            evicted_seqlen=floor,
+            pages={"full": full, "swa": swa},
+            **kw,
+        ),
+    ]
 
 
 def test_prealloc_rules_pass_on_sglang_values():
@@ -277,8 +318,10 @@ def test_swa_and_full_charge_from_the_config():
 
 def test_host_charge_from_compression_and_host_page():
     hisparse = LedgerConfig(page_size=256, window=200, swa_tail=True, host_page=64, compression=4)
-    evs = [config(hisparse), ev(0, "prealloc", page_size=256, fill_len=512, swa_tail_len=256, evicted_seqlen=256,
-                                pages={"host": 2})]
+    evs = [
+        config(hisparse),
+        ev(0, "prealloc", page_size=256, fill_len=512, swa_tail_len=256, evicted_seqlen=256, pages={"host": 2}),
+    ]
     assert [r for r in rules(evs) if r != ledger.IN_FLIGHT] == []  # 512 // 4 = 128 host tokens = 2 pages
     evs[1] = Event(**{**evs[1].__dict__, "pages": {"host": 8}})  # uncompressed: 512 / 64
     assert [r for r in rules(evs) if r != ledger.IN_FLIGHT] == ["host-charge"]
@@ -305,9 +348,11 @@ PRE_0_5_19 = LedgerConfig(page_size=P, window=W, radix_cache=True, swa_tail=True
 
 
 def _prefix_hit(config_: LedgerConfig, floor: int, fill: int = 132, freed_spans=()) -> list[Event]:
-    return [config(config_),
-            ev(0, "prealloc", fill_len=130, swa_tail_len=130, evicted_seqlen=0, prefix_len=128, pages={"swa": 1}),
-            ev(1, "evict", fill_len=fill, evicted_seqlen=floor, freed_spans=freed_spans, pages={"swa": 0})]
+    return [
+        config(config_),
+        ev(0, "prealloc", fill_len=130, swa_tail_len=130, evicted_seqlen=0, prefix_len=128, pages={"swa": 1}),
+        ev(1, "evict", fill_len=fill, evicted_seqlen=floor, freed_spans=freed_spans, pages={"swa": 0}),
+    ]
 
 
 def test_a_floor_raised_to_a_prefix_the_tree_keeps_swa_for_loses_no_window():
@@ -317,12 +362,16 @@ def test_a_floor_raised_to_a_prefix_the_tree_keeps_swa_for_loses_no_window():
     assert "swa-window-lost" not in rules(_prefix_hit(PRE_0_5_19, 128))
     # ... but a floor past the prefix inside the window, or a freed slot inside it, still is
     lost = [v for v in check(_prefix_hit(PRE_0_5_19, 192, fill=200)) if v.rule == "swa-window-lost"]
-    assert [v.message for v in lost] == ["seq 200: SWA floor 192 > 200 - window 100 and the protected prefix 128 "
-                                         "whose SWA the radix tree keeps: a position inside the window lost its SWA slot"]
+    assert [v.message for v in lost] == [
+        "seq 200: SWA floor 192 > 200 - window 100 and the protected prefix 128 "
+        "whose SWA the radix tree keeps: a position inside the window lost its SWA slot"
+    ]
     assert "swa-window-lost" in rules(_prefix_hit(PRE_0_5_19, 128, freed_spans=((64, 128),)))
     # the prefix is the request's own prealloc's, forgotten at its release (a later request of the same rid)
-    evs = _prefix_hit(PRE_0_5_19, 0)[:2] + [ev(1, "release", pages={"swa": 1}),
-                                            ev(2, "decode_alloc", fill_len=132, evicted_seqlen=128, pages={"swa": 0})]
+    evs = _prefix_hit(PRE_0_5_19, 0)[:2] + [
+        ev(1, "release", pages={"swa": 1}),
+        ev(2, "decode_alloc", fill_len=132, evicted_seqlen=128, pages={"swa": 0}),
+    ]
     assert "swa-window-lost" in rules(evs)
 
 
@@ -335,7 +384,8 @@ def test_reservation_covers_the_swa_pages_past_a_prefix_the_tree_keeps():
     # a prefix hit of 64: the whole extension takes SWA, four pages, and the same reservation is short
     short = prealloc(270, 270, 0, 4, full=4, config_=cfg, prefix_len=64, reserved={"full": 320 + 512, "swa": 192 + 512})
     assert [v.message for v in check(short) if v.rule == "reserve-short"] == [
-        "pool 'swa': reservation 704 - decode reserve 512 < 256 tokens of whole pages the prealloc charges"]
+        "pool 'swa': reservation 704 - decode reserve 512 < 256 tokens of whole pages the prealloc charges"
+    ]
 
 
 @pytest.mark.parametrize("interval, floor, late", [(1, 128, True), (128, 128, False), (128, 0, True)])
@@ -366,8 +416,13 @@ def test_baseline_comes_from_the_config_event():
 
 def test_a_field_the_probe_could_not_read_fails_naming_it():
     evs = balanced()
-    evs[1] = Event(**{**evs[1].__dict__, "evicted_seqlen": None,
-                      "note": ledger.UNREADABLE + " evicted_seqlen (AttributeError('kv'))"})
+    evs[1] = Event(
+        **{
+            **evs[1].__dict__,
+            "evicted_seqlen": None,
+            "note": ledger.UNREADABLE + " evicted_seqlen (AttributeError('kv'))",
+        }
+    )
     got = [v for v in check(evs) if v.rule == "probe-unreadable"]
     assert len(got) == 1 and "evicted_seqlen (AttributeError('kv'))" in got[0].message
 
@@ -382,15 +437,19 @@ def test_an_eviction_that_freed_window_slots_loses_the_window_whatever_floor_it_
     assert [v.rule for v in lost] == ["swa-window-lost"]
     assert lost[0].headline() == (
         "[swa-window-lost] d0 evict of r0: seq 321: the eviction freed the SWA slots of 35 position(s) inside the "
-        "window [221, 321) ([221, 256); recorded floor 192)")
+        "window [221, 321) ([221, 256); recorded floor 192)"
+    )
     assert check([config(), _evict(((128, 221),), 192)]) == []  # up to the window's first position: kept
 
 
 def test_a_steps_eviction_and_allocation_at_one_state_judge_the_floor_once():
     # the simulated engine records a step's evict and decode_alloc at the same (seq, floor)
-    evs = [config(), ev(0, "prealloc", fill_len=300, swa_tail_len=108, evicted_seqlen=192, pages={"swa": 2}),
-           ev(1, "evict", fill_len=321, evicted_seqlen=256, pages={"swa": 0}),
-           ev(2, "decode_alloc", fill_len=321, evicted_seqlen=256, pages={"swa": 0})]
+    evs = [
+        config(),
+        ev(0, "prealloc", fill_len=300, swa_tail_len=108, evicted_seqlen=192, pages={"swa": 2}),
+        ev(1, "evict", fill_len=321, evicted_seqlen=256, pages={"swa": 0}),
+        ev(2, "decode_alloc", fill_len=321, evicted_seqlen=256, pages={"swa": 0}),
+    ]
     assert [(v.rule, v.seq) for v in check(evs) if v.rule == "swa-window-lost"] == [("swa-window-lost", 1)]
 
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -33,8 +31,12 @@ def test_header_names_topology_ray_and_sglang(pytester):
     import importlib.metadata
 
     version = importlib.metadata.version("sglang")
-    result.stdout.fnmatch_lines([f"harness: sglang {version} (installed), root *",
-                                 "harness: topology=2-gpu-h100, ray=10.0.0.1:6379, simulate=*, run dir=rd"])
+    result.stdout.fnmatch_lines(
+        [
+            f"harness: sglang {version} (installed), root *",
+            "harness: topology=2-gpu-h100, ray=10.0.0.1:6379, simulate=*, run dir=rd",
+        ]
+    )
     result.assert_outcomes(passed=1)
 
 
@@ -111,7 +113,7 @@ def test_markers_are_registered_for_strict_markers(pytester):
 
 # ---------------------------------------------------------------- fail-fast, timeouts, orphans (real Ray)
 
-FAILFAST = r'''
+FAILFAST = r"""
 import json, os, re, threading, time
 from pathlib import Path
 
@@ -205,7 +207,7 @@ def test_blocked_in_ray_get(pd_workers):
         killed = float((OUT / "rayget.killed").read_text())
         (OUT / "rayget.latency").write_text(repr(time.time() - killed))
         raise
-'''
+"""
 
 
 def test_fail_fast_log_tail_timeout_and_no_orphans(pytester, tmp_path, monkeypatch):
@@ -213,21 +215,33 @@ def test_fail_fast_log_tail_timeout_and_no_orphans(pytester, tmp_path, monkeypat
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.setenv("HARNESS_TEST_OUT", str(out))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--simulate", "--run-dir", str(tmp_path / "run"),
-                                           "-o", "timeout_func_only=true", timeout=600)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--simulate",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "-o",
+        "timeout_func_only=true",
+        timeout=600,
+    )
     result.assert_outcomes(failed=5, passed=1)
-    result.stdout.fnmatch_lines([
-        "*WorkerDied: worker decode-0-0 died: subprocess pid * (sh) exit code -9 (killed by SIGKILL)",
-        "*--- last 50 lines of its log (*decode-0-0.log) ---",
-        "*line-32",
-        "*line-80",
-        "*child=*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*WorkerDied: worker decode-0-0 died: subprocess pid * (sh) exit code -9 (killed by SIGKILL)",
+            "*--- last 50 lines of its log (*decode-0-0.log) ---",
+            "*line-32",
+            "*line-80",
+            "*child=*",
+        ]
+    )
     result.stdout.fnmatch_lines(["*WorkerDied: worker prefill-0-0 died: actor died*"])
     result.stdout.fnmatch_lines(["*- worker decode-0-0 log (last 50 lines, *decode-0-0.log) -*"])
     result.stdout.fnmatch_lines(["*_ test_swallowed_death_still_fails _*", "*WorkerDied: worker decode-0-0-2 died*"])
     result.stdout.fnmatch_lines(["*_ test_blocked_in_ray_get _*", "E*WorkerDied: worker decode-0-0-5 died: *"])
-    result.stdout.fnmatch_lines(["*Failed: Timeout (>1.0s) from pytest-timeout.", "*- worker decode-0-0-3 log (last 50 lines, *"])
+    result.stdout.fnmatch_lines(
+        ["*Failed: Timeout (>1.0s) from pytest-timeout.", "*- worker decode-0-0-3 log (last 50 lines, *"]
+    )
     tail = result.stdout.str().split("last 50 lines of its log")[1].split("worker decode-0-0 log")[0]
     assert "line-31\n" not in tail and "line-32\n" in tail
     latencies = {n: float((out / f"{n}.latency").read_text()) for n in ("payload", "actor", "rayget")}
@@ -241,7 +255,7 @@ def test_fail_fast_log_tail_timeout_and_no_orphans(pytester, tmp_path, monkeypat
     assert [e for e in procs.entries() if e.owner == owner] == []
 
 
-HOLD = r'''
+HOLD = r"""
 import json, os, re, time
 from pathlib import Path
 
@@ -263,9 +277,10 @@ def test_hold(pd_workers):
         time.sleep(0.05)
     ours = [e.pid for e in procs.entries() if e.owner == os.getpid() and e.kind != "dir"]
     (OUT / "ready.json").write_text(json.dumps({"pytest": os.getpid(), "child": int(m.group(1)),
-                                                "payload": w.info.payload_pid, "actor": w.info.pid, "registered": ours}))
+                                                "payload": w.info.payload_pid, "actor": w.info.pid,
+                                                "registered": ours}))
     time.sleep(300)
-'''
+"""
 
 
 def test_sigkill_of_pytest_is_cleaned_up_by_the_next_run(pytester, tmp_path):
@@ -273,9 +288,24 @@ def test_sigkill_of_pytest_is_cleaned_up_by_the_next_run(pytester, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "HARNESS_TEST_OUT": str(out)}
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--simulate", "-q",
-                             "--run-dir", str(tmp_path / "run"), "test_hold.py"],
-                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--simulate",
+            "-q",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "test_hold.py",
+        ],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "ready.json").exists():
@@ -304,10 +334,25 @@ def test_ctrl_c_runs_teardown(pytester, tmp_path):
     env = {**os.environ, "HARNESS_TEST_OUT": str(out)}
     # Ctrl-C as a terminal delivers it: a run started in the background of a script (CI) inherits
     # SIGINT ignored, and Python then never raises KeyboardInterrupt.
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--simulate", "-q",
-                             "--run-dir", str(tmp_path / "run"), "test_hold.py"],
-                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--simulate",
+            "-q",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "test_hold.py",
+        ],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "ready.json").exists():

@@ -72,8 +72,11 @@ def environment(env: dict[str, str] | None = None) -> dict[str, Any]:
         one as :data:`PRESENT`) and ``secrets`` (Ray's token file: ``present`` or ``absent``).
     """
     env = dict(os.environ if env is None else env)
-    relevant = {k: (PRESENT if is_secret(k) else v) for k, v in sorted(env.items())
-                if k.startswith(ENV_PREFIXES) and k not in ENV_IGNORED}
+    relevant = {
+        k: (PRESENT if is_secret(k) else v)
+        for k, v in sorted(env.items())
+        if k.startswith(ENV_PREFIXES) and k not in ENV_IGNORED
+    }
     return {
         "python": platform.python_version(),
         "platform": f"{platform.system()}-{platform.machine()}",
@@ -108,11 +111,27 @@ def env_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[s
     return out
 
 
-def bundle(*, spec: str, gate: str, suite: str, topology: str, simulated: bool, engine: str | None,
-           hypothesis_seed: int, workload_base: int, workload_seed: int, engine_args: dict[str, list[str]],
-           env: dict[str, Any], sglang_version: str | None, git_sha: str, failure: dict[str, Any],
-           workers: list[str], files: list[str], ledger_excerpt: dict[str, Any],
-           sglang: dict[str, Any] | None = None) -> dict[str, Any]:
+def bundle(
+    *,
+    spec: str,
+    gate: str,
+    suite: str,
+    topology: str,
+    simulated: bool,
+    engine: str | None,
+    hypothesis_seed: int,
+    workload_base: int,
+    workload_seed: int,
+    engine_args: dict[str, list[str]],
+    env: dict[str, Any],
+    sglang_version: str | None,
+    git_sha: str,
+    failure: dict[str, Any],
+    workers: list[str],
+    files: list[str],
+    ledger_excerpt: dict[str, Any],
+    sglang: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The bundle as a JSON-able dict (pure; see the module docstring for the fields). ``sglang`` is
     the target description (``Target.to_dict()``) ``rerun-test --from`` reruns on."""
     return {
@@ -151,7 +170,9 @@ def load(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ReproError(f"{path}: file not found; pass the repro.json a gate run wrote (under report/failures/)") from None
+        raise ReproError(
+            f"{path}: file not found; pass the repro.json a gate run wrote (under report/failures/)"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ReproError(f"{path}: not JSON ({e}); pass a repro.json written by `harness gate run`") from None
     if not isinstance(data, dict):
@@ -160,7 +181,10 @@ def load(path: Path) -> dict[str, Any]:
     if missing:
         raise ReproError(f"{path}: missing {', '.join(missing)}; pass a repro.json written by `harness gate run`")
     if data["version"] != VERSION:
-        raise ReproError(f"{path}: bundle version {data['version']!r}, this harness reads {VERSION}; rerun the gate with this harness")
+        raise ReproError(
+            f"{path}: bundle version {data['version']!r}, this harness reads {VERSION}; "
+            "rerun the gate with this harness"
+        )
     seeds = data["seeds"]
     if not isinstance(seeds, dict) or not all(isinstance(seeds.get(k), int) for k in ("hypothesis", "workload_base")):
         raise ReproError(f"{path}: seeds.hypothesis and seeds.workload_base must be integers; fix the bundle")
@@ -185,8 +209,10 @@ def _field_problem(data: dict[str, Any]) -> str | None:
     target is active.
 
     >>> ok = {"spec": "suites/a.py::t", "topology": "cpu", "seeds": {"hypothesis": 1, "workload_base": 2}}
-    >>> _field_problem(ok) is None, _field_problem({**ok, "engine": 3}), _field_problem({**ok, "seeds": {"hypothesis": -1}})
-    (True, 'engine must be a string or null', 'seeds.hypothesis must be an integer from 0 to 2**64-1')
+    >>> _field_problem(ok) is None, _field_problem({**ok, "engine": 3})
+    (True, 'engine must be a string or null')
+    >>> _field_problem({**ok, "seeds": {"hypothesis": -1}})
+    'seeds.hypothesis must be an integer from 0 to 2**64-1'
     """
     for key in ("spec", "topology"):
         if not _is_str(data.get(key)):
@@ -250,4 +276,3 @@ def _within(path: Path, base: Path) -> bool:
     except ValueError:
         return False
     return True
-

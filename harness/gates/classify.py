@@ -19,16 +19,29 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # A failure headline (harness.plugins.explain) starts with its evidence class; the classes map here.
     # One of sglang's own accounting checks is accounting even when it took its server down with it.
     ("accounting", re.compile(r"^sglang-check\b")),
-    ("crash", re.compile(r"^worker-death\b|WorkerDied|Segmentation fault|SIGSEGV|SIGKILL|SIGABRT|core dumped|Fatal Python error|"
-                         r"worker .* died|process .* (died|exited)|RayActorError|ActorDiedError|OutOfMemoryError", re.I)),
+    (
+        "crash",
+        re.compile(
+            r"^worker-death\b|WorkerDied|Segmentation fault|SIGSEGV|SIGKILL|SIGABRT|core dumped|Fatal Python error|"
+            r"worker .* died|process .* (died|exited)|RayActorError|ActorDiedError|OutOfMemoryError",
+            re.I,
+        ),
+    ),
     ("import", re.compile(r"\b(ImportError|ModuleNotFoundError)\b|collection error|error collecting", re.I)),
     # A stall (harness.plugins.explain): a request still in flight when the test gave up on it; its line
     # may quote ledger words (the request it names), never a broken rule.
     ("timeout", re.compile(r"^stall\b|Failed: Timeout|Timeout >|GetTimeoutError|\bTimeoutError\b|timed out", re.I)),
     # Ledger rules print as "[rule-name]"; KV content / window checks and PD invariants are accounting too.
-    ("accounting", re.compile(r"^(kv|prealloc)\b|ledger|Violation|accounting|page-(leak|double)|not-baseline|free[_ -]?(pages|slots|size)|"
-                              r"leak(ed)?\b|conservation|swa-over-window|evicted[-_]|\[[a-z]+(?:-[a-z]+)+\]|"
-                              r"KVCorruption|WindowLost|PreallocError|PDError|invariant", re.I)),
+    (
+        "accounting",
+        re.compile(
+            r"^(kv|prealloc)\b|ledger|Violation|accounting|page-(leak|double)|not-baseline|"
+            r"free[_ -]?(pages|slots|size)|"
+            r"leak(ed)?\b|conservation|swa-over-window|evicted[-_]|\[[a-z]+(?:-[a-z]+)+\]|"
+            r"KVCorruption|WindowLost|PreallocError|PDError|invariant",
+            re.I,
+        ),
+    ),
     ("accuracy", re.compile(r"Accuracy|\bgsm8k\b|\bmmlu\b|score .*(below|<)", re.I)),
     ("timing", re.compile(r"Timing(Error)?\b|latency|throughput|too slow|\bTTFT\b|\bITL\b|tokens?/s", re.I)),
     ("assertion", re.compile(r"AssertionError|\bassert\b", re.I)),
@@ -89,8 +102,11 @@ def classify(kind: str, message: str, text: str = "") -> str:
 def failures(cases: Iterable[results.CaseResult]) -> list[Failure]:
     """Every failed or errored case of a JUnit report read by :mod:`harness.report.results`, classified."""
     tags = {"failed": "failure", "error": "error"}
-    return [Failure(c.nodeid, tags[c.outcome], c.reason, c.traceback, classify(tags[c.outcome], c.reason, c.traceback))
-            for c in cases if c.outcome in tags]
+    return [
+        Failure(c.nodeid, tags[c.outcome], c.reason, c.traceback, classify(tags[c.outcome], c.reason, c.traceback))
+        for c in cases
+        if c.outcome in tags
+    ]
 
 
 def failures_from_junit(xml_text: str) -> list[Failure]:

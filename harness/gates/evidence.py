@@ -97,8 +97,9 @@ def repro_key(suite: str, test: TestOutcome) -> str:
     return f"{suite}/{test.group}::{test.nodeid}"
 
 
-def collect_evidence(gate: Gate, run: EntryRun, test: TestOutcome, info: render.RunInfo, opts: GateOptions,
-                     env: dict) -> Path:
+def collect_evidence(
+    gate: Gate, run: EntryRun, test: TestOutcome, info: render.RunInfo, opts: GateOptions, env: dict
+) -> Path:
     """Copy a failing test's worker logs, ledgers and pytest log, and write its ``repro.json``.
 
     Returns:
@@ -115,7 +116,7 @@ def collect_evidence(gate: Gate, run: EntryRun, test: TestOutcome, info: render.
         shutil.copy2(last.log, dest / "pytest.log")
         files.append("pytest.log")
     file_rel = group and next((i.file_rel for i in group.items if nodeid.startswith(i.file_rel)), "")
-    suffix = nodeid[len(file_rel):] if file_rel else ""
+    suffix = nodeid[len(file_rel) :] if file_rel else ""
     rec = _records(last.run_dir).get((Path(file_rel or nodeid.split("::", 1)[0]).name, suffix), {})
     workers = list(rec.get("workers", []))
     if not workers and rec.get("start"):
@@ -140,10 +141,28 @@ def collect_evidence(gate: Gate, run: EntryRun, test: TestOutcome, info: render.
     simulated = bool(group and execute.simulation(group, opts.gpus, joined=bool(opts.ray_address)))
     name = Path(file_rel or nodeid.split("::", 1)[0]).name
     data = repro.bundle(
-        spec=nodeid, gate=gate.name, suite=run.entry.name, topology=topo, simulated=simulated, engine=run.entry.engine,
-        hypothesis_seed=info.hypothesis_seed, workload_base=info.workload_seed,
-        workload_seed=seeds_mod.derive(info.workload_seed, name, suffix), engine_args=engine_args, env=env,
-        sglang_version=info.sglang_version, git_sha=info.git_sha, sglang=dict(info.sglang) or None,
-        failure={"class": test.failure_class, "outcome": test.outcome, "message": test.message, "attempts": list(test.attempts)},
-        workers=workers, files=files, ledger_excerpt=excerpt)
+        spec=nodeid,
+        gate=gate.name,
+        suite=run.entry.name,
+        topology=topo,
+        simulated=simulated,
+        engine=run.entry.engine,
+        hypothesis_seed=info.hypothesis_seed,
+        workload_base=info.workload_seed,
+        workload_seed=seeds_mod.derive(info.workload_seed, name, suffix),
+        engine_args=engine_args,
+        env=env,
+        sglang_version=info.sglang_version,
+        git_sha=info.git_sha,
+        sglang=dict(info.sglang) or None,
+        failure={
+            "class": test.failure_class,
+            "outcome": test.outcome,
+            "message": test.message,
+            "attempts": list(test.attempts),
+        },
+        workers=workers,
+        files=files,
+        ledger_excerpt=excerpt,
+    )
     return repro.write(dest / "repro.json", data)

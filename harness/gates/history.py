@@ -33,8 +33,9 @@ class FlakyTest:
         return self.passed / self.attempts
 
 
-def append(path: Path, run: str, tests: dict[str, list[str]], gate: str = "", git_sha: str = "",
-           ts: float | None = None) -> None:
+def append(
+    path: Path, run: str, tests: dict[str, list[str]], gate: str = "", git_sha: str = "", ts: float | None = None
+) -> None:
     """Append one run's outcomes.
 
     Args:
@@ -46,8 +47,13 @@ def append(path: Path, run: str, tests: dict[str, list[str]], gate: str = "", gi
         ts: the time (default now).
     """
     kept = {k: [o for o in v if o != "skipped"] for k, v in tests.items()}
-    record = {"run": run, "gate": gate, "ts": time.time() if ts is None else ts, "git_sha": git_sha,
-              "tests": {k: v for k, v in kept.items() if v}}
+    record = {
+        "run": run,
+        "gate": gate,
+        "ts": time.time() if ts is None else ts,
+        "git_sha": git_sha,
+        "tests": {k: v for k, v in kept.items() if v},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")

@@ -112,8 +112,16 @@ class Gate:
             "flaky": {"reruns": self.flaky.reruns, "classes": list(self.flaky.classes)},
             "seeds": {"hypothesis": self.hypothesis_seed, "workload": self.workload_seed},
             "suites": [
-                {"name": s.name, "select": list(s.select), "required": s.required, "topologies": list(s.topologies),
-                 "timeout": s.timeout, "min_pass_rate": s.min_pass_rate, "engine": s.engine, "require": list(s.require)}
+                {
+                    "name": s.name,
+                    "select": list(s.select),
+                    "required": s.required,
+                    "topologies": list(s.topologies),
+                    "timeout": s.timeout,
+                    "min_pass_rate": s.min_pass_rate,
+                    "engine": s.engine,
+                    "require": list(s.require),
+                }
                 for s in self.suites
             ],
         }
@@ -139,15 +147,21 @@ def _strings(table: dict[str, Any], key: str, where: str, ctx: str, default: tup
 def _rate(table: dict[str, Any], where: str, ctx: str, default: float) -> float:
     rate = float(_take(table, "min_pass_rate", (int, float), default, where, ctx))
     if not 0.0 < rate <= 1.0:
-        raise _fail(where, f"{ctx}min_pass_rate", f"must be in (0, 1], got {rate:g}", "use a fraction such as 1.0 or 0.95")
+        raise _fail(
+            where, f"{ctx}min_pass_rate", f"must be in (0, 1], got {rate:g}", "use a fraction such as 1.0 or 0.95"
+        )
     return rate
 
 
 def _timeout(table: dict[str, Any], where: str, ctx: str, default: float) -> float:
     t = float(_take(table, "timeout", (int, float), default, where, ctx))
     if t <= 0:
-        raise _fail(where, f"{ctx}timeout", f"must be > 0 seconds, got {t:g}", "set it to the suite's worst-case seconds")
-    return tomlcheck.number(GateError, t, where, f"{ctx}timeout", 0, MAX_TIMEOUT_S, "set it to the suite's worst-case seconds")
+        raise _fail(
+            where, f"{ctx}timeout", f"must be > 0 seconds, got {t:g}", "set it to the suite's worst-case seconds"
+        )
+    return tomlcheck.number(
+        GateError, t, where, f"{ctx}timeout", 0, MAX_TIMEOUT_S, "set it to the suite's worst-case seconds"
+    )
 
 
 def _parse_select(values: tuple[str, ...], where: str, ctx: str) -> tuple[str, ...]:
@@ -158,8 +172,12 @@ def _parse_select(values: tuple[str, ...], where: str, ctx: str) -> tuple[str, .
     for v in values:
         if v.endswith("/"):
             if not _DIR_RE.match(v) or ".." in v.split("/"):
-                raise _fail(where, f"{ctx}select", f"{v!r} is not a directory inside the repository",
-                            'use a relative directory such as "suites/unit/"')
+                raise _fail(
+                    where,
+                    f"{ctx}select",
+                    f"{v!r} is not a directory inside the repository",
+                    'use a relative directory such as "suites/unit/"',
+                )
             continue
         try:
             spec_mod.parse_spec(v)
@@ -168,7 +186,9 @@ def _parse_select(values: tuple[str, ...], where: str, ctx: str) -> tuple[str, .
     return values
 
 
-def _parse_suite(i: int, table: Any, where: str, gate_timeout: float, gate_rate: float, topo_names: list[str]) -> GateSuite:
+def _parse_suite(
+    i: int, table: Any, where: str, gate_timeout: float, gate_rate: float, topo_names: list[str]
+) -> GateSuite:
     ctx = f"suites[{i}]."
     if not isinstance(table, dict):
         raise _fail(where, f"suites[{i}]", "must be a table", "write each entry as [[suites]]")
@@ -177,8 +197,12 @@ def _parse_suite(i: int, table: Any, where: str, gate_timeout: float, gate_rate:
     if not name:
         raise _fail(where, f"{ctx}name", "is missing", 'give the entry a name, e.g. name = "unit"')
     if not _NAME_RE.fullmatch(name):  # it names a directory of the run
-        raise _fail(where, f"{ctx}name", f"{name!r} is not a plain name",
-                    "use letters, digits, '-', '_' and '.', starting with a letter or digit, at most 64")
+        raise _fail(
+            where,
+            f"{ctx}name",
+            f"{name!r} is not a plain name",
+            "use letters, digits, '-', '_' and '.', starting with a letter or digit, at most 64",
+        )
     topologies = _strings(table, "topologies", where, ctx)
     for t in topologies:
         if topo_names and t not in topo_names:
@@ -189,8 +213,12 @@ def _parse_suite(i: int, table: Any, where: str, gate_timeout: float, gate_rate:
     require = _strings(table, "require", where, ctx)
     for r in require:
         if not r.startswith("suites/") or ".py" not in r:
-            raise _fail(where, f"{ctx}require", f"{r!r} is not a test of the repository",
-                        'name tests by node id or file, e.g. "suites/disaggregation/test_x.py::test_y"')
+            raise _fail(
+                where,
+                f"{ctx}require",
+                f"{r!r} is not a test of the repository",
+                'name tests by node id or file, e.g. "suites/disaggregation/test_x.py::test_y"',
+            )
     return GateSuite(
         name=name,
         select=_parse_select(_strings(table, "select", where, ctx), where, ctx),
@@ -211,12 +239,21 @@ def _parse_flaky(table: Any, where: str) -> FlakyPolicy:
     _check_unknown(table, _FLAKY_KEYS, where, "flaky.")
     reruns = _take(table, "reruns", int, DEFAULT_RERUNS, where, "flaky.")
     if not 0 <= reruns <= MAX_RERUNS:
-        raise _fail(where, "flaky.reruns", f"must be in 0..{MAX_RERUNS}, got {reruns}", "rerun a flaky failure a few times at most")
+        raise _fail(
+            where,
+            "flaky.reruns",
+            f"must be in 0..{MAX_RERUNS}, got {reruns}",
+            "rerun a flaky failure a few times at most",
+        )
     classes = _strings(table, "classes", where, "flaky.", FLAKY_ELIGIBLE)
     for c in classes:
         if c not in FLAKY_ELIGIBLE:
-            raise _fail(where, "flaky.classes", f"{c!r} failures are never rerun (only {', '.join(FLAKY_ELIGIBLE)} are flaky)",
-                        f"keep only {', '.join(FLAKY_ELIGIBLE)}")
+            raise _fail(
+                where,
+                "flaky.classes",
+                f"{c!r} failures are never rerun (only {', '.join(FLAKY_ELIGIBLE)} are flaky)",
+                f"keep only {', '.join(FLAKY_ELIGIBLE)}",
+            )
     return FlakyPolicy(reruns=reruns, classes=classes)
 
 
@@ -270,9 +307,17 @@ def parse(data: dict[str, Any], where: str, topo_names: list[str] | None = None)
             raise _fail(where, f"suites[{i}].name", f"duplicate suite name {s.name!r}", "give every entry its own name")
         seen.add(s.name)
     hyp, work = _parse_seeds(data.get("seeds"), where)
-    return Gate(name=name, suites=suites, description=_take(data, "description", str, "", where, ""),
-                sglang_version=version, min_pass_rate=rate, timeout=timeout, flaky=_parse_flaky(data.get("flaky"), where),
-                hypothesis_seed=hyp, workload_seed=work)
+    return Gate(
+        name=name,
+        suites=suites,
+        description=_take(data, "description", str, "", where, ""),
+        sglang_version=version,
+        min_pass_rate=rate,
+        timeout=timeout,
+        flaky=_parse_flaky(data.get("flaky"), where),
+        hypothesis_seed=hyp,
+        workload_seed=work,
+    )
 
 
 def load(path: str | Path, topo_names: list[str] | None = None) -> Gate:
@@ -286,7 +331,9 @@ def load(path: str | Path, topo_names: list[str] | None = None) -> Gate:
     data = tomlcheck.read(GateError, p, "gate", "harness gate list")
     gate = parse(data, where, topo_names)
     if gate.name != p.stem:
-        raise _fail(where, "name", f"{gate.name!r} differs from the file name", f'set name = "{p.stem}" or rename the file')
+        raise _fail(
+            where, "name", f"{gate.name!r} differs from the file name", f'set name = "{p.stem}" or rename the file'
+        )
     return replace(gate, path=p.resolve())
 
 

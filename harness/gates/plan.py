@@ -41,8 +41,12 @@ def select(entry: GateSuite, reg: collector.Registry) -> list[resolve.Selection]
     return out
 
 
-def entry_plan(entry: GateSuite, reg: collector.Registry, simulate: bool,
-               get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get) -> plan_mod.Plan:
+def entry_plan(
+    entry: GateSuite,
+    reg: collector.Registry,
+    simulate: bool,
+    get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get,
+) -> plan_mod.Plan:
     """The plan of one entry: its selections grouped per topology, limited to ``entry.topologies``.
 
     Without ``simulate`` no group may simulate GPUs (a group needing missing GPUs is then not runnable).
@@ -53,8 +57,10 @@ def entry_plan(entry: GateSuite, reg: collector.Registry, simulate: bool,
     p = plan_mod.make_plan(select(entry, reg), get_topology=get_topology)
     groups = [g for g in p.groups if not entry.topologies or g.topology in entry.topologies]
     if not groups:
-        raise plan_mod.PlanError(f"selects no test declared for {', '.join(entry.topologies)}; "
-                                 f"the selected tests run on {', '.join(g.topology for g in p.groups)}")
+        raise plan_mod.PlanError(
+            f"selects no test declared for {', '.join(entry.topologies)}; "
+            f"the selected tests run on {', '.join(g.topology for g in p.groups)}"
+        )
     if not simulate:
         groups = [replace(g, allow_simulation=False) for g in groups]
     return plan_mod.Plan(tuple(groups))
@@ -79,8 +85,9 @@ def artifact_name(gate: str, label: str) -> str:
     return f"gate-{gate}-{label}"
 
 
-def matrix(gate: Gate, reg: collector.Registry, simulate: bool,
-           get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get) -> dict:
+def matrix(
+    gate: Gate, reg: collector.Registry, simulate: bool, get_topology: Callable[[str], topo_mod.Topology] = topo_mod.get
+) -> dict:
     """The gate as a GitHub Actions matrix: one ``include`` entry per runner label, sorted by label.
 
     Each entry: ``name`` and ``runner`` (the label), ``artifact`` (:func:`artifact_name`),
@@ -95,8 +102,16 @@ def matrix(gate: Gate, reg: collector.Registry, simulate: bool,
     for entry in gate.suites:
         for g in entry_plan(entry, reg, simulate, get_topology).groups:
             label = runner_label(g, get_topology)
-            row = by_label.setdefault(label, {"name": label, "runner": label, "artifact": artifact_name(gate.name, label),
-                                              "topologies": [], "suites": []})
+            row = by_label.setdefault(
+                label,
+                {
+                    "name": label,
+                    "runner": label,
+                    "artifact": artifact_name(gate.name, label),
+                    "topologies": [],
+                    "suites": [],
+                },
+            )
             for key, value in (("topologies", g.topology), ("suites", entry.name)):
                 if value not in row[key]:
                     row[key].append(value)

@@ -43,11 +43,20 @@ class RunInfo:
 
     def properties(self) -> dict[str, str]:
         """JUnit properties stamped on every suite."""
-        target = {f"sglang_{k}": str(v).lower() if isinstance(v, bool) else str(v)
-                  for k, v in self.sglang if k in ("origin", "spec", "root", "commit", "dirty") and v is not None}
-        return {"gate": self.gate, "git_sha": self.git_sha, "git_dirty": str(self.git_dirty).lower(),
-                "sglang_version": self.sglang_version or "not installed", **target,
-                "hypothesis_seed": str(self.hypothesis_seed), "workload_seed": str(self.workload_seed)}
+        target = {
+            f"sglang_{k}": str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in self.sglang
+            if k in ("origin", "spec", "root", "commit", "dirty") and v is not None
+        }
+        return {
+            "gate": self.gate,
+            "git_sha": self.git_sha,
+            "git_dirty": str(self.git_dirty).lower(),
+            "sglang_version": self.sglang_version or "not installed",
+            **target,
+            "hypothesis_seed": str(self.hypothesis_seed),
+            "workload_seed": str(self.workload_seed),
+        }
 
 
 def verdict_lines(v: Verdict) -> list[str]:
@@ -72,31 +81,42 @@ def summary_md(info: RunInfo, v: Verdict, repros: dict[str, str], page: str = ""
         page: the run's HTML report relative to ``summary.md`` (``index.html``), linked under the verdict.
     """
     icon = "✅" if v.passed else "❌"
-    lines = [f"# Gate `{info.gate}`: {icon} {v.word}", "",
-             f"git `{info.git_sha}`{' (dirty)' if info.git_dirty else ''} · sglang {info.sglang_version or 'not installed'}"
-             f"{f' (required {info.sglang_required})' if info.sglang_required else ''} · seeds hypothesis={info.hypothesis_seed} "
-             f"workload={info.workload_seed} · {info.wall_time:.1f}s", ""]
+    lines = [
+        f"# Gate `{info.gate}`: {icon} {v.word}",
+        "",
+        f"git `{info.git_sha}`{' (dirty)' if info.git_dirty else ''} · sglang {info.sglang_version or 'not installed'}"
+        f"{f' (required {info.sglang_required})' if info.sglang_required else ''} · "
+        f"seeds hypothesis={info.hypothesis_seed} "
+        f"workload={info.workload_seed} · {info.wall_time:.1f}s",
+        "",
+    ]
     if page:
         lines += [f"Report with KV-pool timelines: [{page}]({page}) (in the run's `report/` directory)", ""]
     if v.reasons:
         lines += ["**Why it failed**", ""] + [f"- {r}" for r in v.reasons] + [""]
     if v.warnings:
         lines += ["**Warnings**", ""] + [f"- {w}" for w in v.warnings] + [""]
-    lines += ["| suite | kind | passed | failed | skipped | flaky | pass rate | needed | status |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += [
+        "| suite | kind | passed | failed | skipped | flaky | pass rate | needed | status |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for sv in v.suites:
         s = sv.outcome
         status = "✅" if sv.ok else ("❌" if s.required else "⚠️")
-        lines.append(f"| {s.name} | {'required' if s.required else 'informational'} | {s.passed} | {s.failed} | {s.skipped} | "
-                     f"{s.flaky} | {_rate(s.pass_rate)} | {s.min_pass_rate:.0%} | {status} |")
+        lines.append(
+            f"| {s.name} | {'required' if s.required else 'informational'} | {s.passed} | {s.failed} | {s.skipped} | "
+            f"{s.flaky} | {_rate(s.pass_rate)} | {s.min_pass_rate:.0%} | {status} |"
+        )
     failing = [(sv.outcome, t) for sv in v.suites for t in sv.outcome.tests if t.failed]
     if failing:
         lines += ["", "**Failing tests**", ""]
         for s, t in failing:
             repro = repros.get(f"{s.name}/{t.group}::{t.nodeid}")
             tail = f" — repro: `{repro}`" if repro else ""
-            lines.append(f"- `{t.nodeid}` ({s.name}, {t.group}) **{t.failure_class or t.outcome}** after "
-                         f"{len(t.attempts)} run(s): {t.message or t.outcome}{tail}")
+            lines.append(
+                f"- `{t.nodeid}` ({s.name}, {t.group}) **{t.failure_class or t.outcome}** after "
+                f"{len(t.attempts)} run(s): {t.message or t.outcome}{tail}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -123,14 +143,25 @@ def result_json(info: RunInfo, v: Verdict, repros: dict[str, str]) -> dict[str, 
                 "reasons": list(sv.reasons),
                 "pass_rate": sv.outcome.pass_rate,
                 "min_pass_rate": sv.outcome.min_pass_rate,
-                "counts": {"passed": sv.outcome.passed, "failed": sv.outcome.failed, "skipped": sv.outcome.skipped,
-                           "xfailed": sv.outcome.xfailed, "flaky": sv.outcome.flaky},
+                "counts": {
+                    "passed": sv.outcome.passed,
+                    "failed": sv.outcome.failed,
+                    "skipped": sv.outcome.skipped,
+                    "xfailed": sv.outcome.xfailed,
+                    "flaky": sv.outcome.flaky,
+                },
                 "notes": list(sv.outcome.notes),
                 "error": sv.outcome.error,
                 "tests": [
-                    {"nodeid": t.nodeid, "group": t.group, "outcome": t.outcome, "attempts": list(t.attempts),
-                     "failure_class": t.failure_class, "message": t.message,
-                     "repro": repros.get(f"{sv.outcome.name}/{t.group}::{t.nodeid}")}
+                    {
+                        "nodeid": t.nodeid,
+                        "group": t.group,
+                        "outcome": t.outcome,
+                        "attempts": list(t.attempts),
+                        "failure_class": t.failure_class,
+                        "message": t.message,
+                        "repro": repros.get(f"{sv.outcome.name}/{t.group}::{t.nodeid}"),
+                    }
                     for t in sv.outcome.tests
                 ],
             }
@@ -149,8 +180,13 @@ def merged_junit(info: RunInfo, parts: list[tuple[str, dict[str, str]]]) -> str:
     return report.merge_junit([(text, {**props, **info.properties()}) for text, props in parts])
 
 
-def jobs_md(gate: str, jobs: list[tuple[str, dict | None]], passed: bool, reasons: tuple[str, ...],
-            details: tuple[tuple[str, str], ...] = ()) -> str:
+def jobs_md(
+    gate: str,
+    jobs: list[tuple[str, dict | None]],
+    passed: bool,
+    reasons: tuple[str, ...],
+    details: tuple[tuple[str, str], ...] = (),
+) -> str:
     """The summary of a gate split over CI jobs (``harness gate verdict``).
 
     Args:
@@ -173,7 +209,9 @@ def jobs_md(gate: str, jobs: list[tuple[str, dict | None]], passed: bool, reason
     return "\n".join(lines) + "\n"
 
 
-def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[str, float, int, int]]) -> list[page.Table]:
+def page_tables(
+    v: Verdict, repros: dict[str, str], flaky_history: list[tuple[str, float, int, int]]
+) -> list[page.Table]:
     """The gate's own tables on its HTML page: the verdict table and the flaky record.
 
     Args:
@@ -189,25 +227,55 @@ def page_tables(v: Verdict, repros: dict[str, str], flaky_history: list[tuple[st
     rows, status = [], []
     for sv in v.suites:
         s = sv.outcome
-        rows.append((s.name, "required" if s.required else "informational", str(s.passed), str(s.failed), str(s.skipped),
-                     str(s.xfailed), str(s.flaky), _rate(s.pass_rate), f"{s.min_pass_rate:.0%}", "; ".join(sv.reasons) or "ok"))
+        rows.append(
+            (
+                s.name,
+                "required" if s.required else "informational",
+                str(s.passed),
+                str(s.failed),
+                str(s.skipped),
+                str(s.xfailed),
+                str(s.flaky),
+                _rate(s.pass_rate),
+                f"{s.min_pass_rate:.0%}",
+                "; ".join(sv.reasons) or "ok",
+            )
+        )
         status.append("ok" if sv.ok else ("bad" if s.required else "warn"))
     verdict_table = page.Table(
-        "Gate verdict", ("suite", "kind", "passed", "failed", "skipped", "xfailed", "flaky", "pass rate", "needed", "status"),
-        tuple(rows), tuple(status))
+        "Gate verdict",
+        ("suite", "kind", "passed", "failed", "skipped", "xfailed", "flaky", "pass rate", "needed", "status"),
+        tuple(rows),
+        tuple(status),
+    )
     frows, fstatus = [], []
     for sv in v.suites:
         for t in sv.outcome.tests:
             if len(t.attempts) > 1 or t.failed:
                 repro = repros.get(f"{sv.outcome.name}/{t.group}::{t.nodeid}", "")
-                frows.append((t.nodeid, f"{sv.outcome.name} / {t.group}", " → ".join(t.attempts) or t.outcome,
-                              "flaky (passed on a rerun)" if t.flaky else t.outcome, t.failure_class or "-", repro or "-"))
+                frows.append(
+                    (
+                        t.nodeid,
+                        f"{sv.outcome.name} / {t.group}",
+                        " → ".join(t.attempts) or t.outcome,
+                        "flaky (passed on a rerun)" if t.flaky else t.outcome,
+                        t.failure_class or "-",
+                        repro or "-",
+                    )
+                )
                 fstatus.append("warn" if t.flaky else "bad")
     for nodeid, rate, passed, attempts in flaky_history:
-        frows.append((nodeid, "history", f"{passed}/{attempts} passed", f"flaky over recent runs ({rate:.0%})", "-", "-"))
+        frows.append(
+            (nodeid, "history", f"{passed}/{attempts} passed", f"flaky over recent runs ({rate:.0%})", "-", "-")
+        )
         fstatus.append("warn")
     flaky_table = page.Table(
-        "Flaky record", ("test", "suite / group", "attempts", "result", "failure class", "repro"), tuple(frows), tuple(fstatus),
+        "Flaky record",
+        ("test", "suite / group", "attempts", "result", "failure class", "repro"),
+        tuple(frows),
+        tuple(fstatus),
         note="this run's reruns and failures, then the tests the flaky history shows as flaky"
-             if frows else "no test needed a rerun or failed in this run, and the history shows none flaky")
+        if frows
+        else "no test needed a rerun or failed in this run, and the history shows none flaky",
+    )
     return [verdict_table, flaky_table]

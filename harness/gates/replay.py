@@ -28,9 +28,16 @@ def bundle_target(data: dict) -> str | None:
     return recorded.get("root") if recorded.get("origin") == "tree" else recorded.get("spec")
 
 
-def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: str | None = None, gpus: int = 0,
-              suites_dirs: tuple[Path, ...] = (), out: Callable[[str], None] = print,
-              sglang: str | None = None) -> int:
+def reproduce(
+    bundle_path: Path,
+    repo_root: Path,
+    run_dir: Path,
+    ray_address: str | None = None,
+    gpus: int = 0,
+    suites_dirs: tuple[Path, ...] = (),
+    out: Callable[[str], None] = print,
+    sglang: str | None = None,
+) -> int:
     """Rerun the test of a repro bundle.
 
     Args:
@@ -69,26 +76,39 @@ def reproduce(bundle_path: Path, repo_root: Path, run_dir: Path, ray_address: st
     group = next((g for g in p.groups if g.topology == data["topology"]), None)
     if group is None:
         have = ", ".join(g.topology for g in p.groups)
-        raise repro.ReproError(f"{bundle_path}: {data['spec']} no longer runs on {data['topology']} (it declares {have}); "
-                               "rerun it by name with rerun-test")
+        raise repro.ReproError(
+            f"{bundle_path}: {data['spec']} no longer runs on {data['topology']} (it declares {have}); "
+            "rerun it by name with rerun-test"
+        )
     seeds = data["seeds"]
     args = [f"--hypothesis-seed={seeds['hypothesis']}", f"--workload-seed={seeds['workload_base']}"]
     if data.get("engine"):
         args += ["--engine", data["engine"]]
-    opts = execute.ExecOptions(repo_root=repo_root.resolve(), run_dir=run_dir, ray_address=ray_address, gpus=gpus,
-                               pytest_args=tuple(args))
+    opts = execute.ExecOptions(
+        repo_root=repo_root.resolve(), run_dir=run_dir, ray_address=ray_address, gpus=gpus, pytest_args=tuple(args)
+    )
     failure = data.get("failure") or {}
-    out(f"repro: {data['spec']} on {data['topology']} with {target.label()} "
+    out(
+        f"repro: {data['spec']} on {data['topology']} with {target.label()} "
         f"(seeds hypothesis={seeds['hypothesis']} workload={seeds.get('workload')}); "
-        f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}")
-    with runs.record(run_dir, ["rerun-test", "--from", str(bundle_path)], target=target.label(),
-                     source=str(Path(bundle_path).resolve())) as rec:
+        f"recorded {failure.get('class') or failure.get('outcome', 'failure')}: {failure.get('message', '')}"
+    )
+    with runs.record(
+        run_dir,
+        ["rerun-test", "--from", str(bundle_path)],
+        target=target.label(),
+        source=str(Path(bundle_path).resolve()),
+    ) as rec:
         start = time.monotonic()
         res, att = run_one(group, item_for(group, data["spec"]), opts, reg, live_lines("repro", out))
         page = reports.write_reports(run_dir, [res], target=target)  # the same report files as any rerun
         took = time.monotonic() - start
         if att.outcome in ("failed", "error"):
-            same = "same class" if att.failure_class == failure.get("class") else f"class {att.failure_class}, recorded {failure.get('class')}"
+            same = (
+                "same class"
+                if att.failure_class == failure.get("class")
+                else f"class {att.failure_class}, recorded {failure.get('class')}"
+            )
             out(f"REPRODUCED: {data['spec']} {att.outcome} again ({same}) in {took:.1f}s: {att.message}")
             code = 1
         else:

@@ -138,7 +138,9 @@ def judge_suite(s: SuiteOutcome) -> SuiteVerdict:
     if rate is None:
         reasons.append(f"{s.name}: no test ran ({s.skipped} skipped); a gate needs evidence")
     elif rate < s.min_pass_rate:
-        reasons.append(f"{s.name}: pass rate {rate:.1%} ({s.passed}/{s.passed + s.failed}) is below {s.min_pass_rate:.1%}")
+        reasons.append(
+            f"{s.name}: pass rate {rate:.1%} ({s.passed}/{s.passed + s.failed}) is below {s.min_pass_rate:.1%}"
+        )
     for t in s.tests:
         if t.failed and (t.failure_class in NEVER_TOLERATED or s.min_pass_rate >= 1.0):
             reasons.append(f"{s.name}: {t.nodeid} [{t.group}] {t.failure_class or t.outcome}: {t.message or t.outcome}")
@@ -183,8 +185,10 @@ def judge(suites: list[SuiteOutcome], sglang_required: str = "", sglang_installe
                 warnings.extend(f"(informational) {r}" for r in v.reasons)
         for t in v.outcome.tests:
             if t.flaky:
-                warnings.append(f"{v.outcome.name}: {t.nodeid} [{t.group}] passed after {len(t.attempts) - 1} flaky rerun(s) "
-                                f"({t.failure_class})")
+                warnings.append(
+                    f"{v.outcome.name}: {t.nodeid} [{t.group}] passed after {len(t.attempts) - 1} flaky rerun(s) "
+                    f"({t.failure_class})"
+                )
     return Verdict(passed=not reasons, reasons=tuple(reasons), warnings=tuple(warnings), suites=verdicts)
 
 

@@ -89,7 +89,10 @@ class LedgerBroken(AssertionError):
         for cause in self.causes:
             lines.append(str(cause.root))
             lines += [f"  then {v}" for v in cause.knock_ons]
-        head = f"ledger broken{' ' + what if what else ''}: {len(self.violations)} violation(s), {len(self.causes)} root cause(s)"
+        head = (
+            f"ledger broken{' ' + what if what else ''}: {len(self.violations)} violation(s), "
+            f"{len(self.causes)} root cause(s)"
+        )
         super().__init__("\n".join([head, *lines]))
 
     def __reduce__(self) -> tuple:

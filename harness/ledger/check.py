@@ -147,8 +147,11 @@ def _check_worker(worker: str, evs: list[Event], finished: frozenset[str] = froz
                 continue
             rid = owner.removeprefix(CACHE_OWNER)
             where = " (still held after its release)" if owner != rid else ""
-            out.append(Violation("page-leak", f"pool {pool!r}: {n} page(s) never freed{where} (e.g. {example})",
-                                 None, worker, rid))
+            out.append(
+                Violation(
+                    "page-leak", f"pool {pool!r}: {n} page(s) never freed{where} (e.g. {example})", None, worker, rid
+                )
+            )
     for (pool, rid), n in sorted(books.counted.items()):
         if n and _in_flight(books, rid):
             flying[rid].append(f"pool {pool!r}: {n} counted page(s)")
@@ -156,9 +159,17 @@ def _check_worker(worker: str, evs: list[Event], finished: frozenset[str] = froz
             out.append(Violation("page-leak", f"pool {pool!r}: {n} counted page(s) never freed", None, worker, rid))
     for rid, holds in sorted(flying.items()):
         last = books.last[rid]
-        out.append(Violation(IN_FLIGHT, f"{last.component} request still in flight at the end, last phase "
-                                        f"{last.kind} (#{last.seq}), not released yet; holds {'; '.join(holds)}",
-                             None, worker, rid, last.kind))
+        out.append(
+            Violation(
+                IN_FLIGHT,
+                f"{last.component} request still in flight at the end, last phase "
+                f"{last.kind} (#{last.seq}), not released yet; holds {'; '.join(holds)}",
+                None,
+                worker,
+                rid,
+                last.kind,
+            )
+        )
     return out
 
 
@@ -222,8 +233,12 @@ def _reset(books: _Books, ev: Event, bad) -> None:
     for pool, before in ev.free_before.items():
         after = ev.free_after.get(pool)
         if after is not None and after != before:
-            bad("reset-leak", ev, f"pool {pool!r}: {after - before} slot(s) neither free nor cached before the "
-                                  f"flush ({before} free or cached, {after} free after it)")
+            bad(
+                "reset-leak",
+                ev,
+                f"pool {pool!r}: {after - before} slot(s) neither free nor cached before the "
+                f"flush ({before} free or cached, {after} free after it)",
+            )
     for live in books.owner.values():  # the flush dropped the cache's pages
         for p in [p for p, o in live.items() if o.startswith(CACHE_OWNER)]:
             del live[p]

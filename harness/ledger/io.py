@@ -43,8 +43,16 @@ class LedgerWriter:
             The event as written.
         """
         with self._lock:
-            ev = Event(seq=self._seq, ts=time.time(), kind=kind, rid=rid, component=self.component,
-                       worker=self.worker, page_size=page_size, **fields)
+            ev = Event(
+                seq=self._seq,
+                ts=time.time(),
+                kind=kind,
+                rid=rid,
+                component=self.component,
+                worker=self.worker,
+                page_size=page_size,
+                **fields,
+            )
             self._seq += 1
             self._fh.write(ev.to_json() + "\n")
             self._fh.flush()

@@ -24,7 +24,7 @@ RULES: dict[str, str] = {
     "page-double-free": "a page is freed once, by the request that holds it (or from the prefix cache)",
     "page-leak": "every page allocated is freed exactly once, per worker and pool",
     "in-flight-at-end": "a request holding pages when the ledger is read, never released and not shown finished, "
-                        "is in flight: named with its side and last phase, never called a leak",
+    "is in flight: named with its side and last phase, never called a leak",
     "transfer-unowned": "a transfer names only pages the request holds on that worker",
     "evicted-negative": "an SWA eviction floor (evicted_seqlen) is never negative",
     "evicted-unaligned": "an SWA eviction floor is a multiple of the page size",
@@ -37,7 +37,9 @@ RULES: dict[str, str] = {
     "full-charge": "a prealloc takes ceil(fill / page) - prefix / page full pages",
     "host-charge": "a hisparse prealloc takes ceil((fill // compression) / host_page) host pages",
     "reserve-short": "admission's reservation, less the decode reserve, covers the whole pages a prealloc charges",
-    "swa-window-lost": "while decoding, every position of the window keeps its SWA slot (no floor or freed slot inside it)",
+    "swa-window-lost": (
+        "while decoding, every position of the window keeps its SWA slot (no floor or freed slot inside it)"
+    ),
     "swa-evict-late": "while decoding, no SWA slot before the window outlives what the eviction interval allows",
     "alloc-after-admit": "a prealloc admission accepted never fails",
     "probe-unreadable": "the probe read every field it records (none is silently missing)",
@@ -111,11 +113,16 @@ def prealloc_violations(config: LedgerConfig, ev: Event) -> list[Violation]:
     if swa_tail and tail is not None:
         lo, hi = config.tail_bounds(fill)
         if tail < lo:
-            bad("swa-tail-short", f"fill {fill}: tail {tail} < min(W_eff {config.w_eff}, fill) = {lo}: the window loses KV")
+            bad(
+                "swa-tail-short",
+                f"fill {fill}: tail {tail} < min(W_eff {config.w_eff}, fill) = {lo}: the window loses KV",
+            )
         elif tail >= hi:
             bad("swa-tail-long", f"fill {fill}: tail {tail} >= W_eff {config.w_eff} + page {P} = {hi}")
     prefix = ev.prefix_len or 0
-    floor = ev.evicted_seqlen if ev.evicted_seqlen is not None else (fill - tail if swa_tail and tail is not None else 0)
+    floor = (
+        ev.evicted_seqlen if ev.evicted_seqlen is not None else (fill - tail if swa_tail and tail is not None else 0)
+    )
     if FULL_POOL in ev.pages:
         want = ceil_div(fill, P) - prefix // P
         got = _count(ev.pages[FULL_POOL])
@@ -130,16 +137,22 @@ def prealloc_violations(config: LedgerConfig, ev: Event) -> list[Violation]:
         want = ceil_div(fill // config.compression, config.host_page)
         got = _count(ev.pages[HOST_POOL])
         if got != want:
-            bad("host-charge", f"fill {fill}: {got} host page(s) charged, config says ceil({fill} // "
-                f"{config.compression} / {config.host_page}) = {want}")
+            bad(
+                "host-charge",
+                f"fill {fill}: {got} host page(s) charged, config says ceil({fill} // "
+                f"{config.compression} / {config.host_page}) = {want}",
+            )
     if ev.reserved:
         # the SWA pages the prealloc charges (as swa-charge counts them): none for a prefix the tree holds
         need = {FULL_POOL: ceil_div(fill, P) * P, SWA_POOL: (ceil_div(fill, P) - max(floor, prefix) // P) * P}
         minus = {FULL_POOL: config.decode_reserve, SWA_POOL: config.swa_decode_reserve}
         for pool, reserved in ev.reserved.items():
             if pool in need and reserved - minus[pool] < need[pool]:
-                bad("reserve-short", f"pool {pool!r}: reservation {reserved} - decode reserve {minus[pool]} < "
-                    f"{need[pool]} tokens of whole pages the prealloc charges")
+                bad(
+                    "reserve-short",
+                    f"pool {pool!r}: reservation {reserved} - decode reserve {minus[pool]} < "
+                    f"{need[pool]} tokens of whole pages the prealloc charges",
+                )
     return out
 
 
@@ -163,21 +176,33 @@ def check_decode_window(config: LedgerConfig, ev: Event, bad, *, floor_judged: b
         inside = [(max(lo, fill - W), hi) for lo, hi in ev.freed_spans if hi > max(0, fill - W)]
         if inside:
             n = sum(hi - lo for lo, hi in inside)
-            bad("swa-window-lost", ev, f"seq {fill}: the eviction freed the SWA slots of {n} position(s) inside "
-                f"the window [{max(0, fill - W)}, {fill}) ({_said(inside)}; recorded floor {ev.evicted_seqlen})")
+            bad(
+                "swa-window-lost",
+                ev,
+                f"seq {fill}: the eviction freed the SWA slots of {n} position(s) inside "
+                f"the window [{max(0, fill - W)}, {fill}) ({_said(inside)}; recorded floor {ev.evicted_seqlen})",
+            )
     if ev.evicted_seqlen is None or floor_judged:
         return
     floor = ev.evicted_seqlen
     in_tree = prefix if config.prefix_swa_in_tree else 0  # the tree's slots, below the request's own
     if floor > max(0, fill - W, in_tree):
         kept = f" and the protected prefix {in_tree} whose SWA the radix tree keeps" if in_tree else ""
-        bad("swa-window-lost", ev, f"seq {fill}: SWA floor {floor} > {fill} - window {W}{kept}: "
-            "a position inside the window lost its SWA slot")
+        bad(
+            "swa-window-lost",
+            ev,
+            f"seq {fill}: SWA floor {floor} > {fill} - window {W}{kept}: "
+            "a position inside the window lost its SWA slot",
+        )
     bound = config.decode_span_bound()
     if fill - 1 - floor > bound:
-        bad("swa-evict-late", ev, f"seq {fill}: {fill - 1 - floor} tokens before the new one keep SWA slots "
+        bad(
+            "swa-evict-late",
+            ev,
+            f"seq {fill}: {fill - 1 - floor} tokens before the new one keep SWA slots "
             f"(floor {floor}); window {config.window}, page {config.page_size}, eviction interval "
-            f"{config.eviction_interval} allow {bound}")
+            f"{config.eviction_interval} allow {bound}",
+        )
 
 
 def _said(spans) -> str:
@@ -196,7 +221,9 @@ def check_eviction_floor(ev: Event, bad) -> None:
         bad("evicted-unaligned", ev, f"evicted_seqlen {e} is not a multiple of page {ev.page_size}")
     if ev.kind == "prealloc" and ev.fill_len is not None and ev.swa_tail_len is not None:
         if e != ev.fill_len - ev.swa_tail_len:
-            bad("evicted-mismatch", ev, f"evicted_seqlen {e} != fill_len {ev.fill_len} - swa_tail_len {ev.swa_tail_len}")
+            bad(
+                "evicted-mismatch", ev, f"evicted_seqlen {e} != fill_len {ev.fill_len} - swa_tail_len {ev.swa_tail_len}"
+            )
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,8 +21,16 @@ def summarise(events: Iterable[Event]) -> dict[str, Any]:
     evs = list(events)
     workers: dict[str, dict[str, Any]] = {}
     for ev in evs:
-        w = workers.setdefault(ev.worker, {"component": ev.component, "kinds": Counter(), "rids": set(),
-                                           "pages_taken": Counter(), "pages_freed": Counter()})
+        w = workers.setdefault(
+            ev.worker,
+            {
+                "component": ev.component,
+                "kinds": Counter(),
+                "rids": set(),
+                "pages_taken": Counter(),
+                "pages_freed": Counter(),
+            },
+        )
         w["kinds"][ev.kind] += 1
         w["rids"].add(ev.rid)
         for pool, pages in ev.pages.items():
@@ -37,8 +45,13 @@ def summarise(events: Iterable[Event]) -> dict[str, Any]:
         "requests": len({ev.rid for ev in evs if ev.kind in TAKE_KINDS and ev.rid != CACHE_OWNER}),
         "violations": violations,
         "workers": {
-            name: {"component": w["component"], "kinds": dict(w["kinds"]), "requests": len(w["rids"]),
-                   "pages_taken": dict(w["pages_taken"]), "pages_freed": dict(w["pages_freed"])}
+            name: {
+                "component": w["component"],
+                "kinds": dict(w["kinds"]),
+                "requests": len(w["rids"]),
+                "pages_taken": dict(w["pages_taken"]),
+                "pages_freed": dict(w["pages_freed"]),
+            }
             for name, w in sorted(workers.items())
         },
     }
@@ -46,8 +59,9 @@ def summarise(events: Iterable[Event]) -> dict[str, Any]:
 
 def format_summary(summary: Mapping[str, Any]) -> str:
     """Render :func:`summarise` output as a few markdown lines for a test report."""
-    lines = [f"ledger: {summary['events']} events, {summary['requests']} requests, "
-             f"{len(summary['violations'])} violation(s)"]
+    lines = [
+        f"ledger: {summary['events']} events, {summary['requests']} requests, {len(summary['violations'])} violation(s)"
+    ]
     for name, w in summary["workers"].items():
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(w["kinds"].items()))
         taken = ", ".join(f"{p} {n}" for p, n in sorted(w["pages_taken"].items()))

@@ -57,8 +57,14 @@ class PdWorkers:
     (``payload`` may be a function ``(group, rank) -> payload``).
     """
 
-    def __init__(self, state: HarnessState, cluster: Cluster, topology: topology_mod.Topology, run_dir: rundir.RunDir,
-                 sglang: Target):
+    def __init__(
+        self,
+        state: HarnessState,
+        cluster: Cluster,
+        topology: topology_mod.Topology,
+        run_dir: rundir.RunDir,
+        sglang: Target,
+    ):
         self._state = state
         self.sglang = sglang
         self.cluster = cluster
@@ -74,8 +80,9 @@ class PdWorkers:
             self._placement = self.cluster.place(self.topology)
         return self._placement
 
-    def __call__(self, role: str, payload: Payload, *, group: int = 0, rank: int = 0, name: str | None = None,
-                 **spec: Any) -> Worker:
+    def __call__(
+        self, role: str, payload: Payload, *, group: int = 0, rank: int = 0, name: str | None = None, **spec: Any
+    ) -> Worker:
         from harness.workers import WorkerSpec, start_worker
 
         groups = self.placement.of(role)
@@ -85,8 +92,9 @@ class PdWorkers:
         if not 0 <= rank < len(g.bundles):
             raise IndexError(f"group {g.name} has {len(g.bundles)} rank(s); rank={rank} does not exist")
         wname = self._state.unique_name(name or f"{role}-{group}-{rank}")
-        ws = selection.worker_spec(WorkerSpec(name=wname, payload=payload, run_dir=self.run_dir.root, **spec),
-                                   self.sglang)
+        ws = selection.worker_spec(
+            WorkerSpec(name=wname, payload=payload, run_dir=self.run_dir.root, **spec), self.sglang
+        )
         w = start_worker(ws, g, rank)
         self.workers.append(w)
         self._state.watch(w)
@@ -113,7 +121,9 @@ class PdWorkers:
 
 
 @pytest.fixture
-def pd_workers(request: pytest.FixtureRequest, topology: topology_mod.Topology, run_dir: rundir.RunDir) -> Iterator[PdWorkers]:
+def pd_workers(
+    request: pytest.FixtureRequest, topology: topology_mod.Topology, run_dir: rundir.RunDir
+) -> Iterator[PdWorkers]:
     """A :class:`PdWorkers` factory on the test's topology (skips when it cannot be placed here)."""
     st = state(request.config)
     reason = st.skip_reason(topology)

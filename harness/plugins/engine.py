@@ -27,11 +27,21 @@ MODEL_ENV_PREFIX = "HARNESS_MODEL_"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pd-harness")
-    group.addoption("--engine", default=None, choices=CHOICES,
-                    help="engine the suites run against: sim, sglang-server (real servers) or all (default)")
-    group.addoption(MODEL_OPTION, action="append", default=None, dest="harness_models", metavar="NAME=PATH",
-                    help="local model directory for a real-server suite's model NAME (tiny-llama, tiny-mellum-swa, "
-                         "dsv4); repeatable; env HARNESS_MODEL_<NAME> too; required on GPU topologies (no hub)")
+    group.addoption(
+        "--engine",
+        default=None,
+        choices=CHOICES,
+        help="engine the suites run against: sim, sglang-server (real servers) or all (default)",
+    )
+    group.addoption(
+        MODEL_OPTION,
+        action="append",
+        default=None,
+        dest="harness_models",
+        metavar="NAME=PATH",
+        help="local model directory for a real-server suite's model NAME (tiny-llama, tiny-mellum-swa, "
+        "dsv4); repeatable; env HARNESS_MODEL_<NAME> too; required on GPU topologies (no hub)",
+    )
     parser.addini("harness_engine", "default for --engine (all, sim, sglang-server)", default=DEFAULT_ENGINE)
 
 
@@ -42,11 +52,16 @@ def _validate(value: str, where: str) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "engine(name, *, models=(), gpu_topologies=(), server_args=()): the engine a "
-                                       "test needs (sim or sglang-server); for sglang-server the logical models it "
-                                       "serves, GPU topologies it also runs on when --topology asks, flags of its servers")
+    config.addinivalue_line(
+        "markers",
+        "engine(name, *, models=(), gpu_topologies=(), server_args=()): the engine a "
+        "test needs (sim or sglang-server); for sglang-server the logical models it "
+        "serves, GPU topologies it also runs on when --topology asks, flags of its servers",
+    )
     opt = config.getoption("--engine", None)
-    config.stash[engine_key] = _validate(opt, "--engine") if opt else _validate(config.getini("harness_engine"), "ini harness_engine")
+    config.stash[engine_key] = (
+        _validate(opt, "--engine") if opt else _validate(config.getini("harness_engine"), "ini harness_engine")
+    )
     config.stash[models_key] = _given_models(config.getoption("harness_models", None), os.environ)
 
 
@@ -114,5 +129,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     models = config.stash[models_key]
-    given = ", ".join(f"{k}={v}" for k, v in sorted(models.items())) if models else "none given (cpu: tiny, built locally)"
+    given = (
+        ", ".join(f"{k}={v}" for k, v in sorted(models.items())) if models else "none given (cpu: tiny, built locally)"
+    )
     return [f"harness engine: {config.stash[engine_key]}", f"harness models: {given}"]

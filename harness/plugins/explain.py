@@ -24,8 +24,18 @@ log = logging.getLogger(__name__)
 #: The longest headline; what is longer is cut at its end (the cause always comes first).
 MAX_CHARS = 400
 #: The classes, in the order :func:`headline` tries them.
-CLASSES = ("ledger", "stall", "kv", "sglang-check", "worker-death", "timeout", "sglang-assert", "prealloc", "assertion",
-           "error")
+CLASSES = (
+    "ledger",
+    "stall",
+    "kv",
+    "sglang-check",
+    "worker-death",
+    "timeout",
+    "sglang-assert",
+    "prealloc",
+    "assertion",
+    "error",
+)
 #: The ledger's components, as a stall headline names them (decode first: it holds the pages).
 SIDES = ("decode", "prefill")
 
@@ -55,7 +65,7 @@ def sglang_frames(text: str) -> list[str]:
         path = m.group("path")
         if _ADAPTER in path:  # the harness's own adapter package, not sglang
             continue
-        out.append(f"sglang/{path[path.rindex('/sglang/') + len('/sglang/'):]}:{m.group('line')} in {m.group('func')}")
+        out.append(f"sglang/{path[path.rindex('/sglang/') + len('/sglang/') :]}:{m.group('line')} in {m.group('func')}")
     return out
 
 
@@ -76,8 +86,9 @@ def _check_hit(text: str) -> tuple[str, str]:
     """``("[<check>: <what it names>]", <the line of the hit>)`` for the first hit of one of sglang's
     own checks in ``text``, or ``("", "")``.
 
-    >>> _check_hit("x\\nValueError: token_to_kv_pool_allocator memory leak detected! available_size=3\\ny")
-    ('[mem-check-idle: token_to_kv_pool_allocator]', 'ValueError: token_to_kv_pool_allocator memory leak detected! available_size=3')
+    >>> name, line = _check_hit("x\\nValueError: token_to_kv_pool_allocator memory leak detected! available_size=3\\ny")
+    >>> name, line.removeprefix("ValueError: token_to_kv_pool_allocator ")
+    ('[mem-check-idle: token_to_kv_pool_allocator]', 'memory leak detected! available_size=3')
     """
     from harness.targets.sglang.compat.checks import hit
 
@@ -153,14 +164,21 @@ def _side(component: str, rid: str, events: Sequence[ledger.Event], start: float
         last = max(mine, key=lambda e: (e.ts, e.seq))
         quiet = failed_at - last.ts
         return f"{component} {last.kind} at +{last.ts - start:.2f} s" + (
-            f", nothing after it for {quiet:.0f} s" if quiet >= 1 else "")
+            f", nothing after it for {quiet:.0f} s" if quiet >= 1 else ""
+        )
     if any(e.component == component and not e.rid.startswith("<") for e in events):
         return f"{component} never scheduled it"
     return f"{component} recorded nothing of it (no request's events in its ledger)"
 
 
-def stall_line(flying: Sequence[ledger.Violation], events: Sequence[ledger.Event], *, start: float,
-               failed_at: float, read_at: float) -> str:
+def stall_line(
+    flying: Sequence[ledger.Violation],
+    events: Sequence[ledger.Event],
+    *,
+    start: float,
+    failed_at: float,
+    read_at: float,
+) -> str:
     """The first line of a test that failed while requests were in flight (on a timeout: it stalled).
 
     ``stall: request R: decode <last phase> at +T s[, nothing after it for N s]; prefill <last phase,
@@ -175,14 +193,17 @@ def stall_line(flying: Sequence[ledger.Violation], events: Sequence[ledger.Event
         failed_at: when it failed.
         read_at: when ``events`` were read.
     """
+
     def stalled_since(v: ledger.Violation) -> float:
         return max((e.ts for e in events if e.rid == v.rid and e.ts <= failed_at), default=failed_at)
 
     rids = list(dict.fromkeys(v.rid for v in sorted(flying, key=stalled_since)))
     rid = rids[0]
     sides = "; ".join(_side(c, rid, events, start, failed_at) for c in SIDES)
-    release = next((e for e in sorted(events, key=lambda e: e.ts) if e.rid == rid and e.kind == "release"
-                    and e.ts > failed_at), None)
+    release = next(
+        (e for e in sorted(events, key=lambda e: e.ts) if e.rid == rid and e.kind == "release" and e.ts > failed_at),
+        None,
+    )
     if release is not None:
         why = f" ({release.note})" if release.note else ""
         after = f" | {release.component} released it {release.ts - failed_at:.1f} s after the failure{why}"
@@ -224,8 +245,13 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
     chain = list(_chain(exc))
     logs = list(logs)
     died = next((e for e in chain if _is(e, "WorkerDied")), None)
-    evidence = "\n".join([*(f"{type(e).__name__}: {e}\n{_traceback_text(e)}" for e in chain),
-                          *([died.tail] if died is not None else []), *logs])
+    evidence = "\n".join(
+        [
+            *(f"{type(e).__name__}: {e}\n{_traceback_text(e)}" for e in chain),
+            *([died.tail] if died is not None else []),
+            *logs,
+        ]
+    )
     label, hit_line = _check_hit(evidence)
     carrier = _carrier(exc)
     # A request still in flight breaks no rule: a carrier of nothing else is no ledger failure.
@@ -235,8 +261,9 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
     if broken is not None and pre is not None and _found_at_end(violations):
         # sglang refused a prealloc mid-run, keeping the pages it had taken; every rule the ledger
         # found broken it found at the end (the leaks those pages are): the refusal came first.
-        return "prealloc", _fit(f"prealloc {_message(pre)}{_suspect_text('PreallocError', root)}"
-                                + _then_found(violations))
+        return "prealloc", _fit(
+            f"prealloc {_message(pre)}{_suspect_text('PreallocError', root)}" + _then_found(violations)
+        )
     if broken is not None:
         said = _message(broken)
         if label:  # sglang's own check saw it too (and, when the hit is what stopped the run, stopped it)
@@ -246,8 +273,11 @@ def headline(exc: BaseException, *, logs: Iterable[str] = (), root: Path | None 
         else:
             stopped = f"; it stopped the run as {said}"
         return "ledger", _fit(_ledger_line(violations, root) + stopped)
-    if flying and pre is None and (_timed_out(exc) or isinstance(carrier, ledger.LedgerBroken)
-                                   or type(carrier).__name__ == "PDError"):
+    if (
+        flying
+        and pre is None
+        and (_timed_out(exc) or isinstance(carrier, ledger.LedgerBroken) or type(carrier).__name__ == "PDError")
+    ):
         # the ledger check (or a timeout) found only requests still in flight: the test stalled on them
         return "stall", _fit(f"stall: {_flying_brief(flying)} still in flight; the test saw: {_message(exc)}")
     kv = next((e for e in chain if _is(e, "KVCorruption", "WindowLost")), None)
@@ -348,8 +378,9 @@ def _explain(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport
             kind, line = "ledger", _fit(f"{_ledger_line(found, root)}; the test saw: {line}")
         elif at_failure.in_flight and stalled:
             said = _message(call.excinfo.value) if kind == "stall" else line
-            stall = stall_line(at_failure.in_flight, now.events, start=call.start, failed_at=call.stop,
-                               read_at=time.time())
+            stall = stall_line(
+                at_failure.in_flight, now.events, start=call.start, failed_at=call.stop, read_at=time.time()
+            )
             kind, line = "stall", _fit(f"{stall}; the test saw: {said}")
         elif still:
             line = _fit(f"{line}; still in flight: {_flying_brief(still)}")

@@ -70,6 +70,7 @@ def _failfast_handler(config: pytest.Config) -> Callable[[int, Any], None]:
             state.ray_interrupt = died
             raise KeyboardInterrupt(f"harness: worker {died.name} died")
         raise died
+
     return handler
 
 

@@ -30,12 +30,16 @@ scratch_key = pytest.StashKey["Path | None"]()
 _SAVED = (faults.ENV_VAR, "PYTHONPATH", source.FIRED_ENV, target_mod.OVERLAY_ENV)
 
 
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pd-harness")
-    group.addoption("--inject-fault", action="append", default=[], metavar="NAME", dest="inject_fault",
-                    help="apply this named fault (harness/faults catalog) to the engine for the session; "
-                         "repeatable")
+    group.addoption(
+        "--inject-fault",
+        action="append",
+        default=[],
+        metavar="NAME",
+        dest="inject_fault",
+        help="apply this named fault (harness/faults catalog) to the engine for the session; repeatable",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,8 +70,10 @@ def _put_patched_copy_first(patches: list[str]) -> Path:
     """Build the scratch sglang with ``patches`` and put it first on the import path of this process
     and (through ``PYTHONPATH``) of every process it starts."""
     if "sglang" in sys.modules:
-        raise pytest.UsageError(f"--inject-fault {', '.join(patches)}: sglang is already imported in this process, "
-                                "so a patched copy cannot take its place; pass --inject-fault on the command line")
+        raise pytest.UsageError(
+            f"--inject-fault {', '.join(patches)}: sglang is already imported in this process, "
+            "so a patched copy cannot take its place; pass --inject-fault on the command line"
+        )
     scratch = Path(tempfile.mkdtemp(prefix="harness-fault-"))
     try:
         source.scratch_copy(patches, scratch, target_mod.sglang_root().resolve())

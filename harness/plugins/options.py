@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 # The help text lives with the target resolver (harness/targets/sglang/selection.py), which imports no sglang.
-SGLANG_HELP = ("the sglang under test: 'installed' (default), a release like 0.5.21 (installed on demand), "
-               "a source tree (a checkout's python/ dir or any dir holding sglang/) or a wheel file; "
-               "env HARNESS_SGLANG")
+SGLANG_HELP = (
+    "the sglang under test: 'installed' (default), a release like 0.5.21 (installed on demand), "
+    "a source tree (a checkout's python/ dir or any dir holding sglang/) or a wheel file; "
+    "env HARNESS_SGLANG"
+)
 
 
 @dataclass(frozen=True)
@@ -34,16 +36,36 @@ settings_key = pytest.StashKey[Settings]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pd-harness", "PD-disaggregation harness")
-    group.addoption("--topology", default=None, metavar="NAME",
-                    help="run tests on this topology only (a name from `harness topology list` or a .toml path)")
-    group.addoption("--simulate", action="store_true", default=None,
-                    help="allow Ray logical GPUs (simulated topologies) when this machine has no GPUs")
-    group.addoption("--no-simulate", dest="simulate", action="store_false",
-                    help="never simulate GPUs: topologies that need missing GPUs are skipped")
-    group.addoption("--ray-address", default=None, metavar="ADDR",
-                    help="join the Ray cluster at ADDR (host:port) instead of starting a local one")
-    group.addoption("--run-dir", default=None, metavar="DIR",
-                    help="run directory for worker logs, ledgers and reports (default runs/<timestamp>-<pid>)")
+    group.addoption(
+        "--topology",
+        default=None,
+        metavar="NAME",
+        help="run tests on this topology only (a name from `harness topology list` or a .toml path)",
+    )
+    group.addoption(
+        "--simulate",
+        action="store_true",
+        default=None,
+        help="allow Ray logical GPUs (simulated topologies) when this machine has no GPUs",
+    )
+    group.addoption(
+        "--no-simulate",
+        dest="simulate",
+        action="store_false",
+        help="never simulate GPUs: topologies that need missing GPUs are skipped",
+    )
+    group.addoption(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join the Ray cluster at ADDR (host:port) instead of starting a local one",
+    )
+    group.addoption(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="run directory for worker logs, ledgers and reports (default runs/<timestamp>-<pid>)",
+    )
     group.addoption("--sglang", default=None, metavar="TARGET", help=SGLANG_HELP)
     parser.addini("harness_topology", "default for --topology", default="")
     parser.addini("harness_simulate", "default for --simulate", type="bool", default=False)
@@ -61,6 +83,7 @@ def get_settings(config: pytest.Config) -> Settings:
     Returns:
         The resolved settings (not stored; :func:`settings` returns the stored ones).
     """
+
     def pick(opt: str, ini: str) -> Any:
         value = config.getoption(opt)
         return value if value not in (None, "") else (config.getini(ini) or None)

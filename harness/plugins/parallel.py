@@ -84,8 +84,12 @@ def module_of(nodeid: str) -> str:
 
 def _distributing(config: pytest.Config) -> bool:
     """In the controller of a ``--dist loadgroup`` run with workers."""
-    return (not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist")
-            and config.getoption("dist", "no") == "loadgroup" and bool(config.getoption("numprocesses", None)))
+    return (
+        not hasattr(config, "workerinput")
+        and config.pluginmanager.hasplugin("xdist")
+        and config.getoption("dist", "no") == "loadgroup"
+        and bool(config.getoption("numprocesses", None))
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -148,7 +152,9 @@ def _scheduling_class() -> type:
         def _assign_work_unit(self, node: Any) -> None:
             # The longest group left goes next (ties: xdist's order, most tests first).
             if not self._scope_est:  # the work queue holds every group before the first is handed out
-                self._scope_est = {scope: sum(self._written(n)[1] for n in tests) for scope, tests in self.workqueue.items()}
+                self._scope_est = {
+                    scope: sum(self._written(n)[1] for n in tests) for scope, tests in self.workqueue.items()
+                }
             longest = max(self.workqueue, key=lambda scope: self._scope_est.get(scope, 0.0))
             self.workqueue.move_to_end(longest, last=False)
             super()._assign_work_unit(node)

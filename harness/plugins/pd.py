@@ -101,8 +101,16 @@ class PdPairs:
         self.dirty = False
         if self.deployment is None:
             prefix = self._state.unique_name(f"pd-{topology.name}") + "-"
-            self.deployment = deploy.start(cluster, topology, self.run_dir.root, spec, name_prefix=prefix,
-                                           on_start=self._watch, on_stop=self._state.unwatch, target=self.sglang)
+            self.deployment = deploy.start(
+                cluster,
+                topology,
+                self.run_dir.root,
+                spec,
+                name_prefix=prefix,
+                on_start=self._watch,
+                on_stop=self._state.unwatch,
+                target=self.sglang,
+            )
         return self.deployment.pair
 
     def _watch(self, worker: Worker) -> None:
@@ -125,8 +133,9 @@ def _pd_pairs_session(request: pytest.FixtureRequest, run_dir: RunDir, ray_clust
 
 
 @pytest.fixture
-def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
-            _pd_pairs_session: PdPairs) -> Iterator[Callable[[Any], Any]]:
+def pd_pair(
+    request: pytest.FixtureRequest, topology: topology_mod.Topology, _pd_pairs_session: PdPairs
+) -> Iterator[Callable[[Any], Any]]:
     """``pd_pair(spec)``: the session's PD pair on the test's topology, configured for ``spec``."""
     reason = state(request.config).skip_reason(topology)
     if reason:
@@ -151,7 +160,9 @@ def pd_pair(request: pytest.FixtureRequest, topology: topology_mod.Topology,
 
 
 @pytest.fixture
-def pd_report(request: pytest.FixtureRequest, run_dir: Any, record_property: Callable[[str, Any], None]) -> Callable[[Any], dict]:
+def pd_report(
+    request: pytest.FixtureRequest, run_dir: Any, record_property: Callable[[str, Any], None]
+) -> Callable[[Any], dict]:
     """``pd_report(result)``: write and attach the summary of a :class:`harness.engines.sim.driver.RunResult`."""
 
     def report(result: Any) -> dict:

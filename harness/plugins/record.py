@@ -134,8 +134,9 @@ def read_ledger(item: pytest.Item) -> LedgerReading:
     return LedgerReading(found, seen)
 
 
-def settle(read: Callable[[], LedgerReading], *, timeout_s: float | None = None,
-           clock: Clock = DEFAULT) -> LedgerReading:
+def settle(
+    read: Callable[[], LedgerReading], *, timeout_s: float | None = None, clock: Clock = DEFAULT
+) -> LedgerReading:
     """``read()`` again until no request is in flight, for at most ``timeout_s`` (default
     :data:`SETTLE_S`): the servers' bounded chance to write what a failure set off (a client that gave
     up makes sglang abort its request and release its pages a moment later) before a verdict is taken.
@@ -153,8 +154,13 @@ def settle(read: Callable[[], LedgerReading], *, timeout_s: float | None = None,
         return None if last.in_flight else last
 
     try:
-        return wait_for(quiet, SETTLE_S if timeout_s is None else timeout_s, "requests in flight to finish",
-                        interval=0.25, clock=clock)
+        return wait_for(
+            quiet,
+            SETTLE_S if timeout_s is None else timeout_s,
+            "requests in flight to finish",
+            interval=0.25,
+            clock=clock,
+        )
     except TimeoutError:
         return last
 
@@ -192,10 +198,20 @@ def _write(item: pytest.Item, run_dir: Path, stop: float) -> None:
     _, sep, rest = item.nodeid.partition("::")
     suffix = (sep + rest) if sep else ""
     base = item.config.stash.get(base_seed_key, None)
-    seeds = {"workload_base": base, "workload": derive(base, Path(item.path).name, suffix) if base is not None else None,
-             "hypothesis": item.config.getoption("hypothesis_seed", None)}
-    rec = {"path": str(Path(item.path).resolve()), "suffix": suffix,
-           "outcome": item.stash.get(_outcome_key, "passed"), "start": item.stash.get(_start_key, stop), "stop": stop,
-           "seeds": seeds, "workers": item.stash.get(_workers_key, []), **spans}
+    seeds = {
+        "workload_base": base,
+        "workload": derive(base, Path(item.path).name, suffix) if base is not None else None,
+        "hypothesis": item.config.getoption("hypothesis_seed", None),
+    }
+    rec = {
+        "path": str(Path(item.path).resolve()),
+        "suffix": suffix,
+        "outcome": item.stash.get(_outcome_key, "passed"),
+        "start": item.stash.get(_start_key, stop),
+        "stop": stop,
+        "seeds": seeds,
+        "workers": item.stash.get(_workers_key, []),
+        **spans,
+    }
     with open(RunDir(run_dir).records, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")

@@ -42,8 +42,13 @@ def derive(base: int, path_name: str, suffix: str) -> int:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pd-harness")
-    group.addoption("--workload-seed", type=int, default=None, metavar="N",
-                    help=f"base seed of workload generators (default: ${ENV}, ini harness_workload_seed, else random)")
+    group.addoption(
+        "--workload-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"base seed of workload generators (default: ${ENV}, ini harness_workload_seed, else random)",
+    )
     parser.addini("harness_workload_seed", "default for --workload-seed", default="")
 
 
@@ -51,12 +56,17 @@ def _base(config: pytest.Config) -> int:
     value = config.getoption("workload_seed")
     if value is not None:
         return int(value)
-    for text, where in ((os.environ.get(ENV, ""), f"${ENV}"), (config.getini("harness_workload_seed"), "ini harness_workload_seed")):
+    for text, where in (
+        (os.environ.get(ENV, ""), f"${ENV}"),
+        (config.getini("harness_workload_seed"), "ini harness_workload_seed"),
+    ):
         if text:
             try:
                 return int(text)
             except ValueError:
-                raise pytest.UsageError(f"workload seed {text!r} from {where} is not an integer; set a number") from None
+                raise pytest.UsageError(
+                    f"workload seed {text!r} from {where} is not an integer; set a number"
+                ) from None
     return random.SystemRandom().randrange(2**31)
 
 
@@ -99,8 +109,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         item.stash[_failed_key] = True
         if uses_seed:
             base = item.config.stash[base_seed_key]
-            report.sections.append(("workload seed", f"workload_seed={_seed_of(item)} (base {base}); replay it with "
-                                    f"--workload-seed {base}, or rerun-test --from the gate's repro.json"))
+            report.sections.append(
+                (
+                    "workload seed",
+                    f"workload_seed={_seed_of(item)} (base {base}); replay it with "
+                    f"--workload-seed {base}, or rerun-test --from the gate's repro.json",
+                )
+            )
     if report.when == "teardown" and item.stash.get(_failed_key, False):
         _record(item)
     return report

@@ -26,16 +26,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REAL_GPU_REASON = ("real sglang servers need real GPUs: run with --topology {topology} on a GPU machine "
-                   "without --simulate, and {models}")
+REAL_GPU_REASON = (
+    "real sglang servers need real GPUs: run with --topology {topology} on a GPU machine "
+    "without --simulate, and {models}"
+)
 
 #: On the last test that names a model (per model): the models whose servers stop after it.
 _last_use_key = pytest.StashKey[set]()
 _order_key = pytest.StashKey[list]()
 
 
-JOINED_LOGICAL_REASON = ("real sglang servers need real GPUs: the Ray cluster at {address} has logical ones "
-                         "(Ray GPU resources on nodes without the devices: {nodes}); join a cluster whose nodes have them")
+JOINED_LOGICAL_REASON = (
+    "real sglang servers need real GPUs: the Ray cluster at {address} has logical ones "
+    "(Ray GPU resources on nodes without the devices: {nodes}); join a cluster whose nodes have them"
+)
 
 
 @pytest.fixture(scope="session")
@@ -60,10 +64,19 @@ class SessionServers:
         """The stacks on ``topology`` whose servers get ``server_args`` (created on first use)."""
         key = (topology.name, tuple(server_args))
         if key not in self._stacks:
-            stacks = self._stacks[key] = session_stacks(self._config, self._cluster, topology, self._run_dir,
-                                                        models=self._config.stash[models_key], server_args=server_args)
-            stacks.order = [m for m, args, names in self._config.stash.get(_order_key, [])
-                            if args == tuple(server_args) and (not names or topology.name in names)]
+            stacks = self._stacks[key] = session_stacks(
+                self._config,
+                self._cluster,
+                topology,
+                self._run_dir,
+                models=self._config.stash[models_key],
+                server_args=server_args,
+            )
+            stacks.order = [
+                m
+                for m, args, names in self._config.stash.get(_order_key, [])
+                if args == tuple(server_args) and (not names or topology.name in names)
+            ]
         return self._stacks[key]
 
     def stop_model(self, model_name: str) -> None:
@@ -77,9 +90,12 @@ class SessionServers:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "spends_stack: the test kills a server of its model's shared stack (the one "
-                                       "sglang_servers.pd(model) gives) on purpose; it runs after every other test "
-                                       "that takes the servers and names that model, so the stack starts once")
+    config.addinivalue_line(
+        "markers",
+        "spends_stack: the test kills a server of its model's shared stack (the one "
+        "sglang_servers.pd(model) gives) on purpose; it runs after every other test "
+        "that takes the servers and names that model, so the stack starts once",
+    )
 
 
 def spenders_last(items: list[pytest.Item]) -> None:
@@ -87,6 +103,7 @@ def spenders_last(items: list[pytest.Item]) -> None:
     takes the servers and names one of its models. A stack spent in the middle of its model's tests is
     started again for the tests after it (tens of seconds each time, on the one worker that runs every
     real-server test)."""
+
     def models(item: pytest.Item) -> set[str]:
         if "sglang_servers" not in getattr(item, "fixturenames", ()):
             return set()
@@ -96,8 +113,9 @@ def spenders_last(items: list[pytest.Item]) -> None:
     spenders = [item for item in items if served[item] and item.get_closest_marker("spends_stack") is not None]
     for n, spender in enumerate(spenders):
         # The tests it must follow: the others of its models, and the spenders already moved (keeping their order).
-        before = [item for item in items if served[item] & served[spender]
-                  and (item not in spenders or item in spenders[:n])]
+        before = [
+            item for item in items if served[item] & served[spender] and (item not in spenders or item in spenders[:n])
+        ]
         if before and items.index(before[-1]) > items.index(spender):
             items.remove(spender)
             items.insert(items.index(before[-1]) + 1, spender)
@@ -129,8 +147,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         preload_fork_server(config, [t for _, _, topologies in order for t in topologies])
 
 
-def fork_server_topology(topologies: Sequence[str], session_topology: str | None,
-                         ray_address: str | None) -> topology_mod.Topology | None:
+def fork_server_topology(
+    topologies: Sequence[str], session_topology: str | None, ray_address: str | None
+) -> topology_mod.Topology | None:
     """The topology whose CPU servers this session will start here (see :func:`preload_fork_server`),
     or None: on a joined cluster (``ray_address``), when every topology named needs GPUs, or when the
     session runs another topology only (``--topology``: tests marked for others are skipped).
@@ -172,8 +191,13 @@ def preload_fork_server(config: pytest.Config, topologies: Sequence[str]) -> thr
     cpu = fork_server_topology(topologies, opts.topology, opts.ray_address)
     if cpu is None:
         return None
-    thread = threading.Thread(target=stack.share_fork_server, args=(cpu,), kwargs={"advertise": False},
-                              name="server-fork-server-preload", daemon=True)
+    thread = threading.Thread(
+        target=stack.share_fork_server,
+        args=(cpu,),
+        kwargs={"advertise": False},
+        name="server-fork-server-preload",
+        daemon=True,
+    )
     thread.start()
     return thread
 

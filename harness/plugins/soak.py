@@ -19,9 +19,14 @@ soak_key = pytest.StashKey[int | None]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pd-harness")
-    group.addoption("--soak", type=int, default=None, metavar="N",
-                    help=f"requests the soak suites push through their PD pair (default {DEFAULT_REQUESTS} simulated, "
-                         f"{DEFAULT_SERVER_REQUESTS} on a real CPU stack)")
+    group.addoption(
+        "--soak",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"requests the soak suites push through their PD pair (default {DEFAULT_REQUESTS} simulated, "
+        f"{DEFAULT_SERVER_REQUESTS} on a real CPU stack)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -22,14 +22,29 @@ def _fail(message: str) -> NoReturn:
     pytest.fail(message, pytrace=False)
 
 
-def session_stacks(config: pytest.Config, cluster: Cluster | None, topology: topology_mod.Topology,
-                   run_dir: RunDir | None, *, models: Mapping[str, Path] | None = None,
-                   server_args: Sequence[str] = ()) -> StackPool:
+def session_stacks(
+    config: pytest.Config,
+    cluster: Cluster | None,
+    topology: topology_mod.Topology,
+    run_dir: RunDir | None,
+    *,
+    models: Mapping[str, Path] | None = None,
+    server_args: Sequence[str] = (),
+) -> StackPool:
     """The session's stacks on ``topology`` whose servers get ``server_args``: every worker handed out is
     watched by the session's fail-fast watchdog (and out of it before a stop or a kill on purpose), named
     uniquely in the run, and a model that cannot be resolved or a missing package fails the test."""
     from harness.plugins.state import state
 
     st = state(config)
-    return StackPool(cluster, topology, run_dir, models=models, server_args=server_args, watch=st.watch,
-                     unwatch=st.unwatch, unique_name=st.unique_name, fail=_fail)
+    return StackPool(
+        cluster,
+        topology,
+        run_dir,
+        models=models,
+        server_args=server_args,
+        watch=st.watch,
+        unwatch=st.unwatch,
+        unique_name=st.unique_name,
+        fail=_fail,
+    )

@@ -112,6 +112,7 @@ class HarnessState:
     def _sim_shape(self) -> tuple[int, int]:
         """Simulated shape: as many nodes as the largest topology this session names (extra Ray
         nodes cost seconds), as many logical GPUs per node as any topology has (they cost nothing)."""
+
         def load(names: set[str]) -> list[topology_mod.Topology]:
             out = []
             for name in names:
@@ -260,6 +261,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def pytest_report_header(config: pytest.Config) -> str:
     s = settings(config)
     ray = s.ray_address or "embedded (local, started by the harness)"
-    return (f"harness: topology={s.topology or 'per test (marker)'}, ray={ray}, "
-            f"simulate={'allowed' if s.simulate else 'off'}, "
-            f"run dir={state(config).run_dir_path}")
+    return (
+        f"harness: topology={s.topology or 'per test (marker)'}, ray={ray}, "
+        f"simulate={'allowed' if s.simulate else 'off'}, "
+        f"run dir={state(config).run_dir_path}"
+    )
