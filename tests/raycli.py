@@ -68,7 +68,8 @@ _HEAD_PORTS = ("--port", "--dashboard-port")
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports, free now and leased for this machine's harness processes (:mod:`harness.workers.ports`)."""
+    """``n`` distinct TCP ports, free now and leased for this machine's harness processes
+    (:mod:`harness.workers.ports`)."""
     return list(allocate_ports(tuple(f"p{i}" for i in range(n))).values())
 
 

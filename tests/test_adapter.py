@@ -38,7 +38,8 @@ def test_importing_the_adapter_applies_no_fault():
 
 def test_a_rank_payload_applies_the_runs_faults(tmp_path):
     code = (
-        "from harness.engines.sim.payload import RankPayload; from harness import faults; from harness.engines.sim import kvfill; "
+        "from harness.engines.sim.payload import RankPayload; from harness import faults; "
+        "from harness.engines.sim import kvfill; "
         f"RankPayload('r0', 0, 1, {str(tmp_path)!r}, 'prefill'); print(faults.active(), kvfill.pack_pages.__module__)"
     )
     done = _python(code, {ENV_VAR: "corrupt-kv-page"})

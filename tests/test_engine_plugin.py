@@ -1,4 +1,5 @@
-"""The engine and servers concern plugins (``harness/plugins/{engine,servers}.py``), driven through pytester: selection and errors."""
+"""The engine and servers concern plugins (``harness/plugins/{engine,servers}.py``), driven through pytester:
+selection and errors."""
 
 from __future__ import annotations
 
@@ -217,7 +218,8 @@ def test_session_servers_share_stacks_per_topology_and_flags_and_stop_a_model_af
         from harness.plugins import servers
 
         def pytest_collection_finish(session):
-            last = [(sorted(i.stash[servers._last_use_key]), i.nodeid) for i in session.items if servers._last_use_key in i.stash]
+            key = servers._last_use_key
+            last = [(sorted(i.stash[key]), i.nodeid) for i in session.items if key in i.stash]
             print("LAST", last)
             from harness import topology
             s = servers.SessionServers(session.config, None, None)

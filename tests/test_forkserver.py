@@ -633,8 +633,8 @@ def test_a_descendant_forks_from_its_ancestors_server(tmp_path, python_servers):
         import os, subprocess, sys
         from harness.workers import forkserver
         argv, env = forkserver.python_command([sys.executable, {str(script)!r}], dict(os.environ), preload="fs_pymod")
-        print(env[forkserver.SOCKET_ENV], len(forkserver.sharing._PYTHON), subprocess.run(argv, env=env, capture_output=True,
-              text=True, timeout=60).stdout.strip())
+        sock, n = env[forkserver.SOCKET_ENV], len(forkserver.sharing._PYTHON)
+        print(sock, n, subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60).stdout.strip())
     """)
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -702,7 +702,7 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
     argv = [sys.executable, "-m", "fs_ext"]
     assert launch(argv, {**env, "FS_MODE": "other"}) == (argv, {**env, "FS_MODE": "other"})
     # Its owner killed (its parent, the Python server, lives on), it exits.
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import os, sys, time
         from harness.workers import forkserver
         from harness.workers.forkserver import ForkServer

@@ -88,16 +88,18 @@ def test_good_file_defaults_and_overrides(tmp_path):
         ),
         (
             'name = "g"\n[[suites]]\nname = "a"\nselect = ["t.py; rm -rf x.py"]\n',
-            "g.toml: suites[0].select: refused 't.py; rm -rf x.py': whitespace inside a spec; give test files like test_x.py or "
-            "file.py::Class::test; use rerun-test specs or a directory ending in '/'",
+            "g.toml: suites[0].select: refused 't.py; rm -rf x.py': whitespace inside a spec; "
+            "give test files like test_x.py or file.py::Class::test; use rerun-test specs or a directory ending in '/'",
         ),
         (
             'name = "g"\n[[suites]]\nname = "a"\nselect = ["../up/"]\n',
-            "g.toml: suites[0].select: '../up/' is not a directory inside the repository; use a relative directory such as \"suites/unit/\"",
+            "g.toml: suites[0].select: '../up/' is not a directory inside the repository; "
+            'use a relative directory such as "suites/unit/"',
         ),
         (
             'name = "g"\n[[suites]]\nname = "a"\nselect = ["t.py"]\ntopologies = ["4-gpu-a100"]\n',
-            "g.toml: suites[0].topologies: unknown topology '4-gpu-a100'; use one of: cpu, 2-gpu-h100, 8-gpu-h200, 2-node-16-gpu-h200",
+            "g.toml: suites[0].topologies: unknown topology '4-gpu-a100'; "
+            "use one of: cpu, 2-gpu-h100, 8-gpu-h200, 2-node-16-gpu-h200",
         ),
         (
             'name = "g"\n[[suites]]\nname = "a"\nselect = ["t.py"]\nrequired = "yes"\n',
@@ -117,7 +119,8 @@ def test_good_file_defaults_and_overrides(tmp_path):
         ),
         (
             'name = "g"\n[flaky]\nclasses = ["crash"]\n[[suites]]\nname = "a"\nselect = ["t.py"]\n',
-            "g.toml: flaky.classes: 'crash' failures are never rerun (only accuracy, timing are flaky); keep only accuracy, timing",
+            "g.toml: flaky.classes: 'crash' failures are never rerun (only accuracy, timing are flaky); "
+            "keep only accuracy, timing",
         ),
         (
             'name = "g"\n[flaky]\nreruns = 99\n[[suites]]\nname = "a"\nselect = ["t.py"]\n',
@@ -130,7 +133,8 @@ def test_good_file_defaults_and_overrides(tmp_path):
         # before: accepted, and the group then never timed out
         (
             'name = "g"\ntimeout = nan\n[[suites]]\nname = "a"\nselect = ["t.py"]\n',
-            "g.toml: timeout: must be a finite number from 0 to 86400, got nan; set it to the suite's worst-case seconds",
+            "g.toml: timeout: must be a finite number from 0 to 86400, got nan; "
+            "set it to the suite's worst-case seconds",
         ),
         (
             'name = "g"\n[[suites]]\nname = "a"\ntimeout = inf\nselect = ["t.py"]\n',
@@ -140,8 +144,8 @@ def test_good_file_defaults_and_overrides(tmp_path):
         # before: the suite's directory escaped the run directory
         (
             'name = "g"\n[[suites]]\nname = "../.."\nselect = ["t.py"]\n',
-            "g.toml: suites[0].name: '../..' is not a plain name; use letters, digits, '-', '_' and '.', starting with a "
-            "letter or digit, at most 64",
+            "g.toml: suites[0].name: '../..' is not a plain name; "
+            "use letters, digits, '-', '_' and '.', starting with a letter or digit, at most 64",
         ),
         ('name = "g"\nsuites = [1]\n', "g.toml: suites[0]: must be a table; write each entry as [[suites]]"),
     ],

@@ -299,7 +299,8 @@ try:
         spec = selection.worker_spec(WorkerSpec(role, InProcess(Probe), run_dir=run_dir, ready_timeout=120), target)
         w = start_worker(spec, placement.of(role)[0], 0, timeout=120)
         try:
-            seen[role] = dict(node=cluster.node_index(w.info.node_id), sglang=w.call("module_file", "sglang", timeout=30),
+            seen[role] = dict(node=cluster.node_index(w.info.node_id),
+                              sglang=w.call("module_file", "sglang", timeout=30),
                               harness=w.call("module_file", "harness", timeout=30),
                               target=w.call("env", "HARNESS_SGLANG", timeout=30))
         finally:

@@ -13,7 +13,7 @@ from harness.engines.sim.decode_rank import DecodeWorker, KVCorruption
 from harness.engines.sim.prefill_rank import PrefillWorker
 from harness.engines.sim.driver import run
 from harness.engines.sim.workload import KVSpec, PDRequest
-from pdpair import SPEC, pair  # noqa: F401 - the module's fixture
+from pdpair import SPEC, pair  # noqa: F401 - the module's fixture (F811 where a test or fixture takes it)
 
 REQS = [
     PDRequest("r300", 300, decode_steps=150),
@@ -23,7 +23,7 @@ REQS = [
 
 
 @pytest.fixture
-def fresh(pair):
+def fresh(pair):  # noqa: F811
     """The pair with fresh pools (a fault may have left pages behind in the previous test)."""
     pair.decode.members[0].live.clear()
     pair.prefill.members[0].reqs.clear()

@@ -19,7 +19,7 @@ from harness.engines.sim.decode_rank import KVCorruption
 from harness.engines.sim.errors import PDError
 from harness.engines.sim.driver import run
 from harness.engines.sim.workload import PDRequest
-from pdpair import SPEC, pair  # noqa: F401 - the module's fixture
+from pdpair import SPEC, pair  # noqa: F401 - the module's fixture (F811 where a test or fixture takes it)
 from harness.engines.sim.kv_transfer import plan, transfer
 from harness.workers import WorkerDied
 
@@ -33,7 +33,7 @@ REQS = [
 
 
 @pytest.fixture
-def writes(pair, monkeypatch):
+def writes(pair, monkeypatch):  # noqa: F811
     """Counts the decode rank's ``write_chunk`` calls (the object-store path's receiving end)."""
     decode = pair.decode.members[0]
     count = {"n": 0}
@@ -47,7 +47,7 @@ def writes(pair, monkeypatch):
     return count
 
 
-def _fresh(pair, monkeypatch, transport):
+def _fresh(pair, monkeypatch, transport):  # noqa: F811
     monkeypatch.setenv(peer.MODE_ENV, transport)
     pair.decode.members[0].live.clear()
     pair.prefill.members[0].reqs.clear()
@@ -62,7 +62,7 @@ def _sockets() -> tuple[list[int], int]:
     )
 
 
-def test_kv_moves_over_the_peer_transport_and_is_verified(pair, writes, monkeypatch):
+def test_kv_moves_over_the_peer_transport_and_is_verified(pair, writes, monkeypatch):  # noqa: F811
     p = _fresh(pair, monkeypatch, "peer")
     assert p.link is not None and p.link.targets[0]["session"]
     res = run(p, REQS)
@@ -76,7 +76,7 @@ def test_kv_moves_over_the_peer_transport_and_is_verified(pair, writes, monkeypa
     assert writes["n"] > 0
 
 
-def test_a_corrupted_page_is_caught_on_the_peer_transport(pair, writes, monkeypatch):
+def test_a_corrupted_page_is_caught_on_the_peer_transport(pair, writes, monkeypatch):  # noqa: F811
     p = _fresh(pair, monkeypatch, "peer")
     before = set(faults.active())
     faults.activate(["corrupt-kv-page"])
@@ -88,7 +88,7 @@ def test_a_corrupted_page_is_caught_on_the_peer_transport(pair, writes, monkeypa
     assert writes["n"] == 0 and "r300" in str(info.value) and "after transfer" in str(info.value)
 
 
-def test_the_store_is_the_fallback_when_the_transport_cannot_be_set_up(pair, writes, monkeypatch, caplog):
+def test_the_store_is_the_fallback_when_the_transport_cannot_be_set_up(pair, writes, monkeypatch, caplog):  # noqa: F811
     pair.prefill.members[0].peer_close()
     pair.decode.members[0].peer_close()
     monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # as if mooncake were not installed
@@ -104,7 +104,7 @@ def test_the_store_is_the_fallback_when_the_transport_cannot_be_set_up(pair, wri
         _fresh(pair, monkeypatch, "peer")
 
 
-def test_a_write_into_a_gone_decode_rank_fails_at_once_naming_the_dead_worker(pair, monkeypatch):
+def test_a_write_into_a_gone_decode_rank_fails_at_once_naming_the_dead_worker(pair, monkeypatch):  # noqa: F811
     p = _fresh(pair, monkeypatch, "peer")
     dst = p.decode.all("admit", "gone", 300, 1)
     src = p.prefill.all("prefill", "gone", 300)
@@ -130,7 +130,7 @@ def test_a_bad_transport_name_is_one_clear_error(monkeypatch):
         peer.mode()
 
 
-def test_endpoints_open_and_close_without_leaking_ports_connections_or_threads(pair, monkeypatch):
+def test_endpoints_open_and_close_without_leaking_ports_connections_or_threads(pair, monkeypatch):  # noqa: F811
     _fresh(pair, monkeypatch, "store")  # endpoints closed
     _fresh(pair, monkeypatch, "peer")
     _fresh(pair, monkeypatch, "store")  # mooncake's process-wide threads exist from here on

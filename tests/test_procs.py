@@ -31,7 +31,8 @@ def _spawn_owner_with_group() -> tuple[subprocess.Popen, int, int]:
     exits; returns (owner, group leader pid, child pid)."""
     code = (
         "import os, subprocess, sys; from harness.workers import procs; procs.claim();"
-        "p = subprocess.Popen(['sh', '-c', 'sleep 300 & echo $!; wait'], stdout=subprocess.PIPE, start_new_session=True);"
+        "p = subprocess.Popen(['sh', '-c', 'sleep 300 & echo $!; wait'], "
+        "stdout=subprocess.PIPE, start_new_session=True);"
         "child = int(p.stdout.readline());"
         "procs.register(p.pid, kind='pgid', label='test group');"
         "print(p.pid, child, flush=True); sys.stdin.read()"
@@ -153,7 +154,8 @@ def test_an_interrupted_run_logged_hands_the_interrupt_to_its_command(tmp_path):
     # them: the interrupt must be passed on (a rerun-test then stops its groups) before they exit.
     saw, started = tmp_path / "saw-sigint", tmp_path / "started"
     inner = (
-        f"import pathlib, signal, time; signal.signal(signal.SIGINT, lambda *a: (pathlib.Path({str(saw)!r}).touch(), exit(130))); "
+        f"import pathlib, signal, time; "
+        f"signal.signal(signal.SIGINT, lambda *a: (pathlib.Path({str(saw)!r}).touch(), exit(130))); "
         f"pathlib.Path({str(started)!r}).touch(); time.sleep(60)"
     )
     outer = (

@@ -144,8 +144,8 @@ def test_report_page_of_a_faulted_run_in_chromium(faulted_run):
             worker: r.dataset.worker, seq: r.dataset.seq, rid: r.dataset.rid, follows: r.dataset.follows,
             label: r.cells[0].textContent, text: r.textContent,
             test: r.closest('section.test').querySelector('h3').textContent}))""")
-        message = page.evaluate("""[...document.querySelectorAll('section.test')].filter(s => s.dataset.outcome == 'failed')
-            .map(s => s.querySelector('.msg').textContent)""")
+        message = page.evaluate("""[...document.querySelectorAll('section.test')]
+            .filter(s => s.dataset.outcome == 'failed').map(s => s.querySelector('.msg').textContent)""")
         shot = page.screenshot(run_dir / "report" / "screenshot.png")
         errors = list(page.errors)
 

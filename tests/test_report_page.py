@@ -192,7 +192,8 @@ def test_page_shows_verdict_timeline_and_the_violation_at_its_event(tmp_path: Pa
         r"timelines/cpu-suites_pd_test_a.py_test_long_decode-[0-9a-f]{8}\.png", imgs[0]
     )
     row = re.search(
-        r'<tr class="violation" data-rule="swa-over-window" data-worker="dec-r0" data-seq="3" data-rid="r1" data-follows="">(.*?)</tr>',
+        r'<tr class="violation" data-rule="swa-over-window" data-worker="dec-r0" data-seq="3" data-rid="r1" '
+        r'data-follows="">(.*?)</tr>',
         text,
     ).group(1)
     assert "full [12]; swa [13]" in row and "swa [8, 9, 11, 13]" in row and "1 more event(s) to #4" in row

@@ -93,8 +93,8 @@ def test_failure_gives_exit_1_reason_and_comment(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert (
-        "FAILED suites/test_broken.py::test_wrong_balance (cpu): assertion free pages 3 != 4 after release | assert 3 == 4"
-        in out
+        "FAILED suites/test_broken.py::test_wrong_balance (cpu): "
+        "assertion free pages 3 != 4 after release | assert 3 == 4" in out
     )
     line = status.read_text().splitlines()[-1]
     assert line.startswith("- ❌ **cpu**") and "1 passed, 2 failed" in line

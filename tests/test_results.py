@@ -24,7 +24,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="4">
 <testcase classname="suites.pd.test_a.TestC.TestInner" name="test_nested" file="suites/pd/test_a.py" time="0.2"/>
 <testcase classname="pd.test_a" name="test_bad" file="{root}/suites/pd/test_a.py" time="1.5">
-  <failure message="harness.engines.sim.driver.PDError: 1 problem(s):&#10;[swa-over-window] d#3 rid=r1: too many">E   WorkerDied: no
+  <failure message="harness.engines.sim.driver.PDError: 1 problem(s):&#10;[swa-over-window] d#3 rid=r1: too many"
+  >E   WorkerDied: no
 E   assert 0</failure></testcase>
 <testcase classname="x.y" name="test_err"><error message="">fixture 'gpu' not found</error></testcase>
 <testcase classname="" name="suites.pd.test_c"><error message="collection failure">ImportError: torch</error></testcase>

@@ -146,9 +146,9 @@ def test_harness_runs_lists_them_newest_first(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["runs", "--runs-dir", str(base)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert (
-        out[0]
-        == f"2 run(s) in runs; keeping the newest {runs.DEFAULT_KEEP} (set HARNESS_KEEP_RUNS=N or pass --keep N; 0 keeps all)"
+    assert out[0] == (
+        f"2 run(s) in runs; keeping the newest {runs.DEFAULT_KEEP} (set HARNESS_KEEP_RUNS=N or pass --keep N; "
+        "0 keeps all)"
     )
     assert out[1] == "latest: runs/latest -> 20261201-110000-2"
     assert out[2].split() == ["started", "verdict", "took", "command", "target", "report"]

@@ -30,7 +30,8 @@ def test_check_on_this_machine_and_simulated():
         pytest.skip("this machine has the GPUs: the INFEASIBLE verdict cannot be shown here")
     assert real.returncode == 1, err_real
     assert out_real.splitlines() == [
-        "2-gpu-h100: INFEASIBLE: group prefill-0: GPU: needs 1 on one node, the largest node has 0 [a local Ray on this machine]",
+        "2-gpu-h100: INFEASIBLE: group prefill-0: GPU: needs 1 on one node, the largest node has 0 "
+        "[a local Ray on this machine]",
         "hint: 2-gpu-h100 needs 2×H100 (runner 2-gpu-h100); run on that runner, or check with --simulate",
     ]
     assert sim.returncode == 0, err_sim
@@ -44,8 +45,8 @@ def test_check_on_this_machine_and_simulated():
     [
         (
             ["nope"],
-            "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-2-gpu-h100, 4-node-32-gpu-h200, "
-            "4-node-32-gpu-h200-dp-attention, 8-gpu-h200, cpu (or a path to a .toml file)",
+            "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-2-gpu-h100, "
+            "4-node-32-gpu-h200, 4-node-32-gpu-h200-dp-attention, 8-gpu-h200, cpu (or a path to a .toml file)",
         ),
         (
             ["cpu", "--simulate", "--ray-address", "127.0.0.1:1"],
@@ -53,13 +54,13 @@ def test_check_on_this_machine_and_simulated():
         ),
         (
             ["cpu", "--ray-address", "127.0.0.1:1"],
-            "harness: cannot join the Ray cluster at 127.0.0.1:1: unreachable: nothing accepts connections (Connection refused); "
-            "check the address and that the head runs (`ray status` on the head)",
+            "harness: cannot join the Ray cluster at 127.0.0.1:1: unreachable: nothing accepts connections "
+            "(Connection refused); check the address and that the head runs (`ray status` on the head)",
         ),
         (
             ["cpu", "--ray-address", "nohostport"],
-            "harness: cannot join the Ray cluster at nohostport: address: not host:port; pass the head's GCS address, e.g. "
-            "10.0.0.1:6379 (`ray status` on the head prints it)",
+            "harness: cannot join the Ray cluster at nohostport: address: not host:port; "
+            "pass the head's GCS address, e.g. 10.0.0.1:6379 (`ray status` on the head prints it)",
         ),
         (["cpu", "--timeout", "0"], "harness: --timeout must be > 0, got 0"),
         (

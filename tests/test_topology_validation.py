@@ -50,7 +50,8 @@ BAD = [
     (
         "node-out-of-range",
         lambda t: t.replace("[roles.decode]\ntp = 1", "[roles.decode]\nnode = 1\ntp = 1"),
-        "node-out-of-range.toml: roles.decode.node: node 1 does not exist (cluster has 1); use a node index from 0 to 0",
+        "node-out-of-range.toml: roles.decode.node: node 1 does not exist (cluster has 1); "
+        "use a node index from 0 to 0",
     ),
     (
         "wrong-type",
@@ -65,7 +66,8 @@ BAD = [
     (
         "missing-gpu-model",
         lambda t: t.replace('gpu_model = "H100"\n', ""),
-        'missing-gpu-model.toml: cluster.gpu_model: missing for a GPU cluster; add gpu_model = "H100" (or the model you need)',
+        "missing-gpu-model.toml: cluster.gpu_model: missing for a GPU cluster; "
+        'add gpu_model = "H100" (or the model you need)',
     ),
     (
         "name-mismatch",

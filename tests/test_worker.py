@@ -209,7 +209,10 @@ def test_sigkill_of_the_actor_raises_worker_died_and_leaves_no_orphans(started, 
 
 
 def test_stop_escalates_to_sigkill_for_a_group_ignoring_sigterm(started, tmp_path):
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('stubborn', flush=True); time.sleep(300)"
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('stubborn', flush=True); time.sleep(300)"
+    )
     w = started(WorkerSpec("stubborn", Subprocess((sys.executable, "-c", code)), run_dir=tmp_path))
     # Its line (not the exec line quoting the code): the SIGTERM handler is installed.
     wait_for(lambda: "stubborn" in w.log_path.read_text().splitlines(), 30, "the payload ignoring SIGTERM")

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import pytest
 import requests
 
-from harness.api import ServerHTTPError, WorkerDied, expect, hold, ledger, reset_server, wait_for
+from harness.api import ServerHTTPError, WorkerDied, hold, ledger, reset_server, wait_for
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64

@@ -5,8 +5,8 @@ the tree as evictable SWA. Admission (``_swa_aware_allocatable_token_budgets``) 
 evictable SWA, so ``_pre_alloc`` itself must evict SWA pages when the free ones fall short; before
 #40309 it reclaimed only full-attention pages and a request that passed admission failed with
 "KV cache is full!". Here a small SWA pool is left holding a cached page, and the next request's
-tail needs every SWA page: the real ``_pre_alloc`` must succeed: a prealloc admission accepted must not fail (the ledger's
-``alloc-after-admit`` invariant, the same one the PD decode ranks record).
+tail needs every SWA page: the real ``_pre_alloc`` must succeed: a prealloc admission accepted must
+not fail (the ledger's ``alloc-after-admit`` invariant, the same one the PD decode ranks record).
 """
 
 from __future__ import annotations
