@@ -3,7 +3,7 @@
 :func:`probe` decides whether this process can join, without joining: every way it can fail is one
 :class:`JoinError` of one line, what failed and the fix. :func:`connect` joins and carries the harness and
 the target (:mod:`harness.cluster.carry`). The kinds of error in the order they are checked, Ray's auth
-rules and the probe's deadline (``HARNESS_JOIN_TIMEOUT``): docs/modules.md.
+rules and the probe's deadline (``HARNESS_JOIN_TIMEOUT``): docs/modules.md. Over 400 lines: one ordered probe.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 :func:`write` takes a run's verdict, groups and own tables and writes the page, with one KV-pool timeline
 PNG per ledger-writing test. No script, no network, relative links: it reads the same from a CI artifact or
-a file browser. What the page shows: docs/modules.md.
+a file browser. What the page shows: docs/modules.md. Over 400 lines: every section of the one page.
 """
 
 from __future__ import annotations

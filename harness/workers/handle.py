@@ -3,7 +3,7 @@ the actor in its placement-group bundle, starts its payload and waits until it i
 (:func:`launch_worker` starts it without the wait).
 
 A worker that dies raises :class:`~harness.workers.spec.WorkerDied`; stop is graceful, then the actor is
-killed. Detail: docs/modules.md.
+killed. Detail: docs/modules.md. Over 400 lines: one object's start, readiness, watch and stop share its state.
 """
 
 from __future__ import annotations

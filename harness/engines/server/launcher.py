@@ -3,7 +3,8 @@
 Pure functions: nothing here starts a process or imports sglang, so the argv of every topology role can be
 tested exactly and fast. :func:`server_command` (prefill, decode), :func:`plain_server_command` (the parity
 baseline) and :func:`router_command`; GPUs are never chosen here, and role ``engine_args`` win over these
-defaults. The flags, the CPU recipe and sglang's checks: docs/modules.md.
+defaults. The flags, the CPU recipe and sglang's checks: docs/modules.md. Over 400 lines: every role's
+flags in one place, so the argv of a role reads top to bottom.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 :func:`start_pd_stack` starts the three at once and waits until the router lists both servers healthy;
 :func:`start_plain_server` starts the parity baseline. The started stack is :class:`.pd_stack.PdStack`. The
-start as numbered steps, readiness and the fork rule: docs/modules.md.
+start as numbered steps, readiness and the fork rule: docs/modules.md. Over 400 lines: the start's steps share
+one set of half-started servers to stop on any failure.
 """
 
 from __future__ import annotations
