@@ -55,6 +55,12 @@ NAMES: dict[str, str] = {
     "leftover_processes": "harness.engines.server.stack:leftover_processes",
     "HISPARSE_DECODE_ARGS": "harness.engines.server.launcher:HISPARSE_DECODE_ARGS",
     "CPU_COMPAT_PATCHES": "harness.engines.server.launcher:CPU_COMPAT_PATCHES",
+    # exploration (harness explore): the stateful machine, its pair of sides, a replay, and the command line
+    "ExploreSession": "harness.explore.machine:Session",
+    "explore_replay": "harness.explore.machine:replay",
+    "ExplorePair": "harness.explore.pair:Pair",
+    "ExplorePairConfig": "harness.explore.pair:PairConfig",
+    "harness_main": "harness.cli:main",
 }
 
 __all__ = sorted(NAMES)

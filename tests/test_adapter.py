@@ -44,7 +44,7 @@ def test_a_rank_payload_applies_the_runs_faults(tmp_path):
     )
     done = _python(code, {ENV_VAR: "corrupt-kv-page"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "['corrupt-kv-page'] harness.faults.pd"
+    assert done.stdout.strip() == "['corrupt-kv-page'] harness.faults.sim_faults"
 
 
 def test_activation_refuses_a_patch_fault_the_imported_sglang_does_not_carry():

@@ -1,4 +1,4 @@
-"""The kill matrix (``harness.faultcheck.matrix``) and ``harness faults``.
+"""The kill matrix (``harness.faultcheck.kill_matrix``) and ``harness faults``.
 
 The matrix logic is tested on hand-written JUnit XML and on tiny pytest projects in ``tmp_path``
 whose tests, when a given fault is injected, write its marker and fail with (or without) its
@@ -478,9 +478,9 @@ def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monk
     # The runs here are stand-ins for the pytest subprocesses (check's scheduling is under test, not
     # pytest); each takes a little while so that slots free one at a time. A pool of jobs + 1 threads
     # behind a semaphore (the check before) started the first-handed-out runs last: this fails then.
-    from harness.faultcheck import matrix
+    from harness.faultcheck import kill_matrix
 
-    names = [n for n in faults.catalog() if n not in matrix.NEEDS][:8]
+    names = [n for n in faults.catalog() if n not in kill_matrix.NEEDS][:8]
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
 
@@ -501,7 +501,7 @@ def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monk
             log=Path("l.log"),
         )
 
-    monkeypatch.setattr(matrix, "run_suites", fake_run)
+    monkeypatch.setattr(kill_matrix, "run_suites", fake_run)
     suites = ("suites/unit/disaggregation/test_decode_reservation.py",)
     faultcheck.check(names, suites=suites, out_dir=tmp_path / "out", jobs=2, root=tmp_path)
     started = [label for kind, label in events if kind == "start" and label != faultcheck.CLEAN]

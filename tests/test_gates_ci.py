@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli as harness_cli
-from harness.gates import model, plan, render, runner, verdict
+from harness.gates import model, gate_plan, render, gate_runner, verdict
 from harness.rerun import collector
 
 from rerun_tree import make_repo
@@ -68,9 +68,9 @@ def test_plan_one_entry_per_runner_label(repo, tmp_path, capsys):
 def test_runner_label_keeps_groups_that_may_not_simulate_on_their_own_runner(repo):
     reg = collector.collect(repo)
     entry = model.GateSuite(name="pd", select=("suites/pd/",))
-    labels = {g.topology: plan.runner_label(g) for g in plan.entry_plan(entry, reg, simulate=True).groups}
+    labels = {g.topology: gate_plan.runner_label(g) for g in gate_plan.entry_plan(entry, reg, simulate=True).groups}
     assert labels == {"2-gpu-h100": "ubuntu-latest", "8-gpu-h200": "ubuntu-latest"}
-    labels = {g.topology: plan.runner_label(g) for g in plan.entry_plan(entry, reg, simulate=False).groups}
+    labels = {g.topology: gate_plan.runner_label(g) for g in gate_plan.entry_plan(entry, reg, simulate=False).groups}
     assert labels == {"2-gpu-h100": "2-gpu-h100", "8-gpu-h200": "8-gpu-h200"}
 
 
@@ -89,8 +89,8 @@ def test_plan_bad_input_is_one_line_exit_2(repo, tmp_path, capsys):
 def test_run_with_runner_runs_only_that_labels_groups(repo, tmp_path):
     gate = model.get(repo / "gates" / "ci.toml")
     lines: list[str] = []
-    opts = runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "cpu", runner="ubuntu-latest")
-    result = runner.run_gate(gate, opts, out=lines.append)
+    opts = gate_runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "cpu", runner="ubuntu-latest")
+    result = gate_runner.run_gate(gate, opts, out=lines.append)
     # only alloc has a group on ubuntu-latest: pd (GPU groups, no --simulate) is left out, not failed
     assert result.exit_code == 0 and [s.outcome.name for s in result.verdict.suites] == ["alloc"]
     assert {t.group for t in result.verdict.suites[0].outcome.tests} == {"cpu"}
@@ -100,9 +100,9 @@ def test_run_with_runner_runs_only_that_labels_groups(repo, tmp_path):
     with pytest.raises(
         Exception, match=r"gate ci runs nothing on runner 'nowhere'; `harness gate plan ci` lists its runner labels"
     ):
-        runner.run_gate(
+        gate_runner.run_gate(
             gate,
-            runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "none", runner="nowhere"),
+            gate_runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "none", runner="nowhere"),
             out=lines.append,
         )
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from harness import cli as harness_cli
-from harness.gates import history, model, runner
-from harness.gates import plan as gate_plan
+from harness.gates import history, model, gate_runner
+from harness.gates import gate_plan as gate_plan
 from harness.commands import rerun as rerun_cli
-from harness.rerun import collector, resolve
+from harness.rerun import collector, spec_resolve
 
 pytestmark = pytest.mark.est_time(20)
 
@@ -155,7 +155,9 @@ def test_flaky_rerun_crash_never_rerun_informational_and_junit(repo, tmp_path):
     gate = model.get(repo / "gates" / "sample.toml")
     lines: list[str] = []
     run_dir = tmp_path / "runs" / "one"
-    result = runner.run_gate(gate, runner.GateOptions(repo_root=repo, run_dir=run_dir, jobs=2), out=lines.append)
+    result = gate_runner.run_gate(
+        gate, gate_runner.GateOptions(repo_root=repo, run_dir=run_dir, jobs=2), out=lines.append
+    )
     out = "\n".join(lines)
     assert result.verdict.passed and result.exit_code == 0, out
     tests = {t.nodeid: t for sv in result.verdict.suites for t in sv.outcome.tests}
@@ -323,7 +325,7 @@ def test_repro_not_reproduced_and_bad_bundle(repo, tmp_path, capsys):
 def test_selection_errors_are_suite_failures(repo):
     reg = collector.collect(repo)
     entry = model.GateSuite(name="x", select=("suites/none/",))
-    with pytest.raises(resolve.ResolveError, match="'suites/none/' holds no registered suite file with tests"):
+    with pytest.raises(spec_resolve.ResolveError, match="'suites/none/' holds no registered suite file with tests"):
         gate_plan.select(entry, reg)
     entry = model.GateSuite(name="x", select=("suites/gate/test_ok.py",), topologies=("2-gpu-h100",))
     with pytest.raises(Exception, match="selects no test declared for 2-gpu-h100; the selected tests run on cpu"):
@@ -348,8 +350,8 @@ def test_gpu_group_without_simulate_fails_with_the_fix(repo, tmp_path):
     )
     gate = model.Gate(name="gpu", suites=(model.GateSuite(name="pd", select=("suites/gpu/",)),))
     lines: list[str] = []
-    result = runner.run_gate(
-        gate, runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "g"), out=lines.append
+    result = gate_runner.run_gate(
+        gate, gate_runner.GateOptions(repo_root=repo, run_dir=tmp_path / "runs" / "g"), out=lines.append
     )
     assert result.exit_code == 1
     assert result.verdict.reasons == (
@@ -367,9 +369,9 @@ def test_a_gate_whose_required_dsv4_server_tests_skip_fails_naming_them(tmp_path
     dsv4 = "suites/disaggregation/test_disaggregation_dsv4_server.py"
     assert dsv4 in model.get("release").suite("pd").require
     gate = model.Gate(name="dsv4", suites=(model.GateSuite(name="pd", select=(dsv4,), engine="all", require=(dsv4,)),))
-    result = runner.run_gate(
+    result = gate_runner.run_gate(
         gate,
-        runner.GateOptions(repo_root=repo_root, run_dir=tmp_path / "runs" / "g", simulate=True),
+        gate_runner.GateOptions(repo_root=repo_root, run_dir=tmp_path / "runs" / "g", simulate=True),
         out=lambda line: None,
     )
     assert result.exit_code == 1
@@ -401,8 +403,8 @@ def test_a_failing_e2e_seed_replays_with_the_same_seed_and_workload(tmp_path, mo
         workload_seed=4242,
     )
     run_dir = tmp_path / "runs" / "gate"
-    result = runner.run_gate(
-        gate, runner.GateOptions(repo_root=repo_root, run_dir=run_dir, simulate=True), out=lambda line: None
+    result = gate_runner.run_gate(
+        gate, gate_runner.GateOptions(repo_root=repo_root, run_dir=run_dir, simulate=True), out=lambda line: None
     )
     assert result.exit_code == 1
     [(key, rel)] = result.repros.items()

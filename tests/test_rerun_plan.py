@@ -10,8 +10,8 @@ import pytest
 from harness.rerun import collector, plan
 from harness.commands import rerun as cli
 from harness.commands import rerun_args
-from harness.rerun.resolve import resolve
-from harness.rerun.spec import parse_specs
+from harness.rerun.spec_resolve import resolve
+from harness.rerun.spec_grammar import parse_specs
 from rerun_tree import make_repo, make_upstream
 
 HEADLINE = "/rerun-test test_hisparse_allocator.py test_disaggregation_basic.py test_disaggregation_dsv4.py"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.rerun import collector
-from harness.rerun.resolve import ResolveError, everything, resolve
-from harness.rerun.spec import parse_spec
+from harness.rerun.spec_resolve import ResolveError, everything, resolve
+from harness.rerun.spec_grammar import parse_spec
 from rerun_tree import make_repo, make_upstream
 
 
@@ -132,7 +132,7 @@ def _rels(sels):
 
 
 def test_a_whole_simulated_file_brings_its_real_server_suites(repo_reg):
-    from harness.rerun.resolve import only_engine, with_counterparts
+    from harness.rerun.spec_resolve import only_engine, with_counterparts
 
     sels, added = with_counterparts(resolve([parse_spec("test_disaggregation_basic.py")], repo_reg), repo_reg)
     basic, server, swa = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.commands import rerun as cli
-from harness.rerun.spec import Spec, SpecError, parse_comment, parse_spec, parse_specs
+from harness.rerun.spec_grammar import Spec, SpecError, parse_comment, parse_spec, parse_specs
 from rerun_tree import make_repo
 
 

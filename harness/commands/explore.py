@@ -31,12 +31,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--examples", type=int, default=None, metavar="N", help="stop after N schedules")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="the seed (default: a random one, printed)")
     p.add_argument("--topology", default="cpu", metavar="NAME", help="topology (default cpu)")
-    p.add_argument("--sglang", default=None, metavar="TARGET", help="which sglang (default $HARNESS_SGLANG, "
-                                                                    "then installed)")
+    p.add_argument(
+        "--sglang", default=None, metavar="TARGET", help="which sglang (default $HARNESS_SGLANG, then installed)"
+    )
     p.add_argument("--engine", choices=("sim", "sglang-server"), default="sim", help="engine (default sim)")
     p.add_argument("--run-dir", type=Path, default=None, metavar="DIR", help="run directory (default runs/explore-…)")
-    p.add_argument("--fault", action="append", default=[], metavar="NAME",
-                   help="apply this catalog fault (harness faults list); repeatable")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="apply this catalog fault (harness faults list); repeatable",
+    )
     p.add_argument("--replay", type=Path, default=None, metavar="PATH", help="replay a repro file's steps")
     p.set_defaults(func=_explore)
 
@@ -55,8 +61,10 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--topology {args.topology}: {e}") from None
     tps = {r.kind: r.tp for r in topo.roles if r.kind in ("prefill", "decode")}
     if any(tp != 1 for tp in tps.values()):
-        raise UsageError(f"--topology {args.topology}: TP {tps}; exploration drives one TP-1 prefill and decode "
-                         "rank in process, TP > 1 is not built yet")
+        raise UsageError(
+            f"--topology {args.topology}: TP {tps}; exploration drives one TP-1 prefill and decode "
+            "rank in process, TP > 1 is not built yet"
+        )
     if args.replay is not None and not args.replay.is_file():
         raise UsageError(f"--replay {args.replay}: no such file")
 
@@ -118,10 +126,20 @@ def _search(args: argparse.Namespace, names: list[str], root: Path) -> int:
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     tail = f", faults {', '.join(names)}" if names else ""
-    print(f"explore: seed {seed}, budget {args.minutes:g} min"
-          + (f" or {args.examples} schedules" if args.examples else "") + tail, flush=True)
-    session = Session(seed, root, examples=args.examples, seconds=args.minutes * 60, faults=names,
-                      report=lambda line: print(line, file=sys.stderr, flush=True))
+    print(
+        f"explore: seed {seed}, budget {args.minutes:g} min"
+        + (f" or {args.examples} schedules" if args.examples else "")
+        + tail,
+        flush=True,
+    )
+    session = Session(
+        seed,
+        root,
+        examples=args.examples,
+        seconds=args.minutes * 60,
+        faults=names,
+        report=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     finding = session.run()
     if finding is None:
         print(f"explore: nothing broke ({session.progress.line().removeprefix('explore: ')})")

@@ -102,15 +102,21 @@ def _show(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from harness import topology
-    from harness.gates import plan
-    from harness.rerun import collector, resolve, spec
+    from harness.gates import gate_plan
+    from harness.rerun import collector, spec_resolve, spec_grammar
     from harness.rerun import plan as plan_mod
     from harness.rerun.registry import RegistryError
 
     gate = _load(args.name)
     try:
-        m = plan.matrix(gate, collector.collect(args.repo_root.resolve()), args.simulate)
-    except (resolve.ResolveError, plan_mod.PlanError, spec.SpecError, RegistryError, topology.TopologyError) as e:
+        m = gate_plan.matrix(gate, collector.collect(args.repo_root.resolve()), args.simulate)
+    except (
+        spec_resolve.ResolveError,
+        plan_mod.PlanError,
+        spec_grammar.SpecError,
+        RegistryError,
+        topology.TopologyError,
+    ) as e:
         raise UsageError(f"gate {gate.name} cannot be planned: {e}") from None
     print(json.dumps(m, indent=2))
     if args.github_output:
@@ -147,7 +153,7 @@ def _verdict(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.gates import render, runner
+    from harness.gates import render, gate_runner
     from harness.rerun.execute import detect_gpus
     from harness.rerun.plan import PlanError
     from harness.rerun.registry import RegistryError
@@ -173,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
         print(joined.summary())
         if args.gpus is None:  # the cluster's, not this machine's: a group waits until its GPUs are free there
             gpus = int(sum(n.gpus for n in joined.nodes))
-    opts = runner.GateOptions(
+    opts = gate_runner.GateOptions(
         repo_root=root,
         run_dir=run_dir,
         simulate=args.simulate,
@@ -194,7 +200,7 @@ def _run(args: argparse.Namespace) -> int:
             target=target.label(),
             refused=(RegistryError, PlanError, sglang_target.TargetError),
         ) as rec:
-            result = runner.run_gate(gate, opts)
+            result = gate_runner.run_gate(gate, opts)
             rec.finish("passed" if result.exit_code == 0 else "failed", report=run_dir / "report" / "index.html")
     except (RegistryError, PlanError, sglang_target.TargetError) as e:
         raise UsageError(str(e)) from None

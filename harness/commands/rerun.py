@@ -25,7 +25,7 @@ from harness.commands import rerun_args as args_mod
 from harness.commands import showcommands
 from harness.commands.rerun_args import PROG, UsageError, build_parser, option_tokens, options_of, specs_of
 from harness.changes.lines import ChangeError
-from harness.rerun import changed, checkpoint, collector, comment, execute, registry, resolve, spec
+from harness.rerun import changed, checkpoint, collector, comment, execute, registry, spec_resolve, spec_grammar
 from harness.rerun import plan as plan_mod
 from harness.rerun.execute import detect_gpus
 from harness.rerun.registry import RegistryError
@@ -61,13 +61,13 @@ def _plan(args: argparse.Namespace) -> tuple[collector.Registry, plan_mod.Plan, 
         dirs += [Path(d) for d in entry.get("suites_dirs", []) if Path(d) not in dirs]
     reg = collector.collect(args.repo_root.resolve(), dirs, args.durations)
     default = not specs and not entry and not args.comment_file
-    sels = resolve.everything(reg) if default else resolve.resolve(specs, reg)
+    sels = spec_resolve.everything(reg) if default else spec_resolve.resolve(specs, reg)
     if not default and not entry:
-        sels, added = resolve.with_counterparts(sels, reg)
+        sels, added = spec_resolve.with_counterparts(sels, reg)
         if args.engine != "sim":
             for rel, why in added:
                 print(f"{PROG}: also running {rel} (paired with {why}; --engine sim leaves it out)", file=sys.stderr)
-    sels = resolve.only_engine(sels, str((entry or {}).get("engine", args.engine)))
+    sels = spec_resolve.only_engine(sels, str((entry or {}).get("engine", args.engine)))
     if entry:
         p = plan_mod.make_plan(sels)
         groups = [g for g in p.groups if g.topology == entry["topology"]]
@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, reg, p, target)
     except (
         UsageError,
-        spec.SpecError,
-        resolve.ResolveError,
+        spec_grammar.SpecError,
+        spec_resolve.ResolveError,
         plan_mod.PlanError,
         RegistryError,
         target_mod.TargetError,

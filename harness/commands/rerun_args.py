@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from harness.commands import add_version, check_seconds
-from harness.rerun import comment, spec
+from harness.rerun import comment, spec_grammar
 from harness.rundir import REPO_ROOT
 from harness.targets.sglang import selection as target_mod
 
@@ -169,14 +169,14 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--shard-index needs --shards N with N ≥ 2")
 
 
-def specs_of(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
+def specs_of(args: argparse.Namespace) -> tuple[list[spec_grammar.Spec], dict | None]:
     """Specs from the positional arguments, ``--comment-file`` and ``--plan-entry`` (all validated).
 
     A comment's options (``--coverage``, ``--changed=REV``, ``--mutate``) and a plan entry's
     ``coverage`` / ``changed`` / ``mutate`` are set on ``args`` as the same command-line options
     would be (:func:`options_of` reads them back for the plan's matrix and the spec line)."""
     options: dict = {}
-    specs = spec.parse_specs(list(args.specs), options)
+    specs = spec_grammar.parse_specs(list(args.specs), options)
     if args.comment_file:
         try:
             body = args.comment_file.read_text(encoding="utf-8", errors="replace")
@@ -184,7 +184,7 @@ def specs_of(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
             raise UsageError(
                 f"--comment-file: cannot read {args.comment_file} ({e.strerror}); pass an existing file"
             ) from None
-        comment_specs, comment_options = spec.parse_command(body)
+        comment_specs, comment_options = spec_grammar.parse_command(body)
         specs += [s for s in comment_specs if s not in specs]
         options.update(comment_options)
     entry = None
@@ -197,7 +197,7 @@ def specs_of(args: argparse.Namespace) -> tuple[list[spec.Spec], dict | None]:
             raise UsageError(
                 "--plan-entry: not a matrix entry from --dry-run; pass one of its 'include' objects"
             ) from None
-        specs += [s for s in spec.parse_specs(list(entry["specs"])) if s not in specs]
+        specs += [s for s in spec_grammar.parse_specs(list(entry["specs"])) if s not in specs]
         if entry.get("coverage"):
             options["coverage"] = True
         if entry.get("changed"):

@@ -30,8 +30,9 @@ def apply(names: list[str]) -> Path | None:
     scratch = None
     if patches:
         if "sglang" in sys.modules:
-            raise faults.FaultError(f"{', '.join(patches)}: sglang is already imported, a patched copy cannot "
-                                    "take its place")
+            raise faults.FaultError(
+                f"{', '.join(patches)}: sglang is already imported, a patched copy cannot take its place"
+            )
         scratch = Path(tempfile.mkdtemp(prefix="harness-explore-fault-"))
         try:
             source.scratch_copy(patches, scratch, target_mod.sglang_root().resolve())

@@ -7,7 +7,7 @@ fresh ``pytest --inject-fault NAME`` subprocess, and judges each fault × suite 
 docs/modules.md.
 """
 
-from harness.faultcheck.matrix import (
+from harness.faultcheck.kill_matrix import (
     ACCOUNTING_SUITES,
     DEFAULT_JOBS,
     DEFAULT_TIMEOUT_S,

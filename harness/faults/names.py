@@ -3,7 +3,7 @@ runtime fault of its PD transfer (:mod:`.pd`), looked up and validated."""
 
 from __future__ import annotations
 
-from harness.faults import pd, sglang
+from harness.faults import sim_faults, sglang
 from harness.faults.fault import Fault, FaultError
 
 
@@ -13,7 +13,7 @@ def catalog() -> dict[str, Fault]:
     Returns:
         A new dict name -> :class:`Fault`, in catalog order.
     """
-    return {fault.name: fault for fault in (*sglang.FAULTS, *pd.FAULTS)}
+    return {fault.name: fault for fault in (*sglang.FAULTS, *sim_faults.FAULTS)}
 
 
 def get(name: str) -> Fault:

@@ -15,7 +15,7 @@ from harness import topology as topo_mod
 from harness.gates import bundle as repro
 from harness.gates import render
 from harness.gates.model import Gate
-from harness.gates.runs import EntryRun, GateOptions
+from harness.gates.gate_state import EntryRun, GateOptions
 from harness.gates.verdict import TestOutcome
 from harness.plugins import seeds as seeds_mod
 from harness.rerun import execute

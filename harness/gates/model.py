@@ -165,7 +165,7 @@ def _timeout(table: dict[str, Any], where: str, ctx: str, default: float) -> flo
 
 
 def _parse_select(values: tuple[str, ...], where: str, ctx: str) -> tuple[str, ...]:
-    from harness.rerun import spec as spec_mod  # the same grammar rerun-test accepts
+    from harness.rerun import spec_grammar as spec_mod  # the same grammar rerun-test accepts
 
     if not values:
         raise _fail(where, f"{ctx}select", "is empty or missing", 'name what to run, e.g. select = ["suites/unit/"]')

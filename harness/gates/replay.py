@@ -13,10 +13,10 @@ from typing import Callable
 
 from harness import runs
 from harness.gates import bundle as repro
-from harness.gates.runner import item_for, live_lines, run_one
-from harness.rerun import collector, execute, reports, resolve
+from harness.gates.gate_runner import item_for, live_lines, run_one
+from harness.rerun import collector, execute, reports, spec_resolve
 from harness.rerun import plan as plan_mod
-from harness.rerun import spec as spec_mod
+from harness.rerun import spec_grammar as spec_mod
 
 
 def bundle_target(data: dict) -> str | None:
@@ -69,9 +69,9 @@ def reproduce(
     target = target_mod.select_for_cli(sglang or bundle_target(data), "rerun-test")
     reg = collector.collect(repo_root.resolve(), list(suites_dirs))
     try:
-        sel = resolve.resolve_one(spec_mod.parse_spec(data["spec"]), reg)
+        sel = spec_resolve.resolve_one(spec_mod.parse_spec(data["spec"]), reg)
         p = plan_mod.make_plan([sel])
-    except (spec_mod.SpecError, resolve.ResolveError, plan_mod.PlanError) as e:
+    except (spec_mod.SpecError, spec_resolve.ResolveError, plan_mod.PlanError) as e:
         raise repro.ReproError(f"{bundle_path}: {e}") from None
     group = next((g for g in p.groups if g.topology == data["topology"]), None)
     if group is None:
@@ -120,7 +120,7 @@ def reproduce(
     if recorded and recorded.get("version") != target.version:
         diffs.insert(0, f"sglang: {recorded.get('version')} → {target.version}")
     if data.get("git_sha") and data["git_sha"] != "unknown":
-        from harness.gates.runner import git_state
+        from harness.gates.gate_runner import git_state
 
         sha, _ = git_state(repo_root)
         if sha != data["git_sha"]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from harness import topology as topo_mod
-from harness.rerun.resolve import Selection
+from harness.rerun.spec_resolve import Selection
 
 
 class PlanError(ValueError):

@@ -14,14 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.explore.machine import Session, replay
-from harness.explore.pair import Pair, PairConfig
+from harness.api import ExplorePair as Pair
+from harness.api import ExplorePairConfig as PairConfig
+from harness.api import ExploreSession as Session
+from harness.api import explore_replay as replay
+from harness.api import harness_main as main
 
 pytestmark = [pytest.mark.timeout(240)]
 
-CONFIG = PairConfig(page_size=16, window=24, full_pages=160, swa_pages=128, req_slots=4, radix_cache=True,
-                    eviction_interval=1, chunk_pages=1)
+CONFIG = PairConfig(
+    page_size=16,
+    window=24,
+    full_pages=160,
+    swa_pages=128,
+    req_slots=4,
+    radix_cache=True,
+    eviction_interval=1,
+    chunk_pages=1,
+)
 
 
 def test_short_exploration_of_clean_sglang_raises_nothing(tmp_path):
@@ -83,8 +93,20 @@ def test_replay_is_byte_exact(tmp_path):
 def test_a_catalog_fault_is_found_and_shrunk_to_a_repro(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("HARNESS_FAULTS", None)
-    cmd = [sys.executable, "-m", "harness.cli", "explore", "--fault", "release-leaks-swa", "--seed", "1",
-           "--examples", "300", "--minutes", "2", "--run-dir", str(tmp_path)]
+    cmd = [
+        str(Path(sys.executable).with_name("harness")),  # the installed command, as a user runs it
+        "explore",
+        "--fault",
+        "release-leaks-swa",
+        "--seed",
+        "1",
+        "--examples",
+        "300",
+        "--minutes",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=200)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()

@@ -12,32 +12,34 @@ from typing import Callable
 
 from harness import topology as topo_mod
 from harness.gates.model import Gate, GateSuite
-from harness.rerun import collector, resolve
+from harness.rerun import collector, spec_resolve
 from harness.rerun import plan as plan_mod
-from harness.rerun import spec as spec_mod
+from harness.rerun import spec_grammar as spec_mod
 
 #: The topology whose runner takes the simulated groups of a ``--simulate`` plan.
 CPU_TOPOLOGY = "cpu"
 
 
-def select(entry: GateSuite, reg: collector.Registry) -> list[resolve.Selection]:
+def select(entry: GateSuite, reg: collector.Registry) -> list[spec_resolve.Selection]:
     """The selections of one entry.
 
     Raises:
-        resolve.ResolveError: a spec resolves to nothing, or a directory holds no suite file with tests.
+        spec_resolve.ResolveError: a spec resolves to nothing, or a directory holds no suite file with tests.
     """
-    out: list[resolve.Selection] = []
+    out: list[spec_resolve.Selection] = []
     for v in entry.select:
         if not v.endswith("/"):
-            out.append(resolve.resolve_one(spec_mod.parse_spec(v), reg))
+            out.append(spec_resolve.resolve_one(spec_mod.parse_spec(v), reg))
             continue
         hits = [f for f in reg.files if f.rel.startswith(v) and not f.disabled and (f.tests or f.error)]
         if not hits:
-            raise resolve.ResolveError(f"{v!r} holds no registered suite file with tests; fix the path or remove it")
+            raise spec_resolve.ResolveError(
+                f"{v!r} holds no registered suite file with tests; fix the path or remove it"
+            )
         for f in hits:
             if f.error:
-                raise resolve.ResolveError(f.error)
-            out.append(resolve.Selection(suite=f, tests=f.tests, whole=True))
+                raise spec_resolve.ResolveError(f.error)
+            out.append(spec_resolve.Selection(suite=f, tests=f.tests, whole=True))
     return out
 
 
@@ -52,7 +54,7 @@ def entry_plan(
     Without ``simulate`` no group may simulate GPUs (a group needing missing GPUs is then not runnable).
 
     Raises:
-        resolve.ResolveError, plan_mod.PlanError: nothing to run, or an unknown topology.
+        spec_resolve.ResolveError, plan_mod.PlanError: nothing to run, or an unknown topology.
     """
     p = plan_mod.make_plan(select(entry, reg), get_topology=get_topology)
     groups = [g for g in p.groups if not entry.topologies or g.topology in entry.topologies]
@@ -95,7 +97,7 @@ def matrix(
     entry's plan order (longest group first).
 
     Raises:
-        resolve.ResolveError, plan_mod.PlanError, spec_mod.SpecError: an entry cannot be planned.
+        spec_resolve.ResolveError, plan_mod.PlanError, spec_mod.SpecError: an entry cannot be planned.
         topo_mod.TopologyError: a simulated GPU group but no CPU topology.
     """
     by_label: dict[str, dict] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.rerun.collector import Registry
 from harness.rerun.registry import SuiteFile, TestEntry, counterparts
-from harness.rerun.spec import Spec
+from harness.rerun.spec_grammar import Spec
 
 
 class ResolveError(ValueError):

@@ -28,7 +28,7 @@ class GateOptions:
         python: interpreter for pytest.
         suites_dirs: extra test trees (rerun-test's ``--suites-dir``).
         hypothesis_seed, workload_seed: override the gate's seeds (None: the gate's, else random).
-        runner: run only the groups of this CI runner label (:func:`harness.gates.plan.runner_label`);
+        runner: run only the groups of this CI runner label (:func:`harness.gates.gate_plan.runner_label`);
             entries with none there are left out of the run and its verdict (None: every group).
         joined_gpus: with ``ray_address``: the joined cluster's GPUs as its nodes reported them
             (:func:`harness.cluster.nodes.gpu_kind`), stamped on the report.

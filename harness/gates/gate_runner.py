@@ -20,16 +20,16 @@ from harness.gates import bundle as repro
 from harness.gates import classify, history, render
 from harness.gates.evidence import collect_evidence, repro_key, safe_name
 from harness.gates.model import Gate, GateSuite
-from harness.gates.plan import entry_plan, runner_label
-from harness.gates.runs import Attempt, EntryRun, GateOptions, GateRun
+from harness.gates.gate_plan import entry_plan, runner_label
+from harness.gates.gate_state import Attempt, EntryRun, GateOptions, GateRun
 from harness.gates.verdict import SuiteOutcome, TestOutcome, Verdict, judge
 from harness.report import page
 from harness.report.junit import read_junit
 from harness.report.results import CaseResult, GroupResult
 from harness.report.stamp import git_state
-from harness.rerun import collector, execute, resolve
+from harness.rerun import collector, execute, spec_resolve
 from harness.rerun import plan as plan_mod
-from harness.rerun import spec as spec_mod
+from harness.rerun import spec_grammar as spec_mod
 from harness.rerun.registry import RegistryError
 from harness.rundir import RunDir
 from harness.targets.sglang import selection as sglang_target
@@ -171,7 +171,13 @@ def run_entry(
             p = plan_mod.Plan(tuple(g for g in p.groups if runner_label(g) == opts.runner))
             if not p.groups:
                 return None
-    except (resolve.ResolveError, plan_mod.PlanError, spec_mod.SpecError, RegistryError, topo_mod.TopologyError) as e:
+    except (
+        spec_resolve.ResolveError,
+        plan_mod.PlanError,
+        spec_mod.SpecError,
+        RegistryError,
+        topo_mod.TopologyError,
+    ) as e:
         out(f"[{entry.name}] cannot run: {e}")
         return EntryRun(
             entry, SuiteOutcome(entry.name, entry.required, entry.min_pass_rate, error=str(e)), edir, (), None, {}, ()
