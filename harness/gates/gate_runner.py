@@ -2,7 +2,7 @@
 
 Each suite entry is selected, planned and executed; failures the flaky policy allows are rerun alone; then
 the verdict, the reports, a repro bundle per failing test and a flaky-history line are written. The run as
-numbered steps: docs/modules.md.
+numbered steps: docs/modules.md. Over 400 lines: the steps share one gate run's state and its evidence.
 """
 
 from __future__ import annotations
