@@ -1,17 +1,9 @@
 """``harness mutate``: the mutation score of the sglang code under test.
 
-    harness mutate                                  # the default PD prealloc / SWA functions
-    harness mutate --function sglang.srt.disaggregation.decode:DecodePreallocQueue._swa_tail_len
-    harness mutate --sglang ../sglang/python --changed origin/main   # the functions a PR changed
-    harness mutate --limit 30 --tests suites/unit                    # at most 30 mutants, these candidates
-
-Flow: functions → mutants (:mod:`harness.mutation.operators`) → one measured run of the candidate tests
-(which test reaches which line) → each mutant's selected tests on a scratch copy of the target →
-verdicts → ``mutation.md`` / ``mutation.json`` and the report page under the run directory (the run itself:
-:func:`harness.mutation.flow.mutate`; this front end parses, checks and chooses). Bad input
-(a function the target lacks, a bad BASE, no mutant): one line, exit 2, nothing run. Exit 0 when the
-run finished (whatever the score), 1 when the candidate tests fail on the unmutated target or the
-harness itself failed running a mutant (one line naming it).
+Parses, checks and chooses the functions, then runs :func:`harness.mutation.flow.mutate`. Bad input (a function
+the target lacks, a bad BASE, no mutant): one line, exit 2, nothing run. Exit 0 when the run finished (whatever
+the score), 1 when the candidate tests fail on the unmutated target or a mutant's run failed. Examples and the
+flow: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The engine-independent half of a soak: the request mix, the batches, the checkpoints and the verdict.
 
-A soak pushes many requests through one PD pair in batches of ``every`` (:func:`drive`); after each
-batch, once nothing is in flight and the cache is flushed (or its evictable pages counted as free), the
-engine reads every pool of both sides against its baseline: a :class:`~harness.engines.interface.Checkpoint`.
-A leak is not a tolerance: every checkpoint must read zero, so the slope of the leak over the requests is
-exactly zero (:attr:`SoakResult.slope`, slots per 1,000 requests, for the benchmarks' report).
-
-Each batch is :func:`mix` — prompt lengths at page boundaries ±1 and uniform, a fraction aborted, every
-third request sharing its prompt with the others of its prefix group (radix hits) — so every
-engine runs the same requests for the same seed. An engine (:class:`harness.engines.interface.Engine`) runs a
-batch and reads a checkpoint: the simulated PD engine over Ray (:mod:`harness.engines.sim.sim_soak`) and a real
-sglang PD stack (:mod:`harness.engines.server.server_soak`). The first batch or checkpoint that finds something
-wrong ends the soak; the result says how far it got and why.
-
-It imports only :mod:`harness.engines.interface` (the ground of the engines): both engines build on it.
+:func:`drive` pushes requests through one PD pair in batches (:func:`mix`: the same requests for the same seed
+on every engine); after each batch the engine reads every pool against its baseline. A leak is not a
+tolerance: every checkpoint must read zero, so the slope (:attr:`SoakResult.slope`) is exactly zero. It imports
+only :mod:`harness.engines.interface`, which both engines implement. Detail: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The walk over one run's events that :func:`check` is: per worker and component, books of which
-request holds which pages of which pool, kept event by event, with every rule of :mod:`.rules` applied
-where it belongs (the rules and their sentences are listed there). Pure: no I/O.
+"""The walk over one run's events that :func:`check` is: per worker and component, books of which request holds
+which pages of which pool, kept event by event, with every rule of :mod:`.rules` applied where it belongs. Pure.
 
-What is still held at the end is judged by what the events say of its owner. Pages a request kept past
-its release, pages of a refused allocation (``alloc_fail``), pages held across a flush (a ``reset``:
-sglang flushes only an idle server, so every request had finished), and pages of a non-request owner
-(``<...>``) are a ``page-leak``. Pages of a request that took them and has no release yet are
-:data:`~harness.ledger.events.IN_FLIGHT`: one finding per request, naming its side and its last phase,
-since nothing in the events shows it finished (its release may still come).
+What is still held at the end is a ``page-leak`` when the events show its owner finished (released, refused, held
+across an idle flush, or no request), else :data:`~harness.ledger.events.IN_FLIGHT` (its release may still
+come): one finding per request, naming its side and last phase. The full rule: docs/modules.md.
 """
 
 from __future__ import annotations

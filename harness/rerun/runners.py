@@ -1,13 +1,9 @@
 """Which runner a CI job may run on: the label comes from the default branch's allow-list, never from a PR.
 
-The plan that makes a matrix (``rerun-test --dry-run``, ``harness gate plan``) may run a pull request's code,
-so every label in it is the PR's choice. Before any job is placed, a trusted job (the default branch's
-harness) passes the matrix through :func:`pin`: each entry's ``runner`` is replaced by the label that
-``ci/runners.json`` of the default branch gives its topologies (topology name -> runner label); an entry the
-plan put on the CPU topology's runner (a simulated GPU group) stays there. An entry whose topology is not in
-the allow-list, whose topologies name different labels, or whose name could not be a job or artifact name is
-refused with one line. ``cpu_only`` (a fork's pull request) refuses every entry that would leave the CPU
-runner. Standard library only.
+A plan may run a pull request's code, so every label in it is the PR's choice. A trusted job passes the matrix
+through :func:`pin`: each entry's ``runner`` becomes the label ``ci/runners.json`` of the default branch gives its
+topologies; anything not in the allow-list is refused with one line, and ``cpu_only`` (a fork's pull request)
+refuses every entry that would leave the CPU runner. Standard library only. Detail: docs/modules.md.
 """
 
 from __future__ import annotations
