@@ -13,6 +13,7 @@ import logging
 import sys
 
 from harness.commands import UsageError, add_version
+from harness.workers.procs import StateError
 
 # Sub-command modules, in help order. Add a line here when a concern gains a command.
 COMMANDS = (
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except UsageError as e:
+    except (UsageError, StateError) as e:
         print(f"harness: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -230,8 +230,9 @@ def mark_base(base: Path) -> None:
 
 
 def is_marked(base: Path) -> bool:
-    """Whether the harness owns ``base`` (it holds :data:`BASE_MARKER`)."""
-    return (Path(base) / BASE_MARKER).is_file()
+    """Whether the harness owns ``base``: it holds :data:`BASE_MARKER`, or it is the repository's own ``runs/``
+    (which may predate the marker)."""
+    return (Path(base) / BASE_MARKER).is_file() or Path(base).resolve() == Path(DEFAULT_BASE).resolve()
 
 
 def _ended(root: Path, base: Path | None) -> None:

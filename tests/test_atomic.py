@@ -29,3 +29,15 @@ def test_no_result_file_is_written_with_a_plain_write_text():
         if plain.search(line)
     ]
     assert not found, found
+
+
+def test_modes_follow_the_umask_and_a_replaced_file_keeps_its_own(tmp_path: Path):
+    new = atomic.write_text(tmp_path / "new.json", "{}\n")
+    assert new.stat().st_mode & 0o777 == atomic.NEW_FILE_MODE
+    private = tmp_path / "private.json"
+    private.write_text("{}")
+    private.chmod(0o600)
+    atomic.write_text(private, "[]\n")
+    assert private.stat().st_mode & 0o777 == 0o600
+    long = atomic.write_text(tmp_path / ("n" * 250 + ".json"), "{}\n")  # the temporary's name stays short
+    assert long.read_text() == "{}\n"

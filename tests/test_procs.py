@@ -204,6 +204,8 @@ def test_the_state_directory_must_be_the_users_own(tmp_path):
     assert stat.S_IMODE(mine.stat().st_mode) == 0o700
     os.chmod(mine, 0o755)  # ours, readable by others: narrowed
     assert stat.S_IMODE(procs.private_dir(mine).stat().st_mode) == 0o700
+    os.chmod(mine, 0o775)  # an older harness's mkdir under umask 002: only our own group can write it
+    assert stat.S_IMODE(procs.private_dir(mine).stat().st_mode) == 0o700
     os.chmod(mine, 0o777)  # others could plant entries: refused
     with pytest.raises(procs.UnsafeDirError, match=r"others can write it \(mode 777\); remove it"):
         procs.private_dir(mine)
@@ -217,3 +219,15 @@ def test_the_state_directory_must_be_the_users_own(tmp_path):
         os.chown(theirs, 12345, 12345)
         with pytest.raises(procs.UnsafeDirError, match=r"owned by uid 12345, not by you"):
             procs.private_dir(theirs)
+
+
+def test_an_unsafe_state_directory_is_one_line_and_exit_2_from_a_command(tmp_path, monkeypatch, capsys):
+    from harness import cli
+
+    open_dir = tmp_path / "procs"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    monkeypatch.setattr(procs, "REGISTRY_DIR", open_dir)
+    assert cli.main(["topology", "check", "cpu", "--simulate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"harness: {open_dir}: others can write it (mode 777); ") and err.count("\n") == 1, err

@@ -127,6 +127,7 @@ def test_retention_never_removes_a_folder_the_harness_did_not_create(tmp_path):
     assert runs.prune(home_runs, keep=1) == []
     assert sorted(p.name for p in home_runs.iterdir()) == [*(f"my-experiment-{i}" for i in range(5)), "x"]
     assert not runs.is_marked(home_runs)
+    assert runs.is_marked(runs.DEFAULT_BASE)  # the repository's own runs/, even from before the marker
     why = {r.name: runs.kept_because(r, runs.scan(home_runs)) for r in runs.scan(home_runs)}
     assert why["my-experiment-0"] == "not recorded, in a folder the harness did not create"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import atomic
+from harness.targets.sglang.resolve import RELEASE as RELEASE_SPEC
 
 VERSION = 1
 #: Environment variables that change what a test does (prefixes); anything else is noise.
@@ -25,7 +26,7 @@ ENV_IGNORED = ("HARNESS_RERUN_PROGRESS", "RAY_ADDRESS")
 PACKAGES = ("sglang", "torch", "ray", "hypothesis", "pytest")
 REQUIRED = ("version", "spec", "topology", "seeds")
 #: A variable whose name says it holds a secret is recorded as present, never by value.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)(_PATH|_FILE)?$", re.IGNORECASE)
 #: What a secret's value is recorded as.
 PRESENT = "<present>"
 #: Ray's token file (``RAY_AUTH_TOKEN_PATH``, default ``~/.ray/auth_token``): recorded as present or absent.
@@ -52,6 +53,8 @@ def is_secret(name: str) -> bool:
 
     >>> [is_secret(n) for n in ("RAY_AUTH_TOKEN", "SGLANG_API_KEY", "HARNESS_SGLANG", "OMP_NUM_THREADS")]
     [True, True, False, False]
+    >>> is_secret("SGLANG_TWO_STREAM_MAX_TOKENS"), is_secret("RAY_AUTH_TOKEN_PATH")  # a tuning value; a secret's file
+    (False, True)
     """
     return bool(SECRET_NAME.search(name))
 
@@ -260,7 +263,7 @@ def target_problem(data: dict[str, Any], repo_root: Path, cache: Path) -> str | 
     if not isinstance(sglang, dict) or sglang.get("origin") not in ("tree", "wheel"):
         if isinstance(sglang, dict) and sglang.get("origin") == "release":
             spec = str(sglang.get("spec", ""))
-            if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+|rc\d+)?", spec):
+            if not RELEASE_SPEC.fullmatch(spec):
                 return f"sglang release {spec!r} is not a version number"
         return None
     where = Path(str(sglang.get("root" if sglang["origin"] == "tree" else "spec", "")))

@@ -234,7 +234,10 @@ def state(config: pytest.Config) -> HarnessState:
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[state_key] = HarnessState(settings(config))
     # A previous run killed with SIGKILL may have left processes: reap them (ours only), then own this run.
-    procs.reap_stale()
+    try:
+        procs.reap_stale()
+    except procs.StateError as e:
+        raise pytest.UsageError(str(e)) from None
     procs.claim()
 
 

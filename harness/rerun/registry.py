@@ -320,6 +320,10 @@ def load_durations(files: list[Path], tolerant: Sequence[Path] = ()) -> dict[str
             data = json.loads(f.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             problem = f"not valid JSON ({e})"
+        except OSError as e:  # removed since the glob (another run's retention), or unreadable
+            if f in tolerant:
+                continue
+            raise RegistryError(f"{f.name}: cannot be read ({e.strerror}); delete it or fix it") from None
         if not problem and (
             not isinstance(data, dict)
             or not all(
@@ -345,8 +349,16 @@ def recent_run_durations(runs_dir: Path, keep: int = 20) -> list[Path]:
     """Durations files of the ``keep`` newest runs under ``runs_dir``, oldest first (so newer win)."""
     if not runs_dir.is_dir():
         return []
-    found = sorted(runs_dir.glob(f"*/report/{DURATIONS_FILE}"), key=lambda p: p.stat().st_mtime)
+    found = sorted(runs_dir.glob(f"*/report/{DURATIONS_FILE}"), key=_mtime)
     return found[-keep:]
+
+
+def _mtime(path: Path) -> float:
+    """A file's mtime, 0 when another run's retention removed it since the glob."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def apply_durations(suite: SuiteFile, durations: dict[str, float]) -> SuiteFile:

@@ -34,7 +34,7 @@ LEASES = procs.STATE_DIR / "port-leases"
 LOCK_TIMEOUT_S = 30.0
 
 
-class LeaseLockError(RuntimeError):
+class LeaseLockError(procs.StateError):
     """A lease ledger's lock stayed held past :data:`LOCK_TIMEOUT_S`: one line, naming the file."""
 
 

@@ -34,7 +34,11 @@ REGISTRY_DIR = Path(os.environ.get("HARNESS_PROCS_DIR") or STATE_DIR / "procs")
 DIR_PREFIXES = ("ph-",)
 
 
-class UnsafeDirError(RuntimeError):
+class StateError(RuntimeError):
+    """The harness's per-user state on this machine cannot be used: one line, naming what and the fix."""
+
+
+class UnsafeDirError(StateError):
     """The harness's state directory is not this user's own: one line, naming it and the fix."""
 
 
@@ -42,7 +46,8 @@ def private_dir(path: Path) -> Path:
     """``path`` as a directory only this user can write, created with mode 0700 when missing.
 
     One owned by another user, a symlink, or one others can write is refused (someone could plant entries that
-    steer the cleanup, or hold the lease lock); one of ours that others can only read is narrowed to 0700.
+    steer the cleanup, or hold the lease lock); one of ours that others can only read, or that only our own group
+    can write (an older harness's mkdir under umask 002), is narrowed to 0700.
 
     Raises:
         UnsafeDirError: one line naming the directory, what is wrong and the fix.
@@ -61,7 +66,7 @@ def private_dir(path: Path) -> Path:
         raise UnsafeDirError(f"{path}: not a directory (a symlink or a file) where the harness keeps its state; {fix}")
     if st.st_uid != os.getuid():
         raise UnsafeDirError(f"{path}: owned by uid {st.st_uid}, not by you (uid {os.getuid()}); {fix}")
-    if st.st_mode & 0o022:
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getgid()):
         raise UnsafeDirError(f"{path}: others can write it (mode {stat.S_IMODE(st.st_mode):o}); {fix}")
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)

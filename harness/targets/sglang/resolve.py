@@ -35,6 +35,8 @@ INSTALLED = "installed"
 CACHE_ENV = "HARNESS_SGLANG_CACHE"
 _PIP_TIMEOUT_S = 900
 _RELEASE = re.compile(r"^\d+\.\d+\.\d+(?:[.\-+]?(?:rc|post|dev|a|b)\d*)?$")
+#: What a release TARGET looks like (``0.5.22``, ``0.5.17.dev0``): the one pattern, for readers of recorded targets.
+RELEASE = _RELEASE
 
 
 class TargetError(ValueError):
