@@ -221,13 +221,16 @@ def test_the_state_directory_must_be_the_users_own(tmp_path):
             procs.private_dir(theirs)
 
 
-def test_an_unsafe_state_directory_is_one_line_and_exit_2_from_a_command(tmp_path, monkeypatch, capsys):
-    from harness import cli
-
+def test_an_unsafe_state_directory_is_one_line_and_exit_2_from_a_command(tmp_path):
+    # A fresh process, as a user runs it: a pytest worker here may already be connected to Ray.
     open_dir = tmp_path / "procs"
     open_dir.mkdir()
     os.chmod(open_dir, 0o777)
-    monkeypatch.setattr(procs, "REGISTRY_DIR", open_dir)
-    assert cli.main(["topology", "check", "cpu", "--simulate"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"harness: {open_dir}: others can write it (mode 777); ") and err.count("\n") == 1, err
+    env = {**os.environ, "HARNESS_PROCS_DIR": str(open_dir), "HARNESS_OWNER": ""}
+    harness = Path(sys.executable).with_name("harness")
+    done = subprocess.run(
+        [str(harness), "topology", "check", "cpu", "--simulate"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"harness: {open_dir}: others can write it (mode 777); "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
