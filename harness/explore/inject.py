@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from harness import faults
@@ -33,15 +32,16 @@ def apply(names: list[str]) -> Path | None:
             raise faults.FaultError(
                 f"{', '.join(patches)}: sglang is already imported, a patched copy cannot take its place"
             )
-        scratch = Path(tempfile.mkdtemp(prefix="harness-explore-fault-"))
         try:
-            source.scratch_copy(patches, scratch, target_mod.sglang_root().resolve())
+            scratch = source.put_patched_copy_first(
+                patches,
+                target_mod.sglang_root().resolve(),
+                prefix="harness-explore-fault-",
+                overlay_env=target_mod.OVERLAY_ENV,
+                children=False,
+            )
         except source.PatchError as e:
-            shutil.rmtree(scratch, ignore_errors=True)
             raise faults.FaultError(f"{e}; the patch does not apply to this sglang") from None
-        sys.path.insert(0, str(scratch))
-        os.environ[target_mod.OVERLAY_ENV] = str(scratch)
-        os.environ.setdefault(source.FIRED_ENV, str(scratch / "fired.txt"))
     os.environ[faults.ENV_VAR] = ",".join(names)
     faults.activate(names)
     return scratch

@@ -12,6 +12,9 @@ import importlib.util
 import logging
 import os
 import re
+import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,6 +228,32 @@ def scratch_copy(names: list[str] | tuple[str, ...], dest: Path, tree: Path) -> 
     scratch_files(patched, dest, tree, names)
     logger.info("scratch sglang with %s at %s (from %s)", ", ".join(names), dest, tree)
     return dest
+
+
+def put_patched_copy_first(names: list[str], tree: Path, *, prefix: str, overlay_env: str, children: bool) -> Path:
+    """Build a scratch copy of ``tree``'s sglang with the patch faults ``names`` (:func:`scratch_copy`) and put it
+    first on this process's import path; ``overlay_env`` names it, so a process that activates the target again
+    keeps it first; with ``children`` it also leads ``PYTHONPATH`` for the processes this one starts.
+
+    Returns:
+        The scratch directory (the caller removes it).
+
+    Raises:
+        PatchError: a patch does not apply (the scratch directory is removed).
+    """
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        scratch_copy(names, scratch, tree)
+    except PatchError:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    sys.path.insert(0, str(scratch))
+    os.environ[overlay_env] = str(scratch)
+    if children:
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(scratch), *inherited])
+    os.environ.setdefault(FIRED_ENV, str(scratch / "fired.txt"))
+    return scratch
 
 
 def scratch_files(patched: dict[str, str], dest: Path, tree: Path, names: list[str] | tuple[str, ...]) -> Path:

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,18 +73,16 @@ def _put_patched_copy_first(patches: list[str]) -> Path:
             f"--inject-fault {', '.join(patches)}: sglang is already imported in this process, "
             "so a patched copy cannot take its place; pass --inject-fault on the command line"
         )
-    scratch = Path(tempfile.mkdtemp(prefix="harness-fault-"))
     try:
-        source.scratch_copy(patches, scratch, target_mod.sglang_root().resolve())
+        return source.put_patched_copy_first(
+            patches,
+            target_mod.sglang_root().resolve(),
+            prefix="harness-fault-",
+            overlay_env=target_mod.OVERLAY_ENV,  # a child re-activating the target keeps it first
+            children=True,
+        )
     except source.PatchError as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
         raise pytest.UsageError(f"--inject-fault: {exc}; the patch does not apply to this sglang") from None
-    sys.path.insert(0, str(scratch))
-    os.environ[target_mod.OVERLAY_ENV] = str(scratch)  # a child re-activating the target keeps it first
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(scratch), *inherited])
-    os.environ.setdefault(source.FIRED_ENV, str(scratch / "fired.txt"))
-    return scratch
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
