@@ -437,7 +437,7 @@ def test_a_failing_e2e_seed_replays_with_the_same_seed_and_workload(tmp_path, mo
 def test_two_long_node_ids_that_differ_past_the_cut_get_two_evidence_directories():
     # Before: names were cut at 120 characters, so the basic server suite's [prefill] / [decode] pair shared one
     # repro directory and the second failure overwrote the first's bundle.
-    from harness.gates.evidence import safe_name
+    from harness.rundir import safe_name
 
     base = (
         "suites/disaggregation/test_disaggregation_basic_server.py::"

@@ -25,11 +25,6 @@ from harness.rundir import RunDir
 LEDGER_TAIL = 20
 
 
-def safe_name(nodeid: str) -> str:
-    """The directory name of a failure's evidence (:func:`harness.rundir.safe_name`: unique when cut)."""
-    return rundir.safe_name(nodeid)
-
-
 def _records(group_dir: Path) -> dict[tuple[str, str], dict]:
     path = group_dir / seeds_mod.RECORD_FILE
     out: dict[tuple[str, str], dict] = {}
@@ -109,7 +104,7 @@ def collect_evidence(
     tries = run.attempts[(test.group, nodeid)]
     last = next(a for a in reversed(tries) if a.outcome in ("failed", "error"))
     group = next(g for g in run.plan.groups if g.name == test.group) if run.plan else None
-    dest = RunDir(opts.run_dir).report / "failures" / safe_name(f"{run.entry.name}-{test.group}-{nodeid}")
+    dest = RunDir(opts.run_dir).report / "failures" / rundir.safe_name(f"{run.entry.name}-{test.group}-{nodeid}")
     dest.mkdir(parents=True, exist_ok=True)
     files: list[str] = []
     if last.log.is_file():

@@ -14,11 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from harness import atomic, report
+from harness import atomic, report, rundir
 from harness import topology as topo_mod
 from harness.gates import bundle as repro
 from harness.gates import classify, history, render
-from harness.gates.evidence import collect_evidence, repro_key, safe_name
+from harness.gates.evidence import collect_evidence, repro_key
 from harness.gates.model import Gate, GateSuite
 from harness.gates.gate_plan import entry_plan, runner_label
 from harness.gates.gate_state import Attempt, EntryRun, GateOptions, GateRun
@@ -229,7 +229,7 @@ def run_entry(
                 tries[-1].failure_class, len(tries)
             ):
                 k = len(tries)
-                rdir = edir / "reruns" / f"{safe_name(case.nodeid)}-{k}"
+                rdir = edir / "reruns" / f"{rundir.safe_name(case.nodeid)}-{k}"
                 out(
                     f"[{entry.name}/{res.name}] rerun {k}/{gate.flaky.reruns} of {case.nodeid} "
                     f"({tries[-1].failure_class})"

@@ -100,13 +100,9 @@ class Header:
         return "PASS" if self.passed else "FAIL"
 
 
-def _safe(text: str) -> str:
-    return rundir.safe_name(text)
-
-
 def _file_name(text: str) -> str:
     """A file name for ``text``: readable, and unique even where two long node ids share their first 100 characters."""
-    return f"{_safe(text)[:100]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+    return f"{rundir.safe_name(text)[:100]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
 def duration(seconds: float) -> str:
@@ -270,7 +266,7 @@ def _group_row(g: GroupResult, records: list[TestRecord], report_dir: Path) -> d
 
 
 def _anchor(group: GroupResult, case: CaseResult) -> str:
-    return "t-" + _safe(f"{group.name}-{case.nodeid}")
+    return "t-" + rundir.safe_name(f"{group.name}-{case.nodeid}")
 
 
 def _rel(path: Path, report_dir: Path) -> str:

@@ -56,17 +56,6 @@ MAX_SPECS = 200
 MAX_SPEC_LEN = 400
 
 
-def _dedup(specs: list[Spec]) -> list[Spec]:
-    """``specs`` in order, each once (linear: a set of the seen ones)."""
-    seen: set[Spec] = set()
-    out = []
-    for s in specs:
-        if s not in seen:
-            seen.add(s)
-            out.append(s)
-    return out
-
-
 def _capped(specs: list[Spec]) -> list[Spec]:
     if len(specs) > MAX_SPECS:
         raise SpecError(f"more than {MAX_SPECS} tests named; name a directory or a file instead of each test")
@@ -145,14 +134,14 @@ def parse_specs(tokens: list[str], options: dict | None = None) -> list[Spec]:
     Raises:
         SpecError: any token is refused (nothing is returned then).
     """
-    out: list[Spec] = []
+    seen: dict[Spec, None] = {}  # in order, each once
     for token in tokens:
         if token.lstrip().startswith(COMMAND):
-            out = _dedup(out + _parse_comment(token, options if options is not None else {}))
+            seen.update(dict.fromkeys(_parse_comment(token, options if options is not None else {})))
         else:
-            out = _dedup([*out, parse_spec(token)])
-        _capped(out)  # stops at the first spec past the cap, so the work stays bounded
-    return out
+            seen.setdefault(parse_spec(token))
+        _capped(list(seen))  # stops at the first spec past the cap, so the work stays bounded
+    return list(seen)
 
 
 #: What a comment may ask besides tests: ``--coverage`` (changed-line coverage of the target),
@@ -230,4 +219,4 @@ def _parse_comment(body: str, options: dict) -> list[Spec]:
             tokens.append(t)
     if not tokens:
         raise SpecError("the comment names no tests; write /rerun-test test_x.py [more …]")
-    return _capped(_dedup([parse_spec(t) for t in tokens]))
+    return _capped(list(dict.fromkeys(parse_spec(t) for t in tokens)))
