@@ -142,7 +142,8 @@ def _search(args: argparse.Namespace, names: list[str], root: Path) -> int:
     )
     finding = session.run()
     if finding is None:
-        print(f"explore: nothing broke ({session.progress.line().removeprefix('explore: ')})")
+        line = session.progress.line().removeprefix("explore: ")
+        print(f"explore: nothing broke ({line}; stopped: {session.stopped})")
         return 0
     first = session.first_failure_s or 0.0
     print(f"explore: a schedule broke after {first:.1f}s; shrunk to {len(finding.steps)} step(s):")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +33,12 @@ MAX_STEPS = 40
 PAGE_SIZES = (16, 64)
 
 
+class BudgetSpent(BaseException):
+    """The session's time ran out inside a batch. A ``BaseException``: Hypothesis counts an ``Exception`` as a
+    failing schedule and shrinks it, this one it lets through at once (the machine's teardown still closes
+    the pair)."""
+
+
 @dataclass
 class Finding:
     """A failing schedule, shrunk: what a repro file holds."""
@@ -44,6 +50,7 @@ class Finding:
     at_end: bool  # broke in the end checks, after the last step
     log: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    shrunk: bool = True  # False: the budget ran out while shrinking; the shortest failing schedule seen
 
     def lines(self) -> list[str]:
         """The schedule as numbered readable steps, the pools first and the failure last."""
@@ -57,6 +64,8 @@ class Finding:
         if self.at_end:
             out.append(f"{len(self.steps) + 1:>3}. end: abort what is in flight, flush, check the baseline")
         out.append(f"  => {self.failure}")
+        if not self.shrunk:
+            out.append("  (the budget ran out while shrinking: the shortest failing schedule seen so far)")
         return out
 
 
@@ -97,6 +106,10 @@ class Session:
         seconds: time budget (None: no bound).
         faults: the faults active in this process (recorded in a repro).
         report: where progress lines go.
+        clock: what the time budget is read from (tests pass one that jumps past it after N steps).
+
+    The budget holds within a batch: every schedule's start and every step checks it, and a spent budget
+    stops the batch at once (:class:`BudgetSpent`); :attr:`stopped` says why the session ended.
     """
 
     def __init__(
@@ -108,8 +121,13 @@ class Session:
         seconds: float | None = None,
         faults: list[str] | None = None,
         report: Callable[[str], None] = lambda line: None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.seed, self.run_dir, self.examples, self.seconds = seed, run_dir, examples, seconds
+        self.clock = clock
+        self.deadline = None if seconds is None else clock() + seconds
+        self.stopped = ""  # why the session ended: "examples", "time", "time, mid-batch", "failure"
+        self.best: Finding | None = None  # the shortest failing schedule seen (a stop while shrinking)
         self.faults = list(faults or [])
         self.report = report
         self.progress = Progress()
@@ -120,23 +138,42 @@ class Session:
         self._batch_seed = seed
         self._last_report = 0.0
 
-    def _left(self) -> bool:
-        if self.examples is not None and self.progress.schedules >= self.examples:
-            return False
-        return self.seconds is None or time.perf_counter() - self.progress.started < self.seconds
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and self.clock() >= self.deadline
+
+    def check_budget(self) -> None:
+        """Called before every schedule and every step.
+
+        Raises:
+            BudgetSpent: the time budget is spent.
+        """
+        if self.out_of_time():
+            raise BudgetSpent
 
     def run(self) -> Finding | None:
         """Run batches until the budget is spent or a schedule fails; the finding (shrunk) or None."""
         batch = 0
-        while self._left() and self.finding is None:
+        while self.finding is None:
+            if self.examples is not None and self.progress.schedules >= self.examples:
+                self.stopped = "examples"
+                break
+            if self.out_of_time():
+                self.stopped = "time"
+                break
             n = BATCH if self.examples is None else max(1, min(BATCH, self.examples - self.progress.schedules))
             self._batch_seed = self.seed + batch
             batch += 1
             try:
                 self._run_batch(n)
+            except BudgetSpent:
+                self.stopped = "time, mid-batch"
+                if self.best is not None:
+                    self.finding = replace(self.best, shrunk=False)
+                break
             except Exception as e:  # noqa: BLE001 - any failure of a schedule is what exploration looks for
                 self._found(e)
-        self.report(self.progress.line())
+                self.stopped = "failure"
+        self.report(self.progress.line() + f"; stopped: {self.stopped}")
         return self.finding
 
     def _run_batch(self, n: int) -> None:
@@ -179,6 +216,15 @@ class Session:
         self._last = (pair, self._batch_seed)
         self._failure = None
 
+    def ended(self, pair: Pair) -> None:
+        """A schedule ended (its pair closed): keep it as :attr:`best` if it failed and is the shortest."""
+        if self._failure is None or (self.best is not None and len(self.best.steps) <= len(pair.steps)):
+            return
+        message, at_end = self._failure
+        self.best = Finding(
+            self._batch_seed, pair.config, list(pair.steps), message, at_end, list(pair.log), self.faults
+        )
+
     def failed(self, message: str, at_end: bool) -> None:
         self._failure = (message, at_end)
         if self.first_failure_s is None:
@@ -217,6 +263,7 @@ class PairMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def build(self, data: st.DataObject) -> None:
+        self.session.check_budget()
         P = data.draw(st.sampled_from(PAGE_SIZES), label="page_size")
         config = PairConfig(
             page_size=P,
@@ -234,6 +281,7 @@ class PairMachine(RuleBasedStateMachine):
 
     def _do(self, op: str, **args: Any) -> None:
         assert self.pair is not None
+        self.session.check_budget()
         t0 = time.perf_counter()
         try:
             self.pair.apply(op, **args)
@@ -341,6 +389,8 @@ class PairMachine(RuleBasedStateMachine):
             if self.session._failure is None:
                 self.session.failed(f"at the end: {_describe(e)}", True)
                 raise
+        finally:
+            self.session.ended(self.pair)
 
 
 def write_repro(finding: Finding, path: Path) -> Path:

@@ -22,6 +22,8 @@ from harness.api import harness_main as main
 
 pytestmark = [pytest.mark.timeout(240)]
 
+BATCH = 25  # schedules per Hypothesis run (harness.explore.machine.BATCH)
+
 CONFIG = PairConfig(
     page_size=16,
     window=24,
@@ -39,6 +41,17 @@ def test_short_exploration_of_clean_sglang_raises_nothing(tmp_path):
     finding = session.run()
     assert finding is None, "\n".join(finding.lines())
     assert session.progress.schedules >= 25 and session.progress.steps > 50
+
+
+def test_the_time_budget_holds_within_a_batch(tmp_path):
+    """A clock that jumps past the budget once 7 steps have run: the session stops before the 8th step, inside
+    its first batch (25 schedules), instead of finishing the batch (what a check between batches does)."""
+    holder: list = []
+    session = Session(5, tmp_path, seconds=60.0, clock=lambda: 1e9 if holder and holder[0].progress.steps >= 7 else 0.0)
+    holder.append(session)
+    assert session.run() is None
+    assert session.stopped == "time, mid-batch"
+    assert session.progress.steps == 7 and 1 <= session.progress.schedules < BATCH, session.progress.line()
 
 
 def schedule(run_dir: Path) -> tuple[list, list[str]]:
