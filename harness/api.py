@@ -51,7 +51,7 @@ NAMES: dict[str, str] = {
     "reset_server": "harness.engines.server.reset:reset_server",
     "soak_stack": "harness.engines.server.server_soak:soak_stack",
     "ResetError": "harness.engines.server.reset:ResetError",
-    "hold": "harness.engines.server.hold:",
+    "phases": "harness.engines.phases:",
     "leftover_processes": "harness.engines.server.stack:leftover_processes",
     "HISPARSE_DECODE_ARGS": "harness.engines.server.launcher:HISPARSE_DECODE_ARGS",
     "CPU_COMPAT_PATCHES": "harness.engines.server.launcher:CPU_COMPAT_PATCHES",

@@ -1,54 +1,138 @@
-"""The request hold (harness.engines.server.hold): a held request's send waits for its file to
-go and says it is waiting; every other request passes at once; only a prefill probe installs it."""
+"""Phase points (harness.engines.phases, harness.engines.server.hold): a held phase waits for its file
+to go and says so, every other request or phase passes at once and is traced, and the status seam forces
+two writers of one room to interleave inside sglang's real ``CommonKVManager.update_status``."""
 
 from __future__ import annotations
 
 import threading
-import time
-from types import SimpleNamespace
 
+import pytest
+
+from harness.engines import phases
 from harness.engines.server import hold
 from harness.engines.server.accounting_probe import COMPONENT_ENV, LEDGER_ENV
 
 
-def _send_log():
-    sent: list[str] = []
-
-    def send(self, req, last_chunk=False):
-        sent.append(req.rid)
-        return "sent"
-
-    return sent, send
+@pytest.fixture
+def points(tmp_path):
+    return hold.Points(str(tmp_path / "decode-0.jsonl"), "decode-0", "decode")
 
 
-def test_a_request_without_a_hold_file_is_sent_at_once(tmp_path):
-    sent, send = _send_log()
-    hold.hold_file(tmp_path, "other")
-    wrapped = hold._wrap_send(tmp_path / "hold", send)
-    assert wrapped(None, SimpleNamespace(rid="free"), last_chunk=True) == "sent"
-    assert sent == ["free"] and not (tmp_path / "hold" / "free.held").exists()
-
-
-def test_a_held_request_waits_for_its_release_and_says_it_is_held(tmp_path):
-    sent, send = _send_log()
-    gate = hold.hold_file(tmp_path, "r1")
-    wrapped = hold._wrap_send(tmp_path / "hold", send)
-    t = threading.Thread(target=wrapped, args=(None, SimpleNamespace(rid="r1")), kwargs={"last_chunk": True})
+def _in_thread(fn) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
     t.start()
-    deadline = time.monotonic() + 10
-    while not hold.held(gate) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert hold.held(gate), "the send never said it holds the request"
-    time.sleep(0.1)
-    assert sent == [], "the held request was sent before its release"
-    hold.release(gate)
+    return t
+
+
+def test_a_phase_without_a_hold_passes_at_once_and_is_traced(tmp_path, points):
+    phases.Hold(tmp_path, "decode.prealloc", "other")
+    points.mark("decode.prealloc", "r1", 7)
+    points.mark("transfer.ack", room=7)  # the room's request is named from what the trace saw
+    marks = phases.read_trace(tmp_path)
+    assert [(m.phase, m.rid, m.room) for m in marks] == [("decode.prealloc", "r1", 7), ("transfer.ack", "r1", 7)]
+    assert not list(phases.hold_dir(tmp_path).glob("*.held"))
+
+
+def test_a_held_phase_waits_for_its_release_and_says_it_is_held(tmp_path, points):
+    gate = phases.Hold(tmp_path, "prefill.send", "r1", chunk=1)
+    done: list[int] = []
+
+    def send(i):
+        points.mark("prefill.send", "r1", 3, chunk=i)
+        done.append(i)
+
+    send(0)  # chunk 0 is not held
+    t = _in_thread(lambda: send(1))
+    gate.reached(10)
+    assert done == [0] and t.is_alive(), "the held chunk went on before its release"
+    gate.release()
     t.join(10)
-    assert sent == ["r1"] and not t.is_alive()
-    hold.release(gate)  # idempotent
+    assert done == [0, 1] and not t.is_alive()
+    gate.release()  # idempotent
 
 
-def test_only_a_prefill_probe_installs_the_hold(tmp_path):
+def test_a_hold_by_room_holds_the_request_of_that_room(tmp_path, points):
+    with phases.Hold(tmp_path, "decode.commit", phases.room_key(9)) as gate:
+        t = _in_thread(lambda: points.mark("decode.commit", "r9", 9))
+        gate.reached(10)
+        assert t.is_alive()
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_a_hold_for_the_other_side_lets_this_side_pass(tmp_path, points):
+    phases.Hold(tmp_path, "transfer.status", phases.room_key(4), side="prefill")
+    points.mark("transfer.status", room=4)  # decode's points: not held
+    assert not list(phases.hold_dir(tmp_path).glob("*.held"))
+
+
+def test_bad_phases_and_keys_are_one_line_errors(tmp_path):
+    with pytest.raises(phases.PhaseError, match="not one of"):
+        phases.Hold(tmp_path, "decode.nowhere", "r1")
+    with pytest.raises(phases.PhaseError, match="letters, digits"):
+        phases.Hold(tmp_path, "decode.commit", "../escape")
+
+
+def test_a_hold_never_reached_says_what_the_request_reached(tmp_path, points):
+    points.mark("decode.prealloc", "r2", 2)
+    with pytest.raises(TimeoutError, match="its last phase decode.prealloc"):
+        phases.wait_mark(tmp_path, "decode.commit", rid="r2", timeout_s=0.2)
+    with pytest.raises(TimeoutError, match="never reached: decode died"):
+        phases.Hold(tmp_path, "decode.commit", "r2").reached(10, died=lambda: "decode died")
+
+
+def _manager(points):
+    """sglang's real KV manager class with only the state ``update_status`` reads (no sockets)."""
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+
+    mgr = CommonKVManager.__new__(CommonKVManager)
+    mgr.request_status = {}
+    mgr.deferred_bootstrap = None
+    mgr._deferred_ack_targets, mgr._deferred_ack_poisoned_rooms, mgr._staging_outstanding = {}, set(), {}
+    hold.watch_status(mgr, points)
+    return mgr
+
+
+def _update(points, mgr, room, status):
+    """What the installed wrapper does around sglang's update_status: say which write is running."""
+    points.local.writing = (room, status)
+    try:
+        type(mgr).update_status(mgr, room, status)
+    finally:
+        points.local.writing = None
+
+
+def test_the_status_seam_forces_a_lost_update_in_sglangs_update_status(tmp_path, points):
+    # The interleaving the fresh-clone stall fits: prefill's scheduler opens the room (Bootstrapping)
+    # and reads "no room yet"; decode's metadata arrives on the bootstrap thread and writes
+    # WaitingForInput; the scheduler then writes what it read against. sglang's own update_status
+    # has no lock: the room ends Bootstrapping, decode's metadata is lost, and prefill waits forever.
+    from sglang.srt.disaggregation.base import KVPoll
+
+    mgr = _manager(points)
+    gate = phases.Hold(tmp_path, "transfer.status", phases.room_key(5), chunk="Bootstrapping", side="decode")
+    t = _in_thread(lambda: _update(points, mgr, 5, KVPoll.Bootstrapping))
+    gate.reached(10)
+    _update(points, mgr, 5, KVPoll.WaitingForInput)  # the bootstrap thread, while the scheduler holds
+    assert mgr.request_status[5] == KVPoll.WaitingForInput
+    gate.release()
+    t.join(10)
+    assert mgr.request_status[5] == KVPoll.Bootstrapping, "the status seam no longer reaches the read"
+    reads = [m.note for m in phases.read_trace(tmp_path) if m.phase == "transfer.status"]
+    assert reads[0] == "read None, writing", reads
+
+
+def test_without_the_hold_the_same_writes_keep_waiting_for_input(points):
+    from sglang.srt.disaggregation.base import KVPoll
+
+    mgr = _manager(points)
+    _update(points, mgr, 5, KVPoll.Bootstrapping)
+    _update(points, mgr, 5, KVPoll.WaitingForInput)
+    assert mgr.request_status[5] == KVPoll.WaitingForInput
+
+
+def test_the_points_install_on_both_servers_with_a_probe_ledger(tmp_path):
     ledger = str(tmp_path / "ledger" / "prefill.jsonl")
-    assert hold.hold_dir(ledger) == tmp_path / "ledger" / "hold"
-    assert not hold.install_from_env({LEDGER_ENV: ledger, COMPONENT_ENV: "decode"})
     assert not hold.install_from_env({COMPONENT_ENV: "prefill"})
+    assert not hold.install_from_env({LEDGER_ENV: ledger, COMPONENT_ENV: "router"})
+    assert phases.trace_dir(tmp_path / "ledger") == tmp_path / "ledger" / "trace"

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import pytest
 import requests
 
-from harness.api import ServerHTTPError, WorkerDied, hold, ledger, reset_server, wait_for
+from harness.api import ServerHTTPError, WorkerDied, ledger, phases, reset_server, wait_for
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -203,14 +203,14 @@ def in_flight(stack, run_dir, what: str, seed: int) -> Iterator[InFlight]:
     is released on leaving, so prefill's send goes on into whatever the test did meanwhile."""
     rid = new_rid(what)
     decode = Ledger(run_dir, stack.decode)
-    gate = hold.hold_file(run_dir.ledger, rid)
+    gate = phases.Hold(run_dir.ledger, "prefill.send", rid)
     try:
         to_prefill, to_decode = direct(stack, prompt(200, seed=seed), 8, rid)
-        wait_until("prefill holding the request before its KV send", lambda: hold.held(gate))
+        wait_until("prefill holding the request before its KV send", gate.held)
         decode.wait("decode's prealloc", rid, "prealloc")
         yield InFlight(rid, to_prefill, to_decode, decode)
     finally:
-        hold.release(gate)
+        gate.release()
 
 
 def back_at_baseline(run_dir, *servers) -> None:
@@ -569,7 +569,7 @@ def _duplicate_room(stack, run_dir) -> None:
     room = random.Random("duplicate-room").randrange(1 << 62)
     rids = [new_rid(f"same-room-{i}") for i in range(2)]
     decode = Ledger(run_dir, stack.decode)
-    gate = hold.hold_file(run_dir.ledger, rids[0])
+    gate = phases.Hold(run_dir.ledger, "prefill.send", rids[0])
     futures: list[concurrent.futures.Future] = []
 
     def send(i: int) -> None:
@@ -577,7 +577,7 @@ def _duplicate_room(stack, run_dir) -> None:
 
     try:
         send(0)
-        wait_until("prefill holding the first request before its KV send", lambda: hold.held(gate))
+        wait_until("prefill holding the first request before its KV send", gate.held)
         decode.wait("decode's prealloc of the first request", rids[0], "prealloc")
         send(1)
         # The hazard, proven before the held send goes on: decode preallocated the second request too,
@@ -590,7 +590,7 @@ def _duplicate_room(stack, run_dir) -> None:
             lambda: to_decode.done() or bool(decode.events(rids[1], "prealloc")),
         )
     finally:
-        hold.release(gate)
+        gate.release()
     done, pending = concurrent.futures.wait(futures, timeout=ANSWER_S)
     hung = len(pending)
     if hung:

@@ -1,9 +1,10 @@
-"""Holding a request at one phase of the PD path on a real server, so a test reaches that phase
-deterministically (no sleeps, no luck): the prefill server stops before it sends a held request's KV.
+"""The phases of :mod:`harness.engines.phases` inside a real sglang server: each writes a trace line and
+waits while a hold file names it, so a test reaches any phase deterministically (no sleeps, no luck).
 
-A test creates the hold file (:func:`hold_file`) before it sends the request, acts, and removes it
-(:func:`release`); a hold never outlives :data:`MAX_HOLD_S`. Own code, not a library: the wait sits inside
-sglang's scheduler loop. The steps and their cost: docs/modules.md.
+Installed by the probe's ``sitecustomize`` in both servers; it wraps sglang's own methods at import time
+(:func:`harness.engines.server.hooks.after_import`) and changes nothing else. It also traces every write
+of a room's status with what it read first, which tells a lost message from a lost update. Own code, not a
+library: the waits sit inside sglang's scheduler and bootstrap threads. Hook points: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -11,79 +12,257 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
-from harness.clock import Deadline
+from harness.engines import phases
 from harness.engines.server.hooks import after_import
 
 log = logging.getLogger(__name__)
 
-#: The longest a send waits for its hold file to go (seconds).
-MAX_HOLD_S = 300.0
-_POLL_S = 0.02
+
+class Points:
+    """One server process's phase points: its trace file, its hold directory, and the rooms it has
+    seen (a transfer-engine message names a room; the trace names its request too)."""
+
+    def __init__(self, ledger_path: str, worker: str, side: str | None = None) -> None:
+        ledger_dir = Path(ledger_path).parent
+        self.holds = phases.hold_dir(ledger_dir)
+        trace = phases.trace_dir(ledger_dir)
+        trace.mkdir(parents=True, exist_ok=True)
+        self.worker = worker
+        self.side = side if side in phases.SIDES else None
+        self._path = trace / f"{worker}-{os.getpid()}.jsonl"
+        self._lock = threading.Lock()
+        self.rid_of_room: dict[int, str] = {}
+        self.chunks: dict[str, int] = {}
+        self.sent: set[int] = set()
+        self.local = threading.local()
+
+    def mark(
+        self,
+        phase: str,
+        rid: str = "",
+        room: Any = None,
+        chunk: int | str | None = None,
+        note: str = "",
+        *,
+        hold: bool = True,
+    ) -> None:
+        """Trace ``phase`` and, unless ``hold`` is False, wait while a hold names it (by request or room;
+        for ``chunk`` (a chunk's index, a status's name) or any)."""
+        room = int(room) if isinstance(room, int) else None
+        if room is not None and rid:
+            self.rid_of_room[room] = rid
+        elif room is not None:
+            rid = self.rid_of_room.get(room, "")
+        line = phases.Mark(time.time(), self.worker, phase, rid, room, chunk, note).to_json()
+        with self._lock, open(self._path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        if not hold:
+            return
+        keys = [k for k in (rid, phases.room_key(room) if room is not None else "") if k]
+        sides = (self.side, None) if self.side else (None,)
+        chunks = (chunk, None) if chunk is not None else (None,)
+        names = [phases.hold_name(phase, k, c, s) for k in keys if _plain(k) for c in chunks for s in sides]
+        got = phases.wait_at_hold(self.holds, names, lambda n: log.info("holding at %s (remove its file to go on)", n))
+        if got is not None:
+            log.info("hold %s released", got)
 
 
-def hold_dir(ledger_path: str | os.PathLike) -> Path:
-    """The hold directory of the server whose ledger is ``ledger_path``: the run's ``ledger/hold``."""
-    return Path(ledger_path).parent / "hold"
+def _plain(key: str) -> bool:
+    try:
+        phases.hold_name("prefill.send", key)
+    except phases.PhaseError:
+        return False
+    return True
 
 
-def hold_file(ledger_dir: str | os.PathLike, rid: str) -> Path:
-    """Create the hold of request ``rid`` in the run's ledger directory; returns the file (remove it
-    to release, :func:`release`)."""
-    d = Path(ledger_dir) / "hold"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / rid
-    path.touch()
-    return path
+def _room(req: Any) -> Any:
+    return getattr(req, "bootstrap_room", None)
 
 
-def held(hold: Path) -> bool:
-    """True once the prefill server is holding the request of ``hold`` (its send is waiting)."""
-    return hold.with_name(hold.name + ".held").exists()
-
-
-def release(hold: Path) -> None:
-    """Let the held send go on (idempotent)."""
-    hold.unlink(missing_ok=True)
-
-
-def _wrap_send(directory: Path, orig: Callable) -> Callable:
+def _wrap(orig: Callable, before: Callable | None = None, after: Callable | None = None) -> Callable:
     @functools.wraps(orig)
-    def wrapper(self, req, *args, **kwargs):
-        gate = directory / str(getattr(req, "rid", ""))
-        if gate.exists():
-            gate.with_name(gate.name + ".held").touch()
-            log.info("holding request %s before its KV send (remove %s to release)", req.rid, gate)
-            deadline = Deadline(MAX_HOLD_S)
-            while gate.exists() and not deadline.expired():
-                deadline.sleep(_POLL_S)
-            if gate.exists():
-                log.warning("hold of %s outlived %g s: sending", req.rid, MAX_HOLD_S)
-        return orig(self, req, *args, **kwargs)
+    def wrapper(*args, **kwargs):
+        if before is not None:
+            before(*args, **kwargs)
+        out = orig(*args, **kwargs)
+        if after is not None:
+            after(out, *args, **kwargs)
+        return out
 
     return wrapper
 
 
-def install(ledger_path: str) -> None:
-    """Wrap the prefill scheduler's KV send to wait on hold files next to ``ledger_path``."""
-    directory = hold_dir(ledger_path)
+def _install_prefill(points: Points, mod: ModuleType) -> None:
+    mixin = mod.SchedulerDisaggregationPrefillMixin
 
-    def on_prefill(mod: ModuleType) -> None:
-        mixin = mod.SchedulerDisaggregationPrefillMixin
-        mixin.send_kv_chunk = _wrap_send(directory, mixin.send_kv_chunk)
+    def send(self, req, *args, **kwargs):
+        i = points.chunks.get(req.rid, 0)
+        points.chunks[req.rid] = i + 1
+        points.mark("prefill.send", req.rid, _room(req), chunk=i)
 
-    after_import("sglang.srt.disaggregation.prefill", on_prefill)
+    mixin.send_kv_chunk = _wrap(mixin.send_kv_chunk, before=send)
+    release = mod.release_kv_cache
+
+    def released(req, *args, **kwargs):
+        points.chunks.pop(getattr(req, "rid", ""), None)
+        points.mark("prefill.release", getattr(req, "rid", ""), _room(req))
+
+    mod.release_kv_cache = _wrap(release, before=released)
+
+
+def _install_decode(points: Points, mod: ModuleType) -> None:
+    queue, transfer = mod.DecodePreallocQueue, mod.DecodeTransferQueue
+    queue._pre_alloc = _wrap(
+        queue._pre_alloc, after=lambda out, self, req, *a, **k: points.mark("decode.prealloc", req.rid, _room(req))
+    )
+    queue._send_kv_metadata = _wrap(
+        queue._send_kv_metadata,
+        before=lambda self, dr, *a, **k: points.mark("decode.metadata", dr.req.rid, _room(dr.req)),
+    )
+    transfer._commit_transfer_to_req = _wrap(
+        transfer._commit_transfer_to_req,
+        before=lambda self, dr, *a, **k: points.mark("decode.transferred", dr.req.rid, _room(dr.req)),
+        after=lambda out, self, dr, *a, **k: points.mark("decode.commit", dr.req.rid, _room(dr.req)),
+    )
+
+    def release(self, dr, *args, **kwargs):
+        points.local.last = (dr.req.rid, _room(dr.req))
+        points.mark("decode.release", dr.req.rid, _room(dr.req))
+
+    transfer._do_release = _wrap(transfer._do_release, before=release)
+
+    def observed(self, *args, outcome="", **kwargs):
+        outcome = outcome or (args[-1] if len(args) >= 2 else "")
+        rid, room = getattr(points.local, "last", ("", None))
+        points.mark("decode.released", rid, room, note=str(outcome))
+
+    transfer._observe_deferred_kv_release = _wrap(transfer._observe_deferred_kv_release, before=observed)
+
+
+class _StatusTable(dict):
+    """sglang's ``request_status`` with one seam: a status write in progress may hold between its read
+    and its write (the ``transfer.status`` hold), so a test can force two writers to interleave there."""
+
+    points: Points
+
+    def get(self, room, default=None):  # type: ignore[override]
+        value = super().get(room, default)
+        writing = getattr(self.points.local, "writing", None)
+        if writing is not None and writing[0] == room:
+            self.points.mark(
+                "transfer.status", room=room, chunk=_name(writing[1]), note=f"read {_name(value)}, writing"
+            )
+        return value
+
+
+#: sglang's ``KVPoll`` values (plain ints in 0.5.23).
+_STATUS = {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring", 4: "Success"}
+
+
+def _name(status: Any) -> str:
+    if isinstance(status, int) and not isinstance(status, bool):
+        return _STATUS.get(status, str(status))
+    return getattr(status, "name", str(status))
+
+
+def watch_status(manager: Any, points: Points) -> None:
+    """Give a KV manager the status table with the ``transfer.status`` seam (a plain dict only: a
+    pipeline-parallel consensus store is left as it is)."""
+    if type(manager.request_status) is dict:
+        table = _StatusTable(manager.request_status)
+        table.points = points
+        manager.request_status = table
+
+
+def _install_status(points: Points, mod: ModuleType) -> None:
+    manager = mod.CommonKVManager
+    orig_init, orig_update = manager.__init__, manager.update_status
+
+    @functools.wraps(orig_init)
+    def init(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        watch_status(self, points)
+
+    @functools.wraps(orig_update)
+    def update(self, bootstrap_room, status):
+        points.local.writing = (bootstrap_room, status)
+        try:
+            return orig_update(self, bootstrap_room, status)
+        finally:
+            points.local.writing = None
+            if isinstance(bootstrap_room, int):
+                after = dict.get(self.request_status, bootstrap_room) if isinstance(self.request_status, dict) else None
+                points.mark(
+                    "transfer.status",
+                    room=bootstrap_room,
+                    chunk=_name(status),
+                    note=f"wrote, now {_name(after)} ({threading.current_thread().name})",
+                    hold=False,
+                )
+
+    manager.__init__ = init
+    manager.update_status = update
+
+    def ack(self, bootstrap_room, prefill_rank, *args, **kwargs):
+        points.mark("transfer.ack", room=bootstrap_room, note=f"prefill rank {prefill_rank}")
+
+    manager.note_abort_ack = _wrap(manager.note_abort_ack, before=ack)
+
+
+def _install_mooncake(points: Points, mod: ModuleType) -> None:
+    manager = mod.MooncakeKVManager
+    orig = manager._handle_abort_notification
+
+    @functools.wraps(orig)
+    def on_abort(self, msg):
+        if msg and msg[0] == mod.ABORT_TAG:
+            note = mod.AbortNotification.from_zmq(msg)
+            if note is not None:
+                points.mark("transfer.abort", room=note.room)
+        return orig(self, msg)
+
+    manager._handle_abort_notification = on_abort
+    sender = mod.MooncakeKVSender
+    orig_poll = sender.poll
+
+    @functools.wraps(orig_poll)
+    def poll(self):
+        out = orig_poll(self)
+        room = getattr(self, "bootstrap_room", None)
+        if _name(out) == "Success" and isinstance(room, int) and room not in points.sent:
+            points.sent.add(room)
+            if len(points.sent) > 100_000:
+                points.sent.clear()
+            points.mark("prefill.sent", room=room)
+        return out
+
+    sender.poll = poll
+
+
+def install(ledger_path: str, worker: str, component: str) -> Points:
+    """Install the phase points of ``component`` (prefill or decode) in this server process."""
+    points = Points(ledger_path, worker, component)
+    if component == "prefill":
+        after_import("sglang.srt.disaggregation.prefill", lambda m: _install_prefill(points, m))
+    else:
+        after_import("sglang.srt.disaggregation.decode", lambda m: _install_decode(points, m))
+    after_import("sglang.srt.disaggregation.common.conn", lambda m: _install_status(points, m))
+    after_import("sglang.srt.disaggregation.mooncake.conn", lambda m: _install_mooncake(points, m))
+    return points
 
 
 def install_from_env(environ: dict | None = None) -> bool:
-    """Install in a prefill server started with the probe; True when installed."""
-    from harness.engines.server.accounting_probe import COMPONENT_ENV, LEDGER_ENV
+    """Install in a server started with the probe; True when installed."""
+    from harness.engines.server.accounting_probe import COMPONENT_ENV, LEDGER_ENV, WORKER_ENV
 
     env = os.environ if environ is None else environ
-    if not env.get(LEDGER_ENV) or env.get(COMPONENT_ENV) != "prefill":
+    if not env.get(LEDGER_ENV) or env.get(COMPONENT_ENV) not in ("prefill", "decode"):
         return False
-    install(env[LEDGER_ENV])
+    install(env[LEDGER_ENV], env.get(WORKER_ENV) or env[COMPONENT_ENV], env[COMPONENT_ENV])
     return True

@@ -1,0 +1,208 @@
+"""The named phases of a PD request, and the hold files and trace that reach and prove them on any engine.
+
+A test holds a request at a phase (:class:`Hold`: a file the engine looks for there), acts, releases it,
+and proves each phase was reached by the marker the engine wrote (``.held``) or by the phase trace
+(:func:`read_trace`: one line per phase each worker passed). Keyed by request id or by bootstrap room.
+Own code, not a library: the engines wait inside sglang's own threads, and files are what crosses the
+process boundary without a channel of its own. Where each phase sits in sglang: docs/modules.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from harness.clock import Deadline
+
+#: Each phase: (the side that passes it, where in sglang). Order: a request's life.
+PHASES: dict[str, tuple[str, str]] = {
+    "decode.prealloc": ("decode", "pages preallocated (DecodePreallocQueue._pre_alloc returned)"),
+    "decode.metadata": ("decode", "its page list about to go to prefill (_send_kv_metadata)"),
+    "transfer.status": ("prefill", "a room's status about to be written (CommonKVManager.update_status)"),
+    "prefill.send": ("prefill", "chunk i forwarded, about to be sent (send_kv_chunk)"),
+    "prefill.sent": ("prefill", "the sender polled Success: every chunk landed"),
+    "prefill.release": ("prefill", "about to free the request's KV (release_kv_cache)"),
+    "decode.transferred": ("decode", "transfer polled done, not yet committed (_commit_transfer_to_req)"),
+    "decode.commit": ("decode", "the transfer committed to the request (_commit_transfer_to_req returned)"),
+    "transfer.abort": ("prefill", "decode's abort notice delivered to prefill's KV manager"),
+    "transfer.ack": ("decode", "prefill's drain ack delivered to decode's KV manager (note_abort_ack)"),
+    "decode.release": ("decode", "a deferred release about to resolve (_do_release)"),
+    "decode.released": ("decode", "a deferred release resolved: note says drained or timeout"),
+}
+
+SIDES = ("prefill", "decode")
+
+#: The longest any hold waits for its file to go (seconds); then the engine goes on and logs it.
+MAX_HOLD_S = 300.0
+_POLL_S = 0.02
+_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+
+
+class PhaseError(ValueError):
+    """A phase or key that does not exist: one line naming it."""
+
+
+def room_key(room: int) -> str:
+    """The key of a bootstrap room (phases of the transfer engine know rooms, not request ids)."""
+    return f"room-{int(room)}"
+
+
+def hold_name(phase: str, key: str, chunk: int | str | None = None, side: str | None = None) -> str:
+    """The hold file's name: ``[SIDE:]PHASE[#CHUNK]@KEY``; ``chunk`` narrows a phase passed more than once
+    per request: a chunk's index (``prefill.send``), the status being written (``transfer.status``);
+    ``side`` narrows a phase both servers pass (``transfer.status``) to one of them."""
+    if side is not None and side not in SIDES:
+        raise PhaseError(f"side {side!r}: not one of {', '.join(SIDES)}")
+    if phase not in PHASES:
+        raise PhaseError(f"phase {phase!r}: not one of {', '.join(PHASES)}")
+    if not _KEY.match(key):
+        raise PhaseError(f"hold key {key!r}: letters, digits and ._:- only (a request id or room-N)")
+    name = f"{phase}#{chunk}@{key}" if chunk is not None else f"{phase}@{key}"
+    return f"{side}:{name}" if side else name
+
+
+def hold_dir(ledger_dir: str | os.PathLike) -> Path:
+    """Where a run's hold files live: the ledger directory's ``hold/``."""
+    return Path(ledger_dir) / "hold"
+
+
+def trace_dir(ledger_dir: str | os.PathLike) -> Path:
+    """Where a run's phase traces live: the ledger directory's ``trace/`` (one file per worker)."""
+    return Path(ledger_dir) / "trace"
+
+
+class Hold:
+    """One hold: the engine stops the request ``key`` at ``phase`` (chunk ``chunk`` only, if given)
+    until :meth:`release`; usable as a context manager (released on leaving)."""
+
+    def __init__(
+        self,
+        ledger_dir: str | os.PathLike,
+        phase: str,
+        key: str,
+        chunk: int | str | None = None,
+        *,
+        side: str | None = None,
+    ) -> None:
+        self.path = hold_dir(ledger_dir) / hold_name(phase, key, chunk, side)
+        self.phase, self.key, self.chunk = phase, key, chunk
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch()
+
+    @property
+    def marker(self) -> Path:
+        return self.path.with_name(self.path.name + ".held")
+
+    def held(self) -> bool:
+        """True once the engine is waiting at the phase."""
+        return self.marker.exists()
+
+    def reached(self, timeout_s: float, *, died: Callable[[], str | None] | None = None) -> None:
+        """Wait until the engine holds here; TimeoutError naming the phase if it does not within
+        ``timeout_s``. ``died``: called between looks, a text (why the engine can no longer get
+        here) raises at once."""
+        deadline = Deadline(timeout_s)
+        while not self.held():
+            why = died() if died is not None else None
+            if why:
+                raise TimeoutError(f"hold {self.path.name}: never reached: {why}")
+            if deadline.expired():
+                raise TimeoutError(f"hold {self.path.name}: not reached within {timeout_s:g} s")
+            deadline.sleep(_POLL_S)
+
+    def release(self) -> None:
+        """Let the engine go on (idempotent)."""
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "Hold":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def wait_at_hold(directory: Path, names: Iterable[str], on_hold: Callable[[str], None]) -> str | None:
+    """The engine's side: if one of ``names`` is a hold file in ``directory``, mark it held, call
+    ``on_hold(name)`` and wait until it is removed (at most :data:`MAX_HOLD_S`); returns the name held
+    (None: no hold). Called inside sglang's threads: nothing here raises."""
+    for name in names:
+        gate = directory / name
+        if not gate.exists():
+            continue
+        try:
+            gate.with_name(name + ".held").touch()
+        except OSError:
+            return None
+        on_hold(name)
+        deadline = Deadline(MAX_HOLD_S)
+        while gate.exists() and not deadline.expired():
+            deadline.sleep(_POLL_S)
+        return name
+    return None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One line of a phase trace: ``worker`` passed ``phase`` for ``rid`` / ``room`` at ``t`` (epoch
+    seconds); ``chunk`` for per-chunk phases, ``note`` what the engine added (a status, an outcome)."""
+
+    t: float
+    worker: str
+    phase: str
+    rid: str = ""
+    room: int | None = None
+    chunk: int | str | None = None
+    note: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {k: v for k, v in self.__dict__.items() if v not in (None, "")}, separators=(",", ":"), sort_keys=True
+        )
+
+
+def read_trace(ledger_dir: str | os.PathLike) -> list[Mark]:
+    """Every mark of every worker's trace under ``ledger_dir``, by time (a torn last line is skipped)."""
+    marks: list[Mark] = []
+    d = trace_dir(ledger_dir)
+    for path in sorted(d.glob("*.jsonl")) if d.is_dir() else ():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                marks.append(Mark(**json.loads(line)))
+            except (ValueError, TypeError):
+                continue
+    return sorted(marks, key=lambda m: m.t)
+
+
+def marks_of(marks: Iterable[Mark], rid: str = "", room: int | None = None) -> list[Mark]:
+    """The marks of one request: by its id, or by its room."""
+    return [m for m in marks if (rid and m.rid == rid) or (room is not None and m.room == room)]
+
+
+def wait_mark(
+    ledger_dir: str | os.PathLike,
+    phase: str,
+    *,
+    rid: str = "",
+    room: int | None = None,
+    timeout_s: float,
+    count: int = 1,
+    where: Callable[[Mark], bool] = lambda m: True,
+) -> list[Mark]:
+    """The marks of ``phase`` for the request (those ``where`` accepts), once there are ``count``;
+    TimeoutError naming the last phase the request did reach, if not within ``timeout_s``."""
+    if phase not in PHASES:
+        raise PhaseError(f"phase {phase!r}: not one of {', '.join(PHASES)}")
+    deadline = Deadline(timeout_s)
+    while True:
+        mine = marks_of(read_trace(ledger_dir), rid, room)
+        got = [m for m in mine if m.phase == phase and where(m)]
+        if len(got) >= count:
+            return got
+        if deadline.expired():
+            last = f"its last phase {mine[-1].phase} ({mine[-1].worker})" if mine else "no phase at all"
+            raise TimeoutError(f"{phase} of {rid or room_key(room or 0)} not reached within {timeout_s:g} s: {last}")
+        deadline.sleep(_POLL_S * 5)
