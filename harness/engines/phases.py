@@ -28,6 +28,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "prefill.release": ("prefill", "about to free the request's KV (release_kv_cache)"),
     "decode.transferred": ("decode", "transfer polled done, not yet committed (_commit_transfer_to_req)"),
     "decode.commit": ("decode", "the transfer committed to the request (_commit_transfer_to_req returned)"),
+    "decode.defer": ("decode", "a failed transfer's release deferred until prefill's drain ack (_defer_release)"),
     "transfer.abort": ("prefill", "decode's abort notice delivered to prefill's KV manager"),
     "transfer.ack": ("decode", "prefill's drain ack delivered to decode's KV manager (note_abort_ack)"),
     "decode.release": ("decode", "a deferred release about to resolve (_do_release)"),
@@ -206,3 +207,31 @@ def wait_mark(
             last = f"its last phase {mine[-1].phase} ({mine[-1].worker})" if mine else "no phase at all"
             raise TimeoutError(f"{phase} of {rid or room_key(room or 0)} not reached within {timeout_s:g} s: {last}")
         deadline.sleep(_POLL_S * 5)
+
+
+def early_releases(marks: Iterable[Mark], timeout_s: float) -> list[str]:
+    """Deferred releases that went before prefill's drain ack and before their own timeout: decode
+    resolved a release as ``timeout`` sooner than ``timeout_s`` after deferring it (pages prefill may
+    still write). One line each, naming the room and the request."""
+    deferred: dict[tuple[str, int | None], float] = {}
+    found = []
+    for m in sorted(marks, key=lambda m: m.t):
+        if m.phase == "decode.defer":
+            deferred[(m.worker, m.room)] = m.t
+        elif m.phase == "decode.released" and m.note == "timeout":
+            since = deferred.get((m.worker, m.room))
+            if since is not None and m.t - since < timeout_s:
+                found.append(
+                    f"{m.worker} released room {m.room} ({m.rid or '?'}) by timeout {m.t - since:.2f} s after "
+                    f"deferring it (its timeout: {timeout_s:g} s), with no drain ack from prefill"
+                )
+    return found
+
+
+def release_outcomes(marks: Iterable[Mark]) -> dict[str, int]:
+    """How decode's deferred releases ended: ``{"drained": n, "timeout": n, ...}``."""
+    out: dict[str, int] = {}
+    for m in marks:
+        if m.phase == "decode.released":
+            out[m.note or "?"] = out.get(m.note or "?", 0) + 1
+    return out

@@ -179,14 +179,9 @@ def decoded_before(decode: Ledger, rid: str, release) -> bool:
 def direct(
     stack, ids: list[int], max_new: int, rid: str, *, room: int | None = None, timeout_s: float = PHASE_S
 ) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
-    """One PD request sent to prefill and decode directly, with the bootstrap fields the router would
-    add but without its retries (a retry would bring the request back under the same rid): the
-    clients' futures, prefill's then decode's. ``room``: its bootstrap_room (default: one of its own)."""
-    body = stack.bootstrap_fields(rid, room)
-    return (
-        in_background(lambda: stack.client("prefill").generate(ids, max_new, extra=body, timeout_s=timeout_s)),
-        in_background(lambda: stack.client("decode").generate(ids, max_new, extra=body, timeout_s=timeout_s)),
-    )
+    """One PD request sent to prefill and decode directly, without the router's retries (a retry would
+    bring the request back under the same rid): the clients' futures, prefill's then decode's."""
+    return stack.direct(ids, max_new, rid, room=room, timeout_s=timeout_s)
 
 
 class InFlight(NamedTuple):

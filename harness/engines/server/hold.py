@@ -131,6 +131,10 @@ def _install_decode(points: Points, mod: ModuleType) -> None:
         after=lambda out, self, dr, *a, **k: points.mark("decode.commit", dr.req.rid, _room(dr.req)),
     )
 
+    transfer._defer_release = _wrap(
+        transfer._defer_release, before=lambda self, dr, *a, **k: points.mark("decode.defer", dr.req.rid, _room(dr.req))
+    )
+
     def release(self, dr, *args, **kwargs):
         points.local.last = (dr.req.rid, _room(dr.req))
         points.mark("decode.release", dr.req.rid, _room(dr.req))

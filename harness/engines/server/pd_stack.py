@@ -24,6 +24,13 @@ _GAVE_UP_TAIL = 400
 DEFERRED_RELEASE_ENV, DEFERRED_RELEASE_DEFAULT_S = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0
 
 
+def deferred_release_s(decode: Worker) -> float:
+    """A decode server's deferred-release timeout as it was started (sglang's default if not set)."""
+    payload = decode.spec.payload
+    env = payload.env if isinstance(payload, Subprocess) else {}
+    return float(env.get(DEFERRED_RELEASE_ENV) or DEFERRED_RELEASE_DEFAULT_S)
+
+
 @dataclass(frozen=True)
 class PdStack:
     """A started PD stack: three :class:`harness.workers.Worker` handles and their clients."""
@@ -53,13 +60,27 @@ class PdStack:
             "bootstrap_room": random.Random(rid).randrange(1 << 62) if room is None else room,
         }
 
+    def direct(
+        self, ids: Sequence[int], max_new: int, rid: str, *, room: int | None = None, timeout_s: float = 120.0
+    ) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
+        """One PD request sent to prefill and decode directly (:meth:`bootstrap_fields`), each from a
+        thread of its own: the two clients' futures, prefill's then decode's (a Generation, or what the
+        client raised)."""
+        body = self.bootstrap_fields(rid, room)
+        pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="direct")
+        try:
+            return tuple(  # type: ignore[return-value]
+                pool.submit(lambda r=role: self.client(r).generate(ids, max_new, extra=body, timeout_s=timeout_s))
+                for role in ("prefill", "decode")
+            )
+        finally:
+            pool.shutdown(wait=False)
+
     @property
     def deferred_release_s(self) -> float:
         """Seconds decode may still hold a request's pages after it gave the request up (answered it
         as failed or aborted): its deferred-release timeout as decode was started."""
-        payload = self.decode.spec.payload
-        env = payload.env if isinstance(payload, Subprocess) else {}
-        return float(env.get(DEFERRED_RELEASE_ENV) or DEFERRED_RELEASE_DEFAULT_S)
+        return deferred_release_s(self.decode)
 
     def decode_gave_up_bootstrap(self, addr: str) -> bool:
         """Whether decode's log says sglang gave up the bootstrap address ``addr`` (``host:port``)

@@ -11,6 +11,7 @@ import requests
 
 from harness import ledger
 from harness.clock import Deadline
+from harness.engines import phases
 from harness.engines.server.http_client import ServerClient, ServerHTTPError
 from harness.workers import Worker
 
@@ -50,6 +51,15 @@ class ResetError(RuntimeError):
 
 def _resets(path: Path) -> list[ledger.Event]:
     return [e for e in ledger.read(path) if e.kind == "reset"] if path.exists() else []
+
+
+def _early_releases(worker: Worker, path: Path, *, since: float, until: float) -> list[str]:
+    """The phase trace's deferred releases of ``worker`` between two resets that went before prefill's
+    drain ack and before their timeout (:func:`harness.engines.phases.early_releases`)."""
+    from harness.engines.server.pd_stack import deferred_release_s
+
+    marks = [m for m in phases.read_trace(path.parent) if m.worker == worker.name and since < m.t <= until]
+    return phases.early_releases(marks, deferred_release_s(worker)) if marks else []
 
 
 def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.0) -> ledger.Event:
@@ -105,5 +115,8 @@ def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.
             f"{worker.name}: ledger after the reset: " + "; ".join(map(str, violations[:5])),
             reusable=all(v.rule in JUDGEMENT_RULES for v in violations),
         )
+    early = _early_releases(worker, path, since=resets[seen - 1].ts if seen else 0.0, until=resets[-1].ts)
+    if early:
+        raise ResetError(f"{worker.name}: [release-before-ack] " + "; ".join(early[:3]))
     log.debug("%s reset: %s", worker.name, resets[-1].free_after)
     return resets[-1]

@@ -1,0 +1,181 @@
+"""KV in flight on REAL sglang servers: each test scripts an interleaving with hold points (hold at A, do
+X, release A, wait for B) and proves every step from the phase trace the servers write, never by sleeping.
+
+* Every phase of a request is reached, in the order the PD protocol allows, and a hold stops its side.
+* The lost status update: prefill's scheduler opens a room (``Bootstrapping``) having read "no room yet";
+  decode's metadata lands meanwhile on the bootstrap thread (``WaitingForInput``); the scheduler's write
+  then replaces it. sglang 0.5.23's ``CommonKVManager.update_status`` reads and writes with no lock, so
+  the room never leaves ``Bootstrapping`` and the request never leaves prefill's bootstrap queue: the
+  stall a fresh clone's CI hit by chance. A strict xfail until upstream locks the write.
+
+Model and flags: those of ``test_disaggregation_swa_server.py`` (one stack for both in a session).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from harness.api import ServerHTTPError, phases, reset_server
+
+MODEL = "tiny-mellum-swa"
+PAGE = 64
+
+pytestmark = [
+    pytest.mark.engine(
+        "sglang-server", models=(MODEL,), gpu_topologies=("2-gpu-h100",), server_args=("--page-size", str(PAGE))
+    ),
+    pytest.mark.topology("cpu"),
+    pytest.mark.est_time(15),
+    pytest.mark.timeout(900),
+]
+
+#: Seconds for a phase to be reached on a loaded machine (a bound, never a wait: holds end the waits).
+PHASE_S = 120.0
+#: Seconds a server has to be back at its baseline after a test.
+RESET_S = 90.0
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed * 7919 + n)
+    return [rng.randrange(4, 512) for _ in range(n)]
+
+
+def new_rid(what: str) -> str:
+    return f"harness-{what}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def stack(sglang_servers):
+    return sglang_servers.pd(MODEL)
+
+
+def _answer(future, timeout_s: float = PHASE_S):
+    try:
+        return future.result(timeout=timeout_s)
+    except ServerHTTPError as e:
+        return e
+
+
+def _first(marks: list, phase: str, worker: str):
+    got = [m for m in marks if m.phase == phase and m.worker.startswith(worker)]
+    assert got, f"no {phase} mark from {worker}: {[(m.phase, m.worker) for m in marks]}"
+    return got[0]
+
+
+def test_every_phase_is_reached_in_order_and_a_hold_stops_its_side(stack, run_dir):
+    rid, led = new_rid("phases"), run_dir.ledger
+    at_prealloc = phases.Hold(led, "decode.prealloc", rid)
+    at_send = phases.Hold(led, "prefill.send", rid, chunk=0)
+    at_transferred = phases.Hold(led, "decode.transferred", rid)
+    try:
+        to_prefill, to_decode = stack.direct(prompt(200, seed=3), 4, rid, timeout_s=3 * PHASE_S)
+        at_prealloc.reached(PHASE_S)
+        seen = {m.phase for m in phases.marks_of(phases.read_trace(led), rid)}
+        # decode holds right after its prealloc: its page list has not gone, so prefill cannot send
+        assert not seen & {"decode.metadata", "prefill.send"}, seen
+        at_prealloc.release()
+        at_send.reached(PHASE_S)
+        seen = {m.phase for m in phases.marks_of(phases.read_trace(led), rid)}
+        assert "decode.metadata" in seen and "decode.transferred" not in seen, seen
+        at_send.release()
+        at_transferred.reached(PHASE_S)
+        at_transferred.release()
+    finally:
+        for h in (at_prealloc, at_send, at_transferred):
+            h.release()
+    answer = _answer(to_decode)
+    assert not isinstance(answer, Exception) and len(answer.output_ids) == 4, answer
+    _answer(to_prefill)
+    phases.wait_mark(led, "decode.commit", rid=rid, timeout_s=PHASE_S)
+    phases.wait_mark(led, "prefill.release", rid=rid, timeout_s=PHASE_S)
+    mine = phases.marks_of(phases.read_trace(led), rid)
+    order = [
+        _first(mine, p, w)
+        for p, w in (
+            ("decode.prealloc", stack.decode.name),
+            ("decode.metadata", stack.decode.name),
+            ("prefill.send", stack.prefill.name),
+            ("decode.transferred", stack.decode.name),
+            ("decode.commit", stack.decode.name),
+        )
+    ]
+    assert [m.t for m in order] == sorted(m.t for m in order), [(m.phase, m.t) for m in order]
+    assert any(m.phase == "prefill.sent" for m in mine), "prefill never polled the send done"
+    for w in (stack.decode, stack.prefill):
+        reset_server(w, f"{led}/{w.name}.jsonl", timeout_s=RESET_S)
+
+
+class LostStatusUpdate(AssertionError):
+    """prefill's KV manager overwrote decode's ``WaitingForInput`` with ``Bootstrapping``."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=LostStatusUpdate,
+    reason="sglang 0.5.23 CommonKVManager.update_status (disaggregation/common/conn.py) reads a room's status "
+    "and writes it with no lock: prefill's scheduler (Bootstrapping) and its bootstrap thread (decode's "
+    "metadata: WaitingForInput) lose an update, and the request stalls in the bootstrap queue (not filed upstream)",
+)
+def test_a_status_write_racing_decodes_metadata_is_not_lost(stack, run_dir, sglang_servers):
+    rid, led = new_rid("lost-status"), run_dir.ledger
+    room = random.Random(rid).randrange(1 << 62)
+    # 1. hold prefill's scheduler inside its Bootstrapping write of the room, after the read;
+    # 2. hold decode before its metadata goes, so prefill's read sees no room yet.
+    opening = phases.Hold(led, "transfer.status", phases.room_key(room), chunk="Bootstrapping", side="prefill")
+    metadata = phases.Hold(led, "decode.metadata", rid)
+    stalled = None
+    try:
+        to_prefill, to_decode = stack.direct(prompt(150, seed=4), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        opening.reached(PHASE_S)
+        metadata.reached(PHASE_S)
+        # 3. decode's metadata goes; prefill's bootstrap thread writes WaitingForInput while the
+        #    scheduler still holds between its read and its write.
+        metadata.release()
+        phases.wait_mark(
+            led,
+            "transfer.status",
+            room=room,
+            timeout_s=PHASE_S,
+            where=lambda m: m.worker.startswith(stack.prefill.name) and m.note.startswith("wrote, now WaitingForInput"),
+        )
+        # 4. the scheduler writes what it read against.
+        opening.release()
+        last = phases.wait_mark(
+            led,
+            "transfer.status",
+            room=room,
+            timeout_s=PHASE_S,
+            where=lambda m: (
+                m.worker.startswith(stack.prefill.name) and m.chunk == "Bootstrapping" and "wrote" in m.note
+            ),
+        )[-1]
+        if "now Bootstrapping" in last.note:
+            # 5. proof of the stall without a timer: a later request passes prefill's bootstrap queue
+            #    and is served while this one has still not been sent.
+            later = stack.client("router").generate(prompt(120, seed=5), 2, timeout_s=PHASE_S)
+            assert len(later.output_ids) == 2, later
+            sent = [m for m in phases.marks_of(phases.read_trace(led), rid) if m.phase == "prefill.send"]
+            if not sent:
+                stalled = (
+                    f"room {room}: prefill read no room, decode's metadata wrote WaitingForInput, then prefill "
+                    f"wrote Bootstrapping over it ({last.note}); a later request was served, this one never sent"
+                )
+    finally:
+        opening.release()
+        metadata.release()
+    try:
+        if stalled:
+            for role in ("prefill", "decode"):
+                stack.client(role).abort(rid)
+        _answer(to_decode)
+        _answer(to_prefill)
+        for w in (stack.decode, stack.prefill):
+            reset_server(w, f"{led}/{w.name}.jsonl", timeout_s=RESET_S)
+    except Exception:
+        sglang_servers.forget(MODEL)  # a stack that cannot come back is not handed to the next test
+        raise
+    if stalled:
+        raise LostStatusUpdate(stalled)
