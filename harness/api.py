@@ -61,6 +61,7 @@ NAMES: dict[str, str] = {
     "ExplorePair": "harness.explore.pair:Pair",
     "ExplorePairConfig": "harness.explore.pair:PairConfig",
     "harness_main": "harness.cli:main",
+    "rerun_test_main": "harness.commands.rerun:main",
 }
 
 __all__ = sorted(NAMES)

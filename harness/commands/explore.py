@@ -9,11 +9,14 @@ runs a repro file's steps again, exactly (exit 1 when it breaks again).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
+from typing import Any, Iterator
 
 from harness import faults, rundir
 from harness import topology as topology_mod
@@ -71,19 +74,24 @@ def _check(args: argparse.Namespace) -> None:
 
 def _explore(args: argparse.Namespace) -> int:
     _check(args)
+    if args.replay is not None:
+        return replay_file(args.replay, args.run_dir, args.sglang, verbose=args.verbose)
+    with _prepared(args.fault, args.sglang, args.verbose):
+        run = rundir.create(args.run_dir or rundir.default_path(kind="explore"))
+        return _search(args, args.fault, run.root)
+
+
+@contextlib.contextmanager
+def _prepared(names: list[str], sglang: str | None, verbose: bool) -> Iterator[None]:
+    """The sglang target selected, ``names`` applied to this process (undone after), sglang's logs quiet.
+
+    Raises:
+        UsageError: the target or a fault cannot be used (one line).
+    """
     from harness.targets.sglang import selection
 
-    repro = None
-    if args.replay is not None:
-        from harness.explore.machine import read_repro
-
-        try:
-            repro = read_repro(args.replay)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    names = args.fault or (repro["faults"] if repro else [])
     try:
-        selection.select_for_cli(args.sglang, "harness")
+        selection.select_for_cli(sglang, "harness")
     except selection.TargetError as e:
         raise UsageError(f"--sglang: {e}") from None
     from harness.explore import inject
@@ -92,37 +100,69 @@ def _explore(args: argparse.Namespace) -> int:
         scratch = inject.apply(names) if names else None
     except faults.FaultError as e:
         raise UsageError(f"--fault: {e}") from None
-    if not args.verbose:
-        logging.getLogger("sglang").setLevel(logging.CRITICAL)
-        warnings.filterwarnings("ignore", category=UserWarning)
-    run = rundir.create(args.run_dir or rundir.default_path(kind="explore"))
+    sglang_log = logging.getLogger("sglang")
+    level = sglang_log.level
     try:
-        if repro is not None:
-            return _replay(repro, args.replay, run.root)
-        return _search(args, names, run.root)
+        with warnings.catch_warnings():
+            if not verbose:
+                sglang_log.setLevel(logging.CRITICAL)
+                warnings.filterwarnings("ignore", category=UserWarning)
+            yield
     finally:
-        if scratch is not None:
+        sglang_log.setLevel(level)
+        if names:
             inject.undo(scratch)
 
 
-def _replay(repro: dict, path: Path, root: Path) -> int:
-    from harness.explore.machine import replay
+def replay_file(path: Path, run_dir: Path | None, sglang: str | None, *, verbose: bool = False) -> int:
+    """Replay a repro file's steps on a fresh pair, with its faults (``harness explore --replay`` and
+    ``rerun-test --from``), and say whether it breaks again and whether its events are byte-identical.
 
-    print(f"explore: replaying {len(repro['steps'])} step(s) of {path}", flush=True)
+    Returns:
+        1 reproduced (the schedule breaks again), 0 not.
+
+    Raises:
+        UsageError: not a usable repro file, or its faults or the target cannot be used here (one line).
+    """
+    from harness.explore.machine import read_repro
+
+    try:
+        repro = read_repro(path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    with _prepared(repro["faults"], sglang, verbose):
+        run = rundir.create(run_dir or rundir.default_path(kind="explore", suffix="replay"))
+        return _replay(repro, path, run.root)
+
+
+def _replay(repro: dict, path: Path, root: Path) -> int:
+    from harness.explore.machine import events_digest, replay
+
+    faulted = f", faults {', '.join(repro['faults'])}" if repro["faults"] else ""
+    print(f"explore: replaying {len(repro['steps'])} step(s) of {path}{faulted}", flush=True)
     done = replay(repro["config"], repro["steps"], root)
     for i, step in enumerate(done.steps, 1):
         print(f"{i:>3}. {step.line()}")
+    if done.failure is not None:
+        print(f"  => {done.failure}")
     (root / EVENTS_FILE).write_bytes(done.log_bytes())
-    print(f"events: {root / EVENTS_FILE}")
+    digest, recorded = events_digest(done.log), repro.get("events_sha256")
+    same = (
+        "not recorded in the repro"
+        if recorded is None
+        else ("byte-identical to the recorded run" if digest == recorded else f"DIFFER from the recorded {recorded}")
+    )
+    print(f"events: {root / EVENTS_FILE} ({len(done.log)} events, sha256 {digest}): {same}")
     if done.failure is None:
-        print("explore: the replay did not break")
+        print(f"NOT REPRODUCED: the schedule ran clean; recorded: {repro.get('failure', '?')}")
         return 0
-    print(f"  => {done.failure}")
+    what = "the same failure" if done.failure == repro.get("failure") else f"recorded: {repro.get('failure', '?')}"
+    print(f"REPRODUCED: the schedule breaks again ({what})")
     return 1
 
 
 def _search(args: argparse.Namespace, names: list[str], root: Path) -> int:
-    from harness.explore.machine import Session, write_repro
+    from harness.explore.machine import Session, events_bytes, write_repro
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     tail = f", faults {', '.join(names)}" if names else ""
@@ -148,7 +188,19 @@ def _search(args: argparse.Namespace, names: list[str], root: Path) -> int:
     first = session.first_failure_s or 0.0
     print(f"explore: a schedule broke after {first:.1f}s; shrunk to {len(finding.steps)} step(s):")
     print("\n".join(finding.lines()))
-    (root / EVENTS_FILE).write_bytes("".join(line + "\n" for line in finding.log).encode())
+    (root / EVENTS_FILE).write_bytes(events_bytes(finding.log))
     path = write_repro(finding, root / REPRO_FILE)
+    print(_check_replay(finding))
     print(f"repro: {path}")
     return 1
+
+
+def _check_replay(finding: Any) -> str:
+    """Replay the shrunk schedule once more on a fresh pair: does it break again, with the same events?"""
+    from harness.explore.machine import replay
+
+    with tempfile.TemporaryDirectory(prefix="harness-explore-check-") as scratch:
+        again = replay(finding.config, [(s.op, s.args) for s in finding.steps], Path(scratch))
+    broke = "breaks again" if again.failure is not None else "DOES NOT break again"
+    same = "byte-identical" if again.log == finding.log else "DIFFERENT"
+    return f"replayed once here: the schedule {broke}, its {len(again.log)} ledger events {same}"

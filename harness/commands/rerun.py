@@ -294,11 +294,19 @@ def save_durations(path: Path, measured: dict[str, float]) -> None:
 
 
 def _from_repro(args: argparse.Namespace) -> int:
-    """``rerun-test --from REPRO``: :func:`harness.gates.replay.reproduce` with this command's defaults.
+    """``rerun-test --from REPRO``: an explore repro replays its schedule
+    (:func:`harness.commands.explore.replay_file`), a gate's bundle reruns its test
+    (:func:`harness.gates.replay.reproduce`), with this command's defaults.
 
     Returns:
         1 reproduced, 0 not reproduced, 2 an unusable bundle or target (one line on stderr).
     """
+    from harness.explore.machine import is_repro
+
+    if is_repro(args.from_repro):
+        from harness.commands import explore
+
+        return explore.replay_file(args.from_repro, args.run_dir, args.sglang, verbose=args.verbose)
     from harness.gates import replay as reproduce
     from harness.gates.bundle import ReproError
 

@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="REPRO",
         help="rerun the failing test of a repro.json "
-        "(from `harness gate run`) with its seeds; exit 1 if it fails again (harness/gates/replay.py)",
+        "(from `harness gate run`) with its seeds, or replay the schedule of an explore-repro.json "
+        "(from `harness explore`); exit 1 if it fails again",
     )
     p.add_argument(
         "--suites-dir",

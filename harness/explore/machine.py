@@ -9,6 +9,7 @@ loop and the replay read one recorded schedule format.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -21,10 +22,12 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from harness.explore import inject
 from harness.explore.pair import Pair, PairConfig, Step
 
-#: The repro file's format version.
+#: The repro file's format version, and the kind ``rerun-test --from`` dispatches on (a gate's bundle has none).
 REPRO_VERSION = 1
+REPRO_KIND = "explore"
 #: Schedules per Hypothesis run (a batch); the session runs batches until its budget is spent.
 BATCH = 25
 #: Most operations in one schedule.
@@ -276,6 +279,7 @@ class PairMachine(RuleBasedStateMachine):
             chunk_pages=data.draw(st.integers(1, 4), label="chunk_pages"),
         )
         self.session.progress.schedules += 1
+        inject.rearm()
         self.pair = Pair(config, self.session.run_dir)
         self.session.start(self.pair)
 
@@ -283,10 +287,11 @@ class PairMachine(RuleBasedStateMachine):
         assert self.pair is not None
         self.session.check_budget()
         t0 = time.perf_counter()
+        index = len(self.pair.steps) + 1
         try:
             self.pair.apply(op, **args)
         except Exception as e:
-            self.session.failed(f"step {len(self.pair.steps) + 1} ({op}): {_describe(e)}", False)
+            self.session.failed(f"step {index} ({op}): {_describe(e)}", False)
             raise
         finally:
             self.session.timed(op, time.perf_counter() - t0)
@@ -397,16 +402,39 @@ def write_repro(finding: Finding, path: Path) -> Path:
     """Write ``finding`` as a repro file (JSON: seed, pools, faults, steps, failure)."""
     data = {
         "version": REPRO_VERSION,
+        "kind": REPRO_KIND,
         "seed": finding.seed,
         "config": asdict(finding.config),
         "faults": finding.faults,
         "steps": [s.to_dict() for s in finding.steps],
         "failure": finding.failure,
         "at_end": finding.at_end,
+        "shrunk": finding.shrunk,
+        "events": len(finding.log),
+        "events_sha256": events_digest(finding.log),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def events_bytes(log: list[str]) -> bytes:
+    """The ledger events of a schedule as the bytes a replay must reproduce: one JSON line each, in the order
+    written, without their wall-clock time."""
+    return "".join(line + "\n" for line in log).encode()
+
+
+def events_digest(log: list[str]) -> str:
+    return hashlib.sha256(events_bytes(log)).hexdigest()
+
+
+def is_repro(path: Path) -> bool:
+    """Whether ``path`` holds an explore repro (by its kind; one written before kinds, by its fields)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and (data.get("kind") == REPRO_KIND or {"steps", "config", "seed"} <= data.keys())
 
 
 def read_repro(path: Path) -> dict[str, Any]:
@@ -417,11 +445,13 @@ def read_repro(path: Path) -> dict[str, Any]:
     """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("kind", REPRO_KIND) != REPRO_KIND:
+            raise ValueError(f"kind {data.get('kind')!r}, not {REPRO_KIND!r}")
         if data.get("version") != REPRO_VERSION:
             raise ValueError(f"version {data.get('version')!r}, this harness reads {REPRO_VERSION}")
         data["config"] = PairConfig(**data["config"])
         data["steps"] = [(s["op"], dict(s["args"])) for s in data["steps"]]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path}: not an explore repro file ({e})") from None
     return data
 
@@ -436,7 +466,7 @@ class Replayed:
     log: list[str]
 
     def log_bytes(self) -> bytes:
-        return "".join(line + "\n" for line in self.log).encode()
+        return events_bytes(self.log)
 
 
 def replay(config: PairConfig, steps: list[tuple[str, dict[str, Any]]], run_dir: Path) -> Replayed:
@@ -450,6 +480,7 @@ def replay(config: PairConfig, steps: list[tuple[str, dict[str, Any]]], run_dir:
     Returns:
         The :class:`Replayed`; the first failure stops the steps (the end checks still run, unjudged).
     """
+    inject.rearm()
     pair = Pair(config, run_dir)
     failure: str | None = None
     at_end = False

@@ -195,14 +195,20 @@ class Pair:
     # ---------------------------------------------------------------- operations
 
     def apply(self, op: str, **args: Any) -> Step:
-        """Run one operation by name (what a replay does); returns the recorded step.
+        """Run one operation by name (what a replay does); returns the recorded step (one that raises is
+        recorded too, its outcome ``raised <error>``).
 
         Raises:
             ValueError: an unknown operation, or one that cannot run on the request named.
         """
         if op not in OPS:
             raise ValueError(f"unknown operation {op!r}; one of {', '.join(OPS)}")
-        outcome = getattr(self, "_" + op)(**args)
+        try:
+            outcome = getattr(self, "_" + op)(**args)
+        except Exception as e:  # the step is part of the schedule that broke: a repro must hold it
+            self.steps.append(Step(op, args, f"raised {type(e).__name__}"))
+            self._collect()
+            raise
         step = Step(op, args, outcome or "")
         self.steps.append(step)
         self._collect()

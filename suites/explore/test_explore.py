@@ -6,6 +6,7 @@ before sglang is imported, which this process has already done."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from harness.api import ExplorePairConfig as PairConfig
 from harness.api import ExploreSession as Session
 from harness.api import explore_replay as replay
 from harness.api import harness_main as main
+from harness.api import rerun_test_main as rerun_main
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -127,6 +129,35 @@ def test_a_catalog_fault_is_found_and_shrunk_to_a_repro(tmp_path):
     data = json.loads(repro.read_text())
     assert data["faults"] == ["release-leaks-swa"] and 1 <= len(data["steps"]) <= 10, done.stdout
     assert "  1. submit" in done.stdout and "=> " in done.stdout
+
+
+def test_rerun_test_from_replays_an_explore_repro_byte_exactly(tmp_path, capsys, monkeypatch):
+    """A repro that exploration wrote (a runtime fault, so this process can apply it), replayed three times by
+    ``rerun-test --from``: each breaks again with the same failure and writes the same event bytes, the
+    bytes the exploration recorded."""
+    monkeypatch.delenv("HARNESS_FAULTS", raising=False)
+    found = tmp_path / "found"
+    argv = ["explore", "--fault", "corrupt-kv-page", "--seed", "1", "--examples", "200", "--run-dir", str(found)]
+    assert main(argv) == 1
+    repro = found / "explore-repro.json"
+    recorded = json.loads(repro.read_text())
+    codes, events = [], []
+    for i in range(3):
+        codes.append(rerun_main(["--from", str(repro), "--run-dir", str(tmp_path / f"replay-{i}")]))
+        events.append((tmp_path / f"replay-{i}" / "explore-events.jsonl").read_bytes())
+    out = capsys.readouterr().out
+    assert codes == [1, 1, 1], out
+    assert events[0] == events[1] == events[2] == (found / "explore-events.jsonl").read_bytes()
+    assert hashlib.sha256(events[0]).hexdigest() == recorded["events_sha256"] and recorded["events"] > 3
+    assert out.count("REPRODUCED: the schedule breaks again (the same failure)") == 3, out
+
+
+def test_rerun_test_from_an_unusable_explore_repro_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "explore-repro.json"
+    bad.write_text(json.dumps({"version": 99, "kind": "explore", "seed": 1, "config": {}, "steps": []}))
+    assert rerun_main(["--from", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not an explore repro file (version 99" in err[0], err
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
