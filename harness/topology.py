@@ -21,7 +21,7 @@ TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
 ROLE_KINDS = ("prefill", "decode", "router")
 DEFAULT_CPUS_PER_RANK = 0.1  # Ray CPUs per actor; small because the CPU machine has 2 cores.
 
-_TOP_KEYS = {"name", "description", "runner", "allow_simulation", "transfer_backend", "cluster", "roles"}
+_TOP_KEYS = {"name", "description", "runner", "allow_simulation", "transfer_backend", "kv_heads", "cluster", "roles"}
 _CLUSTER_KEYS = {"nodes", "gpus_per_node", "gpu_model", "gpu_memory_gb", "cpus_per_node"}
 _ROLE_KEYS = {"kind", "count", "tp", "dp", "gpus_per_rank", "cpus_per_rank", "node", "engine_args", "dp_attention"}
 _TRANSFER_BACKENDS = ("mooncake", "nixl", "mori", "ray", "fake")
@@ -57,6 +57,11 @@ class RoleSpec:
         return self.count * (1 if self.dp_attention else self.dp)
 
     @property
+    def attn_tp(self) -> int:
+        """The attention TP size sglang slices KV heads over: ``tp``, or ``tp // dp`` with DP attention."""
+        return self.tp // self.dp if self.dp_attention else self.tp
+
+    @property
     def gpus_per_group(self) -> int:
         return self.tp * self.gpus_per_rank
 
@@ -87,6 +92,7 @@ class Topology:
     cpus_per_node: float | None = None
     allow_simulation: bool = True
     transfer_backend: str = "mooncake"
+    kv_heads: int | None = None  # the KV heads of the model it is sized for (heterogeneous PD); None: any
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -135,6 +141,7 @@ class Topology:
             "gpu_memory_gb": self.gpu_memory_gb,
             "allow_simulation": self.allow_simulation,
             "transfer_backend": self.transfer_backend,
+            "kv_heads": self.kv_heads,
             "roles": [
                 {
                     "name": r.name,
@@ -355,6 +362,18 @@ def parse(data: dict[str, Any], where: str) -> Topology:
                 f"use a node index from 0 to {nodes - 1}",
             )
 
+    kv_heads = _take(data, "kv_heads", int, None, where, "")
+    if kv_heads is not None:
+        _positive(kv_heads, where, "kv_heads")
+        for r in roles:
+            if r.kind != "router" and r.attn_tp % kv_heads and kv_heads % r.attn_tp:
+                raise _fail(
+                    where,
+                    f"roles.{r.name}.tp",
+                    f"attention TP {r.attn_tp} cannot be sliced to kv_heads = {kv_heads} (neither divides the other)",
+                    f"pick a TP that divides {kv_heads} or is a multiple of it",
+                )
+
     used = sum(r.total_gpus for r in roles)
     if used > nodes * gpus_per_node:
         detail = ", ".join(f"{r.name} {r.total_gpus}" for r in roles if r.total_gpus)
@@ -386,6 +405,7 @@ def parse(data: dict[str, Any], where: str) -> Topology:
         cpus_per_node=float(cpus_per_node) if cpus_per_node is not None else None,
         allow_simulation=_take(data, "allow_simulation", bool, True, where, ""),
         transfer_backend=backend,
+        kv_heads=kv_heads,
     )
 
 
