@@ -27,6 +27,16 @@ NAMES: dict[str, str] = {
     "WindowLost": "harness.engines.sim.errors:WindowLost",
     "PreallocError": "harness.engines.sim.errors:PreallocError",
     "PDError": "harness.engines.sim.errors:PDError",
+    # heterogeneous PD on the simulated engine: unequal TP, DP attention, sglang's mooncake code deciding
+    "HeteroModel": "harness.engines.sim.hetero_rank:HeteroModel",
+    "HeteroRequest": "harness.engines.sim.hetero:HeteroRequest",
+    "HeteroRefused": "harness.engines.sim.hetero_rank:Refused",
+    "HeteroShape": "harness.engines.sim.hetero:Shape",
+    "NotHeld": "harness.engines.sim.hetero_rank:NotHeld",
+    "hetero_check": "harness.engines.sim.hetero:check",
+    "hetero_content": "harness.engines.sim.hetero_rank:content",
+    "hetero_start": "harness.engines.sim.hetero:start",
+    "hetero_transfer": "harness.engines.sim.hetero:transfer",
     # topologies
     "topology": "harness.topology:",
     # workers

@@ -39,12 +39,16 @@ HARNESS_MODULES = (
     "harness.engines.sim.snapshot",
     "harness.engines.sim.decode_rank",
     "harness.engines.sim.prefill_rank",
+    "harness.engines.sim.hetero_rank",
+    "harness.engines.sim.hetero_transfer",
 )
 
 #: sglang modules imported inside functions: by the adapter and the rank payloads, and by sglang.
 SGLANG_MODULES = (
     "sglang.srt.runtime_context",
     "sglang.srt.disaggregation.decode",
+    "sglang.srt.disaggregation.mooncake.conn",
+    "sglang.srt.managers.data_parallel_controller",  # 2.6 s to import: the DP-attention hetero ranks
     "sglang.srt.managers.schedule_batch",
     "sglang.srt.managers.hisparse_coordinator",
     "sglang.srt.mem_cache.allocation",
