@@ -8,11 +8,13 @@ the modules: docs/modules.md.
 
 from harness.ledger.causes import Cause, LedgerBroken, assert_clean, root_causes
 from harness.ledger.check import check
+from harness.ledger.content import CONTENT_RULES, check_content
 from harness.ledger.events import (
     ADMITTED,
     CACHE_OWNER,
     COMPONENTS,
     CONFIG_RID,
+    CONTENT_KINDS,
     FREE_KINDS,
     FULL_POOL,
     HOST_POOL,
@@ -39,6 +41,8 @@ __all__ = [
     "CACHE_OWNER",
     "COMPONENTS",
     "CONFIG_RID",
+    "CONTENT_KINDS",
+    "CONTENT_RULES",
     "FREE_KINDS",
     "FULL_POOL",
     "HOST_POOL",
@@ -65,6 +69,7 @@ __all__ = [
     "assert_clean",
     "root_causes",
     "check",
+    "check_content",
     "prealloc_violations",
     "swa_page_bound",
     "format_summary",

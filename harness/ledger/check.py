@@ -25,6 +25,7 @@ from harness.ledger.events import (
     Violation,
     ceil_div,
 )
+from harness.ledger.content import check_content
 from harness.ledger.rules import check_decode_window, check_eviction_floor, prealloc_violations
 
 
@@ -62,12 +63,14 @@ def check(events: Iterable[Event], *, finished: Iterable[str] = ()) -> list[Viol
         The violations found, in event order per worker (empty when everything balances).
     """
     out: list[Violation] = []
+    events = list(events)
     by_worker: dict[tuple[str, str], list[Event]] = defaultdict(list)
     for ev in events:
         by_worker[(ev.worker, ev.component)].append(ev)
     done = frozenset(finished)
     for (worker, _component), evs in sorted(by_worker.items()):
         out.extend(_check_worker(worker, sorted(evs, key=lambda e: e.seq), done))
+    out.extend(check_content(events))  # across workers: a room's prefill and decode
     return out
 
 

@@ -12,8 +12,13 @@ from typing import Any, Iterable, Mapping
 #: moves content only, ``alloc_fail`` records a failed allocation (pages it names were taken anyway
 #: and must still be returned), ``reset`` is a cache flush of an idle server: its ``free_before`` is
 #: each pool's free size plus what the cache held just before the flush, its ``free_after`` the free
-#: size after it (they must be equal), and it drops every cached page.
-KINDS = ("config", "prealloc", "transfer", "decode_alloc", "evict", "release", "alloc_fail", "reset")
+#: size after it (they must be equal), and it drops every cached page. The ``kv_*`` kinds carry KV
+#: bytes in ``content`` (:data:`CONTENT_KINDS`; judged by :mod:`harness.ledger.content`).
+#: ``kv_sent``: prefill issued a send of a room's pages (their digests); ``kv_landed``: its transfer
+#: engine wrote them into decode pages; ``kv_dest``: decode named a room's destination pages;
+#: ``kv_commit``: decode committed the room's transfer (the digests of what landed).
+CONTENT_KINDS = ("kv_sent", "kv_landed", "kv_dest", "kv_commit")
+KINDS = ("config", "prealloc", "transfer", "decode_alloc", "evict", "release", "alloc_fail", "reset", *CONTENT_KINDS)
 
 
 TAKE_KINDS = ("prealloc", "decode_alloc", "alloc_fail")
@@ -143,6 +148,7 @@ class Event:
     config: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     freed_spans: Spans = ()
+    content: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The event as a JSON-able object (page ids as lists).
@@ -157,6 +163,7 @@ class Event:
         d["free_after"] = dict(self.free_after)
         d["reserved"] = dict(self.reserved)
         d["config"] = dict(self.config)
+        d["content"] = dict(self.content)
         return d
 
     def to_json(self) -> str:

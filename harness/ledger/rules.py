@@ -8,6 +8,7 @@ SWA tail, charges, windows, baselines): docs/modules.md.
 
 from __future__ import annotations
 
+from harness.ledger.content import CONTENT_RULES
 from harness.ledger.events import (
     FULL_POOL,
     HOST_POOL,
@@ -47,6 +48,7 @@ RULES: dict[str, str] = {
     "free-mismatch": "a pool's free size moves by exactly the pages an event takes or returns",
     "unknown-kind": "every event's kind is one of the known kinds",
     "reset-leak": "a cache flush finds every slot free or cached (nothing still held by a finished request)",
+    **CONTENT_RULES,
 }
 
 #: What breaking a rule breaks next: rule -> the rules a violation of it makes others break later on

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from harness.ledger import spans
-from harness.engines.sim import kvfill
+from harness.engines.sim import kv_content, kvfill
 from harness.engines.sim.errors import KVCorruption, PreallocError, WindowLost
 from harness.engines.sim.payload import RankPayload
 from harness.engines.sim.prefill_rank import pick_device
@@ -69,6 +69,8 @@ class DecodeWorker(RankPayload):
     def __init__(self, name: str, shard: int, spec: KVSpec, run_dir: str, tp: int = 1):
         self.live: dict[str, _Live] = {}
         self.retracted: dict[str, _Live] = {}  # retracted, their KV backed up, waiting to resume
+        self.dests: dict[str, dict[str, dict[int, int]]] = {}  # rid -> pool -> {request page j: page}
+        self.gone: dict[str, dict[str, dict[int, int]]] = {}  # the same of released requests
         super().__init__(name, shard, tp, run_dir, "decode", spec)
 
     # ---------------------------------------------------------------- set-up
@@ -117,6 +119,8 @@ class DecodeWorker(RankPayload):
         # SWA tokens a request may keep while decoding (the ledger's bound, new token included).
         self.retained = self.side.ledger_config(self.interval).decode_span_bound() + 1
         self.reserved: dict[str, tuple[int, int]] = {}
+        self.dests.clear()
+        self.gone.clear()
         self.steps = 0
         self.ledger.worker = f"{self.name}/{spec.tag}"
         self.record_config(self.side.ledger_config(self.interval), self._free())
@@ -286,6 +290,8 @@ class DecodeWorker(RankPayload):
         full, swa = self._locs(live, 0, prompt_len)
         full_pages = {j: int(full[j * P]) // P for j in range(prefix // P, -(-prompt_len // P))}
         swa_pages = {j: int(swa[j * P]) // P for j in range(live.swa_start // P, -(-prompt_len // P))}
+        self.dests[rid] = {"full": full_pages, "swa": swa_pages}
+        kv_content.dest(self.ledger, rid, P, self.shard, self.dests[rid])
         return {"full": full_pages, "swa": swa_pages, "prefix_len": prefix}
 
     def write_chunk(self, rid: str, parts: list[tuple[str, list[int]]], data: Any) -> int:
@@ -307,9 +313,15 @@ class DecodeWorker(RankPayload):
         if len(data) != need:
             raise ValueError(f"{rid}: chunk has {len(data)} arrays, its parts {parts} need {need}")
         written, at = 0, 0
-        for v, (_, pages) in zip(views, parts):
+        for v, (pool, pages) in zip(views, parts):
             written += kvfill.unpack_pages(v, list(pages), data[at : at + len(v)])
             at += len(v)
+            # A request released already still lands where it was sent (a late write: write-after-free).
+            ords = {p: j for j, p in self.dests.get(rid, self.gone.get(rid, {})).get(pool, {}).items()}
+            if all(p in ords for p in pages):
+                kv_content.landed(
+                    self.ledger, rid, self.spec.page_size, self.shard, pool, list(pages), [ords[p] for p in pages]
+                )
         return written
 
     def commit(self, rid: str, full_pages: list[int], swa_pages: list[int]) -> None:
@@ -326,6 +338,7 @@ class DecodeWorker(RankPayload):
         self.ledger.record(
             "transfer", rid, P, pages={"full": tuple(sorted(full_pages)), "swa": tuple(sorted(swa_pages))}
         )
+        kv_content.commit(self.ledger, rid, P, self.shard, self.dests.pop(rid, {}), self.buffers)
         self._verify([(live, 0, live.prompt_len)], full=True, when="after transfer")
         self._verify(
             [(live, max(0, live.prompt_len - self.spec.window), live.prompt_len)], full=False, when="after transfer"
@@ -475,6 +488,7 @@ class DecodeWorker(RankPayload):
 
         live = self.live.pop(rid)
         self.reserved.pop(rid, None)
+        self.gone[rid] = self.dests.pop(rid, {})
         P = self.spec.page_size
         before, free_before = self._pages(), self._free()
         if failed is not None:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from harness.ledger import LedgerConfig
-from harness.engines.sim import kvfill
+from harness.engines.sim import kv_content, kvfill
 from harness.engines.sim.payload import RankPayload
 from harness.engines.sim.workload import KVSpec
 from harness.engines.sim.tokens import prompt_ids, seeds
@@ -77,6 +77,7 @@ class PrefillWorker(RankPayload):
         self.reqs: dict[str, Any] = {}
         self.groups: dict[str, str] = {}
         self.shipped: dict[str, dict[str, set[int]]] = {}
+        self.ordinals: dict[str, dict[str, dict[int, int]]] = {}  # rid -> pool -> page -> request page j
         self.ledger.worker = f"{self.name}/{spec.tag}"
         # Prefill allocates whole prompts on both pools: no SWA-tail prealloc, no decode window rules.
         self.record_config(LedgerConfig(page_size=spec.page_size, window=spec.window or None), self.side.free_sizes())
@@ -125,7 +126,9 @@ class PrefillWorker(RankPayload):
         kvfill.write(list(self.buffers.swa), P, len(self.buffers.full), seed, pos, swa // P, swa % P)
         self.reqs[rid], self.groups[rid] = req, group
         self.shipped[rid] = {"full": set(), "swa": set()}
-        return {"full": (full[::P] // P).tolist(), "swa": (swa[::P] // P).tolist()}
+        pages = {"full": (full[::P] // P).tolist(), "swa": (swa[::P] // P).tolist()}
+        self.ordinals[rid] = {pool: {p: j for j, p in enumerate(ids) if p} for pool, ids in pages.items()}
+        return pages
 
     def read_chunk(self, rid: str, parts: list[tuple[str, list[int]]]) -> list[np.ndarray]:
         """Whole pages (page ids of this side) of every buffer of each part's pool, for the transfer.
@@ -140,6 +143,10 @@ class PrefillWorker(RankPayload):
         out: list[np.ndarray] = []
         for pool, pages in parts:
             self.shipped[rid][pool].update(pages)
+            views = list(getattr(self.buffers, pool))
+            kv_content.sent(
+                self.ledger, rid, self.spec.page_size, self.shard, pool, views, list(pages), self.ordinals[rid][pool]
+            )
             out.extend(kvfill.pack_pages(list(getattr(self.buffers, pool)), list(pages)))
         return out
 
@@ -162,13 +169,18 @@ class PrefillWorker(RankPayload):
         """
         if self.peer is None:
             raise RuntimeError(f"{self.name}: send_pages before peer_open")
-        return self.peer.write(target, dst, self.read_chunk(rid, src))
+        written = self.peer.write(target, dst, self.read_chunk(rid, src))
+        for (pool, pages), (_, to) in zip(src, dst):
+            ords = [self.ordinals[rid][pool][p] for p in pages]
+            kv_content.landed(self.ledger, rid, self.spec.page_size, self.shard, pool, list(to), ords)
+        return written
 
     def release(self, rid: str) -> None:
         """Record what was shipped, then free the request through the real release path."""
         req = self.reqs.pop(rid)
         self.groups.pop(rid, None)
         shipped = self.shipped.pop(rid)
+        self.ordinals.pop(rid, None)
         P = self.spec.page_size
         self.ledger.record("transfer", rid, P, pages={k: tuple(sorted(v)) for k, v in shipped.items()})
         before, free_before = self.side.free_pages(), self.side.free_sizes()

@@ -35,9 +35,9 @@ if (
 
             compat.install_from_env()
         if os.environ.get("HARNESS_PROBE_LEDGER"):
-            from harness.engines.server import hold, accounting_probe
+            from harness.engines.server import hold, accounting_probe, kv_digest
 
-            accounting_probe.install_from_env()
+            kv_digest.install_from_env(accounting_probe.install_from_env())
             hold.install_from_env()
         if os.environ.get("HARNESS_FAULTS"):
             from harness import faults as _faults
