@@ -149,6 +149,9 @@ class Event:
     note: str = ""
     freed_spans: Spans = ()
     content: Mapping[str, Any] = field(default_factory=dict)
+    #: On any event (a server's ``reset``): each resource's idle value as sglang sizes it
+    #: (:data:`harness.ledger.resources.RESOURCES`), which ``not-baseline`` holds it to.
+    baseline: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The event as a JSON-able object (page ids as lists).
@@ -164,6 +167,7 @@ class Event:
         d["reserved"] = dict(self.reserved)
         d["config"] = dict(self.config)
         d["content"] = dict(self.content)
+        d["baseline"] = dict(self.baseline)
         return d
 
     def to_json(self) -> str:

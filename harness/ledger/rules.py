@@ -44,10 +44,12 @@ RULES: dict[str, str] = {
     "swa-evict-late": "while decoding, no SWA slot before the window outlives what the eviction interval allows",
     "alloc-after-admit": "a prealloc admission accepted never fails",
     "probe-unreadable": "the probe read every field it records (none is silently missing)",
-    "not-baseline": "a worker holding no request and no cached page has every pool back at its starting free size",
+    "not-baseline": "a worker holding no request and no cached page (or a server at a flush) has every pool and "
+    "resource (request rows, metadata slots, tree locks, KV-manager rooms, host slots) back at its baseline",
     "free-mismatch": "a pool's free size moves by exactly the pages an event takes or returns",
     "unknown-kind": "every event's kind is one of the known kinds",
-    "reset-leak": "a cache flush finds every slot free or cached (nothing still held by a finished request)",
+    "reset-leak": "a cache flush finds every slot free or cached and no resource held (nothing still held by a "
+    "finished request)",
     **CONTENT_RULES,
 }
 

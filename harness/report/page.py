@@ -347,6 +347,7 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
         "img_error": img_error,
         "marks": marks,
         "pools": pools,
+        "resources": _resources(events),
         "request_count": len({q.rid for _, q in rows}),
         "requests": [
             {
@@ -361,6 +362,26 @@ def _timeline(g: GroupResult, case: CaseResult, rec: TestRecord, report_dir: Pat
             for worker, q in rows
         ],
     }
+
+
+def _resources(events: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per worker, each resource besides KV pages (:mod:`harness.ledger.resources`): its baseline and the
+    last value read, for the report's baseline table."""
+    from harness.ledger.resources import RESOURCES, baselines
+
+    return [
+        {
+            "worker": r.worker,
+            "resource": r.resource,
+            "source": RESOURCES[r.resource].source,
+            "counts": r.counts,
+            "baseline": "-" if r.baseline is None else r.baseline,
+            "last": r.last,
+            "at": f"#{r.last_seq} {r.last_kind}",
+            "bad": not r.at_baseline,
+        }
+        for r in baselines(events)
+    ]
 
 
 def _png(report_dir: Path, group: str, case: CaseResult) -> Path:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from harness.changes import measure
 from harness.targets.sglang.compat.reqkv import req_kv
 from harness.engines.server.hooks import after_import
+from harness.engines.server import resources
 from harness.engines.server.probe_read import (
     FULL,
     SWA,
@@ -301,18 +302,19 @@ def _idle_sizes(scheduler) -> dict[str, int]:
 def _wrap_flush(probe: Probe, orig: Callable) -> Callable:
     @functools.wraps(orig)
     def wrapper(self, *args, **kwargs):
-        before = _idle_sizes(self)
+        before = {**_idle_sizes(self), **resources.read(self, probe.component).values}
         ok = orig(self, *args, **kwargs)
         if ok:
             after = free_sizes(self.token_to_kv_pool_allocator)
-            after["req_slots"] = len(self.req_to_token_pool.free_slots)
+            held = resources.read(self, probe.component)  # request rows, metadata slots, locks, rooms …
             probe.record(
                 "reset",
                 "<flush>",
                 self.token_to_kv_pool_allocator.page_size,
                 free_before=before,
-                free_after=after,
-                note="flush_cache",
+                free_after={**after, **held.values},
+                baseline=held.baseline,
+                note="flush_cache" + resources.lacking_note(held),
             )
         # A measured run (rerun-test --coverage) keeps what this scheduler ran so far: its server
         # SIGKILLs it at shutdown, before any exit handler could save it (so it is partly measured).

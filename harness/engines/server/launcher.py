@@ -19,7 +19,8 @@ from typing import Mapping, Sequence
 from harness.rundir import RunDir
 from harness.targets.sglang import releases, selection
 from harness.targets.sglang.compat import checks
-from harness.engines.server import rdma
+from harness.engines import alloc_order
+from harness.engines.server import alloc_patch, rdma
 from harness.topology import RoleSpec, Topology
 
 #: Directory put on every server's PYTHONPATH: its ``sitecustomize`` installs the compat patches,
@@ -236,7 +237,14 @@ def _engine_command(
     # one never reads it; what the target has is said once per session, compat.checks.summary).
     env.update(checks.environment(None))
     env.update(extra_env or {})
-    argv = [python, "-m", SERVER_MODULE, *_merge(base, [*role.engine_args, *extra_args])]
+    # The allocation-order knobs (HARNESS_ALLOC_ORDER / HARNESS_POOL_PAGES, a role's extra_env first):
+    # the order travels in the env to sitecustomize, the pool size becomes --max-total-tokens.
+    order, pages = alloc_order.knobs({**os.environ, **env})
+    if order != alloc_order.SGLANG:
+        env[alloc_order.ORDER_ENV] = order
+    explicit = [*role.engine_args, *extra_args]
+    pool = alloc_patch.pool_args(pages, _merge(base, explicit), explicit)
+    argv = [python, "-m", SERVER_MODULE, *_merge(base, [*explicit, *pool])]
     return Command(role=worker, argv=tuple(argv), env=env, pythonpath=tuple(pythonpath))
 
 

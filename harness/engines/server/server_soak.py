@@ -26,6 +26,7 @@ from harness.engines.soak_driver import SoakResult, drive
 from harness.engines.server.http_client import Generation, ServerHTTPError
 from harness.engines.server.reset import ResetError, reset_server
 from harness.engines.server.pd_stack import PdStack
+from harness.ledger.resources import RESOURCES
 
 #: New tokens an aborted request asks for (enough that the abort lands before it finishes).
 ABORT_NEW = 200
@@ -197,7 +198,8 @@ class StackEngine:
             # leaves free is the whole pool whatever had leaked; what was neither free nor cached had.
             idle = resets[-1].free_before
             for pool, base in self.baseline[role].items():
-                leak[f"{role}.{pool}"] = base - int(idle.get(pool, 0))
+                held = pool in RESOURCES and RESOURCES[pool].counts == "held"  # a count of what is held
+                leak[f"{role}.{pool}"] = (int(idle.get(pool, 0)) - base) if held else (base - int(idle.get(pool, 0)))
         return Checkpoint(requests_, leak, len(held), "; ".join(problems) or None)
 
 

@@ -112,6 +112,7 @@ class DecodeWorker(RankPayload):
             radix_cache=spec.radix_cache,
             sizes=sizes,
             device=self.device,
+            alloc_order=spec.alloc_order,
         )
         self.side = Dsv4DecodeSide(config) if spec.kind == "dsv4" and not spec.hisparse else DecodeSide(config)
         self.buffers = page_buffers(self.side.kv_pool, spec.page_size, spec.full_tokens // spec.page_size)
@@ -141,7 +142,8 @@ class DecodeWorker(RankPayload):
         return free_pages(self.side.allocator)
 
     def _free(self) -> dict[str, int]:
-        return {k: v for k, v in self.side.snapshot().free().items() if k in ("full", "swa", "host")}
+        snap = self.side.snapshot()
+        return {**{k: v for k, v in snap.free().items() if k in ("full", "swa", "host")}, **snap.resources()}
 
     def _locs(self, live: _Live, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         from harness.engines.sim.prefill_side import token_locs
@@ -618,5 +620,8 @@ class DecodeWorker(RankPayload):
         return {
             "live": sorted(self.live) + sorted(self.retracted),
             "free": self._free(),
-            "baseline": {k: v for k, v in self.side.baseline.free().items() if k in ("full", "swa", "host")},
+            "baseline": {
+                **{k: v for k, v in self.side.baseline.free().items() if k in ("full", "swa", "host")},
+                **self.side.baseline.resources(),
+            },
         }

@@ -23,6 +23,8 @@ import types
 from typing import Any
 
 from harness.targets.sglang import compat
+from harness.targets.sglang.compat import pdstate
+from harness.engines import alloc_order
 from harness.engines.sim import rank_runtime
 from harness.engines.sim import pools as pool_builders
 from harness.engines.sim.decode_types import DecodeConfig, PreallocFailed, PreallocResult
@@ -66,6 +68,7 @@ class DecodeSide:
             self.req_to_token_pool, self.allocator, config.page_size, config.window, radix_cache=config.radix_cache
         )
         self.queue = self._build_queue()
+        alloc_order.apply(self.allocator, config.alloc_order)
         self.baseline = self.snapshot()
 
     def _build_pools(self) -> None:
@@ -360,5 +363,6 @@ class DecodeSide:
             host=host_free,
             tree_full_evictable=int(tree.full_evictable_size()) if radix else 0,
             tree_swa_evictable=int(tree.swa_evictable_size()) if radix else 0,
+            tree_locked=pdstate.tree_locked(tree)[0],
             requests=tuple(req_state(r, self.req_to_token_pool, self.allocator, self.coordinator) for r in reqs),
         )

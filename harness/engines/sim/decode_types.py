@@ -55,6 +55,7 @@ class DecodeConfig:
             matters only to admission, which the harness does not drive; kept for completeness).
         hisparse_top_k: coordinator top-k.
         hisparse_device_buffer_size: coordinator device buffer tokens per request.
+        alloc_order: the allocators' order, ``sglang`` or ``lifo`` (:mod:`harness.engines.alloc_order`).
     """
 
     hisparse: bool = False
@@ -66,6 +67,7 @@ class DecodeConfig:
     num_reserved_decode_tokens: int = 512
     hisparse_top_k: int = 64
     hisparse_device_buffer_size: int = 128
+    alloc_order: str = "sglang"
 
     def __post_init__(self) -> None:
         if self.hisparse and self.radix_cache:

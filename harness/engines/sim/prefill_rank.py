@@ -68,7 +68,7 @@ class PrefillWorker(RankPayload):
         self.spec = spec
         self.device = pick_device(spec.device)
         sizes = self.pool_sizes(spec)
-        self.side = PrefillSide(spec.kind, spec.page_size, spec.window, sizes, self.device)
+        self.side = PrefillSide(spec.kind, spec.page_size, spec.window, sizes, self.device, spec.alloc_order)
         self.buffers = self.side.buffers
         if spec.hisparse:  # decode keeps C4 on the host: ship only what both sides hold per page
             self.buffers = type(self.buffers)(
@@ -80,8 +80,11 @@ class PrefillWorker(RankPayload):
         self.ordinals: dict[str, dict[str, dict[int, int]]] = {}  # rid -> pool -> page -> request page j
         self.ledger.worker = f"{self.name}/{spec.tag}"
         # Prefill allocates whole prompts on both pools: no SWA-tail prealloc, no decode window rules.
-        self.record_config(LedgerConfig(page_size=spec.page_size, window=spec.window or None), self.side.free_sizes())
+        self.record_config(LedgerConfig(page_size=spec.page_size, window=spec.window or None), self._free())
         return self.device
+
+    def _free(self) -> dict[str, int]:
+        return {**self.side.free_sizes(), **self.side.resources()}
 
     def layout(self) -> dict[str, list[int]]:
         """Bytes per page of each transferred buffer (the decode side checks it has the same)."""
@@ -106,10 +109,10 @@ class PrefillWorker(RankPayload):
         """
         P = self.spec.page_size
         group = group or rid
-        before, free_before = self.side.free_pages(), self.side.free_sizes()
+        before, free_before = self.side.free_pages(), self._free()
         req = self.side.alloc(rid, prompt_len)
         req.origin_input_ids = prompt_ids(group, prompt_len)
-        after, free_after = self.side.free_pages(), self.side.free_sizes()
+        after, free_after = self.side.free_pages(), self._free()
         self.ledger.record(
             "prealloc",
             rid,
@@ -183,9 +186,9 @@ class PrefillWorker(RankPayload):
         self.ordinals.pop(rid, None)
         P = self.spec.page_size
         self.ledger.record("transfer", rid, P, pages={k: tuple(sorted(v)) for k, v in shipped.items()})
-        before, free_before = self.side.free_pages(), self.side.free_sizes()
+        before, free_before = self.side.free_pages(), self._free()
         self.side.release(req)
-        after, free_after = self.side.free_pages(), self.side.free_sizes()
+        after, free_after = self.side.free_pages(), self._free()
         self.ledger.record(
             "release",
             rid,

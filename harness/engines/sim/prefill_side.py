@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from harness.targets.sglang import compat
+from harness.targets.sglang.compat import pdstate
+from harness.engines import alloc_order as order_knob
 from harness.engines.sim import rank_runtime
 from harness.engines.sim import pools as pool_builders
 from harness.engines.sim.requests import make_req
@@ -203,9 +205,18 @@ class PrefillSide:
         sizes: capacities; the SWA pool is as large as the full pool (prefill computes every
             prompt token's SWA KV before it can drop any).
         device: "cpu" or "cuda:N".
+        alloc_order: the allocators' order, ``sglang`` or ``lifo`` (:mod:`harness.engines.alloc_order`).
     """
 
-    def __init__(self, kind: str, page_size: int, window: int, sizes: pool_builders.PoolSizes, device: str):
+    def __init__(
+        self,
+        kind: str,
+        page_size: int,
+        window: int,
+        sizes: pool_builders.PoolSizes,
+        device: str,
+        alloc_order: str = order_knob.SGLANG,
+    ):
         rank_runtime.publish(rank_runtime.RuntimeSettings(device=device, radix_cache=False, page_size=page_size))
         sizes = replace(sizes, swa_tokens=sizes.full_tokens)
         self.page_size = page_size
@@ -220,6 +231,7 @@ class PrefillSide:
             self.req_to_token_pool, self.allocator, page_size, window, radix_cache=False
         )
         self.buffers = page_buffers(self.kv_pool, page_size, sizes.full_tokens // page_size)
+        order_knob.apply(self.allocator, alloc_order)
 
     def alloc(self, rid: str, prompt_len: int) -> Any:
         """Allocate a prompt through the real allocator (``alloc_extend``) into a fresh request slot.
@@ -274,3 +286,10 @@ class PrefillSide:
 
     def free_sizes(self) -> dict[str, int]:
         return free_sizes(self.allocator)
+
+    def resources(self) -> dict[str, int]:
+        """The resources besides KV pages, by ledger name: free request rows, tokens under a tree lock."""
+        return {
+            "req_slots": pdstate.request_rows(self.req_to_token_pool)[0],
+            "tree_locked": pdstate.tree_locked(self.tree_cache)[0],
+        }

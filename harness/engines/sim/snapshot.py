@@ -41,7 +41,8 @@ class PoolSnapshot:
     state of the requests asked about.
 
     ``hisparse_device`` and ``host`` are None off the hisparse path. ``tree_full_evictable`` and
-    ``tree_swa_evictable`` are what the radix cache holds evictable (0 with the cache off).
+    ``tree_swa_evictable`` are what the radix cache holds evictable (0 with the cache off), ``tree_locked``
+    the tokens it holds under a lock reference (:meth:`resources`).
     """
 
     full: int
@@ -52,6 +53,7 @@ class PoolSnapshot:
     tree_full_evictable: int = 0
     tree_swa_evictable: int = 0
     requests: tuple[ReqState, ...] = ()
+    tree_locked: int = 0
 
     def free(self) -> dict[str, int]:
         """Free slots per pool name (pools absent on this path left out), for ledgers and diffs.
@@ -67,6 +69,15 @@ class PoolSnapshot:
             "host": self.host,
         }
         return {name: value for name, value in pools.items() if value is not None}
+
+    def resources(self) -> dict[str, int]:
+        """The resources besides KV pages this side holds, by ledger name
+        (:data:`harness.ledger.resources.RESOURCES`): free request rows, tokens under a tree lock.
+
+        Returns:
+            Resource name -> value (its baseline: the built side's, :attr:`DecodeSide.baseline`).
+        """
+        return {"req_slots": self.req_slots, "tree_locked": self.tree_locked}
 
     def taken_since(self, before: PoolSnapshot) -> dict[str, int]:
         """Slots taken (positive) or returned (negative) per pool between ``before`` and this one.

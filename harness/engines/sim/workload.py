@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from harness.engines import alloc_order as order_knob
 from harness.engines.soak_driver import mix
 
 KV_KINDS = ("swa", "dsv4")
@@ -31,6 +32,10 @@ class KVSpec:
         device: ``auto`` (the worker's GPU when torch sees one, else CPU), ``cuda`` or ``cpu``.
         eviction_interval: ``SGLANG_SWA_EVICTION_INTERVAL`` of the decode ranks; None leaves it
             unset, so sglang's default (:data:`SGLANG_EVICTION_INTERVAL`) applies.
+        alloc_order: both sides' page allocation order, ``sglang`` or ``lifo`` (a freed page is the
+            next handed out: :mod:`harness.engines.alloc_order`); default ``HARNESS_ALLOC_ORDER``.
+        pool_pages: when set, each side's full pool has this many pages (and the SWA pool at most as
+            many), whatever ``full_tokens`` says; default ``HARNESS_POOL_PAGES``.
     """
 
     kind: str = "swa"
@@ -45,8 +50,15 @@ class KVSpec:
     kv_heads: int = 8
     device: str = "auto"
     eviction_interval: int | None = 1
+    alloc_order: str = field(default_factory=lambda: order_knob.knobs()[0])
+    pool_pages: int | None = field(default_factory=lambda: order_knob.knobs()[1])
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "alloc_order", order_knob.checked_order(self.alloc_order, "KVSpec.alloc_order"))
+        if order_knob.checked_pages(self.pool_pages, "KVSpec.pool_pages") is not None:
+            full = int(self.pool_pages or 0) * self.page_size
+            object.__setattr__(self, "full_tokens", full)
+            object.__setattr__(self, "swa_tokens", min(self.swa_tokens, full))
         if self.kind not in KV_KINDS:
             raise ValueError(f"kind {self.kind!r} unknown; use one of {KV_KINDS}")
         if self.device not in ("auto", "cuda", "cpu"):
@@ -83,6 +95,8 @@ class KVSpec:
         bits += ["hisparse"] if self.hisparse else []
         bits += ["radix"] if self.radix_cache else []
         bits += [f"i{self.eviction_interval or 'default'}"] if self.eviction_interval != 1 else []
+        bits += [self.alloc_order] if self.alloc_order != order_knob.SGLANG else []
+        bits += [f"n{self.pool_pages}"] if self.pool_pages else []
         return "-".join(bits)
 
 

@@ -1,9 +1,9 @@
 """Loaded by every sglang server process the harness starts (this directory is on its PYTHONPATH).
 
 It changes nothing unless asked by env var (``HARNESS_COMPAT_PATCHES``, ``HARNESS_IB_NODE_GPUS``,
-``HARNESS_PROBE_LEDGER``, ``HARNESS_FAULTS``). A failure here stops the server rather than let it run without
-what the harness asked for. A forked server runs it again with its own environment. What each variable
-turns on: docs/modules.md.
+``HARNESS_ALLOC_ORDER``, ``HARNESS_PROBE_LEDGER``, ``HARNESS_FAULTS``). A failure here stops the server
+rather than let it run without what the harness asked for. A forked server runs it again with its own
+environment. What each variable turns on: docs/modules.md.
 """
 
 import os
@@ -14,6 +14,7 @@ if (
     or os.environ.get("HARNESS_PROBE_LEDGER")
     or os.environ.get("HARNESS_FAULTS")
     or os.environ.get("HARNESS_IB_NODE_GPUS")
+    or os.environ.get("HARNESS_ALLOC_ORDER")
 ):
     try:
         import logging
@@ -34,6 +35,10 @@ if (
             from harness.engines.server import patches as compat
 
             compat.install_from_env()
+        if os.environ.get("HARNESS_ALLOC_ORDER"):
+            from harness.engines.server import alloc_patch
+
+            alloc_patch.install_from_env()
         if os.environ.get("HARNESS_PROBE_LEDGER"):
             from harness.engines.server import hold, accounting_probe, kv_digest
 
