@@ -174,6 +174,10 @@ def test_a_metadata_slot_really_held_is_not_baseline(server):
     assert _found(server.events()) == {("not-baseline", "metadata_slots")}
     (row,) = [r for r in baselines(server.events()) if r.resource == "metadata_slots"]
     assert (row.baseline, row.last, row.at_baseline) == (4, 3, False)
+    from harness.report import page  # the report's baseline table flags it
+
+    shown = {r["resource"]: (r["baseline"], r["last"], r["bad"]) for r in page._resources(server.events())}
+    assert shown["metadata_slots"] == (4, 3, True) and shown["req_slots"] == (8, 8, False)
 
 
 def test_a_room_left_in_the_kv_manager_is_not_baseline(server):
