@@ -36,6 +36,10 @@ _DECODE_KILLED = f"{_FAILURE_PATHS}::test_decode_killed_while_prefill_holds_kv_p
 _BAD_BOOTSTRAP = f"{_FAILURE_PATHS}::test_malformed_bootstrap_address_fails_the_request_not_the_server"
 # The simulated engine's retraction, through sglang's own release_req and resume_retracted_reqs.
 _PD_RETRACTION = f"{_PD}::test_retraction_resumes_with_its_kv_restored_and_leaves_no_kv"
+# Heterogeneous PD (unequal TP, DP attention) on the simulated engine: sglang's mooncake code plans the moves.
+_HETERO = "suites/disaggregation/test_disaggregation_hetero_tp.py"
+_HETERO_HEADS = f"{_HETERO}::test_each_decode_rank_receives_exactly_the_kv_heads_it_owns"
+_HETERO_DP = f"{_HETERO}::test_dp_attention_kv_comes_from_the_prefill_dp_rank_the_receiver_is_bound_to"
 
 #: Content and window verification of the PD decode ranks (every byte of every request).
 _CONTENT = ("KVCorruption", "WindowLost")
@@ -207,5 +211,38 @@ FAULTS: tuple[Fault, ...] = (
         suites=(_PD_CONCURRENT,),
         est_s=16,
         sglang_checks=_ALL_BUT_IDLE,
+    ),
+    Fault(
+        name="hetero-gqa-head-modulo",
+        description=(
+            "compute_head_slice_params maps decode ranks onto KV heads by rank, not rank // replication: with "
+            "decode TP above the KV heads the shared heads cycle [0, 1, 0, 1] instead of [0, 0, 1, 1]"
+        ),
+        upstream="sglang#23746 (fixed by sglang#30997)",
+        evidence=("should hold KV head",),
+        suites=(f"{_HETERO_HEADS}[8-gpu-h100-tp1-tp4]",),
+        est_s=32,
+    ),
+    Fault(
+        name="hetero-rank-map-modulo",
+        description=(
+            "_resolve_rank_mapping sends decode rank d (decode TP above prefill TP) to prefill rank d % prefill "
+            "TP instead of d // (decode TP / prefill TP): decode ranks pull another rank's heads"
+        ),
+        upstream="sglang#6793 class (the decode->prefill TP rank map of different-TP PD)",
+        evidence=("should hold KV head",),
+        suites=(f"{_HETERO_HEADS}[8-gpu-h200-tp2-tp4]",),
+        est_s=32,
+    ),
+    Fault(
+        name="decode-dp-rank-ignores-router",
+        description=(
+            "_resolve_prefill_dp_rank drops the prefill DP rank the router chose (disagg_prefill_dp_rank) and "
+            "binds the receiver by bootstrap room: it waits on a prefill DP rank that never had the request"
+        ),
+        upstream="sglang#29725 / sglang#29730 / sglang#40730 class (decode bound to the wrong prefill DP rank)",
+        evidence=("NotHeld", "which it does not hold"),
+        suites=(_HETERO_DP,),
+        est_s=31,
     ),
 )
