@@ -3,8 +3,8 @@ decode rank, and which prefill DP rank a request sits on and its receiver binds 
 
 Each function builds the sglang object whose method decides (``object.__new__``, only the attributes
 that method reads) and calls the real method; the RDMA engine is replaced by :class:`RecordingEngine`,
-which writes nothing and records the ``(src, dst, length)`` writes sglang asked for. Which sglang
-method answers each question: docs/modules.md (``hetero_transfer``).
+which writes nothing and records the ``(src, dst, length)`` writes sglang asked for. Each function's
+docstring names the sglang method that answers it.
 """
 
 from __future__ import annotations
