@@ -29,7 +29,10 @@ PHASES: dict[str, tuple[str, str]] = {
     "decode.transferred": ("decode", "transfer polled done, not yet committed (_commit_transfer_to_req)"),
     "decode.commit": ("decode", "the transfer committed to the request (_commit_transfer_to_req returned)"),
     "decode.defer": ("decode", "a failed transfer's release deferred until prefill's drain ack (_defer_release)"),
-    "transfer.abort": ("prefill", "decode's abort notice delivered to prefill's KV manager"),
+    "transfer.write": ("prefill", "a transfer worker about to write a chunk into decode's pages (send_kvcache)"),
+    "transfer.written": ("prefill", "a transfer worker's chunk write returned"),
+    "transfer.abort": ("prefill", "decode's abort notice handled by prefill's KV manager (its ack decided)"),
+    "transfer.ack-sent": ("prefill", "prefill sent decode its drain ack for an aborted room (_send_abort_ack)"),
     "transfer.ack": ("decode", "prefill's drain ack delivered to decode's KV manager (note_abort_ack)"),
     "decode.release": ("decode", "a deferred release about to resolve (_do_release)"),
     "decode.released": ("decode", "a deferred release resolved: note says drained or timeout"),
@@ -225,6 +228,25 @@ def early_releases(marks: Iterable[Mark], timeout_s: float) -> list[str]:
                     f"{m.worker} released room {m.room} ({m.rid or '?'}) by timeout {m.t - since:.2f} s after "
                     f"deferring it (its timeout: {timeout_s:g} s), with no drain ack from prefill"
                 )
+    return found
+
+
+def writes_after_release(marks: Iterable[Mark]) -> list[str]:
+    """Chunk writes of a room still running when its pages were let go: prefill sent its drain ack, or
+    decode resolved its release, after a write of the room began and before it returned. One line each."""
+    marks = sorted(marks, key=lambda m: m.t)
+    found = []
+    for m in marks:
+        if m.phase not in ("transfer.ack-sent", "decode.released") or m.room is None:
+            continue
+        started = [w for w in marks if w.phase == "transfer.write" and w.room == m.room and w.t < m.t]
+        done = [w for w in marks if w.phase == "transfer.written" and w.room == m.room and w.t < m.t]
+        if len(started) > len(done):
+            who = "prefill acked its drain" if m.phase == "transfer.ack-sent" else f"decode released it ({m.note})"
+            found.append(
+                f"room {m.room} ({m.rid or '?'}): {who} while prefill's write of chunk "
+                f"{started[len(done)].chunk} was still running"
+            )
     return found
 
 

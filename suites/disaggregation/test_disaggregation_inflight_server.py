@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from harness.api import ServerHTTPError, phases, reset_server
+from harness.api import ResetError, ServerHTTPError, phases, reset_server
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -179,3 +179,87 @@ def test_a_status_write_racing_decodes_metadata_is_not_lost(stack, run_dir, sgla
         raise
     if stalled:
         raise LostStatusUpdate(stalled)
+
+
+def _marks(led, rid: str, phase: str, worker: str = "") -> list:
+    return [m for m in phases.marks_of(phases.read_trace(led), rid) if m.phase == phase and m.worker.startswith(worker)]
+
+
+def _reset(stack, led) -> None:
+    for w in (stack.decode, stack.prefill):
+        reset_server(w, f"{led}/{w.name}.jsonl", timeout_s=RESET_S)
+
+
+def test_an_abort_during_a_chunk_write_is_acked_only_once_the_write_is_done(stack, run_dir):
+    # Prefill's transfer worker holds inside its write of the first chunk; decode aborts the request
+    # and holds before it starts its deferred-release clock. Prefill handles the abort notice while the
+    # write still runs: it must not ack the drain then (the pages are still being written), only after.
+    rid, led = new_rid("abort-write"), run_dir.ledger
+    room = random.Random(rid).randrange(1 << 62)
+    writing = phases.Hold(led, "transfer.write", phases.room_key(room), chunk=0)
+    deferring = phases.Hold(led, "decode.defer", rid)
+    try:
+        to_prefill, to_decode = stack.direct(prompt(200, seed=8), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        writing.reached(PHASE_S)
+        stack.client("decode").abort(rid)
+        deferring.reached(PHASE_S)
+        phases.wait_mark(led, "transfer.abort", room=room, timeout_s=PHASE_S)
+        assert not _marks(led, rid, "transfer.ack-sent"), "prefill acked the drain while its write still ran"
+        writing.release()
+        phases.wait_mark(led, "transfer.ack-sent", room=room, timeout_s=PHASE_S)
+        written = _marks(led, rid, "transfer.written")
+        acked = _marks(led, rid, "transfer.ack-sent")
+        assert written and written[0].t <= acked[0].t, "the ack went before the write returned"
+    finally:
+        writing.release()
+        deferring.release()
+    released = phases.wait_mark(led, "decode.released", rid=rid, timeout_s=PHASE_S)
+    assert released[0].note == "drained", f"decode released by {released[0].note}, with prefill's ack in hand"
+    _answer(to_decode)
+    _answer(to_prefill)
+    _reset(stack, led)
+
+
+class WriteAfterRelease(AssertionError):
+    """decode let an aborted request's pages go while prefill's write into them still ran."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=WriteAfterRelease,
+    reason="sglang 0.5.23 DecodeTransferQueue.resolve_deferred_releases frees a device destination's pages once "
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT passes without prefill's drain ack, while prefill's "
+    "chunk write may still run: the write lands in freed pages (the sgl#38961 class: the timeout path is itself "
+    "a use-after-free window)",
+)
+def test_a_release_by_timeout_waits_for_a_running_write(stack, run_dir):
+    # Prefill's transfer worker holds inside its first chunk's write; decode aborts the request and
+    # starts its deferred-release clock. A release decided before that clock ran out is a decode that
+    # did not wait for the drain ack at all ([release-before-ack]: a plain failure); one decided at the
+    # timeout, with the write still running, is sglang's documented trade-off, and the finding.
+    rid, led = new_rid("timeout-write"), run_dir.ledger
+    room = random.Random(rid).randrange(1 << 62)
+    writing = phases.Hold(led, "transfer.write", phases.room_key(room), chunk=0)
+    try:
+        to_prefill, to_decode = stack.direct(prompt(200, seed=9), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        writing.reached(PHASE_S)
+        stack.client("decode").abort(rid)
+        deferred = phases.wait_mark(led, "decode.defer", rid=rid, timeout_s=PHASE_S)[0]
+        decided = phases.wait_mark(led, "decode.release", rid=rid, timeout_s=PHASE_S)[0]
+    finally:
+        writing.release()
+    phases.wait_mark(led, "transfer.written", room=room, timeout_s=PHASE_S)
+    _answer(to_decode)
+    _answer(to_prefill)
+    verdicts = []
+    for w in (stack.decode, stack.prefill):
+        try:
+            reset_server(w, f"{led}/{w.name}.jsonl", timeout_s=RESET_S)
+        except ResetError as e:  # the resets' verdicts are what this test reports
+            verdicts.append(str(e))
+    said = "; ".join(verdicts)
+    waited = decided.t - deferred.t
+    assert "[release-before-ack]" not in said, said
+    if "[write-after-release]" in said and waited >= stack.deferred_release_s:
+        raise WriteAfterRelease(f"decode released room {room} by timeout after {waited:.1f} s: {said}")
+    assert not said, said

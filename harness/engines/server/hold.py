@@ -40,6 +40,7 @@ class Points:
         self.rid_of_room: dict[int, str] = {}
         self.chunks: dict[str, int] = {}
         self.sent: set[int] = set()
+        self.written: dict[int, int] = {}  # room -> chunks its transfer workers took
         self.local = threading.local()
 
     def mark(
@@ -217,6 +218,9 @@ def _install_status(points: Points, mod: ModuleType) -> None:
         points.mark("transfer.ack", room=bootstrap_room, note=f"prefill rank {prefill_rank}")
 
     manager.note_abort_ack = _wrap(manager.note_abort_ack, before=ack)
+    manager._send_abort_ack = _wrap(
+        manager._send_abort_ack, before=lambda self, room, *a, **k: points.mark("transfer.ack-sent", room=room)
+    )
 
 
 def _install_mooncake(points: Points, mod: ModuleType) -> None:
@@ -225,13 +229,17 @@ def _install_mooncake(points: Points, mod: ModuleType) -> None:
 
     @functools.wraps(orig)
     def on_abort(self, msg):
+        out = orig(self, msg)
         if msg and msg[0] == mod.ABORT_TAG:
             note = mod.AbortNotification.from_zmq(msg)
             if note is not None:
                 points.mark("transfer.abort", room=note.room)
-        return orig(self, msg)
+        return out
 
     manager._handle_abort_notification = on_abort
+    for name in ("send_kvcache", "send_kvcache_slice", "send_kvcache_dcp"):
+        if hasattr(manager, name):
+            setattr(manager, name, _wrap_write(points, getattr(manager, name)))
     sender = mod.MooncakeKVSender
     orig_poll = sender.poll
 
@@ -249,11 +257,46 @@ def _install_mooncake(points: Points, mod: ModuleType) -> None:
     sender.poll = poll
 
 
+def _wrap_write(points: Points, orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def write(*args, **kwargs):
+        room, chunk = getattr(points.local, "chunk", (None, None))
+        points.mark("transfer.write", room=room, chunk=chunk)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            points.mark("transfer.written", room=room, chunk=chunk, hold=False)
+
+    return write
+
+
+def _install_queue(points: Points, mod: ModuleType) -> None:
+    """The transfer worker's chunk, remembered per thread as it leaves its queue: the write it then
+    makes (``send_kvcache``) does not say which room it serves."""
+    queue = mod.FastQueue
+    orig = queue.get
+
+    @functools.wraps(orig)
+    def get(self, *args, **kwargs):
+        item = orig(self, *args, **kwargs)
+        room = getattr(item, "room", None)
+        if isinstance(room, int):
+            seen = points.written.get(room, 0)
+            if len(points.written) > 100_000:
+                points.written.clear()
+            points.written[room] = seen + 1
+            points.local.chunk = (room, seen)
+        return item
+
+    queue.get = get
+
+
 def install(ledger_path: str, worker: str, component: str) -> Points:
     """Install the phase points of ``component`` (prefill or decode) in this server process."""
     points = Points(ledger_path, worker, component)
     if component == "prefill":
         after_import("sglang.srt.disaggregation.prefill", lambda m: _install_prefill(points, m))
+        after_import("sglang.srt.disaggregation.common.utils", lambda m: _install_queue(points, m))
     else:
         after_import("sglang.srt.disaggregation.decode", lambda m: _install_decode(points, m))
     after_import("sglang.srt.disaggregation.common.conn", lambda m: _install_status(points, m))

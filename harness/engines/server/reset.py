@@ -54,12 +54,17 @@ def _resets(path: Path) -> list[ledger.Event]:
 
 
 def _early_releases(worker: Worker, path: Path, *, since: float, until: float) -> list[str]:
-    """The phase trace's deferred releases of ``worker`` between two resets that went before prefill's
-    drain ack and before their timeout (:func:`harness.engines.phases.early_releases`)."""
+    """What the phase trace between two resets of ``worker`` shows let go too early: a deferred release
+    before prefill's drain ack and its own timeout (``[release-before-ack]``), and a drain ack or a release
+    while a chunk write of the room still ran (``[write-after-release]``); see :mod:`harness.engines.phases`."""
     from harness.engines.server.pd_stack import deferred_release_s
 
-    marks = [m for m in phases.read_trace(path.parent) if m.worker == worker.name and since < m.t <= until]
-    return phases.early_releases(marks, deferred_release_s(worker)) if marks else []
+    marks = [m for m in phases.read_trace(path.parent) if since < m.t <= until]
+    own = [m for m in marks if m.worker == worker.name]
+    if not own:
+        return []
+    early = [f"[release-before-ack] {x}" for x in phases.early_releases(own, deferred_release_s(worker))]
+    return early + [f"[write-after-release] {x}" for x in phases.writes_after_release(marks)]
 
 
 def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.0) -> ledger.Event:
@@ -117,6 +122,6 @@ def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.
         )
     early = _early_releases(worker, path, since=resets[seen - 1].ts if seen else 0.0, until=resets[-1].ts)
     if early:
-        raise ResetError(f"{worker.name}: [release-before-ack] " + "; ".join(early[:3]))
+        raise ResetError(f"{worker.name}: " + "; ".join(early[:3]))
     log.debug("%s reset: %s", worker.name, resets[-1].free_after)
     return resets[-1]
