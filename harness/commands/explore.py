@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -76,14 +77,15 @@ def _explore(args: argparse.Namespace) -> int:
     _check(args)
     if args.replay is not None:
         return replay_file(args.replay, args.run_dir, args.sglang, verbose=args.verbose)
-    with _prepared(args.fault, args.sglang, args.verbose):
+    with _prepared(args.fault, args.sglang, args.verbose) as target:
         run = rundir.create(args.run_dir or rundir.default_path(kind="explore"))
-        return _search(args, args.fault, run.root)
+        return _search(args, args.fault, run.root, target)
 
 
 @contextlib.contextmanager
-def _prepared(names: list[str], sglang: str | None, verbose: bool) -> Iterator[None]:
-    """The sglang target selected, ``names`` applied to this process (undone after), sglang's logs quiet.
+def _prepared(names: list[str], sglang: str | None, verbose: bool) -> Iterator[Any]:
+    """The sglang target selected (its report stamp yielded), ``names`` applied to this process (undone
+    after), sglang's logs quiet.
 
     Raises:
         UsageError: the target or a fault cannot be used (one line).
@@ -91,7 +93,7 @@ def _prepared(names: list[str], sglang: str | None, verbose: bool) -> Iterator[N
     from harness.targets.sglang import selection
 
     try:
-        selection.select_for_cli(sglang, "harness")
+        target = selection.select_for_cli(sglang, "harness")
     except selection.TargetError as e:
         raise UsageError(f"--sglang: {e}") from None
     from harness.explore import inject
@@ -107,7 +109,7 @@ def _prepared(names: list[str], sglang: str | None, verbose: bool) -> Iterator[N
             if not verbose:
                 sglang_log.setLevel(logging.CRITICAL)
                 warnings.filterwarnings("ignore", category=UserWarning)
-            yield
+            yield selection.stamp(target)
     finally:
         sglang_log.setLevel(level)
         if names:
@@ -130,13 +132,16 @@ def replay_file(path: Path, run_dir: Path | None, sglang: str | None, *, verbose
         repro = read_repro(path)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    with _prepared(repro["faults"], sglang, verbose):
+    with _prepared(repro["faults"], sglang, verbose) as target:
         run = rundir.create(run_dir or rundir.default_path(kind="explore", suffix="replay"))
-        return _replay(repro, path, run.root)
+        return _replay(repro, path, run.root, target)
 
 
-def _replay(repro: dict, path: Path, root: Path) -> int:
+def _replay(repro: dict, path: Path, root: Path, target: Any) -> int:
+    from harness.explore import explore_report
     from harness.explore.machine import events_digest, replay
+
+    started = time.perf_counter()
 
     faulted = f", faults {', '.join(repro['faults'])}" if repro["faults"] else ""
     print(f"explore: replaying {len(repro['steps'])} step(s) of {path}{faulted}", flush=True)
@@ -152,7 +157,10 @@ def _replay(repro: dict, path: Path, root: Path) -> int:
         if recorded is None
         else ("byte-identical to the recorded run" if digest == recorded else f"DIFFER from the recorded {recorded}")
     )
-    print(f"events: {root / EVENTS_FILE} ({len(done.log)} events, sha256 {digest}): {same}")
+    events = f"events: {root / EVENTS_FILE} ({len(done.log)} events, sha256 {digest}): {same}"
+    print(events)
+    page = explore_report.for_replay(root, repro, path, done, time.perf_counter() - started, target, events)
+    print(f"report: {page}")
     if done.failure is None:
         print(f"NOT REPRODUCED: the schedule ran clean; recorded: {repro.get('failure', '?')}")
         return 0
@@ -161,7 +169,8 @@ def _replay(repro: dict, path: Path, root: Path) -> int:
     return 1
 
 
-def _search(args: argparse.Namespace, names: list[str], root: Path) -> int:
+def _search(args: argparse.Namespace, names: list[str], root: Path, target: Any) -> int:
+    from harness.explore import explore_report
     from harness.explore.machine import Session, events_bytes, write_repro
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
@@ -181,9 +190,11 @@ def _search(args: argparse.Namespace, names: list[str], root: Path) -> int:
         report=lambda line: print(line, file=sys.stderr, flush=True),
     )
     finding = session.run()
+    wall = time.perf_counter() - session.progress.started
     if finding is None:
         line = session.progress.line().removeprefix("explore: ")
         print(f"explore: nothing broke ({line}; stopped: {session.stopped})")
+        print(f"report: {explore_report.for_session(root, session, wall, target, None)}")
         return 0
     first = session.first_failure_s or 0.0
     print(f"explore: a schedule broke after {first:.1f}s; shrunk to {len(finding.steps)} step(s):")
@@ -191,6 +202,7 @@ def _search(args: argparse.Namespace, names: list[str], root: Path) -> int:
     (root / EVENTS_FILE).write_bytes(events_bytes(finding.log))
     path = write_repro(finding, root / REPRO_FILE)
     print(_check_replay(finding))
+    print(f"report: {explore_report.for_session(root, session, wall, target, path)}")
     print(f"repro: {path}")
     return 1
 

@@ -99,6 +99,17 @@ class Progress:
         )
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One Hypothesis run of a session: its seed, the schedules and steps it ran (shrinking included), and how
+    it ended (``clean``, ``failure``, ``time, mid-batch``)."""
+
+    seed: int
+    schedules: int
+    steps: int
+    outcome: str
+
+
 class Session:
     """One exploration: its seed, its budget, the run directory the ledgers go to, and what it found.
 
@@ -131,6 +142,7 @@ class Session:
         self.deadline = None if seconds is None else clock() + seconds
         self.stopped = ""  # why the session ended: "examples", "time", "time, mid-batch", "failure"
         self.best: Finding | None = None  # the shortest failing schedule seen (a stop while shrinking)
+        self.batches: list[Batch] = []
         self.faults = list(faults or [])
         self.report = report
         self.progress = Progress()
@@ -166,16 +178,21 @@ class Session:
             n = BATCH if self.examples is None else max(1, min(BATCH, self.examples - self.progress.schedules))
             self._batch_seed = self.seed + batch
             batch += 1
+            before = (self.progress.schedules, self.progress.steps)
+            outcome = "clean"
             try:
                 self._run_batch(n)
             except BudgetSpent:
-                self.stopped = "time, mid-batch"
+                self.stopped = outcome = "time, mid-batch"
                 if self.best is not None:
                     self.finding = replace(self.best, shrunk=False)
-                break
             except Exception as e:  # noqa: BLE001 - any failure of a schedule is what exploration looks for
                 self._found(e)
-                self.stopped = "failure"
+                self.stopped = outcome = "failure"
+            done = (self.progress.schedules - before[0], self.progress.steps - before[1])
+            self.batches.append(Batch(self._batch_seed, *done, outcome))
+            if outcome.startswith("time"):
+                break
         self.report(self.progress.line() + f"; stopped: {self.stopped}")
         return self.finding
 

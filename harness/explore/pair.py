@@ -421,11 +421,12 @@ class Pair:
     def _drain(self) -> None:
         for rid in [r.rid for r in self.reqs.values() if not r.retracted]:
             self._abort(rid)
-        if self.retracted():
+        while self.retracted():  # more retracted than request slots resume a slotful at a time
+            left = len(self.retracted())
             self._resume()
-            if self.retracted():
+            if len(self.retracted()) == left:
                 raise Broken(f"retracted {', '.join(self.retracted())} never resume on idle decode pools")
-            for rid in list(self.reqs):
+            for rid in [r.rid for r in self.reqs.values() if not r.retracted]:
                 self._abort(rid)
         if self.config.radix_cache:
             self.decode.drain_cache()

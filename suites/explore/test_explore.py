@@ -131,6 +131,20 @@ def test_a_catalog_fault_is_found_and_shrunk_to_a_repro(tmp_path):
     assert "  1. submit" in done.stdout and "=> " in done.stdout
 
 
+def test_more_retracted_requests_than_slots_resume_a_slotful_at_a_time_at_the_end(tmp_path):
+    """Four retracted requests on two request slots: the end checks resume two, abort them, resume the rest
+    (resuming once left two retracted and called it a failure of clean sglang)."""
+    pair = Pair(PairConfig(page_size=16, window=24, full_pages=160, swa_pages=128, req_slots=2), tmp_path)
+    for rid in ("r0", "r1", "r2", "r3"):
+        pair.apply("submit", prompt_len=40, group=0, steps=6)
+        for op in ("prealloc", "prefill", "transfer", "transfer", "transfer", "commit"):
+            pair.apply(op, rid=rid)
+        pair.apply("retract", rid=rid)
+        pair.check()
+    assert pair.retracted() == ["r0", "r1", "r2", "r3"]
+    pair.close()
+
+
 def test_rerun_test_from_replays_an_explore_repro_byte_exactly(tmp_path, capsys, monkeypatch):
     """A repro that exploration wrote (a runtime fault, so this process can apply it), replayed three times by
     ``rerun-test --from``: each breaks again with the same failure and writes the same event bytes, the
@@ -141,6 +155,9 @@ def test_rerun_test_from_replays_an_explore_repro_byte_exactly(tmp_path, capsys,
     assert main(argv) == 1
     repro = found / "explore-repro.json"
     recorded = json.loads(repro.read_text())
+    summary = (found / "report" / "summary.md").read_text()  # the report: what ran, and the shrunk schedule
+    assert "## Schedules run" in summary and "| commit | rid=r0 | raised KVCorruption |" in summary, summary
+    assert (found / "report" / "index.html").is_file()
     codes, events = [], []
     for i in range(3):
         codes.append(rerun_main(["--from", str(repro), "--run-dir", str(tmp_path / f"replay-{i}")]))
