@@ -139,6 +139,34 @@ def test_health_and_idle_pools_back_to_baseline(stack):
         assert _idle(c) == idle, f"{role} not back to baseline: {c.loads()[0]}"
 
 
+#: What each server's flush reads besides KV pages (issue 47 item 3), by ledger resource name.
+RESOURCES = {
+    "prefill": {"req_slots", "metadata_slots", "tree_locked", "kv_request_status", "kv_transfer_infos"},
+    "decode": {"req_slots", "metadata_slots", "tree_locked", "kv_request_status", "kv_bootstrap_rooms"},
+}
+
+
+def test_every_resource_is_read_and_back_at_its_baseline_after_a_flush(stack, run_dir):
+    """Each server's flush reads request rows, metadata slots, tree locks and the KV manager's rooms from
+    sglang (its probe's ``reset`` event), each with its baseline and back at it once the request is done."""
+    stack.client("router").generate(prompt(200, seed=40), MAX_NEW)
+    for role, names in RESOURCES.items():
+        server, client = getattr(stack, role), stack.client(role)
+        deadline = time.monotonic() + 30
+        while True:  # sglang flushes only an idle server: the request's last step may still be running
+            try:
+                client.flush_cache()
+                break
+            except ServerHTTPError as e:
+                if e.status != 400 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+        reset = [e for e in ledger.read(run_dir.ledger / f"{server.name}.jsonl") if e.kind == "reset"][-1]
+        assert set(reset.baseline) == names, f"{role}: {reset.note}"
+        assert {k: reset.free_after[k] for k in names} == dict(reset.baseline), f"{role}: {reset.to_dict()}"
+        assert reset.baseline["req_slots"] > 0 and reset.baseline["metadata_slots"] > 0
+
+
 # ------------------------------------------------------------------ faults (each spends the stack)
 
 

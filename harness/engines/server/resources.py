@@ -33,7 +33,8 @@ def read(scheduler: Any, component: str) -> Readings:
 
     Args:
         scheduler: the server's scheduler.
-        component: ``prefill`` or ``decode`` (which side's KV manager state to read).
+        component: ``prefill`` or ``decode`` (which side's KV manager state to read); any other (a plain
+            server) reads no PD resource.
 
     Returns:
         The :class:`Readings`; a resource this release lacks is one line in ``lacking``.
@@ -49,9 +50,10 @@ def read(scheduler: Any, component: str) -> Readings:
             out.lacking.append(f"{e}")
 
     attempt(lambda: out.put("req_slots", pdstate.request_rows(scheduler.req_to_token_pool)))
-    attempt(lambda: out.put("metadata_slots", pdstate.metadata_slots(pdstate.metadata_allocator(scheduler))))
     attempt(lambda: out.put("tree_locked", pdstate.tree_locked(scheduler.tree_cache)))
-    attempt(lambda: [out.put(k, v) for k, v in pdstate.kv_rooms(pdstate.kv_manager(scheduler), component).items()])
+    if component in ("prefill", "decode"):  # a plain (non-PD) server has neither
+        attempt(lambda: out.put("metadata_slots", pdstate.metadata_slots(pdstate.metadata_allocator(scheduler))))
+        attempt(lambda: [out.put(k, v) for k, v in pdstate.kv_rooms(pdstate.kv_manager(scheduler), component).items()])
     if getattr(scheduler, "enable_hisparse", False):
         attempt(lambda: out.put("host", pdstate.host_slots(scheduler.hisparse_coordinator)))
     return out
