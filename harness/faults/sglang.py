@@ -40,6 +40,9 @@ _PD_RETRACTION = f"{_PD}::test_retraction_resumes_with_its_kv_restored_and_leave
 _HETERO = "suites/disaggregation/test_disaggregation_hetero_tp.py"
 _HETERO_HEADS = f"{_HETERO}::test_each_decode_rank_receives_exactly_the_kv_heads_it_owns"
 _HETERO_DP = f"{_HETERO}::test_dp_attention_kv_comes_from_the_prefill_dp_rank_the_receiver_is_bound_to"
+# KV in flight on the real stack: holds inside a chunk write, an abort against it.
+_INFLIGHT = "suites/disaggregation/test_disaggregation_inflight_server.py"
+_ACK_WAIT = f"{_INFLIGHT}::test_a_deferred_release_waits_for_prefills_drain_ack"
 
 #: Content and window verification of the PD decode ranks (every byte of every request).
 _CONTENT = ("KVCorruption", "WindowLost")
@@ -244,5 +247,18 @@ FAULTS: tuple[Fault, ...] = (
         evidence=("NotHeld", "which it does not hold"),
         suites=(_HETERO_DP,),
         est_s=31,
+    ),
+    Fault(
+        name="decode-releases-before-drain-ack",
+        description=(
+            "resolve_deferred_releases frees an aborted transfer's pages at its first pass, without waiting "
+            "for prefill's drain ack or its own timeout"
+        ),
+        upstream="sglang#24580 / #27372 / #32564 / #38961 class (decode frees KV prefill may still write)",
+        # The phase trace shows the release before prefill's (held) drain ack and before decode's own
+        # timeout: reset_server's [release-before-ack].
+        evidence=("[release-before-ack]",),
+        suites=(_ACK_WAIT,),
+        est_s=55,
     ),
 )

@@ -220,6 +220,31 @@ def test_an_abort_during_a_chunk_write_is_acked_only_once_the_write_is_done(stac
     _reset(stack, led)
 
 
+def test_a_deferred_release_waits_for_prefills_drain_ack(stack, run_dir):
+    # Prefill holds the request before its KV send (nothing written, nothing outstanding) and holds its
+    # drain ack as it is about to go. Decode, having aborted the request, must keep the pages until the
+    # ack or its own deferred-release timeout: released by timeout, never sooner ([release-before-ack]).
+    rid, led = new_rid("ack-wait"), run_dir.ledger
+    room = random.Random(rid).randrange(1 << 62)
+    sending = phases.Hold(led, "prefill.send", rid)
+    acking = phases.Hold(led, "transfer.ack-sent", phases.room_key(room))
+    try:
+        to_prefill, to_decode = stack.direct(prompt(200, seed=10), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        sending.reached(PHASE_S)
+        stack.client("decode").abort(rid)
+        acking.reached(PHASE_S)
+        deferred = phases.wait_mark(led, "decode.defer", rid=rid, timeout_s=PHASE_S)[0]
+        released = phases.wait_mark(led, "decode.released", rid=rid, timeout_s=PHASE_S)[0]
+    finally:
+        acking.release()
+        sending.release()
+    _answer(to_decode)
+    _answer(to_prefill)
+    _reset(stack, led)  # [release-before-ack] fails it here
+    assert released.note == "timeout", f"decode released by {released.note} while prefill held its ack"
+    assert released.t - deferred.t >= stack.deferred_release_s, "the release beat its own timeout"
+
+
 class WriteAfterRelease(AssertionError):
     """decode let an aborted request's pages go while prefill's write into them still ran."""
 
