@@ -257,3 +257,40 @@ def release_outcomes(marks: Iterable[Mark]) -> dict[str, int]:
         if m.phase == "decode.released":
             out[m.note or "?"] = out.get(m.note or "?", 0) + 1
     return out
+
+
+def stall_story(marks: Iterable[Mark], rid: str, start: float) -> str:
+    """Where each side was with a stalled request, from the trace: each side's last phase (``+T`` s from
+    ``start``), and, when the room's status writes show it, why prefill never sent: a lost status update
+    (decode's ``WaitingForInput`` overwritten by prefill's ``Bootstrapping``) or a lost message (decode
+    sent its page list, prefill never wrote ``WaitingForInput``). Empty when the trace has no mark of it."""
+    mine = sorted(marks_of(marks, rid), key=lambda m: m.t)
+    rooms = {m.room for m in mine if m.room is not None}
+    mine = sorted({*mine, *(m for m in marks if m.room in rooms)}, key=lambda m: m.t)
+    if not mine:
+        return ""
+    sides = []
+    for side in SIDES:
+        own = [m for m in mine if PHASES.get(m.phase, ("",))[0] == side and m.phase != "transfer.status"]
+        sides.append(f"{side} {own[-1].phase} at +{own[-1].t - start:.2f} s" if own else f"{side} never reached it")
+    story = "; ".join(sides)
+    writes = [m for m in mine if m.phase == "transfer.status" and m.note.startswith("wrote") and _on(m, "prefill")]
+    waiting = [m for m in writes if m.chunk == "WaitingForInput"]
+    sent = [m for m in mine if m.phase == "decode.metadata"]
+    if waiting and writes[-1].note.startswith("wrote, now Bootstrapping"):
+        w, last = waiting[0], writes[-1]
+        return (
+            f"{story}; room {last.room} stuck at Bootstrapping: a lost status update (WaitingForInput written "
+            f"at +{w.t - start:.2f} s, then Bootstrapping over it at +{last.t - start:.2f} s)"
+        )
+    if sent and writes and not waiting:
+        return (
+            f"{story}; a lost message: decode sent its page list at +{sent[0].t - start:.2f} s, prefill never "
+            f"wrote WaitingForInput for room {writes[-1].room}"
+        )
+    return story
+
+
+def _on(mark: Mark, side: str) -> bool:
+    """Whether a trace mark came from a worker of ``side`` (the servers' names start with it)."""
+    return mark.worker.startswith(side)

@@ -171,6 +171,15 @@ def _side(component: str, rid: str, events: Sequence[ledger.Event], start: float
     return f"{component} recorded nothing of it (no request's events in its ledger)"
 
 
+def _trace(item: pytest.Item) -> list:
+    """The phase trace of the session's servers (:mod:`harness.engines.phases`), empty without one."""
+    from harness.engines import phases
+    from harness.plugins.state import state_key
+
+    st = item.config.stash.get(state_key, None)
+    return phases.read_trace(Path(st.run_dir_path) / "ledger") if st is not None else []
+
+
 def stall_line(
     flying: Sequence[ledger.Violation],
     events: Sequence[ledger.Event],
@@ -178,6 +187,7 @@ def stall_line(
     start: float,
     failed_at: float,
     read_at: float,
+    marks: Sequence = (),
 ) -> str:
     """The first line of a test that failed while requests were in flight (on a timeout: it stalled).
 
@@ -192,6 +202,8 @@ def stall_line(
         start: when the test started (epoch seconds, as the events' ``ts``).
         failed_at: when it failed.
         read_at: when ``events`` were read.
+        marks: the servers' phase trace; where it holds the request, it says where each side was
+            (:func:`harness.engines.phases.stall_story`) instead of the ledger's last kinds.
     """
 
     def stalled_since(v: ledger.Violation) -> float:
@@ -199,7 +211,10 @@ def stall_line(
 
     rids = list(dict.fromkeys(v.rid for v in sorted(flying, key=stalled_since)))
     rid = rids[0]
-    sides = "; ".join(_side(c, rid, events, start, failed_at) for c in SIDES)
+    from harness.engines import phases
+
+    story = phases.stall_story([m for m in marks if m.t <= failed_at], rid, start)
+    sides = story or "; ".join(_side(c, rid, events, start, failed_at) for c in SIDES)
     release = next(
         (e for e in sorted(events, key=lambda e: e.ts) if e.rid == rid and e.kind == "release" and e.ts > failed_at),
         None,
@@ -379,7 +394,12 @@ def _explain(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport
         elif at_failure.in_flight and stalled:
             said = _message(call.excinfo.value) if kind == "stall" else line
             stall = stall_line(
-                at_failure.in_flight, now.events, start=call.start, failed_at=call.stop, read_at=time.time()
+                at_failure.in_flight,
+                now.events,
+                start=call.start,
+                failed_at=call.stop,
+                read_at=time.time(),
+                marks=_trace(item),
             )
             kind, line = "stall", _fit(f"{stall}; the test saw: {said}")
         elif still:
