@@ -261,6 +261,8 @@ def install(probe: Any, *, canary: bool = False) -> _Side:
         The side's state (tests read it).
     """
     side = _Side(canary=canary and probe.component == "decode")
+    if probe.component not in ("prefill", "decode"):
+        return side  # a plain server moves no KV
     if probe.component == "prefill":
 
         def on_prefill(mod: ModuleType) -> None:
