@@ -14,6 +14,8 @@ import itertools
 import logging
 import os
 import signal
+import statistics
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Sequence
 
@@ -39,6 +41,12 @@ _AHEAD_LABELS = itertools.count(1)
 
 class StackPoolError(RuntimeError):
     """What the default ``fail`` callback raises: a model that cannot be resolved, the stack's packages missing."""
+
+
+#: A PD stack start may take this many times the session's normal start before it is replaced ...
+START_FACTOR = 4.0
+#: ... but never less than this (seconds): a loaded 2-core runner starts a stack in 30 to 90 s.
+START_FLOOR_S = 180.0
 
 
 def _raise(message: str) -> NoReturn:
@@ -127,6 +135,8 @@ class StackPool:
         self._more_placements: list[Placement] = []
         #: Models whose stack a test took from a start ahead (a record for the report and tests).
         self.taken_ahead: list[str] = []
+        #: Seconds each PD stack start of this session took (the normal start bounds the next ones).
+        self._starts: list[float] = []
 
     def _own(self, worker: Worker) -> None:
         self.workers.append(worker)
@@ -325,6 +335,14 @@ class StackPool:
             self._own(w)  # for close()'s leftover check
         self._stop(workers)
 
+    def _start_bound(self) -> float:
+        """Seconds a PD stack's start may take: :data:`START_FACTOR` times this session's normal start
+        (the median of the starts so far, at least :data:`START_FLOOR_S`), and at most the stack's own
+        deadline; the whole deadline before any start has finished."""
+        if not self._starts:
+            return self.ready_timeout
+        return min(self.ready_timeout, max(START_FLOOR_S, START_FACTOR * statistics.median(self._starts)))
+
     def _start_pd(
         self,
         model: Path,
@@ -336,23 +354,54 @@ class StackPool:
         extra_args: Mapping[str, Sequence[str]] | None = None,
         extra_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> PdStack:
+        """Start a PD stack; one that stalls past :meth:`_start_bound` is stopped and replaced once,
+        and a replacement that stalls too fails the start, saying where its requests were."""
         from harness.engines.server.stack import start_pd_stack
 
         more = dict(extra_args or {})
-        return start_pd_stack(
-            self.topology,
-            model,
-            self.run_dir.root,
-            placement=placement,
-            names=names,
-            mini_lb=mini_lb,
-            on_start=on_start,
-            on_launch=self._launched,
-            ready_timeout=self.ready_timeout,
-            forkserver=self.forkserver,
-            extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")},
-            extra_env=extra_env,
-        )
+        bound = self._start_bound()
+        for attempt in (1, 2):
+            t0 = time.time()
+            try:
+                stack = start_pd_stack(
+                    self.topology,
+                    model,
+                    self.run_dir.root,
+                    placement=placement,
+                    names=names,
+                    mini_lb=mini_lb,
+                    on_start=on_start,
+                    on_launch=self._launched,
+                    ready_timeout=bound,
+                    forkserver=self.forkserver,
+                    extra_args={k: (*self.role_args(k), *more.get(k, ())) for k in ("prefill", "decode")},
+                    extra_env=extra_env,
+                )
+            except TimeoutError as e:
+                normal = f"normal start {statistics.median(self._starts):.0f} s" if self._starts else "first start"
+                why = (
+                    f"PD stack of {model.name} not ready within {bound:.0f} s ({normal}): "
+                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}{self._start_story(t0)}"
+                )
+                if attempt == 2:
+                    raise TimeoutError(f"{why}; it was a replacement, the first start stalled too") from e
+                log.warning("%s; replacing it once", why)
+                names = (self._unique_name("prefill"), self._unique_name("decode"), self._unique_name("router"))
+                continue
+            self._starts.append(stack.started_s)
+            return stack
+        raise AssertionError("unreachable")
+
+    def _start_story(self, since: float) -> str:
+        """Where the last request the stack's start made was, from the phase trace (empty: none)."""
+        from harness.engines import phases
+
+        if self.run_dir is None:
+            return ""
+        marks = [m for m in phases.read_trace(self.run_dir.ledger) if m.t >= since]
+        rids = [m.rid for m in marks if m.rid]
+        story = phases.stall_story(marks, rids[-1], since) if rids else ""
+        return f" | its last request {rids[-1]}: {story}" if story else ""
 
     def _start_plain(
         self, model: Path, name: str, compat_patches: Sequence[str] | None, on_start: Callable[[Worker], None]
