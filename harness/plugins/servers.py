@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -242,6 +243,19 @@ def _sglang_servers_session(request: pytest.FixtureRequest, run_dir: Any) -> Ite
     assert not left, f"server processes left after teardown: {left}"
 
 
+def _record_releases(item: pytest.Item, stacks: StackPool, since: float) -> None:
+    """How the deferred releases during the test ended, from the servers' phase trace, as the JUnit
+    property ``deferred_releases`` (``drained=N timeout=M``): a release by timeout while prefill's
+    bytes may still land is a finding the in-flight suites look for."""
+    from harness.engines import phases
+
+    if stacks.run_dir is None:
+        return
+    ended = phases.release_outcomes(m for m in phases.read_trace(stacks.run_dir.ledger) if m.t >= since)
+    if ended:
+        item.user_properties.append(("deferred_releases", " ".join(f"{k}={v}" for k, v in sorted(ended.items()))))
+
+
 @pytest.fixture
 def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topology) -> Iterator[StackPool]:
     """The session's :class:`~harness.engines.server.stack_pool.StackPool` on the test's topology with its
@@ -266,8 +280,10 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
         for name in models:
             stacks.model(name)
     own_workers(request.node, stacks.workers)
+    began = time.time()
     yield stacks
     problems = stacks.reset_used()
+    _record_releases(request.node, stacks, began)
     for name in request.node.stash.get(_last_use_key, set()) & set(models):
         session.stop_model(name)
     assert not problems, "server reset after the test failed:\n" + "\n".join(problems)
