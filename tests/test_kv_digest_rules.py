@@ -132,3 +132,10 @@ def test_write_after_free_a_canary_lost_while_the_page_was_free():
 def test_events_round_trip_their_content():
     e = room_events(1, "a", [3], [[2**64 - 1]], 0.0)[2]
     assert Event.from_dict(__import__("json").loads(e.to_json())) == e
+
+
+def test_a_room_key_used_again_is_a_new_room():
+    # The simulated engine's rooms are rid:pool:shard; a later test running the same rid is a new room.
+    first = room_events("r0:full:0", "r0", [3], [[11]], 0.0, released=1.0)
+    again = room_events("r0:full:0", "r0", [5], [[21]], 2.0, released=3.0)
+    assert content_rules(first + again) == []

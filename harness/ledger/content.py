@@ -57,10 +57,10 @@ class _Owners:
 
     def __init__(self, events: Sequence[Event]) -> None:
         self.spans: dict[tuple[str, str, int], list[list[Any]]] = defaultdict(list)
-        self.released: dict[tuple[str, str], float] = {}  # (worker, rid) -> its first release's ts
+        self.released: dict[tuple[str, str], list[float]] = defaultdict(list)  # (worker, rid) -> its releases' ts
         for ev in sorted((e for e in events if e.component == "decode"), key=lambda e: (e.worker, e.seq)):
             if ev.kind == "release":
-                self.released.setdefault((ev.worker, ev.rid), ev.ts)
+                self.released[(ev.worker, ev.rid)].append(ev.ts)
             for pool, pages in ev.pages.items():
                 for p in () if isinstance(pages, int) else pages:
                     key = (ev.worker, pool, int(p))
@@ -87,11 +87,14 @@ def check_content(events: Iterable[Event]) -> list[Violation]:
         The violations, room by room in commit order (empty when every byte matches).
     """
     evs = list(events)
-    rooms: dict[Any, _Room] = defaultdict(_Room)  # a bootstrap room (an int), or a simulated rank's key
-    for ev in evs:
-        if ev.kind not in ("kv_sent", "kv_landed", "kv_dest", "kv_commit") or "room" not in ev.content:
-            continue
-        room = rooms[ev.content["room"]]
+    # A room key used again (a simulated rid run again) is a new room from its next kv_dest on: events in time order.
+    rooms: dict[Any, list[_Room]] = defaultdict(list)  # a bootstrap room (an int), or a simulated rank's key
+    kv = (e for e in evs if e.kind in ("kv_sent", "kv_landed", "kv_dest", "kv_commit") and "room" in e.content)
+    for ev in sorted(kv, key=lambda e: (e.ts, e.seq)):
+        uses = rooms[ev.content["room"]]
+        if not uses or (ev.kind == "kv_dest" and uses[-1].dest is not None):
+            uses.append(_Room())
+        room = uses[-1]
         if ev.kind == "kv_sent":
             room.sent.append(ev)
         elif ev.kind == "kv_landed":
@@ -102,17 +105,18 @@ def check_content(events: Iterable[Event]) -> list[Violation]:
             room.commit = ev
     if not rooms:
         return []
-    source_read = any(r.sent for r in rooms.values())
+    every = [(key, r) for key, uses in rooms.items() for r in uses]
+    source_read = any(r.sent for _, r in every)
     owners = _Owners(evs)
     # Who sent which bytes: (buffer, digest) -> the rooms that sent it (a late writer is named by its bytes).
     senders: dict[tuple[int, int], set[Any]] = defaultdict(set)
-    for rid, r in rooms.items():
+    for key, r in every:
         for ev in r.sent:
             for b, ds in enumerate(ev.content.get("digests", ())):
                 for d in ds:
-                    senders[(b, int(d))].add(rid)
+                    senders[(b, int(d))].add(key)
     out: list[Violation] = []
-    for room_id, r in sorted(rooms.items(), key=lambda kv: _order(kv[1])):
+    for room_id, r in sorted(every, key=lambda kv: _order(kv[1])):
         out.extend(_write_once(room_id, r, rooms, owners, source_read))
         out.extend(_late_landings(room_id, r, rooms, owners))
         out.extend(_canary(room_id, r, rooms, senders))
@@ -130,9 +134,11 @@ def _bad(rule: str, ev: Event, msg: str) -> Violation:
     return Violation(rule, msg, ev.seq, ev.worker, ev.rid, ev.kind)
 
 
-def _was_dest(r: _Room | None, worker: str, page: int) -> bool:
-    """Whether room ``r`` named ``page`` of ``worker`` as one of its destination pages."""
-    return bool(r and r.dest is not None and r.dest.worker == worker and page in _ints(r.dest.content.get("dst")))
+def _was_dest(uses: list[_Room], worker: str, page: int) -> bool:
+    """Whether a room (any use of its key) named ``page`` of ``worker`` as one of its destination pages."""
+    return any(
+        r.dest is not None and r.dest.worker == worker and page in _ints(r.dest.content.get("dst")) for r in uses
+    )
 
 
 def _pool(r: _Room) -> str:
@@ -212,7 +218,8 @@ def _late_landings(room_id: Any, r: _Room, rooms, owners: _Owners) -> list[Viola
     """A landing of this room's bytes that ended after decode released the room's request."""
     if r.dest is None:
         return []
-    freed = owners.released.get((r.dest.worker, r.dest.rid))
+    # the request's first release after it named the pages (a simulated rid may run again later)
+    freed = next((t for t in owners.released.get((r.dest.worker, r.dest.rid), ()) if t >= r.dest.ts), None)
     out: list[Violation] = []
     for ev in r.landed:
         if freed is None or ev.ts <= freed:
@@ -282,7 +289,7 @@ def _committed(room_id: Any, r: _Room, rooms, senders) -> list[Violation]:
         other = senders.get((bad[0], got), set()) - {room_id}
         if other:
             late = min(other)
-            rule = "write-after-free" if _was_dest(rooms.get(late), commit.worker, page) else "kv-write-once"
+            rule = "write-after-free" if _was_dest(rooms.get(late, []), commit.worker, page) else "kv-write-once"
             say = (
                 f"late writer room {late}: its bytes in decode page {page} after its release; new owner: "
                 f"{commit.rid} (room {room_id})"
