@@ -89,6 +89,10 @@ PROBE_LEDGER_ENV = "HARNESS_PROBE_LEDGER"
 PROBE_WORKER_ENV = "HARNESS_PROBE_WORKER"
 PROBE_COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
 
+#: Per role kind, the env var naming the TARGET a server of that kind runs instead of the run's
+#: (:func:`role_target`): a pair of two sglang releases, trees or wheels (``harness matrix --pair``).
+ROLE_TARGET_ENV: Mapping[str, str] = {"prefill": "HARNESS_SGLANG_PREFILL", "decode": "HARNESS_SGLANG_DECODE"}
+
 SERVER_MODULE = "sglang.launch_server"
 #: The router's entry point: upstream's ``sglang_router.launch_router`` flags and Rust router, without
 #: its module-level import of sglang (5 CPU-s per start; :mod:`.router` says why).
@@ -180,14 +184,30 @@ def _probe_env(run_dir: str | Path | None, worker: str, component: str) -> dict[
 
 
 @functools.lru_cache(maxsize=8)
-def _root_of(spec: str) -> Path:
-    return Path(selection.resolve(spec).root)
+def _resolved(spec: str) -> selection.Target:
+    return selection.resolve(spec)
 
 
-def _target_root() -> Path:
-    """Where the sglang the servers will run has its source (``$HARNESS_SGLANG``, resolved but never
-    activated here: building a command must not select a target in the process that builds it)."""
-    return _root_of((os.environ.get(selection.ENV_VAR) or selection.INSTALLED).strip())
+def role_target(kind: str) -> tuple[selection.Target, bool]:
+    """The sglang a server of role ``kind`` runs, and whether it is its own: ``$HARNESS_SGLANG_PREFILL`` /
+    ``$HARNESS_SGLANG_DECODE`` where set (a mixed pair, ``harness matrix --pair``), else the run's
+    (``$HARNESS_SGLANG``). Resolved but never activated here: building a command must not select a
+    target in the process that builds it.
+
+    Raises:
+        TargetError: the TARGET cannot be used.
+    """
+    own = (os.environ.get(ROLE_TARGET_ENV.get(kind, "")) or "").strip()
+    return _resolved(own or (os.environ.get(selection.ENV_VAR) or selection.INSTALLED).strip()), bool(own)
+
+
+def _target_env(target: selection.Target) -> tuple[dict[str, str], list[str]]:
+    """The env and the PYTHONPATH entries (first) of a server that runs ``target`` rather than the run's:
+    its TARGET (its ``sitecustomize`` selects it), the environment the release needs
+    (:func:`releases.process_env`) and its directories, the installed one's too (the run's own
+    target, inherited on the path behind these, must not shadow it)."""
+    env = {selection.ENV_VAR: target.spec, **releases.process_env(Path(target.root))}
+    return env, [target.root, *target.deps]
 
 
 def _engine_command(
@@ -220,18 +240,23 @@ def _engine_command(
     ]
     env: dict[str, str] = dict(mode_env or {})
     pythonpath = [str(SITE_DIR)]
+    target, own_target = role_target(role.kind)
     if not topology.needs_gpus:
         base += CPU_SERVER_ARGS
         if role.kind == "prefill":
             base += CPU_PREFILL_ARGS
         elif role.kind == "decode" and releases.server_option(
-            _target_root(), "disaggregation_decode_retraction_backup"
+            Path(target.root), "disaggregation_decode_retraction_backup"
         ):
             base += CPU_DECODE_ARGS
         env.update(_cpu_env(compat_patches))
         pythonpath.append(str(CPU_SHIM_DIR))
     elif compat_patches:
         env[COMPAT_ENV] = ",".join(compat_patches)
+    if own_target:
+        target_env, target_paths = _target_env(target)
+        env.update(target_env)
+        pythonpath += target_paths
     env.update(_probe_env(probe_run_dir, worker, role.kind))
     # sglang's own checks, the second oracle: every variable of every check (a release that lacks
     # one never reads it; what the target has is said once per session, compat.checks.summary).
