@@ -34,6 +34,12 @@ BATCH = 25
 MAX_STEPS = 40
 #: Page sizes drawn (the first is what shrinking goes to; page 1 fails in the sim prefill side itself).
 PAGE_SIZES = (16, 64)
+#: The page size of DeepSeek-V4 hisparse pools (one schedule in four): its compressed C128 pool needs a
+#: page of at least 128 tokens.
+HISPARSE_PAGE = 256
+#: Decode tokens a long request runs (``submit``'s second branch), and the most one ``decode`` step runs
+#: to slide a window past a page (SWA eviction while decoding): a longer one is not drawn (too slow).
+LONG_STEPS = 80
 
 
 class BudgetSpent(BaseException):
@@ -284,16 +290,18 @@ class PairMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def build(self, data: st.DataObject) -> None:
         self.session.check_budget()
-        P = data.draw(st.sampled_from(PAGE_SIZES), label="page_size")
+        hisparse = data.draw(st.integers(0, 3), label="hisparse") == 3
+        P = HISPARSE_PAGE if hisparse else data.draw(st.sampled_from(PAGE_SIZES), label="page_size")
         config = PairConfig(
             page_size=P,
             window=data.draw(st.integers(max(2, P // 2), 4 * P), label="window"),
             full_pages=data.draw(st.integers(12, 64), label="full_pages"),
-            swa_pages=data.draw(st.integers(4, 48), label="swa_pages"),
+            swa_pages=data.draw(st.integers(2, 48), label="swa_pages"),
             req_slots=data.draw(st.integers(2, 6), label="req_slots"),
-            radix_cache=data.draw(st.booleans(), label="radix_cache"),
+            radix_cache=not hisparse and data.draw(st.booleans(), label="radix_cache"),  # as in sglang
             eviction_interval=data.draw(st.sampled_from((1, 2, 16)), label="eviction_interval"),
             chunk_pages=data.draw(st.integers(1, 4), label="chunk_pages"),
+            hisparse=hisparse,
         )
         self.session.progress.schedules += 1
         inject.rearm()
@@ -319,12 +327,15 @@ class PairMachine(RuleBasedStateMachine):
         return rids[pick % len(rids)]
 
     @precondition(lambda self: self.pair is not None and len(self.pair.reqs) < 2 * self.pair.config.req_slots)
-    @rule(data=st.data(), group=st.integers(0, 2), steps=st.integers(1, 6))
-    def submit(self, data: st.DataObject, group: int, steps: int) -> None:
+    @rule(data=st.data(), group=st.integers(0, 2))
+    def submit(self, data: st.DataObject, group: int) -> None:
+        """A request: its prompt near a page boundary or anywhere, and a few decode tokens or many (a window
+        slides past a page only in a long one)."""
         assert self.pair is not None
         P = self.pair.config.page_size
         near_page = st.builds(lambda k, d: max(1, k * P + d), st.integers(1, 5), st.integers(-1, 1))
         length = data.draw(st.one_of(near_page, st.integers(1, 5 * P)), label="prompt_len")
+        steps = data.draw(st.one_of(st.integers(1, 6), st.just(LONG_STEPS)), label="steps")
         self._do("submit", prompt_len=length, group=group, steps=steps)
 
     @precondition(lambda self: self.pair is not None and bool(self.pair.candidates("advance")))
@@ -364,9 +375,20 @@ class PairMachine(RuleBasedStateMachine):
         self._do("commit", rid=self._pick("commit", pick))
 
     @precondition(lambda self: self.pair is not None and bool(self.pair.running()))
-    @rule(n=st.integers(1, 4))
-    def decode(self, n: int) -> None:
-        self._do("decode", n=n)
+    @rule(n=st.integers(1, 4), past_window=st.integers(0, 5))
+    def decode(self, n: int, past_window: int) -> None:
+        """``n`` decode steps, or (one draw in six) as many as slide the window a page and the eviction
+        interval past where it started, when that is at most :data:`LONG_STEPS`."""
+        assert self.pair is not None
+        c = self.pair.config
+        slide = c.window + 2 * c.page_size + c.eviction_interval
+        self._do("decode", n=slide if past_window == 5 and slide <= LONG_STEPS else n)
+
+    @precondition(lambda self: self.pair is not None)
+    @rule()
+    def probe(self) -> None:
+        """A health probe (sglang's ``/health_generate``: a one-token request named ``HEALTH_CHECK_…``)."""
+        self._do("probe")
 
     @precondition(_can("abort"))
     @rule(pick=st.integers(0, 7), fail=st.booleans())

@@ -21,7 +21,22 @@ from typing import Any, Iterator
 from harness import ledger
 
 #: Operations, in the order the readable schedule names them.
-OPS = ("submit", "prealloc", "prefill", "transfer", "commit", "decode", "abort", "fail", "retract", "resume", "flush")
+OPS = (
+    "submit",
+    "prealloc",
+    "prefill",
+    "transfer",
+    "commit",
+    "decode",
+    "abort",
+    "fail",
+    "retract",
+    "resume",
+    "flush",
+    "probe",
+)
+#: The request id prefix of sglang's health probes (``/health_generate`` names its request ``HEALTH_CHECK_…``).
+PROBE_PREFIX = "HEALTH_CHECK_"
 #: Ledger rules judged only once a run is over (mid-run, held pages are not leaks yet).
 END_RULES = frozenset({"page-leak", "in-flight-at-end"})
 
@@ -43,6 +58,7 @@ class PairConfig:
         radix_cache: the decode radix cache.
         eviction_interval: ``SGLANG_SWA_EVICTION_INTERVAL`` of the decode rank.
         chunk_pages: pages per transfer chunk.
+        hisparse: DeepSeek-V4 pools with hisparse on the decode side (``KVSpec(kind="dsv4", hisparse=True)``).
     """
 
     page_size: int = 16
@@ -53,6 +69,7 @@ class PairConfig:
     radix_cache: bool = False
     eviction_interval: int = 1
     chunk_pages: int = 2
+    hisparse: bool = False
 
     def spec(self) -> Any:
         """The engine's ``KVSpec`` for these pools (CPU, one KV head: small and fast)."""
@@ -60,7 +77,8 @@ class PairConfig:
 
         P = self.page_size
         return KVSpec(
-            kind="swa",
+            kind="dsv4" if self.hisparse else "swa",
+            hisparse=self.hisparse,
             page_size=P,
             window=self.window,
             full_tokens=self.full_pages * P,
@@ -127,7 +145,8 @@ class Pair:
         spec = config.spec()
         self.prefill = PrefillWorker("prefill-0", 0, spec, str(self.run_dir))
         self.decode = DecodeWorker("decode-0", 0, spec, str(self.run_dir))
-        self.can_retract = compat.missing("decode-retraction") is None
+        # The sim's retraction does not drive hisparse's host offload (sglang's needs a model runner).
+        self.can_retract = compat.missing("decode-retraction") is None and not config.hisparse
         self.reqs: dict[str, _Req] = {}
         self.steps: list[Step] = []
         self.log: list[str] = []  # every ledger event, without its wall-clock time, in the order written
@@ -227,6 +246,7 @@ class Pair:
 
     def _prealloc(self, rid: str) -> str:
         r = self._get(rid, "prealloc")
+        self._check_admission(r)
         dst = self.decode.admit(rid, r.prompt_len, r.steps, r.group)
         if dst is None:
             return "waits (no room)"
@@ -242,6 +262,50 @@ class Pair:
             return "waits (prefill full)"
         self._plan(r)
         return "prefilled"
+
+    def _check_admission(self, r: _Req) -> None:
+        """sglang's admission budgets cover a request the free pools hold (``[admission-short]``, as the
+        prealloc sweep checks it); judged while nothing decodes, since a running request's decode reserve
+        rightly comes off the budgets.
+
+        Raises:
+            Broken: the free pools hold the request's fill and SWA tail, its budgets do not.
+        """
+        if self.running() or self.retracted():
+            return
+        from harness.engines.sim.requests import make_req
+
+        side, P = self.decode.side, self.config.page_size
+        fill = side.fill_len(make_req(r.rid, r.prompt_len, output_len=1, max_new_tokens=r.steps + 1))
+        tail = side.swa_tail_len(fill)
+        free = side.snapshot().free()
+        need_full = -(-fill // P) * P
+        need_swa = -(-tail // P) * P if side.uses_swa_tail() else fill
+        if free["req_slots"] < 1 or free["full"] < need_full or free["swa"] < need_swa:
+            return
+        full_budget, swa_budget = side.admission_budget()
+        if full_budget < need_full or (swa_budget is not None and swa_budget < need_swa):
+            raise Broken(
+                f"[admission-short] {r.rid}: fill {fill} (tail {tail}) fits the free pools {free}, but "
+                f"admission's budgets are full {full_budget}, SWA {swa_budget}"
+            )
+
+    def _probe(self) -> str:
+        """A health probe, as sglang's ``/health_generate`` sends one: a request named ``HEALTH_CHECK_…``
+        with one output token, through prealloc, prefill, transfer and commit to its end, in one step."""
+        rid = f"{PROBE_PREFIX}{self._submitted}"
+        self._submitted += 1
+        self.reqs[rid] = _Req(rid, 1, "probe", 1)
+        if not self._prealloc(rid).startswith("admitted") or self._prefill(rid) != "prefilled":
+            self._abort(rid)
+            return f"{rid} refused (no room)"
+        while rid in self.candidates("transfer"):
+            self._transfer(rid)
+        self._commit(rid)
+        for _ in range(2):
+            if rid in self.reqs:
+                self._decode(1)
+        return f"{rid} done" if rid not in self.reqs else f"{rid} still decoding"
 
     def _plan(self, r: _Req) -> None:
         from harness.engines.sim.kv_transfer import plan
@@ -449,8 +513,9 @@ class Pair:
             raise Broken("at the end: " + "; ".join(problems))
 
 
-def _rid_order(rid: str) -> int:
-    return int(rid[1:])
+def _rid_order(rid: str) -> tuple[int, int]:
+    """``r3`` by its number; a probe (``HEALTH_CHECK_7``) after every ``r``."""
+    return (0, int(rid[1:])) if rid[1:].isdigit() else (1, int(rid.rsplit("_", 1)[-1]))
 
 
 def config_dict(config: PairConfig) -> dict[str, Any]:
