@@ -150,6 +150,8 @@ def _marks(nodes: list[ast.expr], where: str) -> dict[str, object]:
                         f"{where}: pytest.mark.est_time needs one literal number of seconds; write est_time(60)"
                     )
                 found["est_time"] = float(args[0].value)
+            elif name == "explicit":  # runs only when named: left out of the default run
+                found["explicit"] = str(args[0].value) if args and isinstance(args[0], ast.Constant) else "explicit"
             elif name == "engine":
                 if not args or not isinstance(args[0], ast.Constant) or args[0].value not in ENGINES:
                     raise RegistryError(
@@ -255,7 +257,8 @@ def read_suite(path: Path, rel: str, require_marker: bool = False) -> SuiteFile 
         )
         for r in raws
     )
-    return SuiteFile(path=path, rel=rel, tests=tests, kind="pytest", classes=tuple(classes))
+    explicit = f"runs only when named ({mm['explicit']})" if "explicit" in mm else None
+    return SuiteFile(path=path, rel=rel, tests=tests, kind="pytest", classes=tuple(classes), disabled=explicit)
 
 
 def is_test_file(path: Path) -> bool:
