@@ -14,6 +14,7 @@ Model and flags: those of ``test_disaggregation_swa_server.py`` (one stack for b
 from __future__ import annotations
 
 import random
+import time
 import uuid
 
 import pytest
@@ -288,3 +289,59 @@ def test_a_release_by_timeout_waits_for_a_running_write(stack, run_dir):
     if "[write-after-release]" in said and waited >= stack.deferred_release_s:
         raise WriteAfterRelease(f"decode released room {room} by timeout after {waited:.1f} s: {said}")
     assert not said, said
+
+
+class SharedRoom(AssertionError):
+    """The samples of one n > 1 request were preallocated under one bootstrap room."""
+
+
+@pytest.mark.spends_stack
+@pytest.mark.xfail(
+    strict=True,
+    raises=SharedRoom,
+    reason="sglang 0.5.23 with its PD router: the n samples of a parallel-sampling request share one "
+    "bootstrap_room, so prefill sends every sample's KV into the same room ([kv-write-once]) and the request "
+    "hangs (the sgl#26486 class)",
+)
+def test_parallel_sampling_gets_a_room_per_sample_and_n_completions(stack, run_dir, sglang_servers):
+    # n > 1 through the router: each sample is its own PD request and needs a bootstrap room of its own
+    # (a shared room pairs one sample's KV with another's pages); n answers come back.
+    import concurrent.futures
+
+    import requests
+
+    n, led, since = 3, run_dir.ledger, time.time()
+    body = {
+        "input_ids": prompt(120, seed=11),
+        "sampling_params": {"temperature": 0.8, "max_new_tokens": 4, "n": n, "ignore_eos": True},
+    }
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    answer = pool.submit(requests.post, f"{stack.router.url('http')}/generate", json=body, timeout=PHASE_S)
+    pool.shutdown(wait=False)
+
+    def preallocs() -> list:
+        return [
+            m
+            for m in phases.read_trace(led)
+            if m.t >= since and m.phase == "decode.prealloc" and not m.rid.startswith("HEALTH")
+        ]
+
+    # The harness's bound, before the client's: every sample preallocated (or the request answered).
+    deadline = time.monotonic() + PHASE_S
+    while len(preallocs()) < n and not answer.done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    marks = preallocs()
+    rooms = {m.room for m in marks}
+    if len(marks) >= n and len(rooms) < n:
+        # The request hangs, aborted or not, and the ledgers hold the shared room's double writes: the
+        # stack is stopped (its client then gets an error at once) and the next test gets a fresh one.
+        sglang_servers.forget(MODEL)
+        concurrent.futures.wait([answer], timeout=PHASE_S)
+        raise SharedRoom(f"{len(marks)} samples preallocated under {len(rooms)} room(s): {sorted(rooms)}")
+    got = answer.result(timeout=PHASE_S)
+    assert got.status_code == 200, got.text[:300]
+    out = got.json()
+    assert isinstance(out, list) and len(out) == n, out
+    assert all(len(o["output_ids"]) == 4 for o in out), [len(o["output_ids"]) for o in out]
+    assert len(rooms) >= n, f"{n} samples under {len(rooms)} room(s)"
+    _reset(stack, led)
