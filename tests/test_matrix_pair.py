@@ -146,3 +146,39 @@ def test_tables_name_each_pair_verdict_and_evidence():
     assert "0.5.21" in text and "pass" in text and "61s" in text and "4 requests token-identical" in text
     assert md.splitlines()[2] == "| 0.5.21 | 0.5.23 | pass | 4 requests token-identical | 61s |"
     assert pairs.to_json(rows)["pairs"][0]["wall_s"] == 61.2
+
+
+def test_phase_points_install_on_a_release_without_abort_notices_or_drain_acks(tmp_path):
+    """The real stack's probe (``hold``) on a release that has neither (0.5.18's connection classes, reduced
+    to what the install touches): nothing of them is wrapped, the rest is, and the server does not die."""
+    import types
+
+    from harness.engines.server import hold
+
+    class CommonKVManager:
+        def __init__(self):
+            self.request_status = {}
+
+        def update_status(self, room, status):
+            self.request_status[room] = status
+
+    class MooncakeKVManager(CommonKVManager):
+        def send_kvcache(self, *args):
+            return 0
+
+    class MooncakeKVSender:
+        def poll(self):
+            return None
+
+    common = types.ModuleType("common_conn")
+    common.CommonKVManager = CommonKVManager
+    mooncake = types.ModuleType("mooncake_conn")
+    mooncake.MooncakeKVManager, mooncake.MooncakeKVSender = MooncakeKVManager, MooncakeKVSender
+    points = hold.Points(str(tmp_path / "ledger.jsonl"), "prefill", "prefill")
+    send = MooncakeKVManager.send_kvcache
+    hold._install_status(points, common)
+    hold._install_mooncake(points, mooncake)
+    assert not hasattr(MooncakeKVManager, "_handle_abort_notification") and not hasattr(
+        CommonKVManager, "note_abort_ack"
+    )
+    assert MooncakeKVManager.send_kvcache is not send  # the chunk writes are still phase points

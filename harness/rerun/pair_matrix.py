@@ -164,7 +164,8 @@ def check_pair(run_dir: Path, say: Callable[[str], None] = print) -> tuple[str, 
                 stack = pool.pd(MODEL, with_plain=True)
             except (WorkerDied, TimeoutError) as e:
                 first = next((ln for ln in str(e).splitlines() if ln.strip()), repr(e))
-                return "finding", f"the stack did not start: {first[:300]}"
+                cause = [ln.strip() for ln in str(getattr(e, "tail", "")).splitlines() if _ERROR_LINE.search(ln)][-1:]
+                return "finding", f"the stack did not start: {first[:200]}{''.join(': ' + c[:200] for c in cause)}"
             say(f"pair: stack ready in {stack.started_s:.0f} s")
             plain = ServerClient(pool.plain(MODEL).url("http"))
             router = stack.client("router")

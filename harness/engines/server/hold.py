@@ -217,15 +217,17 @@ def _install_status(points: Points, mod: ModuleType) -> None:
     def ack(self, bootstrap_room, prefill_rank, *args, **kwargs):
         points.mark("transfer.ack", room=bootstrap_room, note=f"prefill rank {prefill_rank}")
 
-    manager.note_abort_ack = _wrap(manager.note_abort_ack, before=ack)
-    manager._send_abort_ack = _wrap(
-        manager._send_abort_ack, before=lambda self, room, *a, **k: points.mark("transfer.ack-sent", room=room)
-    )
+    if hasattr(manager, "note_abort_ack"):  # drain acks: absent in 0.5.18 (nothing to mark there)
+        manager.note_abort_ack = _wrap(manager.note_abort_ack, before=ack)
+    if hasattr(manager, "_send_abort_ack"):
+        manager._send_abort_ack = _wrap(
+            manager._send_abort_ack, before=lambda self, room, *a, **k: points.mark("transfer.ack-sent", room=room)
+        )
 
 
 def _install_mooncake(points: Points, mod: ModuleType) -> None:
     manager = mod.MooncakeKVManager
-    orig = manager._handle_abort_notification
+    orig = getattr(manager, "_handle_abort_notification", None)  # abort notices: first in 0.5.22
 
     @functools.wraps(orig)
     def on_abort(self, msg):
@@ -236,7 +238,8 @@ def _install_mooncake(points: Points, mod: ModuleType) -> None:
                 points.mark("transfer.abort", room=note.room)
         return out
 
-    manager._handle_abort_notification = on_abort
+    if orig is not None:
+        manager._handle_abort_notification = on_abort
     for name in ("send_kvcache", "send_kvcache_slice", "send_kvcache_dcp"):
         if hasattr(manager, name):
             setattr(manager, name, _wrap_write(points, getattr(manager, name)))
