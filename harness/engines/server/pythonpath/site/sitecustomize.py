@@ -42,8 +42,10 @@ if (
         if os.environ.get("HARNESS_PROBE_LEDGER"):
             from harness.engines.server import hold, accounting_probe, kv_digest
 
-            kv_digest.install_from_env(accounting_probe.install_from_env())
+            # The phase points first: their wrappers are then the inner ones, and the probe's see
+            # sglang's own callers (the KV digest reads the transfer worker's chunk from its caller).
             hold.install_from_env()
+            kv_digest.install_from_env(accounting_probe.install_from_env())
         if os.environ.get("HARNESS_FAULTS"):
             from harness import faults as _faults
             from harness.targets.sglang import selection as _target
