@@ -23,6 +23,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "decode.prealloc": ("decode", "pages preallocated (DecodePreallocQueue._pre_alloc returned)"),
     "decode.metadata": ("decode", "its page list about to go to prefill (_send_kv_metadata)"),
     "transfer.status": ("prefill", "a room's status about to be written (CommonKVManager.update_status)"),
+    "prefill.forwarded": ("prefill", "chunk i's forward done, its result not yet processed (process_batch_result)"),
     "prefill.send": ("prefill", "chunk i forwarded, about to be sent (send_kv_chunk)"),
     "prefill.sent": ("prefill", "the sender polled Success: every chunk landed"),
     "prefill.release": ("prefill", "about to free the request's KV (release_kv_cache)"),

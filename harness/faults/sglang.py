@@ -43,6 +43,9 @@ _HETERO_DP = f"{_HETERO}::test_dp_attention_kv_comes_from_the_prefill_dp_rank_th
 # KV in flight on the real stack: holds inside a chunk write, an abort against it.
 _INFLIGHT = "suites/disaggregation/test_disaggregation_inflight_server.py"
 _ACK_WAIT = f"{_INFLIGHT}::test_a_deferred_release_waits_for_prefills_drain_ack"
+# Chunked prefill on the real stack (one page per chunk): each chunk sent after its forward, per the trace.
+_CHUNKED = "suites/disaggregation/test_disaggregation_chunked_server.py"
+_CHUNK_ORDER = f"{_CHUNKED}::test_each_chunk_is_sent_after_its_forward_and_lands_as_sent"
 
 #: Content and window verification of the PD decode ranks (every byte of every request).
 _CONTENT = ("KVCorruption", "WindowLost")
@@ -260,5 +263,18 @@ FAULTS: tuple[Fault, ...] = (
         evidence=("[release-before-ack]",),
         suites=(_ACK_WAIT,),
         est_s=55,
+    ),
+    Fault(
+        name="prefill-sends-chunk-before-forward",
+        description=(
+            "prefill's event loop sends a non-final chunk's KV (send_kv_chunk) as the chunk's batch is launched, "
+            "before the forward that writes its pages, instead of after it (process_prefill_chunk)"
+        ),
+        upstream="sglang#33970 class (a chunk's pages read while its forward still writes them)",
+        # The phase trace shows prefill.send of chunk i before prefill.forwarded of chunk i. The bytes may
+        # or may not show it (the transfer races the forward), the order always does.
+        evidence=("ChunkSentBeforeForward",),
+        suites=(_CHUNK_ORDER,),
+        est_s=45,
     ),
 )

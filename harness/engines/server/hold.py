@@ -39,6 +39,7 @@ class Points:
         self._lock = threading.Lock()
         self.rid_of_room: dict[int, str] = {}
         self.chunks: dict[str, int] = {}
+        self.forwards: dict[str, int] = {}  # rid -> prefill forwards (chunks) its batches ran
         self.sent: set[int] = set()
         self.written: dict[int, int] = {}  # room -> chunks its transfer workers took
         self.local = threading.local()
@@ -108,10 +109,19 @@ def _install_prefill(points: Points, mod: ModuleType) -> None:
         points.mark("prefill.send", req.rid, _room(req), chunk=i)
 
     mixin.send_kv_chunk = _wrap(mixin.send_kv_chunk, before=send)
+
+    def forwarded(self, batch, *args, **kwargs):
+        for req in getattr(batch, "reqs", None) or ():
+            i = points.forwards.get(req.rid, 0)
+            points.forwards[req.rid] = i + 1
+            points.mark("prefill.forwarded", req.rid, _room(req), chunk=i)
+
+    mixin.process_batch_result_disagg_prefill = _wrap(mixin.process_batch_result_disagg_prefill, before=forwarded)
     release = mod.release_kv_cache
 
     def released(req, *args, **kwargs):
         points.chunks.pop(getattr(req, "rid", ""), None)
+        points.forwards.pop(getattr(req, "rid", ""), None)
         points.mark("prefill.release", getattr(req, "rid", ""), _room(req))
 
     mod.release_kv_cache = _wrap(release, before=released)
@@ -119,35 +129,43 @@ def _install_prefill(points: Points, mod: ModuleType) -> None:
 
 def _install_decode(points: Points, mod: ModuleType) -> None:
     queue, transfer = mod.DecodePreallocQueue, mod.DecodeTransferQueue
-    queue._pre_alloc = _wrap(
-        queue._pre_alloc, after=lambda out, self, req, *a, **k: points.mark("decode.prealloc", req.rid, _room(req))
-    )
-    queue._send_kv_metadata = _wrap(
-        queue._send_kv_metadata,
+
+    def wrap(cls: type, name: str, **hooks: Callable) -> None:
+        # A step a release lacks has no point there: the metadata send and the deferred release are
+        # absent in 0.5.18, the deferred release's observer in 0.5.21 (first in 0.5.22).
+        if hasattr(cls, name):
+            setattr(cls, name, _wrap(getattr(cls, name), **hooks))
+
+    wrap(queue, "_pre_alloc", after=lambda out, self, req, *a, **k: points.mark("decode.prealloc", req.rid, _room(req)))
+    wrap(
+        queue,
+        "_send_kv_metadata",
         before=lambda self, dr, *a, **k: points.mark("decode.metadata", dr.req.rid, _room(dr.req)),
     )
-    transfer._commit_transfer_to_req = _wrap(
-        transfer._commit_transfer_to_req,
+    wrap(
+        transfer,
+        "_commit_transfer_to_req",
         before=lambda self, dr, *a, **k: points.mark("decode.transferred", dr.req.rid, _room(dr.req)),
         after=lambda out, self, dr, *a, **k: points.mark("decode.commit", dr.req.rid, _room(dr.req)),
     )
-
-    transfer._defer_release = _wrap(
-        transfer._defer_release, before=lambda self, dr, *a, **k: points.mark("decode.defer", dr.req.rid, _room(dr.req))
+    wrap(
+        transfer,
+        "_defer_release",
+        before=lambda self, dr, *a, **k: points.mark("decode.defer", dr.req.rid, _room(dr.req)),
     )
 
     def release(self, dr, *args, **kwargs):
         points.local.last = (dr.req.rid, _room(dr.req))
         points.mark("decode.release", dr.req.rid, _room(dr.req))
 
-    transfer._do_release = _wrap(transfer._do_release, before=release)
+    wrap(transfer, "_do_release", before=release)
 
     def observed(self, *args, outcome="", **kwargs):
         outcome = outcome or (args[-1] if len(args) >= 2 else "")
         rid, room = getattr(points.local, "last", ("", None))
         points.mark("decode.released", rid, room, note=str(outcome))
 
-    transfer._observe_deferred_kv_release = _wrap(transfer._observe_deferred_kv_release, before=observed)
+    wrap(transfer, "_observe_deferred_kv_release", before=observed)
 
 
 class _StatusTable(dict):
