@@ -70,6 +70,7 @@ NAMES: dict[str, str] = {
     "explore_replay": "harness.explore.machine:replay",
     "ExplorePair": "harness.explore.pair:Pair",
     "ExplorePairConfig": "harness.explore.pair:PairConfig",
+    "interleave": "harness.explore.interleave:",
     "harness_main": "harness.cli:main",
     "rerun_test_main": "harness.commands.rerun:main",
 }

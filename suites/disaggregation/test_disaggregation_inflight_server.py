@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from harness.api import ResetError, ServerHTTPError, phases, reset_server
+from harness.api import ResetError, ServerHTTPError, interleave, phases, reset_server
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -107,6 +107,20 @@ def test_every_phase_is_reached_in_order_and_a_hold_stops_its_side(stack, run_di
     assert any(m.phase == "prefill.sent" for m in mine), "prefill never polled the send done"
     for w in (stack.decode, stack.prefill):
         reset_server(w, f"{led}/{w.name}.jsonl", timeout_s=RESET_S)
+
+
+def test_the_sim_pairs_abort_at_a_held_send_script_runs_here_too(stack, run_dir):
+    # The script tests/test_interleave.py runs on the simulated pair, on the real stack: the same steps,
+    # the same phase names, each proven by a trace mark.
+    rid = new_rid("script")
+    run = interleave.ServerRun(stack, run_dir.ledger, timeout_s=PHASE_S, prompt=lambda n: prompt(n, seed=12))
+    marks = run.run(interleave.abort_at_held_send(rid))
+    seen = [m.phase for m in marks if m.worker.startswith(stack.decode.name)]
+    assert "decode.commit" not in seen and seen[-1] == "decode.released", seen
+    to_prefill, to_decode = run.answers[rid]
+    _answer(to_decode)
+    _answer(to_prefill)
+    _reset(stack, run_dir.ledger)
 
 
 class LostStatusUpdate(AssertionError):
