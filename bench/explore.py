@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench-explore-"))
     try:
-        replay(PairConfig(), [("submit", {"prompt_len": 20, "group": 0, "steps": 1})], run_dir)  # warm-up
+        for warm in (PairConfig(), PairConfig(page_size=256, window=128, hisparse=True)):  # first imports
+            replay(warm, [("submit", {"prompt_len": 20, "group": 0, "steps": 1}), ("probe", {})], run_dir)
         session = Session(args.seed, run_dir, seconds=args.seconds)
         t0 = time.perf_counter()
         finding = session.run()

@@ -384,10 +384,11 @@ class PairMachine(RuleBasedStateMachine):
         slide = c.window + 2 * c.page_size + c.eviction_interval
         self._do("decode", n=slide if past_window == 5 and slide <= LONG_STEPS else n)
 
-    @precondition(lambda self: self.pair is not None)
+    @precondition(lambda self: self.pair is not None and self.pair.probes() < 2)
     @rule()
     def probe(self) -> None:
-        """A health probe (sglang's ``/health_generate``: a one-token request named ``HEALTH_CHECK_…``)."""
+        """A health probe (sglang's ``/health_generate``: a one-token request named ``HEALTH_CHECK_…``); two
+        a schedule at most (a rule without arguments is otherwise drawn in every other step)."""
         self._do("probe")
 
     @precondition(_can("abort"))

@@ -227,7 +227,14 @@ def _prealloc_asserts_floor() -> str | None:
 
 
 def _pop_preallocated_keeps_prefix_out_of_tail() -> str | None:
-    if keeps_prefix_out_of_tail(inspect.getsource(_module(_DECODE).DecodePreallocQueue.pop_preallocated)):
+    return _keeps_prefix_out_of_tail(_module(_DECODE).DecodePreallocQueue.pop_preallocated)
+
+
+@functools.lru_cache(maxsize=8)
+def _keeps_prefix_out_of_tail(function: Callable[..., Any]) -> str | None:
+    # Per function object: reading its source took 16 ms, asked at every decode side built (explore builds
+    # one per schedule).
+    if keeps_prefix_out_of_tail(inspect.getsource(function)):
         return None
     return "DecodePreallocQueue.pop_preallocated drops no SWA lock of a radix prefix hit (before 0.5.19)"
 
