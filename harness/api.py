@@ -73,6 +73,9 @@ NAMES: dict[str, str] = {
     "interleave": "harness.explore.interleave:",
     "harness_main": "harness.cli:main",
     "rerun_test_main": "harness.commands.rerun:main",
+    "ExploreFinding": "harness.explore.machine:Finding",
+    "ExploreStep": "harness.explore.pair:Step",
+    "explore_shrink_by_replay": "harness.explore.machine:shrink_by_replay",
 }
 
 __all__ = sorted(NAMES)

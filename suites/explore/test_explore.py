@@ -18,6 +18,9 @@ import pytest
 from harness.api import ExplorePair as Pair
 from harness.api import ExplorePairConfig as PairConfig
 from harness.api import ExploreSession as Session
+from harness.api import ExploreFinding as Finding
+from harness.api import ExploreStep as Step
+from harness.api import explore_shrink_by_replay as shrink_by_replay
 from harness.api import explore_replay as replay
 from harness.api import harness_main as main
 from harness.api import rerun_test_main as rerun_main
@@ -39,6 +42,7 @@ CONFIG = PairConfig(
 
 
 def test_short_exploration_of_clean_sglang_raises_nothing(tmp_path):
+    """The fixed-seed exploration CI runs: 25 schedules (bounded by examples, not minutes)."""
     session = Session(20260, tmp_path, examples=25)
     finding = session.run()
     assert finding is None, "\n".join(finding.lines())
@@ -115,10 +119,8 @@ def test_a_catalog_fault_is_found_and_shrunk_to_a_repro(tmp_path):
         "release-leaks-swa",
         "--seed",
         "1",
-        "--examples",
+        "--examples",  # bounded by schedules, not time: a loaded CI machine runs the same ones
         "300",
-        "--minutes",
-        "2",
         "--run-dir",
         str(tmp_path),
     ]
@@ -143,6 +145,22 @@ def test_more_retracted_requests_than_slots_resume_a_slotful_at_a_time_at_the_en
         pair.check()
     assert pair.retracted() == ["r0", "r1", "r2", "r3"]
     pair.close()
+
+
+def test_a_second_shrinking_pass_drops_the_steps_the_failure_does_not_need(tmp_path):
+    """What a failing schedule becomes when Hypothesis's own shrinking stops early: steps dropped, last first,
+    while a replay still fails the same way (here an operation on a request that is not there)."""
+    steps = [
+        Step("submit", {"prompt_len": 20, "group": 0, "steps": 1}),
+        Step("submit", {"prompt_len": 30, "group": 1, "steps": 1}),
+        Step("prealloc", {"rid": "r0"}),
+        Step("prealloc", {"rid": "r9"}),
+    ]
+    failure = "step 4 (prealloc): ValueError: prealloc r9: not a request this operation can act on now"
+    found = Finding(seed=0, config=CONFIG, steps=steps, failure=failure, at_end=False)
+    shrunk = shrink_by_replay(found, tmp_path)
+    assert [(s.op, s.args) for s in shrunk.steps] == [("prealloc", {"rid": "r9"})], shrunk.lines()
+    assert shrunk.failure == "step 1 (prealloc): ValueError: prealloc r9: not a request this operation can act on now"
 
 
 def test_rerun_test_from_replays_an_explore_repro_byte_exactly(tmp_path, capsys, monkeypatch):
