@@ -109,6 +109,12 @@ def test_verdict(sent, alive, errors, problems, want):
     assert evidence and "\n" not in evidence
 
 
+def test_a_hang_names_what_each_side_logged():
+    sent = [_sent(20, None, error="timed out", timed_out=True)]
+    found, evidence = pairs.verdict(sent, UP, {"decode": "Error fetching prefill server info", "prefill": ""}, [])
+    assert found == "finding" and evidence.startswith("hang: ") and "decode: Error fetching prefill" in evidence
+
+
 def test_error_line_is_the_first_that_reports_one():
     log = "INFO start\nINFO ready\nERROR  KV transfer failed: page size 32 != 64\nTraceback ...\n"
     assert pairs.error_line(log) == "ERROR  KV transfer failed: page size 32 != 64"
@@ -182,3 +188,22 @@ def test_phase_points_install_on_a_release_without_abort_notices_or_drain_acks(t
         CommonKVManager, "note_abort_ack"
     )
     assert MooncakeKVManager.send_kvcache is not send  # the chunk writes are still phase points
+
+    # 0.5.21's decode: a deferred release with no observer (first in 0.5.22).
+    class DecodePreallocQueue:
+        def _pre_alloc(self, req):
+            return None
+
+    class DecodeTransferQueue:
+        def _commit_transfer_to_req(self, dr):
+            return None
+
+        def _do_release(self, dr):
+            return None
+
+    decode = types.ModuleType("decode")
+    decode.DecodePreallocQueue, decode.DecodeTransferQueue = DecodePreallocQueue, DecodeTransferQueue
+    release = DecodeTransferQueue._do_release
+    hold._install_decode(points, decode)
+    assert DecodeTransferQueue._do_release is not release
+    assert not hasattr(DecodeTransferQueue, "_observe_deferred_kv_release")

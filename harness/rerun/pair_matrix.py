@@ -102,7 +102,11 @@ def verdict(
     """
     hung = [s for s in sent if s.timed_out]
     if hung:
-        return "finding", f"hang: the request of {hung[0].prompt_len} tokens had no answer in {REQUEST_TIMEOUT_S:.0f} s"
+        said = "; ".join(f"{role}: {line[:200]}" for role, line in sorted(errors.items()) if line)
+        return "finding", (
+            f"hang: the request of {hung[0].prompt_len} tokens had no answer in {REQUEST_TIMEOUT_S:.0f} s"
+            + (f" ({said})" if said else " (no error logged)")
+        )
     failed = [s for s in sent if s.error]
     if failed and len(failed) == len(sent):
         quiet = [role for role in ("prefill", "decode") if not errors.get(role)]
@@ -226,8 +230,9 @@ def run_pair(
         data = json.loads(result_path.read_text(encoding="utf-8"))
         found = (data["verdict"], data["evidence"])
     else:
-        tail = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()][-1:]
-        found = ("finding", f"the pair check exited {code}: {''.join(tail)[:300]}")
+        lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        last = ([ln for ln in lines if _ERROR_LINE.search(ln)] or lines or [""])[-1]  # its error, else its last word
+        found = ("finding", f"the pair check exited {code}: {last[:300]}")
     out(f"matrix: pair prefill {prefill} / decode {decode}: {found[0]} in {wall:.0f} s")
     return PairResult(prefill, decode, found[0], found[1], wall, str(run_dir))
 

@@ -267,7 +267,9 @@ def install(probe: Any, *, canary: bool = False) -> _Side:
 
         def on_prefill(mod: ModuleType) -> None:
             mixin = mod.SchedulerDisaggregationPrefillMixin
-            mixin._send_kv_chunk = _wrap_send_chunk(side, mixin._send_kv_chunk)
+            # The chunk send: ``_send_kv_chunk`` behind a checksum step from 0.5.21, ``send_kv_chunk`` itself before.
+            name = "_send_kv_chunk" if hasattr(mixin, "_send_kv_chunk") else "send_kv_chunk"
+            setattr(mixin, name, _wrap_send_chunk(side, getattr(mixin, name)))
 
         def on_common(mod: ModuleType) -> None:
             mod.CommonKVSender.send = _wrap_sender_send(probe, side, mod.CommonKVSender.send)
@@ -282,9 +284,11 @@ def install(probe: Any, *, canary: bool = False) -> _Side:
     else:
 
         def on_decode(mod: ModuleType) -> None:
-            mod.DecodePreallocQueue._send_kv_metadata = _wrap_send_metadata(
-                probe, side, mod.DecodePreallocQueue._send_kv_metadata
-            )
+            if hasattr(mod.DecodePreallocQueue, "_send_kv_metadata"):  # inline in pop_preallocated in 0.5.18:
+                # there decode names no destination pages (kv_dest), and the rules judge what they have
+                mod.DecodePreallocQueue._send_kv_metadata = _wrap_send_metadata(
+                    probe, side, mod.DecodePreallocQueue._send_kv_metadata
+                )
             queue = mod.DecodeTransferQueue
             queue._commit_transfer_to_req = _wrap_commit(probe, side, queue._commit_transfer_to_req)
 
