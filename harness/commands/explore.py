@@ -197,7 +197,8 @@ def _search(args: argparse.Namespace, names: list[str], root: Path, target: Any)
         print(f"report: {explore_report.for_session(root, session, wall, target, None)}")
         return 0
     first = session.first_failure_s or 0.0
-    print(f"explore: a schedule broke after {first:.1f}s; shrunk to {len(finding.steps)} step(s):")
+    at = "schedule {}, step {}".format(*session.first_failure_at)
+    print(f"explore: a schedule broke after {first:.1f}s ({at}); shrunk to {len(finding.steps)} step(s):")
     print("\n".join(finding.lines()))
     (root / EVENTS_FILE).write_bytes(events_bytes(finding.log))
     path = write_repro(finding, root / REPRO_FILE)

@@ -157,6 +157,7 @@ class Session:
         self.progress = Progress()
         self.finding: Finding | None = None
         self.first_failure_s: float | None = None
+        self.first_failure_at = (0, 0)  # schedules and steps run when the first failure came (load-free)
         self._last: tuple[Pair, int] | None = None
         self._failure: tuple[str, bool] | None = None
         self._batch_seed = seed
@@ -232,7 +233,7 @@ class Session:
         if isinstance(error, Flaky) and self.best is not None:
             # Hypothesis's shrinker lost its way (its replay of a choice sequence drew differently); the
             # shortest failing schedule seen is real (it ran): shrink it further by replaying without steps.
-            self.finding = shrink_by_replay(replace(self.best, shrunk=False), self.run_dir)
+            self.finding = shrink_by_replay(self.best, self.run_dir)
             return
         pair, batch_seed = self._last
         message, at_end = self._failure or (_describe(error), False)
@@ -267,6 +268,7 @@ class Session:
         self._failure = (message, at_end)
         if self.first_failure_s is None:
             self.first_failure_s = time.perf_counter() - self.progress.started
+            self.first_failure_at = (self.progress.schedules, self.progress.steps)
 
     def timed(self, name: str, seconds: float) -> None:
         p = self.progress
