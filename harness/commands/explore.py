@@ -3,7 +3,8 @@
 Drives one prefill and one decode rank in this process (:mod:`harness.explore`) for ``--minutes`` or
 ``--examples`` schedules. Exit 0 when nothing broke; 1 with the shrunk schedule printed as numbered steps, the
 repro file written and ``repro: PATH`` on a line of its own; 2 on bad input, with one line. ``--replay PATH``
-runs a repro file's steps again, exactly (exit 1 when it breaks again).
+(and ``rerun-test --from PATH``) runs a repro file's steps again, exactly (exit 1 when it breaks again). The run
+directory gets ``report/`` (:mod:`harness.explore.explore_report`). Guide: docs/explore.md.
 """
 
 from __future__ import annotations

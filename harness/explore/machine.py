@@ -3,8 +3,8 @@
 :class:`Session` runs batches of schedules (each batch one seeded Hypothesis run) until its examples or its
 time are spent; a failing batch shrinks to a minimal schedule, which the session keeps as a :class:`Finding`
 (the steps, the pools, the failure, the ledger events). :func:`write_repro` writes it to a file and
-:func:`replay` runs such a file's steps again, exactly, without Hypothesis. Over 400 lines: the rules, the
-loop and the replay read one recorded schedule format.
+:func:`replay` runs such a file's steps again, exactly, without Hypothesis (:func:`shrink_by_replay` uses it
+to shrink further). Over 400 lines: the rules, the loop and the replay read one recorded schedule format.
 """
 
 from __future__ import annotations
