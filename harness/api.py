@@ -62,6 +62,8 @@ NAMES: dict[str, str] = {
     "soak_stack": "harness.engines.server.server_soak:soak_stack",
     "ResetError": "harness.engines.server.reset:ResetError",
     "phases": "harness.engines.phases:",
+    "EnvSwitch": "harness.engines.server.env_switch:EnvSwitch",
+    "testhooks": "harness.targets.sglang.compat.testhooks:",
     "leftover_processes": "harness.engines.server.stack:leftover_processes",
     "HISPARSE_DECODE_ARGS": "harness.engines.server.launcher:HISPARSE_DECODE_ARGS",
     "CPU_COMPAT_PATCHES": "harness.engines.server.launcher:CPU_COMPAT_PATCHES",

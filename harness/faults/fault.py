@@ -34,6 +34,10 @@ class Fault:
             stop the server over before the harness's oracle can look (its idle memory check, on by
             default, crashes the scheduler at the first idle moment after a leak): the catch the
             check counts must be the harness's.
+        env: sglang test-hook faults only: the variables activation sets in every process that runs
+            engine code (sglang's own hook reads them; :mod:`harness.faults.sglang_hooks`).
+        fired_log: test-hook faults: a regex of sglang's log line that shows the hook took effect; the
+            activation watches sglang's loggers for it and writes the fired marker a patch writes.
         est_s: seconds one ``harness faults check`` run of it takes with its ``suites`` (real server
             stacks included) on the 2-core CPU runner, as last measured (the check prints each run's);
             the check hands the longest runs out first. 0: not known.
@@ -49,8 +53,10 @@ class Fault:
     requires: tuple[str, ...] = ()
     sglang_checks: str = ""
     est_s: float = 0.0
+    env: tuple[tuple[str, str], ...] = ()
+    fired_log: str = ""
 
     @property
     def is_patch(self) -> bool:
-        """A source-patch fault (no runtime target): ``harness/faults/patches/<name>.diff``."""
-        return self.make is None
+        """A source-patch fault (no runtime target, no hook variable): ``harness/faults/patches/<name>.diff``."""
+        return self.make is None and not self.env

@@ -3,7 +3,7 @@ runtime fault of its PD transfer (:mod:`.pd`), looked up and validated."""
 
 from __future__ import annotations
 
-from harness.faults import sim_faults, sglang
+from harness.faults import sglang_hooks, sim_faults, sglang
 from harness.faults.fault import Fault, FaultError
 
 
@@ -14,6 +14,12 @@ def catalog() -> dict[str, Fault]:
         A new dict name -> :class:`Fault`, in catalog order.
     """
     return {fault.name: fault for fault in (*sglang.FAULTS, *sim_faults.FAULTS)}
+
+
+def sources() -> dict[str, Fault]:
+    """Every fault a run may name: the catalog, then sglang's own test hooks (:mod:`.sglang_hooks`), which
+    the fault check does not run (they name no suite)."""
+    return {**catalog(), **{fault.name: fault for fault in sglang_hooks.FAULTS}}
 
 
 def get(name: str) -> Fault:
@@ -28,7 +34,7 @@ def get(name: str) -> Fault:
     Raises:
         FaultError: no fault has that name (the message lists the known ones).
     """
-    known = catalog()
+    known = sources()
     if name not in known:
         raise FaultError(f"unknown fault {name!r}; known faults: {', '.join(known)}")
     return known[name]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,47 @@ class _Applied:
 
 
 _APPLIED: dict[str, _Applied] = {}
+#: Test-hook faults applied here: name -> (each variable's value before, the log watcher).
+_HOOKS: dict[str, tuple[dict[str, str | None], logging.Handler | None]] = {}
+
+
+class _FiredWatch(logging.Handler):
+    """Writes a hook fault's name to the fired file once sglang logs the line that shows it took effect."""
+
+    def __init__(self, fault: Fault) -> None:
+        super().__init__(logging.DEBUG)
+        self.fault, self.pattern = fault, re.compile(fault.fired_log)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        path = os.environ.get(source.FIRED_ENV)
+        try:
+            if path and self.pattern.search(record.getMessage()):
+                with open(path, "a", encoding="utf-8") as fh:
+                    fh.write(self.fault.name + "\n")
+        except Exception:  # noqa: BLE001 - a log handler must never raise into sglang
+            pass
+
+
+def _apply_hook(fault: Fault) -> None:
+    before = {k: os.environ.get(k) for k, _ in fault.env}
+    os.environ.update(dict(fault.env))
+    watch = _FiredWatch(fault) if fault.fired_log else None
+    if watch is not None:
+        logging.getLogger("sglang").addHandler(watch)
+    _HOOKS[fault.name] = (before, watch)
+    logger.warning("fault %s active: %s (%s)", fault.name, fault.description, fault.upstream)
+
+
+def _undo_hook(name: str) -> None:
+    before, watch = _HOOKS.pop(name)
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if watch is not None:
+        logging.getLogger("sglang").removeHandler(watch)
+    logger.warning("fault %s undone", name)
 
 
 def _resolve(target: str) -> tuple[Any, str]:
@@ -70,7 +112,11 @@ def activate(names: list[str] | tuple[str, ...]) -> list[str]:
     done: list[str] = []
     try:
         for fault in faults:
-            if fault.name in _APPLIED or fault.is_patch:
+            if fault.name in _APPLIED or fault.name in _HOOKS or fault.is_patch:
+                continue
+            if fault.env:
+                _apply_hook(fault)
+                done.append(fault.name)
                 continue
             owner, attr = _resolve(fault.target)
             original = vars(owner)[attr]
@@ -122,6 +168,8 @@ def deactivate(names: list[str] | tuple[str, ...] | None = None) -> None:
     Args:
         names: the faults to undo; None undoes all of them. Names not applied are ignored.
     """
+    for name in [n for n in reversed(list(_HOOKS)) if names is None or n in names]:
+        _undo_hook(name)
     chosen = list(_APPLIED) if names is None else [n for n in _APPLIED if n in names]
     for name in reversed(chosen):
         applied = _APPLIED.pop(name)
@@ -130,8 +178,8 @@ def deactivate(names: list[str] | tuple[str, ...] | None = None) -> None:
 
 
 def active() -> list[str]:
-    """Names of the runtime faults applied in this process, in application order."""
-    return list(_APPLIED)
+    """Names of the runtime and test-hook faults applied in this process, in application order."""
+    return [*_APPLIED, *_HOOKS]
 
 
 def activate_from_env(environ: dict[str, str] | None = None) -> list[str]:

@@ -1,12 +1,14 @@
-"""Chunked prefill on REAL sglang servers (``--chunked-prefill-size`` of one page): each chunk's KV goes to
-decode only after the forward that wrote it, lands as it was sent, and an abort racing the final chunk ends
-the request on both legs with nothing held. Every step is proven by the phase trace, never by sleeping.
+"""Chunked prefill on REAL sglang servers (``--chunked-prefill-size`` of one page), and sglang's own test
+hooks as fault sources on the same stack. Every step is proven by the phase trace or sglang's log, never by
+sleeping; one stack for the module (the hooks are switched on in the running servers, after warm-up).
 
 * Chunk *i* is sent after its forward and before chunk *i+1*'s (``prefill.forwarded`` / ``prefill.send``,
   one each per chunk, in order): the sgl#33970 class is a non-final chunk read before its forward wrote it.
 * Each chunk's pages as prefill sent them are the pages decode committed (the KV digests, per chunk).
 * An abort while prefill holds the final chunk's send (the sgl#34149 class): ``abort`` on both legs, no
-  token, both servers back at their baseline. One stack for the module.
+  token, both servers back at their baseline.
+* sglang's random transfer failure, fired on a request in flight: answered as failed, nothing held after.
+* sglang's forced retraction, fired on two requests decoding: the retracted one resumes to the same tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import uuid
 
 import pytest
 
-from harness.api import ServerHTTPError, ledger, phases, reset_server
+from harness.api import EnvSwitch, ServerHTTPError, ledger, phases, reset_server, testhooks
 
 MODEL = "tiny-llama"
 PAGE = 64
@@ -171,4 +173,70 @@ def test_an_abort_racing_the_final_chunk_ends_both_legs_as_abort(stack, run_dir)
     phases.wait_mark(led, "decode.released", rid=rid, timeout_s=PHASE_S)
     phases.wait_mark(led, "prefill.release", rid=rid, timeout_s=PHASE_S)
     assert not _chunk_marks(led, rid, "decode.commit", stack.decode.name), "decode committed an aborted request"
+    _reset(stack, led)
+
+
+# ------------------------------------------------------------------ sglang's own test hooks
+
+
+def _hook(capability: str):
+    hook = testhooks.hook_of(capability)
+    if hook is None:
+        pytest.skip(testhooks.hook_missing(capability))
+    return hook
+
+
+def _log(worker) -> str:
+    return worker.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def test_sglang_transfer_failure_hook_fails_the_request_and_leaves_nothing_held(stack, run_dir):
+    # Prefill holds the request before its first chunk goes, so decode is polling a transfer that has not
+    # landed; decode's polls then answer Failed (sglang's hook, decode only) until decode has failed it.
+    hook = _hook("transfer-failure")
+    rid, led = new_rid("hook-fail"), run_dir.ledger
+    room = random.Random(rid).randrange(1 << 62)
+    sending = phases.Hold(led, "prefill.send", rid, chunk=0)
+    try:
+        to_prefill, to_decode = stack.direct(prompt(200, seed=13), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        sending.reached(PHASE_S)
+        with EnvSwitch(led, hook.env, "1", side="decode"):
+            phases.wait_mark(led, "decode.defer", rid=rid, timeout_s=PHASE_S)
+    finally:
+        sending.release()
+    on_decode = _answer(to_decode)
+    _answer(to_prefill)
+    assert isinstance(on_decode, ServerHTTPError), f"decode served a request whose transfer failed: {on_decode}"
+    # sglang's own words for an injected failure (its log has them at debug level only): its receiver saw
+    # none, the poll said Failed.
+    proof = testhooks.fired_lines(hook, on_decode.body, rid)
+    assert proof, f"decode's answer is not {hook.env} failing {rid}: {on_decode.body[:300]}"
+    phases.wait_mark(led, "decode.released", rid=rid, timeout_s=PHASE_S)
+    phases.wait_mark(led, "prefill.release", rid=rid, timeout_s=PHASE_S)
+    assert not _chunk_marks(led, rid, "decode.commit", stack.decode.name), "decode committed a failed transfer"
+    _reset(stack, led)  # nothing held on either side: [reset-leak], [not-baseline] otherwise
+    after = stack.client("router").generate(prompt(150, seed=14), 4, timeout_s=PHASE_S)
+    assert len(after.output_ids) == 4, f"the stack does not serve again after the failure: {after}"
+    _reset(stack, led)
+
+
+def test_sglang_forced_retraction_hook_resumes_to_the_same_tokens(stack, run_dir):
+    # Two requests decode together while decode retracts one every third forward (sglang's hook; a batch
+    # of one is never retracted). Each must resume from its restored KV to the tokens it gives unretracted.
+    hook = _hook("forced-retraction")
+    led, new = run_dir.ledger, 24
+    prompts = [prompt(150, seed=15), prompt(170, seed=16)]
+    client = stack.client("router")
+    plain = [client.generate(p, new, timeout_s=PHASE_S).output_ids for p in prompts]
+    _reset(stack, led)
+    seen = len(testhooks.fired_lines(hook, _log(stack.decode)))
+    rids = [new_rid("hook-retract") for _ in prompts]
+    with EnvSwitch(led, hook.env, "1", side="decode"):
+        futures = [stack.direct(p, new, r, timeout_s=3 * PHASE_S)[1] for p, r in zip(prompts, rids)]
+        retracted = [_answer(f) for f in futures]
+    fired = testhooks.fired_lines(hook, _log(stack.decode))[seen:]
+    assert fired, f"decode's log has no retraction of {hook.env} while {rids} decoded: the hook did not fire"
+    for rid, got, want in zip(rids, retracted, plain):
+        assert not isinstance(got, Exception), f"{rid} failed under retraction: {got}"
+        assert got.output_ids == want, f"{rid}: {got.output_ids} after a retraction, {want} without"
     _reset(stack, led)

@@ -40,11 +40,12 @@ if (
 
             alloc_patch.install_from_env()
         if os.environ.get("HARNESS_PROBE_LEDGER"):
-            from harness.engines.server import hold, accounting_probe, kv_digest
+            from harness.engines.server import hold, accounting_probe, env_switch, kv_digest
 
             # The phase points first: their wrappers are then the inner ones, and the probe's see
             # sglang's own callers (the KV digest reads the transfer worker's chunk from its caller).
             hold.install_from_env()
+            env_switch.install_from_env()
             kv_digest.install_from_env(accounting_probe.install_from_env())
         if os.environ.get("HARNESS_FAULTS"):
             from harness import faults as _faults
