@@ -298,12 +298,29 @@ def shrink_by_replay(finding: Finding, run_dir: Path) -> Finding:
     if best.failure is None or failure_kind(best.failure) != kind:
         return finding
     for i in reversed(range(len(steps))):
-        candidate = steps[:i] + steps[i + 1 :]
+        if i >= len(steps):
+            continue
+        candidate = _without_request(steps, i) if steps[i][0] in ("submit", "probe") else steps[:i] + steps[i + 1 :]
         done = replay(finding.config, candidate, run_dir)
         if done.failure is not None and failure_kind(done.failure) == kind:
             steps, best = candidate, done
     assert best.failure is not None
     return replace(finding, steps=best.steps, failure=best.failure, at_end=best.at_end, log=best.log)
+
+
+def _without_request(steps: list[tuple[str, dict[str, Any]]], i: int) -> list[tuple[str, dict[str, Any]]]:
+    """``steps`` without the request step ``i`` submits (or probes): the steps naming it go too, and the
+    requests submitted after it are renamed one down, as a pair numbers them (``r5`` becomes ``r4``)."""
+    k = sum(op in ("submit", "probe") for op, _ in steps[:i])
+    out = []
+    for j, (op, args) in enumerate(steps):
+        rid = args.get("rid")
+        if j == i or rid == f"r{k}":
+            continue
+        if isinstance(rid, str) and rid[1:].isdigit() and int(rid[1:]) > k:
+            args = {**args, "rid": f"r{int(rid[1:]) - 1}"}
+        out.append((op, args))
+    return out
 
 
 def _describe(error: BaseException) -> str:
