@@ -21,6 +21,7 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from harness.explore import inject
@@ -196,6 +197,13 @@ class Session:
                 self.stopped = outcome = "time, mid-batch"
                 if self.best is not None:
                     self.finding = replace(self.best, shrunk=False)
+            except Flaky as e:
+                if self.best is None:  # no schedule failed: the machine's draws, not sglang, were inconsistent
+                    outcome = "abandoned: Hypothesis replayed a schedule that drew differently (nothing failed)"
+                    self.report(f"explore: batch {self._batch_seed} {outcome}")
+                else:
+                    self._found(e)
+                    self.stopped = outcome = "failure"
             except Exception as e:  # noqa: BLE001 - any failure of a schedule is what exploration looks for
                 self._found(e)
                 self.stopped = outcome = "failure"
@@ -228,8 +236,6 @@ class Session:
     def _found(self, error: BaseException) -> None:
         if self._last is None:
             raise error
-        from hypothesis.errors import Flaky
-
         if isinstance(error, Flaky) and self.best is not None:
             # Hypothesis's shrinker lost its way (its replay of a choice sequence drew differently); the
             # shortest failing schedule seen is real (it ran): shrink it further by replaying without steps.
