@@ -33,7 +33,7 @@ pytestmark = [
         server_args=("--page-size", str(PAGE), "--chunked-prefill-size", str(CHUNK)),
     ),
     pytest.mark.topology("cpu"),
-    pytest.mark.est_time(12),
+    pytest.mark.est_time(20),
     pytest.mark.timeout(600),
 ]
 
@@ -224,7 +224,7 @@ def test_sglang_forced_retraction_hook_resumes_to_the_same_tokens(stack, run_dir
     # Two requests decode together while decode retracts one every third forward (sglang's hook; a batch
     # of one is never retracted). Each must resume from its restored KV to the tokens it gives unretracted.
     hook = _hook("forced-retraction")
-    led, new = run_dir.ledger, 24
+    led, new = run_dir.ledger, 12
     prompts = [prompt(150, seed=15), prompt(170, seed=16)]
     client = stack.client("router")
     plain = [client.generate(p, new, timeout_s=PHASE_S).output_ids for p in prompts]
