@@ -275,6 +275,6 @@ FAULTS: tuple[Fault, ...] = (
         # or may not show it (the transfer races the forward), the order always does.
         evidence=("ChunkSentBeforeForward",),
         suites=(_CHUNK_ORDER,),
-        est_s=45,
+        est_s=78,
     ),
 )
