@@ -223,6 +223,7 @@ def test_sglang_transfer_failure_hook_fails_the_request_and_leaves_nothing_held(
 def test_sglang_forced_retraction_hook_resumes_to_the_same_tokens(stack, run_dir):
     # Two requests decode together while decode retracts one every third forward (sglang's hook; a batch
     # of one is never retracted). Each must resume from its restored KV to the tokens it gives unretracted.
+    # Together for sure: decode holds the first before its commit until prefill has sent all of the second.
     hook = _hook("forced-retraction")
     led, new = run_dir.ledger, 12
     prompts = [prompt(150, seed=15), prompt(170, seed=16)]
@@ -231,8 +232,14 @@ def test_sglang_forced_retraction_hook_resumes_to_the_same_tokens(stack, run_dir
     _reset(stack, led)
     seen = len(testhooks.fired_lines(hook, _log(stack.decode)))
     rids = [new_rid("hook-retract") for _ in prompts]
+    first = phases.Hold(led, "decode.transferred", rids[0])
     with EnvSwitch(led, hook.env, "1", side="decode"):
-        futures = [stack.direct(p, new, r, timeout_s=3 * PHASE_S)[1] for p, r in zip(prompts, rids)]
+        try:
+            futures = [stack.direct(p, new, r, timeout_s=3 * PHASE_S)[1] for p, r in zip(prompts, rids)]
+            first.reached(PHASE_S)
+            phases.wait_mark(led, "prefill.sent", rid=rids[1], timeout_s=PHASE_S)
+        finally:
+            first.release()
         retracted = [_answer(f) for f in futures]
     fired = testhooks.fired_lines(hook, _log(stack.decode))[seen:]
     assert fired, f"decode's log has no retraction of {hook.env} while {rids} decoded: the hook did not fire"
