@@ -53,8 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.engine == "sglang-server":
-        raise UsageError("--engine sglang-server: exploration over a real server is not built yet; use --engine sim")
+    if args.engine == "sglang-server" and args.replay is not None:
+        raise UsageError("--replay: a real-server schedule is its seed; run it again with --seed N --examples 1")
+    if args.engine == "sglang-server" and args.topology != "cpu":
+        raise UsageError(f"--topology {args.topology}: real-server schedules run the CPU stack (--topology cpu)")
     check_seconds(args.minutes * 60, "--minutes")
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples {args.examples}: must be ≥ 1")
@@ -78,13 +80,42 @@ def _explore(args: argparse.Namespace) -> int:
     _check(args)
     if args.replay is not None:
         return replay_file(args.replay, args.run_dir, args.sglang, verbose=args.verbose)
+    if args.engine == "sglang-server":
+        return _explore_server(args)
     with _prepared(args.fault, args.sglang, args.verbose) as target:
         run = rundir.create(args.run_dir or rundir.default_path(kind="explore"))
         return _search(args, args.fault, run.root, target)
 
 
+def _explore_server(args: argparse.Namespace) -> int:
+    """Random schedules over the hold points on one real CPU stack (:mod:`harness.explore.server_schedules`):
+    exit 0 when none broke, 1 with the broken schedule's steps and the command that runs it again."""
+    from harness.explore import server_schedules
+
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    print(f"explore: real CPU stack, seed {seed}, budget {args.minutes:g} min", flush=True)
+    with _prepared(args.fault, args.sglang, args.verbose, children=True):
+        run = rundir.create(args.run_dir or rundir.default_path(kind="explore", suffix="server"))
+        out = server_schedules.explore(
+            seed,
+            args.minutes * 60,
+            run,
+            schedules=args.examples,
+            report=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    if out is None:
+        print("explore: nothing broke")
+        return 0
+    print(f"explore: schedule {out.seed} broke: {out.failure}")
+    for i, step in enumerate(out.steps, 1):
+        print(f"{i:>3}. {step}")
+    faulted = "".join(f" --fault {n}" for n in args.fault)
+    print(f"again: harness explore --engine sglang-server --seed {out.seed} --examples 1{faulted}")
+    return 1
+
+
 @contextlib.contextmanager
-def _prepared(names: list[str], sglang: str | None, verbose: bool) -> Iterator[Any]:
+def _prepared(names: list[str], sglang: str | None, verbose: bool, *, children: bool = False) -> Iterator[Any]:
     """The sglang target selected (its report stamp yielded), ``names`` applied to this process (undone
     after), sglang's logs quiet.
 
@@ -100,7 +131,7 @@ def _prepared(names: list[str], sglang: str | None, verbose: bool) -> Iterator[A
     from harness.explore import inject
 
     try:
-        scratch = inject.apply(names) if names else None
+        scratch = inject.apply(names, children=children) if names else None
     except faults.FaultError as e:
         raise UsageError(f"--fault: {e}") from None
     sglang_log = logging.getLogger("sglang")

@@ -15,8 +15,9 @@ from harness.faults import runtime, source
 from harness.targets.sglang import selection as target_mod
 
 
-def apply(names: list[str]) -> Path | None:
-    """Apply ``names`` (and the faults they require) to this process.
+def apply(names: list[str], *, children: bool = False) -> Path | None:
+    """Apply ``names`` (and the faults they require) to this process (and, with ``children``, to the
+    processes it starts: real servers).
 
     Returns:
         The scratch copy holding the patched sglang (None: runtime faults only); :func:`undo` removes it.
@@ -39,7 +40,7 @@ def apply(names: list[str]) -> Path | None:
                 target_mod.sglang_root().resolve(),
                 prefix="harness-explore-fault-",
                 overlay_env=target_mod.OVERLAY_ENV,
-                children=False,
+                children=children,
             )
         except source.PatchError as e:
             raise faults.FaultError(f"{e}; the patch does not apply to this sglang") from None

@@ -198,7 +198,7 @@ def test_rerun_test_from_an_unusable_explore_repro_is_one_line_and_exit_2(tmp_pa
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
-    assert main(["explore", "--engine", "sglang-server"]) == 2
+    assert main(["explore", "--engine", "sglang-server", "--topology", "2-gpu-h100"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not built yet" in err[0]
+    assert len(err) == 1 and "real-server schedules run the CPU stack" in err[0]
     assert main(["explore", "--topology", "no-such-topology"]) == 2
