@@ -67,3 +67,28 @@ def test_a_release_while_a_write_runs_is_named_and_a_finished_write_is_not():
         "room 7 (r): decode released it (timeout) while prefill's write of chunk 0 was still running"
     ]
     assert writes_after_release(write + done + released) == []
+
+
+def test_the_lost_update_a_fresh_clone_hit_by_chance_is_a_known_race():
+    # The trace of a CI run's stalled test_cached_prefix_repeats_match_plain (room and times as written):
+    # both of prefill's threads read "no room", the bootstrap thread wrote WaitingForInput, the scheduler
+    # Bootstrapping over it; decode had sent its page list; nothing more until the client gave up at 120 s.
+    from harness.plugins.explain import known_race
+
+    marks = [
+        m(0.06, "decode", "transfer.status", rid="", chunk="WaitingForInput", note="wrote, now WaitingForInput"),
+        m(0.07, "decode", "decode.prealloc"),
+        m(0.07, "decode", "decode.metadata"),
+        m(0.08, "prefill", "transfer.status", rid="", chunk="Bootstrapping", note="read None, writing"),
+        m(0.08, "prefill", "transfer.status", rid="", chunk="WaitingForInput", note="read None, writing"),
+        m(0.08, "prefill", "transfer.status", rid="", chunk="WaitingForInput", note="wrote, now WaitingForInput"),
+        m(0.081, "prefill", "transfer.status", rid="", chunk="Bootstrapping", note="wrote, now Bootstrapping"),
+    ]
+    story = stall_story(marks, "r", T0)
+    assert story == (
+        "prefill never reached it; decode decode.metadata at +0.07 s; room 7 stuck at Bootstrapping: a lost "
+        "status update (WaitingForInput written at +0.08 s, then Bootstrapping over it at +0.08 s)"
+    )
+    assert "update_status" in known_race("stall", f"stall: request r: {story}")
+    assert known_race("ledger", f"ledger [page-leak] ...; {story}") is None
+    assert known_race("stall", "stall: request r: prefill never reached it; decode decode.metadata at +0.07 s") is None

@@ -367,7 +367,29 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         return report
     crash.message = line
     report.user_properties.append(("evidence", kind))
+    known = known_race(kind, line)
+    if known is not None and report.when == "call":
+        # A known upstream race, proven on this run's trace, hit by chance: the test is reported xfailed
+        # with the evidence (as pytest's own xfail does), not failed, and not hidden.
+        report.outcome = "skipped"
+        report.wasxfail = f"{known}: {line}"
+        report.user_properties.append(("known_race", known))
     return report
+
+
+#: Upstream races a stall headline can prove from the phase trace (the words it then holds), each with
+#: the strict xfail that forces it on purpose. A test that stalls on one by chance is reported xfailed.
+KNOWN_RACES = {
+    "a lost status update": (
+        "sglang's CommonKVManager.update_status loses decode's WaitingForInput under prefill's Bootstrapping "
+        "(forced in test_disaggregation_inflight_server.py::test_a_status_write_racing_decodes_metadata_is_not_lost)"
+    ),
+}
+
+
+def known_race(kind: str, line: str) -> str | None:
+    """The :data:`KNOWN_RACES` entry a failure's headline proves (None: none)."""
+    return next((why for what, why in KNOWN_RACES.items() if kind == "stall" and what in line), None)
 
 
 def _explain(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> tuple[str, str]:
