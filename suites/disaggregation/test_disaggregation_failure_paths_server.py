@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import pytest
 import requests
 
-from harness.api import ServerHTTPError, WorkerDied, ledger, phases, reset_server, wait_for
+from harness.api import ResetError, ServerHTTPError, WorkerDied, ledger, phases, reset_server, wait_for
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -518,6 +518,11 @@ class DuplicateRoomHang(DuplicateRoomBug):
     """Requests sharing one bootstrap_room did not all answer (the symptom on a quiet machine)."""
 
 
+class DuplicateRoomDoubleWrite(DuplicateRoomBug):
+    """Prefill sent both requests of the shared room into one set of decode pages (the KV digests'
+    ``[kv-write-once]``): the second request's KV overwrites the first's."""
+
+
 class DuplicateRoomCrash(DuplicateRoomBug):
     """A server's scheduler died of the shared room (the symptom when the second request is still in
     prefill's bootstrap queue as the first one's transfer starts: a loaded machine)."""
@@ -535,10 +540,10 @@ DUPLICATE_ROOM_CRASH = "Unexpected poll state"
     strict=True,
     raises=DuplicateRoomBug,
     reason="sglang 0.5.23: a request whose bootstrap_room a second request reuses while its KV is in "
-    "transfer is never answered, or, when the second is still bootstrapping as the first "
-    "one's transfer starts, prefill's scheduler dies (sgl#40125 class: a duplicate client "
-    "bootstrap_room); either way the surviving servers free every page; XPASS once upstream "
-    "refuses the duplicate or serves both",
+    "transfer is never answered, or prefill sends both requests' KV into the room's one set of decode "
+    "pages ([kv-write-once]), or, when the second is still bootstrapping as the first one's transfer "
+    "starts, prefill's scheduler dies (sgl#40125 class: a duplicate client bootstrap_room); the surviving "
+    "servers free every page; XPASS once upstream refuses the duplicate or serves both",
 )
 def test_duplicate_bootstrap_room_answers_and_leaves_no_kv(sglang_servers, stack, run_dir, record_property):
     # Two different requests under one bootstrap_room (a client bug or a hostile one): each server may
@@ -597,7 +602,14 @@ def _duplicate_room(stack, run_dir) -> None:
         concurrent.futures.wait(futures, timeout=ANSWER_S)
     for role in ("prefill", "decode"):
         assert stack.client(role).health(), f"{role} is not healthy after a duplicate bootstrap_room"
-    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    try:
+        back_at_baseline(run_dir, stack.decode, stack.prefill)
+    except ResetError as e:
+        # The only finding allowed is the known one: both requests' KV written into the room's pages.
+        found = str(e).split(": ledger after the reset: ", 1)[-1].split("; ")
+        if not all("[kv-write-once]" in f and f"room {room}:" in f for f in found):
+            raise
+        raise DuplicateRoomDoubleWrite(f"bootstrap_room {room}: {found[0]}") from e
     if hung:
         raise DuplicateRoomHang(f"{hung} of 4 requests under bootstrap_room {room} not answered within {ANSWER_S:g} s")
     serves(stack)
