@@ -374,8 +374,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         report.outcome = "skipped"
         report.wasxfail = f"{known}: {line}"
         report.user_properties.append(("known_race", known))
+        item.stash[known_race_key] = known
     return report
 
+
+#: On a test reported xfailed for a known race: the race (its servers' reset then judges its aftermath).
+known_race_key = pytest.StashKey[str]()
 
 #: Upstream races a stall headline can prove from the phase trace (the words it then holds), each with
 #: the strict xfail that forces it on purpose. A test that stalls on one by chance is reported xfailed.

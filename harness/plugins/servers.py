@@ -286,4 +286,13 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
     _record_releases(request.node, stacks, began)
     for name in request.node.stash.get(_last_use_key, set()) & set(models):
         session.stop_model(name)
+    from harness.plugins.explain import known_race_key
+
+    if problems and request.node.stash.get(known_race_key, None):
+        # The test stalled on a known upstream race (reported xfailed with its proof): what its servers
+        # then hold is that race's aftermath (e.g. the stuck room's state in prefill's KV manager). The
+        # servers that failed their reset were stopped (reset_used); the findings go into JUnit.
+        request.node.user_properties.append(("reset_after_known_race", " | ".join(problems)[:2000]))
+        log.warning("reset after a known race in %s: %s", request.node.nodeid, problems)
+        problems = []
     assert not problems, "server reset after the test failed:\n" + "\n".join(problems)

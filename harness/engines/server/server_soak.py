@@ -198,8 +198,10 @@ class StackEngine:
             # leaves free is the whole pool whatever had leaked; what was neither free nor cached had.
             idle = resets[-1].free_before
             for pool, base in self.baseline[role].items():
-                held = pool in RESOURCES and RESOURCES[pool].counts == "held"  # a count of what is held
-                leak[f"{role}.{pool}"] = (int(idle.get(pool, 0)) - base) if held else (base - int(idle.get(pool, 0)))
+                counts_held = pool in RESOURCES and RESOURCES[pool].counts == "held"  # a count of what is held
+                leak[f"{role}.{pool}"] = (
+                    (int(idle.get(pool, 0)) - base) if counts_held else (base - int(idle.get(pool, 0)))
+                )
         return Checkpoint(requests_, leak, len(held), "; ".join(problems) or None)
 
 
