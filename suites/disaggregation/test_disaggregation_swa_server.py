@@ -153,6 +153,55 @@ def test_repeats_and_concurrency_match_plain(stack, plain):
     assert got == want
 
 
+#: A prompt and a decode length that carry PD decode through one SWA eviction and the 63 steps whose window
+#: reads the page it must keep. Prompt 100: prealloc floor 0; at seq 192 (floor + window + sglang's interval
+#: 128) decode evicts to 128 and tokens 93 to 155 read [129, 192); its next eviction (seq 320) is never
+#: reached. The plain baseline (radix cache on) evicts at the same step to 64: it keeps max(window, page)
+#: rounded up, so a page freed past its floor is below its window and its output stays the reference.
+EVICT_PROMPT, EVICT_NEW = 100, 160
+#: A request decoding beside it that outlives it and never evicts (seq at most 184 < 192).
+HOLD_PROMPT, HOLD_NEW = 4, 180
+
+
+def test_decode_through_an_swa_eviction_matches_plain(stack, plain, run_dir):
+    """Greedy output through a decode-time SWA eviction equals the plain server's, token for token: the
+    bytes the window's attention read. A window page freed early (``swa-evict-frees-window``) loses its
+    full->SWA mapping, so the next 63 tokens read the padding slot, and the output diverges at token 93.
+
+    The holder joins once decode preallocated the request and outlives it: that release then never
+    leaves the SWA pool empty. (Under that fault the release frees the padding page its cleared row
+    names; with nothing else held, sglang's bare assert ``available <= size`` stops the decode in the
+    step that answers, which can beat the answer out.)"""
+    path = run_dir.ledger / f"{stack.decode.name}.jsonl"
+    ids = prompt(EVICT_PROMPT, seed=33)
+    want = plain.generate(ids, EVICT_NEW).output_ids
+    seen = len(ledger.read(path)) if path.exists() else 0
+    router = stack.client("router")
+    pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="window")
+    try:
+        probe = pool.submit(router.generate, ids, EVICT_NEW)
+
+        def preallocated() -> bool:
+            return any(e.kind == "prealloc" and e.fill_len == EVICT_PROMPT for e in ledger.read(path)[seen:])
+
+        wait_for(lambda: probe.done() or preallocated(), 120, "decode preallocating the request")
+        holder = pool.submit(router.generate, prompt(HOLD_PROMPT, seed=34), HOLD_NEW)
+        got = probe.result().output_ids
+        evicts = [e for e in ledger.read(path)[seen:] if e.kind == "evict" and e.pages.get("swa")]
+        assert evicts, f"decode never evicted SWA pages in {EVICT_NEW} new tokens: the test missed its point"
+        if got != want:
+            at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            where = ", ".join(f"seq {e.fill_len} floor {e.evicted_seqlen}" for e in evicts)
+            raise AssertionError(
+                f"WindowParity: PD output diverged from the plain server at new token {at} "
+                f"(seq {EVICT_PROMPT + at}) after decode's SWA eviction ({where}): "
+                f"PD {got[at : at + 4]} != plain {want[at : at + 4]}"
+            )
+        assert len(holder.result().output_ids) == HOLD_NEW
+    finally:
+        pool.shutdown(wait=False)
+
+
 def test_decode_ledger_holds_swa_invariants(sglang_servers, run_dir):
     # No plain baseline needed: in a session of this test alone (a fault or check run) none starts.
     stack = sglang_servers.pd(MODEL)
