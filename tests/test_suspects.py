@@ -24,7 +24,16 @@ pytestmark = pytest.mark.est_time(20)
 _, MINOR, OLDEST = releases.OLDEST_RELEASE
 SUPPORTED = tuple(f"0.{MINOR}.{n}" for n in range(OLDEST, releases.NEWEST_CHECKED[2] + 1))
 #: What a supported release does not have (the map names it for the newer ones).
-ABSENT = {(v, "SWATokenToKVPoolAllocator._free_swa_pages") for v in ("0.5.16", "0.5.17", "0.5.18", "0.5.19")}
+ABSENT = (
+    {(v, "SWATokenToKVPoolAllocator._free_swa_pages") for v in ("0.5.16", "0.5.17", "0.5.18", "0.5.19")}
+    # the deferred release and its drain ack came in 0.5.19; decode's metadata step in 0.5.21
+    | {
+        (v, f)
+        for v in ("0.5.16", "0.5.17", "0.5.18")
+        for f in ("CommonKVManager._maybe_ack_drained_abort", "DecodeTransferQueue.resolve_deferred_releases")
+    }
+    | {(v, "DecodePreallocQueue._send_kv_metadata") for v in ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20")}
+)
 
 
 def _sources(version: str) -> dict[str, str | None]:

@@ -73,6 +73,21 @@ SUSPECTS: dict[str, tuple[str, ...]] = {
         "srt/disaggregation/prefill.py:PrefillBootstrapQueue.pop_bootstrapped",
         "srt/disaggregation/common/conn.py:CommonKVManager.update_status",
     ),
+    # the KV digests: what decode committed against what prefill sent, which page each write landed in,
+    # and a write that landed after decode let its pages go
+    "kv-content": (
+        "srt/disaggregation/prefill.py:SchedulerDisaggregationPrefillMixin.send_kv_chunk",
+        "srt/disaggregation/mooncake/conn.py:MooncakeKVManager.send_kvcache",
+        f"{_DECODE}:DecodeTransferQueue._commit_transfer_to_req",
+    ),
+    "kv-write-once": (
+        f"{_DECODE}:DecodePreallocQueue._send_kv_metadata",
+        "srt/disaggregation/mooncake/conn.py:MooncakeKVManager.send_kvcache",
+    ),
+    "write-after-free": (
+        f"{_DECODE}:DecodeTransferQueue.resolve_deferred_releases",
+        "srt/disaggregation/common/conn.py:CommonKVManager._maybe_ack_drained_abort",
+    ),
     # the PD engine's own checks of every byte and window position it keeps
     "WindowLost": (*_EVICT, *_TAIL),
     "KVCorruption": (f"{_DECODE}:alloc_for_decode_prealloc", f"{_SWA}:SWATokenToKVPoolAllocator.alloc_extend_swa_tail"),
