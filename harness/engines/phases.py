@@ -23,6 +23,10 @@ PHASES: dict[str, tuple[str, str]] = {
     "decode.prealloc": ("decode", "pages preallocated (DecodePreallocQueue._pre_alloc returned)"),
     "decode.metadata": ("decode", "its page list about to go to prefill (_send_kv_metadata)"),
     "transfer.status": ("prefill", "a room's status about to be written (CommonKVManager.update_status)"),
+    "transfer.lost-update": (
+        "prefill",
+        "a status write replaced WaitingForInput written since its read (sglang's race)",
+    ),
     "prefill.forwarded": ("prefill", "chunk i's forward done, its result not yet processed (process_batch_result)"),
     "prefill.send": ("prefill", "chunk i forwarded, about to be sent (send_kv_chunk)"),
     "prefill.sent": ("prefill", "the sender polled Success: every chunk landed"),
@@ -295,3 +299,32 @@ def stall_story(marks: Iterable[Mark], rid: str, start: float) -> str:
 def _on(mark: Mark, side: str) -> bool:
     """Whether a trace mark came from a worker of ``side`` (the servers' names start with it)."""
     return mark.worker.startswith(side)
+
+
+class TraceTail:
+    """The marks written under ``ledger_dir`` since the last :meth:`new` (each file read from where the
+    previous call stopped), and the request of every room seen so far."""
+
+    def __init__(self, ledger_dir: str | os.PathLike) -> None:
+        self.dir = trace_dir(ledger_dir)
+        self._at: dict[Path, int] = {}
+        self.rid_of_room: dict[int, str] = {}
+
+    def new(self) -> list[Mark]:
+        out: list[Mark] = []
+        for path in sorted(self.dir.glob("*.jsonl")) if self.dir.is_dir() else ():
+            start = self._at.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line still being written is read next time
+            self._at[path] = start + end
+            for line in data[:end].decode("utf-8", errors="replace").splitlines():
+                try:
+                    mark = Mark(**json.loads(line))
+                except (ValueError, TypeError):
+                    continue
+                if mark.rid and mark.room is not None:
+                    self.rid_of_room[mark.room] = mark.rid
+                out.append(mark)
+        return out

@@ -368,6 +368,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     crash.message = line
     report.user_properties.append(("evidence", kind))
     known = known_race(kind, line)
+    lost = [m for m in _trace(item) if m.phase == "transfer.lost-update" and m.t >= call.start]
+    if known is None and lost and report.when == "call":
+        # The probe proved sglang's lost update during the test and the harness aborted that request at
+        # once (plugins/servers.py): what the test then saw follows from the race.
+        known = KNOWN_RACES["a lost status update"]
+        line = _fit(f"stall: room {lost[0].room} lost its status update (the harness aborted it); the test saw: {line}")
+        crash.message = line
     if known is not None and report.when == "call":
         # A known upstream race, proven on this run's trace, hit by chance: the test is reported xfailed
         # with the evidence (as pytest's own xfail does), not failed, and not hidden.

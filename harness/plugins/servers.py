@@ -243,6 +243,51 @@ def _sglang_servers_session(request: pytest.FixtureRequest, run_dir: Any) -> Ite
     assert not left, f"server processes left after teardown: {left}"
 
 
+class _LostUpdateWatcher:
+    """While a test runs, aborts on both servers a request that sglang's lost status update has stuck
+    (the probe's ``transfer.lost-update`` mark): its client then gets its answer at once, not after its
+    own timeout, and the failure's headline names the race (:data:`harness.plugins.explain.KNOWN_RACES`)."""
+
+    POLL_S = 0.5
+
+    def __init__(self, stacks: StackPool) -> None:
+        from harness.engines import phases
+
+        self._stacks = stacks
+        self._done = threading.Event()
+        self._tail = phases.TraceTail(stacks.run_dir.ledger) if stacks.run_dir is not None else None
+        if self._tail is not None:
+            self._tail.new()  # what came before the test is not its business
+            self._thread = threading.Thread(target=self._run, name="lost-update-watcher", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        assert self._tail is not None
+        while not self._done.wait(self.POLL_S):
+            try:
+                for mark in self._tail.new():
+                    if mark.phase == "transfer.lost-update" and mark.room is not None:
+                        self._abort(self._tail.rid_of_room.get(mark.room, ""), mark.room)
+            except Exception as e:  # noqa: BLE001 - a watcher must never fail the test it watches
+                log.warning("lost-update watcher: %r", e)
+
+    def _abort(self, rid: str, room: int) -> None:
+        if not rid:
+            return
+        log.warning("room %s (%s) lost its status update in sglang: aborting it on both servers", room, rid)
+        for stack in list(self._stacks._pd.values()):
+            for role in ("decode", "prefill"):
+                try:
+                    stack.client(role).abort(rid)
+                except Exception as e:  # noqa: BLE001 - a server that cannot abort it: the client's timeout stays
+                    log.warning("abort of %s on %s: %r", rid, role, e)
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._tail is not None:
+            self._thread.join(5)
+
+
 def _record_releases(item: pytest.Item, stacks: StackPool, since: float) -> None:
     """How the deferred releases during the test ended, from the servers' phase trace, as the JUnit
     property ``deferred_releases`` (``drained=N timeout=M``): a release by timeout while prefill's
@@ -281,7 +326,11 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
             stacks.model(name)
     own_workers(request.node, stacks.workers)
     began = time.time()
-    yield stacks
+    watcher = _LostUpdateWatcher(stacks)
+    try:
+        yield stacks
+    finally:
+        watcher.stop()
     problems = stacks.reset_used()
     _record_releases(request.node, stacks, began)
     for name in request.node.stash.get(_last_use_key, set()) & set(models):

@@ -168,6 +168,8 @@ def test_a_status_write_racing_decodes_metadata_is_not_lost(stack, run_dir, sgla
             ),
         )[-1]
         if "now Bootstrapping" in last.note:
+            # the probe named the race the moment it happened (the harness aborts such a request at once)
+            phases.wait_mark(led, "transfer.lost-update", room=room, timeout_s=PHASE_S)
             # 5. proof of the stall without a timer: a later request passes prefill's bootstrap queue
             #    and is served while this one has still not been sent.
             later = stack.client("router").generate(prompt(120, seed=5), 2, timeout_s=PHASE_S)

@@ -42,6 +42,7 @@ class Points:
         self.forwards: dict[str, int] = {}  # rid -> prefill forwards (chunks) its batches ran
         self.sent: set[int] = set()
         self.written: dict[int, int] = {}  # room -> chunks its transfer workers took
+        self.waiting_at: dict[int, float] = {}  # room -> when WaitingForInput was last written
         self.local = threading.local()
 
     def mark(
@@ -178,6 +179,7 @@ class _StatusTable(dict):
         value = super().get(room, default)
         writing = getattr(self.points.local, "writing", None)
         if writing is not None and writing[0] == room:
+            self.points.local.read = (value, time.time())
             self.points.mark(
                 "transfer.status", room=room, chunk=_name(writing[1]), note=f"read {_name(value)}, writing"
             )
@@ -192,6 +194,22 @@ def _name(status: Any) -> str:
     if isinstance(status, int) and not isinstance(status, bool):
         return _STATUS.get(status, str(status))
     return getattr(status, "name", str(status))
+
+
+def _lost_update(points: Points, room: int, status: Any, read: Any, after: Any) -> None:
+    """Trace ``transfer.lost-update`` the moment a write replaced another thread's ``WaitingForInput``
+    that landed between its read and its write (the harness then need not wait for a client's timeout)."""
+    name = _name(status)
+    if name == "WaitingForInput":
+        points.waiting_at[room] = time.time()
+        if len(points.waiting_at) > 100_000:
+            points.waiting_at.clear()
+        return
+    if read is None or name != "Bootstrapping" or _name(after) != "Bootstrapping":
+        return
+    value, read_at = read
+    if value is None and points.waiting_at.get(room, 0.0) > read_at:
+        points.mark("transfer.lost-update", room=room, note="WaitingForInput written over by Bootstrapping", hold=False)
 
 
 def watch_status(manager: Any, points: Points) -> None:
@@ -219,6 +237,7 @@ def _install_status(points: Points, mod: ModuleType) -> None:
             return orig_update(self, bootstrap_room, status)
         finally:
             points.local.writing = None
+            read, points.local.read = getattr(points.local, "read", None), None
             if isinstance(bootstrap_room, int):
                 after = dict.get(self.request_status, bootstrap_room) if isinstance(self.request_status, dict) else None
                 points.mark(
@@ -228,6 +247,7 @@ def _install_status(points: Points, mod: ModuleType) -> None:
                     note=f"wrote, now {_name(after)} ({threading.current_thread().name})",
                     hold=False,
                 )
+                _lost_update(points, bootstrap_room, status, read, after)
 
     manager.__init__ = init
     manager.update_status = update
