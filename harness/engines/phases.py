@@ -269,9 +269,11 @@ def stall_story(marks: Iterable[Mark], rid: str, start: float) -> str:
     ``start``), and, when the room's status writes show it, why prefill never sent: a lost status update
     (decode's ``WaitingForInput`` overwritten by prefill's ``Bootstrapping``) or a lost message (decode
     sent its page list, prefill never wrote ``WaitingForInput``). Empty when the trace has no mark of it."""
-    mine = sorted(marks_of(marks, rid), key=lambda m: m.t)
-    rooms = {m.room for m in mine if m.room is not None}
-    mine = sorted({*mine, *(m for m in marks if m.room in rooms)}, key=lambda m: m.t)
+    marks = list(marks)
+    own = set(marks_of(marks, rid))
+    rooms = {m.room for m in own if m.room is not None}
+    # in trace order, then by time (a stable sort: marks of the same instant keep the order they were written)
+    mine = sorted((m for m in marks if m in own or m.room in rooms), key=lambda m: m.t)
     if not mine:
         return ""
     sides = []
