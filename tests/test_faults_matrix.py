@@ -288,6 +288,36 @@ def test_check_stops_when_the_clean_run_fails(tmp_path: Path, monkeypatch: pytes
     assert "clean run must pass first" in faultcheck.render(result)
 
 
+SKIPPED_CLEAN_FIRST = """
+import os
+import pytest
+
+FAULT = "corrupt-kv-page" in os.environ.get("HARNESS_FAULTS", "")
+
+def test_skipped_clean():
+    if not FAULT:
+        pytest.skip("only under the fault")
+    raise AssertionError("KVCorruption in a test the clean run skipped")
+
+def test_catches():
+    if FAULT:
+        open(os.environ["HARNESS_FAULT_FIRED"], "a").write("corrupt-kv-page\\n")
+        raise AssertionError("KVCorruption in request r0: full buffer 0 position 3")
+"""
+
+
+def test_a_run_stopped_at_a_catch_the_clean_run_does_not_count_runs_again_whole(tmp_path: Path):
+    # The first failure with the evidence is a test the clean run skipped: it is not counted, so the run
+    # that stopped there decides nothing, and the fault runs again with every test (the second catches).
+    root = _project(tmp_path, SKIPPED_CLEAN_FIRST)
+    result = faultcheck.check(
+        ["corrupt-kv-page"], suites=("suites/test_catcher.py",), out_dir=tmp_path / "out", root=root
+    )
+    assert [(v.fault, v.status) for v in result.verdicts] == [("corrupt-kv-page", faultcheck.CAUGHT)]
+    assert [c.tests for c in result.cells] == [("suites/test_catcher.py::test_catches",)]
+    assert not result.runs["corrupt-kv-page"].stop_at_catch  # the whole run's result
+
+
 def test_clean_run_taken_from_an_earlier_junit_report(tmp_path: Path):
     """--clean-junit: the clean results come from the test run's report; the faults still run."""
     root = _project(tmp_path)
@@ -484,7 +514,7 @@ def test_the_runs_start_in_start_order_at_most_jobs_at_once(tmp_path: Path, monk
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
 
-    def fake_run(label, suites, out_dir, *, fault=None, timeout_s=0.0, root=None):
+    def fake_run(label, suites, out_dir, *, fault=None, timeout_s=0.0, root=None, stop_at_catch=False):
         with lock:
             events.append(("start", label))
         time.sleep(0.05 + 0.01 * (len(label) % 3))

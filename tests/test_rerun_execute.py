@@ -60,7 +60,7 @@ def test_headline_runs_three_groups_and_writes_reports(tmp_path, capsys, monkeyp
     # each group got the core plugin's options
     cmd = json.loads((run_dir / "groups" / "2-gpu-h100" / "command.json").read_text())
     assert cmd[cmd.index("--topology") + 1] == "2-gpu-h100" and "--simulate" in cmd
-    assert cmd[cmd.index("--run-dir") + 1] == str(run_dir / "groups" / "2-gpu-h100")
+    assert f"--run-dir={run_dir / 'groups' / '2-gpu-h100'}" in cmd
     assert "--simulate" not in json.loads((run_dir / "groups" / "cpu" / "command.json").read_text())
     assert status.read_text().count("✅") == 3
 

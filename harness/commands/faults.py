@@ -62,6 +62,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         dest="all_suites",
         help="run every fault against every suite that asserts accounting (slow: real servers too)",
     )
+    check.add_argument(
+        "--every-test",
+        action="store_true",
+        help="run every selected test of a fault even after one caught it (default: stop at the first catch, "
+        "except with --suite / --all, which fill every cell)",
+    )
     check.add_argument("--json", action="store_true", help="print the matrix as JSON")
     check.add_argument("--table", action="store_true", help="also print the fault x suite table (markdown)")
     check.add_argument(
@@ -144,6 +150,7 @@ def _check(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             clean_junit=args.clean_junit,
             clean_writer=args.clean_writer,
+            stop_at_catch=suites is None and not args.every_test,
         )
         page = faultcheck.write_page(result, out_dir)
         rec.finish("passed" if result.ok else "failed", report=page)

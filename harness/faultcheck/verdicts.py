@@ -57,6 +57,7 @@ class SuiteRun:
         junit: its JUnit XML file.
         log: its stdout + stderr.
         fired: the fault names its marker lines wrote (empty for the clean run).
+        stop_at_catch: the run stopped at its first catch (``--stop-at-catch``): the tests after it never ran.
     """
 
     label: str
@@ -67,11 +68,13 @@ class SuiteRun:
     junit: Path
     log: Path
     fired: frozenset[str] = frozenset()
+    stop_at_catch: bool = False
 
     @property
     def ran(self) -> bool:
-        """pytest ran the tests to the end (exit 0: all passed, 1: some failed)."""
-        return self.returncode in (0, 1)
+        """pytest ran the tests to the end (exit 0: all passed, 1: some failed), or to the catch it
+        stopped at (exit 2, interrupted by ``--stop-at-catch``)."""
+        return self.returncode in (0, 1) or (self.returncode == 2 and self.stop_at_catch)
 
     @property
     def passed(self) -> bool:
@@ -216,6 +219,8 @@ def build_cells(
             )
         elif counted:
             cells.append(Cell(name, suite, MISSED))
+        elif not mine and run.stop_at_catch:
+            cells.append(Cell(name, suite, NOT_APPLICABLE, reason="not run: the run stopped at its first catch"))
         else:
             cells.append(Cell(name, suite, NOT_APPLICABLE, reason="no test of it ran (all skipped)"))
     return tuple(cells)

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -38,6 +39,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         dest="inject_fault",
         help="apply this named fault (harness/faults catalog) to the engine for the session; repeatable",
+    )
+    group.addoption(
+        "--stop-at-catch",
+        action="store_true",
+        default=False,
+        help="with --inject-fault: stop the session after the first test whose body fails showing an injected "
+        "fault's evidence (the fault check's runs: one catch decides the fault, the rest only cost time)",
     )
 
 
@@ -83,6 +91,19 @@ def _put_patched_copy_first(patches: list[str]) -> Path:
         )
     except source.PatchError as exc:
         raise pytest.UsageError(f"--inject-fault: {exc}; the patch does not apply to this sglang") from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed and item.config.getoption("stop_at_catch", default=False):
+        names = item.config.stash.get(injected_key, [])
+        text = report.longreprtext
+        caught = [n for n in names if any(e in text for e in faults.get(n).evidence)]
+        if caught:
+            # Checked between tests: this one still ends with its teardown (its fixtures stop their servers).
+            item.session.shouldstop = f"--stop-at-catch: {', '.join(caught)} caught by {item.nodeid}"
+    return report
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

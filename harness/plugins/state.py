@@ -48,6 +48,8 @@ class HarnessState:
         self._armed = False
         self._pending: list[WorkerDied] = []
         self._raised: list[WorkerDied] = []
+        #: Every death the watchdog reported this session, in order (a few at most: each is a test's failure).
+        self.deaths: list[WorkerDied] = []
         self.workers: list[Worker] = []
         self._names: dict[str, int] = {}
         self._fits: dict[str, Fit | None] = {}
@@ -170,6 +172,7 @@ class HarnessState:
         # Watchdog thread: record, and interrupt the main thread if a test body is running.
         with self._lock:
             self._pending.append(died)
+            self.deaths.append(died)
             if self._armed:
                 signal.pthread_kill(threading.main_thread().ident or 0, FAILFAST_SIGNAL)  # the main thread runs
 

@@ -26,10 +26,10 @@ def command(
     after: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """``PYTHON -m pytest TESTS BEFORE --junitxml=JUNIT -o junit_family=xunit1 --run-dir RUN_DIR AFTER``.
+    """``PYTHON -m pytest TESTS BEFORE --junitxml=JUNIT -o junit_family=xunit1 --run-dir=RUN_DIR AFTER``.
 
     >>> command(["suites/a.py"], junit=Path("j.xml"), run_dir=Path("r"), before=["-q"], after=["-x"], python="py")
-    ['py', '-m', 'pytest', 'suites/a.py', '-q', '--junitxml=j.xml', '-o', 'junit_family=xunit1', '--run-dir', 'r', '-x']
+    ['py', '-m', 'pytest', 'suites/a.py', '-q', '--junitxml=j.xml', '-o', 'junit_family=xunit1', '--run-dir=r', '-x']
     """
     return [
         python,
@@ -40,8 +40,10 @@ def command(
         f"--junitxml={junit}",
         "-o",
         JUNIT_FAMILY,
-        "--run-dir",
-        str(run_dir),
+        # One argument: pytest takes each existing path among its arguments, option values included, as a
+        # place to look for its rootdir, so a run directory left by an earlier run would move the rootdir
+        # (a fault's second run reported its tests as ``proj/suites/...``).
+        f"--run-dir={run_dir}",
         *after,
     ]
 

@@ -142,6 +142,11 @@ class ServerClient:
         :func:`harness.engines.server.server_soak.server_rid`)."""
         self._request("POST", "/abort_request", json={"rid": rid})
 
+    def abort_all(self) -> None:
+        """``/abort_request`` with ``abort_all``: abort every request this server holds (0.5.18 ... 0.5.23
+        take the field; an older server that does not aborts nothing and still answers)."""
+        self._request("POST", "/abort_request", json={"rid": "", "abort_all": True})
+
     def health_generate(self, timeout_s: float | None = None) -> None:
         """``/health_generate``: sglang runs one real one-token request through its scheduler (on a PD
         server, with its fake bootstrap); raises :class:`ServerHTTPError` when it does not answer 200."""

@@ -138,6 +138,10 @@ class StackPool:
         #: Seconds each PD stack start of this session took (the normal start bounds the next ones).
         self._starts: list[float] = []
 
+    def pd_stacks(self) -> list[PdStack]:
+        """The PD stacks started and not stopped, for watchers beside a test (a snapshot)."""
+        return list(self._pd.values())
+
     def _own(self, worker: Worker) -> None:
         self.workers.append(worker)
         self._launched(worker)
