@@ -62,11 +62,26 @@ def test_a_release_by_timeout_before_its_timeout_is_early():
 def test_a_release_while_a_write_runs_is_named_and_a_finished_write_is_not():
     write = [m(0.0, "prefill-0", "transfer.write", chunk=0)]
     done = [m(0.1, "prefill-0", "transfer.written", chunk=0)]
-    released = [m(0.2, "decode-0", "decode.released", note="timeout")]
+    released = [m(0.2, "decode-0", "decode.release"), m(0.21, "decode-0", "decode.released", note="timeout")]
     assert writes_after_release(write + released) == [
         "room 7 (r): decode released it (timeout) while prefill's write of chunk 0 was still running"
     ]
     assert writes_after_release(write + done + released) == []
+
+
+def test_a_release_is_judged_when_it_frees_not_when_sglang_observes_it():
+    # A fresh clone's trace: _do_release freed the pages at +5.17 s, waited, and its outcome was observed at
+    # +6.32 s, after the write returned (+6.28 s): the write ran into freed pages all the same.
+    marks = [
+        m(0.10, "prefill-2", "transfer.write", chunk=0),
+        m(0.16, "decode-2", "decode.defer"),
+        m(5.17, "decode-2", "decode.release"),
+        m(6.28, "prefill-2", "transfer.written", chunk=0),
+        m(6.32, "decode-2", "decode.released", note="timeout"),
+    ]
+    assert writes_after_release(marks) == [
+        "room 7 (r): decode released it (timeout) while prefill's write of chunk 0 was still running"
+    ]
 
 
 def test_the_lost_update_a_fresh_clone_hit_by_chance_is_a_known_race():

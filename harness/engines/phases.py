@@ -45,6 +45,12 @@ PHASES: dict[str, tuple[str, str]] = {
 
 SIDES = ("prefill", "decode")
 
+#: The phases where a hold may drop the message that phase is about to send instead of holding it
+#: (:class:`Hold` ``drop=True``): a lost bootstrap message, planted for one request.
+DROPPABLE = {"decode.metadata": "decode's page list to prefill (its KV receiver's send_metadata)"}
+#: What a dropping hold's file holds (the engine reads it; an empty file holds).
+DROP = "drop"
+
 #: The longest any hold waits for its file to go (seconds); then the engine goes on and logs it.
 MAX_HOLD_S = 300.0
 _POLL_S = 0.02
@@ -86,7 +92,9 @@ def trace_dir(ledger_dir: str | os.PathLike) -> Path:
 
 class Hold:
     """One hold: the engine stops the request ``key`` at ``phase`` (chunk ``chunk`` only, if given)
-    until :meth:`release`; usable as a context manager (released on leaving)."""
+    until :meth:`release`; usable as a context manager (released on leaving). With ``drop`` (a phase of
+    :data:`DROPPABLE` only) the engine does not stop: it marks the hold reached and loses the message the
+    phase was about to send, once."""
 
     def __init__(
         self,
@@ -96,11 +104,14 @@ class Hold:
         chunk: int | str | None = None,
         *,
         side: str | None = None,
+        drop: bool = False,
     ) -> None:
+        if drop and phase not in DROPPABLE:
+            raise PhaseError(f"phase {phase!r} sends no message a hold can drop; droppable: {', '.join(DROPPABLE)}")
         self.path = hold_dir(ledger_dir) / hold_name(phase, key, chunk, side)
         self.phase, self.key, self.chunk = phase, key, chunk
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.touch()
+        self.path.write_text(DROP if drop else "")
 
     @property
     def marker(self) -> Path:
@@ -134,19 +145,26 @@ class Hold:
         self.release()
 
 
-def wait_at_hold(directory: Path, names: Iterable[str], on_hold: Callable[[str], None]) -> str | None:
+def wait_at_hold(
+    directory: Path, names: Iterable[str], on_hold: Callable[[str], None], *, droppable: bool = False
+) -> str | None:
     """The engine's side: if one of ``names`` is a hold file in ``directory``, mark it held, call
     ``on_hold(name)`` and wait until it is removed (at most :data:`MAX_HOLD_S`); returns the name held
-    (None: no hold). Called inside sglang's threads: nothing here raises."""
+    (None: no hold). A dropping hold (``droppable`` phases only) is marked held and removed at once, and
+    :data:`DROP` returned: the caller loses its message. Called inside sglang's threads: nothing here raises."""
     for name in names:
         gate = directory / name
         if not gate.exists():
             continue
         try:
             gate.with_name(name + ".held").touch()
+            dropping = droppable and gate.read_text() == DROP
         except OSError:
             return None
         on_hold(name)
+        if dropping:
+            gate.unlink(missing_ok=True)  # once: a retry of the message goes
+            return DROP
         deadline = Deadline(MAX_HOLD_S)
         while gate.exists() and not deadline.expired():
             deadline.sleep(_POLL_S)
@@ -238,16 +256,27 @@ def early_releases(marks: Iterable[Mark], timeout_s: float) -> list[str]:
 
 def writes_after_release(marks: Iterable[Mark]) -> list[str]:
     """Chunk writes of a room still running when its pages were let go: prefill sent its drain ack, or
-    decode resolved its release, after a write of the room began and before it returned. One line each."""
+    decode began its release, after a write of the room began and before it returned. One line each.
+
+    Decode's release is judged at ``decode.release`` (``_do_release`` frees the pages first thing), not at
+    ``decode.released``: sglang observes the outcome only after the rest of ``_do_release``, which can wait
+    (a fresh clone's run: pages freed at +5.17 s, the write returned at +6.28 s, ``decode.released`` at
+    +6.32 s)."""
     marks = sorted(marks, key=lambda m: m.t)
     found = []
-    for m in marks:
-        if m.phase not in ("transfer.ack-sent", "decode.released") or m.room is None:
+    for i, m in enumerate(marks):
+        if m.phase not in ("transfer.ack-sent", "decode.release") or m.room is None:
             continue
         started = [w for w in marks if w.phase == "transfer.write" and w.room == m.room and w.t < m.t]
         done = [w for w in marks if w.phase == "transfer.written" and w.room == m.room and w.t < m.t]
         if len(started) > len(done):
-            who = "prefill acked its drain" if m.phase == "transfer.ack-sent" else f"decode released it ({m.note})"
+            if m.phase == "transfer.ack-sent":
+                who = "prefill acked its drain"
+            else:
+                outcome = next(
+                    (r.note for r in marks[i + 1 :] if r.phase == "decode.released" and r.worker == m.worker), "?"
+                )
+                who = f"decode released it ({outcome})"
             found.append(
                 f"room {m.room} ({m.rid or '?'}): {who} while prefill's write of chunk "
                 f"{started[len(done)].chunk} was still running"

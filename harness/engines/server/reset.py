@@ -63,8 +63,12 @@ def _early_releases(worker: Worker, path: Path, *, since: float, until: float) -
     own = [m for m in marks if m.worker == worker.name]
     if not own:
         return []
+    # The rooms this worker passed: another stack's servers (another model's, or a stack stopped before this
+    # one started) write the same trace directory, and their findings are not this worker's.
+    rooms = {m.room for m in own if m.room is not None}
     early = [f"[release-before-ack] {x}" for x in phases.early_releases(own, deferred_release_s(worker))]
-    return early + [f"[write-after-release] {x}" for x in phases.writes_after_release(marks)]
+    mine = [m for m in marks if m.room in rooms]
+    return early + [f"[write-after-release] {x}" for x in phases.writes_after_release(mine)]
 
 
 def reset_server(worker: Worker, ledger_path: str | Path, timeout_s: float = 30.0) -> ledger.Event:
