@@ -28,8 +28,7 @@ def test_command_puts_the_callers_options_around_the_junit_and_run_dir_core():
         "--junitxml=out/j.xml",
         "-o",
         "junit_family=xunit1",
-        "--run-dir",
-        "out/r",
+        "--run-dir=out/r",
         "--simulate",
     ]
     assert childpytest.command([], junit=Path("j"), run_dir=Path("r"))[0] == sys.executable
@@ -59,7 +58,6 @@ def test_mutation_command_is_unchanged():
         "--junitxml=j.xml",
         "-o",
         "junit_family=xunit1",
-        "--run-dir",
-        "r",
+        "--run-dir=r",
     ]
     assert "-x" not in mutation_run.pytest_command(["suites/unit"], Path("j.xml"), Path("r"), first_failure=False)
