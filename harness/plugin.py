@@ -20,6 +20,7 @@ pytest_plugins: list[str] = [
     "harness.plugins.cluster",
     "harness.plugins.engine",
     "harness.plugins.servers",
+    "harness.plugins.stackwatch",
     "harness.plugins.pd",
     "harness.plugins.seeds",
     "harness.plugins.soak",

@@ -1,4 +1,4 @@
-"""The watcher beside each real-server test (``harness.plugins.servers._StackWatcher``): when the watchdog
+"""The watcher beside each real-server test (``harness.plugins.stackwatch.StackWatcher``): when the watchdog
 reports a stack's worker dead, every request on the stack's surviving servers is aborted at once, so a
 client blocked on the dead one returns now. Stand-in servers record what reaches their ``/abort_request``
 (a real stack's death costs a restart; the fault check's runs show it on real servers: a decode killed by
@@ -9,12 +9,16 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness.clock import wait_for
+from harness.engines import phases
 from harness.engines.server.pd_stack import PdStack
-from harness.plugins.servers import _StackWatcher
+from harness.plugins.stackwatch import StackWatcher
 from harness.workers import WorkerDied
 
 
@@ -51,7 +55,7 @@ class StandIn:
 class Pool:
     """What the watcher reads of a :class:`~harness.engines.server.stack_pool.StackPool`."""
 
-    run_dir = None
+    run_dir: SimpleNamespace | None = None
 
     def __init__(self, *stacks: PdStack) -> None:
         self._stacks = list(stacks)
@@ -70,7 +74,7 @@ def stack():
 
 def test_a_dead_decode_aborts_every_request_on_prefill_and_no_other_death_does(stack):
     deaths: list[WorkerDied] = []
-    watcher = _StackWatcher(Pool(stack), deaths)  # type: ignore[arg-type]
+    watcher = StackWatcher(Pool(stack), deaths)  # type: ignore[arg-type]
     try:
         deaths.append(WorkerDied("decode-9", "exit code 1", "", None))  # another stack's worker
         deaths.append(WorkerDied("decode-3", "exit code 1", "", None))
@@ -83,7 +87,7 @@ def test_a_dead_decode_aborts_every_request_on_prefill_and_no_other_death_does(s
 
 def test_deaths_before_the_test_are_not_its_business(stack):
     deaths = [WorkerDied("decode-3", "exit code 1", "", None)]
-    watcher = _StackWatcher(Pool(stack), deaths)  # type: ignore[arg-type]
+    watcher = StackWatcher(Pool(stack), deaths)  # type: ignore[arg-type]
     try:
         deaths.append(WorkerDied("prefill-3", "exit code 1", "", None))
         wait_for(lambda: stack.decode.aborts, 30, "decode's abort_all")
@@ -91,3 +95,64 @@ def test_deaths_before_the_test_are_not_its_business(stack):
         watcher.stop()
     assert stack.prefill.aborts == []
     assert stack.decode.aborts == [{"rid": "", "abort_all": True}]
+
+
+class Trace:
+    """A server's phase trace file under a run's ledger directory (what the probe's points write)."""
+
+    def __init__(self, ledger: Path) -> None:
+        self.path = phases.trace_dir(ledger) / "x-1.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, *marks: phases.Mark) -> None:
+        with open(self.path, "a") as f:
+            f.writelines(m.to_json() + "\n" for m in marks)
+
+
+def _lost_message(rid: str, room: int, t: float) -> list[phases.Mark]:
+    """Decode preallocated and sent its page list; prefill wrote Bootstrapping and nothing more."""
+    return [  # prefill's status write first in the file: its request is named only by decode's later marks
+        phases.Mark(t + 0.01, "prefill-3", "transfer.status", "", room, "Bootstrapping", "wrote, now Bootstrapping"),
+        phases.Mark(t, "decode-3", "decode.prealloc", rid, room),
+        phases.Mark(t + 0.02, "decode-3", "decode.metadata", rid, room),
+    ]
+
+
+def test_a_request_without_progress_is_aborted_and_says_where_each_side_was(stack, tmp_path):
+    # Old marks (100 s ago) are past the default 60 s bound at once: the stuck request is aborted on both
+    # servers and its stall names the lost message; one that reached decode's commit, and one on sglang's
+    # fake bootstrap room, are left alone.
+    pool = Pool(stack)
+    pool.run_dir = SimpleNamespace(ledger=tmp_path / "ledger")  # type: ignore[assignment]
+    trace = Trace(pool.run_dir.ledger)
+    watcher = StackWatcher(pool, [])  # type: ignore[arg-type]
+    try:
+        t = time.time() - 100
+        trace.write(*_lost_message("stuck", 7, t), *_lost_message("done", 8, t))
+        trace.write(phases.Mark(t + 0.5, "decode-3", "decode.commit", "done", 8))
+        # sglang's warm-up and health requests share the fake bootstrap room 0 and never transfer
+        trace.write(*_lost_message("HEALTH_CHECK_1", 0, t))
+        wait_for(lambda: stack.decode.aborts and stack.prefill.aborts, 30, "the stuck request's aborts")
+    finally:
+        watcher.stop()
+    assert stack.decode.aborts == stack.prefill.aborts == [{"rid": "stuck"}]
+    [stall] = watcher.stalls
+    assert stall.rid == "stuck" and stall.idle_s >= 60
+    assert "a lost message: decode sent its page list at +0.02 s" in stall.line()
+    assert stall.line().startswith("stall: request stuck: prefill never reached it; decode decode.metadata")
+
+
+def test_no_request_is_a_stall_while_a_hold_is_set(stack, tmp_path):
+    pool = Pool(stack)
+    pool.run_dir = SimpleNamespace(ledger=tmp_path / "ledger")  # type: ignore[assignment]
+    trace = Trace(pool.run_dir.ledger)
+    hold = phases.Hold(pool.run_dir.ledger, "prefill.send", "other")
+    watcher = StackWatcher(pool, [])  # type: ignore[arg-type]
+    try:
+        trace.write(*_lost_message("stuck", 7, time.time() - 100))
+        time.sleep(4 * StackWatcher.POLL_S)  # rounds in which an abort would have gone
+        assert stack.decode.aborts == [] and watcher.stalls == []
+        hold.release()
+        wait_for(lambda: stack.decode.aborts, 30, "the abort once the hold is gone")
+    finally:
+        watcher.stop()

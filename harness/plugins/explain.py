@@ -365,6 +365,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     except Exception as e:  # noqa: BLE001 - explaining a failure must never turn it into another one
         log.warning("no failure headline for %s: %r", item.nodeid, e)
         return report
+    from harness.plugins.stackwatch import stalls
+
+    aborted = stalls(item)
+    if aborted and kind != "ledger" and report.when == "call":
+        # The watcher aborted a request that made no progress (its bound before the client's): where each
+        # side was leads; what the test then saw follows from the abort.
+        kind, line = "stall", _fit(f"{aborted[0].line()}; the test saw: {line}")
     crash.message = line
     report.user_properties.append(("evidence", kind))
     known = known_race(kind, line)

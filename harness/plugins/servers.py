@@ -18,6 +18,7 @@ import pytest
 
 from harness import topology as topology_mod
 from harness.plugins.engine import MODEL_OPTION, models_key, server_kwargs
+from harness.plugins.stackwatch import StackWatcher
 from harness.plugins.stacks import session_stacks
 from harness.rundir import RunDir
 
@@ -243,76 +244,6 @@ def _sglang_servers_session(request: pytest.FixtureRequest, run_dir: Any) -> Ite
     assert not left, f"server processes left after teardown: {left}"
 
 
-class _StackWatcher:
-    """While a test runs, ends at once the requests a PD stack can no longer answer, so that their clients
-    return now, not after their own timeouts, and the failure's headline names the cause:
-
-    - a request that sglang's lost status update has stuck (the probe's ``transfer.lost-update`` mark) is
-      aborted on both servers (the race: :data:`harness.plugins.explain.KNOWN_RACES`);
-    - when a worker of a stack dies (the watchdog's report, which fails the test through fail-fast), every
-      request on the stack's surviving servers is aborted: a client blocked in a request that waits for
-      the dead one (prefill waits out its 300 s bootstrap timeout for a dead decode) would hold the test,
-      and any thread pool it runs in, that long. A fault check's run lost 310 s to one such wait.
-    """
-
-    POLL_S = 0.5
-
-    def __init__(self, stacks: StackPool, deaths: list) -> None:
-        from harness.engines import phases
-
-        self._stacks = stacks
-        self._deaths, self._seen = deaths, len(deaths)
-        self._done = threading.Event()
-        self._tail = phases.TraceTail(stacks.run_dir.ledger) if stacks.run_dir is not None else None
-        if self._tail is not None:
-            self._tail.new()  # what came before the test is not its business
-        self._thread = threading.Thread(target=self._run, name="stack-watcher", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._done.wait(self.POLL_S):
-            try:
-                self._on_deaths()
-                tail = self._tail
-                if tail is None:
-                    continue
-                for mark in tail.new():
-                    if mark.phase == "transfer.lost-update" and mark.room is not None:
-                        self._abort(tail.rid_of_room.get(mark.room, ""), mark.room)
-            except Exception as e:  # noqa: BLE001 - a watcher must never fail the test it watches
-                log.warning("stack watcher: %r", e)
-
-    def _on_deaths(self) -> None:
-        new, self._seen = self._deaths[self._seen :], len(self._deaths)
-        dead = {d.name for d in new}
-        for stack in self._stacks.pd_stacks() if dead else ():
-            if not dead & {w.name for w in stack.workers}:
-                continue
-            for role in ("prefill", "decode"):
-                if getattr(stack, role).name in dead:
-                    continue
-                log.warning("%s died: aborting every request on %s", ", ".join(sorted(dead)), role)
-                try:
-                    stack.client(role, timeout_s=5.0).abort_all()
-                except Exception as e:  # noqa: BLE001 - the client's own timeout stays
-                    log.warning("abort_all on %s: %r", role, e)
-
-    def _abort(self, rid: str, room: int) -> None:
-        if not rid:
-            return
-        log.warning("room %s (%s) lost its status update in sglang: aborting it on both servers", room, rid)
-        for stack in self._stacks.pd_stacks():
-            for role in ("decode", "prefill"):
-                try:
-                    stack.client(role).abort(rid)
-                except Exception as e:  # noqa: BLE001 - a server that cannot abort it: the client's timeout stays
-                    log.warning("abort of %s on %s: %r", rid, role, e)
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join(5)
-
-
 def _record_releases(item: pytest.Item, stacks: StackPool, since: float) -> None:
     """How the deferred releases during the test ended, from the servers' phase trace, as the JUnit
     property ``deferred_releases`` (``drained=N timeout=M``): a release by timeout while prefill's
@@ -351,7 +282,7 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
             stacks.model(name)
     own_workers(request.node, stacks.workers)
     began = time.time()
-    watcher = _StackWatcher(stacks, state(request.config).deaths)
+    watcher = StackWatcher(stacks, state(request.config).deaths, request.node)
     try:
         yield stacks
     finally:

@@ -19,8 +19,8 @@ Model: ``tiny-llama`` (random weights, built locally; full attention only). On a
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
-import random
 import re
 import signal
 import threading
@@ -30,7 +30,11 @@ import psutil
 import pytest
 import requests
 
-from harness.api import ServerHTTPError, WorkerDied, ledger
+from harness.api import ServerHTTPError, WorkerDied, ledger, prompt_ids
+
+#: ``n`` deterministic token ids (this suite's expectations were written with this salt).
+prompt = functools.partial(prompt_ids, salt=100_003)
+
 
 MODEL = "tiny-llama"
 PAGE = 64
@@ -48,12 +52,6 @@ pytestmark = [
 MAX_NEW = 8
 #: Around one and two pages, and long prompts (the reference measured 20 … 3000).
 PROMPT_LENS = (20, 63, 64, 65, 127, 129, 1000, 3000)
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    """``n`` deterministic token ids of the tiny vocabulary (ids 4..511, no special tokens)."""
-    rng = random.Random(seed * 100_003 + n)
-    return [rng.randrange(4, 512) for _ in range(n)]
 
 
 @pytest.fixture

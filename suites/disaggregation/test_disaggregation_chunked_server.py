@@ -14,11 +14,20 @@ sleeping; one stack for the module (the hooks are switched on in the running ser
 from __future__ import annotations
 
 import random
-import uuid
 
 import pytest
 
-from harness.api import EnvSwitch, ServerHTTPError, ledger, phases, reset_server, testhooks
+from harness.api import (
+    EnvSwitch,
+    ServerHTTPError,
+    answer_of,
+    ledger,
+    new_rid,
+    phases,
+    prompt_ids,
+    reset_server,
+    testhooks,
+)
 
 MODEL = "tiny-llama"
 PAGE = 64
@@ -47,17 +56,8 @@ class ChunkSentBeforeForward(AssertionError):
     """Prefill sent a chunk's KV before the forward that writes it ran (the sgl#33970 class)."""
 
 
-def prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed * 7919 + n)
-    return [rng.randrange(4, 512) for _ in range(n)]
-
-
 def chunks_of(n: int) -> int:
     return -(-n // CHUNK)
-
-
-def new_rid(what: str) -> str:
-    return f"harness-{what}-{uuid.uuid4().hex[:10]}"
 
 
 #: The chunk size rides on the stack's own flags, not the module's server_args: the basic suite's stack
@@ -69,13 +69,6 @@ CHUNKED = {role: ("--chunked-prefill-size", str(CHUNK)) for role in ("prefill", 
 @pytest.fixture
 def stack(sglang_servers):
     return sglang_servers.pd(MODEL, extra_args=CHUNKED)
-
-
-def _answer(future, timeout_s: float = PHASE_S):
-    try:
-        return future.result(timeout=timeout_s)
-    except ServerHTTPError as e:
-        return e
 
 
 def _reset(stack, led) -> None:
@@ -106,10 +99,10 @@ def _content(led, stack, room: int) -> tuple[list, object]:
 def test_each_chunk_is_sent_after_its_forward_and_lands_as_sent(stack, run_dir):
     rid, led, n = new_rid("chunks"), run_dir.ledger, 200
     room = random.Random(rid).randrange(1 << 62)
-    to_prefill, to_decode = stack.direct(prompt(n, seed=11), 4, rid, room=room, timeout_s=3 * PHASE_S)
-    answer = _answer(to_decode)
+    to_prefill, to_decode = stack.direct(prompt_ids(n, seed=11), 4, rid, room=room, timeout_s=3 * PHASE_S)
+    answer = answer_of(to_decode, PHASE_S)
     assert not isinstance(answer, Exception) and len(answer.output_ids) == 4, answer
-    _answer(to_prefill)
+    answer_of(to_prefill, PHASE_S)
     phases.wait_mark(led, "decode.commit", rid=rid, timeout_s=PHASE_S)
     phases.wait_mark(led, "prefill.release", rid=rid, timeout_s=PHASE_S)
     # 1. one forward and one send per chunk, each send after its own forward and before the next one.
@@ -162,7 +155,7 @@ def test_an_abort_racing_the_final_chunk_ends_both_legs_as_abort(stack, run_dir)
     last = chunks_of(n) - 1
     final = phases.Hold(led, "prefill.send", rid, chunk=last)
     try:
-        to_prefill, to_decode = stack.direct(prompt(n, seed=12), 8, rid, room=room, timeout_s=3 * PHASE_S)
+        to_prefill, to_decode = stack.direct(prompt_ids(n, seed=12), 8, rid, room=room, timeout_s=3 * PHASE_S)
         final.reached(PHASE_S)
         assert [m.chunk for m in _chunk_marks(led, rid, "prefill.send", stack.prefill.name)] == list(range(last + 1))
         stack.client("decode").abort(rid)
@@ -172,7 +165,7 @@ def test_an_abort_racing_the_final_chunk_ends_both_legs_as_abort(stack, run_dir)
         assert not _chunk_marks(led, rid, "decode.commit", stack.decode.name), "decode committed a held transfer"
     finally:
         final.release()
-    on_decode, on_prefill = _answer(to_decode), _answer(to_prefill)
+    on_decode, on_prefill = answer_of(to_decode, PHASE_S), answer_of(to_prefill, PHASE_S)
     legs = (("decode", on_decode), ("prefill", on_prefill))
     wrong = {leg: _not_aborted(a, rid) for leg, a in legs if _not_aborted(a, rid)}
     assert not wrong, f"not an abort with no token: {wrong}"
@@ -204,14 +197,14 @@ def test_sglang_transfer_failure_hook_fails_the_request_and_leaves_nothing_held(
     room = random.Random(rid).randrange(1 << 62)
     sending = phases.Hold(led, "prefill.send", rid, chunk=0)
     try:
-        to_prefill, to_decode = stack.direct(prompt(200, seed=13), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        to_prefill, to_decode = stack.direct(prompt_ids(200, seed=13), 4, rid, room=room, timeout_s=3 * PHASE_S)
         sending.reached(PHASE_S)
         with EnvSwitch(led, hook.env, "1", side="decode"):
             phases.wait_mark(led, "decode.defer", rid=rid, timeout_s=PHASE_S)
     finally:
         sending.release()
-    on_decode = _answer(to_decode)
-    _answer(to_prefill)
+    on_decode = answer_of(to_decode, PHASE_S)
+    answer_of(to_prefill, PHASE_S)
     assert isinstance(on_decode, ServerHTTPError), f"decode served a request whose transfer failed: {on_decode}"
     # sglang's own words for an injected failure (its log has them at debug level only): its receiver saw
     # none, the poll said Failed.
@@ -221,7 +214,7 @@ def test_sglang_transfer_failure_hook_fails_the_request_and_leaves_nothing_held(
     phases.wait_mark(led, "prefill.release", rid=rid, timeout_s=PHASE_S)
     assert not _chunk_marks(led, rid, "decode.commit", stack.decode.name), "decode committed a failed transfer"
     _reset(stack, led)  # nothing held on either side: [reset-leak], [not-baseline] otherwise
-    after = stack.client("router").generate(prompt(150, seed=14), 4, timeout_s=PHASE_S)
+    after = stack.client("router").generate(prompt_ids(150, seed=14), 4, timeout_s=PHASE_S)
     assert len(after.output_ids) == 4, f"the stack does not serve again after the failure: {after}"
     _reset(stack, led)
 
@@ -232,7 +225,7 @@ def test_sglang_forced_retraction_hook_resumes_to_the_same_tokens(stack, run_dir
     # Together for sure: decode holds the first before its commit until prefill has sent all of the second.
     hook = _hook("forced-retraction")
     led, new = run_dir.ledger, 12
-    prompts = [prompt(150, seed=15), prompt(170, seed=16)]
+    prompts = [prompt_ids(150, seed=15), prompt_ids(170, seed=16)]
     client = stack.client("router")
     plain = [client.generate(p, new, timeout_s=PHASE_S).output_ids for p in prompts]
     _reset(stack, led)
@@ -246,7 +239,7 @@ def test_sglang_forced_retraction_hook_resumes_to_the_same_tokens(stack, run_dir
             phases.wait_mark(led, "prefill.sent", rid=rids[1], timeout_s=PHASE_S)
         finally:
             first.release()
-        retracted = [_answer(f) for f in futures]
+        retracted = [answer_of(f, PHASE_S) for f in futures]
     fired = testhooks.fired_lines(hook, _log(stack.decode))[seen:]
     assert fired, f"decode's log has no retraction of {hook.env} while {rids} decoded: the hook did not fire"
     for rid, got, want in zip(rids, retracted, plain):

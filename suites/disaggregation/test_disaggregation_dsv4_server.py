@@ -23,12 +23,13 @@ Needs 8 real H200s and the model as a local directory (never downloaded)::
 
 from __future__ import annotations
 
-import random
+import functools
 import time
 
 import pytest
 
-from harness.api import HISPARSE_DECODE_ARGS, expect, ledger
+from harness.api import HISPARSE_DECODE_ARGS, expect, ledger, prompt_ids
+
 
 MODEL = "dsv4"
 # est_time: the module: three DeepSeek-V4 server starts (PD off, plain, PD on; minutes each) and the requests.
@@ -46,12 +47,8 @@ MAX_NEW = 8
 PROMPT_LENS = (1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 1, 2 * PAGE, 2 * PAGE + 1, 3 * PAGE + 1, 1000, 4000)
 #: Token ids drawn from here: ordinary tokens of DeepSeek's vocabulary, clear of the special ones.
 TOKEN_RANGE = (1000, 100_000)
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    """``n`` deterministic token ids."""
-    rng = random.Random(seed * 100_003 + n)
-    return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+#: ``n`` deterministic token ids.
+prompt = functools.partial(prompt_ids, salt=100_003, vocab=TOKEN_RANGE)
 
 
 PROMPTS = {n: prompt(n, seed=1) for n in PROMPT_LENS}

@@ -38,14 +38,24 @@ import os
 import random
 import signal
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
 import pytest
 import requests
 
-from harness.api import ResetError, ServerHTTPError, WorkerDied, ledger, phases, reset_server, wait_for
+from harness.api import (
+    ResetError,
+    ServerHTTPError,
+    WorkerDied,
+    finish_reason,
+    ledger,
+    new_rid,
+    phases,
+    prompt_ids,
+    reset_server,
+    wait_for,
+)
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -75,16 +85,6 @@ RELEASE_S = 30.0
 RELEASE_MARGIN_S = 10.0
 #: Seconds between looks at a ledger or a hold while waiting for a phase.
 POLL_S = 0.05
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    """``n`` deterministic token ids of the tiny vocabulary (ids 4..511, no special tokens)."""
-    rng = random.Random(seed * 7919 + n)
-    return [rng.randrange(4, 512) for _ in range(n)]
-
-
-def new_rid(what: str) -> str:
-    return f"harness-{what}-{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def in_flight(stack, run_dir, what: str, seed: int) -> Iterator[InFlight]:
     decode = Ledger(run_dir, stack.decode)
     gate = phases.Hold(run_dir.ledger, "prefill.send", rid)
     try:
-        to_prefill, to_decode = direct(stack, prompt(200, seed=seed), 8, rid)
+        to_prefill, to_decode = direct(stack, prompt_ids(200, seed=seed), 8, rid)
         wait_until("prefill holding the request before its KV send", gate.held)
         decode.wait("decode's prealloc", rid, "prealloc")
         yield InFlight(rid, to_prefill, to_decode, decode)
@@ -215,14 +215,8 @@ def back_at_baseline(run_dir, *servers) -> None:
 
 
 def serves(stack) -> None:
-    got = stack.client("router").generate(prompt(150, seed=99), 4)
+    got = stack.client("router").generate(prompt_ids(150, seed=99), 4)
     assert len(got.output_ids) == 4, got
-
-
-def finish_reason(result: Any) -> str:
-    if isinstance(result, Exception):
-        return f"error: {result}"
-    return str((result.meta.get("finish_reason") or {}).get("type", ""))
 
 
 # ------------------------------------------------------------------ a decode pool that admission must ration
@@ -276,7 +270,7 @@ def test_admission_rations_a_tight_decode_pool_and_charges_whole_pages(tight, ru
         answers = list(
             pool.map(
                 lambda i: tight.client("router").generate(
-                    prompt(300, seed=20 + i), 8, extra={"rid": rids[i]}, timeout_s=PHASE_S
+                    prompt_ids(300, seed=20 + i), 8, extra={"rid": rids[i]}, timeout_s=PHASE_S
                 ),
                 range(PRESSURE_REQUESTS),
             )
@@ -324,7 +318,7 @@ def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, r
         answers = list(
             pool.map(
                 lambda i: router.generate(
-                    prompt(RETRACT_PROMPT, seed=40 + i), RETRACT_NEW, extra={"rid": rids[i]}, timeout_s=3 * PHASE_S
+                    prompt_ids(RETRACT_PROMPT, seed=40 + i), RETRACT_NEW, extra={"rid": rids[i]}, timeout_s=3 * PHASE_S
                 ),
                 range(2),
             )
@@ -407,7 +401,7 @@ def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, t
 def test_abort_mid_decode_frees_every_page(stack, run_dir):
     rid = new_rid("abort-decode")
     decode = Ledger(run_dir, stack.decode)
-    request = in_background(lambda: stack.client("router").generate(prompt(300, seed=1), 3000, extra={"rid": rid}))
+    request = in_background(lambda: stack.client("router").generate(prompt_ids(300, seed=1), 3000, extra={"rid": rid}))
     # Mid-decode, proven: decode already slid SWA pages out of the window for this request.
     decode.wait("decoding past the window", rid, "evict")
     stack.client("decode").abort(rid)
@@ -481,7 +475,7 @@ def test_malformed_bootstrap_address_fails_the_request_not_the_server(stack, run
         "bootstrap_port": 1,
         "bootstrap_room": random.Random(rid).randrange(1 << 62),
     }
-    answer = in_background(lambda: decode.generate(prompt(100, seed=3), 4, extra=body, timeout_s=PHASE_S))
+    answer = in_background(lambda: decode.generate(prompt_ids(100, seed=3), 4, extra=body, timeout_s=PHASE_S))
     # The hazard, proven: sglang's bootstrap gave the address up after its retries (its own log line);
     # from then on decode must fail the request, so a hang is told in seconds, not after a long wait.
     try:
@@ -573,7 +567,9 @@ def _duplicate_room(stack, run_dir) -> None:
     futures: list[concurrent.futures.Future] = []
 
     def send(i: int) -> None:
-        futures.extend(direct(stack, prompt(120 + 70 * i, seed=6 + i), 4, rids[i], room=room, timeout_s=3 * ANSWER_S))
+        futures.extend(
+            direct(stack, prompt_ids(120 + 70 * i, seed=6 + i), 4, rids[i], room=room, timeout_s=3 * ANSWER_S)
+        )
 
     try:
         send(0)

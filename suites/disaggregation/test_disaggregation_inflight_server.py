@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 
 import pytest
 
-from harness.api import ResetError, ServerHTTPError, interleave, phases, reset_server
+from harness.api import (
+    ResetError,
+    ServerHTTPError,
+    aborted,
+    answer_of,
+    interleave,
+    new_rid,
+    phases,
+    prompt_ids,
+    reset_server,
+    stalls,
+)
 
 MODEL = "tiny-mellum-swa"
 PAGE = 64
@@ -37,27 +47,14 @@ pytestmark = [
 PHASE_S = 120.0
 #: Seconds a server has to be back at its baseline after a test.
 RESET_S = 90.0
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed * 7919 + n)
-    return [rng.randrange(4, 512) for _ in range(n)]
-
-
-def new_rid(what: str) -> str:
-    return f"harness-{what}-{uuid.uuid4().hex[:10]}"
+#: The harness's stall bound in the lost-message test (the default is 60 s): a PD request's marks come
+#: 0.60 s apart at most in a fresh clone's CI run.
+STALL_BOUND_S = 10.0
 
 
 @pytest.fixture
 def stack(sglang_servers):
     return sglang_servers.pd(MODEL)
-
-
-def _answer(future, timeout_s: float = PHASE_S):
-    try:
-        return future.result(timeout=timeout_s)
-    except ServerHTTPError as e:
-        return e
 
 
 def _first(marks: list, phase: str, worker: str):
@@ -72,7 +69,7 @@ def test_every_phase_is_reached_in_order_and_a_hold_stops_its_side(stack, run_di
     at_send = phases.Hold(led, "prefill.send", rid, chunk=0)
     at_transferred = phases.Hold(led, "decode.transferred", rid)
     try:
-        to_prefill, to_decode = stack.direct(prompt(200, seed=3), 4, rid, timeout_s=3 * PHASE_S)
+        to_prefill, to_decode = stack.direct(prompt_ids(200, seed=3), 4, rid, timeout_s=3 * PHASE_S)
         at_prealloc.reached(PHASE_S)
         seen = {m.phase for m in phases.marks_of(phases.read_trace(led), rid)}
         # decode holds right after its prealloc: its page list has not gone, so prefill cannot send
@@ -87,9 +84,9 @@ def test_every_phase_is_reached_in_order_and_a_hold_stops_its_side(stack, run_di
     finally:
         for h in (at_prealloc, at_send, at_transferred):
             h.release()
-    answer = _answer(to_decode)
+    answer = answer_of(to_decode, PHASE_S)
     assert not isinstance(answer, Exception) and len(answer.output_ids) == 4, answer
-    _answer(to_prefill)
+    answer_of(to_prefill, PHASE_S)
     phases.wait_mark(led, "decode.commit", rid=rid, timeout_s=PHASE_S)
     phases.wait_mark(led, "prefill.release", rid=rid, timeout_s=PHASE_S)
     mine = phases.marks_of(phases.read_trace(led), rid)
@@ -113,13 +110,13 @@ def test_the_sim_pairs_abort_at_a_held_send_script_runs_here_too(stack, run_dir)
     # The script tests/test_interleave.py runs on the simulated pair, on the real stack: the same steps,
     # the same phase names, each proven by a trace mark.
     rid = new_rid("script")
-    run = interleave.ServerRun(stack, run_dir.ledger, timeout_s=PHASE_S, prompt=lambda n: prompt(n, seed=12))
+    run = interleave.ServerRun(stack, run_dir.ledger, timeout_s=PHASE_S, prompt=lambda n: prompt_ids(n, seed=12))
     marks = run.run(interleave.abort_at_held_send(rid))
     seen = [m.phase for m in marks if m.worker.startswith(stack.decode.name)]
     assert "decode.commit" not in seen and seen[-1] == "decode.released", seen
     to_prefill, to_decode = run.answers[rid]
-    _answer(to_decode)
-    _answer(to_prefill)
+    answer_of(to_decode, PHASE_S)
+    answer_of(to_prefill, PHASE_S)
     _reset(stack, run_dir.ledger)
 
 
@@ -143,7 +140,7 @@ def test_a_status_write_racing_decodes_metadata_is_not_lost(stack, run_dir, sgla
     metadata = phases.Hold(led, "decode.metadata", rid)
     stalled = None
     try:
-        to_prefill, to_decode = stack.direct(prompt(150, seed=4), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        to_prefill, to_decode = stack.direct(prompt_ids(150, seed=4), 4, rid, room=room, timeout_s=3 * PHASE_S)
         opening.reached(PHASE_S)
         metadata.reached(PHASE_S)
         # 3. decode's metadata goes; prefill's bootstrap thread writes WaitingForInput while the
@@ -172,7 +169,7 @@ def test_a_status_write_racing_decodes_metadata_is_not_lost(stack, run_dir, sgla
             phases.wait_mark(led, "transfer.lost-update", room=room, timeout_s=PHASE_S)
             # 5. proof of the stall without a timer: a later request passes prefill's bootstrap queue
             #    and is served while this one has still not been sent.
-            later = stack.client("router").generate(prompt(120, seed=5), 2, timeout_s=PHASE_S)
+            later = stack.client("router").generate(prompt_ids(120, seed=5), 2, timeout_s=PHASE_S)
             assert len(later.output_ids) == 2, later
             sent = [m for m in phases.marks_of(phases.read_trace(led), rid) if m.phase == "prefill.send"]
             if not sent:
@@ -187,8 +184,8 @@ def test_a_status_write_racing_decodes_metadata_is_not_lost(stack, run_dir, sgla
         if stalled:
             for role in ("prefill", "decode"):
                 stack.client(role).abort(rid)
-        _answer(to_decode)
-        _answer(to_prefill)
+        answer_of(to_decode, PHASE_S)
+        answer_of(to_prefill, PHASE_S)
         for w in (stack.decode, stack.prefill):
             reset_server(w, f"{led}/{w.name}.jsonl", timeout_s=RESET_S)
     except Exception:
@@ -216,7 +213,7 @@ def test_an_abort_during_a_chunk_write_is_acked_only_once_the_write_is_done(stac
     writing = phases.Hold(led, "transfer.write", phases.room_key(room), chunk=0)
     deferring = phases.Hold(led, "decode.defer", rid)
     try:
-        to_prefill, to_decode = stack.direct(prompt(200, seed=8), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        to_prefill, to_decode = stack.direct(prompt_ids(200, seed=8), 4, rid, room=room, timeout_s=3 * PHASE_S)
         writing.reached(PHASE_S)
         stack.client("decode").abort(rid)
         deferring.reached(PHASE_S)
@@ -232,8 +229,8 @@ def test_an_abort_during_a_chunk_write_is_acked_only_once_the_write_is_done(stac
         deferring.release()
     released = phases.wait_mark(led, "decode.released", rid=rid, timeout_s=PHASE_S)
     assert released[0].note == "drained", f"decode released by {released[0].note}, with prefill's ack in hand"
-    _answer(to_decode)
-    _answer(to_prefill)
+    answer_of(to_decode, PHASE_S)
+    answer_of(to_prefill, PHASE_S)
     _reset(stack, led)
 
 
@@ -246,7 +243,7 @@ def test_a_deferred_release_waits_for_prefills_drain_ack(stack, run_dir):
     sending = phases.Hold(led, "prefill.send", rid)
     acking = phases.Hold(led, "transfer.ack-sent", phases.room_key(room))
     try:
-        to_prefill, to_decode = stack.direct(prompt(200, seed=10), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        to_prefill, to_decode = stack.direct(prompt_ids(200, seed=10), 4, rid, room=room, timeout_s=3 * PHASE_S)
         sending.reached(PHASE_S)
         stack.client("decode").abort(rid)
         acking.reached(PHASE_S)
@@ -255,11 +252,37 @@ def test_a_deferred_release_waits_for_prefills_drain_ack(stack, run_dir):
     finally:
         acking.release()
         sending.release()
-    _answer(to_decode)
-    _answer(to_prefill)
+    answer_of(to_decode, PHASE_S)
+    answer_of(to_prefill, PHASE_S)
     _reset(stack, led)  # [release-before-ack] fails it here
     assert released.note == "timeout", f"decode released by {released.note} while prefill held its ack"
     assert released.t - deferred.t >= stack.deferred_release_s, "the release beat its own timeout"
+
+
+@pytest.mark.stall_bound(STALL_BOUND_S)
+def test_a_lost_metadata_message_is_a_stall_that_names_it(stack, run_dir, request):
+    # decode's page list for this request is lost on its way to prefill (a dropping hold: sglang's own
+    # _send_kv_metadata runs whole, its KV receiver sends nothing). Prefill would wait for it in its bootstrap
+    # queue until sglang's 300 s timeout; the harness's stall bound ends it first, aborting the request on
+    # both servers, and the stall says where each side was: a lost message, not a lost update.
+    rid, led = new_rid("lost-message"), run_dir.ledger
+    lost = phases.Hold(led, "decode.metadata", rid, drop=True)
+    to_prefill, to_decode = stack.direct(prompt_ids(150, seed=6), 4, rid, timeout_s=3 * PHASE_S)
+    lost.reached(PHASE_S)
+    answers = {"decode": answer_of(to_decode, 3 * PHASE_S), "prefill": answer_of(to_prefill, 3 * PHASE_S)}
+    [stall] = stalls(request.node)
+    assert stall.rid == rid and stall.idle_s >= STALL_BOUND_S, stall
+    assert "a lost message: decode sent its page list" in stall.story, stall.line()
+    mine = phases.marks_of(phases.read_trace(led), rid)
+    assert [m.note for m in mine if m.phase == "decode.metadata"] == ["", "dropped"], mine
+    assert not [m for m in mine if m.phase in ("prefill.send", "decode.commit")], mine
+    # the watcher's abort answered both (a client's timeout would have raised): decode says aborted; prefill,
+    # told by decode's abort first, failed the request ("an unknown reason from another rank") or says aborted
+    assert aborted(answers["decode"]), f"decode answered {answers['decode']!r}"
+    assert isinstance(answers["prefill"], ServerHTTPError) or aborted(answers["prefill"]), answers["prefill"]
+    later = stack.client("router").generate(prompt_ids(120, seed=7), 2, timeout_s=PHASE_S)
+    assert len(later.output_ids) == 2, later
+    _reset(stack, led)
 
 
 class WriteAfterRelease(AssertionError):
@@ -283,7 +306,7 @@ def test_a_release_by_timeout_waits_for_a_running_write(stack, run_dir):
     room = random.Random(rid).randrange(1 << 62)
     writing = phases.Hold(led, "transfer.write", phases.room_key(room), chunk=0)
     try:
-        to_prefill, to_decode = stack.direct(prompt(200, seed=9), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        to_prefill, to_decode = stack.direct(prompt_ids(200, seed=9), 4, rid, room=room, timeout_s=3 * PHASE_S)
         writing.reached(PHASE_S)
         stack.client("decode").abort(rid)
         deferred = phases.wait_mark(led, "decode.defer", rid=rid, timeout_s=PHASE_S)[0]
@@ -291,8 +314,8 @@ def test_a_release_by_timeout_waits_for_a_running_write(stack, run_dir):
     finally:
         writing.release()
     phases.wait_mark(led, "transfer.written", room=room, timeout_s=PHASE_S)
-    _answer(to_decode)
-    _answer(to_prefill)
+    answer_of(to_decode, PHASE_S)
+    answer_of(to_prefill, PHASE_S)
     verdicts = []
     for w in (stack.decode, stack.prefill):
         try:
@@ -328,7 +351,7 @@ def test_parallel_sampling_gets_a_room_per_sample_and_n_completions(stack, run_d
 
     n, led, since = 3, run_dir.ledger, time.time()
     body = {
-        "input_ids": prompt(120, seed=11),
+        "input_ids": prompt_ids(120, seed=11),
         "sampling_params": {"temperature": 0.8, "max_new_tokens": 4, "n": n, "ignore_eos": True},
     }
     pool = concurrent.futures.ThreadPoolExecutor(1)

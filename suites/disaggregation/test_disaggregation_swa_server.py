@@ -23,12 +23,25 @@ FULL+SWA radix cache, and on decode the SWA tail prealloc ``alloc_extend_swa_tai
 from __future__ import annotations
 
 import concurrent.futures
-import random
+import functools
 
 import pytest
 import requests
 
-from harness.api import CPU_COMPAT_PATCHES, ServerClient, ServerHTTPError, expect, ledger, reset_server, wait_for
+from harness.api import (
+    CPU_COMPAT_PATCHES,
+    ServerClient,
+    ServerHTTPError,
+    expect,
+    ledger,
+    prompt_ids,
+    reset_server,
+    wait_for,
+)
+
+#: ``n`` deterministic token ids (this suite's expectations were written with this salt).
+prompt = functools.partial(prompt_ids, salt=100_003)
+
 
 MODEL = "tiny-mellum-swa"
 PAGE = WINDOW = 64
@@ -52,11 +65,6 @@ PROMPT_LENS = (20, 63, 64, 65, 129, 300, 1000, 3000)
 SWA_PATCH = "torch-native-swa-read"
 #: The CPU recipe's compat patches without the SWA read fix: upstream's torch-native backend as it is.
 WITHOUT_SWA_PATCH = tuple(p for p in CPU_COMPAT_PATCHES if p != SWA_PATCH)
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed * 100_003 + n)
-    return [rng.randrange(4, 512) for _ in range(n)]
 
 
 #: Prompts between the two passes of prompt A. Both allocators hand out pages last-freed-first, so full and

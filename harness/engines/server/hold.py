@@ -54,9 +54,10 @@ class Points:
         note: str = "",
         *,
         hold: bool = True,
-    ) -> None:
+    ) -> str | None:
         """Trace ``phase`` and, unless ``hold`` is False, wait while a hold names it (by request or room;
-        for ``chunk`` (a chunk's index, a status's name) or any)."""
+        for ``chunk`` (a chunk's index, a status's name) or any). Returns :data:`phases.DROP` when a
+        dropping hold names it (the caller loses its message), else None."""
         room = int(room) if isinstance(room, int) else None
         if room is not None and rid:
             self.rid_of_room[room] = rid
@@ -66,14 +67,23 @@ class Points:
         with self._lock, open(self._path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
         if not hold:
-            return
+            return None
         keys = [k for k in (rid, phases.room_key(room) if room is not None else "") if k]
         sides = (self.side, None) if self.side else (None,)
         chunks = (chunk, None) if chunk is not None else (None,)
         names = [phases.hold_name(phase, k, c, s) for k in keys if _plain(k) for c in chunks for s in sides]
-        got = phases.wait_at_hold(self.holds, names, lambda n: log.info("holding at %s (remove its file to go on)", n))
+        got = phases.wait_at_hold(
+            self.holds,
+            names,
+            lambda n: log.info("holding at %s (remove its file to go on)", n),
+            droppable=phase in phases.DROPPABLE,
+        )
+        if got == phases.DROP:
+            log.warning("hold at %s for %s: its message is dropped (a planted loss)", phase, rid)
+            return phases.DROP
         if got is not None:
             log.info("hold %s released", got)
+        return None
 
 
 def _plain(key: str) -> bool:
@@ -99,6 +109,25 @@ def _wrap(orig: Callable, before: Callable | None = None, after: Callable | None
         return out
 
     return wrapper
+
+
+def _metadata_point(points: Points, orig: Callable) -> Callable:
+    """``decode.metadata``: trace and hold; under a dropping hold, sglang's own step runs whole (its metadata
+    slot, its counters) but the message itself is lost: the request's KV receiver sends nothing."""
+
+    @functools.wraps(orig)
+    def send(self, dr, *args, **kwargs):
+        rid, room = dr.req.rid, _room(dr.req)
+        if points.mark("decode.metadata", rid, room) != phases.DROP:
+            return orig(self, dr, *args, **kwargs)
+        receiver = dr.kv_receiver
+        receiver.send_metadata = lambda *a, **k: points.mark("decode.metadata", rid, room, note="dropped", hold=False)
+        try:
+            return orig(self, dr, *args, **kwargs)
+        finally:
+            del receiver.send_metadata
+
+    return send
 
 
 def _install_prefill(points: Points, mod: ModuleType) -> None:
@@ -138,11 +167,8 @@ def _install_decode(points: Points, mod: ModuleType) -> None:
             setattr(cls, name, _wrap(getattr(cls, name), **hooks))
 
     wrap(queue, "_pre_alloc", after=lambda out, self, req, *a, **k: points.mark("decode.prealloc", req.rid, _room(req)))
-    wrap(
-        queue,
-        "_send_kv_metadata",
-        before=lambda self, dr, *a, **k: points.mark("decode.metadata", dr.req.rid, _room(dr.req)),
-    )
+    if hasattr(queue, "_send_kv_metadata"):
+        queue._send_kv_metadata = _metadata_point(points, queue._send_kv_metadata)
     wrap(
         transfer,
         "_commit_transfer_to_req",
