@@ -156,3 +156,21 @@ def test_no_request_is_a_stall_while_a_hold_is_set(stack, tmp_path):
         wait_for(lambda: stack.decode.aborts, 30, "the abort once the hold is gone")
     finally:
         watcher.stop()
+
+
+def test_an_earlier_tests_request_whose_last_marks_come_late_is_not_a_stall(stack, tmp_path):
+    # A loaded run: the previous test's deferred release ended by timeout, and prefill's drain ack reached
+    # decode only after this test began. Its request was never preallocated here: not this test's stall.
+    pool = Pool(stack)
+    pool.run_dir = SimpleNamespace(ledger=tmp_path / "ledger")  # type: ignore[assignment]
+    trace = Trace(pool.run_dir.ledger)
+    watcher = StackWatcher(pool, [])  # type: ignore[arg-type]
+    try:
+        t = time.time() - 100
+        trace.write(phases.Mark(t, "decode-3", "transfer.ack", "earlier", 5, note="prefill rank 0"))
+        trace.write(*_lost_message("stuck", 7, t))
+        wait_for(lambda: stack.decode.aborts, 30, "the stuck request's abort")
+    finally:
+        watcher.stop()
+    assert [s.rid for s in watcher.stalls] == ["stuck"]
+    assert stack.decode.aborts == [{"rid": "stuck"}]

@@ -10,9 +10,9 @@ Three causes, each acted on from the trace (:class:`harness.engines.phases.Trace
    the stack's surviving servers is aborted. A client blocked on the dead one (prefill waits out its 300 s
    bootstrap timeout for a dead decode) would hold the test, and any thread pool it runs in, that long: a
    fault check's run lost 310 s to one such wait;
-3. a stall: a PD request (one with a bootstrap room) that has not reached decode's commit makes no progress,
-   no phase mark on either side, for the test's stall bound (:data:`STALL_S`, or ``stall_bound(S)``), and no
-   hold is set. It is aborted on both servers and recorded with where each side was
+3. a stall: a PD request (one decode preallocated during the test) that has not reached decode's commit makes
+   no progress, no phase mark on either side, for the test's stall bound (:data:`STALL_S`, or
+   ``stall_bound(S)``), and no hold is set. It is aborted on both servers and recorded with where each side was
    (:func:`harness.engines.phases.stall_story`); the failure's headline leads with it
    (:func:`stalls`). The bound comes before the client's own (120 s), so the evidence is still there.
 """
@@ -94,6 +94,9 @@ class StackWatcher:
         self._first: dict[str, float] = {}
         self._past: set[str] = set()  # past decode's commit, or aborted here
         self._unclaimed: dict[int, list[Any]] = {}  # room -> its marks seen before one named its request
+        # Requests decode preallocated during this test: a request of an earlier test whose last marks come
+        # late (a drain ack after its release, on a loaded machine) is not this test's stall.
+        self._born: set[str] = set()
         self._done = threading.Event()
         ledger = stacks.run_dir.ledger if stacks.run_dir is not None else None
         self._tail = phases.TraceTail(ledger) if ledger is not None else None
@@ -136,6 +139,8 @@ class StackWatcher:
     def _progress(self, rid: str, mark: Any) -> None:
         self._first[rid] = min(self._first.get(rid, mark.t), mark.t)
         self._last[rid] = max(self._last.get(rid, 0.0), mark.t)
+        if mark.phase == "decode.prealloc":
+            self._born.add(rid)
         if mark.phase in _PAST_PD:
             self._past.add(rid)
 
@@ -147,7 +152,9 @@ class StackWatcher:
     def _on_stalls(self, now: float) -> None:
         from harness.engines import phases
 
-        stuck = [r for r, t in self._last.items() if r not in self._past and now - t >= self.bound_s]
+        stuck = [
+            r for r, t in self._last.items() if r in self._born and r not in self._past and now - t >= self.bound_s
+        ]
         if not stuck or self._held():
             return
         for rid in stuck:
