@@ -118,13 +118,19 @@ def _lost_message(rid: str, room: int, t: float) -> list[phases.Mark]:
     ]
 
 
-def test_a_request_without_progress_is_aborted_and_says_where_each_side_was(stack, tmp_path):
+@pytest.fixture
+def traced(stack, tmp_path):
+    """The stand-in stack's pool with a run directory, and the trace its servers would write there."""
+    pool = Pool(stack)
+    pool.run_dir = SimpleNamespace(ledger=tmp_path / "ledger")  # type: ignore[assignment]
+    return pool, Trace(pool.run_dir.ledger)
+
+
+def test_a_request_without_progress_is_aborted_and_says_where_each_side_was(stack, traced):
     # Old marks (100 s ago) are past the default 60 s bound at once: the stuck request is aborted on both
     # servers and its stall names the lost message; one that reached decode's commit, and one on sglang's
     # fake bootstrap room, are left alone.
-    pool = Pool(stack)
-    pool.run_dir = SimpleNamespace(ledger=tmp_path / "ledger")  # type: ignore[assignment]
-    trace = Trace(pool.run_dir.ledger)
+    pool, trace = traced
     watcher = StackWatcher(pool, [])  # type: ignore[arg-type]
     try:
         t = time.time() - 100
@@ -142,10 +148,8 @@ def test_a_request_without_progress_is_aborted_and_says_where_each_side_was(stac
     assert stall.line().startswith("stall: request stuck: prefill never reached it; decode decode.metadata")
 
 
-def test_no_request_is_a_stall_while_a_hold_is_set(stack, tmp_path):
-    pool = Pool(stack)
-    pool.run_dir = SimpleNamespace(ledger=tmp_path / "ledger")  # type: ignore[assignment]
-    trace = Trace(pool.run_dir.ledger)
+def test_no_request_is_a_stall_while_a_hold_is_set(stack, traced):
+    pool, trace = traced
     hold = phases.Hold(pool.run_dir.ledger, "prefill.send", "other")
     watcher = StackWatcher(pool, [])  # type: ignore[arg-type]
     try:
@@ -158,12 +162,10 @@ def test_no_request_is_a_stall_while_a_hold_is_set(stack, tmp_path):
         watcher.stop()
 
 
-def test_an_earlier_tests_request_whose_last_marks_come_late_is_not_a_stall(stack, tmp_path):
+def test_an_earlier_tests_request_whose_last_marks_come_late_is_not_a_stall(stack, traced):
     # A loaded run: the previous test's deferred release ended by timeout, and prefill's drain ack reached
     # decode only after this test began. Its request was never preallocated here: not this test's stall.
-    pool = Pool(stack)
-    pool.run_dir = SimpleNamespace(ledger=tmp_path / "ledger")  # type: ignore[assignment]
-    trace = Trace(pool.run_dir.ledger)
+    pool, trace = traced
     watcher = StackWatcher(pool, [])  # type: ignore[arg-type]
     try:
         t = time.time() - 100

@@ -8,6 +8,7 @@ These are *environment*, not code under test: sglang's scheduler normally provid
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -43,31 +44,29 @@ _installed: dict[RuntimeSettings, tuple] = {}
 _INSTALLED_MAX = 64
 
 
+#: What sglang's own ``_ServerArgsOverride`` saves and restores of the context (0.5.21 on), as dotted paths.
+_CONTEXT_FIELDS = (
+    "_server_args",
+    "_config_bags",
+    "_overrides_log",
+    "_publish_role",
+    "parallel._config",
+    "flags.capture.enable_torch_compile",
+)
+
+
 def _context_state(ctx: Any) -> tuple | None:
-    """What sglang's own ``_ServerArgsOverride`` saves and restores of the context (0.5.21 on), or None on a
-    release whose context lacks those fields."""
+    """The values of :data:`_CONTEXT_FIELDS`, or None on a release whose context lacks them."""
     try:
-        return (
-            ctx._server_args,
-            ctx._config_bags,
-            ctx._overrides_log,
-            ctx._publish_role,
-            ctx.parallel._config,
-            ctx.flags.capture.enable_torch_compile,
-        )
+        return tuple(functools.reduce(getattr, path.split("."), ctx) for path in _CONTEXT_FIELDS)
     except AttributeError:
         return None
 
 
 def _set_context_state(ctx: Any, state: tuple) -> None:
-    (
-        ctx._server_args,
-        ctx._config_bags,
-        ctx._overrides_log,
-        ctx._publish_role,
-        ctx.parallel._config,
-        ctx.flags.capture.enable_torch_compile,
-    ) = state
+    for path, value in zip(_CONTEXT_FIELDS, state):
+        *owner, name = path.split(".")
+        setattr(functools.reduce(getattr, owner, ctx), name, value)
 
 
 def publish(settings: RuntimeSettings) -> None:
