@@ -5,8 +5,6 @@ sglang's decisions (its pools back at baseline) stays in service, while a leak r
 
 from __future__ import annotations
 
-import http.server
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -15,6 +13,7 @@ import pytest
 from harness import ledger
 from harness.ledger import LedgerConfig, LedgerWriter
 from harness.engines.server.reset import ResetError, reset_server
+from standin_http import StandInHTTP
 
 P = 64
 IDLE = {"full": 640, "swa": 320}
@@ -30,25 +29,16 @@ class StandIn:
         self.writer = LedgerWriter(path, self.name, "decode")
         self.resets: list[dict] = []
         self.after_flush: list[str] = []  # rids preallocated right after the next flush (a health probe)
-        stand_in = self
+        self.http = StandInHTTP(self._flushed)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                before, after = stand_in.resets.pop(0)
-                stand_in.writer.record("reset", "<flush>", P, free_before=before, free_after=after)
-                while stand_in.after_flush:
-                    stand_in.writer.record("prealloc", stand_in.after_flush.pop(0), P, pages={"full": (9,)})
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def _flushed(self, path: str, body: bytes) -> None:
+        before, after = self.resets.pop(0)
+        self.writer.record("reset", "<flush>", P, free_before=before, free_after=after)
+        while self.after_flush:
+            self.writer.record("prealloc", self.after_flush.pop(0), P, pages={"full": (9,)})
 
     def url(self, kind: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return self.http.url(kind)
 
     def check(self) -> None:
         """Alive (a real worker raises WorkerDied here)."""
@@ -83,7 +73,7 @@ def server(tmp_path: Path) -> Iterator[StandIn]:
     cfg = LedgerConfig(page_size=P, window=100, swa_tail=True, decode_reserve=512, swa_decode_reserve=512)
     s.writer.record("config", ledger.CONFIG_RID, P, **ledger.config_event(cfg, IDLE))
     yield s
-    s.httpd.shutdown()
+    s.http.close()
     s.writer.close()
 
 

@@ -6,9 +6,7 @@ sglang's own memory check while prefill waited out its 300 s bootstrap timeout).
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,36 +18,20 @@ from harness.engines import phases
 from harness.engines.server.pd_stack import PdStack
 from harness.plugins.stackwatch import StackWatcher
 from harness.workers import WorkerDied
+from standin_http import StandInHTTP
 
 
-class StandIn:
+class StandIn(StandInHTTP):
     """One server's HTTP face: records the body of each ``/abort_request``."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.aborts: list[dict] = []
-        stand_in = self
+        super().__init__(self._posted)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.path == "/abort_request":
-                    stand_in.aborts.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def url(self, kind: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def _posted(self, path: str, body: bytes) -> None:
+        if path == "/abort_request":
+            self.aborts.append(json.loads(body))
 
 
 class Pool:
@@ -154,7 +136,8 @@ def test_no_request_is_a_stall_while_a_hold_is_set(stack, traced):
     watcher = StackWatcher(pool, [])  # type: ignore[arg-type]
     try:
         trace.write(*_lost_message("stuck", 7, time.time() - 100))
-        time.sleep(4 * StackWatcher.POLL_S)  # rounds in which an abort would have gone
+        after = watcher.rounds + 3  # whole rounds that read the marks, in which an abort would have gone
+        wait_for(lambda: watcher.rounds >= after, 30, "three watcher rounds")
         assert stack.decode.aborts == [] and watcher.stalls == []
         hold.release()
         wait_for(lambda: stack.decode.aborts, 30, "the abort once the hold is gone")

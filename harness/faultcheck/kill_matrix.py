@@ -35,6 +35,7 @@ from harness.faultcheck.verdicts import (
     verdict,
 )
 from harness.faults import source
+from harness.plugins.faults import STOP_AT_CATCH_LINE
 from harness.report import junit
 from harness.rundir import REPO_ROOT, RunDir
 from harness.engines import fork_preload
@@ -154,10 +155,6 @@ def checks_env(fault: str) -> dict[str, str]:
     """
     only = fault_catalog.get(fault).sglang_checks
     return {checks.SELECT_ENV: only} if only else {}
-
-
-#: What pytest prints when :mod:`harness.plugins.faults` stops a session at its first catch.
-STOP_AT_CATCH_LINE = "--stop-at-catch: "
 
 
 def run_suites(

@@ -98,6 +98,8 @@ class StackWatcher:
         # late (a drain ack after its release, on a loaded machine) is not this test's stall.
         self._born: set[str] = set()
         self._done = threading.Event()
+        #: Rounds the watcher has begun (a caller proves rounds went by without sleeping).
+        self.rounds = 0
         ledger = stacks.run_dir.ledger if stacks.run_dir is not None else None
         self._tail = phases.TraceTail(ledger) if ledger is not None else None
         self._holds = phases.hold_dir(ledger) if ledger is not None else None
@@ -108,6 +110,7 @@ class StackWatcher:
 
     def _run(self) -> None:
         while not self._done.wait(self.POLL_S):
+            self.rounds += 1
             try:
                 self._on_deaths()
                 tail = self._tail
