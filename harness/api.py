@@ -66,6 +66,7 @@ NAMES: dict[str, str] = {
     "reset_server": "harness.engines.server.reset:reset_server",
     "soak_stack": "harness.engines.server.server_soak:soak_stack",
     "ResetError": "harness.engines.server.reset:ResetError",
+    "rooms_kept_by_race": "harness.engines.server.races:kept",
     "phases": "harness.engines.phases:",
     "stalls": "harness.plugins.stackwatch:stalls",
     "EnvSwitch": "harness.engines.server.env_switch:EnvSwitch",

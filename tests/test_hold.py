@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from harness.engines import phases
-from harness.engines.server import hold
+from harness.engines.server import hold, races
 from harness.engines.server.accounting_probe import COMPONENT_ENV, LEDGER_ENV
 
 
@@ -94,12 +94,8 @@ def _manager(points):
 
 
 def _update(points, mgr, room, status):
-    """What the installed wrapper does around sglang's update_status: say which write is running."""
-    points.local.writing = (room, status)
-    try:
-        type(mgr).update_status(mgr, room, status)
-    finally:
-        points.local.writing = None
+    """sglang's own update_status, run as the installed wrapper runs it."""
+    hold.write_status(points, mgr, room, status, type(mgr).update_status)
 
 
 def test_the_status_seam_forces_a_lost_update_in_sglangs_update_status(tmp_path, points):
@@ -129,6 +125,29 @@ def test_without_the_hold_the_same_writes_keep_waiting_for_input(points):
     _update(points, mgr, 5, KVPoll.Bootstrapping)
     _update(points, mgr, 5, KVPoll.WaitingForInput)
     assert mgr.request_status[5] == KVPoll.WaitingForInput
+
+
+def test_a_page_list_after_the_rooms_clear_is_named_a_resurrected_room(tmp_path, points):
+    # prefill's sender cleared room 9 (an abort beat decode's page list); the page list then lands on the
+    # bootstrap thread and sglang's own update_status lets its WaitingForInput create the room again.
+    from sglang.srt.disaggregation.base import KVPoll
+
+    mgr = _manager(points)
+    _update(points, mgr, 9, KVPoll.Bootstrapping)
+    mgr.request_status.pop(9)  # what CommonKVSender.clear does to the room
+    hold.note_cleared(points, type("Sender", (), {"bootstrap_room": 9, "conclude_state": KVPoll.Failed})())
+    _update(points, mgr, 9, KVPoll.WaitingForInput)
+    assert mgr.request_status[9] == KVPoll.WaitingForInput, "sglang no longer re-creates a cleared room"
+    try:
+        assert 9 in races.resurrected_rooms()
+    finally:
+        races._resurrected.pop(9, None)
+    marks = [(m.phase, m.note) for m in phases.read_trace(tmp_path) if m.room == 9]
+    assert ("prefill.cleared", "Failed") in marks, marks
+    assert [p for p, _ in marks if p == "transfer.resurrected"] == ["transfer.resurrected"], marks
+    # a room opened by WaitingForInput that no sender cleared before (a dummy CP rank's) is no race
+    _update(points, mgr, 10, KVPoll.WaitingForInput)
+    assert 10 not in races.resurrected_rooms()
 
 
 def test_the_points_install_on_both_servers_with_a_probe_ledger(tmp_path):

@@ -35,7 +35,7 @@ from harness.faultcheck.verdicts import (
     verdict,
 )
 from harness.faults import source
-from harness.plugins.faults import STOP_AT_CATCH_LINE
+from harness.faults import STOP_AT_CATCH_LINE
 from harness.report import junit
 from harness.rundir import REPO_ROOT, RunDir
 from harness.engines import fork_preload

@@ -7,12 +7,13 @@ the evidence its catch must show. This package imports nothing of the harness. F
 failure modes: docs/modules.md.
 """
 
-from harness.faults.fault import ENV_VAR, Fault, FaultError
+from harness.faults.fault import ENV_VAR, STOP_AT_CATCH_LINE, Fault, FaultError
 from harness.faults.names import catalog, get, parse_names
 from harness.faults.runtime import activate, activate_from_env, active, deactivate
 
 __all__ = [
     "ENV_VAR",
+    "STOP_AT_CATCH_LINE",
     "Fault",
     "FaultError",
     "activate",

@@ -8,6 +8,9 @@ from typing import Any, Callable
 
 #: Env var holding the comma-separated names of the faults of a run (every process it starts inherits it).
 ENV_VAR = "HARNESS_FAULTS"
+#: How a pytest session stopped by ``--stop-at-catch`` says so: the faults plugin writes it, the fault check
+#: (standard library only, for ``gate plan``) reads it.
+STOP_AT_CATCH_LINE = "--stop-at-catch: "
 
 
 class FaultError(ValueError):

@@ -28,8 +28,6 @@ injected_key = pytest.StashKey[list[str]]()
 previous_env_key = pytest.StashKey["dict[str, str | None]"]()
 scratch_key = pytest.StashKey["Path | None"]()
 _SAVED = (faults.ENV_VAR, "PYTHONPATH", source.FIRED_ENV, target_mod.OVERLAY_ENV)
-#: How a session stopped by ``--stop-at-catch`` says so (pytest prints it; the fault check looks for it).
-STOP_AT_CATCH_LINE = "--stop-at-catch: "
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -104,7 +102,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         caught = [n for n in names if any(e in text for e in faults.get(n).evidence)]
         if caught:
             # Checked between tests: this one still ends with its teardown (its fixtures stop their servers).
-            item.session.shouldstop = f"{STOP_AT_CATCH_LINE}{', '.join(caught)} caught by {item.nodeid}"
+            item.session.shouldstop = f"{faults.STOP_AT_CATCH_LINE}{', '.join(caught)} caught by {item.nodeid}"
     return report
 
 

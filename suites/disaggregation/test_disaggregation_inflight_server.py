@@ -7,6 +7,10 @@ X, release A, wait for B) and proves every step from the phase trace the servers
   then replaces it. sglang 0.5.23's ``CommonKVManager.update_status`` reads and writes with no lock, so
   the room never leaves ``Bootstrapping`` and the request never leaves prefill's bootstrap queue: the
   stall a fresh clone's CI hit by chance. A strict xfail until upstream locks the write.
+* The resurrected room: prefill aborts a request and clears its room before decode's page list arrives;
+  the page list's ``WaitingForInput`` is an opening status, which ``update_status`` lets create a missing
+  room, so prefill's KV manager keeps the room for good (``request_status``, ``transfer_infos``): the leak
+  a fresh clone's soak hit by chance. A strict xfail until upstream refuses to re-create a cleared room.
 
 Model and flags: those of ``test_disaggregation_swa_server.py`` (one stack for both in a session).
 """
@@ -28,6 +32,7 @@ from harness.api import (
     phases,
     prompt_ids,
     reset_server,
+    rooms_kept_by_race,
     stalls,
 )
 
@@ -193,6 +198,58 @@ def test_a_status_write_racing_decodes_metadata_is_not_lost(stack, run_dir, sgla
         raise
     if stalled:
         raise LostStatusUpdate(stalled)
+
+
+class ResurrectedRoom(AssertionError):
+    """prefill's KV manager re-created a room its sender had cleared, and kept it."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ResurrectedRoom,
+    reason="sglang 0.5.23 CommonKVManager.update_status (disaggregation/common/conn.py) lets WaitingForInput "
+    "create a missing room: decode's page list landing after prefill's abort cleared the room re-creates it "
+    "(request_status; the bootstrap thread's transfer_infos too), and no sender is left to clear it "
+    "(not filed upstream)",
+)
+def test_a_page_list_after_prefills_abort_leaves_no_room(stack, run_dir):
+    rid, led = new_rid("late-list"), run_dir.ledger
+    room = random.Random(rid).randrange(1 << 62)
+    metadata = phases.Hold(led, "decode.metadata", rid)
+    try:
+        to_prefill, to_decode = stack.direct(prompt_ids(150, seed=9), 4, rid, room=room, timeout_s=3 * PHASE_S)
+        # 1. decode holds with its page list about to go to prefill
+        metadata.reached(PHASE_S)
+        # 2. prefill aborts the request: its sender fails, and is cleared (the room leaves its KV manager)
+        stack.client("prefill").abort(rid)
+        cleared = phases.wait_mark(led, "prefill.cleared", room=room, timeout_s=PHASE_S)[0]
+        # 3. the page list goes; prefill's bootstrap thread writes the room's WaitingForInput
+        metadata.release()
+        wrote = phases.wait_mark(
+            led,
+            "transfer.status",
+            room=room,
+            timeout_s=PHASE_S,
+            where=lambda m: (
+                m.worker.startswith(stack.prefill.name) and m.chunk == "WaitingForInput" and "wrote" in m.note
+            ),
+        )[0]
+        # 4. decode aborts its side too (nothing will come): the request ends on both servers
+        stack.client("decode").abort(rid)
+    finally:
+        metadata.release()
+    answer_of(to_decode, PHASE_S)
+    answer_of(to_prefill, PHASE_S)
+    reset_server(stack.decode, f"{led}/{stack.decode.name}.jsonl", timeout_s=RESET_S)
+    # 5. prefill's reset reads its KV manager: the rooms the race left are named apart, not counted
+    event = reset_server(stack.prefill, f"{led}/{stack.prefill.name}.jsonl", timeout_s=RESET_S)
+    if room in rooms_kept_by_race(event.note):
+        proof = [m for m in phases.read_trace(led) if m.phase == "transfer.resurrected" and m.room == room]
+        assert proof, f"the reset names room {room} but the trace has no transfer.resurrected mark"
+        raise ResurrectedRoom(
+            f"room {room}: prefill cleared it at {cleared.t:.2f} ({cleared.note}), decode's page list then "
+            f"wrote WaitingForInput ({wrote.note}), and prefill's KV manager still holds it after the reset"
+        )
 
 
 def _marks(led, rid: str, phase: str, worker: str = "") -> list:

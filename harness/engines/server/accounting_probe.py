@@ -314,7 +314,7 @@ def _wrap_flush(probe: Probe, orig: Callable) -> Callable:
                 free_before=before,
                 free_after={**after, **held.values},
                 baseline=held.baseline,
-                note="flush_cache" + resources.lacking_note(held),
+                note="flush_cache" + resources.note(held),
             )
         # A measured run (rerun-test --coverage) keeps what this scheduler ran so far: its server
         # SIGKILLs it at shutdown, before any exit handler could save it (so it is partly measured).

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from harness.engines import phases
+from harness.engines.server import races
 from harness.engines.server.hooks import after_import
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class Points:
         self.sent: set[int] = set()
         self.written: dict[int, int] = {}  # room -> chunks its transfer workers took
         self.waiting_at: dict[int, float] = {}  # room -> when WaitingForInput was last written
+        self.cleared: dict[int, float] = {}  # room -> when prefill's sender cleared it (CommonKVSender.clear)
         self.local = threading.local()
 
     def mark(
@@ -238,6 +240,25 @@ def _lost_update(points: Points, room: int, status: Any, read: Any, after: Any) 
         points.mark("transfer.lost-update", room=room, note="WaitingForInput written over by Bootstrapping", hold=False)
 
 
+def _resurrected(points: Points, room: int, status: Any, read: Any, after: Any) -> None:
+    """Trace ``transfer.resurrected`` the moment a ``WaitingForInput`` write (decode's page list, on
+    prefill's bootstrap thread) re-created a room its sender had already cleared: sglang 0.5.23's
+    ``update_status`` lets that opening status create a missing room, and no sender is left to clear it
+    again, so ``request_status`` and ``transfer_infos`` keep it for the server's life."""
+    if _name(status) != "WaitingForInput" or read is None or read[0] is not None or after is None:
+        return
+    cleared = points.cleared.get(room)
+    if cleared is None:
+        return
+    races.note_resurrected(room)
+    points.mark(
+        "transfer.resurrected",
+        room=room,
+        note=f"decode's page list re-created it {time.time() - cleared:.2f} s after its sender cleared it",
+        hold=False,
+    )
+
+
 def watch_status(manager: Any, points: Points) -> None:
     """Give a KV manager the status table with the ``transfer.status`` seam (a plain dict only: a
     pipeline-parallel consensus store is left as it is)."""
@@ -245,6 +266,39 @@ def watch_status(manager: Any, points: Points) -> None:
         table = _StatusTable(manager.request_status)
         table.points = points
         manager.request_status = table
+
+
+def write_status(points: Points, manager: Any, room: Any, status: Any, update: Callable) -> Any:
+    """sglang's ``update_status`` (``update``) as the points run it: the write says it is running (the
+    ``transfer.status`` seam reads that), then its trace line, and the two races' marks where it made one."""
+    points.local.writing = (room, status)
+    try:
+        return update(manager, room, status)
+    finally:
+        points.local.writing = None
+        read, points.local.read = getattr(points.local, "read", None), None
+        if isinstance(room, int):
+            table = manager.request_status
+            after = dict.get(table, room) if isinstance(table, dict) else None
+            points.mark(
+                "transfer.status",
+                room=room,
+                chunk=_name(status),
+                note=f"wrote, now {_name(after)} ({threading.current_thread().name})",
+                hold=False,
+            )
+            _lost_update(points, room, status, read, after)
+            _resurrected(points, room, status, read, after)
+
+
+def note_cleared(points: Points, sender: Any) -> None:
+    """After prefill's sender cleared its room (``CommonKVSender.clear``): remember when, and trace it."""
+    room = getattr(sender, "bootstrap_room", None)
+    if isinstance(room, int):
+        points.cleared[room] = time.time()
+        if len(points.cleared) > 100_000:
+            points.cleared.clear()
+        points.mark("prefill.cleared", room=room, note=_name(getattr(sender, "conclude_state", None)))
 
 
 def _install_status(points: Points, mod: ModuleType) -> None:
@@ -258,25 +312,13 @@ def _install_status(points: Points, mod: ModuleType) -> None:
 
     @functools.wraps(orig_update)
     def update(self, bootstrap_room, status):
-        points.local.writing = (bootstrap_room, status)
-        try:
-            return orig_update(self, bootstrap_room, status)
-        finally:
-            points.local.writing = None
-            read, points.local.read = getattr(points.local, "read", None), None
-            if isinstance(bootstrap_room, int):
-                after = dict.get(self.request_status, bootstrap_room) if isinstance(self.request_status, dict) else None
-                points.mark(
-                    "transfer.status",
-                    room=bootstrap_room,
-                    chunk=_name(status),
-                    note=f"wrote, now {_name(after)} ({threading.current_thread().name})",
-                    hold=False,
-                )
-                _lost_update(points, bootstrap_room, status, read, after)
+        return write_status(points, self, bootstrap_room, status, orig_update)
 
     manager.__init__ = init
     manager.update_status = update
+
+    sender = mod.CommonKVSender
+    sender.clear = _wrap(sender.clear, after=lambda out, self, *a, **k: note_cleared(points, self))
 
     def ack(self, bootstrap_room, prefill_rank, *args, **kwargs):
         points.mark("transfer.ack", room=bootstrap_room, note=f"prefill rank {prefill_rank}")

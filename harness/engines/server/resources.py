@@ -2,7 +2,9 @@
 metadata-buffer slots, radix-tree lock references, the KV manager's per-room state and hisparse host
 slots (the names of :data:`harness.ledger.resources.RESOURCES`). The accounting probe puts the readings
 into its ``reset`` event, beside the pools, with each one's baseline; a resource this sglang lacks is
-named once in the event's note and logged once, never a failure. Nothing here changes sglang's state.
+named once in the event's note and logged once, never a failure. Rooms prefill's KV manager keeps only
+because of sglang's resurrected-room race (proved by the phase points the moment it happened:
+``transfer.resurrected``) are named in the note and not counted. Nothing here changes sglang's state.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.engines.server import races
 from harness.targets.sglang.compat import pdstate
 
 log = logging.getLogger(__name__)
@@ -23,6 +26,9 @@ class Readings:
     values: dict[str, int] = field(default_factory=dict)
     baseline: dict[str, int] = field(default_factory=dict)
     lacking: list[str] = field(default_factory=list)
+    #: Rooms prefill's KV manager keeps because of sglang's resurrected-room race (proved by the phase
+    #: points as it happened): named in the event's note, not counted as a leak.
+    resurrected: list[int] = field(default_factory=list)
 
     def put(self, name: str, read: tuple[int, int]) -> None:
         self.values[name], self.baseline[name] = read
@@ -53,10 +59,22 @@ def read(scheduler: Any, component: str) -> Readings:
     attempt(lambda: out.put("tree_locked", pdstate.tree_locked(scheduler.tree_cache)))
     if component in ("prefill", "decode"):  # a plain (non-PD) server has neither
         attempt(lambda: out.put("metadata_slots", pdstate.metadata_slots(pdstate.metadata_allocator(scheduler))))
-        attempt(lambda: [out.put(k, v) for k, v in pdstate.kv_rooms(pdstate.kv_manager(scheduler), component).items()])
+        attempt(lambda: _rooms(out, pdstate.kv_manager(scheduler), component))
     if getattr(scheduler, "enable_hisparse", False):
         attempt(lambda: out.put("host", pdstate.host_slots(scheduler.hisparse_coordinator)))
     return out
+
+
+def _rooms(out: Readings, manager: Any, component: str) -> None:
+    apart = races.resurrected_rooms() if component == "prefill" else frozenset()
+    for name, value in pdstate.kv_rooms(manager, component, apart).items():
+        out.put(name, value)
+    out.resurrected = pdstate.kept_rooms(manager, apart) if apart else []
+
+
+def note(readings: Readings) -> str:
+    """The note for a reset event: what this sglang lacks, and the rooms a known race left."""
+    return lacking_note(readings) + races.note(readings.resurrected)
 
 
 _told: set[str] = set()

@@ -56,17 +56,22 @@ def kv_manager(scheduler: Any) -> Any:
     raise Lacking("KV manager per-room state: no disagg_*_queue.kv_manager on the scheduler")
 
 
-def kv_rooms(manager: Any, component: str) -> dict[str, tuple[int, int]]:
+def kv_rooms(manager: Any, component: str, apart: frozenset[int] = frozenset()) -> dict[str, tuple[int, int]]:
     """The KV manager's per-room state as room counts (baseline 0): ``kv_request_status`` (both sides),
     ``kv_transfer_infos`` (prefill: decode's destinations per room) and ``kv_bootstrap_rooms`` (decode:
-    the rooms it tracks per prefill address, awaits responses from or counts responses of).
+    the rooms it tracks per prefill address, awaits responses from or counts responses of). Rooms in
+    ``apart`` (a known upstream race proved them, :func:`kept_rooms` names them) are not counted.
 
-    ``len()`` and ``set.union`` of sglang's dicts run without releasing the GIL, so a bootstrap thread
+    ``list()`` and ``set.union`` of sglang's dicts run without releasing the GIL, so a bootstrap thread
     writing them meanwhile cannot break the read.
     """
-    out = {"kv_request_status": (len(_field(manager, "request_status", "KV manager room status")), 0)}
+
+    def count(rooms: Any) -> int:
+        return sum(1 for room in list(rooms) if room not in apart)
+
+    out = {"kv_request_status": (count(_field(manager, "request_status", "KV manager room status")), 0)}
     if component == "prefill":
-        out["kv_transfer_infos"] = (len(_field(manager, "transfer_infos", "KV manager transfer infos")), 0)
+        out["kv_transfer_infos"] = (count(_field(manager, "transfer_infos", "KV manager transfer infos")), 0)
     else:
         tracker = _field(manager, "addr_to_rooms_tracker", "KV manager bootstrap rooms")
         rooms: set[int] = set().union(*list(tracker.values()))
@@ -74,6 +79,14 @@ def kv_rooms(manager: Any, component: str) -> dict[str, tuple[int, int]]:
             rooms |= set(list(getattr(manager, table, None) or ()))
         out["kv_bootstrap_rooms"] = (len(rooms), 0)
     return out
+
+
+def kept_rooms(manager: Any, rooms: frozenset[int]) -> list[int]:
+    """Which of ``rooms`` the KV manager still holds (in ``request_status`` or ``transfer_infos``)."""
+    held = set(list(getattr(manager, "request_status", None) or ())) | set(
+        list(getattr(manager, "transfer_infos", None) or ())
+    )
+    return sorted(held & rooms)
 
 
 def host_slots(coordinator: Any) -> tuple[int, int]:
