@@ -127,27 +127,53 @@ def test_without_the_hold_the_same_writes_keep_waiting_for_input(points):
     assert mgr.request_status[5] == KVPoll.WaitingForInput
 
 
-def test_a_page_list_after_the_rooms_clear_is_named_a_resurrected_room(tmp_path, points):
+def _clear(points, mgr, room, status):
+    """What prefill's CommonKVSender.clear does to its room, then what the installed points do after it."""
+    mgr.request_status.pop(room, None)
+    hold.note_cleared(points, type("Sender", (), {"bootstrap_room": room, "conclude_state": status})())
+
+
+def _put_back(tmp_path, room) -> list:
+    return [m.note for m in phases.read_trace(tmp_path) if m.phase == "transfer.resurrected" and m.room == room]
+
+
+def test_a_page_list_after_the_rooms_clear_puts_it_back_and_is_traced(tmp_path, points):
     # prefill's sender cleared room 9 (an abort beat decode's page list); the page list then lands on the
     # bootstrap thread and sglang's own update_status lets its WaitingForInput create the room again.
     from sglang.srt.disaggregation.base import KVPoll
 
     mgr = _manager(points)
     _update(points, mgr, 9, KVPoll.Bootstrapping)
-    mgr.request_status.pop(9)  # what CommonKVSender.clear does to the room
-    hold.note_cleared(points, type("Sender", (), {"bootstrap_room": 9, "conclude_state": KVPoll.Failed})())
+    _clear(points, mgr, 9, KVPoll.Failed)
+    assert 9 in races.cleared_rooms()
     _update(points, mgr, 9, KVPoll.WaitingForInput)
     assert mgr.request_status[9] == KVPoll.WaitingForInput, "sglang no longer re-creates a cleared room"
-    try:
-        assert 9 in races.resurrected_rooms()
-    finally:
-        races._resurrected.pop(9, None)
-    marks = [(m.phase, m.note) for m in phases.read_trace(tmp_path) if m.room == 9]
-    assert ("prefill.cleared", "Failed") in marks, marks
-    assert [p for p, _ in marks if p == "transfer.resurrected"] == ["transfer.resurrected"], marks
+    assert [n.split(" put it back")[0] for n in _put_back(tmp_path, 9)] == ["a WaitingForInput write (MainThread)"]
+    # a sender opening the room again starts a new life of it: no longer read apart
+    _update(points, mgr, 9, KVPoll.Bootstrapping)
+    assert 9 not in races.cleared_rooms()
     # a room opened by WaitingForInput that no sender cleared before (a dummy CP rank's) is no race
     _update(points, mgr, 10, KVPoll.WaitingForInput)
-    assert 10 not in races.resurrected_rooms()
+    assert not _put_back(tmp_path, 10)
+
+
+def test_a_failed_write_that_read_before_the_clear_puts_the_room_back(tmp_path, points):
+    # A transfer worker's Failed write reads the room (still there), the scheduler's clear pops it, and
+    # the write then lands: sglang's update_status writes Failed into a room that no longer exists.
+    from sglang.srt.disaggregation.base import KVPoll
+
+    mgr = _manager(points)
+    _update(points, mgr, 11, KVPoll.Bootstrapping)
+    gate = phases.Hold(tmp_path, "transfer.status", phases.room_key(11), chunk="Failed", side="decode")
+    t = _in_thread(lambda: _update(points, mgr, 11, KVPoll.Failed))
+    gate.reached(10)
+    _clear(points, mgr, 11, KVPoll.Failed)
+    assert 11 not in mgr.request_status
+    gate.release()
+    t.join(10)
+    assert mgr.request_status.get(11) == KVPoll.Failed, "sglang's Failed write no longer lands after the clear"
+    assert len(_put_back(tmp_path, 11)) == 1 and 11 in races.cleared_rooms()
+    races.note_opened(11)
 
 
 def test_the_points_install_on_both_servers_with_a_probe_ledger(tmp_path):

@@ -405,9 +405,10 @@ KNOWN_RACES = {
     # A reset finding, not a stall: the probe marks it (transfer.resurrected) and the reset counts the rooms
     # apart; a test that hits it by chance passes with a KnownRaceWarning (plugins/servers.py).
     "a resurrected room": (
-        "sglang's CommonKVManager.update_status lets decode's late WaitingForInput re-create a room prefill's "
-        "sender had cleared (an abort that beat decode's page list); request_status and transfer_infos keep it for "
-        "good (forced in test_disaggregation_inflight_server.py::test_a_page_list_after_prefills_abort_leaves_no_room)"
+        "sglang's CommonKVManager.update_status puts back a room prefill's sender had cleared (decode's late "
+        "WaitingForInput after an abort, or a transfer worker's Failed read before the clear); the KV manager "
+        "keeps it for good (forced in "
+        "test_disaggregation_inflight_server.py::test_a_page_list_after_prefills_abort_leaves_no_room)"
     ),
 }
 

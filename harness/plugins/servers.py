@@ -256,23 +256,23 @@ def _record_releases(item: pytest.Item, stacks: StackPool, since: float) -> None
     ended = phases.release_outcomes(marks)
     if ended:
         item.user_properties.append(("deferred_releases", " ".join(f"{k}={v}" for k, v in sorted(ended.items()))))
-    _record_resurrected(item, [m for m in marks if m.phase == "transfer.resurrected"])
+    _record_resurrected(item, stacks.run_dir.ledger, since)
 
 
-def _record_resurrected(item: pytest.Item, marks: list) -> None:
-    """sglang's resurrected-room race hit by chance during the test (the probe proved it as it happened;
-    the reset counts such rooms apart): a JUnit ``known_race`` property and a warning, not a failure.
-    The strict xfail that forces it is named in :data:`harness.plugins.explain.KNOWN_RACES`."""
+def _record_resurrected(item: pytest.Item, ledger_dir: Path, since: float) -> None:
+    """sglang's resurrected-room race hit by chance during the test (a room its sender cleared, put back:
+    the reset counted it apart and named it, ``engines/server/races.py``): a JUnit ``known_race`` property
+    and a warning, not a failure. The strict xfail that forces it: :data:`harness.plugins.explain.KNOWN_RACES`."""
     import warnings
 
+    from harness.engines.server.races import kept_since
     from harness.plugins.explain import KNOWN_RACES, KnownRaceWarning
 
-    if not marks:
-        return
-    rooms = ", ".join(f"room {m.room}" + (f" ({m.rid})" if m.rid else "") for m in marks[:5])
-    line = f"{KNOWN_RACES['a resurrected room']}: {rooms}"
-    item.user_properties.append(("known_race", line))
-    warnings.warn(KnownRaceWarning(f"{item.nodeid}: {line}"), stacklevel=1)
+    new = kept_since(ledger_dir, since)
+    if new:
+        line = f"{KNOWN_RACES['a resurrected room']}: {', '.join(new[:5])}"
+        item.user_properties.append(("known_race", line))
+        warnings.warn(KnownRaceWarning(f"{item.nodeid}: {line}"), stacklevel=1)
 
 
 @pytest.fixture

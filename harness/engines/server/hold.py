@@ -44,7 +44,7 @@ class Points:
         self.sent: set[int] = set()
         self.written: dict[int, int] = {}  # room -> chunks its transfer workers took
         self.waiting_at: dict[int, float] = {}  # room -> when WaitingForInput was last written
-        self.cleared: dict[int, float] = {}  # room -> when prefill's sender cleared it (CommonKVSender.clear)
+        self.resurrected: set[int] = set()  # rooms traced put back after their clear (races.py)
         self.local = threading.local()
 
     def mark(
@@ -240,21 +240,24 @@ def _lost_update(points: Points, room: int, status: Any, read: Any, after: Any) 
         points.mark("transfer.lost-update", room=room, note="WaitingForInput written over by Bootstrapping", hold=False)
 
 
-def _resurrected(points: Points, room: int, status: Any, read: Any, after: Any) -> None:
-    """Trace ``transfer.resurrected`` the moment a ``WaitingForInput`` write (decode's page list, on
-    prefill's bootstrap thread) re-created a room its sender had already cleared: sglang 0.5.23's
-    ``update_status`` lets that opening status create a missing room, and no sender is left to clear it
-    again, so ``request_status`` and ``transfer_infos`` keep it for the server's life."""
-    if _name(status) != "WaitingForInput" or read is None or read[0] is not None or after is None:
+def _resurrected(points: Points, room: int, status: Any, after: Any) -> None:
+    """Trace ``transfer.resurrected`` the moment a status write left a room in prefill's KV manager that its
+    sender had cleared (:mod:`harness.engines.server.races`: sglang's update_status puts it back, and nothing
+    clears it again). A sender's own opening write (``Bootstrapping``) starts a new life of the room."""
+    if _name(status) == "Bootstrapping":
+        races.note_opened(room)
         return
-    cleared = points.cleared.get(room)
-    if cleared is None:
+    cleared = races.cleared_at(room)
+    if after is None or cleared is None or room in points.resurrected:
         return
-    races.note_resurrected(room)
+    points.resurrected.add(room)
+    if len(points.resurrected) > 100_000:
+        points.resurrected.clear()
     points.mark(
         "transfer.resurrected",
         room=room,
-        note=f"decode's page list re-created it {time.time() - cleared:.2f} s after its sender cleared it",
+        note=f"a {_name(status)} write ({threading.current_thread().name}) put it back "
+        f"{time.time() - cleared:.3f} s after its sender cleared it",
         hold=False,
     )
 
@@ -288,16 +291,15 @@ def write_status(points: Points, manager: Any, room: Any, status: Any, update: C
                 hold=False,
             )
             _lost_update(points, room, status, read, after)
-            _resurrected(points, room, status, read, after)
+            _resurrected(points, room, status, after)
 
 
 def note_cleared(points: Points, sender: Any) -> None:
-    """After prefill's sender cleared its room (``CommonKVSender.clear``): remember when, and trace it."""
+    """After prefill's sender cleared its room (``CommonKVSender.clear``): tell :mod:`races`, and trace it."""
     room = getattr(sender, "bootstrap_room", None)
     if isinstance(room, int):
-        points.cleared[room] = time.time()
-        if len(points.cleared) > 100_000:
-            points.cleared.clear()
+        races.note_cleared(room)
+        points.resurrected.discard(room)
         points.mark("prefill.cleared", room=room, note=_name(getattr(sender, "conclude_state", None)))
 
 

@@ -3,8 +3,8 @@ metadata-buffer slots, radix-tree lock references, the KV manager's per-room sta
 slots (the names of :data:`harness.ledger.resources.RESOURCES`). The accounting probe puts the readings
 into its ``reset`` event, beside the pools, with each one's baseline; a resource this sglang lacks is
 named once in the event's note and logged once, never a failure. Rooms prefill's KV manager keeps only
-because of sglang's resurrected-room race (proved by the phase points the moment it happened:
-``transfer.resurrected``) are named in the note and not counted. Nothing here changes sglang's state.
+because sglang put them back after their sender cleared them (the resurrected-room race,
+:mod:`harness.engines.server.races`) are named in the note and not counted. Nothing here changes sglang's state.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class Readings:
     values: dict[str, int] = field(default_factory=dict)
     baseline: dict[str, int] = field(default_factory=dict)
     lacking: list[str] = field(default_factory=list)
-    #: Rooms prefill's KV manager keeps because of sglang's resurrected-room race (proved by the phase
-    #: points as it happened): named in the event's note, not counted as a leak.
+    #: Rooms prefill's KV manager keeps only because sglang put them back after their sender cleared them
+    #: (:mod:`harness.engines.server.races`): named in the event's note, not counted as a leak.
     resurrected: list[int] = field(default_factory=list)
 
     def put(self, name: str, read: tuple[int, int]) -> None:
@@ -66,7 +66,7 @@ def read(scheduler: Any, component: str) -> Readings:
 
 
 def _rooms(out: Readings, manager: Any, component: str) -> None:
-    apart = races.resurrected_rooms() if component == "prefill" else frozenset()
+    apart = races.cleared_rooms() if component == "prefill" else frozenset()
     for name, value in pdstate.kv_rooms(manager, component, apart).items():
         out.put(name, value)
     out.resurrected = pdstate.kept_rooms(manager, apart) if apart else []
