@@ -127,43 +127,66 @@ def test_without_the_hold_the_same_writes_keep_waiting_for_input(points):
     assert mgr.request_status[5] == KVPoll.WaitingForInput
 
 
+@pytest.fixture
+def watching(monkeypatch):
+    """This process's senders watched, as the installed points make them; its tables its own."""
+    monkeypatch.setattr(races, "_watching", True)
+    monkeypatch.setattr(races, "_owned", {})
+    monkeypatch.setattr(races, "_cleared", {})
+
+
+def _sender(room, status=None):
+    return type("Sender", (), {"bootstrap_room": room, "conclude_state": status})()
+
+
+def _open(points, mgr, room):
+    """What prefill's CommonKVSender.__init__ does to its room, then what the installed points do after it."""
+    from sglang.srt.disaggregation.base import KVPoll
+
+    _update(points, mgr, room, KVPoll.Bootstrapping)
+    hold.note_opened(_sender(room))
+
+
 def _clear(points, mgr, room, status):
     """What prefill's CommonKVSender.clear does to its room, then what the installed points do after it."""
     mgr.request_status.pop(room, None)
-    hold.note_cleared(points, type("Sender", (), {"bootstrap_room": room, "conclude_state": status})())
+    hold.note_cleared(points, _sender(room, status))
 
 
 def _put_back(tmp_path, room) -> list:
     return [m.note for m in phases.read_trace(tmp_path) if m.phase == "transfer.resurrected" and m.room == room]
 
 
-def test_a_page_list_after_the_rooms_clear_puts_it_back_and_is_traced(tmp_path, points):
+def test_a_page_list_after_the_rooms_clear_puts_it_back_and_no_sender_holds_it(tmp_path, points, watching):
     # prefill's sender cleared room 9 (an abort beat decode's page list); the page list then lands on the
     # bootstrap thread and sglang's own update_status lets its WaitingForInput create the room again.
     from sglang.srt.disaggregation.base import KVPoll
 
     mgr = _manager(points)
-    _update(points, mgr, 9, KVPoll.Bootstrapping)
+    _open(points, mgr, 9)
+    assert races.owned(9) and races.unowned({9}) == frozenset()
     _clear(points, mgr, 9, KVPoll.Failed)
-    assert 9 in races.cleared_rooms()
     _update(points, mgr, 9, KVPoll.WaitingForInput)
     assert mgr.request_status[9] == KVPoll.WaitingForInput, "sglang no longer re-creates a cleared room"
     assert [n.split(" put it back")[0] for n in _put_back(tmp_path, 9)] == ["a WaitingForInput write (MainThread)"]
-    # a sender opening the room again starts a new life of it: no longer read apart
-    _update(points, mgr, 9, KVPoll.Bootstrapping)
-    assert 9 not in races.cleared_rooms()
-    # a room opened by WaitingForInput that no sender cleared before (a dummy CP rank's) is no race
+    assert races.unowned({9}) == {9}
+    # decode's page list for a room no sender ever opened (a request prefill refused at its door): held by none
     _update(points, mgr, 10, KVPoll.WaitingForInput)
-    assert not _put_back(tmp_path, 10)
+    assert not _put_back(tmp_path, 10) and races.unowned({10}) == {10}
+    # a sender opening a room starts a life of it: counted again
+    _open(points, mgr, 9)
+    assert races.unowned({9, 10}) == {10}
+    races._watching = False  # senders not watched (a release without CommonKVSender): nothing read apart
+    assert races.unowned({9, 10}) == frozenset()
 
 
-def test_a_failed_write_that_read_before_the_clear_puts_the_room_back(tmp_path, points):
+def test_a_failed_write_that_read_before_the_clear_puts_the_room_back(tmp_path, points, watching):
     # A transfer worker's Failed write reads the room (still there), the scheduler's clear pops it, and
     # the write then lands: sglang's update_status writes Failed into a room that no longer exists.
     from sglang.srt.disaggregation.base import KVPoll
 
     mgr = _manager(points)
-    _update(points, mgr, 11, KVPoll.Bootstrapping)
+    _open(points, mgr, 11)
     gate = phases.Hold(tmp_path, "transfer.status", phases.room_key(11), chunk="Failed", side="decode")
     t = _in_thread(lambda: _update(points, mgr, 11, KVPoll.Failed))
     gate.reached(10)
@@ -172,8 +195,7 @@ def test_a_failed_write_that_read_before_the_clear_puts_the_room_back(tmp_path, 
     gate.release()
     t.join(10)
     assert mgr.request_status.get(11) == KVPoll.Failed, "sglang's Failed write no longer lands after the clear"
-    assert len(_put_back(tmp_path, 11)) == 1 and 11 in races.cleared_rooms()
-    races.note_opened(11)
+    assert len(_put_back(tmp_path, 11)) == 1 and races.unowned({11}) == {11}
 
 
 def test_the_points_install_on_both_servers_with_a_probe_ledger(tmp_path):

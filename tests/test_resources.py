@@ -180,21 +180,22 @@ def test_a_metadata_slot_really_held_is_not_baseline(server):
     assert shown["metadata_slots"] == (4, 3, True) and shown["req_slots"] == (8, 8, False)
 
 
-def test_rooms_a_known_race_left_are_named_apart_and_only_they_are_not_counted():
+def test_rooms_no_sender_holds_are_named_apart_and_only_they_are_not_counted(monkeypatch):
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from harness.engines.server import races, resources
+
+    monkeypatch.setattr(races, "_watching", True)
+    monkeypatch.setattr(races, "_owned", {})
 
     prefill = _kv_manager("prefill")
     for room in (7, 8):
         prefill.update_status(room, KVPoll.WaitingForInput)
         prefill.transfer_infos[room] = {}
-    # room 7 is one the probe proved re-created after its clear; room 8 is a plain leak and still counts
-    assert pdstate.kv_rooms(prefill, "prefill", frozenset({7, 99})) == {
-        "kv_request_status": (1, 0),
-        "kv_transfer_infos": (1, 0),
-    }
-    assert pdstate.kept_rooms(prefill, frozenset({7, 99})) == [7]
+    races.note_opened(8)  # room 8's sender never cleared it: a leak, still counted; room 7 no sender holds
+    apart = races.unowned(pdstate.room_keys(prefill))
+    assert apart == {7}
+    assert pdstate.kv_rooms(prefill, "prefill", apart) == {"kv_request_status": (1, 0), "kv_transfer_infos": (1, 0)}
     note = resources.note(resources.Readings(resurrected=[7]))
     assert races.kept("flush_cache" + note) == [7] and races.kept("flush_cache") == []
 

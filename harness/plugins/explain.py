@@ -405,9 +405,9 @@ KNOWN_RACES = {
     # A reset finding, not a stall: the probe marks it (transfer.resurrected) and the reset counts the rooms
     # apart; a test that hits it by chance passes with a KnownRaceWarning (plugins/servers.py).
     "a resurrected room": (
-        "sglang's CommonKVManager.update_status puts back a room prefill's sender had cleared (decode's late "
-        "WaitingForInput after an abort, or a transfer worker's Failed read before the clear); the KV manager "
-        "keeps it for good (forced in "
+        "sglang's CommonKVManager.update_status leaves rooms no sender holds in prefill's KV manager (decode's "
+        "late WaitingForInput after an abort or a refusal, or a transfer worker's Failed read before the clear), "
+        "kept for good (forced in "
         "test_disaggregation_inflight_server.py::test_a_page_list_after_prefills_abort_leaves_no_room)"
     ),
 }

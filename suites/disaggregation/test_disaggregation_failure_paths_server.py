@@ -54,6 +54,7 @@ from harness.api import (
     phases,
     prompt_ids,
     reset_server,
+    stalls,
     wait_for,
 )
 
@@ -452,6 +453,91 @@ def test_health_probes_repeated_leave_no_kv(stack, run_dir):
     released = {e.rid for e in decode.events(kind="release")}
     assert health <= released, f"health requests never released: {sorted(health - released)[:3]}"
     back_at_baseline(run_dir, stack.decode, stack.prefill)
+    serves(stack)
+
+
+# ------------------------------------------------------------------ an input one side refuses
+
+#: Seconds the client gives a refused request's answer (a refusal is answered in well under one; beyond
+#: this, the stack is waiting on something that will not come, and the test says what).
+REFUSAL_ANSWER_S = 15.0
+#: The harness's stall bound in the prefill-refusal test (its default: 60 s), for the same reason.
+REFUSAL_STALL_S = 10.0
+
+
+class RefusalNotPassedOn(AssertionError):
+    """One side refused a request and the other went on waiting for it."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RefusalNotPassedOn,
+    reason="sglang 0.5.23's PD router (sgl-model-gateway) holds decode's refusal until prefill answers too, and "
+    "prefill waits for decode's page list until its bootstrap timeout (300 s): the client hangs (not filed upstream)",
+)
+def test_an_input_decode_refuses_is_one_error_and_prefill_lets_it_go(tight, run_dir):
+    # The tight stack's decode pool (TIGHT_DECODE_TOKENS) is smaller than prefill's, so an input one page
+    # longer than it is one decode's scheduler refuses (sglang's validate_input_length) and prefill admits.
+    # Through the router, the client must get the refusal at once, decode take nothing for it, and prefill
+    # let its half go: both servers idle and at baseline within RESET_S, and the stack still serves.
+    rid = new_rid("refused-by-decode")
+    ids = prompt_ids(TIGHT_DECODE_TOKENS + PAGE, seed=23)
+    try:
+        answer: Any = tight.client("router").generate(ids, 2, extra={"rid": rid}, timeout_s=REFUSAL_ANSWER_S)
+    except ServerHTTPError as e:
+        answer = e
+    except requests.Timeout:
+        # the client's disconnect reaches prefill through the router: prefill aborts its half
+        back_at_baseline(run_dir, tight.decode, tight.prefill)
+        refused = tight.decode.tail(200).count("exceeds the maximum allowed length")
+        raise RefusalNotPassedOn(
+            f"no answer within {REFUSAL_ANSWER_S:g} s for an input decode refused ({refused} refusal line(s) in "
+            "decode's log): the router waited for prefill, which waited for decode's page list"
+        ) from None
+    assert isinstance(answer, ServerHTTPError) and "exceeds the maximum allowed length" in str(answer), answer
+    assert not Ledger(run_dir, tight.decode).events(rid, "prealloc"), "decode preallocated an input it refused"
+    back_at_baseline(run_dir, tight.decode, tight.prefill)
+    serves(tight)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RefusalNotPassedOn,
+    reason="sglang 0.5.23: prefill refuses an input at its door (no sender, nothing sent to decode), while decode, "
+    "having preallocated, waits for the KV until its transfer timeout (300 s); decode's page list then opens a room "
+    "in prefill's KV manager that nothing clears (not filed upstream)",
+)
+@pytest.mark.stall_bound(REFUSAL_STALL_S)
+def test_an_input_prefill_refuses_after_decodes_prealloc_is_a_fast_error_and_nothing_held(stack, run_dir, request):
+    # Prefill refuses the request at its door (an input past its largest, sent to prefill alone: what a
+    # prefill configured shorter than its decode does) while decode holds right after preallocating for it.
+    # Decode must then learn that nothing will come (not wait out its transfer timeout) and neither side
+    # may keep anything of the request.
+    rid, led = new_rid("refused-by-prefill"), run_dir.ledger
+    room = random.Random(rid).randrange(1 << 62)
+    longest = int(stack.client("prefill").server_info()["max_req_input_len"])
+    prealloc = phases.Hold(led, "decode.prealloc", rid)
+    try:
+        to_prefill, to_decode = stack.direct(
+            prompt_ids(200, seed=24),
+            4,
+            rid,
+            room=room,
+            timeout_s=3 * PHASE_S,
+            prefill_ids=prompt_ids(longest + PAGE, seed=25),
+        )
+        prealloc.reached(PHASE_S)
+        refused = outcome(to_prefill)  # prefill answers while decode still holds after its prealloc
+    finally:
+        prealloc.release()
+    assert isinstance(refused, ServerHTTPError) and refused.status == 400, f"prefill answered {refused!r}"
+    answer = outcome(to_decode, 3 * PHASE_S)
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+    if stalls(request.node):
+        raise RefusalNotPassedOn(
+            f"prefill refused the input, and decode was never told: {stalls(request.node)[0].line()}"
+        )
+    assert isinstance(answer, Exception) or finish_reason(answer) == "abort", f"decode answered {answer!r}"
     serves(stack)
 
 

@@ -242,13 +242,9 @@ def _lost_update(points: Points, room: int, status: Any, read: Any, after: Any) 
 
 def _resurrected(points: Points, room: int, status: Any, after: Any) -> None:
     """Trace ``transfer.resurrected`` the moment a status write left a room in prefill's KV manager that its
-    sender had cleared (:mod:`harness.engines.server.races`: sglang's update_status puts it back, and nothing
-    clears it again). A sender's own opening write (``Bootstrapping``) starts a new life of the room."""
-    if _name(status) == "Bootstrapping":
-        races.note_opened(room)
-        return
+    sender had cleared and no sender holds (:mod:`harness.engines.server.races`: nothing clears it again)."""
     cleared = races.cleared_at(room)
-    if after is None or cleared is None or room in points.resurrected:
+    if after is None or cleared is None or races.owned(room) or room in points.resurrected:
         return
     points.resurrected.add(room)
     if len(points.resurrected) > 100_000:
@@ -294,6 +290,13 @@ def write_status(points: Points, manager: Any, room: Any, status: Any, update: C
             _resurrected(points, room, status, after)
 
 
+def note_opened(sender: Any) -> None:
+    """After prefill's scheduler opened a sender for a room (``CommonKVSender.__init__``): tell :mod:`races`."""
+    room = getattr(sender, "bootstrap_room", None)
+    if isinstance(room, int):
+        races.note_opened(room)
+
+
 def note_cleared(points: Points, sender: Any) -> None:
     """After prefill's sender cleared its room (``CommonKVSender.clear``): tell :mod:`races`, and trace it."""
     room = getattr(sender, "bootstrap_room", None)
@@ -319,8 +322,11 @@ def _install_status(points: Points, mod: ModuleType) -> None:
     manager.__init__ = init
     manager.update_status = update
 
-    sender = mod.CommonKVSender
-    sender.clear = _wrap(sender.clear, after=lambda out, self, *a, **k: note_cleared(points, self))
+    sender = getattr(mod, "CommonKVSender", None)  # a release without it: no sender seen, no room read apart
+    if sender is not None and hasattr(sender, "clear"):
+        sender.__init__ = _wrap(sender.__init__, after=lambda out, self, *a, **k: note_opened(self))
+        sender.clear = _wrap(sender.clear, after=lambda out, self, *a, **k: note_cleared(points, self))
+        races.watch()
 
     def ack(self, bootstrap_room, prefill_rank, *args, **kwargs):
         points.mark("transfer.ack", room=bootstrap_room, note=f"prefill rank {prefill_rank}")

@@ -61,16 +61,25 @@ class PdStack:
         }
 
     def direct(
-        self, ids: Sequence[int], max_new: int, rid: str, *, room: int | None = None, timeout_s: float = 120.0
+        self,
+        ids: Sequence[int],
+        max_new: int,
+        rid: str,
+        *,
+        room: int | None = None,
+        timeout_s: float = 120.0,
+        prefill_ids: Sequence[int] | None = None,
     ) -> tuple[concurrent.futures.Future, concurrent.futures.Future]:
         """One PD request sent to prefill and decode directly (:meth:`bootstrap_fields`), each from a
         thread of its own: the two clients' futures, prefill's then decode's (a Generation, or what the
-        client raised)."""
+        client raised). ``prefill_ids`` sends prefill another input under the same request (a side that
+        refuses what the other admits)."""
         body = self.bootstrap_fields(rid, room)
+        inputs = {"prefill": ids if prefill_ids is None else prefill_ids, "decode": ids}
         pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="direct")
         try:
             return tuple(  # type: ignore[return-value]
-                pool.submit(lambda r=role: self.client(r).generate(ids, max_new, extra=body, timeout_s=timeout_s))
+                pool.submit(lambda r=role: self.client(r).generate(inputs[r], max_new, extra=body, timeout_s=timeout_s))
                 for role in ("prefill", "decode")
             )
         finally:

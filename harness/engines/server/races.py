@@ -1,20 +1,19 @@
-"""sglang's known PD races that leave state behind, proved by the phase points, and what a reset reads apart.
+"""sglang's known PD race that leaves state behind, proved by the phase points, and what a reset reads apart.
 
-The resurrected room: prefill's sender clears its room (``CommonKVSender.clear`` pops it from the KV
-manager), and a status write that races or follows the clear puts it back. sglang 0.5.23's
-``CommonKVManager.update_status`` reads a room's status and writes it with no lock, and lets an opening
-status create a missing room, so two writes do it:
+Rooms no sender holds: prefill's KV manager keeps a room for each request its scheduler opened a sender for
+(``CommonKVSender``), until that sender clears it. sglang 0.5.23's ``CommonKVManager.update_status`` reads a
+room's status and writes it with no lock, and lets decode's ``WaitingForInput`` (an opening status) create a
+missing room, so other writers put rooms there that no sender holds, and nothing ever clears them:
 
-* decode's page list lands on prefill's bootstrap thread after an abort cleared the room: its
-  ``WaitingForInput`` creates the room again (and the thread's ``transfer_infos`` entry with it);
-* a transfer worker's ``Failed`` write read the room before the scheduler's clear and writes after it.
+* decode's page list lands after prefill's sender cleared the room (an abort beat it): the bootstrap thread
+  creates the room again, with its ``transfer_infos`` entry;
+* decode's page list for a request prefill refused at its door (no sender was ever opened);
+* a transfer worker's ``Failed`` write read the room before the scheduler's clear and writes it after.
 
-No sender is left to clear the room again: the KV manager keeps it for the server's life. The phase points
-(:mod:`harness.engines.server.hold`) tell this module every clear and every opening (a sender's
-``Bootstrapping``); a room that is present in prefill's KV manager at a reset, was cleared by its sender
-and was not opened since, was put back after its clear. The resource reading
-(:mod:`harness.engines.server.resources`) counts only such rooms apart from a leak and names them in the
-reset event's note, which :func:`kept` reads back.
+The phase points (:mod:`harness.engines.server.hold`) tell this module each sender's opening and clear. At a
+reset the server is idle, so every room in prefill's KV manager is left over; the resource reading
+(:mod:`harness.engines.server.resources`) counts the rooms a sender still holds (a sender never cleared: a
+leak) and reads the rest apart, naming them in the reset event's note, which :func:`kept` reads back.
 """
 
 from __future__ import annotations
@@ -23,35 +22,56 @@ import json
 import time
 from pathlib import Path
 
-#: This process's rooms its senders cleared and no sender opened since -> when (bounded: a long soak
-#: cannot grow it; a room dropped by the bound is counted as a leak again, never excused).
+#: Rooms a sender opened and has not cleared, and rooms senders cleared -> when (each bounded, oldest out).
+_owned: dict[int, float] = {}
 _cleared: dict[int, float] = {}
 _MAX = 100_000
+#: Whether this process sees its senders open and clear (the phase points wrapped them): without that,
+#: no room is read apart.
+_watching = False
 
 #: How a reset event's note names the rooms the race left (read back by :func:`kept`).
-RESURRECTED_NOTE = "; known race, rooms sglang re-created after their clear: "
+RESURRECTED_NOTE = "; known race, rooms no sender holds: "
+
+
+def _put(table: dict[int, float], room: int) -> None:
+    table.pop(room, None)
+    if len(table) >= _MAX:
+        del table[next(iter(table))]
+    table[room] = time.time()
+
+
+def watch() -> None:
+    """The phase points now see this process's senders open and clear their rooms."""
+    global _watching
+    _watching = True
+
+
+def note_opened(room: int) -> None:
+    """A sender opened ``room`` (a request prefill's scheduler admitted)."""
+    _put(_owned, room)
 
 
 def note_cleared(room: int) -> None:
     """A sender cleared ``room`` from this process's KV manager."""
-    if len(_cleared) >= _MAX:
-        _cleared.clear()
-    _cleared[room] = time.time()
+    _owned.pop(room, None)
+    _put(_cleared, room)
 
 
-def note_opened(room: int) -> None:
-    """A sender opened ``room`` (a new request's ``Bootstrapping``): whatever holds it now is live."""
-    _cleared.pop(room, None)
+def owned(room: int) -> bool:
+    """Whether a sender holds ``room`` (opened, not cleared)."""
+    return room in _owned
 
 
 def cleared_at(room: int) -> float | None:
-    """When a sender cleared ``room`` (None: never, or opened again since)."""
+    """When a sender last cleared ``room`` (None: never)."""
     return _cleared.get(room)
 
 
-def cleared_rooms() -> frozenset[int]:
-    """The rooms senders cleared and none opened since: any of them still in the KV manager was put back."""
-    return frozenset(_cleared)
+def unowned(rooms: set[int]) -> frozenset[int]:
+    """Of ``rooms`` (those in prefill's KV manager at a reset), the ones no sender holds (none where this
+    process's senders are not watched)."""
+    return frozenset(r for r in rooms if r not in _owned) if _watching else frozenset()
 
 
 def note(rooms: list[int]) -> str:
@@ -60,7 +80,7 @@ def note(rooms: list[int]) -> str:
 
 
 def kept(event_note: str) -> list[int]:
-    """The rooms a reset event's note says the resurrected-room race left (see :func:`note`)."""
+    """The rooms a reset event's note says the race left (see :func:`note`)."""
     if RESURRECTED_NOTE not in event_note:
         return []
     tail = event_note.split(RESURRECTED_NOTE, 1)[1].split(";", 1)[0]

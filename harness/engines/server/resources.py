@@ -2,9 +2,9 @@
 metadata-buffer slots, radix-tree lock references, the KV manager's per-room state and hisparse host
 slots (the names of :data:`harness.ledger.resources.RESOURCES`). The accounting probe puts the readings
 into its ``reset`` event, beside the pools, with each one's baseline; a resource this sglang lacks is
-named once in the event's note and logged once, never a failure. Rooms prefill's KV manager keeps only
-because sglang put them back after their sender cleared them (the resurrected-room race,
-:mod:`harness.engines.server.races`) are named in the note and not counted. Nothing here changes sglang's state.
+named once in the event's note and logged once, never a failure. Rooms in prefill's KV manager that no
+sender holds (sglang's update_status race, :mod:`harness.engines.server.races`) are named in the note and
+not counted. Nothing here changes sglang's state.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class Readings:
     values: dict[str, int] = field(default_factory=dict)
     baseline: dict[str, int] = field(default_factory=dict)
     lacking: list[str] = field(default_factory=list)
-    #: Rooms prefill's KV manager keeps only because sglang put them back after their sender cleared them
-    #: (:mod:`harness.engines.server.races`): named in the event's note, not counted as a leak.
+    #: Rooms in prefill's KV manager that no sender holds (sglang's race, :mod:`harness.engines.server.races`):
+    #: named in the event's note, not counted as a leak.
     resurrected: list[int] = field(default_factory=list)
 
     def put(self, name: str, read: tuple[int, int]) -> None:
@@ -66,10 +66,10 @@ def read(scheduler: Any, component: str) -> Readings:
 
 
 def _rooms(out: Readings, manager: Any, component: str) -> None:
-    apart = races.cleared_rooms() if component == "prefill" else frozenset()
+    apart = races.unowned(pdstate.room_keys(manager)) if component == "prefill" else frozenset()
     for name, value in pdstate.kv_rooms(manager, component, apart).items():
         out.put(name, value)
-    out.resurrected = pdstate.kept_rooms(manager, apart) if apart else []
+    out.resurrected = sorted(apart)
 
 
 def note(readings: Readings) -> str:

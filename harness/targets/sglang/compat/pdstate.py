@@ -60,7 +60,7 @@ def kv_rooms(manager: Any, component: str, apart: frozenset[int] = frozenset()) 
     """The KV manager's per-room state as room counts (baseline 0): ``kv_request_status`` (both sides),
     ``kv_transfer_infos`` (prefill: decode's destinations per room) and ``kv_bootstrap_rooms`` (decode:
     the rooms it tracks per prefill address, awaits responses from or counts responses of). Rooms in
-    ``apart`` (a known upstream race proved them, :func:`kept_rooms` names them) are not counted.
+    ``apart`` (a known upstream race left them: ``harness/engines/server/races.py``) are not counted.
 
     ``list()`` and ``set.union`` of sglang's dicts run without releasing the GIL, so a bootstrap thread
     writing them meanwhile cannot break the read.
@@ -81,12 +81,10 @@ def kv_rooms(manager: Any, component: str, apart: frozenset[int] = frozenset()) 
     return out
 
 
-def kept_rooms(manager: Any, rooms: frozenset[int]) -> list[int]:
-    """Which of ``rooms`` the KV manager still holds (in ``request_status`` or ``transfer_infos``)."""
-    held = set(list(getattr(manager, "request_status", None) or ())) | set(
-        list(getattr(manager, "transfer_infos", None) or ())
-    )
-    return sorted(held & rooms)
+def room_keys(manager: Any) -> set[int]:
+    """The rooms prefill's KV manager keeps state for (``request_status`` or ``transfer_infos``)."""
+    status = _field(manager, "request_status", "KV manager room status")
+    return set(list(status)) | set(list(getattr(manager, "transfer_infos", None) or ()))
 
 
 def host_slots(coordinator: Any) -> tuple[int, int]:
