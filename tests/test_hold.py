@@ -66,6 +66,25 @@ def test_a_hold_for_the_other_side_lets_this_side_pass(tmp_path, points):
     assert not list(phases.hold_dir(tmp_path).glob("*.held"))
 
 
+def test_a_wait_for_a_request_that_lost_its_status_update_ends_at_once(tmp_path, points):
+    # sglang's lost update ends the request (the stack watcher aborts it): a hold or a mark it would reach
+    # next is never reached, and the wait says why instead of waiting out its bound (120 s in the suites).
+    hold = phases.Hold(tmp_path, "transfer.write", "r1", chunk=0)
+    by_room = phases.Hold(tmp_path, "transfer.write", phases.room_key(7), chunk=0)
+    points.mark("decode.prealloc", "r1", 7)
+    points.mark("transfer.lost-update", room=7, hold=False)
+    for wait in (
+        lambda: hold.reached(60),
+        lambda: by_room.reached(60),
+        lambda: phases.wait_mark(tmp_path, "decode.commit", rid="r1", timeout_s=60),
+    ):
+        with pytest.raises(TimeoutError, match="never reached: its room 7 lost its status update"):
+            wait()
+    other = phases.Hold(tmp_path, "transfer.write", "r2", chunk=0)  # another request waits its bound
+    with pytest.raises(TimeoutError, match="not reached within 0.6 s"):
+        other.reached(0.6)
+
+
 def test_bad_phases_and_keys_are_one_line_errors(tmp_path):
     with pytest.raises(phases.PhaseError, match="not one of"):
         phases.Hold(tmp_path, "decode.nowhere", "r1")

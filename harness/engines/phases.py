@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -59,6 +60,8 @@ DROP = "drop"
 #: The longest any hold waits for its file to go (seconds); then the engine goes on and logs it.
 MAX_HOLD_S = 300.0
 _POLL_S = 0.02
+#: How often a wait looks in the trace for the request's lost status update (a race that ends it).
+_LOST_POLL_S = 0.5
 _KEY = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 
 
@@ -115,6 +118,7 @@ class Hold:
             raise PhaseError(f"phase {phase!r} sends no message a hold can drop; droppable: {', '.join(DROPPABLE)}")
         self.path = hold_dir(ledger_dir) / hold_name(phase, key, chunk, side)
         self.phase, self.key, self.chunk = phase, key, chunk
+        self.ledger_dir, self.since = ledger_dir, time.time()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(DROP if drop else "")
 
@@ -131,8 +135,14 @@ class Hold:
         ``timeout_s``. ``died``: called between looks, a text (why the engine can no longer get
         here) raises at once."""
         deadline = Deadline(timeout_s)
+        looked = 0.0
         while not self.held():
             why = died() if died is not None else None
+            if not why and time.monotonic() - looked >= _LOST_POLL_S:
+                looked = time.monotonic()
+                room = int(self.key[5:]) if self.key.startswith("room-") and self.key[5:].isdigit() else None
+                rid = "" if room is not None else self.key
+                why = lost_update(read_trace(self.ledger_dir), rid, room, self.since)
             if why:
                 raise TimeoutError(f"hold {self.path.name}: never reached: {why}")
             if deadline.expired():
@@ -230,14 +240,32 @@ def wait_mark(
         raise PhaseError(f"phase {phase!r}: not one of {', '.join(PHASES)}")
     deadline = Deadline(timeout_s)
     while True:
-        mine = marks_of(read_trace(ledger_dir), rid, room)
+        marks = read_trace(ledger_dir)
+        mine = marks_of(marks, rid, room)
         got = [m for m in mine if m.phase == phase and where(m)]
         if len(got) >= count:
             return got
+        why = lost_update(marks, rid, room) if phase != "transfer.lost-update" else None
+        if why:
+            raise TimeoutError(f"{phase} of {rid or room_key(room or 0)} never reached: {why}")
         if deadline.expired():
             last = f"its last phase {mine[-1].phase} ({mine[-1].worker})" if mine else "no phase at all"
             raise TimeoutError(f"{phase} of {rid or room_key(room or 0)} not reached within {timeout_s:g} s: {last}")
         deadline.sleep(_POLL_S * 5)
+
+
+def lost_update(marks: Iterable[Mark], rid: str, room: int | None, since: float = 0.0) -> str | None:
+    """Why the request (``rid`` or ``room``) will not reach another phase: the trace ``marks`` show its room
+    lost its status update since ``since`` (sglang's race; the stack watcher aborts such a request at once);
+    else None."""
+    marks = list(marks)
+    rooms = {room} if room is not None else set()
+    if rid:
+        rooms |= {m.room for m in marks if m.rid == rid and m.room is not None}
+    hit = [m for m in marks if m.phase == "transfer.lost-update" and m.room in rooms and m.t >= since]
+    if not hit:
+        return None
+    return f"its room {hit[0].room} lost its status update (sglang's race: the harness aborted the request)"
 
 
 def early_releases(marks: Iterable[Mark], timeout_s: float) -> list[str]:
