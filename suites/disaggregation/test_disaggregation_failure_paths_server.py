@@ -369,6 +369,50 @@ def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir)
     serves(tight)
 
 
+# ------------------------------------------------------------------ an input one side refuses (decode: the tight stack)
+
+#: Seconds the client gives a refused request's answer (a refusal is answered in well under one; beyond
+#: this, the stack is waiting on something that will not come, and the test says what).
+REFUSAL_ANSWER_S = 10.0
+#: The harness's stall bound in the prefill-refusal test (its default: 60 s), for the same reason.
+REFUSAL_STALL_S = 10.0
+
+
+class RefusalNotPassedOn(AssertionError):
+    """One side refused a request and the other went on waiting for it."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RefusalNotPassedOn,
+    reason="sglang 0.5.23's PD router (sgl-model-gateway) holds decode's refusal until prefill answers too, and "
+    "prefill waits for decode's page list until its bootstrap timeout (300 s): the client hangs (not filed upstream)",
+)
+def test_an_input_decode_refuses_is_one_error_and_prefill_lets_it_go(tight, run_dir):
+    # The tight stack's decode pool (TIGHT_DECODE_TOKENS) is smaller than prefill's, so an input one page
+    # longer than it is one decode's scheduler refuses (sglang's validate_input_length) and prefill admits.
+    # Through the router, the client must get the refusal at once, decode take nothing for it, and prefill
+    # let its half go: both servers idle and at baseline within RESET_S, and the stack still serves.
+    rid = new_rid("refused-by-decode")
+    ids = prompt_ids(TIGHT_DECODE_TOKENS + PAGE, seed=23)
+    try:
+        answer: Any = tight.client("router").generate(ids, 2, extra={"rid": rid}, timeout_s=REFUSAL_ANSWER_S)
+    except ServerHTTPError as e:
+        answer = e
+    except requests.Timeout:
+        # the client's disconnect reaches prefill through the router: prefill aborts its half
+        back_at_baseline(run_dir, tight.decode, tight.prefill)
+        refused = tight.decode.tail(200).count("exceeds the maximum allowed length")
+        raise RefusalNotPassedOn(
+            f"no answer within {REFUSAL_ANSWER_S:g} s for an input decode refused ({refused} refusal line(s) in "
+            "decode's log): the router waited for prefill, which waited for decode's page list"
+        ) from None
+    assert isinstance(answer, ServerHTTPError) and "exceeds the maximum allowed length" in str(answer), answer
+    assert not Ledger(run_dir, tight.decode).events(rid, "prealloc"), "decode preallocated an input it refused"
+    back_at_baseline(run_dir, tight.decode, tight.prefill)
+    serves(tight)
+
+
 def test_decode_killed_while_prefill_holds_kv_prefill_releases(sglang_servers, tight, run_dir, record_property):
     # The tight stack's last test: its prefill runs with the shared stack's flags (only decode's differ,
     # and decode is what dies), so the kill spends that stack rather than a fresh one.
@@ -456,48 +500,7 @@ def test_health_probes_repeated_leave_no_kv(stack, run_dir):
     serves(stack)
 
 
-# ------------------------------------------------------------------ an input one side refuses
-
-#: Seconds the client gives a refused request's answer (a refusal is answered in well under one; beyond
-#: this, the stack is waiting on something that will not come, and the test says what).
-REFUSAL_ANSWER_S = 15.0
-#: The harness's stall bound in the prefill-refusal test (its default: 60 s), for the same reason.
-REFUSAL_STALL_S = 10.0
-
-
-class RefusalNotPassedOn(AssertionError):
-    """One side refused a request and the other went on waiting for it."""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=RefusalNotPassedOn,
-    reason="sglang 0.5.23's PD router (sgl-model-gateway) holds decode's refusal until prefill answers too, and "
-    "prefill waits for decode's page list until its bootstrap timeout (300 s): the client hangs (not filed upstream)",
-)
-def test_an_input_decode_refuses_is_one_error_and_prefill_lets_it_go(tight, run_dir):
-    # The tight stack's decode pool (TIGHT_DECODE_TOKENS) is smaller than prefill's, so an input one page
-    # longer than it is one decode's scheduler refuses (sglang's validate_input_length) and prefill admits.
-    # Through the router, the client must get the refusal at once, decode take nothing for it, and prefill
-    # let its half go: both servers idle and at baseline within RESET_S, and the stack still serves.
-    rid = new_rid("refused-by-decode")
-    ids = prompt_ids(TIGHT_DECODE_TOKENS + PAGE, seed=23)
-    try:
-        answer: Any = tight.client("router").generate(ids, 2, extra={"rid": rid}, timeout_s=REFUSAL_ANSWER_S)
-    except ServerHTTPError as e:
-        answer = e
-    except requests.Timeout:
-        # the client's disconnect reaches prefill through the router: prefill aborts its half
-        back_at_baseline(run_dir, tight.decode, tight.prefill)
-        refused = tight.decode.tail(200).count("exceeds the maximum allowed length")
-        raise RefusalNotPassedOn(
-            f"no answer within {REFUSAL_ANSWER_S:g} s for an input decode refused ({refused} refusal line(s) in "
-            "decode's log): the router waited for prefill, which waited for decode's page list"
-        ) from None
-    assert isinstance(answer, ServerHTTPError) and "exceeds the maximum allowed length" in str(answer), answer
-    assert not Ledger(run_dir, tight.decode).events(rid, "prealloc"), "decode preallocated an input it refused"
-    back_at_baseline(run_dir, tight.decode, tight.prefill)
-    serves(tight)
+# ------------------------------------------------------------------ an input prefill refuses
 
 
 @pytest.mark.xfail(
