@@ -200,6 +200,21 @@ def test_rooms_no_sender_holds_are_named_apart_and_only_they_are_not_counted(mon
     assert races.kept("flush_cache" + note) == [7] and races.kept("flush_cache") == []
 
 
+def test_a_test_is_told_only_of_the_rooms_a_reset_during_it_named_first(tmp_path):
+    import time
+
+    from harness.engines.server import races
+    from harness.ledger import LedgerWriter
+
+    with LedgerWriter(tmp_path / "prefill.jsonl", "prefill", "prefill") as w:
+        w.record("reset", "<flush>", 64, note="flush_cache" + races.note([7]))
+        since = time.time()
+        w.record("kv_sent", "r1", 64, note=races.note([9]))  # not a reset: not read
+        w.record("reset", "<flush>", 64, note="flush_cache" + races.note([7, 8]))
+    assert races.kept_since(tmp_path, since) == ["prefill room 8"]
+    assert races.kept_since(tmp_path, time.time()) == []
+
+
 def test_a_room_left_in_the_kv_manager_is_not_baseline(server):
     from sglang.srt.disaggregation.base.conn import KVPoll
 

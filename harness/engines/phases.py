@@ -30,7 +30,7 @@ PHASES: dict[str, tuple[str, str]] = {
     ),
     "transfer.resurrected": (
         "prefill",
-        "decode's page list re-created a room its sender had cleared (sglang's race: kept for good)",
+        "a status write put back a room its sender had cleared (sglang's race: kept for good)",
     ),
     "prefill.forwarded": ("prefill", "chunk i's forward done, its result not yet processed (process_batch_result)"),
     "prefill.send": ("prefill", "chunk i forwarded, about to be sent (send_kv_chunk)"),
@@ -72,6 +72,12 @@ class PhaseError(ValueError):
 def room_key(room: int) -> str:
     """The key of a bootstrap room (phases of the transfer engine know rooms, not request ids)."""
     return f"room-{int(room)}"
+
+
+def room_of_key(key: str) -> int | None:
+    """The room a :func:`room_key` names (None: the key is a request id)."""
+    digits = key[len("room-") :] if key.startswith("room-") else ""
+    return int(digits) if digits.isdigit() else None
 
 
 def hold_name(phase: str, key: str, chunk: int | str | None = None, side: str | None = None) -> str:
@@ -140,9 +146,8 @@ class Hold:
             why = died() if died is not None else None
             if not why and time.monotonic() - looked >= _LOST_POLL_S:
                 looked = time.monotonic()
-                room = int(self.key[5:]) if self.key.startswith("room-") and self.key[5:].isdigit() else None
-                rid = "" if room is not None else self.key
-                why = lost_update(read_trace(self.ledger_dir), rid, room, self.since)
+                room = room_of_key(self.key)
+                why = lost_update(read_trace(self.ledger_dir), "" if room is not None else self.key, room, self.since)
             if why:
                 raise TimeoutError(f"hold {self.path.name}: never reached: {why}")
             if deadline.expired():

@@ -252,11 +252,9 @@ def _record_releases(item: pytest.Item, stacks: StackPool, since: float) -> None
 
     if stacks.run_dir is None:
         return
-    marks = [m for m in phases.read_trace(stacks.run_dir.ledger) if m.t >= since]
-    ended = phases.release_outcomes(marks)
+    ended = phases.release_outcomes(m for m in phases.read_trace(stacks.run_dir.ledger) if m.t >= since)
     if ended:
         item.user_properties.append(("deferred_releases", " ".join(f"{k}={v}" for k, v in sorted(ended.items()))))
-    _record_resurrected(item, stacks.run_dir.ledger, since)
 
 
 def _record_resurrected(item: pytest.Item, ledger_dir: Path, since: float) -> None:
@@ -307,6 +305,8 @@ def sglang_servers(request: pytest.FixtureRequest, topology: topology_mod.Topolo
         watcher.stop()
     problems = stacks.reset_used()
     _record_releases(request.node, stacks, began)
+    if stacks.run_dir is not None:
+        _record_resurrected(request.node, stacks.run_dir.ledger, began)
     for name in request.node.stash.get(_last_use_key, set()) & set(models):
         session.stop_model(name)
     from harness.plugins.explain import known_race_key

@@ -22,6 +22,8 @@ import json
 import time
 from pathlib import Path
 
+from harness.ledger import Event
+
 #: Rooms a sender opened and has not cleared, and rooms senders cleared -> when (each bounded, oldest out).
 _owned: dict[int, float] = {}
 _cleared: dict[int, float] = {}
@@ -96,9 +98,13 @@ def kept_since(ledger_dir: Path, since: float) -> list[str]:
         now: set[int] = set()
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if RESURRECTED_NOTE not in line or '"kind":"reset"' not in line.replace(" ", ""):
+                if RESURRECTED_NOTE not in line:  # only a reset's note names such rooms: parse no other line
                     continue
-                event = json.loads(line)
-                (now if event.get("ts", 0.0) >= since else before).update(kept(event.get("note", "")))
+                try:
+                    event = Event.from_dict(json.loads(line))
+                except json.JSONDecodeError:  # a line torn by a server killed mid-write
+                    continue
+                if event.kind == "reset":
+                    (now if event.ts >= since else before).update(kept(event.note))
         out += [f"{path.stem} room {room}" for room in sorted(now - before)]
     return out
