@@ -21,6 +21,16 @@ from harness.clock import Deadline
 
 #: Each phase: (the side that passes it, where in sglang). Order: a request's life.
 PHASES: dict[str, tuple[str, str]] = {
+    "prefill.register": (
+        "prefill",
+        "a starting prefill about to register with its bootstrap server (CommonKVManager.register_to_bootstrap): "
+        "keyed by its worker name",
+    ),
+    "decode.prefill-info": (
+        "decode",
+        "decode asked a bootstrap server it had no answer from yet for its prefill's parallel info "
+        "(try_ensure_parallel_info): note says the address and ready or not ready",
+    ),
     "decode.prealloc": ("decode", "pages preallocated (DecodePreallocQueue._pre_alloc returned)"),
     "decode.metadata": ("decode", "its page list about to go to prefill (_send_kv_metadata)"),
     "transfer.status": ("prefill", "a room's status about to be written (CommonKVManager.update_status)"),

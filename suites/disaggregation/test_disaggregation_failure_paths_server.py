@@ -202,7 +202,7 @@ def in_flight(stack, run_dir, what: str, seed: int) -> Iterator[InFlight]:
     gate = phases.Hold(run_dir.ledger, "prefill.send", rid)
     try:
         to_prefill, to_decode = direct(stack, prompt_ids(200, seed=seed), 8, rid)
-        wait_until("prefill holding the request before its KV send", gate.held)
+        gate.reached(PHASE_S)
         decode.wait("decode's prealloc", rid, "prealloc")
         yield InFlight(rid, to_prefill, to_decode, decode)
     finally:
@@ -662,7 +662,7 @@ def _duplicate_room(stack, run_dir) -> None:
 
     try:
         send(0)
-        wait_until("prefill holding the first request before its KV send", gate.held)
+        gate.reached(PHASE_S)
         decode.wait("decode's prealloc of the first request", rids[0], "prealloc")
         send(1)
         # The hazard, proven before the held send goes on: decode preallocated the second request too,
@@ -726,3 +726,76 @@ def test_prefill_killed_while_kv_in_flight_decode_releases(sglang_servers, stack
     finally:
         record_property("stack_replaced", "prefill killed: the next test starts a fresh stack")
         sglang_servers.forget(MODEL)
+
+
+# ------------------------------------------------------------------ decode before its prefill registers
+
+#: Seconds a restarted prefill has to reach its registration (its start: import and model load).
+REGISTER_S = 120.0
+#: Seconds decode has to ask the new prefill's bootstrap server, once it has the request: sglang asks at
+#: once, then once a second (0.5.23: 15 tries, then it fails the request).
+ASKED_S = 10.0
+
+
+def _bootstrap_status(addr: str) -> int | None:
+    """What a prefill's bootstrap server answers decode's first question (its parallel info: every rank
+    -1, as ``try_ensure_parallel_info`` asks): 200 once the prefill registered, 503 before; None: no
+    answer (not listening yet)."""
+    query = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+    try:
+        return requests.get(f"http://{addr}/route?{query}", timeout=2).status_code
+    except requests.RequestException:
+        return None
+
+
+def test_decode_asks_a_prefill_that_has_not_registered_and_serves_once_it_has(sglang_servers, run_dir):
+    """sgl#19288's ground: a prefill restarts while decode keeps running, and decode gets a request for
+    it while its bootstrap server answers but its scheduler has not registered yet. Held at its
+    registration (proof: the hold's marker, and its bootstrap server answering 503), the new prefill
+    cannot be asked for parallel info; decode must say so (proof: its ``decode.prefill-info`` mark, not
+    ready), keep asking, and once the prefill registered serve the request with the KV it sends:
+    the tokens the router's path gives for the same prompt, both servers back at baseline. The router
+    swaps the old prefill for the new one, and the stack serves on (the next tests use it)."""
+    rid = new_rid("before-register")
+    ids = prompt_ids(2 * PAGE + 5, seed=11)
+    body: dict[str, Any] = {
+        "rid": rid,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_room": random.Random(rid).randrange(1 << 62),
+    }
+    sent: dict[str, Any] = {}
+
+    def while_starting(old, prefill) -> None:
+        addr = f"127.0.0.1:{prefill.ports['bootstrap']}"
+        with phases.Hold(run_dir.ledger, "prefill.register", prefill.name) as hold:
+            hold.reached(REGISTER_S, died=prefill.poll)
+            wait_until(f"{addr} answering 503 (up, not registered)", lambda: _bootstrap_status(addr) == 503, ASKED_S)
+            body["bootstrap_port"] = prefill.ports["bootstrap"]
+            decode = old.client("decode")
+            sent["decode"] = in_background(lambda: decode.generate(ids, 8, extra=body, timeout_s=PHASE_S))
+            wait_until(
+                f"decode asking {addr} for its prefill's parallel info and told not ready",
+                lambda: f"{addr} not ready" in _prefill_info_notes(run_dir),
+                ASKED_S,
+            )
+        sent["addr"] = addr
+
+    stack = sglang_servers.replace(MODEL, "prefill", while_starting=while_starting)
+    to_prefill = in_background(lambda: stack.client("prefill").generate(ids, 8, extra=body, timeout_s=PHASE_S))
+    got, prefill_said = outcome(sent["decode"]), outcome(to_prefill)
+    assert not isinstance(got, Exception), f"decode failed the request its prefill registered late for: {got!r}"
+    assert not isinstance(prefill_said, Exception), f"the new prefill failed its leg: {prefill_said!r}"
+    notes = _prefill_info_notes(run_dir)
+    addr = sent["addr"]
+    assert f"{addr} ready" in notes[notes.index(f"{addr} not ready") :], f"decode never got {addr}'s info: {notes}"
+    want = stack.client("router").generate(ids, 8).output_ids
+    assert got.output_ids == want, (
+        f"late-registered prefill's KV decoded to {got.output_ids}, the router's path to {want}"
+    )
+    back_at_baseline(run_dir, stack.decode, stack.prefill)
+
+
+def _prefill_info_notes(run_dir) -> list[str]:
+    """Decode's answers from bootstrap servers it had no parallel info of, in order (``ADDR ready``,
+    ``ADDR not ready``)."""
+    return [m.note for m in phases.read_trace(run_dir.ledger) if m.phase == "decode.prefill-info"]

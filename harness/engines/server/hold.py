@@ -328,6 +328,13 @@ def _install_status(points: Points, mod: ModuleType) -> None:
         sender.clear = _wrap(sender.clear, after=lambda out, self, *a, **k: note_cleared(points, self))
         races.watch()
 
+    if points.side == "prefill" and hasattr(manager, "register_to_bootstrap"):
+        manager.register_to_bootstrap = _wrap(
+            manager.register_to_bootstrap, before=lambda self, *a, **k: points.mark("prefill.register", points.worker)
+        )
+    if points.side == "decode" and hasattr(manager, "try_ensure_parallel_info"):
+        manager.try_ensure_parallel_info = _prefill_info_point(points, manager.try_ensure_parallel_info)
+
     def ack(self, bootstrap_room, prefill_rank, *args, **kwargs):
         points.mark("transfer.ack", room=bootstrap_room, note=f"prefill rank {prefill_rank}")
 
@@ -337,6 +344,21 @@ def _install_status(points: Points, mod: ModuleType) -> None:
         manager._send_abort_ack = _wrap(
             manager._send_abort_ack, before=lambda self, room, *a, **k: points.mark("transfer.ack-sent", room=room)
         )
+
+
+def _prefill_info_point(points: Points, orig: Callable) -> Callable:
+    """Trace each answer decode gets for a bootstrap address it has no parallel info of yet (a cached
+    address is answered from the table, every scheduling cycle, and not traced)."""
+
+    @functools.wraps(orig)
+    def ensure(self, bootstrap_addr, *args, **kwargs):
+        if bootstrap_addr in getattr(self, "prefill_info_table", {}):
+            return orig(self, bootstrap_addr, *args, **kwargs)
+        ready = orig(self, bootstrap_addr, *args, **kwargs)
+        points.mark("decode.prefill-info", note=f"{bootstrap_addr} {'ready' if ready else 'not ready'}", hold=False)
+        return ready
+
+    return ensure
 
 
 def _install_mooncake(points: Points, mod: ModuleType) -> None:

@@ -160,6 +160,15 @@ class ServerClient:
             body["bootstrap_port"] = int(bootstrap_port)
         self._request("POST", "/workers", json=body)
 
+    def remove_worker(self, url: str) -> bool:
+        """Router ``DELETE /workers/{id}``: unregister the server at ``url`` (a replaced or dead one);
+        False when the router lists no worker there."""
+        for w in self.workers():
+            if w.get("url") == url and w.get("id"):
+                self._request("DELETE", f"/workers/{w['id']}")
+                return True
+        return False
+
     def workers(self) -> list[dict]:
         """Router ``/workers``: the registered workers (each a dict with url, type, health)."""
         data = self._request("GET", "/workers").json()

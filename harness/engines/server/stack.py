@@ -9,6 +9,7 @@ one set of half-started servers to stop on any failure.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -418,6 +419,57 @@ def start_pd_stack(
         router.url("http"),
     )
     return stack
+
+
+def launch_role(
+    topology: Topology,
+    model: str | Path,
+    run_dir: str | Path,
+    role: str,
+    name: str,
+    *,
+    placement: RolePlacement | None = None,
+    probe: bool = True,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
+    forkserver: bool = False,
+) -> Worker:
+    """Launch one server of a PD stack (``prefill`` or ``decode``) as :func:`start_pd_stack` does, and
+    return it at once, not ready: the replacement of a running stack's server (:func:`rejoin`), so a test
+    can act while it starts."""
+    cmd = server_command(
+        topology,
+        role,
+        worker=name,
+        model=model,
+        ports=PLACEHOLDER_PORTS,
+        probe_run_dir=Path(run_dir) if probe else None,
+        extra_args=tuple(extra_args),
+        extra_env=extra_env,
+    )
+    ports = PREFILL_PORT_NAMES if role == "prefill" else SERVER_PORT_NAMES
+    return launch_worker(
+        _spec(name, cmd, Path(run_dir), ports, ready_timeout, forkserver=forkserver), _group(placement, role), 0
+    )
+
+
+def rejoin(stack: PdStack, role: str, worker: Worker, deadline: float) -> PdStack:
+    """The stack with ``worker`` (launched by :func:`launch_role`) in place of its ``role`` server: wait
+    until it is ready, unregister the old one from the router and register the new one (a prefill with
+    its bootstrap port), and wait until the router lists both servers healthy.
+
+    Raises:
+        WorkerDied: a worker died meanwhile.
+        TimeoutError: not ready or not registered by ``deadline`` (``time.monotonic()`` seconds).
+    """
+    worker.wait_ready(max(1.0, deadline - time.monotonic()))
+    client = ServerClient(stack.router.url("http"), timeout_s=10.0)
+    client.remove_worker(getattr(stack, role).url("http"))
+    client.add_worker(worker.url("http"), role, worker.ports["bootstrap"] if role == "prefill" else None)
+    new = dataclasses.replace(stack, **{role: worker})
+    wait_router_registered(new.router, (new.prefill, new.decode), deadline)
+    return new
 
 
 def start_plain_server(

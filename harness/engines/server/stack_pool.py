@@ -451,6 +451,55 @@ class StackPool:
         wait_for(victim.poll, 30, f"{victim.name} dying of SIGKILL", interval=0.05)
         return victim
 
+    def replace(
+        self,
+        model_name: str,
+        role: str,
+        *,
+        while_starting: Callable[[PdStack, Worker], None] | None = None,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+    ) -> PdStack:
+        """Restart the ``role`` server (``prefill``/``decode``) of ``model_name``'s stack while the other
+        server and the router keep running, as an operator restarts one server: the old one is stopped
+        (a dead one, killed by :meth:`kill`, too), a new one starts at new ports in its place, and the
+        router swaps them. Decode meets the new prefill at a bootstrap address it has never asked.
+
+        ``while_starting(stack, worker)`` runs once the new server is launched, before it is ready (``stack``:
+        the one before the swap, its other servers running): a test acts while it starts (a hold at its
+        registration). The new server is watched from its readiness on.
+        A replacement that fails to start or join stops the whole stack (the next :meth:`pd` starts a fresh
+        one) and raises."""
+        from harness.engines.server.stack import launch_role, rejoin
+
+        key = self._pd_key(model_name, extra_args)
+        stack = self._pd.get(key) or self.pd(model_name, extra_args=extra_args)
+        self._stop([getattr(stack, role)])
+        bound = self._start_bound()
+        worker = launch_role(
+            self.topology,
+            self.model(model_name),
+            self.run_dir.root,
+            role,
+            self._unique_name(role),
+            placement=self._placed(),
+            extra_args=(*self.role_args(role), *dict(extra_args or {}).get(role, ())),
+            ready_timeout=bound,
+            forkserver=self.forkserver,
+        )
+        self._launched(worker)
+        try:
+            if while_starting is not None:
+                while_starting(stack, worker)
+            stack = rejoin(stack, role, worker, time.monotonic() + bound)
+        except BaseException:
+            self._stop_unowned([worker])
+            self._stop(self._pd.pop(key).workers)
+            raise
+        self._watch(worker)
+        self._pd[key] = stack
+        self._used.add(("pd", key))
+        return stack
+
     def _plain_group(self) -> PlacementBundles | None:
         """Where the plain server runs: unplaced (cpu), its own layout role, or, where it cannot run
         beside a PD stack, the prefill group after every PD stack was stopped."""
