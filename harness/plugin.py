@@ -15,6 +15,7 @@ pytest_plugins: list[str] = [
     "harness.plugins.state",
     "harness.plugins.failfast",
     "harness.plugins.explain",
+    "harness.plugins.race_rerun",
     "harness.plugins.explicit",
     "harness.plugins.topology",
     "harness.plugins.cluster",

@@ -67,6 +67,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             _write(item, run_dir, time.time())
 
 
+def new_attempt(item: pytest.Item) -> None:
+    """Forget the outcome recorded so far for ``item``: it runs again (``harness.plugins.race_rerun``) and
+    the record keeps the last attempt's."""
+    if _outcome_key in item.stash:
+        del item.stash[_outcome_key]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
     report = yield
