@@ -19,7 +19,7 @@ import pytest
 from harness.targets.sglang import releases
 from harness.targets.sglang import selection as target
 from harness.targets.sglang.compat import LegacyReqKv, req_kv
-from harness.targets.sglang.compat.capabilities import asserts_floor, keeps_prefix_out_of_tail
+from harness.targets.sglang.compat.capabilities import asserts_floor, keeps_prefix_out_of_tail, reads_status_through_get
 from harness.targets.sglang.compat.shims import commits_after_alloc
 from wheels import sglang_wheel
 
@@ -30,6 +30,8 @@ SUPPORTED = tuple(f"0.{MINOR}.{n}" for n in range(OLDEST, releases.NEWEST_CHECKE
 #: The first release with sglang's evict-floor asserts (#35286 / #35396), the radix prefix kept out of
 #: the SWA tail, and alloc_for_decode committing the new token itself.
 FIRST_WITH_ASSERTS = "0.5.19"
+#: The first release whose CommonKVManager.update_status reads the room once, with request_status.get.
+FIRST_READING_STATUS_WITH_GET = "0.5.20"
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -65,6 +67,13 @@ def test_probes_split_the_releases_where_the_asserts_came(version):
     assert keeps_prefix_out_of_tail(_function(decode, "DecodePreallocQueue.pop_preallocated")) is newer, version
     batch = _source(version, "srt/managers/schedule_batch.py")
     assert commits_after_alloc(_function(batch, "ScheduleBatch.prepare_for_decode")) is not newer, version
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_status_read_probe_splits_the_releases_where_update_status_changed(version):
+    conn = _source(version, "srt/disaggregation/common/conn.py")
+    update = _function(conn, "CommonKVManager.update_status")
+    assert reads_status_through_get(update) is (_release(version) >= _release(FIRST_READING_STATUS_WITH_GET)), version
 
 
 def test_probes_say_no_for_code_without_the_change():

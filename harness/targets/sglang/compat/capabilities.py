@@ -165,12 +165,35 @@ CAPABILITIES: dict[str, Capability] = {
             ),
         ),
         Capability(
+            "status-read-through-get",
+            "CommonKVManager.update_status reads a room's status once, with request_status.get, before it writes "
+            "(0.5.20 on; up to 0.5.19 it reads with `in` and `[]`, so the harness's hold between read and write, "
+            "which sits in the status table's get, is never reached, and a Failed write to a missing room is "
+            "refused)",
+            lambda: _status_read_through_get(),
+        ),
+        Capability(
             "free-kv-row-segments",
             "release through mem_cache.common.free_kv_row_segments (the SWA-aware row free)",
             lambda: _has("sglang.srt.mem_cache.common", "free_kv_row_segments"),
         ),
     )
 }
+
+
+def reads_status_through_get(update_status_source: str) -> bool:
+    """Whether ``CommonKVManager.update_status``'s source reads the room's status with ``request_status.get``."""
+    return "request_status.get(" in update_status_source
+
+
+def _status_read_through_get() -> str | None:
+    mgr = getattr(_module("sglang.srt.disaggregation.common.conn"), "CommonKVManager", None)
+    update = getattr(mgr, "update_status", None)
+    if update is None:
+        return "no CommonKVManager.update_status in sglang.srt.disaggregation.common.conn"
+    if reads_status_through_get(inspect.getsource(update)):
+        return None
+    return "update_status reads the room with `in` and `[]`, not request_status.get"
 
 
 def _hisparse_device() -> str | None:
