@@ -33,7 +33,8 @@ def _rerunnable(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
     """Run ``item``; when a known race hit it (and it does not force one), run it once more, and log only
-    the last attempt's reports."""
+    the last attempt's reports. It runs the test itself (as pytest's runner does), so a plugin that only
+    watches a test's protocol must wrap it (``wrapper=True``): a plain implementation is never reached."""
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     properties = list(item.user_properties)
     reports = runtestprotocol(item, nextitem=nextitem, log=False)
