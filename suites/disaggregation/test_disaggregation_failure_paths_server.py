@@ -312,19 +312,48 @@ def test_retraction_under_decode_pool_pressure_resumes_and_leaves_no_kv(tight, r
     # and not from SWA eviction (the same with decode's eviction off, and on a plain server): there the
     # tiny random model's two best tokens tie exactly in bf16 when served alone, and the batch's numerics
     # (one bf16 step, 0.004 in logprob) break the tie the other way. Parity would not isolate the resume.
+    #
+    # The two must decode together, which timing alone does not give on a loaded machine (the second came
+    # so late that the first finished before the pool ran short). Holds line them up, none of them in a
+    # thread the other request needs: (1) prefill holds the first before its KV send until decode has
+    # preallocated the second; (2) decode's scheduler holds the first, transferred, until the second's KV
+    # has landed too (its Success is written by decode's transfer thread, not the scheduler); released,
+    # the scheduler commits both, and they decode side by side.
     rids = [new_rid(f"retract-{i}") for i in range(2)]
     decode = Ledger(run_dir, tight.decode)
     router = tight.client("router")
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        answers = list(
-            pool.map(
-                lambda i: router.generate(
-                    prompt_ids(RETRACT_PROMPT, seed=40 + i), RETRACT_NEW, extra={"rid": rids[i]}, timeout_s=3 * PHASE_S
-                ),
-                range(2),
+    led = run_dir.ledger
+    at_send = phases.Hold(led, "prefill.send", rids[0])
+    at_transferred = phases.Hold(led, "decode.transferred", rids[0])
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        answers = [
+            pool.submit(
+                router.generate,
+                prompt_ids(RETRACT_PROMPT, seed=40 + i),
+                RETRACT_NEW,
+                extra={"rid": rids[i]},
+                timeout_s=3 * PHASE_S,
             )
+            for i in range(2)
+        ]
+        at_send.reached(PHASE_S)
+        phases.wait_mark(led, "decode.prealloc", rid=rids[1], timeout_s=PHASE_S)
+        at_send.release()
+        at_transferred.reached(PHASE_S)
+        phases.wait_mark(
+            led,
+            "transfer.status",
+            rid=rids[1],
+            timeout_s=PHASE_S,
+            where=lambda m: m.worker == tight.decode.name and m.note.startswith("wrote, now Success"),
         )
-    assert [len(a.output_ids) for a in answers] == [RETRACT_NEW] * 2, [len(a.output_ids) for a in answers]
+    finally:
+        at_send.release()
+        at_transferred.release()
+        pool.shutdown(wait=False)
+    lengths = [len(a.result(timeout=3 * PHASE_S).output_ids) for a in answers]
+    assert lengths == [RETRACT_NEW] * 2, lengths
     # The hazard, proven: a request released mid-decode and preallocated again for the rest (retracted,
     # then resumed), its second prealloc charged for what it had decoded.
     retracted = [r for r in rids if len(decode.events(r, "prealloc")) > 1]
