@@ -4,6 +4,12 @@ sglang's own mooncake code decides what moves (the decode rank's prefill TP rank
 prefill rank writes, the DP rank a request is dispatched to and the one its receiver binds to); the tests
 derive by hand, from the model's KV heads and the two shapes, which heads each decode rank must own and
 which prefill DP rank each request must come from, and compare every element with what prefill holds.
+
+No real-server twin: sglang 0.5.23's CPU path runs no server with TP above 1 on this machine. With TP 2 its
+scheduler first asks for ``SGLANG_CPU_OMP_THREADS_BIND`` (more ranks than NUMA nodes), and with that set it
+dies building its TP group: ``init_model_parallel_group`` keeps PyNccl on for a CPU device
+(``PyNcclCommunicator``: "Expected a cuda device, but got: cpu"). Measured with the launcher's plain CPU
+command and ``--tp 2`` on tiny-llama; every shape here needs TP 2 on at least one side.
 """
 
 from __future__ import annotations
