@@ -227,6 +227,24 @@ def test_writer_reader_round_trip(tmp_path):
     assert check(ledger.read_dir(path.parent)) == []
 
 
+def test_a_writer_closed_without_fsync_leaves_every_event_readable(tmp_path, monkeypatch):
+    """``close(sync=False)`` (a scratch ledger, ``harness explore``'s) flushes and closes but never fsyncs."""
+    import os
+
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    w = LedgerWriter(tmp_path / "d0.jsonl", worker="d0", component="decode")
+    w.record("release", "r0", P, pages={"full": (1, 2)})
+    w.close(sync=False)
+    w.close()  # closed already: nothing
+    assert synced == [] and [(e.kind, e.pages) for e in ledger.read(tmp_path / "d0.jsonl")] == [
+        ("release", {"full": (1, 2)})
+    ]
+    with LedgerWriter(tmp_path / "d1.jsonl", worker="d1", component="decode"):
+        pass
+    assert len(synced) == 1  # the default still fsyncs
+
+
 def test_summary_counts_and_formats():
     s = ledger.summarise(balanced())
     assert s["requests"] == 1 and s["violations"] == []

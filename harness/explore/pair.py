@@ -16,9 +16,10 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from harness import ledger
+from harness.explore.watch import LedgerWatch
 
 #: Operations, in the order the readable schedule names them.
 OPS = (
@@ -152,7 +153,11 @@ class Pair:
         self.log: list[str] = []  # every ledger event, without its wall-clock time, in the order written
         self._seen = {"prefill": 0, "decode": 0}
         self._checked = -1  # events the ledger's rules last held over
+        self._ranks_ops = 0  # operations run that reach the ranks (every one but submit)
+        self._conserved = -1  # of those, how many the pools were last found conserved after
+        self._watch = LedgerWatch(END_RULES)  # the rules, judged over the new events only
         self._submitted = 0
+        self._probes = 0
         self._prefill_total = self._free_pages("prefill")
         self._decode_total = self._free_pages("decode")
         self._collect()
@@ -161,19 +166,8 @@ class Pair:
 
     def candidates(self, op: str) -> list[str]:
         """The requests ``op`` may act on now, in a stable order (empty: the operation cannot run)."""
-        rs = self.reqs.values()
-        if op == "advance":
-            return sorted((r.rid for r in rs if not r.committed and self.next_op(r.rid)), key=_rid_order)
-        pick = {
-            "prealloc": lambda r: r.dst is None,
-            "prefill": lambda r: r.src is None and not r.committed,
-            "transfer": lambda r: bool(r.chunks) and r.sent < len(r.chunks) and not r.committed,
-            "commit": lambda r: r.src is not None and r.dst is not None and not r.committed and r.sent == len(r.chunks),
-            "abort": lambda r: not r.retracted,
-            "fail": lambda r: r.dst is not None and not r.committed,
-            "retract": lambda r: r.running and self.can_retract and self._retractable(r.rid),
-        }[op]
-        return sorted((r.rid for r in rs if pick(r)), key=_rid_order)
+        pick = _PICK[op]  # (a KeyError for an operation that picks no request)
+        return sorted((r.rid for r in self.reqs.values() if pick(self, r)), key=_rid_order)
 
     def next_op(self, rid: str) -> str:
         """The request's next operation on the way to decoding ("" once it decodes or waits on nothing)."""
@@ -207,7 +201,8 @@ class Pair:
         return full <= side.allocator.size_full and (not tail or swa <= side.allocator.size_swa)
 
     def probes(self) -> int:
-        return sum(s.op == "probe" for s in self.steps)
+        """The probe steps run (one that raised included)."""
+        return self._probes
 
     def running(self) -> list[str]:
         return [r.rid for r in self.reqs.values() if r.running]
@@ -226,6 +221,10 @@ class Pair:
         """
         if op not in OPS:
             raise ValueError(f"unknown operation {op!r}; one of {', '.join(OPS)}")
+        if op != "submit":  # a submit only books the request here: no rank sees it before its prealloc
+            self._ranks_ops += 1
+        if op == "probe":
+            self._probes += 1
         try:
             outcome = getattr(self, "_" + op)(**args)
         except Exception as e:  # the step is part of the schedule that broke: a repro must hold it
@@ -435,9 +434,24 @@ class Pair:
         """The invariants after a step: every pool of both ranks conserved (free + held by requests + held
         by the cache == total), no page held by two requests or both held and free, and the ledger's rules.
 
+        Each holds as before where nothing it reads changed: the pools after submits only (they reach no
+        rank), the ledger's rules without a new event.
+
         Raises:
             Broken: the first invariant that does not hold.
         """
+        if self._ranks_ops != self._conserved:
+            self._check_pools()
+            self._conserved = self._ranks_ops
+        if len(self.log) == self._checked:  # no new event: the rules, pure over the events, hold as before
+            return
+        violations = self._watch.violations((self.prefill.ledger.events, self.decode.ledger.events))
+        if violations:
+            raise Broken("ledger: " + "; ".join(str(v) for v in violations[:5]))
+        self._checked = len(self.log)
+
+    def _check_pools(self) -> None:
+        """The pools' invariants of :meth:`check` (every problem found, in one :class:`Broken`)."""
         problems: list[str] = []
         tree = self.decode.side.tree_cache
         cached = {"full": 0, "swa": 0}
@@ -466,12 +480,6 @@ class Pair:
                     )
         if problems:
             raise Broken("; ".join(problems))
-        if len(self.log) == self._checked:  # no new event: the rules, pure over the events, hold as before
-            return
-        violations = [v for v in ledger.check(self.events()) if v.rule not in END_RULES]
-        if violations:
-            raise Broken("ledger: " + "; ".join(str(v) for v in violations[:5]))
-        self._checked = len(self.log)
 
     def close(self) -> None:
         """End the schedule: abort what is still in flight (resuming retracted requests first), flush the
@@ -484,8 +492,9 @@ class Pair:
             self._drain()
         finally:
             self._collect()
-            self.prefill.close()
-            self.decode.close()
+            for worker in (self.prefill, self.decode):
+                worker.ledger.close(sync=False)  # scratch: the next schedule rewrites it (an fsync costs ms)
+                worker.close()
             if self._scratch:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -518,6 +527,19 @@ class Pair:
         problems += [str(v) for v in ledger.check(self.events())[:5]]
         if problems:
             raise Broken("at the end: " + "; ".join(problems))
+
+
+#: Which requests each operation may act on (:meth:`Pair.candidates`).
+_PICK: dict[str, Callable[[Pair, _Req], bool]] = {
+    "advance": lambda pair, r: not r.committed and bool(pair.next_op(r.rid)),
+    "prealloc": lambda pair, r: r.dst is None,
+    "prefill": lambda pair, r: r.src is None and not r.committed,
+    "transfer": lambda pair, r: bool(r.chunks) and r.sent < len(r.chunks) and not r.committed,
+    "commit": lambda pair, r: r.src is not None and r.dst is not None and not r.committed and r.sent == len(r.chunks),
+    "abort": lambda pair, r: not r.retracted,
+    "fail": lambda pair, r: r.dst is not None and not r.committed,
+    "retract": lambda pair, r: r.running and pair.can_retract and pair._retractable(r.rid),
+}
 
 
 def _rid_order(rid: str) -> tuple[int, int]:

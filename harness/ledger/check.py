@@ -77,30 +77,58 @@ def check(events: Iterable[Event], *, finished: Iterable[str] = ()) -> list[Viol
 
 
 def _check_worker(worker: str, evs: list[Event], finished: frozenset[str] = frozenset()) -> list[Violation]:
-    out: list[Violation] = []
-    books = _Books()
-    books.finished.update(finished)
-    config: LedgerConfig | None = None
-
-    def bad(rule: str, ev: Event | None, msg: str) -> None:
-        out.append(Violation(rule, msg, ev.seq if ev else None, worker, ev.rid if ev else "", ev.kind if ev else ""))
-
+    walk = Walk(worker, finished)
     for ev in evs:
+        walk.feed(ev)
+    return walk.out + walk.end()
+
+
+class Walk:
+    """The walk over one worker's events, an event at a time: :meth:`feed` applies every per-event rule to the
+    next event (in ``seq`` order) and keeps the books; :meth:`end` judges what the books still hold.
+
+    :func:`check` is ``feed`` over every event of a (worker, component), then ``end``; a caller that sees the
+    events arrive (``harness explore``, after every step) feeds only the new ones and gets the same findings.
+
+    Args:
+        worker: the worker the findings name.
+        finished: rids known finished (see :func:`check`).
+
+    Attributes:
+        out: the per-event violations so far, in event order.
+    """
+
+    def __init__(self, worker: str, finished: Iterable[str] = ()) -> None:
+        self.worker = worker
+        self.out: list[Violation] = []
+        self.books = _Books()
+        self.books.finished.update(finished)
+        self.config: LedgerConfig | None = None
+
+    def _bad(self, rule: str, ev: Event | None, msg: str) -> None:
+        self.out.append(
+            Violation(rule, msg, ev.seq if ev else None, self.worker, ev.rid if ev else "", ev.kind if ev else "")
+        )
+
+    def feed(self, ev: Event) -> None:
+        """Apply the per-event rules to ``ev``, the worker's next event, and book it."""
+        books, bad = self.books, self._bad
         if not ev.rid.startswith("<"):
             books.last[ev.rid] = ev
         if ev.kind not in KINDS:
             bad("unknown-kind", ev, f"kind {ev.kind!r} is not one of {', '.join(KINDS)}")
-            continue
+            return
         if ev.note.startswith(UNREADABLE):
             bad("probe-unreadable", ev, f"the probe could not read {ev.note.removeprefix(UNREADABLE).strip()}")
         if ev.kind == "config":
             try:
-                config = LedgerConfig.from_dict(ev.config)
+                self.config = LedgerConfig.from_dict(ev.config)
             except TypeError as e:
                 bad("no-config", ev, f"config event unreadable ({e})")
-                config = None
+                self.config = None
             books.baseline = {**dict(ev.free_after), **dict(ev.baseline)}
-            continue
+            return
+        config = self.config
         books.baseline.update(ev.baseline)
         # A flush's free_before counts cached slots too; what it leaves free is the real baseline.
         for pool, free in (ev.free_after if ev.kind == "reset" else ev.free_before).items():
@@ -143,39 +171,49 @@ def _check_worker(worker: str, evs: list[Event], finished: frozenset[str] = froz
                 # books still show a request live (its pages are that request's finding, not this one).
                 if now is not None and now != base and (idle or pool in RESOURCES):
                     bad("not-baseline", ev, resources.not_baseline(pool, now, base))
-    flying: dict[str, list[str]] = defaultdict(list)  # rid -> what it holds, pool by pool
-    for pool, owners in books.owner.items():
-        for owner, n in sorted(Counter(owners.values()).items()):
-            example = sorted(p for p, o in owners.items() if o == owner)[:4]
-            if _in_flight(books, owner):
-                flying[owner].append(f"pool {pool!r}: {n} page(s) (e.g. {example})")
-                continue
-            rid = owner.removeprefix(CACHE_OWNER)
-            where = " (still held after its release)" if owner != rid else ""
+
+    def end(self) -> list[Violation]:
+        """What the books hold after the last event fed: a ``page-leak`` or an ``in-flight-at-end`` finding per
+        request (see the module docstring). Reads the books, changes nothing."""
+        books, worker = self.books, self.worker
+        out: list[Violation] = []
+        flying: dict[str, list[str]] = defaultdict(list)  # rid -> what it holds, pool by pool
+        for pool, owners in books.owner.items():
+            for owner, n in sorted(Counter(owners.values()).items()):
+                example = sorted(p for p, o in owners.items() if o == owner)[:4]
+                if _in_flight(books, owner):
+                    flying[owner].append(f"pool {pool!r}: {n} page(s) (e.g. {example})")
+                    continue
+                rid = owner.removeprefix(CACHE_OWNER)
+                where = " (still held after its release)" if owner != rid else ""
+                out.append(
+                    Violation(
+                        "page-leak",
+                        f"pool {pool!r}: {n} page(s) never freed{where} (e.g. {example})",
+                        None,
+                        worker,
+                        rid,
+                    )
+                )
+        for (pool, rid), n in sorted(books.counted.items()):
+            if n and _in_flight(books, rid):
+                flying[rid].append(f"pool {pool!r}: {n} counted page(s)")
+            elif n:
+                out.append(Violation("page-leak", f"pool {pool!r}: {n} counted page(s) never freed", None, worker, rid))
+        for rid, holds in sorted(flying.items()):
+            last = books.last[rid]
             out.append(
                 Violation(
-                    "page-leak", f"pool {pool!r}: {n} page(s) never freed{where} (e.g. {example})", None, worker, rid
+                    IN_FLIGHT,
+                    f"{last.component} request still in flight at the end, last phase "
+                    f"{last.kind} (#{last.seq}), not released yet; holds {'; '.join(holds)}",
+                    None,
+                    worker,
+                    rid,
+                    last.kind,
                 )
             )
-    for (pool, rid), n in sorted(books.counted.items()):
-        if n and _in_flight(books, rid):
-            flying[rid].append(f"pool {pool!r}: {n} counted page(s)")
-        elif n:
-            out.append(Violation("page-leak", f"pool {pool!r}: {n} counted page(s) never freed", None, worker, rid))
-    for rid, holds in sorted(flying.items()):
-        last = books.last[rid]
-        out.append(
-            Violation(
-                IN_FLIGHT,
-                f"{last.component} request still in flight at the end, last phase "
-                f"{last.kind} (#{last.seq}), not released yet; holds {'; '.join(holds)}",
-                None,
-                worker,
-                rid,
-                last.kind,
-            )
-        )
-    return out
+        return out
 
 
 def _in_flight(books: _Books, owner: str) -> bool:

@@ -59,11 +59,14 @@ class LedgerWriter:
             self.events.append(ev)
             return ev
 
-    def close(self) -> None:
+    def close(self, *, sync: bool = True) -> None:
+        """Flush and close the file (again: nothing). ``sync``: fsync it first, so the events outlive the
+        machine's crash too; a scratch ledger (``harness explore`` rewrites its files every schedule) skips it."""
         with self._lock:
             if not self._fh.closed:
                 self._fh.flush()
-                os.fsync(self._fh.fileno())
+                if sync:
+                    os.fsync(self._fh.fileno())
                 self._fh.close()
 
     def __enter__(self) -> "LedgerWriter":

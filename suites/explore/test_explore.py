@@ -23,6 +23,7 @@ from harness.api import ExploreStep as Step
 from harness.api import explore_shrink_by_replay as shrink_by_replay
 from harness.api import explore_replay as replay
 from harness.api import harness_main as main
+from harness.api import ledger
 from harness.api import rerun_test_main as rerun_main
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -58,6 +59,32 @@ def test_the_time_budget_holds_within_a_batch(tmp_path):
     assert session.run() is None
     assert session.stopped == "time, mid-batch"
     assert session.progress.steps == 7 and 1 <= session.progress.schedules < BATCH, session.progress.line()
+
+
+def test_a_budget_spent_while_hypothesis_replays_a_schedule_is_a_time_stop_not_a_flaky_batch(tmp_path, monkeypatch):
+    """Seed 5's first batch, its budget spent once 766 steps have run: the stop comes inside a schedule whose
+    choices an earlier one of the batch drew on, and Hypothesis's tree raises ``FlakyStrategyDefinition`` ("the
+    second run stopped drawing earlier") in place of BudgetSpent (what ``harness explore --seed 2 --minutes 1``
+    once met at its deadline). The session stops on time, mid-batch; it called the batch abandoned before."""
+    raised: list[str] = []
+    run_batch = Session._run_batch
+
+    def spy(self, n):
+        try:
+            run_batch(self, n)
+        except BaseException as e:
+            raised.append(type(e).__name__)
+            raise
+
+    monkeypatch.setattr(Session, "_run_batch", spy)
+    holder: list = []
+    session = Session(
+        5, tmp_path, seconds=60.0, clock=lambda: 1e9 if holder and holder[0].progress.steps >= 766 else 0.0
+    )
+    holder.append(session)
+    assert session.run() is None
+    assert raised == ["FlakyStrategyDefinition"], f"{raised}: the stop no longer meets a replayed schedule"
+    assert session.stopped == "time, mid-batch" and [b.outcome for b in session.batches] == ["time, mid-batch"]
 
 
 def schedule(run_dir: Path) -> tuple[list, list[str]]:
@@ -107,6 +134,26 @@ def test_replay_is_byte_exact(tmp_path):
     assert first.failure is None, first.failure
     assert [s.op for s in first.steps] == [op for op, _ in steps]
     assert first.log == log and first.log_bytes() == second.log_bytes()
+
+
+def test_a_rule_broken_midway_breaks_the_check_after_its_step_as_the_full_check_says(tmp_path):
+    """The pair judges the ledger's rules over each step's new events (harness/explore/watch.py): an event that
+    breaks one midway (a transfer naming a page its request does not hold, as a buggy rank would write it) breaks
+    the check after that step, with the message of ``ledger.check`` over every event."""
+    pair = Pair(CONFIG, tmp_path)
+    pair.apply("submit", prompt_len=47, group=0, steps=3)
+    for op in ("prealloc", "prefill", "transfer"):
+        pair.apply(op, rid="r0")
+        pair.check()
+    pair.decode.ledger.record("transfer", "r0", CONFIG.page_size, pages={"full": (CONFIG.full_pages - 1,)})
+    pair.apply("transfer", rid="r0")
+    with pytest.raises(AssertionError) as broken:
+        pair.check()
+    want = [v for v in ledger.check(pair.events()) if v.rule not in ("page-leak", "in-flight-at-end")]
+    assert [v.rule for v in want] == ["transfer-unowned"]
+    assert str(broken.value) == "ledger: " + "; ".join(str(v) for v in want)
+    with pytest.raises(AssertionError, match="transfer-unowned"):
+        pair.close()
 
 
 def test_a_catalog_fault_is_found_and_shrunk_to_a_repro(tmp_path):
