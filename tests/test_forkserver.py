@@ -725,6 +725,44 @@ def test_a_server_whose_preload_extends_a_python_servers_is_its_fork_and_goes_wi
     served.wait(timeout=30)
 
 
+def test_a_faulted_runs_rank_server_is_a_fork_of_the_python_server_and_imports_the_patched_copy(
+    tmp_path, python_servers, monkeypatch
+):
+    # A fault-check run (or a mutant's) puts a patched copy first (overlay and PYTHONPATH) and names its
+    # faults; its ranks apply them themselves and run no sitecustomize, so their fork server is still a
+    # fork of the Python server (whose preload imported no sglang) and imports the patched copy from the
+    # path its child rebuilt. A fresh one spent about 7 CPU-s more per fault run.
+    from harness import faults
+    from harness.engines import fork_preload
+    from harness.targets.sglang.selection import OVERLAY_ENV
+
+    # A preload from site-packages (as the real one's graph is), not from the server's PYTHONPATH.
+    monkeypatch.setattr(fork_preload, "PYTHON_PRELOAD", "psutil")
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), **fork_preload.ONE_THREAD_ENV}
+    script = tmp_path / "child.py"
+    script.write_text("import os\nimport fs_patched\nprint(os.getppid(), fs_patched.PATCHED)\n")
+    fork_preload.python_command([sys.executable, str(script)], env)
+    [server] = forkserver.sharing._PYTHON
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "fs_patched.py").write_text("PATCHED = True\n")
+    faulted = {
+        **env,
+        faults.ENV_VAR: "corrupt-kv-page",
+        OVERLAY_ENV: str(scratch),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(scratch), env["PYTHONPATH"]) if p),
+    }
+    argv, cenv = fork_preload.after_python([sys.executable, str(script)], faulted)
+    out = subprocess.run(argv, env=cenv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(server.pid), "True"], out.stderr
+    # A harness subprocess naming a fault is still a fresh interpreter (a server's sitecustomize applies it).
+    assert fork_preload.python_command([sys.executable, str(script)], faulted)[0] == [sys.executable, str(script)]
+    # A directory first on the path that would shadow a preloaded module gets a fresh interpreter.
+    (scratch / "psutil.py").write_text("SHADOW = True\n")
+    assert fork_preload.after_python([sys.executable, str(script)], faulted)[0] == [sys.executable, str(script)]
+
+
 # ------------------------------------------------------------------- which processes start as forks (policy)
 
 

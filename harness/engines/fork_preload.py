@@ -14,7 +14,7 @@ import sys
 from typing import Mapping, Sequence
 
 from harness import faults
-from harness.targets.sglang.selection import ENV_VAR, OVERLAY_ENV
+from harness.targets.sglang.selection import ENV_VAR
 from harness.engines.server import server_preload as server_preload
 from harness.workers import forkserver
 
@@ -149,34 +149,41 @@ def _pytest_plugin_packages() -> set[str]:
 def after_python(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """How to start a fork server whose preload extends :func:`python`'s (:func:`rank`: sglang's
     memory paths on top of the same third-party graph): as a fork of a :func:`python` server that this
-    process or an ancestor already runs (``rerun-test``'s, for its groups) when one serves ``env``, so
-    it imports only what its preload adds (about 1.3 of 6.5 CPU-s here); otherwise unchanged, a fresh
-    interpreter (no :func:`python` server is started for it). The ``launch`` of
-    :meth:`harness.workers.forkserver.ForkServer.start`."""
-    forked, forked_env = python_command(argv, env, start_server=False)
+    process or an ancestor already runs (``rerun-test``'s, for its groups; the fault check's and the
+    mutation run's, for their runs) when one serves ``env``, so it imports only what its preload adds
+    (about 1.3 of 6.5 CPU-s here); otherwise unchanged, a fresh interpreter (no :func:`python` server is
+    started for it). The ``launch`` of :meth:`harness.workers.forkserver.ForkServer.start`.
+
+    A run's faults do not stop it: a rank applies them itself (its payload, from ``HARNESS_FAULTS``) and
+    runs no ``sitecustomize``, and a fault's patched sglang copy comes first on the path the child
+    rebuilds from its ``PYTHONPATH``, as a fresh interpreter would import it."""
+    forked, forked_env = python_command(argv, env, start_server=False, faults_ok=True)
     return (forked, forked_env) if forked != list(argv) else (list(argv), env)
 
 
 def python_command(
-    argv: Sequence[str], env: Mapping[str, str], *, sglang_only_overlay: bool = False, start_server: bool = True
+    argv: Sequence[str], env: Mapping[str, str], *, start_server: bool = True, faults_ok: bool = False
 ) -> tuple[list[str], dict[str, str]]:
     """``argv`` and ``env`` that run a harness Python subprocess (``[sys.executable, "-m", ...]``),
     with :data:`ONE_THREAD_ENV` where ``env`` sets no other value (the harness runs such subprocesses
     side by side, and beside its tests), as a fork of the :func:`python` preload
     (:func:`harness.workers.forkserver.python_command`) when it then has those values and names no fault
-    (faults apply when sglang is imported, and a fork server imports none); otherwise a fresh one.
+    (a real server's ``sitecustomize`` applies them when the interpreter starts, which a fork skips;
+    ``faults_ok``: the command applies its own, as a rank does); otherwise a fresh one.
 
-    ``sglang_only_overlay``: the command's overlay (``HARNESS_SGLANG_OVERLAY``) holds a patched
-    ``sglang/`` only (a mutant's scratch copy), so it cannot change the third-party graph the preload
-    imported: commands that differ only in it share one fork server. ``start_server`` False: only a
-    server this process or an ancestor already runs (:func:`after_python`)."""
-    must_match = (ENV_VAR,) if sglang_only_overlay else (ENV_VAR, OVERLAY_ENV)
+    The server is started ``free_path``: a command whose ``PYTHONPATH`` or overlay
+    (``HARNESS_SGLANG_OVERLAY``) puts a directory first that holds none of what the preload imported (a
+    fault's or a mutant's patched ``sglang/``: the preload imports no sglang) is forked from the same
+    server, and its child rebuilds ``sys.path`` from its own ``PYTHONPATH``; one that would shadow a
+    preloaded module gets a fresh interpreter. ``start_server`` False: only a server this process or an
+    ancestor already runs (:func:`after_python`)."""
     return forkserver.python_command(
         argv,
         {**ONE_THREAD_ENV, **env},
         preload=PYTHON_PRELOAD,
         requires=ONE_THREAD_ENV,
-        refuses=(faults.ENV_VAR,),
-        must_match=must_match,
+        refuses=() if faults_ok else (faults.ENV_VAR,),
+        must_match=(ENV_VAR,),
         start_server=start_server,
+        free_path=True,
     )

@@ -146,9 +146,7 @@ def run_mutant(m: Mutant, tests: Sequence[str], out: Path, root: Path, tree: Pat
         junit_path = out / "junit" / f"{label}.xml"
         junit_path.parent.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
-        argv, env = fork_preload.python_command(
-            pytest_command(tests, junit_path, out / "pytest" / label), env, sglang_only_overlay=True
-        )
+        argv, env = fork_preload.python_command(pytest_command(tests, junit_path, out / "pytest" / label), env)
         start = time.monotonic()
         code, timed_out = procs.run_logged(
             argv, cwd=root, env=env, log=out / "logs" / f"{label}.log", timeout_s=timeout_s

@@ -68,7 +68,7 @@ def failing_clean(files: Sequence[Path], out: Path, root: Path, timeout_s: float
     junit_path = out / "upstream" / "clean.xml"
     junit_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = pytest_command([str(f) for f in files], junit_path, out / "upstream" / "pytest-clean", first_failure=False)
-    argv, env = fork_preload.python_command(cmd, childpytest.environment(), sglang_only_overlay=True)
+    argv, env = fork_preload.python_command(cmd, childpytest.environment())
     procs.run_logged(argv, cwd=root, env=env, log=out / "upstream" / "clean.log", timeout_s=timeout_s)
     cases = junit.read_junit(junit_path, root) if junit_path.exists() else []
     if not cases:  # nothing readable (a crash in collection): none of them can judge a mutant

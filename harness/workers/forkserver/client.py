@@ -28,12 +28,12 @@ def differing(path: str, environ=None) -> list:
         return []
     ignore, preset = set(must.get("ignore", ())), must.get("set_by_preload", {})
     out = {k for k, v in must.get("env", {}).items() if environ.get(k, "") != v}
-    free = must.get("free_path")
-    if free is not None and "PYTHONPATH" in out and not _shadows(environ.get("PYTHONPATH", ""), free):
-        out.discard("PYTHONPATH")  # the child rebuilds sys.path from its own; nothing it has is shadowed
     for prefix, theirs in must.get("prefixes", {}).items():
         mine = {k: v for k, v in environ.items() if k.startswith(prefix) and k not in ignore}
         out |= {k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)}
+    free = must.get("free_path")
+    if free is not None and "PYTHONPATH" in out and not _shadows(environ.get("PYTHONPATH", ""), free):
+        out.discard("PYTHONPATH")  # the child rebuilds sys.path from its own; nothing it has is shadowed
     # A value the preload's imports set themselves is where the server's environment ended up too.
     return sorted(k for k in out if k not in preset or environ.get(k) != preset[k])
 

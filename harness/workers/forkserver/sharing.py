@@ -161,6 +161,7 @@ def python_command(
     must_match: Sequence[str] = (),
     reimport: Sequence[str] = ("harness",),
     start_server: bool = True,
+    free_path: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """``argv`` and ``env`` that run a Python subprocess as a fork of a server that ran ``preload``.
 
@@ -185,7 +186,7 @@ def python_command(
     Args:
         argv: the command, starting with this interpreter.
         env: its whole environment.
-        preload, must_match, reimport: as :meth:`ForkServer.start` (by default the harness's own
+        preload, must_match, reimport, free_path: as :meth:`ForkServer.start` (by default the harness's own
             modules are imported afresh in each child: pytest rewrites its plugin's asserts).
         requires: env values the child must have to be forked.
         refuses: env vars the child must not set to be forked.
@@ -213,7 +214,9 @@ def python_command(
         if preload in _PYTHON_FAILED or not start_server:  # once: a preload that failed would fail again
             return ""
         try:
-            server = ForkServer.start(preload, base, must_match=must_match, record_env=True, reimport=reimport)
+            server = ForkServer.start(
+                preload, base, must_match=must_match, record_env=True, reimport=reimport, free_path=free_path
+            )
         except ForkServerError as e:
             with _SHARED_LOCK:
                 _PYTHON_FAILED.add(preload)
