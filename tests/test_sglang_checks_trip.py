@@ -27,6 +27,9 @@ from typing import Iterator
 
 import pytest
 
+from harness import topology
+from harness.engines import fork_preload
+from harness.engines.server import stack
 from harness.targets.sglang import selection as target
 from harness.targets.sglang.compat import checks
 
@@ -78,35 +81,36 @@ class Run:
         self.log = out / "pytest.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def start(self, shared: dict[str, str]) -> None:
         self.out.mkdir(parents=True)
         env = {k: v for k, v in os.environ.items() if k not in (target.ENV_VAR, "HARNESS_FAULTS")}
-        env[checks.SELECT_ENV] = self.select
+        env.update({target.ENV_VAR: target.INSTALLED, checks.SELECT_ENV: self.select, **shared})
+        # A fork of the Python preload (the third-party graph imported once per worker, not per run); the
+        # ranks of the simulated run then fork from it too, the servers from this worker's server fork
+        # server (``shared``), and the fault is applied by the run's plugin and the servers' sitecustomize.
+        argv, env = fork_preload.python_command(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-n",
+                "0",
+                "--engine",
+                self.engine,
+                "--run-dir",
+                str(self.out / "run"),
+                "--inject-fault",
+                self.fault,
+                f"--junitxml={self.junit}",
+                *self.selections,
+            ],
+            env,
+        )
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-p",
-                    "no:cacheprovider",
-                    "-q",
-                    "-n",
-                    "0",
-                    "--engine",
-                    self.engine,
-                    "--run-dir",
-                    str(self.out / "run"),
-                    "--inject-fault",
-                    self.fault,
-                    f"--junitxml={self.junit}",
-                    *self.selections,
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def messages(self, selection: str) -> list[str]:
         """The failure messages of ``selection``'s JUnit cases (the run has exited)."""
@@ -122,6 +126,7 @@ class Runs:
 
     def __init__(self, base: Path):
         self.base = base
+        self.shared = stack.fork_server_env(topology.get("cpu"))
         self.runs: dict[tuple[str, str], Run] = {}
         # The checks-off runs first: each runs several selections in a row, the longest runs of the module.
         for fault in dict.fromkeys(fault for _, fault, _ in TRIPS.values()):
@@ -138,7 +143,7 @@ class Runs:
             if len(alive) >= AT_ONCE:
                 break
             if run.proc is None:
-                run.start()
+                run.start(self.shared)
                 alive.append(run)
 
     def messages(self, key: tuple[str, str], selection: str, timeout: float = RUN_TIMEOUT_S) -> list[str]:

@@ -154,6 +154,20 @@ def share_fork_server(topology: Topology, advertise: bool = True) -> bool:
     return True
 
 
+def fork_server_env(topology: Topology) -> dict[str, str]:
+    """What names this process's server fork server for ``topology``'s CPU servers (started if none) to
+    one child process, for that child's environment: a pytest run it starts forks its servers from it
+    instead of starting a fork server of its own (about 9 CPU-s each), without naming it to every
+    later child of this process as :func:`share_fork_server` does. Empty when servers do not fork here.
+    """
+    if not share_fork_server(topology, advertise=False):
+        return {}
+    cmd = plain_server_command(topology, model="model", ports=ServerPorts(http=0, nccl=0))
+    socket_path = fork_server(command_env(cmd)).socket_path
+    inherited = [p for p in os.environ.get(fork_servers.ADVERTISE_ENV, "").split(os.pathsep) if p]
+    return {fork_servers.ADVERTISE_ENV: os.pathsep.join([socket_path, *inherited])}
+
+
 def _spec(
     name: str,
     cmd: Command,
