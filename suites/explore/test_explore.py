@@ -211,6 +211,21 @@ def test_a_second_shrinking_pass_drops_the_steps_the_failure_does_not_need(tmp_p
     assert shrunk.failure == "step 1 (prealloc): ValueError: prealloc r7: not a request this operation can act on now"
 
 
+def test_a_budget_spent_while_hypothesis_shrinks_still_gets_the_replay_pass(tmp_path):
+    """The budget runs out while Hypothesis shrinks: the shortest failing schedule seen is the finding, and a
+    long one is still shortened by replay (a 1- and a 3-minute run of prealloc-no-swa-evict ended on 13 steps
+    with two probes and two repeated waits a replay drops)."""
+    failure = "step 12 (prealloc): ValueError: prealloc r20: not a request this operation can act on now"
+    steps = [Step("submit", {"prompt_len": 20 + i, "group": 0, "steps": 1}) for i in range(11)]
+    session = Session(0, tmp_path, seconds=60.0)
+    session.best = Finding(0, CONFIG, [*steps, Step("prealloc", {"rid": "r20"})], failure, at_end=False)
+    assert session._stopped_mid_batch() == "time, mid-batch"
+    found = session.finding
+    assert found is not None and not found.shrunk
+    assert [(s.op, s.args) for s in found.steps] == [("prealloc", {"rid": "r9"})], found.lines()
+    assert "shortened by replay when over 10 steps" in found.lines()[-1]
+
+
 def test_rerun_test_from_replays_an_explore_repro_byte_exactly(tmp_path, capsys, monkeypatch):
     """A repro that exploration wrote (a runtime fault, so this process can apply it), replayed three times by
     ``rerun-test --from``: each breaks again with the same failure and writes the same event bytes, the
