@@ -40,49 +40,47 @@ def with_one_retry(start: Callable[[], Any]) -> Any:
     return start()
 
 
+#: The head node's settings beyond Ray's defaults: no dashboard; no log monitor (it streams the workers'
+#: logs to drivers, and every driver here connects with ``log_to_driver=False``; the worker nodes of a
+#: ``cluster_utils.Cluster`` start none either); no autoscaler monitor (a local cluster of fixed nodes
+#: scales nothing). Each of the last two cost about a CPU-second per cluster, and CI starts ~50.
+HEAD_ARGS: dict[str, Any] = dict(
+    include_dashboard=False,
+    include_log_monitor=False,
+    no_monitor=True,
+)
+
+
 def start_ray(nodes: int, cpus: float, gpus: int | None, tdir: Path, object_store_mb: int) -> Any:
-    """Start Ray's node(s) and connect this process: one in-process head for one node, else a
-    ``cluster_utils.Cluster`` of ``nodes`` (returned; None for one node). A failure leaves no Ray
-    process (:func:`stop_leftovers`) and this process disconnected."""
+    """Start Ray's node(s) as a ``cluster_utils.Cluster`` of ``nodes`` (returned; one node too: ``ray.init``
+    starting its own head cannot leave the log and autoscaler monitors out, :data:`HEAD_ARGS`) and connect
+    this process. A failure leaves no Ray process (:func:`stop_leftovers`) and this process disconnected."""
     import ray
+
+    from ray.cluster_utils import Cluster as RayCluster
 
     sim = None
     try:
-        if nodes == 1:
-            kwargs: dict[str, Any] = dict(
-                include_dashboard=False,
-                logging_level="ERROR",
-                _temp_dir=str(tdir),
+        # cluster_utils writes the cluster address to <RAY_TMPDIR>/ray/ray_current_cluster:
+        # keep it inside our own temp dir so no other Ray user on the machine is redirected.
+        os.environ["RAY_TMPDIR"] = str(tdir)
+        (tdir / "ray").mkdir(exist_ok=True)
+        sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
+        for i in range(nodes):
+            args: dict[str, Any] = dict(
                 num_cpus=cpus,
-                resources={NODE_RESOURCE.format(0): NODE_RESOURCE_AMOUNT},
-                log_to_driver=False,
+                resources={NODE_RESOURCE.format(i): NODE_RESOURCE_AMOUNT},
                 object_store_memory=object_store_mb << 20,
-                _system_config={"preallocate_plasma_memory": True},
             )
             if gpus is not None:
-                kwargs["num_gpus"] = gpus
-            ray.init(**kwargs)
-        else:
-            from ray.cluster_utils import Cluster as RayCluster
-
-            # cluster_utils writes the cluster address to <RAY_TMPDIR>/ray/ray_current_cluster:
-            # keep it inside our own temp dir so no other Ray user on the machine is redirected.
-            os.environ["RAY_TMPDIR"] = str(tdir)
-            (tdir / "ray").mkdir(exist_ok=True)
-            sim = RayCluster(initialize_head=False, shutdown_at_exit=True)
-            for i in range(nodes):
-                args: dict[str, Any] = dict(
-                    num_cpus=cpus,
-                    resources={NODE_RESOURCE.format(i): NODE_RESOURCE_AMOUNT},
-                    object_store_memory=object_store_mb << 20,
-                )
-                if gpus is not None:
-                    args["num_gpus"] = gpus
-                if i == 0:
-                    args.update(include_dashboard=False)
-                sim.add_node(wait=False, **args)
-            sim.wait_for_nodes(timeout=60)
-            ray.init(address=sim.address, logging_level="ERROR", log_to_driver=False)
+                args["num_gpus"] = gpus
+            if i == 0:
+                args.update(HEAD_ARGS)
+                if nodes == 1:  # its object store allocated at start (as ray.init's one node had it)
+                    args["_system_config"] = {"preallocate_plasma_memory": True}
+            sim.add_node(wait=False, **args)
+        sim.wait_for_nodes(timeout=60)
+        ray.init(address=sim.address, logging_level="ERROR", log_to_driver=False)
     except BaseException:
         if sim is not None:
             sim.shutdown()
