@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness import topology
@@ -49,7 +51,9 @@ CPU_ENV = {
     "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
     "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": "5",
     "SGLANG_EXTERNAL_MODEL_PACKAGE": "harness_tiny_models",
-    "HARNESS_COMPAT_PATCHES": "mooncake-host-tensor-indices,torch-native-swa-read,cpu-fork-children",
+    "HARNESS_COMPAT_PATCHES": (
+        "mooncake-host-tensor-indices,torch-native-swa-read,cpu-fork-children,cpu-tp-without-pynccl"
+    ),
 }
 
 
@@ -189,6 +193,21 @@ def test_cpu_plain_server_is_decode_shape_without_disaggregation():
     cmd = plain_server_command(topology.get("cpu"), model=MODEL, ports=ports, python=PY)
     assert list(cmd.argv) == [*head(ports), "--tp", "1", *CPU_FLAGS]
     assert dict(cmd.env) == {**CPU_ENV, **CHECKS_ENV}
+
+
+def test_a_cpu_server_of_tp_2_binds_each_rank_to_a_core_and_tp_1_binds_none(monkeypatch):
+    # sglang refuses a CPU server of TP > 1 without per-rank cores when the machine has fewer NUMA nodes
+    # than ranks; ranks past the cores share them in turn.
+    hetero = topology.get("cpu-tp1-tp2")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    decode = server_command(hetero, "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
+    prefill = server_command(hetero, "prefill", model=MODEL, ports=PREFILL_PORTS, python=PY)
+    assert decode.argv[decode.argv.index("--tp") + 1] == "2" and decode.env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert prefill.argv[prefill.argv.index("--tp") + 1] == "1" and "SGLANG_CPU_OMP_THREADS_BIND" not in prefill.env
+    assert "cpu-tp-without-pynccl" in decode.env["HARNESS_COMPAT_PATCHES"].split(",")
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    again = server_command(hetero, "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
+    assert again.env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|0"
 
 
 def test_cpu_compat_patches_and_probe_env():

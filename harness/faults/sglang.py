@@ -239,6 +239,17 @@ FAULTS: tuple[Fault, ...] = (
         est_s=32,
     ),
     Fault(
+        name="hetero-head-slice-first-only",
+        description=(
+            "compute_head_slice_params hands every decode rank the source rank's first head slice: with decode TP "
+            "above prefill TP, decode ranks past the first attend over another head's KV"
+        ),
+        upstream="sglang#23746 class (KV heads mapped to the wrong decode ranks)",
+        evidence=("should hold KV head",),
+        suites=(f"{_HETERO_HEADS}[8-gpu-h100-tp1-tp4]",),
+        est_s=32,
+    ),
+    Fault(
         name="hetero-rank-map-modulo",
         description=(
             "_resolve_rank_mapping sends decode rank d (decode TP above prefill TP) to prefill rank d % prefill "

@@ -57,10 +57,15 @@ class Probe:
         self.reserved: dict[str, dict[str, int]] = {}  # rid -> what admission last charged it (full, swa)
         self.released: list[Any] | None = None  # SWA page ids freed inside the _evict_swa call running
         self.pending: list[Callable[[], None]] | None = None  # evict records waiting for their free group's end
+        # A TP rank other than its attention group's first: its pools mirror rank 0's (the same scheduling
+        # decisions on its own slice of the heads), so only rank 0 of a server of TP > 1 writes the ledger.
+        self.mirror = False
 
     def record(self, kind: str, rid: str, page_size: int, **fields: Any) -> None:
         from harness.ledger import LedgerWriter
 
+        if self.mirror:
+            return
         with self._lock:
             if self._writer is None:
                 self._writer = LedgerWriter(self.ledger_path, self.worker, self.component)
@@ -324,6 +329,20 @@ def _wrap_flush(probe: Probe, orig: Callable) -> Callable:
     return wrapper
 
 
+def _wrap_scheduler_init(probe: Probe, orig: Callable, parallel: Callable[[], Any] | None) -> Callable:
+    """Marks the probe of a scheduler that is not its attention TP group's rank 0 as a mirror (no ledger).
+    ``parallel``: the scheduler module's ``get_parallel`` (0.5.23 keeps the ranks in its runtime context;
+    releases before it, on the scheduler)."""
+
+    @functools.wraps(orig)
+    def wrapper(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        where = parallel() if parallel is not None else self
+        probe.mirror = getattr(where, "attn_tp_rank", getattr(where, "tp_rank", 0)) != 0
+
+    return wrapper
+
+
 def install(ledger_path: str, worker: str, component: str) -> Probe:
     """Wrap sglang's prealloc, SWA-evict and release paths (``decode`` only) and its cache flush to
     write events to ``ledger_path``.
@@ -362,6 +381,7 @@ def install(ledger_path: str, worker: str, component: str) -> Probe:
 
     def on_scheduler(mod: ModuleType) -> None:
         mod.Scheduler.flush_cache = _wrap_flush(probe, mod.Scheduler.flush_cache)
+        mod.Scheduler.__init__ = _wrap_scheduler_init(probe, mod.Scheduler.__init__, getattr(mod, "get_parallel", None))
 
     if component == "decode":
         after_import("sglang.srt.mem_cache.common", on_common)

@@ -75,7 +75,12 @@ CPU_ENV: Mapping[str, str] = {
     "SGLANG_EXTERNAL_MODEL_PACKAGE": "harness_tiny_models",
 }
 #: Compat patches every server on a CPU topology gets (names from ``compat.PATCHES``).
-CPU_COMPAT_PATCHES: tuple[str, ...] = ("mooncake-host-tensor-indices", "torch-native-swa-read", "cpu-fork-children")
+CPU_COMPAT_PATCHES: tuple[str, ...] = (
+    "mooncake-host-tensor-indices",
+    "torch-native-swa-read",
+    "cpu-fork-children",
+    "cpu-tp-without-pynccl",
+)
 
 #: Decode-side HiSparse (DeepSeek-V4 class; sglang 0.5.23 ``--enable-hisparse``). It is a decode
 #: feature only (decode receives the KV into the HiSparse host pool; prefill sends as usual), and
@@ -173,6 +178,20 @@ def _cpu_env(patches: Sequence[str] | None) -> dict[str, str]:
     return env
 
 
+#: sglang's per-rank CPU cores for a CPU server of TP > 1 (``0|1``: rank 0 on core 0, rank 1 on core 1); sglang
+#: refuses to start one without it when the machine has fewer NUMA nodes than ranks.
+CPU_TP_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def _cpu_tp_env(tp: int) -> dict[str, str]:
+    """A CPU server of ``tp`` > 1 ranks binds rank ``i`` to core ``i`` modulo this machine's cores (its ranks
+    take turns on a core when there are fewer cores than ranks)."""
+    if tp <= 1:
+        return {}
+    cores = os.cpu_count() or 1
+    return {CPU_TP_BIND_ENV: "|".join(str(i % cores) for i in range(tp))}
+
+
 def _probe_env(run_dir: str | Path | None, worker: str, component: str) -> dict[str, str]:
     if run_dir is None:
         return {}
@@ -250,6 +269,7 @@ def _engine_command(
         ):
             base += CPU_DECODE_ARGS
         env.update(_cpu_env(compat_patches))
+        env.update(_cpu_tp_env(role.tp))
         pythonpath.append(str(CPU_SHIM_DIR))
     elif compat_patches:
         env[COMPAT_ENV] = ",".join(compat_patches)

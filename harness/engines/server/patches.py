@@ -118,6 +118,21 @@ def _cpu_fork_children(mod: ModuleType) -> None:
     mod.mp = _ForkingMultiprocessing(mod.mp)
 
 
+def _cpu_tp_without_pynccl(mod: ModuleType) -> bool | None:
+    cls = getattr(mod, "GroupCoordinator", None)
+    if cls is None:
+        raise CompatError("cpu-tp-without-pynccl: parallel_state has no GroupCoordinator; drop or update the patch")
+    if not getattr(mod, "_is_cpu", False):
+        return False  # not a CPU platform: PyNccl is what the group should build
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        kwargs["use_pynccl"] = False  # a CPU group all-reduces through torch.distributed (gloo) instead
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+
+
 PATCHES: dict[str, CompatPatch] = {
     p.name: p
     for p in (
@@ -132,6 +147,13 @@ PATCHES: dict[str, CompatPatch] = {
             "sglang.srt.layers.attention.torch_native_backend",
             "upstream bug: torch-native backend reads SWA layers with full-pool indices",
             _torch_native_swa_read,
+        ),
+        CompatPatch(
+            "cpu-tp-without-pynccl",
+            "sglang.srt.distributed.parallel_state",
+            "upstream bug: a TP group on CPU builds a PyNccl communicator ('Expected a cuda device, but got: "
+            "cpu'); its CPU all-reduce falls back to torch.distributed without it",
+            _cpu_tp_without_pynccl,
         ),
         CompatPatch(
             "cpu-fork-children",
