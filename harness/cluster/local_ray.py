@@ -1,6 +1,6 @@
-"""Starting a local Ray for :meth:`harness.cluster.Cluster.start`: its node processes (one in-process head,
-or a ``cluster_utils.Cluster`` of several nodes), one retry of Ray's startup timeout, and the cleanup of what
-a failed start left.
+"""Starting a local Ray for :meth:`harness.cluster.Cluster.start`: its node processes (a ``cluster_utils.Cluster``
+of one node or several, without the monitors no harness driver reads), one retry of Ray's startup timeout, and
+the cleanup of what a failed start left.
 """
 
 from __future__ import annotations
