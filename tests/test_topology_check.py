@@ -47,7 +47,8 @@ def test_check_on_this_machine_and_simulated():
             ["nope"],
             "harness: unknown topology 'nope'; use one of: 2-gpu-h100, 2-node-16-gpu-h200, 2-node-16-gpu-h200-tp4-tp8, "
             "2-node-2-gpu-h100, 4-gpu-h100-dp-attention-dp2, 4-gpu-h100-tp1-tp2, 4-node-32-gpu-h200, "
-            "4-node-32-gpu-h200-dp-attention, 8-gpu-h100-tp1-tp4, 8-gpu-h200, 8-gpu-h200-tp2-tp4, cpu, cpu-tp1-tp2 "
+            "4-node-32-gpu-h200-dp-attention, 8-gpu-h100-tp1-tp4, 8-gpu-h200, 8-gpu-h200-tp2-tp4, cpu, cpu-tp1-tp2, "
+            "cpu-tp1-tp4, cpu-tp2-tp4 "
             "(or a path to a .toml file)",
         ),
         (
