@@ -16,7 +16,10 @@ Findings on sglang 0.5.23, strict xfails raising :class:`HeadsMisrouted`:
   prompts and the concurrent set differ. The tokens are those that ``hetero-head-slice-first-only`` gives on
   TP 1 -> 2: decode ranks 2 and 3, which share head 1, answer as if they held head 0 (sgl#23746 class). The
   simulated TP 1/4 and 2/4 shapes pass: they run sglang's head-slice and rank-map decisions, not its byte
-  offsets. Not yet narrowed to one sglang function.
+  offsets. On the real stack those decisions are right too: logged on TP 1 -> 4,
+  ``compute_head_slice_params`` gives decode ranks 0 and 1 head 0 and ranks 2 and 3 head 1. So the wrong
+  head comes later: in the bytes ``send_kvcache_slice`` moves, in the registration each decode rank's
+  pointers come from, or on the decode side.
 
 To run a TP > 1 server at all, sglang 0.5.23 on CPU needs two things from the harness:
 
