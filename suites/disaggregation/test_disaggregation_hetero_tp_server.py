@@ -71,12 +71,9 @@ class HeadsMisrouted(AssertionError):
     shared by several decode ranks): some decode rank attends over another head's KV (sgl#23746 class)."""
 
 
-#: tiny-llama's KV heads.
-KV_HEADS = 2
-
-
 def _replicated(topology) -> bool:
-    return topology.roles_of("decode")[0].tp > KV_HEADS
+    """Whether decode's TP exceeds the KV heads (the topology's ``kv_heads``: tiny-llama's 2)."""
+    return topology.roles_of("decode")[0].tp > topology.kv_heads
 
 
 def _check(got, want, what: str, topology) -> None:

@@ -143,15 +143,7 @@ def share_fork_server(topology: Topology, advertise: bool = True) -> bool:
         Whether it serves (False, logged: servers with real GPUs never fork; fork starts switched
         off; it could not start, and each run starts its own as before).
     """
-    if topology.needs_gpus or not fork_servers.forks("server"):
-        return False
-    cmd = plain_server_command(topology, model="model", ports=ServerPorts(http=0, nccl=0))
-    try:
-        fork_server(command_env(cmd), advertise=advertise)
-    except fork_servers.ForkServerError as e:
-        log.warning("no shared server fork server (%s): each run starts its own", e)
-        return False
-    return True
+    return _shared_fork_server(topology, advertise) is not None
 
 
 def fork_server_env(topology: Topology) -> dict[str, str]:
@@ -160,12 +152,24 @@ def fork_server_env(topology: Topology) -> dict[str, str]:
     instead of starting a fork server of its own (about 9 CPU-s each), without naming it to every
     later child of this process as :func:`share_fork_server` does. Empty when servers do not fork here.
     """
-    if not share_fork_server(topology, advertise=False):
+    server = _shared_fork_server(topology, advertise=False)
+    if server is None:
         return {}
-    cmd = plain_server_command(topology, model="model", ports=ServerPorts(http=0, nccl=0))
-    socket_path = fork_server(command_env(cmd)).socket_path
     inherited = [p for p in os.environ.get(fork_servers.ADVERTISE_ENV, "").split(os.pathsep) if p]
-    return {fork_servers.ADVERTISE_ENV: os.pathsep.join([socket_path, *inherited])}
+    return {fork_servers.ADVERTISE_ENV: os.pathsep.join([server.socket_path, *inherited])}
+
+
+def _shared_fork_server(topology: Topology, advertise: bool) -> fork_servers.ForkServer | fork_servers.Inherited | None:
+    """The server fork server of ``topology``'s CPU servers (:func:`fork_server`, started if none), or None
+    where servers do not fork (see :func:`share_fork_server`'s return)."""
+    if topology.needs_gpus or not fork_servers.forks("server"):
+        return None
+    cmd = plain_server_command(topology, model="model", ports=ServerPorts(http=0, nccl=0))
+    try:
+        return fork_server(command_env(cmd), advertise=advertise)
+    except fork_servers.ForkServerError as e:
+        log.warning("no shared server fork server (%s): each run starts its own", e)
+        return None
 
 
 def _spec(
