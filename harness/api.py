@@ -37,6 +37,8 @@ NAMES: dict[str, str] = {
     "hetero_content": "harness.engines.sim.hetero_rank:content",
     "hetero_start": "harness.engines.sim.hetero:start",
     "hetero_transfer": "harness.engines.sim.hetero:transfer",
+    # heterogeneous PD on real servers: whose KV head each decode rank holds (every rank's per-head digests)
+    "head_slices": "harness.ledger.head_slices:",
     # topologies
     "topology": "harness.topology:",
     # workers

@@ -4,6 +4,7 @@ Layout (a cross-team contract)::
 
     <run_dir>/workers/<worker-name>.log    each worker's stdout+stderr (and its children's)
     <run_dir>/ledger/<worker-name>.jsonl   accounting events
+    <run_dir>/kv_heads/<worker>.rank<R>.jsonl  unequal prefill/decode TP: each rank's per-head KV digests
     <run_dir>/junit/*.xml                  JUnit results
     <run_dir>/report/                      rendered reports
     <run_dir>/ports                        ports handed out in this run (never twice)
@@ -57,6 +58,11 @@ class RunDir:
     @property
     def ledger(self) -> Path:
         return self.root / "ledger"
+
+    @property
+    def kv_heads(self) -> Path:
+        """``kv_heads/``: per-rank head digests of a server of unequal prefill/decode TP (made by its writer)."""
+        return self.root / "kv_heads"
 
     @property
     def junit(self) -> Path:

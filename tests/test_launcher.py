@@ -226,6 +226,17 @@ def test_cpu_compat_patches_and_probe_env():
     assert cmd.env["HARNESS_PROBE_WORKER"] == "decode-2"
     assert cmd.env["HARNESS_PROBE_COMPONENT"] == "decode"
     assert cmd.role == "decode-2"
+    assert "HARNESS_KV_HEADS" not in cmd.env  # equal TP: rank 0's ledger digests say it all
+
+
+def test_unequal_tp_servers_record_every_ranks_heads_and_only_with_the_probe():
+    hetero = topology.get("cpu-tp1-tp2")
+    for role in ("prefill", "decode"):
+        ports = DECODE_PORTS if role == "decode" else PREFILL_PORTS
+        cmd = server_command(hetero, role, model=MODEL, ports=ports, python=PY, probe_run_dir="/runs/r")
+        assert cmd.env["HARNESS_KV_HEADS"] == "/runs/r/kv_heads", role
+    bare = server_command(hetero, "decode", model=MODEL, ports=DECODE_PORTS, python=PY)
+    assert "HARNESS_KV_HEADS" not in bare.env
 
 
 def test_extra_env_is_set_last_and_only_on_its_server():

@@ -1,25 +1,30 @@
 """Heterogeneous PD on REAL sglang servers on CPU: prefill TP 1 -> decode TP 2 (``cpu-tp1-tp2``), TP 1 -> 4
 (``cpu-tp1-tp4``) and TP 2 -> 4 (``cpu-tp2-tp4``).
 
-The real-engine twin of ``test_disaggregation_hetero_tp.py``. ``tiny-llama`` has 2 KV heads: on TP 2 each
-decode rank owns one; on TP 4 each head is shared by two decode ranks ([0, 0, 1, 1]). Each decode rank must
-receive exactly its head's slice of the prefill rank that holds it, over mooncake (TCP on loopback), through
-sglang's own unequal-TP transfer path (``send_kvcache_slice``). A rank that got another head attends over
-the wrong keys and values, and its greedy tokens leave a plain server's. So the check is end to end:
-for prompts around a page, and for concurrent and repeated prompts, the PD stack's greedy tokens equal
-those of a plain (non-PD) server of the decode shape. Both servers must also be back at their idle
-baseline, and each server must run its topology's TP.
+The real-engine twin of ``test_disaggregation_hetero_tp.py``. ``tiny-llama`` has 2 KV heads. Each decode rank
+must receive exactly the heads it holds from the prefill rank that holds them, over mooncake (TCP on loopback),
+through sglang's own unequal-TP transfer path (``send_kvcache_slice``). Two checks:
 
-Findings on sglang 0.5.23, strict xfails raising :class:`HeadsMisrouted`:
+* bytes: every prefill and decode rank records the digest of each of its head slots per K/V buffer and page
+  (``engines/server/kv_heads.py``), and per request each decode rank's slots must hold prefill's bytes of the
+  heads derived by hand (:func:`held_by_hand`); a wrong one is named with the head it got;
+* end to end: for prompts around a page, and for concurrent and repeated prompts, the PD stack's greedy tokens
+  equal those of a plain (non-PD) server of the decode shape.
 
-* TP 1 -> 4 and TP 2 -> 4 (decode TP above the KV heads): PD's greedy tokens leave plain's. Four of five
-  prompts and the concurrent set differ. The tokens are those that ``hetero-head-slice-first-only`` gives on
-  TP 1 -> 2: decode ranks 2 and 3, which share head 1, answer as if they held head 0 (sgl#23746 class). The
-  simulated TP 1/4 and 2/4 shapes pass: they run sglang's head-slice and rank-map decisions, not its byte
-  offsets. On the real stack those decisions are right too: logged on TP 1 -> 4,
-  ``compute_head_slice_params`` gives decode ranks 0 and 1 head 0 and ranks 2 and 3 head 1. So the wrong
-  head comes later: in the bytes ``send_kvcache_slice`` moves, in the registration each decode rank's
-  pointers come from, or on the decode side.
+Both servers must also be back at their idle baseline, and each server must run its topology's TP.
+
+Finding on sglang 0.5.23 (CPU), strict xfails raising :class:`HeadsMisrouted`: with decode TP above the KV heads
+(TP 1 -> 4, TP 2 -> 4), decode rank 1 holds KV head 0's bytes where it holds head 1. The cause is two sglang
+decisions that disagree. On CPU, ``adjust_config_with_unaligned_cpu_tp`` (sgl#6771; XPU too since sgl#13972)
+pads the heads up to the TP: 2 KV heads become 4 and 4 attention heads 8, rank ``r`` loads KV head ``r``, and
+ranks 2 and 3 load all-zero q, k and v rows (measured: their weights and the K and V they write are zero). The
+PD slice map (``compute_head_slice_params`` in ``send_kvcache_slice``) knows only the 2 real heads and sends as
+a GPU server shares them, [0, 0, 1, 1]: ranks 0 and 1 get head 0, ranks 2 and 3 head 1. So rank 1, whose
+queries need head 1, attends over head 0, and greedy tokens leave plain's for four of five prompts (the
+tokens ``hetero-head-slice-first-only`` gives on TP 1 -> 2, where rank 1 gets head 0 the same way). A plain
+TP 4 server is right: it computes its own KV in the padded layout. On a GPU the map is right (the simulated
+TP 1/4 and 2/4 shapes, which run the same sglang decisions, pass). Logged along the way (not kept): the
+transfer moves exactly what the map says, every K and V buffer of every page, and nothing overwrites it later.
 
 To run a TP > 1 server at all, sglang 0.5.23 on CPU needs two things from the harness:
 
@@ -29,12 +34,12 @@ To run a TP > 1 server at all, sglang 0.5.23 on CPU needs two things from the ha
 
 DP attention does not run on CPU with the torch-native backend. Its batch padding asks for
 ``get_cpu_graph_seq_len_fill_value``, which that backend lacks; with that method added, the idle DP rank's
-empty batch dies in the rotary embedding. TP 8 does not fit ``tiny-llama``'s 4 attention heads. The per-head
-byte check runs on the simulated engine (the twin), where the harness reads each rank's pools.
+empty batch dies in the rotary embedding. TP 8 does not fit ``tiny-llama``'s 4 attention heads.
 
 The catalog fault ``hetero-head-slice-first-only`` (every decode rank takes prefill's first head slice) fails
-the greedy tests on TP 1 -> 2. ``hetero-gqa-head-modulo`` and ``hetero-rank-map-modulo`` change nothing on that
-shape (one prefill rank, decode TP equal to the KV heads); they are caught on the simulated TP 4 / TP 8 shapes.
+the byte test and the greedy tests on TP 1 -> 2 (decode rank 1 holds head 0's bytes).
+``hetero-gqa-head-modulo`` and ``hetero-rank-map-modulo`` change nothing on that shape (one prefill rank, decode
+TP equal to the KV heads); they are caught on the simulated TP 4 / TP 8 shapes.
 
 Run: ``rerun-test suites/disaggregation/test_disaggregation_hetero_tp_server.py`` (one group per topology;
 its markers pick them). It is explicit: three stacks of their own, 50-75 s each.
@@ -44,10 +49,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import uuid
 
 import pytest
 
-from harness.api import ServerClient, prompt_ids
+from harness.api import ServerClient, head_slices, prompt_ids
 
 prompt = functools.partial(prompt_ids, salt=100_019)
 
@@ -67,8 +73,8 @@ pytestmark = [
 
 
 class HeadsMisrouted(AssertionError):
-    """PD greedy tokens left the plain server's on a shape whose decode TP exceeds the model's KV heads (each head
-    shared by several decode ranks): some decode rank attends over another head's KV (sgl#23746 class)."""
+    """On a shape whose decode TP exceeds the model's KV heads, a decode rank holds (or answers from) another head's
+    KV: on CPU, sglang pads the heads to the TP while its PD slice map sends them as a GPU shares them."""
 
 
 def _replicated(topology) -> bool:
@@ -89,18 +95,18 @@ def stack(sglang_servers):
 
 
 @pytest.fixture
-def greedy(request, topology) -> None:
-    """A test comparing PD's greedy tokens with plain's: a strict xfail (raises :class:`HeadsMisrouted`) on a shape
-    whose decode TP exceeds the KV heads. Measured on sglang 0.5.23 (TP 1 -> 4 and TP 2 -> 4): decode ranks 2 and
-    3, which share KV head 1, answer as if they held head 0 (the tokens hetero-head-slice-first-only gives on
-    TP 1 -> 2)."""
-    if _replicated(topology):
+def padded_heads(request, topology) -> None:
+    """A test of the heads decode holds: a strict xfail (raises :class:`HeadsMisrouted`) on a CPU shape whose decode
+    TP exceeds the KV heads. Measured on sglang 0.5.23 (TP 1 -> 4 and TP 2 -> 4): decode rank 1 holds KV head 0's
+    bytes where it holds head 1, and greedy tokens leave plain's (the module's docstring says why)."""
+    if _replicated(topology) and not topology.needs_gpus:
         request.node.add_marker(
             pytest.mark.xfail(
                 strict=True,
                 raises=HeadsMisrouted,
-                reason="sglang 0.5.23, decode TP above the KV heads: decode ranks attend over the wrong head "
-                "(sgl#23746 class, on the real CPU stack; the simulated TP 1/4 and 2/4 shapes pass)",
+                reason="sglang 0.5.23 on CPU, decode TP above the KV heads: adjust_config_with_unaligned_cpu_tp pads "
+                "the heads (rank r holds head r) while compute_head_slice_params sends them as shared [0, 0, 1, 1], "
+                "so decode rank 1 gets head 0",
             )
         )
 
@@ -115,7 +121,7 @@ def test_prefill_and_decode_run_the_topologys_tp(stack, topology):
     assert sizes == {role: topology.roles_of(role)[0].tp for role in ("prefill", "decode")}, sizes
 
 
-def test_each_decode_rank_gets_its_head_and_pd_matches_plain(greedy, stack, plain, topology):
+def test_each_decode_rank_gets_its_head_and_pd_matches_plain(padded_heads, stack, plain, topology):
     # All lengths in one test: a misrouted head need not change every prompt's argmax (on TP 1 -> 4 the
     # 65-token prompt still matches), so the strict xfail is decided by the set, not by one prompt.
     router = stack.client("router")
@@ -129,7 +135,45 @@ def test_each_decode_rank_gets_its_head_and_pd_matches_plain(greedy, stack, plai
     _check({n: got[n] for n in differ}, {n: want[n] for n in differ}, f"prompts of {differ} tokens", topology)
 
 
-def test_concurrent_and_repeated_prompts_match_plain(greedy, stack, plain, topology):
+def held_by_hand(kv_heads: int, tp: int, rank: int, *, cpu: bool) -> list[int | None]:
+    """The global KV head in each head slot of one rank, from the model's KV heads and the TP alone.
+
+    Where the TP divides the heads, rank ``r`` holds the ``r``-th run of ``kv_heads // tp``. Where it exceeds
+    them, a GPU server shares each head among ``tp // kv_heads`` consecutive ranks ([0, 0, 1, 1] for 2 heads on
+    TP 4), but a CPU server pads the heads up to the TP (sglang's ``adjust_config_with_unaligned_cpu_tp``: 2
+    KV heads become 4 and 4 attention heads 8), so rank ``r`` holds head ``r`` and the ranks past the real
+    heads hold zero padding (None). Measured on sglang 0.5.23, TP 4: the weights ranks 2 and 3 load for their
+    q, k and v rows are all zero, and they write zero K and V."""
+    if tp > kv_heads and not cpu:
+        return [rank // (tp // kv_heads)]
+    per = -(-kv_heads // tp)
+    return [h if h < kv_heads else None for h in range(rank * per, (rank + 1) * per)]
+
+
+def test_each_decode_rank_holds_the_bytes_of_the_heads_it_owns(padded_heads, stack, sglang_servers, topology):
+    """Per request and per decode rank, the bytes each of its head slots holds at the commit are prefill's bytes
+    of the head the slot holds by hand (:func:`held_by_hand`), on every K and V buffer, page by page. Read from
+    every rank's per-head digests (engines/server/kv_heads.py), so a rank that got another head is named with
+    the head it got."""
+    rooms = []
+    for n in (20, 64, 65, 300):
+        rid = f"heads-{n}-{uuid.uuid4().hex[:8]}"
+        fields = stack.bootstrap_fields(rid)
+        for future in stack.direct(prompt(n, seed=2), MAX_NEW, rid, room=fields["bootstrap_room"]):
+            assert len(future.result(timeout=300).output_ids) >= 1
+        rooms.append(fields["bootstrap_room"])
+    cpu = not topology.needs_gpus
+
+    def holds(side: str, rank: int, tp: int) -> list[int | None]:
+        return held_by_hand(topology.kv_heads, tp, rank, cpu=cpu)
+
+    wrong = head_slices.check(sglang_servers.run_dir.kv_heads, stack.prefill.name, stack.decode.name, rooms, holds)
+    if wrong:
+        lines = "; ".join(m.line() for m in wrong[:4])
+        raise (HeadsMisrouted if _replicated(topology) else AssertionError)(f"{len(wrong)} misrouted: {lines}")
+
+
+def test_concurrent_and_repeated_prompts_match_plain(padded_heads, stack, plain, topology):
     prompts = [prompt(n, seed=10 + i) for i, n in enumerate((30, 64, 129, 200, 65, 400))]
     prompts.append(prompts[2])  # a prefix hit on prefill: the cached pages are sliced the same way
     want = [plain.generate(p, MAX_NEW).output_ids for p in prompts]

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from harness.ledger.content import digest_rows
+from harness.engines.server import kv_heads
 from harness.engines.server.hooks import after_import
 from harness.engines.server.probe_read import ProbeReadError, unreadable
 
@@ -107,6 +108,8 @@ class _Side:
     dests: dict[int, tuple[str, list[int]]] = field(default_factory=dict)  # room -> (rid, decode pages)
     failed: bool = False
     local: threading.local = field(default_factory=threading.local)
+    heads: kv_heads.HeadsRecorder | None = None  # unequal TP: every rank's per-head digests (:mod:`.kv_heads`)
+    rank_of: dict[int, tuple[Any, int, int]] = field(default_factory=dict)  # room -> (kv_args, attn TP, head slots)
 
     def read(self, probe: Any, pool: Any, kv_args: Any, rid: str, page_size: int) -> list[Any] | None:
         """The buffer views (cached by pointers); None after a read that failed (written once, as
@@ -158,6 +161,18 @@ def _wrap_sender_send(probe: Any, side: _Side, orig: Callable) -> Callable:
                 probe.record(
                     "kv_sent", rid, allocator.page_size, content={**content, "digests": digest_pages(views, pages)}
                 )
+                if side.heads is not None:
+                    side.heads.record(
+                        "prefill",
+                        room=int(self.bootstrap_room),
+                        kv_args=self.kv_mgr.kv_args,
+                        tp=int(self.kv_mgr.attn_tp_size),
+                        views=views,
+                        pages=pages,
+                        slots=int(allocator.get_kvcache().head_num),
+                        page_size=int(allocator.page_size),
+                        at=int(self.curr_idx),
+                    )
         return orig(self, kv_indices, *args, **kwargs)
 
     return wrapper
@@ -213,6 +228,12 @@ def _wrap_send_metadata(probe: Any, side: _Side, orig: Callable) -> Callable:
                 content["canary"] = {"pages": freed, "digests": digest_pages(views, freed), "expect": side.expect}
                 side.canaried.difference_update(dst)
             side.dests[room] = (rid, dst)
+            if side.heads is not None:
+                side.rank_of[room] = (
+                    self.kv_manager.kv_args,
+                    int(self.kv_manager.attn_tp_size),
+                    int(self.token_to_kv_pool.head_num),
+                )
             probe.record("kv_dest", rid, page_size, content=content)
         return orig(self, decode_req, kv_indices, page_size, *args, **kwargs)
 
@@ -232,6 +253,19 @@ def _wrap_commit(probe: Any, side: _Side, orig: Callable) -> Callable:
             if side.canary:
                 content["canary"] = side.expect
             probe.record("kv_commit", str(rid), page, content=content)
+            rank = side.rank_of.pop(int(room), None)
+            if side.heads is not None and rank is not None:
+                kv_args, tp, slots = rank
+                side.heads.record(
+                    "decode",
+                    room=int(room),
+                    kv_args=kv_args,
+                    tp=tp,
+                    views=side.views,
+                    pages=dst,
+                    slots=slots,
+                    page_size=page,
+                )
         return orig(self, decode_req, *args, **kwargs)
 
     return wrapper
@@ -260,7 +294,7 @@ def install(probe: Any, *, canary: bool = False) -> _Side:
     Returns:
         The side's state (tests read it).
     """
-    side = _Side(canary=canary and probe.component == "decode")
+    side = _Side(canary=canary and probe.component == "decode", heads=kv_heads.from_env())
     if probe.component not in ("prefill", "decode"):
         return side  # a plain server moves no KV
     if probe.component == "prefill":

@@ -20,7 +20,7 @@ from harness.rundir import RunDir
 from harness.targets.sglang import releases, selection
 from harness.targets.sglang.compat import checks
 from harness.engines import alloc_order
-from harness.engines.server import alloc_patch, rdma
+from harness.engines.server import alloc_patch, kv_heads, rdma
 from harness.topology import RoleSpec, Topology
 
 #: Directory put on every server's PYTHONPATH: its ``sitecustomize`` installs the compat patches,
@@ -93,6 +93,7 @@ COMPAT_ENV = "HARNESS_COMPAT_PATCHES"
 PROBE_LEDGER_ENV = "HARNESS_PROBE_LEDGER"
 PROBE_WORKER_ENV = "HARNESS_PROBE_WORKER"
 PROBE_COMPONENT_ENV = "HARNESS_PROBE_COMPONENT"
+KV_HEADS_ENV = kv_heads.HEADS_ENV
 
 #: Per role kind, the env var naming the TARGET a server of that kind runs instead of the run's
 #: (:func:`role_target`): a pair of two sglang releases, trees or wheels (``harness matrix --pair``).
@@ -192,14 +193,20 @@ def _cpu_tp_env(tp: int) -> dict[str, str]:
     return {CPU_TP_BIND_ENV: "|".join(str(i % cores) for i in range(tp))}
 
 
-def _probe_env(run_dir: str | Path | None, worker: str, component: str) -> dict[str, str]:
+def _unequal_tp(topology: Topology) -> bool:
+    """Whether the topology's prefill and decode attention TP differ (heterogeneous PD)."""
+    sizes = {r.attn_tp for r in topology.roles if r.kind in SERVER_KINDS}
+    return len(sizes) > 1
+
+
+def _probe_env(run_dir: str | Path | None, worker: str, component: str, topology: Topology) -> dict[str, str]:
     if run_dir is None:
         return {}
-    return {
-        PROBE_LEDGER_ENV: str(RunDir(Path(run_dir)).ledger_file(worker)),
-        PROBE_WORKER_ENV: worker,
-        PROBE_COMPONENT_ENV: component,
-    }
+    run = RunDir(Path(run_dir))
+    env = {PROBE_LEDGER_ENV: str(run.ledger_file(worker)), PROBE_WORKER_ENV: worker, PROBE_COMPONENT_ENV: component}
+    if component in SERVER_KINDS and _unequal_tp(topology):
+        env[KV_HEADS_ENV] = str(run.kv_heads)  # every rank's per-head digests (engines/server/kv_heads.py)
+    return env
 
 
 @functools.lru_cache(maxsize=8)
@@ -277,7 +284,7 @@ def _engine_command(
         target_env, target_paths = _target_env(target)
         env.update(target_env)
         pythonpath += target_paths
-    env.update(_probe_env(probe_run_dir, worker, role.kind))
+    env.update(_probe_env(probe_run_dir, worker, role.kind, topology))
     # sglang's own checks, the second oracle: every variable of every check (a release that lacks
     # one never reads it; what the target has is said once per session, compat.checks.summary).
     env.update(checks.environment(None))
