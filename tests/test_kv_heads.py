@@ -93,3 +93,19 @@ def test_a_room_without_records_is_a_misroute_not_a_pass(tmp_path, missing):
         path.unlink()
     wrong = head_slices.check(tmp_path, "prefill", "decode", [ROOM], lambda side, rank, tp: [rank])
     assert [m.what for m in wrong] == [f"no {missing} record (kv_heads/prefill, decode)"]
+
+
+def test_a_pool_without_head_slots_is_said_once_and_the_room_is_not_passed(tmp_path):
+    recorder = kv_heads.HeadsRecorder(tmp_path, "decode")
+    pool = _pool(1)
+    for _ in range(2):
+        recorder.record(
+            "decode", room=ROOM, kv_args=SimpleNamespace(engine_rank=1), tp=2, views=_views(pool), pages=[1],
+            slots=None, page_size=P,
+        )  # fmt: skip
+    lines = (tmp_path / "decode.rank1.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and recorder.stopped
+    wrong = head_slices.check(tmp_path, "prefill", "decode", [ROOM], lambda side, rank, tp: [rank])
+    assert [m.what for m in wrong] == [
+        'a rank could not record its heads: decode: AttributeError("the KV pool\'s head_num")'
+    ]

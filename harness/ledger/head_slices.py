@@ -78,6 +78,11 @@ def check(directory: Path, prefill: str, decode: str, rooms: Iterable[int], hold
     sent, landed = read(directory, prefill), read(directory, decode)
     out: list[Misroute] = []
     for room in rooms:
+        said = [r for side in (sent, landed) for recs in side.get(room, {}).values() for r in recs]
+        broken = [r["what"] for r in said if r.get("side") == "unreadable"]
+        if broken:
+            out.append(Misroute(room, -1, -1, None, None, what=f"a rank could not record its heads: {broken[0]}"))
+            continue
         if not sent.get(room) or not landed.get(room):
             side = "prefill" if not sent.get(room) else "decode"
             out.append(Misroute(room, -1, -1, None, None, what=f"no {side} record (kv_heads/{prefill}, {decode})"))

@@ -109,7 +109,7 @@ class _Side:
     failed: bool = False
     local: threading.local = field(default_factory=threading.local)
     heads: kv_heads.HeadsRecorder | None = None  # unequal TP: every rank's per-head digests (:mod:`.kv_heads`)
-    rank_of: dict[int, tuple[Any, int, int]] = field(default_factory=dict)  # room -> (kv_args, attn TP, head slots)
+    rank_of: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)  # room -> (kv_args, attn TP, head slots)
 
     def read(self, probe: Any, pool: Any, kv_args: Any, rid: str, page_size: int) -> list[Any] | None:
         """The buffer views (cached by pointers); None after a read that failed (written once, as
@@ -166,10 +166,10 @@ def _wrap_sender_send(probe: Any, side: _Side, orig: Callable) -> Callable:
                         "prefill",
                         room=int(self.bootstrap_room),
                         kv_args=self.kv_mgr.kv_args,
-                        tp=int(self.kv_mgr.attn_tp_size),
+                        tp=getattr(self.kv_mgr, "attn_tp_size", None),
                         views=views,
                         pages=pages,
-                        slots=int(allocator.get_kvcache().head_num),
+                        slots=getattr(allocator.get_kvcache(), "head_num", None),
                         page_size=int(allocator.page_size),
                         at=int(self.curr_idx),
                     )
@@ -231,8 +231,8 @@ def _wrap_send_metadata(probe: Any, side: _Side, orig: Callable) -> Callable:
             if side.heads is not None:
                 side.rank_of[room] = (
                     self.kv_manager.kv_args,
-                    int(self.kv_manager.attn_tp_size),
-                    int(self.token_to_kv_pool.head_num),
+                    getattr(self.kv_manager, "attn_tp_size", None),
+                    getattr(self.token_to_kv_pool, "head_num", None),
                 )
             probe.record("kv_dest", rid, page_size, content=content)
         return orig(self, decode_req, kv_indices, page_size, *args, **kwargs)

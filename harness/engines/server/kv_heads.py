@@ -48,13 +48,18 @@ def slot_digests(views: list[Any], pages: list[int], slots: int, page_size: int)
 
 
 class HeadsRecorder:
-    """One rank's writer of head-slot digests (its file opened at the first record)."""
+    """One rank's writer of head-slot digests (its file opened at the first record).
+
+    A record it cannot make (a pool without ``head_num``, a KV manager without ``attn_tp_size``, a read that
+    fails) never reaches sglang's call it rides on: the first one is written as a ``side: unreadable`` line
+    naming what was missing, and the recorder stops, so the check reports the room as unrecorded."""
 
     def __init__(self, directory: str | Path, worker: str) -> None:
         self.directory = Path(directory)
         self.worker = worker
         self._lock = threading.Lock()
         self._files: dict[int, Any] = {}
+        self.stopped = False
 
     def path(self, rank: int) -> Path:
         return self.directory / f"{self.worker}.rank{rank}.jsonl"
@@ -65,26 +70,37 @@ class HeadsRecorder:
         *,
         room: int,
         kv_args: Any,
-        tp: int,
+        tp: int | None,
         views: list[Any],
         pages: list[int],
-        slots: int,
+        slots: int | None,
         page_size: int,
         at: int = 0,
     ) -> None:
         """Write one line: ``side`` (prefill or decode), the room, this rank and its attention TP, the pages and
         their per-slot digests. A line per call, flushed, so a reader sees whole records only."""
-        rank = int(kv_args.engine_rank) % max(1, int(tp))
-        line = {
-            "side": side,
-            "room": int(room),
-            "rank": rank,
-            "tp": int(tp),
-            "at": int(at),
-            "pages": [int(p) for p in pages],
-            "slots": int(slots),
-            "digests": slot_digests(views, pages, slots, page_size),
-        }
+        if self.stopped:
+            return
+        rank = int(getattr(kv_args, "engine_rank", 0)) % max(1, int(tp or 1))
+        try:
+            if tp is None or slots is None:
+                raise AttributeError("attn_tp_size" if tp is None else "the KV pool's head_num")
+            line: dict[str, Any] = {
+                "side": side,
+                "room": int(room),
+                "rank": rank,
+                "tp": int(tp),
+                "at": int(at),
+                "pages": [int(p) for p in pages],
+                "slots": int(slots),
+                "digests": slot_digests(views, pages, int(slots), page_size),
+            }
+        except Exception as e:  # noqa: BLE001 - never into sglang's send or commit: said once, then off
+            self.stopped = True
+            line = {"side": "unreadable", "room": int(room), "rank": rank, "what": f"{side}: {e!r}"}
+        self._write(rank, line)
+
+    def _write(self, rank: int, line: dict[str, Any]) -> None:
         with self._lock:
             fh = self._files.get(rank)
             if fh is None:
