@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 _CONTROL_TIMEOUT_S = 10.0  # any control RPC (poll, info, stop) answers within this or the actor is wedged
+#: The least time :func:`start_worker` gives the actor itself to start (Ray placing it and starting its process)
+#: before the readiness wait: a short ``ready_timeout`` bounds the payload's readiness, not Ray's scheduling,
+#: which took over 3 s on a 2-core runner under three test processes.
+ACTOR_START_S = 30.0
 
 
 class Worker:
@@ -384,8 +388,8 @@ def start_worker(
 ) -> Worker:
     """Start a worker (:func:`launch_worker`) and wait until it is ready.
 
-    Args: as :func:`launch_worker`; ``timeout`` (default ``spec.ready_timeout``) also bounds the
-        readiness wait.
+    Args: as :func:`launch_worker`; ``timeout`` (default ``spec.ready_timeout``) bounds the readiness wait,
+        and the actor's own start too, but never below :data:`ACTOR_START_S`.
 
     Returns:
         The ready :class:`Worker`.
@@ -395,7 +399,7 @@ def start_worker(
         TimeoutError: not ready in time (the worker is stopped).
     """
     budget = spec.ready_timeout if timeout is None else timeout
-    w = launch_worker(spec, group, bundle_index, timeout=budget, clock=clock)
+    w = launch_worker(spec, group, bundle_index, timeout=max(budget, ACTOR_START_S), clock=clock)
     try:
         w.wait_ready(budget)
     except BaseException:
