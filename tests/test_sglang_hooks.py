@@ -127,3 +127,32 @@ def test_a_switch_reaches_the_schedulers_import_time_copy_of_the_retraction_hook
         Scheduler().update_running_batch(None)
     Scheduler().update_running_batch(None)
     assert seen == [False, True, False]
+
+
+def test_a_switch_reaches_decodes_copy_of_the_waiting_timeout_at_each_poll(tmp_path, monkeypatch):
+    # sglang's KV manager reads SGLANG_DISAGGREGATION_WAITING_TIMEOUT once, at its start; its receivers compare
+    # against that copy at each poll. The switch sets the copy before each poll, and back when it is off.
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", raising=False)
+    from sglang.srt import environ
+
+    class CommonKVReceiver:  # the conn module's shape: a receiver whose poll reads its manager's copy
+        def __init__(self, manager):
+            self.kv_mgr = manager
+
+        def poll(self):
+            return self.kv_mgr.waiting_timeout
+
+    class module:
+        pass
+
+    module.CommonKVReceiver = CommonKVReceiver
+    led = tmp_path / "ledger"
+    monkeypatch.setattr(environ.EnvField, "get", environ.EnvField.get)  # undone after the test
+    env_switch._install_environ(env_switch.Switches(str(led / "decode-0.jsonl"), "decode"), environ)
+    env_switch._install_receiver(module)
+    default = environ.envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get()
+    receiver = CommonKVReceiver(type("Manager", (), {"waiting_timeout": default})())
+    assert receiver.poll() == default == 300
+    with env_switch.EnvSwitch(led, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2", side="decode"):
+        assert receiver.poll() == 2
+    assert receiver.poll() == 300

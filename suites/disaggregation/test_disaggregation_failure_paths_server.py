@@ -45,6 +45,7 @@ import pytest
 import requests
 
 from harness.api import (
+    EnvSwitch,
     ResetError,
     ServerHTTPError,
     WorkerDied,
@@ -231,17 +232,17 @@ TIGHT_DECODE_TOKENS, TIGHT_DECODE_RESERVE = 1024, 128
 PRESSURE_REQUESTS = 6
 
 
-#: Decode's ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` on the tight stack (sglang's default: 300 s): how
-#: long decode waits, once it sent prefill the pages to write, for the transfer to complete. sglang reads
-#: it once, when the server starts, so it rides on the tight stack rather than costing a stack of its
-#: own. It must be long enough for the tight tests' own transfers on a loaded 2-core runner (prefill
-#: computes six 300-token prompts at once, and a timed-out one would be retried by the router under the
-#: same rid, into the ledgers those tests read): 20 s, twice what a first choice of 10 s left, and still
-#: short enough to wait out.
-TRANSFER_TIMEOUT_S = 20
+#: Decode's ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` (sglang's default: 300 s) for the one transfer that must
+#: time out: how long decode waits, once it sent prefill the pages to write, for the transfer to complete.
+#: sglang reads it once, at the server's start; the harness's switch (``EnvSwitch``, engines/server/env_switch.py)
+#: sets decode's copy at each poll, so only this test's window has it short, and every other transfer of the
+#: stack keeps sglang's 300 s (the stack once started with 20 s for all: on a loaded runner, long enough for
+#: the tight tests' own transfers, and a 20 s wait this test paid in full).
+TRANSFER_TIMEOUT_S = 2
+TIMEOUT_VAR = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"
 
 
-#: The tight stack's own flags and environment (decode's only).
+#: The tight stack's own flags (decode's only).
 TIGHT = {
     "extra_args": {
         "decode": (
@@ -251,7 +252,6 @@ TIGHT = {
             str(TIGHT_DECODE_RESERVE),
         )
     },
-    "extra_env": {"decode": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(TRANSFER_TIMEOUT_S)}},
 }
 
 
@@ -375,13 +375,17 @@ def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir)
     # releases what it preallocated, the path of sgl#6258 / #9817) and tells prefill, which, once the
     # hold lets it send, finds the transfer aborted and frees its KV too.
     with in_flight(tight, run_dir, "transfer-timeout", seed=7) as req:
-        first = req.decode.released(
-            "decode giving the transfer up",
-            req.rid,
-            timeout_s=TRANSFER_TIMEOUT_S + RELEASE_S,
-            answered=req.to_decode,
-            grace_s=release_grace(tight),
-        )[0]
+        # Once decode's page list is on its way (its status then WaitingForInput, the transfer's clock running),
+        # decode's waiting timeout is switched short for this window.
+        phases.wait_mark(run_dir.ledger, "decode.metadata", rid=req.rid, timeout_s=PHASE_S)
+        with EnvSwitch(run_dir.ledger, TIMEOUT_VAR, str(TRANSFER_TIMEOUT_S), side="decode"):
+            first = req.decode.released(
+                "decode giving the transfer up",
+                req.rid,
+                timeout_s=TRANSFER_TIMEOUT_S + RELEASE_S,
+                answered=req.to_decode,
+                grace_s=release_grace(tight),
+            )[0]
     # The hazard, proven: decode released the request because its transfer timed out (sglang's abort
     # message, recorded with the release), while prefill still held the KV unsent, and never decoded it.
     assert "timed out" in first.note and "WaitingForInput" in first.note, (
@@ -402,9 +406,9 @@ def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir)
 
 #: Seconds the client gives a refused request's answer (a refusal is answered in well under one; beyond
 #: this, the stack is waiting on something that will not come, and the test says what).
-REFUSAL_ANSWER_S = 10.0
+REFUSAL_ANSWER_S = 5.0
 #: The harness's stall bound in the prefill-refusal test (its default: 60 s), for the same reason.
-REFUSAL_STALL_S = 10.0
+REFUSAL_STALL_S = 5.0
 
 
 class RefusalNotPassedOn(AssertionError):

@@ -2,8 +2,10 @@
 a value sets ``VAR`` in the server's processes while it exists, so a test turns a hook on for the window
 it scripts (after the stack's warm-up, whose requests poll through the same hooks) and off again.
 
-The server side wraps sglang's ``EnvField.get`` (every read of a hook variable looks at its file first) and
-re-reads the scheduler's import-time copies of ``SGLANG_TEST_RETRACT*`` at each decode step. Only the
+The server side wraps sglang's ``EnvField.get`` (every read of a hook variable looks at its file first),
+re-reads the scheduler's import-time copies of ``SGLANG_TEST_RETRACT*`` at each decode step, and decode's KV
+manager's copy of ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` at each poll of a receiver (a test gives one
+transfer a short timeout without a stack of its own, and the stack's other transfers keep sglang's). Only the
 variables of :data:`SWITCHABLE`. Installed by the servers' ``sitecustomize`` beside the phase points.
 """
 
@@ -24,7 +26,10 @@ SWITCHABLE = (
     "SGLANG_TEST_DISAGG_KV_CORRUPT_PROB",
     "SGLANG_TEST_RETRACT",
     "SGLANG_TEST_RETRACT_INTERVAL",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
 )
+#: The KV manager's copy of the waiting timeout (read once, at its start): attribute -> variable.
+_TIMEOUT_COPY = ("waiting_timeout", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
 #: The scheduler module's copies of its retraction hook, read once at its import.
 _RETRACT_COPIES = {
     "TEST_RETRACT": "SGLANG_TEST_RETRACT",
@@ -121,11 +126,35 @@ def _install_scheduler(switches: Switches, mod: ModuleType) -> None:
     scheduler.update_running_batch = update_running_batch
 
 
+def _install_receiver(mod: ModuleType) -> None:
+    """Each poll of a receiver first sets its KV manager's waiting timeout from the variable (switched, or as
+    the server started). A release without the receiver, the copy or the variable keeps its own."""
+    from sglang.srt.environ import envs  # noqa: PLC0415 - the conn module imported it already
+
+    attr, var = _TIMEOUT_COPY
+    receiver = getattr(mod, "CommonKVReceiver", None)
+    field = getattr(envs, var, None)
+    if receiver is None or field is None or not hasattr(receiver, "poll"):
+        return
+    orig = receiver.poll
+
+    @functools.wraps(orig)
+    def poll(self, *args, **kwargs):
+        manager = getattr(self, "kv_mgr", None)
+        if manager is not None and hasattr(manager, attr):
+            setattr(manager, attr, field.get())
+        return orig(self, *args, **kwargs)
+
+    receiver.poll = poll
+
+
 def install(ledger_path: str, component: str) -> Switches:
     """Install the switches in this server process (``component``: prefill or decode)."""
     switches = Switches(ledger_path, component)
     after_import("sglang.srt.environ", lambda m: _install_environ(switches, m))
     after_import("sglang.srt.managers.scheduler", lambda m: _install_scheduler(switches, m))
+    if component == "decode":
+        after_import("sglang.srt.disaggregation.common.conn", _install_receiver)
     return switches
 
 
