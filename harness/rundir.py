@@ -4,7 +4,7 @@ Layout (a cross-team contract)::
 
     <run_dir>/workers/<worker-name>.log    each worker's stdout+stderr (and its children's)
     <run_dir>/ledger/<worker-name>.jsonl   accounting events
-    <run_dir>/kv_heads/<worker>.rank<R>.jsonl  unequal prefill/decode TP: each rank's per-head KV digests
+    <run_dir>/kv_heads/<worker>.rank<R>.<pid>.jsonl  unequal prefill/decode TP: each rank's per-head KV digests
     <run_dir>/junit/*.xml                  JUnit results
     <run_dir>/report/                      rendered reports
     <run_dir>/ports                        ports handed out in this run (never twice)

@@ -64,11 +64,8 @@ def _run(tmp_path, route: list[int]) -> list[head_slices.Misroute]:
 
 def test_each_rank_writes_its_own_file_and_the_right_heads_pass(tmp_path):
     assert _run(tmp_path, [0, 1]) == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "decode.rank0.jsonl",
-        "decode.rank1.jsonl",
-        "prefill.rank0.jsonl",
-    ]
+    names = sorted(p.name for p in tmp_path.iterdir())  # <worker>.rank<R>.<pid>.jsonl: one file per process and rank
+    assert [n.rsplit(".", 2)[0] for n in names] == ["decode.rank0", "decode.rank1", "prefill.rank0"], names
 
 
 def test_a_rank_given_the_other_head_is_named_with_the_head_it_got(tmp_path):
@@ -103,9 +100,25 @@ def test_a_pool_without_head_slots_is_said_once_and_the_room_is_not_passed(tmp_p
             "decode", room=ROOM, kv_args=SimpleNamespace(engine_rank=1), tp=2, views=_views(pool), pages=[1],
             slots=None, page_size=P,
         )  # fmt: skip
-    lines = (tmp_path / "decode.rank1.jsonl").read_text().splitlines()
+    lines = recorder.path(1).read_text().splitlines()
     assert len(lines) == 1 and recorder.stopped
     wrong = head_slices.check(tmp_path, "prefill", "decode", [ROOM], lambda side, rank, tp: [rank])
     assert [m.what for m in wrong] == [
         'a rank could not record its heads: decode: AttributeError("the KV pool\'s head_num")'
     ]
+
+
+def test_a_torn_line_and_a_prefill_rank_that_never_sent_are_named(tmp_path):
+    _run(tmp_path, [0, 1])
+    (decode,) = tmp_path.glob("decode.rank0.*.jsonl")
+    decode.write_text(decode.read_text() + '{"side": "decode", "ro')  # a writer stopped mid-line
+    wrong = head_slices.check(
+        tmp_path, "prefill", "decode", [ROOM], lambda side, rank, tp: [0, 1] if tp == 1 else [rank]
+    )
+    assert [m.what for m in wrong] == [f"not a record: {decode.name}:2"]
+    decode.write_text(decode.read_text().rsplit("\n", 1)[0] + "\n")
+    (prefill,) = tmp_path.glob("prefill.rank0.*.jsonl")
+    rec = prefill.read_text().replace('"tp": 1', '"tp": 2')  # prefill says TP 2, and only rank 0 recorded
+    prefill.write_text(rec)
+    wrong = head_slices.check(tmp_path, "prefill", "decode", [ROOM], lambda side, rank, tp: [rank])
+    assert [m.what for m in wrong] == ["prefill rank 1 recorded no send"]

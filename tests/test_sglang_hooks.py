@@ -153,6 +153,10 @@ def test_a_switch_reaches_decodes_copy_of_the_waiting_timeout_at_each_poll(tmp_p
     default = environ.envs.SGLANG_DISAGGREGATION_WAITING_TIMEOUT.get()
     receiver = CommonKVReceiver(type("Manager", (), {"waiting_timeout": default})())
     assert receiver.poll() == default == 300
-    with env_switch.EnvSwitch(led, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2", side="decode"):
+    with env_switch.EnvSwitch(led, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2", server="decode-1"):
+        assert receiver.poll() == 300, "another server's switch reached this one"
+    with env_switch.EnvSwitch(led, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2", server="decode-0"):
         assert receiver.poll() == 2
     assert receiver.poll() == 300
+    with pytest.raises(env_switch.SwitchError, match="a side or a server, not both"):
+        env_switch.EnvSwitch(led, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2", side="decode", server="decode-0")

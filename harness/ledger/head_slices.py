@@ -39,23 +39,35 @@ class Misroute:
         )
 
 
-def read(directory: Path, worker: str) -> dict[int, dict[int, list[dict]]]:
-    """Room -> rank -> the worker's records (in the order written)."""
+def read(directory: Path, worker: str) -> tuple[dict[int, dict[int, list[dict]]], list[str]]:
+    """Room -> rank -> the worker's records (in the order written), and the lines that are not a record
+    (``file:line``: a writer stopped mid-line)."""
     out: dict[int, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    bad: list[str] = []
     for path in sorted(Path(directory).glob(f"{worker}.rank*.jsonl")):
-        for raw in path.read_text(encoding="utf-8").splitlines():
-            if raw.strip():
+        for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
                 rec = json.loads(raw)
                 out[int(rec["room"])][int(rec["rank"])].append(rec)
-    return out
+            except (ValueError, KeyError, TypeError):
+                bad.append(f"{path.name}:{n}")
+    return out, bad
+
+
+def _chunks(recs: list[dict]) -> list[dict]:
+    """A rank's records of one room in chunk order, one per chunk start (a room sent again keeps its last)."""
+    return sorted({int(r["at"]): r for r in recs}.values(), key=lambda r: int(r["at"]))
 
 
 def _by_head(records: dict[int, list[dict]], holds: Holds) -> dict[int, list[list[int]]]:
     """Prefill's digests per global head: per buffer, the pages of the room in chunk order."""
     heads: dict[int, list[list[int]]] = {}
     for rank, recs in records.items():
-        chunks = sorted(recs, key=lambda r: int(r["at"]))
-        for slot, head in enumerate(holds("prefill", rank, int(chunks[0]["tp"]))):
+        chunks = _chunks(recs)
+        slots = int(chunks[0]["slots"])
+        for slot, head in enumerate(holds("prefill", rank, int(chunks[0]["tp"]))[:slots]):
             if head is None:
                 continue
             buffers = len(chunks[0]["digests"])
@@ -75,8 +87,12 @@ def check(directory: Path, prefill: str, decode: str, rooms: Iterable[int], hold
     Returns:
         The misroutes (empty: every rank holds what it should).
     """
-    sent, landed = read(directory, prefill), read(directory, decode)
+    (sent, bad_sent), (landed, bad_landed) = read(directory, prefill), read(directory, decode)
     out: list[Misroute] = []
+    rooms = list(rooms)
+    if bad_sent or bad_landed:
+        first = (bad_sent + bad_landed)[0]
+        out.append(Misroute(rooms[0] if rooms else -1, -1, -1, None, None, what=f"not a record: {first}"))
     for room in rooms:
         said = [r for side in (sent, landed) for recs in side.get(room, {}).values() for r in recs]
         broken = [r["what"] for r in said if r.get("side") == "unreadable"]
@@ -87,6 +103,11 @@ def check(directory: Path, prefill: str, decode: str, rooms: Iterable[int], hold
             side = "prefill" if not sent.get(room) else "decode"
             out.append(Misroute(room, -1, -1, None, None, what=f"no {side} record (kv_heads/{prefill}, {decode})"))
             continue
+        prefill_tp = int(next(iter(sent[room].values()))[0]["tp"])
+        missing = [r for r in range(prefill_tp) if not sent[room].get(r)]
+        if missing:
+            out.append(Misroute(room, -1, -1, None, None, what=f"prefill rank {missing[0]} recorded no send"))
+            continue
         by_head = _by_head(sent[room], holds)
         tp = int(next(iter(landed[room].values()))[0]["tp"])
         for rank in range(tp):
@@ -95,7 +116,12 @@ def check(directory: Path, prefill: str, decode: str, rooms: Iterable[int], hold
                 out.append(Misroute(room, rank, -1, None, None, what=f"decode rank {rank} recorded no commit"))
                 continue
             rec = recs[-1]
-            for slot, want in enumerate(holds("decode", rank, tp)):
+            held = holds("decode", rank, tp)
+            if len(held) != int(rec["slots"]):
+                what = f"decode rank {rank} has {rec['slots']} head slots, the derivation {len(held)}"
+                out.append(Misroute(room, rank, -1, None, None, what=what))
+                continue
+            for slot, want in enumerate(held):
                 if want is None:
                     continue
                 got = [buf[slot] for buf in rec["digests"]]

@@ -235,8 +235,8 @@ PRESSURE_REQUESTS = 6
 #: Decode's ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` (sglang's default: 300 s) for the one transfer that must
 #: time out: how long decode waits, once it sent prefill the pages to write, for the transfer to complete.
 #: sglang reads it once, at the server's start; the harness's switch (``EnvSwitch``, engines/server/env_switch.py)
-#: sets decode's copy at each poll, so only this test's window has it short, and every other transfer of the
-#: stack keeps sglang's 300 s (the stack once started with 20 s for all: on a loaded runner, long enough for
+#: sets this decode server's copy at each poll, so only this test's window has it short, and every other transfer
+#: keeps sglang's 300 s (the stack once started with 20 s for all: on a loaded runner, long enough for
 #: the tight tests' own transfers, and a 20 s wait this test paid in full).
 TRANSFER_TIMEOUT_S = 2
 TIMEOUT_VAR = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"
@@ -378,7 +378,7 @@ def test_transfer_timeout_decode_gives_up_and_both_sides_release(tight, run_dir)
         # Once decode's page list is on its way (its status then WaitingForInput, the transfer's clock running),
         # decode's waiting timeout is switched short for this window.
         phases.wait_mark(run_dir.ledger, "decode.metadata", rid=req.rid, timeout_s=PHASE_S)
-        with EnvSwitch(run_dir.ledger, TIMEOUT_VAR, str(TRANSFER_TIMEOUT_S), side="decode"):
+        with EnvSwitch(run_dir.ledger, TIMEOUT_VAR, str(TRANSFER_TIMEOUT_S), server=tight.decode.name):
             first = req.decode.released(
                 "decode giving the transfer up",
                 req.rid,

@@ -47,15 +47,28 @@ def switch_dir(ledger_dir: str | os.PathLike) -> Path:
 
 
 class EnvSwitch:
-    """One switch: ``var`` is ``value`` in the servers (of ``side`` only, if given) until :meth:`off`;
-    usable as a context manager (off on leaving)."""
+    """One switch: ``var`` is ``value`` in the servers (of ``side`` only, or the one ``server``, a worker name, if
+    given) until :meth:`off`; usable as a context manager (off on leaving)."""
 
-    def __init__(self, ledger_dir: str | os.PathLike, var: str, value: str, *, side: str | None = None) -> None:
+    def __init__(
+        self,
+        ledger_dir: str | os.PathLike,
+        var: str,
+        value: str,
+        *,
+        side: str | None = None,
+        server: str | None = None,
+    ) -> None:
         if var not in SWITCHABLE:
             raise SwitchError(f"{var}: not one of the switchable hooks {', '.join(SWITCHABLE)}")
         if side is not None and side not in phases.SIDES:
             raise SwitchError(f"side {side!r}: not one of {', '.join(phases.SIDES)}")
-        self.path = switch_dir(ledger_dir) / (f"{side}:{var}" if side else var)
+        if side is not None and server is not None:
+            raise SwitchError("a switch names a side or a server, not both: a server is of one side already")
+        if server is not None and (not server or "/" in server or ":" in server):
+            raise SwitchError(f"server {server!r}: a worker name (no '/' or ':')")
+        name = f"@{server}:{var}" if server else (f"{side}:{var}" if side else var)
+        self.path = switch_dir(ledger_dir) / name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(str(value), encoding="utf-8")
@@ -77,14 +90,16 @@ class Switches:
 
     def __init__(self, ledger_path: str, side: str | None) -> None:
         self.dir = switch_dir(Path(ledger_path).parent)
+        self.server = Path(ledger_path).stem  # the worker: its ledger is <ledger>/<worker>.jsonl
         self.side = side if side in phases.SIDES else None
         self.started: dict[str, str | None] = {}  # each variable as it was at its first read
 
     def sync(self, var: str) -> None:
-        """Set ``var`` from its switch (this side's first), or back to its value at its first read."""
+        """Set ``var`` from its switch (this server's first, then this side's), or back to its value at its first
+        read."""
         if var not in self.started:
             self.started[var] = os.environ.get(var)
-        for name in ([f"{self.side}:{var}"] if self.side else []) + [var]:
+        for name in [f"@{self.server}:{var}"] + ([f"{self.side}:{var}"] if self.side else []) + [var]:
             try:
                 os.environ[var] = (self.dir / name).read_text(encoding="utf-8").strip()
                 return

@@ -6,7 +6,7 @@ as its sender is handed a chunk, the digest of each of its head slots per buffer
 and each decode rank records the same of its destination pages as decode commits the room (``side: decode``).
 A check (:mod:`harness.ledger.head_slices`) then says, per room and decode rank, whose head the bytes are.
 
-Each process writes its own JSONL (``<dir>/<worker>.rank<R>.jsonl``, dir from ``HARNESS_KV_HEADS``): the
+Each process writes its own JSONL (``<dir>/<worker>.rank<R>.<pid>.jsonl``, dir from ``HARNESS_KV_HEADS``): the
 ranks are separate processes and the ledger's ``seq`` is per writer, so they never share a file. The hooks are
 :mod:`.kv_digest`'s (it calls :meth:`HeadsRecorder.record`); the launcher turns this on only for a topology whose
 prefill and decode attention TP differ.
@@ -15,12 +15,15 @@ prefill and decode attention TP differ.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any, Mapping
 
 from harness.ledger.content import digest_rows
+
+log = logging.getLogger(__name__)
 
 #: The directory the per-rank files go to; unset: nothing is recorded.
 HEADS_ENV = "HARNESS_KV_HEADS"
@@ -62,7 +65,8 @@ class HeadsRecorder:
         self.stopped = False
 
     def path(self, rank: int) -> Path:
-        return self.directory / f"{self.worker}.rank{rank}.jsonl"
+        """This process's file for ``rank`` (and pid: with DP attention two processes share an attention-TP rank)."""
+        return self.directory / f"{self.worker}.rank{rank}.{os.getpid()}.jsonl"
 
     def record(
         self,
@@ -81,8 +85,9 @@ class HeadsRecorder:
         their per-slot digests. A line per call, flushed, so a reader sees whole records only."""
         if self.stopped:
             return
-        rank = int(getattr(kv_args, "engine_rank", 0)) % max(1, int(tp or 1))
+        rank = 0
         try:
+            rank = int(kv_args.engine_rank) % max(1, int(tp or 1))
             if tp is None or slots is None:
                 raise AttributeError("attn_tp_size" if tp is None else "the KV pool's head_num")
             line: dict[str, Any] = {
@@ -98,7 +103,11 @@ class HeadsRecorder:
         except Exception as e:  # noqa: BLE001 - never into sglang's send or commit: said once, then off
             self.stopped = True
             line = {"side": "unreadable", "room": int(room), "rank": rank, "what": f"{side}: {e!r}"}
-        self._write(rank, line)
+        try:
+            self._write(rank, line)
+        except OSError as e:  # the run directory gone or full: the check then finds the room unrecorded
+            self.stopped = True
+            log.warning("kv heads: cannot write %s (%s); recording stops in pid %d", self.path(rank), e, os.getpid())
 
     def _write(self, rank: int, line: dict[str, Any]) -> None:
         with self._lock:
