@@ -1,6 +1,6 @@
 """Whose KV head each decode rank of an unequal-TP pair holds, read from every rank's per-head digests.
 
-The records are :mod:`harness.engines.server.kv_heads`'s (``kv_heads/<worker>.rank<R>.jsonl``): a prefill rank's
+The records are :mod:`harness.engines.server.kv_heads`'s (``kv_heads/<worker>.rank<R>.<pid>.jsonl``): a prefill rank's
 per head slot digests of the pages its sender was handed (per chunk), and a decode rank's of its destination
 pages at the commit. The caller says, derived by hand from the model's KV heads and the two TPs, which global
 head each slot of each rank holds (``holds``); this module only matches digests, page by page, and names the

@@ -77,16 +77,8 @@ def page_views(pool: Any, ptrs: list[int], item_lens: list[int]) -> list[Any]:
 
 
 def digest_pages(views: list[Any], pages: list[int]) -> list[list[int]]:
-    """Per buffer, the digest of each page (in the order given)."""
-    import torch
-
-    if not pages:
-        return [[] for _ in views]
-    out = []
-    for v in views:
-        idx = torch.as_tensor(pages, dtype=torch.int64, device=v.device)
-        out.append(digest_rows(v.index_select(0, idx).cpu().numpy()))
-    return out
+    """Per buffer, the digest of each page (in the order given): a page read as one head slot of one row."""
+    return [slots[0] for slots in kv_heads.slot_digests(views, pages, 1, 1)]
 
 
 def _pages(indices: Any) -> list[int]:
@@ -109,7 +101,7 @@ class _Side:
     failed: bool = False
     local: threading.local = field(default_factory=threading.local)
     heads: kv_heads.HeadsRecorder | None = None  # unequal TP: every rank's per-head digests (:mod:`.kv_heads`)
-    rank_of: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)  # room -> (kv_args, attn TP, head slots)
+    rank: tuple[Any, Any, Any] | None = None  # decode with ``heads``: (kv_args, attn TP, head slots), read once
 
     def read(self, probe: Any, pool: Any, kv_args: Any, rid: str, page_size: int) -> list[Any] | None:
         """The buffer views (cached by pointers); None after a read that failed (written once, as
@@ -228,8 +220,8 @@ def _wrap_send_metadata(probe: Any, side: _Side, orig: Callable) -> Callable:
                 content["canary"] = {"pages": freed, "digests": digest_pages(views, freed), "expect": side.expect}
                 side.canaried.difference_update(dst)
             side.dests[room] = (rid, dst)
-            if side.heads is not None:
-                side.rank_of[room] = (
+            if side.heads is not None and side.rank is None:
+                side.rank = (
                     self.kv_manager.kv_args,
                     getattr(self.kv_manager, "attn_tp_size", None),
                     getattr(self.token_to_kv_pool, "head_num", None),
@@ -253,9 +245,8 @@ def _wrap_commit(probe: Any, side: _Side, orig: Callable) -> Callable:
             if side.canary:
                 content["canary"] = side.expect
             probe.record("kv_commit", str(rid), page, content=content)
-            rank = side.rank_of.pop(int(room), None)
-            if side.heads is not None and rank is not None:
-                kv_args, tp, slots = rank
+            if side.heads is not None and side.rank is not None:
+                kv_args, tp, slots = side.rank
                 side.heads.record(
                     "decode",
                     room=int(room),
@@ -294,7 +285,7 @@ def install(probe: Any, *, canary: bool = False) -> _Side:
     Returns:
         The side's state (tests read it).
     """
-    side = _Side(canary=canary and probe.component == "decode", heads=kv_heads.from_env())
+    side = _Side(canary=canary and probe.component == "decode", heads=kv_heads.from_env(probe.worker))
     if probe.component not in ("prefill", "decode"):
         return side  # a plain server moves no KV
     if probe.component == "prefill":

@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 #: The directory the per-rank files go to; unset: nothing is recorded.
 HEADS_ENV = "HARNESS_KV_HEADS"
-WORKER_ENV = "HARNESS_PROBE_WORKER"
 
 
 def slot_digests(views: list[Any], pages: list[int], slots: int, page_size: int) -> list[list[list[int]]]:
@@ -119,8 +118,8 @@ class HeadsRecorder:
             fh.flush()
 
 
-def from_env(environ: Mapping[str, str] | None = None) -> HeadsRecorder | None:
-    """The recorder ``HARNESS_KV_HEADS`` asks for, or None."""
+def from_env(worker: str, environ: Mapping[str, str] | None = None) -> HeadsRecorder | None:
+    """The recorder of ``worker`` (its probe's worker name) that ``HARNESS_KV_HEADS`` asks for, or None."""
     env = os.environ if environ is None else environ
     directory = (env.get(HEADS_ENV) or "").strip()
-    return HeadsRecorder(directory, env.get(WORKER_ENV, "server")) if directory else None
+    return HeadsRecorder(directory, worker) if directory else None
